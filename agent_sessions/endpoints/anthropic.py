@@ -1,0 +1,120 @@
+"""Anthropic ``/v1/messages`` with ``tool_use`` / ``tool_result`` blocks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..messages import Content, ContentType, Message, Role
+from ..tools import Tool
+from ._http import HTTPClient, malformed
+
+API_VERSION = "2023-06-01"
+
+
+class AnthropicMessages:
+    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        max_tokens: int = 4096,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        headers = {"anthropic-version": API_VERSION}
+        if api_key:
+            headers["x-api-key"] = api_key
+        self.http = HTTPClient(
+            base_url, headers, timeout=timeout, max_retries=max_retries, backoff=backoff,
+            max_backoff=max_backoff,
+        )
+        self.model = model
+        self.max_tokens = max_tokens
+        self.extra = dict(extra or {})
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
+
+    def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> str:
+        """The request as JSON text. Tool-use ``input`` is spliced in as the stored arguments text itself,
+        so what the model produced goes back byte for byte instead of through a dict."""
+        raw: list[str] = []
+        wire: list[dict[str, Any]] = []
+        for message in messages:
+            blocks = [_block(c, raw) for c in message.content]
+            role = message.role.value
+            if wire and wire[-1]["role"] == role:  # the API wants user and assistant to alternate
+                wire[-1]["content"].extend(blocks)
+            else:
+                wire.append({"role": role, "content": blocks})
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": wire}
+        if system:
+            body["system"] = system
+        if tools:
+            body["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
+            ]
+        body.update(self.extra)
+        text = json.dumps(body)
+        for i, arguments in enumerate(raw):
+            text = text.replace(json.dumps(_placeholder(i)), arguments, 1)
+        return text
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _placeholder(i: int) -> str:
+    return f"\x00agent-sessions-raw-input-{i}\x00"
+
+
+def _block(c: Content, raw: list[str]) -> dict[str, Any]:
+    if c.type is ContentType.TEXT:
+        return {"type": "text", "text": c.text}
+    if c.type is ContentType.TOOL_CALL:
+        raw.append(c.arguments if _is_json_object(c.arguments) else "{}")
+        return {"type": "tool_use", "id": c.id, "name": c.name, "input": _placeholder(len(raw) - 1)}
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": c.tool_call_id, "content": c.text}
+    if c.is_error:
+        block["is_error"] = True
+    return block
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def parse_response(data: dict[str, Any]) -> Message:
+    blocks = data.get("content")
+    if not isinstance(blocks, list):
+        raise malformed("no content list", data)
+    content: list[Content] = []
+    for i, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            if block["text"]:
+                content.append(Content.from_text(block["text"]))
+        elif kind == "tool_use":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise malformed(f"content[{i}] tool_use without id or name", data)
+            # The API hands input over as an object; compact JSON is the closest text to what was said.
+            arguments = json.dumps(block.get("input", {}), separators=(",", ":"), ensure_ascii=False)
+            content.append(Content.tool_call(block["id"], block["name"], arguments))
+        elif kind in ("thinking", "redacted_thinking"):
+            continue
+        else:
+            raise malformed(f"content[{i}] is not a text or tool_use block", data)
+    if not content:
+        content.append(Content.from_text(""))
+    return Message(Role.ASSISTANT, content)

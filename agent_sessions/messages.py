@@ -1,0 +1,188 @@
+"""The transcript's vocabulary, and the one JSON form every store keeps.
+
+Messages are immutable so a store may remember which ones it has already written (by identity) and
+append only the new ones, and so a transcript handed to a store can never change under it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .errors import MessageError
+
+
+class Role(str, Enum):
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class ContentType(str, Enum):
+    TEXT = "text"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+
+
+# The fields each content type uses; the others must stay at their defaults so that the JSON form,
+# which writes only these, gives back an equal Content.
+_FIELDS: dict[ContentType, tuple[str, ...]] = {
+    ContentType.TEXT: ("text",),
+    ContentType.TOOL_CALL: ("id", "name", "arguments"),
+    ContentType.TOOL_RESULT: ("tool_call_id", "text", "is_error"),
+}
+_REQUIRED_NON_EMPTY: dict[ContentType, tuple[str, ...]] = {
+    ContentType.TEXT: (),
+    ContentType.TOOL_CALL: ("id", "name"),
+    ContentType.TOOL_RESULT: ("tool_call_id",),
+}
+_STR_FIELDS = ("text", "id", "name", "arguments", "tool_call_id")
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """One block of a message: text, a tool call, or a tool result.
+
+    ``arguments`` is the raw JSON text the model produced, kept as a ``str`` and never re-encoded: a model
+    can emit duplicate keys, odd spacing or even invalid JSON, and the transcript must say what it said.
+    """
+
+    type: ContentType
+    text: str = ""
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+    tool_call_id: str = ""
+    is_error: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            kind = ContentType(self.type)
+        except ValueError:
+            raise MessageError(
+                f"Content.type must be one of {[t.value for t in ContentType]}, got {self.type!r}"
+            ) from None
+        object.__setattr__(self, "type", kind)
+        for name in _STR_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise MessageError(f"Content.{name} must be a str, got {type(value).__name__}")
+        if not isinstance(self.is_error, bool):
+            raise MessageError(f"Content.is_error must be a bool, got {type(self.is_error).__name__}")
+        used = _FIELDS[kind]
+        for name in (*_STR_FIELDS, "is_error"):
+            if name not in used and getattr(self, name):
+                raise MessageError(f"Content.{name} is not used by {kind.value} content")
+        for name in _REQUIRED_NON_EMPTY[kind]:
+            if not getattr(self, name):
+                raise MessageError(f"{kind.value} content needs a non-empty {name}")
+
+    @classmethod
+    def from_text(cls, text: str) -> Content:
+        return cls(ContentType.TEXT, text=text)
+
+    @classmethod
+    def tool_call(cls, id: str, name: str, arguments: str) -> Content:
+        return cls(ContentType.TOOL_CALL, id=id, name=name, arguments=arguments)
+
+    @classmethod
+    def tool_result(cls, tool_call_id: str, text: str, is_error: bool = False) -> Content:
+        return cls(ContentType.TOOL_RESULT, tool_call_id=tool_call_id, text=text, is_error=is_error)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type.value}
+        for name in _FIELDS[self.type]:
+            out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Content:
+        if not isinstance(data, Mapping):
+            raise MessageError(f"content must be a JSON object, got {type(data).__name__}")
+        try:
+            kind = ContentType(data.get("type"))
+        except ValueError:
+            raise MessageError(f"unknown content type {data.get('type')!r}") from None
+        unknown = set(data) - {"type", *_FIELDS[kind]}
+        if unknown:
+            raise MessageError(f"{kind.value} content has unknown fields {sorted(unknown)}")
+        return cls(kind, **{k: v for k, v in data.items() if k != "type"})
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One turn of the transcript. ``content`` may be given as any iterable; it is kept as a tuple."""
+
+    role: Role
+    content: tuple[Content, ...] = ()
+    _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+
+    def __init__(self, role: Role | str, content: Iterable[Content] = ()) -> None:
+        try:
+            object.__setattr__(self, "role", Role(role))
+        except ValueError:
+            raise MessageError(
+                f"Message.role must be one of {[r.value for r in Role]}, got {role!r}"
+            ) from None
+        if isinstance(content, (str, bytes, Content)):
+            raise MessageError("Message.content must be a list of Content, not a single value")
+        items = tuple(content)
+        for i, item in enumerate(items):
+            if not isinstance(item, Content):
+                raise MessageError(f"Message.content[{i}] must be a Content, got {type(item).__name__}")
+        object.__setattr__(self, "content", items)
+        object.__setattr__(self, "_json", None)
+
+    @classmethod
+    def user(cls, text: str) -> Message:
+        return cls(Role.USER, [Content.from_text(text)])
+
+    @classmethod
+    def assistant(cls, text: str) -> Message:
+        return cls(Role.ASSISTANT, [Content.from_text(text)])
+
+    @property
+    def text(self) -> str:
+        """The message's text blocks joined: the answer, for an assistant message."""
+        return "".join(c.text for c in self.content if c.type is ContentType.TEXT)
+
+    @property
+    def tool_calls(self) -> tuple[Content, ...]:
+        return tuple(c for c in self.content if c.type is ContentType.TOOL_CALL)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role.value, "content": [c.to_dict() for c in self.content]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Message:
+        if not isinstance(data, Mapping):
+            raise MessageError(f"a message must be a JSON object, got {type(data).__name__}")
+        unknown = set(data) - {"role", "content"}
+        if unknown:
+            raise MessageError(f"message has unknown fields {sorted(unknown)}")
+        content = data.get("content", [])
+        if not isinstance(content, list):
+            raise MessageError("message content must be a JSON array")
+        return cls(data.get("role", ""), [Content.from_dict(c) for c in content])
+
+    def to_json(self) -> str:
+        """The stored form. ASCII-only on purpose: it survives any column charset, and lone
+        surrogates or NUL in a text round-trip as escapes instead of failing inside a driver."""
+        cached = self._json
+        if cached is None:
+            cached = json.dumps(self.to_dict(), separators=(",", ":"))
+            object.__setattr__(self, "_json", cached)
+        return cached
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Message:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise MessageError(f"stored message is not valid JSON: {exc}") from exc
+        message = cls.from_dict(data)
+        if isinstance(text, str):
+            object.__setattr__(message, "_json", text)
+        return message

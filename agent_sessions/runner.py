@@ -1,0 +1,120 @@
+"""Runner starts runs; a Run is the handle of one in flight; a Result is what it returns."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from . import validate
+from .endpoints import Endpoint
+from .errors import ArgumentError
+from .events import Events
+from .messages import Message
+from .spec import Pattern, Spec
+from .steerbox import SteerBox
+
+StopReason = Literal["answered", "max_steps", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Result:
+    messages: list[Message]
+    """The whole transcript, the final answer included."""
+    text: str
+    """The final answer; empty when the run stopped without one."""
+    steps: int
+    """Model requests made."""
+    stop_reason: StopReason
+    unapplied_steers: list[str]
+    """Steers that reached this run's in-memory box and never made it onto a request. A steer still in
+    the store was never taken: it stays there for the next run."""
+
+
+class Run:
+    """A run on its own thread. ``steer`` costs no round trip; ``wait`` returns the Result or re-raises."""
+
+    def __init__(self) -> None:
+        self._box = SteerBox()
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        self._result: Result | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def steer(self, text: str) -> None:
+        self._box.put(text)
+
+    def cancel(self) -> None:
+        """Stop before the next model request; the run returns with ``stop_reason == "cancelled"``."""
+        self._cancel.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Result:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the run did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+class Runner:
+    def run(
+        self,
+        spec: Spec,
+        msgs: Sequence[Message],
+        endpoint: Endpoint,
+        events: Events | None = None,
+    ) -> Result:
+        """Run to the end on the calling thread."""
+        _check(spec, msgs, endpoint, events)
+        return _execute(Run(), spec, msgs, endpoint, events)
+
+    def start(
+        self,
+        spec: Spec,
+        msgs: Sequence[Message],
+        endpoint: Endpoint,
+        events: Events | None = None,
+    ) -> Run:
+        """Run on a new thread and return its handle at once. Arguments are checked here, not there."""
+        _check(spec, msgs, endpoint, events)
+        run = Run()
+
+        def target() -> None:
+            try:
+                run._result = _execute(run, spec, msgs, endpoint, events)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter, who re-raises it
+                run._error = exc
+            finally:
+                run._done.set()
+
+        run._thread = threading.Thread(target=target, name="agent-run", daemon=False)
+        run._thread.start()
+        return run
+
+
+def _check(spec: object, msgs: object, endpoint: object, events: object) -> None:
+    if not isinstance(spec, Spec):
+        raise ArgumentError(f"Runner: spec must be an agent.Spec, got {type(spec).__name__}")
+    validate.messages(msgs, "Runner: msgs")
+    if not callable(getattr(endpoint, "complete", None)):
+        raise ArgumentError(f"Runner: endpoint needs a complete() method, got {type(endpoint).__name__}")
+    if events is not None and not callable(events):
+        raise ArgumentError("Runner: events must be None or a callable")
+
+
+def _execute(
+    run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None
+) -> Result:
+    from .patterns import react  # the pattern needs Result from here: imported late to break the cycle
+
+    assert spec.pattern is Pattern.REACT
+    try:
+        return react.run(spec, list(msgs), endpoint, events, run._box, run._cancel)
+    finally:
+        run._box.close()

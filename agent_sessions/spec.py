@@ -1,0 +1,53 @@
+"""What a run is asked to do."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .errors import ArgumentError
+from .session import Session
+from .tools import Tool, as_tool
+
+
+class Pattern(str, Enum):
+    REACT = "react"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """``session`` is ``None`` by default, and then the run touches no store at all."""
+
+    pattern: Pattern = Pattern.REACT
+    max_steps: int = 8
+    session: Session | None = None
+    tools: Sequence[Tool | Callable[..., Any]] = ()
+    system: str = ""
+    _tools_by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "pattern", Pattern(self.pattern))
+        except ValueError:
+            raise ArgumentError(f"Spec.pattern must be one of {[p.value for p in Pattern]}") from None
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
+            raise ArgumentError(f"Spec.max_steps must be an int >= 1, got {self.max_steps!r}")
+        if self.session is not None and not isinstance(self.session, Session):
+            raise ArgumentError(
+                f"Spec.session must be a Session (see agent.open), got {type(self.session).__name__}"
+            )
+        if not isinstance(self.system, str):
+            raise ArgumentError(f"Spec.system must be a str, got {type(self.system).__name__}")
+        tools = tuple(as_tool(t) for t in self.tools)
+        by_name: dict[str, Tool] = {}
+        for t in tools:
+            if t.name in by_name:
+                raise ArgumentError(f"Spec.tools has two tools named {t.name!r}")
+            by_name[t.name] = t
+        object.__setattr__(self, "tools", tools)
+        object.__setattr__(self, "_tools_by_name", by_name)
+
+    def tool(self, name: str) -> Tool | None:
+        return self._tools_by_name.get(name)

@@ -1,0 +1,60 @@
+"""Argument checks every store makes, in one place, so all stores refuse the same inputs the same way.
+
+A store calls these before it touches its backend: bad input then fails with an ``ArgumentError`` and
+nothing stored changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .errors import ArgumentError
+from .messages import Message
+
+# 255 characters fit a utf8mb4 VARCHAR primary key on InnoDB (1,020 bytes of a 3,072-byte limit).
+MAX_SESSION_ID_LENGTH = 255
+
+
+def _encodable(value: str) -> bool:
+    """No NUL (PostgreSQL text refuses it) and no lone surrogates (not encodable as UTF-8)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def session_id(value: object, where: str = "session id") -> str:
+    if not isinstance(value, str):
+        raise ArgumentError(f"{where} must be a str, got {type(value).__name__}")
+    if not value:
+        raise ArgumentError(f"{where} must not be empty")
+    if len(value) > MAX_SESSION_ID_LENGTH:
+        raise ArgumentError(
+            f"{where} is {len(value)} characters long; at most {MAX_SESSION_ID_LENGTH} are allowed"
+        )
+    if not _encodable(value):
+        raise ArgumentError(f"{where} {value!r} contains NUL or a lone surrogate")
+    return value
+
+
+def steer_text(value: object, where: str = "steer") -> str:
+    if not isinstance(value, str):
+        raise ArgumentError(f"{where} text must be a str, got {type(value).__name__}")
+    if not value:
+        raise ArgumentError(f"{where} text must not be empty")
+    if not _encodable(value):
+        raise ArgumentError(f"{where} text contains NUL or a lone surrogate")
+    return value
+
+
+def messages(value: object, where: str = "messages") -> tuple[Message, ...]:
+    if isinstance(value, (str, bytes, Message)) or not isinstance(value, Iterable):
+        raise ArgumentError(f"{where} must be a list of Message, got {type(value).__name__}")
+    items = tuple(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, Message):
+            raise ArgumentError(f"{where}[{i}] must be a Message, got {type(item).__name__}")
+    return items

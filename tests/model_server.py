@@ -1,0 +1,105 @@
+"""A real HTTP model server for the tests: answers from a script, speaking OpenAI's or Anthropic's wire
+format, and records every request body byte for byte."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    body: Any
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    raw: bool = False  # body is sent as given (a str), not JSON-encoded
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+    client_port: int = 0
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.raw)
+
+
+Script = Reply | Callable[[Request], Reply]
+
+
+class ModelServer:
+    """``push`` replies (or callables building one from the request); each request takes the next."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self._script: list[Script] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", "0"))
+                request = Request(self.path, {k.lower(): v for k, v in self.headers.items()},
+                                  self.rfile.read(length), self.client_address[1])
+                with server._lock:
+                    server.requests.append(request)
+                    step = server._script.pop(0) if server._script else Reply(
+                        {"error": {"message": "the test script has no reply left"}}, status=599)
+                reply = step(request) if callable(step) else step
+                payload = (reply.body if reply.raw else json.dumps(reply.body)).encode()
+                self.send_response(reply.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                for k, v in reply.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+        self._thread.start()
+
+    def push(self, *steps: Script) -> None:
+        with self._lock:
+            self._script.extend(steps)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def openai(text: str | None = None, calls: list[tuple[str, str, str]] = ()) -> Reply:  # type: ignore[assignment]
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls
+        ]
+    return Reply({"id": "chatcmpl-test", "object": "chat.completion",
+                  "choices": [{"index": 0, "message": message,
+                               "finish_reason": "tool_calls" if calls else "stop"}]})
+
+
+def openai_raw(text: str) -> Reply:
+    """A reply whose body is written by hand, so tool-call argument bytes are exactly the test's."""
+    return Reply(text, raw=True)
+
+
+def anthropic(text: str | None = None, calls: list[tuple[str, str, Any]] = ()) -> Reply:  # type: ignore[assignment]
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    blocks += [{"type": "tool_use", "id": i, "name": n, "input": a} for i, n, a in calls]
+    return Reply({"id": "msg_test", "type": "message", "role": "assistant", "content": blocks,
+                  "stop_reason": "tool_use" if calls else "end_turn"})

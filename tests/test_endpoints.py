@@ -1,0 +1,147 @@
+"""Both endpoints against a real local HTTP server speaking each provider's wire format."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
+from tests.model_server import ModelServer, Reply, Request, anthropic, openai, openai_raw
+
+ODD = '{"z":1,"a":[1, 2],"z":3}'
+
+
+@agent.tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return key
+
+
+def test_openai_request_shape_and_reply(model: ModelServer) -> None:
+    model.push(openai(calls=[("c1", "lookup", '{"key":"a"}')]))
+    ep = OpenAIChat(model.url + "/v1", "m", api_key="sk-test", extra={"temperature": 0})
+    reply = ep.complete("be brief", [agent.Message.user("hi")], [lookup])
+    request = model.requests[0]
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == "Bearer sk-test"
+    body = request.json
+    assert body["model"] == "m" and body["temperature"] == 0 and body["tool_choice"] == "auto"
+    assert body["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert body["tools"][0]["function"]["name"] == "lookup"
+    assert reply == agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "lookup", '{"key":"a"}')])
+
+
+def test_openai_tool_call_arguments_pass_through_byte_for_byte(model: ModelServer) -> None:
+    hand_written = ('{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1",'
+                    '"type":"function","function":{"name":"lookup","arguments":' + json.dumps(ODD) + '}}]}}]}')
+    model.push(openai_raw(hand_written), openai("done"))
+    result = agent.Runner().run(agent.Spec(tools=[lookup]), [agent.Message.user("go")],
+                                OpenAIChat(model.url + "/v1", "m"))
+    assert result.messages[1].tool_calls[0].arguments == ODD
+    sent = model.requests[1].json["messages"][1]
+    assert sent["tool_calls"][0]["function"]["arguments"] == ODD
+    assert sent["content"] == ""  # never null beside tool calls: llama.cpp's server answers 500 to null
+
+
+def test_openai_error_status_carries_the_providers_message(model: ModelServer) -> None:
+    model.push(Reply({"error": {"message": "Invalid API key", "type": "invalid_request_error"}}, 401))
+    with pytest.raises(agent.EndpointError) as info:
+        OpenAIChat(model.url + "/v1", "m").complete("", [agent.Message.user("x")], [])
+    assert info.value.status == 401 and info.value.message == "Invalid API key"
+    assert len(model.requests) == 1  # a 401 is not retried
+
+
+def test_retries_429_and_5xx_honouring_retry_after(model: ModelServer) -> None:
+    model.push(Reply({"error": {"message": "slow down"}}, 429, {"retry-after": "0.2"}),
+               Reply({"error": {"message": "overloaded"}}, 503), openai("finally"))
+    started = time.monotonic()
+    reply = OpenAIChat(model.url + "/v1", "m", backoff=0.01).complete("", [agent.Message.user("x")], [])
+    assert reply.text == "finally" and len(model.requests) == 3
+    assert time.monotonic() - started >= 0.2
+
+
+def test_retries_are_bounded(model: ModelServer) -> None:
+    model.push(*[Reply({"error": {"message": "down"}}, 502)] * 5)
+    with pytest.raises(agent.EndpointError, match="502: down"):
+        OpenAIChat(model.url + "/v1", "m", max_retries=2, backoff=0.001).complete("", [], [])
+    assert len(model.requests) == 3
+
+
+def test_connection_refused_is_an_endpoint_error() -> None:
+    with pytest.raises(agent.EndpointError, match="cannot reach"):
+        OpenAIChat("http://127.0.0.1:9/v1", "m", max_retries=1, backoff=0.001).complete("", [], [])
+
+
+def test_a_hung_endpoint_fails_within_the_timeout(model: ModelServer) -> None:
+    model.push(lambda req: (time.sleep(1.0), openai("late"))[1])
+    started = time.monotonic()
+    with pytest.raises(agent.EndpointError, match="failed"):
+        OpenAIChat(model.url + "/v1", "m", timeout=0.2).complete("", [], [])
+    assert time.monotonic() - started < 0.9
+
+
+@pytest.mark.parametrize("body", [
+    "not json at all", "[]", '{"choices": []}', '{"choices": [{"message": {"content": 3}}]}',
+    '{"choices": [{"message": {"content": null, "tool_calls": [{"function": {}}]}}]}',
+    '{"choices": [{"mess',
+])
+def test_malformed_openai_replies_are_endpoint_errors(model: ModelServer, body: str) -> None:
+    model.push(openai_raw(body))
+    with pytest.raises(agent.EndpointError, match="malformed|not a JSON object"):
+        OpenAIChat(model.url + "/v1", "m").complete("", [], [])
+
+
+def test_anthropic_request_shape_merges_roles_and_keeps_arguments(model: ModelServer) -> None:
+    model.push(anthropic(calls=[("tu1", "lookup", {"key": "a"})]), anthropic("done"))
+    ep = AnthropicMessages(model.url, "claude-test", api_key="k", max_tokens=100)
+    history = [
+        agent.Message.user("go"),
+        agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("t0", "lookup", ODD)]),
+        agent.Message(agent.Role.USER, [agent.Content.tool_result("t0", "bad", is_error=True)]),
+        agent.Message.user("steer: try again"),
+    ]
+    result = agent.Runner().run(agent.Spec(tools=[lookup], system="sys"), history, ep)
+    first = model.requests[0]
+    assert first.path == "/v1/messages"
+    assert first.headers["x-api-key"] == "k" and first.headers["anthropic-version"] == "2023-06-01"
+    assert b'"input": ' + ODD.encode() in first.raw  # spliced in verbatim, duplicate key and all
+    body = first.json
+    assert body["system"] == "sys" and body["max_tokens"] == 100
+    assert body["tools"][0]["input_schema"]["properties"] == {"key": {"type": "string"}}
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "t0", "content": "bad", "is_error": True},
+        {"type": "text", "text": "steer: try again"},
+    ]
+    call = result.messages[4].tool_calls[0]
+    assert (call.id, call.name, call.arguments) == ("tu1", "lookup", '{"key":"a"}')
+    second = model.requests[1].json["messages"]
+    assert second[-1]["content"] == [{"type": "tool_result", "tool_use_id": "tu1", "content": "a"}]
+    assert result.text == "done"
+
+
+def test_anthropic_error_status(model: ModelServer) -> None:
+    model.push(Reply({"type": "error", "error": {"type": "invalid_request_error",
+                      "message": "This model does not support assistant message prefill."}}, 400))
+    with pytest.raises(agent.EndpointError) as info:
+        AnthropicMessages(model.url, "m").complete("", [agent.Message.assistant("pre")], [])
+    assert info.value.status == 400 and "prefill" in info.value.message
+
+
+@pytest.mark.parametrize("body", ['{"content": "text"}', '{"content": [{"type": "image"}]}',
+                                  '{"content": [{"type": "tool_use", "name": "x"}]}'])
+def test_malformed_anthropic_replies(model: ModelServer, body: str) -> None:
+    model.push(openai_raw(body))
+    with pytest.raises(agent.EndpointError, match="malformed"):
+        AnthropicMessages(model.url, "m").complete("", [], [])
+
+
+def test_one_connection_is_reused(model: ModelServer) -> None:
+    model.push(openai("x"), openai("y"), openai("z"))
+    ep = OpenAIChat(model.url + "/v1", "m")
+    for _ in range(3):
+        ep.complete("", [agent.Message.user("x")], [])
+    assert len({r.client_port for r in model.requests}) == 1

@@ -1,0 +1,290 @@
+"""The ReAct loop's semantics, over a real HTTP endpoint (OpenAIChat against tests.model_server)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions import events as ev
+from stores import memory
+from tests.model_server import ModelServer, Reply, Request, openai
+
+
+@agent.tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"value of {key}"
+
+
+@agent.tool
+def explode(reason: str) -> str:
+    """Fail on purpose."""
+    raise RuntimeError(reason)
+
+
+def endpoint(model: ModelServer) -> agent.endpoints.OpenAIChat:
+    return agent.endpoints.OpenAIChat(model.url + "/v1", "test-model", max_retries=0)
+
+
+class CountingStore(memory.Store):
+    """A memory store that counts calls, to check how often the loop saves and takes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saves: list[int] = []
+        self.takes = 0
+
+    def save(self, session: str, msgs: Sequence[agent.Message]) -> None:
+        self.saves.append(len(msgs))
+        super().save(session, msgs)
+
+    def take_steers(self, session: str) -> list[str]:
+        self.takes += 1
+        return super().take_steers(session)
+
+
+def wire_texts(request: Request) -> list[tuple[str, str]]:
+    return [(m["role"], m.get("content") or "") for m in request.json["messages"]]
+
+
+def test_a_steer_waiting_in_the_store_is_taken_before_the_first_request(model: ModelServer) -> None:
+    store = CountingStore()
+    session = agent.open("s1", store)
+    session.steer("check the lease expiry, not the token")
+    model.push(openai("done"))
+    result = agent.Runner().run(agent.Spec(session=session), [agent.Message.user("review")], endpoint(model))
+    assert wire_texts(model.requests[0])[-1] == ("user", "check the lease expiry, not the token")
+    assert result.messages[1] == agent.Message.user("check the lease expiry, not the token")
+    assert store.take_steers("s1") == []
+
+
+def test_steers_land_where_the_run_had_got_to_and_stay_there(model: ModelServer) -> None:
+    store = CountingStore()
+    session = agent.open("s1", store)
+    model.push(
+        openai(calls=[("c1", "lookup", '{"key": "a"}')]),
+        lambda req: (session.steer("now look at b"), openai(calls=[("c2", "lookup", '{"key":"b"}')]))[1],
+        openai("answer"),
+    )
+    result = agent.Runner().run(
+        agent.Spec(session=session, tools=[lookup]), [agent.Message.user("go")], endpoint(model)
+    )
+    assert result.stop_reason == "answered" and result.text == "answer" and result.steps == 3
+    # The steer left during request 2 is collected before request 3, after the tool result of step 2 ...
+    third = model.requests[2].json["messages"]
+    assert [m["role"] for m in third] == ["user", "assistant", "tool", "assistant", "tool", "user"]
+    assert third[-1]["content"] == "now look at b"
+    # ... and it stays at index 5 in the stored transcript, the answer after it.
+    stored = store.messages("s1")
+    assert stored[5] == agent.Message.user("now look at b")
+    assert stored[6].text == "answer" and len(stored) == 7
+
+
+def test_saves_are_one_more_than_requests(model: ModelServer) -> None:
+    store = CountingStore()
+    model.push(openai(calls=[("c1", "lookup", "{}")]), openai(calls=[("c2", "lookup", '{"key":"x"}')]),
+               openai("fin"))
+    result = agent.Runner().run(
+        agent.Spec(session=agent.open("s", store), tools=[lookup]), [agent.Message.user("go")], endpoint(model)
+    )
+    assert len(model.requests) == result.steps == 3
+    assert len(store.saves) == len(model.requests) + 1
+    assert store.takes == len(model.requests)
+    assert store.saves[-1] == len(result.messages)  # the final answer is stored
+    assert store.messages("s")[-1].text == "fin"
+
+
+def test_tool_results_follow_calls_and_errors_reach_the_model(model: ModelServer) -> None:
+    model.push(
+        openai(calls=[("c1", "lookup", '{"key":"k"}'), ("c2", "explode", '{"reason":"boom"}'),
+                      ("c3", "missing", "{}"), ("c4", "lookup", "{not json")]),
+        openai("ok"),
+    )
+    result = agent.Runner().run(agent.Spec(tools=[lookup, explode]), [agent.Message.user("go")],
+                                endpoint(model))
+    results = result.messages[2].content
+    assert [c.tool_call_id for c in results] == ["c1", "c2", "c3", "c4"]
+    assert results[0] == agent.Content.tool_result("c1", "value of k")
+    assert results[1].is_error and results[1].text == "RuntimeError: boom"
+    assert results[2].is_error and "no tool named 'missing'" in results[2].text
+    assert results[3].is_error and "not valid JSON" in results[3].text
+    tool_msgs = [m for m in model.requests[1].json["messages"] if m["role"] == "tool"]
+    assert tool_msgs[1]["content"] == "Error: RuntimeError: boom"
+
+
+def test_max_steps_bounds_the_requests(model: ModelServer) -> None:
+    model.push(*[openai(calls=[(f"c{i}", "lookup", "{}")]) for i in range(5)])
+    store = CountingStore()
+    result = agent.Runner().run(agent.Spec(max_steps=2, tools=[lookup], session=agent.open("s", store)),
+                                [agent.Message.user("go")], endpoint(model))
+    assert result.stop_reason == "max_steps" and result.steps == 2 and result.text == ""
+    assert len(model.requests) == 2 and len(store.saves) == 3
+    assert len(store.messages("s")) == 5  # user, (call, result) x 2
+
+
+def test_without_a_session_nothing_changes(model: ModelServer) -> None:
+    script = [openai(calls=[("c1", "lookup", '{"key":"a"}')]), openai("the end")]
+    model.push(*script)
+    plain = agent.Runner().run(agent.Spec(tools=[lookup], system="sys"), [agent.Message.user("go")],
+                               endpoint(model))
+    plain_bodies = [r.raw for r in model.requests]
+    model.requests.clear()
+    model.push(*script)
+    stored = agent.Runner().run(agent.Spec(tools=[lookup], system="sys", session=agent.open("s", CountingStore())),
+                                [agent.Message.user("go")], endpoint(model))
+    assert [r.raw for r in model.requests] == plain_bodies
+    assert plain == stored
+
+
+def test_without_a_session_no_session_or_store_code_runs(model: ModelServer) -> None:
+    """No call: not one frame of agent_sessions/session.py or of any store executes during the run."""
+    model.push(openai(calls=[("c1", "lookup", "{}")]), openai("x"))
+    spec = agent.Spec(tools=[lookup])
+    ran: set[str] = set()
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            ran.add(frame.f_code.co_filename)  # type: ignore[attr-defined]
+
+    runner, msgs, ep = agent.Runner(), [agent.Message.user("go")], endpoint(model)
+    sys.setprofile(profile)
+    try:
+        runner.run(spec, msgs, ep)
+    finally:
+        sys.setprofile(None)
+    assert not [f for f in ran if f.endswith("agent_sessions/session.py") or "/stores/" in f]
+    assert any(f.endswith("patterns/react.py") for f in ran)  # the profile did see the loop
+
+
+def test_resume_from_a_transcript_ending_in_a_tool_result(model: ModelServer) -> None:
+    store = memory.Store()
+    model.push(openai(calls=[("c1", "lookup", '{"key":"a"}')]), Reply({"error": {"message": "worker died"}}, 500))
+    with pytest.raises(agent.EndpointError):
+        agent.Runner().run(agent.Spec(tools=[lookup], session=agent.open("s", store)),
+                           [agent.Message.user("go")], endpoint(model))
+    transcript = store.messages("s")
+    assert transcript[-1].content[0].type is agent.ContentType.TOOL_RESULT
+    model.push(openai("resumed answer"))
+    result = agent.Runner().run(agent.Spec(tools=[lookup]), transcript, endpoint(model))
+    assert result.text == "resumed answer"
+    assert [m["role"] for m in model.requests[-1].json["messages"]] == ["user", "assistant", "tool"]
+
+
+def test_resuming_a_finished_conversation_without_a_new_message_gets_the_providers_400(
+    model: ModelServer,
+) -> None:
+    transcript = [agent.Message.user("q"), agent.Message.assistant("a")]
+    model.push(Reply({"error": {"message": "This model does not support assistant message prefill. "
+                                           "The conversation must end with a user message."}}, 400))
+    with pytest.raises(agent.EndpointError) as info:
+        agent.Runner().run(agent.Spec(), transcript, endpoint(model))
+    assert info.value.status == 400 and "prefill" in info.value.message
+    model.push(openai("which line: 42"))
+    result = agent.Runner().run(agent.Spec(), [*transcript, agent.Message.user("and which line?")],
+                                endpoint(model))
+    assert result.text == "which line: 42"
+
+
+def test_run_steer_from_another_thread_lands_in_the_very_next_request(model: ModelServer) -> None:
+    in_flight, steered = threading.Event(), threading.Event()
+
+    def first(req: Request) -> Reply:
+        in_flight.set()
+        assert steered.wait(5)
+        return openai(calls=[("c1", "lookup", '{"key":"a"}')])
+
+    model.push(first, openai("done"))
+    run = agent.Runner().start(agent.Spec(tools=[lookup]), [agent.Message.user("go")], endpoint(model))
+    assert in_flight.wait(5)
+    threading.Thread(target=lambda: (run.steer("use key b"), steered.set())).start()
+    result = run.wait(timeout=10)
+    second = model.requests[1].json["messages"]
+    assert [m["role"] for m in second] == ["user", "assistant", "tool", "user"]
+    assert second[3]["content"] == "use key b"
+    assert result.messages[3] == agent.Message.user("use key b")
+    assert result.unapplied_steers == []
+
+
+def test_steers_after_the_last_request_are_unapplied(model: ModelServer) -> None:
+    box: list[agent.Run] = []
+    in_flight = threading.Event()
+    model.push(lambda req: (in_flight.wait(5), box[0].steer("too late"), openai("done"))[2])
+    run = agent.Runner().start(agent.Spec(), [agent.Message.user("go")], endpoint(model))
+    box.append(run)
+    in_flight.set()
+    result = run.wait(10)
+    assert result.unapplied_steers == ["too late"]
+    with pytest.raises(agent.RunFinished):
+        run.steer("after the end")
+
+
+def test_cancel_stops_before_the_next_request(model: ModelServer) -> None:
+    box: list[agent.Run] = []
+    go = threading.Event()
+    model.push(lambda req: (go.wait(5), box[0].cancel(), openai(calls=[("c1", "lookup", "{}")]))[2])
+    store = CountingStore()
+    run = agent.Runner().start(agent.Spec(tools=[lookup], session=agent.open("s", store)),
+                               [agent.Message.user("go")], endpoint(model))
+    box.append(run)
+    go.set()
+    result = run.wait(10)
+    assert result.stop_reason == "cancelled" and result.steps == 1 and len(model.requests) == 1
+    assert store.messages("s") == result.messages and len(result.messages) == 3
+
+
+def test_wait_re_raises_the_runs_error_and_times_out(model: ModelServer) -> None:
+    release = threading.Event()
+    model.push(lambda req: (release.wait(5), Reply({"error": {"message": "nope"}}, 401))[1])
+    run = agent.Runner().start(agent.Spec(), [agent.Message.user("go")], endpoint(model))
+    with pytest.raises(TimeoutError):
+        run.wait(timeout=0.05)
+    release.set()
+    with pytest.raises(agent.EndpointError, match="401: nope"):
+        run.wait(timeout=10)
+
+
+def test_events_tell_the_story_in_order(model: ModelServer) -> None:
+    seen: list[ev.Event] = []
+    session = agent.open("s", memory.Store())
+    session.steer("hint")
+    model.push(openai(calls=[("c1", "lookup", "{}")]), openai("done"))
+    agent.Runner().run(agent.Spec(tools=[lookup], session=session), [agent.Message.user("go")],
+                       endpoint(model), seen.append)
+    kinds = [type(e).__name__ for e in seen]
+    assert kinds == ["StepStarted", "SteerApplied", "Saved", "ModelRequest", "ModelResponse", "ToolCalled",
+                     "ToolFinished", "StepStarted", "Saved", "ModelRequest", "ModelResponse", "Saved",
+                     "Finished"]
+    applied = seen[1]
+    assert isinstance(applied, ev.SteerApplied) and applied.index == 1 and applied.source == "session"
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: agent.Spec(max_steps=0), "max_steps must be an int >= 1"),
+        (lambda: agent.Spec(max_steps=True), "max_steps must be an int >= 1"),
+        (lambda: agent.open("", memory.Store()), "must not be empty"),
+        (lambda: agent.open(7, memory.Store()), "must be a str"),  # type: ignore[arg-type]
+        (lambda: agent.open("s", object()), "needs a Store"),  # type: ignore[arg-type]
+        (lambda: agent.open("s", memory.Store()).steer(3), "steer text must be a str"),  # type: ignore[arg-type]
+        (lambda: agent.Spec(tools=[lookup, lookup]), "two tools named 'lookup'"),
+        (lambda: agent.Spec(session="s"), "Spec.session must be a Session"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_arguments_raise_at_once_saying_what(build: object, message: str) -> None:
+    with pytest.raises(agent.ArgumentError, match=message):
+        build()  # type: ignore[operator]
+
+
+def test_bad_runner_arguments(model: ModelServer) -> None:
+    with pytest.raises(agent.ArgumentError, match=r"msgs\[1\] must be a Message"):
+        agent.Runner().start(agent.Spec(), [agent.Message.user("a"), "b"], endpoint(model))  # type: ignore[list-item]
+    run = agent.Runner().start(agent.Spec(), [], endpoint(model))
+    with pytest.raises(agent.ArgumentError, match="Run.steer text must be a str"):
+        run.steer(None)  # type: ignore[arg-type]
+    with pytest.raises(agent.EndpointError):
+        run.wait(10)  # the script is empty: the server says 599
