@@ -9,18 +9,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from .errors import MessageError
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     USER = "user"
     ASSISTANT = "assistant"
 
 
-class ContentType(str, Enum):
+class ContentType(StrEnum):
     TEXT = "text"
     TOOL_CALL = "tool_call"
     TOOL_RESULT = "tool_result"
@@ -102,7 +102,7 @@ class Content:
         if not isinstance(data, Mapping):
             raise MessageError(f"content must be a JSON object, got {type(data).__name__}")
         try:
-            kind = ContentType(data.get("type"))
+            kind = ContentType(str(data.get("type")))
         except ValueError:
             raise MessageError(f"unknown content type {data.get('type')!r}") from None
         unknown = set(data) - {"type", *_FIELDS[kind]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from .errors import ArgumentError
@@ -12,7 +12,7 @@ from .session import Session
 from .tools import Tool, as_tool
 
 
-class Pattern(str, Enum):
+class Pattern(StrEnum):
     REACT = "react"
 
 
@@ -25,6 +25,8 @@ class Spec:
     session: Session | None = None
     tools: Sequence[Tool | Callable[..., Any]] = ()
     system: str = ""
+    toolbox: tuple[Tool, ...] = field(init=False, repr=False, compare=False)
+    """``tools`` as Tool objects (plain functions wrapped by ``@agent.tool``): what the model is offered."""
     _tools_by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -46,7 +48,7 @@ class Spec:
             if t.name in by_name:
                 raise ArgumentError(f"Spec.tools has two tools named {t.name!r}")
             by_name[t.name] = t
-        object.__setattr__(self, "tools", tools)
+        object.__setattr__(self, "toolbox", tools)
         object.__setattr__(self, "_tools_by_name", by_name)
 
     def tool(self, name: str) -> Tool | None:

@@ -9,7 +9,7 @@ from .errors import RunFinished
 
 
 class SteerBox:
-    __slots__ = ("_lock", "_items", "_closed")
+    __slots__ = ("_closed", "_items", "_lock")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -9,7 +9,7 @@ import pytest
 
 import agent_sessions as agent
 from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
-from tests.model_server import ModelServer, Reply, Request, anthropic, openai, openai_raw
+from tests.model_server import ModelServer, Reply, anthropic, openai, openai_raw
 
 ODD = '{"z":1,"a":[1, 2],"z":3}'
 

@@ -19,8 +19,8 @@ from ..events import (
     ModelRequest,
     ModelResponse,
     Saved,
-    StepStarted,
     SteerApplied,
+    StepStarted,
     ToolCalled,
     ToolFinished,
 )
@@ -61,7 +61,7 @@ def run(
         if events is not None:
             events(ModelRequest(steps, len(transcript)))
             started = time.perf_counter()
-        reply = endpoint.complete(spec.system, transcript, spec.tools)
+        reply = endpoint.complete(spec.system, transcript, spec.toolbox)
         transcript.append(reply)
         if events is not None:
             events(ModelResponse(steps, reply, time.perf_counter() - started))

@@ -1,0 +1,64 @@
+"""The three tables every SQL store uses, defined once.
+
+Message bodies and steer texts are TEXT (LONGTEXT on MySQL), never jsonb or JSON: those types rewrite
+what they are given (reorder keys, drop duplicates, respace), and a model's tool arguments must come back
+byte for byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+metadata = MetaData()
+
+# MySQL compares text with PAD SPACE collations ('a' = 'a '), and MariaDB lacks MySQL 8's NO PAD binary
+# collation, so on MySQL the key is bytes: VARBINARY compares exactly. 1,020 = 255 characters x 4 bytes.
+SessionId = String(255).with_variant(mysql.VARBINARY(1020), "mysql", "mariadb")
+LongText = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+_MYSQL: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+
+sessions = Table(
+    "agent_sessions",
+    metadata,
+    Column("session_id", SessionId, primary_key=True),
+    # A random token replaced by every save: a writer that knows the current token may append only its
+    # new messages; any other writer rewrites the transcript.
+    Column("version", String(32), nullable=False),
+    Column("length", Integer, nullable=False),
+    **_MYSQL,
+)
+
+messages = Table(
+    "agent_messages",
+    metadata,
+    Column("session_id", SessionId, primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("body", LongText, nullable=False),
+    **_MYSQL,
+)
+
+steers = Table(
+    "agent_steers",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("session_id", SessionId, nullable=False),
+    Column("text", LongText, nullable=False),
+    Index("agent_steers_by_session", "session_id", "id"),
+    **_MYSQL,
+)
+
+TABLES = (sessions, messages, steers)
+
+
+def ddl(dialect: Dialect) -> list[str]:
+    """CREATE statements for ``dialect``, one per element: what the caller's migration runs."""
+    out: list[str] = []
+    for table in TABLES:
+        out.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        out.extend(str(CreateIndex(index).compile(dialect=dialect)).strip() for index in table.indexes)
+    return out

@@ -1,0 +1,411 @@
+"""StoreContract: what every Store promises, as tests a store's own test class inherits.
+
+Each test makes its store with ``make_store()`` and works on fresh, random session ids, so tests and
+Hypothesis examples never see each other's data even on a shared database.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from agent_sessions import ArgumentError, Content, Message, Role, Store
+
+from . import strategies
+from .crossprocess import exactly_once_across_processes
+
+settings.register_profile(
+    "storetest",
+    deadline=None,  # network databases are slow and noisy; time is measured in bench/, not here
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+SETTINGS = settings.get_profile("storetest")
+
+ODD_JSON = '{"z":1,"a":[1, 2],"z":3}'
+
+VERBATIM_ARGUMENTS = [
+    ODD_JSON,  # duplicate key, unsorted, inner spacing: jsonb and MySQL JSON rewrite all three
+    '  {  "a" :  1 ,"b":\t[ ]\n}  ',
+    '{"text":"日本語 ünïcödé","emoji":"😀"}',
+    '{"esc":"\\u00e9\\n\\t\\"quoted\\" \\\\ \\/"}',
+    '{"astral":"\\ud83d\\ude00 𝄞 \U0001f9ea"}',
+    '{"lone":"\\ud800"}',
+    '{"big":1e400,"neg0":-0.0,"long":1.00000000000000000000001,"int":123456789012345678901234567890}',
+    '{"truncated": [1, 2',
+    "not json at all",
+    "",
+    "[1, 2, 3]",
+    '{"nul":"\\u0000","raw_nul":"\x00"}',
+]
+
+
+def _ids(n: int) -> list[str]:
+    return [f"storetest-{uuid.uuid4().hex}-{i}" for i in range(n)]
+
+
+def _call(id: str, arguments: str) -> Message:
+    return Message(Role.ASSISTANT, [Content.tool_call(id, "read_file", arguments)])
+
+
+def _transcript(n: int, tag: str = "") -> list[Message]:
+    out: list[Message] = []
+    for i in range(n):
+        if i % 3 == 0:
+            out.append(Message.user(f"{tag}question {i}"))
+        elif i % 3 == 1:
+            out.append(_call(f"call_{i}", f'{{"path": "{tag}f{i}.py"}}'))
+        else:
+            out.append(Message(Role.USER, [Content.tool_result(f"call_{i - 1}", f"{tag}contents {i}")]))
+    return out
+
+
+class StoreContract:
+    """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
+    suite for a slow backend."""
+
+    examples: int = 40
+    """Hypothesis examples per property."""
+    concurrency: int = 8
+    """Threads adding and threads taking in the exactly-once test (each side)."""
+    steers_per_adder: int = 25
+    long_transcript: int = 2000
+    large_message_bytes: int = 1_000_000
+
+    def make_store(self) -> Store:
+        raise NotImplementedError("a StoreContract subclass must implement make_store()")
+
+    def process_factory(self) -> Callable[[], Store] | None:
+        """A picklable zero-argument callable that builds this store in another process, or ``None``
+        for a store that lives in one process only (then the cross-process tests are skipped)."""
+        return None
+
+    def hypothesis(self, **overrides: Any) -> settings:
+        return settings(SETTINGS, **{"max_examples": self.examples, **overrides})
+
+    # -- transcripts ---------------------------------------------------------------------------------
+
+    def test_unknown_session_has_no_messages(self) -> None:
+        store = self.make_store()
+        assert store.messages(_ids(1)[0]) == []
+
+    def test_every_content_type_round_trips(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        msgs = [
+            Message.user("hello"),
+            Message(Role.ASSISTANT, [Content.from_text("let me look"),
+                                     Content.tool_call("c1", "read_file", '{"path":"a.py"}'),
+                                     Content.tool_call("c2", "grep", '{"q":"x"}')]),
+            Message(Role.USER, [Content.tool_result("c1", "print(1)"),
+                                Content.tool_result("c2", "no such file", is_error=True)]),
+            Message(Role.ASSISTANT, []),
+            Message.assistant(""),
+        ]
+        store.save(sid, msgs)
+        got = store.messages(sid)
+        assert got == msgs
+        assert all(isinstance(m, Message) for m in got)
+
+    def test_tool_call_arguments_are_kept_byte_for_byte(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        msgs = [_call(f"c{i}", text) for i, text in enumerate(VERBATIM_ARGUMENTS)]
+        store.save(sid, msgs)
+        got = [m.tool_calls[0].arguments for m in store.messages(sid)]
+        for want, have in zip(VERBATIM_ARGUMENTS, got, strict=True):
+            assert have == want, f"stored {want!r}, got back {have!r}"
+
+    def test_texts_keep_nul_surrogates_and_astral_characters(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        msgs = [Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"),
+                Message(Role.USER, [Content.tool_result("c", "\x00\x01\x1f", is_error=True)])]
+        store.save(sid, msgs)
+        assert store.messages(sid) == msgs
+
+    def test_save_replaces_with_shorter_longer_and_diverging_transcripts(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        base = _transcript(10)
+        for msgs in (base, base[:4], base, [*base, *_transcript(5, "more ")], [],
+                     [*base[:6], *_transcript(7, "fork ")], base[:1], _transcript(3, "new ")):
+            store.save(sid, msgs)
+            assert store.messages(sid) == msgs
+
+    def test_appending_one_message_at_a_time_keeps_the_whole_transcript(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        msgs: list[Message] = []
+        for m in _transcript(30):
+            msgs.append(m)
+            store.save(sid, msgs)
+        assert store.messages(sid) == msgs
+
+    def test_a_second_store_object_sees_and_replaces_what_the_first_saved(self) -> None:
+        first, second = self.make_store(), self.make_store()
+        (sid,) = _ids(1)
+        first.save(sid, _transcript(6))
+        if second.messages(sid) == []:
+            pytest.skip("this store's objects do not share data (a per-process store)")
+        second.save(sid, [*_transcript(6), *_transcript(2, "b ")])
+        first.save(sid, [*_transcript(6), *_transcript(1, "a ")])  # first must not trust its own view
+        assert second.messages(sid) == [*_transcript(6), *_transcript(1, "a ")]
+
+    def test_sessions_are_isolated(self) -> None:
+        store = self.make_store()
+        a, b = _ids(2)
+        store.save(a, _transcript(5, "a "))
+        store.save(b, _transcript(3, "b "))
+        store.add_steer(a, "for a")
+        store.save(a, _transcript(2, "a2 "))
+        assert store.messages(b) == _transcript(3, "b ")
+        assert store.take_steers(b) == []
+        assert store.take_steers(a) == ["for a"]
+
+    def test_session_ids_are_compared_exactly(self) -> None:
+        store = self.make_store()
+        (base,) = _ids(1)
+        variants = [base + "-Case", base + "-case", base + "-case ", base + "-cas\u00e9", base + "-case\u0301"]
+        for i, sid in enumerate(variants):
+            store.save(sid, [Message.user(str(i))])
+        for i, sid in enumerate(variants):
+            assert store.messages(sid) == [Message.user(str(i))], f"{sid!r} was confused with another id"
+
+    def test_a_large_message_round_trips(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        big = Message(Role.USER, [Content.tool_result("c1", "x" * self.large_message_bytes)])
+        msgs = [Message.user("read it"), big, Message.assistant("done")]
+        store.save(sid, msgs)
+        assert store.messages(sid) == msgs
+
+    def test_a_long_transcript_round_trips(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        msgs = _transcript(self.long_transcript)
+        store.save(sid, msgs)
+        assert store.messages(sid) == msgs
+        msgs.append(Message.assistant("one more"))
+        store.save(sid, msgs)
+        assert store.messages(sid) == msgs
+
+    # -- steers --------------------------------------------------------------------------------------
+
+    def test_steers_come_back_oldest_first_and_once(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        texts = [f"steer {i}" for i in range(12)]
+        for t in texts:
+            store.add_steer(sid, t)
+        assert store.take_steers(sid) == texts
+        assert store.take_steers(sid) == []
+
+    def test_add_after_take(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        assert store.take_steers(sid) == []
+        store.add_steer(sid, "one")
+        assert store.take_steers(sid) == ["one"]
+        store.add_steer(sid, "two")
+        store.add_steer(sid, "three")
+        assert store.take_steers(sid) == ["two", "three"]
+        assert store.take_steers(sid) == []
+
+    def test_steers_do_not_touch_the_transcript(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        store.save(sid, _transcript(3))
+        store.add_steer(sid, "s")
+        assert store.messages(sid) == _transcript(3)
+        store.save(sid, _transcript(4))
+        assert store.take_steers(sid) == ["s"]
+
+    def test_steer_texts_round_trip(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        texts = ["'; DROP TABLE agent_steers; --", "日本語 😀 \U0001f9ea", "x" * 100_000, " spaced ", "\n"]
+        for t in texts:
+            store.add_steer(sid, t)
+        assert store.take_steers(sid) == texts
+
+    def test_each_steer_is_taken_exactly_once_by_concurrent_threads(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        k, m = self.concurrency, self.steers_per_adder
+        barrier = threading.Barrier(2 * k)
+        adders_done = threading.Event()
+        taken: list[list[str]] = [[] for _ in range(k)]
+        batches: list[list[list[str]]] = [[] for _ in range(k)]
+        errors: list[BaseException] = []
+
+        def adder(i: int) -> None:
+            try:
+                barrier.wait()
+                for j in range(m):
+                    store.add_steer(sid, f"a{i}-{j:04d}")
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+
+        def taker(i: int) -> None:
+            try:
+                barrier.wait()
+                while True:
+                    finished = adders_done.is_set()
+                    batch = store.take_steers(sid)
+                    if batch:
+                        batches[i].append(batch)
+                        taken[i].extend(batch)
+                    elif finished:
+                        return
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+
+        adders = [threading.Thread(target=adder, args=(i,)) for i in range(k)]
+        takers = [threading.Thread(target=taker, args=(i,)) for i in range(k)]
+        for t in adders + takers:
+            t.start()
+        for t in adders:
+            t.join()
+        adders_done.set()
+        for t in takers:
+            t.join()
+        assert not errors, errors
+        everything = [s for per_taker in taken for s in per_taker]
+        assert len(everything) == len(set(everything)), "a steer was handed over twice"
+        assert set(everything) == {f"a{i}-{j:04d}" for i in range(k) for j in range(m)}
+        for per_taker in batches:
+            for batch in per_taker:
+                for i in range(k):
+                    mine = [s for s in batch if s.startswith(f"a{i}-")]
+                    assert mine == sorted(mine), f"a batch is not oldest first: {mine}"
+
+    def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
+        factory = self.process_factory()
+        if factory is None:
+            pytest.skip("this store lives in one process")
+        exactly_once_across_processes(factory, _ids(1)[0], adders=8, takers=8, per_adder=20)
+
+    # -- bad input -----------------------------------------------------------------------------------
+
+    def test_bad_input_is_a_typed_error_and_changes_nothing(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        kept = _transcript(4)
+        store.save(sid, kept)
+        store.add_steer(sid, "kept steer")
+        bad_ids: list[Any] = ["", None, 42, b"bytes", "x" * 256, "nul\x00id", "lone\ud800"]
+        for bad in bad_ids:
+            with pytest.raises(ArgumentError):
+                store.save(bad, kept)
+            with pytest.raises(ArgumentError):
+                store.messages(bad)
+            with pytest.raises(ArgumentError):
+                store.add_steer(bad, "x")
+            with pytest.raises(ArgumentError):
+                store.take_steers(bad)
+        bad_transcripts: list[Any] = [
+            [*kept, "not a message"], [*kept, {"role": "user", "content": []}], [None], "text", None,
+            Message.user("a bare message, not a list"),
+        ]
+        for bad in bad_transcripts:
+            with pytest.raises(ArgumentError):
+                store.save(sid, bad)
+        for bad_text in ["", None, 3, b"bytes", "nul\x00", "lone\ud800"]:
+            with pytest.raises(ArgumentError):
+                store.add_steer(sid, bad_text)  # type: ignore[arg-type]
+        assert store.messages(sid) == kept
+        assert store.take_steers(sid) == ["kept steer"]
+
+    # -- properties ----------------------------------------------------------------------------------
+
+    def test_property_any_transcript_round_trips(self) -> None:
+        store = self.make_store()
+
+        @self.hypothesis()
+        @given(strategies.transcripts)
+        def check(msgs: list[Message]) -> None:
+            (sid,) = _ids(1)
+            store.save(sid, msgs)
+            assert store.messages(sid) == msgs
+
+        check()
+
+    def test_property_any_session_id_and_steer_round_trip(self) -> None:
+        store = self.make_store()
+        prefix = uuid.uuid4().hex[:8]
+
+        @self.hypothesis()
+        @given(strategies.session_ids.map(lambda s: (prefix + s)[:255]), st.lists(strategies.steer_texts,
+                                                                                  min_size=1, max_size=3))
+        def check(sid: str, steers: list[str]) -> None:
+            msgs = [Message.user(sid)]
+            store.save(sid, msgs)
+            for t in steers:
+                store.add_steer(sid, t)
+            assert store.messages(sid) == msgs
+            assert store.take_steers(sid) == steers
+            store.save(sid, [])
+
+        check()
+
+    def test_property_store_behaves_like_a_dict_and_queues(self) -> None:
+        make_store = self.make_store
+        ids = _ids(3)
+
+        class Machine(RuleBasedStateMachine):
+            def __init__(self) -> None:
+                super().__init__()
+                self.store = make_store()
+                self.sessions = [f"{s}-{uuid.uuid4().hex[:6]}" for s in ids]
+                self.transcripts: dict[str, list[Message]] = {}
+                self.steers: dict[str, list[str]] = {}
+
+            @rule(i=st.integers(0, 2), msgs=strategies.transcripts)
+            def save(self, i: int, msgs: list[Message]) -> None:
+                self.store.save(self.sessions[i], msgs)
+                self.transcripts[self.sessions[i]] = list(msgs)
+
+            @rule(i=st.integers(0, 2), extra=st.lists(strategies.messages, max_size=3))
+            def append(self, i: int, extra: list[Message]) -> None:
+                sid = self.sessions[i]
+                msgs = self.transcripts.get(sid, []) + extra
+                self.store.save(sid, msgs)
+                self.transcripts[sid] = msgs
+
+            @rule(i=st.integers(0, 2), cut=st.integers(0, 5))
+            def truncate(self, i: int, cut: int) -> None:
+                sid = self.sessions[i]
+                msgs = self.transcripts.get(sid, [])[:cut]
+                self.store.save(sid, msgs)
+                self.transcripts[sid] = msgs
+
+            @rule(i=st.integers(0, 2), text=strategies.steer_texts)
+            def add_steer(self, i: int, text: str) -> None:
+                self.store.add_steer(self.sessions[i], text)
+                self.steers.setdefault(self.sessions[i], []).append(text)
+
+            @rule(i=st.integers(0, 2))
+            def take_steers(self, i: int) -> None:
+                sid = self.sessions[i]
+                assert self.store.take_steers(sid) == self.steers.pop(sid, [])
+
+            @rule(i=st.integers(0, 2))
+            def messages(self, i: int) -> None:
+                sid = self.sessions[i]
+                assert self.store.messages(sid) == self.transcripts.get(sid, [])
+
+            @invariant()
+            def transcripts_match(self) -> None:
+                for sid, msgs in self.transcripts.items():
+                    assert self.store.messages(sid) == msgs
+
+        run_state_machine_as_test(
+            Machine, settings=self.hypothesis(max_examples=max(5, self.examples // 4), stateful_step_count=15)
+        )

@@ -1,0 +1,57 @@
+"""Hypothesis strategies for what stores keep: contents, messages, transcripts, steers, session ids."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import strategies as st
+
+from agent_sessions import Content, Message, Role
+from agent_sessions.validate import MAX_SESSION_ID_LENGTH
+
+# Any Unicode a model or user can produce, NUL and astral characters included, lone surrogates too:
+# a message's text is arbitrary data, and its stored form must round-trip all of it.
+any_text = st.text(
+    alphabet=st.characters(exclude_categories=()) | st.sampled_from(["\x00", "\ud800", "\U0001f600", '"', "\\"]),
+    max_size=60,
+)
+
+# What a backend can key on: no NUL, no lone surrogate (see agent_sessions.validate).
+keyable_text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1)
+
+session_ids = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="\x00"),
+    min_size=1,
+    max_size=MAX_SESSION_ID_LENGTH,
+)
+steer_texts = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1,
+                      max_size=200)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | any_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@st.composite
+def raw_arguments(draw: st.DrawFn) -> str:
+    """Tool-call arguments as a model writes them: JSON in any spacing, or not JSON at all."""
+    value = draw(st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+    indent = draw(st.sampled_from([None, 0, 1, 4]))
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,", " : ")]))
+    text = json.dumps(value, indent=indent, separators=separators, ensure_ascii=draw(st.booleans()))
+    return draw(st.sampled_from([text, text[: len(text) // 2], f"  {text}\n", draw(any_text)]))
+
+
+ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=1, max_size=24)
+
+contents = st.one_of(
+    st.builds(Content.from_text, any_text),
+    st.builds(Content.tool_call, ids, st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,20}", fullmatch=True),
+              raw_arguments()),
+    st.builds(Content.tool_result, ids, any_text, st.booleans()),
+)
+
+messages = st.builds(Message, st.sampled_from(list(Role)), st.lists(contents, max_size=4))
+transcripts = st.lists(messages, max_size=12)

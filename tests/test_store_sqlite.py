@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import agent_sessions as agent
+import storetest
+from stores import sqlite
+from tests.sql_helpers import statements_of
+
+
+class TestSQLiteStoreKeepsTheContract(storetest.StoreContract):
+    @pytest.fixture(autouse=True)
+    def _file(self, tmp_path: Path) -> Iterator[None]:
+        self.path = tmp_path / "sessions.db"
+        self.opened: list[sqlite.Store] = []
+        yield
+        for store in self.opened:
+            store.close()
+
+    def make_store(self) -> sqlite.Store:
+        store = sqlite.open(self.path)
+        self.opened.append(store)
+        return store
+
+    def process_factory(self) -> functools.partial[sqlite.Store]:
+        return functools.partial(sqlite.open, str(self.path))
+
+
+def test_an_appending_save_writes_only_the_new_messages(tmp_path: Path) -> None:
+    store = sqlite.open(tmp_path / "s.db")
+    msgs = [agent.Message.user(f"m{i}") for i in range(100)]
+    store.save("s", msgs)
+    with statements_of(store.engine) as seen:
+        store.save("s", [*msgs, agent.Message.assistant("new")])
+    inserts = [rows for sql, rows in seen if sql.startswith("INSERT INTO agent_messages")]
+    assert inserts == [1]
+    assert not [sql for sql, _ in seen if sql.startswith("DELETE")]
+    assert store.messages("s")[-1].text == "new"
+
+
+def test_open_refuses_memory_and_creates_tables_once_per_file(tmp_path: Path) -> None:
+    with pytest.raises(agent.ArgumentError, match="stores.memory"):
+        sqlite.open(":memory:")
+    a, b = sqlite.open(tmp_path / "x.db"), sqlite.open(tmp_path / "x.db")
+    a.save("s", [agent.Message.user("kept")])
+    assert b.messages("s") == [agent.Message.user("kept")]
+    with a.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_a_dropped_table_is_a_store_error_naming_it(tmp_path: Path) -> None:
+    store = sqlite.open(tmp_path / "y.db")
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE agent_steers")
+    with pytest.raises(agent.StoreError, match="table 'agent_steers' does not exist"):
+        store.take_steers("s")
