@@ -10,6 +10,7 @@ of one session queue behind each other instead of deadlocking.
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 import uuid
@@ -209,16 +210,19 @@ class SQLStore:
 
     def _error(self, op: str, session: str, exc: SQLAlchemyError) -> StoreError:
         cause = str(getattr(exc, "orig", None) or exc)
-        for table in TABLES:
-            if table.name in cause and _looks_missing(cause):
-                return StoreError(
-                    f"{self.backend} store: table {table.name!r} does not exist ({op} of session "
-                    f"{session!r}); {self.schema_hint}"
-                )
+        missing = _TABLE_NAME.search(cause) if _looks_missing(cause) else None
+        if missing:
+            return StoreError(
+                f"{self.backend} store: table {missing.group(0)!r} does not exist ({op} of session "
+                f"{session!r}); {self.schema_hint}"
+            )
         return StoreError(f"{self.backend} store: {op} of session {session!r} failed: {cause}")
 
     def __repr__(self) -> str:
         return f"{type(self).__module__}.Store({self.engine.url!r})"
+
+
+_TABLE_NAME = re.compile(r"\b(?:" + "|".join(t.name for t in TABLES) + r")\b")
 
 
 def _looks_missing(message: str) -> bool:

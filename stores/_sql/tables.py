@@ -9,16 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text, TypeDecorator
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 metadata = MetaData()
 
+
+
+class _Utf8Bytes(TypeDecorator[str]):
+    impl = mysql.VARBINARY(1020)
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else value.encode("utf-8")
+
+    def process_result_value(self, value: bytes | None, dialect: Dialect) -> str | None:
+        return None if value is None else value.decode("utf-8")
+
+
 # MySQL compares text with PAD SPACE collations ('a' = 'a '), and MariaDB lacks MySQL 8's NO PAD binary
 # collation, so on MySQL the key is bytes: VARBINARY compares exactly. 1,020 = 255 characters x 4 bytes.
-SessionId = String(255).with_variant(mysql.VARBINARY(1020), "mysql", "mariadb")
+SessionId = String(255).with_variant(_Utf8Bytes(), "mysql", "mariadb")
 LongText = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 _MYSQL: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
 

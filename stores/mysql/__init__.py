@@ -1,0 +1,66 @@
+"""A store in MySQL 8 or MariaDB, over the caller's SQLAlchemy Engine (PyMySQL). It runs no DDL: the
+caller's migration runs each statement of ``SCHEMA``.
+
+Only SQL both servers accept is used: no ``DELETE ... RETURNING`` (MariaDB only), no ``INSERT ... AS new``
+(MySQL only), no JSON columns (MySQL 8's rewrites its text)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from sqlalchemy import Connection, Engine, delete, select
+    from sqlalchemy.dialects import mysql
+    from sqlalchemy.exc import DBAPIError
+except ImportError as exc:  # pragma: no cover
+    raise ImportError(
+        "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'agent-sessions[mysql]'"
+    ) from exc
+
+from agent_sessions import ArgumentError
+
+from .._sql import SQLStore, ddl
+from .._sql.tables import sessions, steers
+
+SCHEMA: list[str] = ddl(mysql.dialect())
+"""The DDL, one statement per element: ``for stmt in mysql.SCHEMA: conn.exec_driver_sql(stmt)``."""
+
+# 1213 deadlock, 1205 lock wait timeout: InnoDB has rolled back (the statement or all), so run it again.
+_TRANSIENT = {1213, 1205}
+
+
+class Store(SQLStore):
+    backend = "MySQL"
+    schema_hint = "create the tables by running each statement of stores.mysql.SCHEMA in your migration"
+
+    def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
+        if not isinstance(engine, Engine) or engine.dialect.name not in ("mysql", "mariadb"):
+            raise ArgumentError(
+                f"mysql.Store needs a SQLAlchemy Engine for MySQL or MariaDB, got {engine!r}; "
+                "create_engine('mysql+pymysql://...?charset=utf8mb4') once and pass it"
+            )
+        super().__init__(engine, remember=remember)
+
+    def upsert_session(self, session: str, version: str, length: int) -> Any:
+        stmt = mysql.insert(sessions).values(session_id=session, version=version, length=length)
+        return stmt.on_duplicate_key_update(version=version, length=length)
+
+    def take(self, conn: Connection, session: str) -> list[str]:
+        """MySQL 8 has no DELETE ... RETURNING: lock the rows with SELECT ... FOR UPDATE, then delete them
+        in the same transaction. A second taker waits on the locks and then finds them gone."""
+        rows = conn.execute(
+            select(steers.c.id, steers.c.text)
+            .where(steers.c.session_id == session)
+            .order_by(steers.c.id)
+            .with_for_update()
+        ).all()
+        if rows:
+            conn.execute(delete(steers).where(steers.c.id.in_([r.id for r in rows])))
+        return [r.text for r in rows]
+
+    def is_transient(self, exc: DBAPIError) -> bool:
+        args: tuple[object, ...] = getattr(exc.orig, "args", ())
+        return bool(args) and args[0] in _TRANSIENT
+
+
+__all__ = ["SCHEMA", "Store"]
