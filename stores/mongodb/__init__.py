@@ -1,0 +1,147 @@
+"""A store in MongoDB, over the caller's pymongo ``Database``.
+
+It relies only on what a standalone mongod gives: single-document atomicity and ``find_one_and_*``, no
+transactions. A transcript is one document (so a reader never sees half a save) whose messages are kept
+as JSON strings, not sub-documents, so a model's tool arguments come back byte for byte. Indexes are the
+caller's to create: ``INDEXES``, or ``create_indexes(database)`` in a migration.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    from pymongo import ASCENDING, ReturnDocument
+    from pymongo.database import Database
+    from pymongo.errors import PyMongoError
+except ImportError as exc:  # pragma: no cover
+    raise ImportError(
+        "stores.mongodb requires pymongo. Install it with: pip install 'agent-sessions[mongodb]'"
+    ) from exc
+
+from agent_sessions import ArgumentError, Message, MessageError, StoreError, validate
+
+SESSIONS = "agent_sessions"
+STEERS = "agent_steers"
+COUNTERS = "agent_steer_counters"
+
+INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
+    (STEERS, [("session", ASCENDING), ("seq", ASCENDING)], {"name": "agent_steers_by_session"}),
+]
+"""(collection, keys, options) for each index the store's queries use."""
+
+
+def create_indexes(database: Database[Any]) -> None:
+    for collection, keys, options in INDEXES:
+        database[collection].create_index(keys, **options)
+
+
+class Store:
+    def __init__(self, database: Database[Any], *, remember: int = 1024) -> None:
+        if not isinstance(database, Database):
+            raise ArgumentError(
+                f"mongodb.Store needs a pymongo Database (client['name']), got {type(database).__name__}"
+            )
+        self.database = database
+        self._sessions = database[SESSIONS]
+        self._steers = database[STEERS]
+        self._counters = database[COUNTERS]
+        self._remember = remember
+        self._lock = threading.Lock()
+        self._known: dict[str, tuple[str, tuple[Message, ...]]] = {}
+
+    def save(self, session: str, msgs: Sequence[Message]) -> None:
+        validate.session_id(session)
+        items = validate.messages(msgs)
+        version = uuid.uuid4().hex
+        with self._lock:
+            known = self._known.get(session)
+        try:
+            appended = False
+            if known is not None and len(items) >= len(known[1]) and _starts_with(items, known[1]):
+                new = [m.to_json() for m in items[len(known[1]):]]
+                result = self._sessions.update_one(
+                    {"_id": session, "version": known[0]},
+                    {"$push": {"bodies": {"$each": new}}, "$set": {"version": version}},
+                )
+                appended = result.matched_count == 1
+            if not appended:
+                self._sessions.update_one(
+                    {"_id": session},
+                    {"$set": {"version": version, "bodies": [m.to_json() for m in items]}},
+                    upsert=True,
+                )
+        except PyMongoError as exc:
+            self._forget(session)
+            raise StoreError(f"MongoDB store: save of session {session!r} failed: {exc}") from exc
+        self._note(session, version, items)
+
+    def messages(self, session: str) -> list[Message]:
+        validate.session_id(session)
+        try:
+            doc = self._sessions.find_one({"_id": session})
+        except PyMongoError as exc:
+            raise StoreError(f"MongoDB store: messages of session {session!r} failed: {exc}") from exc
+        if doc is None:
+            return []
+        try:
+            items = tuple(Message.from_json(body) for body in doc.get("bodies", []))
+        except (MessageError, TypeError) as exc:
+            raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
+        self._note(session, doc["version"], items)
+        return list(items)
+
+    def add_steer(self, session: str, text: str) -> None:
+        validate.session_id(session)
+        validate.steer_text(text)
+        try:
+            # A per-session counter, not an ObjectId: ObjectIds from two processes in one second do not
+            # sort in the order they were made, and steers must come back oldest first.
+            counter = self._counters.find_one_and_update(
+                {"_id": session}, {"$inc": {"n": 1}}, upsert=True, return_document=ReturnDocument.AFTER
+            )
+            if counter is None:  # upsert with ReturnDocument.AFTER always returns the document
+                raise StoreError(f"MongoDB store: the steer counter of session {session!r} was not returned")
+            self._steers.insert_one({"session": session, "seq": counter["n"], "text": text})
+        except PyMongoError as exc:
+            raise StoreError(f"MongoDB store: add_steer to session {session!r} failed: {exc}") from exc
+
+    def take_steers(self, session: str) -> list[str]:
+        """One find_one_and_delete per steer: each delete is atomic, so each steer has one taker."""
+        validate.session_id(session)
+        taken: list[str] = []
+        try:
+            while True:
+                doc = self._steers.find_one_and_delete({"session": session}, sort=[("seq", ASCENDING)])
+                if doc is None:
+                    return taken
+                taken.append(doc["text"])
+        except PyMongoError as exc:
+            # Steers already deleted are handed back rather than lost; the rest stay for the next take.
+            if taken:
+                return taken
+            raise StoreError(f"MongoDB store: take_steers of session {session!r} failed: {exc}") from exc
+
+    def _note(self, session: str, version: str, items: tuple[Message, ...]) -> None:
+        with self._lock:
+            self._known.pop(session, None)
+            self._known[session] = (version, items)
+            while len(self._known) > self._remember:
+                del self._known[next(iter(self._known))]
+
+    def _forget(self, session: str) -> None:
+        with self._lock:
+            self._known.pop(session, None)
+
+    def __repr__(self) -> str:
+        return f"mongodb.Store({self.database.name!r})"
+
+
+def _starts_with(items: tuple[Message, ...], prefix: tuple[Message, ...]) -> bool:
+    return all(a is b or a == b for a, b in zip(items, prefix, strict=False))
+
+
+__all__ = ["COUNTERS", "INDEXES", "SESSIONS", "STEERS", "Store", "create_indexes"]
