@@ -13,9 +13,10 @@ import argparse
 import json
 import os
 
+from tools import TOOLS
+
 import agent_sessions as agent
 from stores import sqlite
-from tools import TOOLS
 
 SYSTEM = "You review Go code. Use the tools to read files before you answer; cite file and line."
 
