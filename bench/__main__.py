@@ -53,24 +53,28 @@ def summary(samples: list[float]) -> dict[str, float]:
 def measure_store(name: str, store: agent.Store, rounds: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for n in SIZES:
-        sid = f"bench-{name}-{n}-{time.time_ns()}"
-        msgs = [agent.Message.user("start")]
-        while len(msgs) < n:
-            msgs.extend(step_messages(len(msgs)))
-        msgs = msgs[:n]
+        result.update(measure_size(store, f"bench-{name}-{n}-{time.time_ns()}", n, rounds))
+    return result
+
+
+def measure_size(store: agent.Store, sid: str, n: int, rounds: int) -> dict[str, Any]:
+    msgs = [agent.Message.user("start")]
+    while len(msgs) < n:
+        msgs.extend(step_messages(len(msgs)))
+    msgs = msgs[:n]
+    store.save(sid, msgs)
+    extra = iter(range(10**9))
+
+    def append() -> None:
+        msgs.append(step_messages(next(extra))[1])
         store.save(sid, msgs)
-        extra = iter(range(10**9))
 
-        def append() -> None:
-            msgs.append(step_messages(next(extra))[1])
-            store.save(sid, msgs)
-
-        result[f"save_append_{n}"] = summary(timed(append, rounds))
-        if n == 1000:
-            result["messages_1000"] = summary(timed(lambda: store.messages(sid), max(5, rounds // 10)))
-            result["add_steer"] = summary(timed(lambda: store.add_steer(sid, "check the lease expiry"), rounds))
-            store.take_steers(sid)
-            result["take_steers_empty"] = summary(timed(lambda: store.take_steers(sid), rounds))
+    result: dict[str, Any] = {f"save_append_{n}": summary(timed(append, rounds))}
+    if n == 1000:
+        result["messages_1000"] = summary(timed(lambda: store.messages(sid), max(5, rounds // 10)))
+        result["add_steer"] = summary(timed(lambda: store.add_steer(sid, "check the lease expiry"), rounds))
+        store.take_steers(sid)
+        result["take_steers_empty"] = summary(timed(lambda: store.take_steers(sid), rounds))
     return result
 
 
@@ -125,7 +129,8 @@ def open_stores(names: list[str], tmp: str, rounds: int) -> list[tuple[str, agen
         elif name == "sqlite":
             from stores import sqlite
 
-            out.append(("sqlite", sqlite.open(Path(tmp) / "bench.db"), floor_sqlite(str(Path(tmp) / "floor.db"), rounds)))
+            floor = floor_sqlite(str(Path(tmp) / "floor.db"), rounds)
+            out.append(("sqlite", sqlite.open(Path(tmp) / "bench.db"), floor))
         elif name in ("postgres", "mysql"):
             from sqlalchemy import create_engine, make_url
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeVar
 from sqlalchemy import Connection, Engine, and_, delete, insert, select, update
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from agent_sessions import Message, MessageError, StoreError, validate
+from agent_sessions import ArgumentError, Message, MessageError, StoreError, validate
 
 from .tables import TABLES, messages, sessions, steers
 
@@ -73,8 +73,16 @@ class SQLStore:
     backend: ClassVar[str] = "SQL"
     schema_hint: ClassVar[str] = "create them first"
     read_options: ClassVar[dict[str, Any]] = {}
+    dialects: ClassVar[tuple[str, ...]] = ()
+    """SQLAlchemy dialect names the store accepts; empty: any."""
+    engine_hint: ClassVar[str] = ""
 
     def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
+        if not isinstance(engine, Engine) or (self.dialects and engine.dialect.name not in self.dialects):
+            raise ArgumentError(
+                f"{type(self).__module__}.Store needs a SQLAlchemy Engine for {self.backend}, got {engine!r}; "
+                f"{self.engine_hint}"
+            )
         self.engine = engine
         self._remembered = _Remembered(remember)
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, Engine, delete, select
+    from sqlalchemy import Connection, delete, select
     from sqlalchemy.dialects import mysql
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
         "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'agent-sessions[mysql]'"
     ) from exc
-
-from agent_sessions import ArgumentError
 
 from .._sql import SQLStore, ddl
 from .._sql.tables import sessions, steers
@@ -30,16 +28,10 @@ _TRANSIENT = {1213, 1205}
 
 
 class Store(SQLStore):
-    backend = "MySQL"
+    backend = "MySQL or MariaDB"
     schema_hint = "create the tables by running each statement of stores.mysql.SCHEMA in your migration"
-
-    def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
-        if not isinstance(engine, Engine) or engine.dialect.name not in ("mysql", "mariadb"):
-            raise ArgumentError(
-                f"mysql.Store needs a SQLAlchemy Engine for MySQL or MariaDB, got {engine!r}; "
-                "create_engine('mysql+pymysql://...?charset=utf8mb4') once and pass it"
-            )
-        super().__init__(engine, remember=remember)
+    dialects = ("mysql", "mariadb")
+    engine_hint = "create_engine('mysql+pymysql://...?charset=utf8mb4') once and pass it"
 
     def upsert_session(self, session: str, version: str, length: int) -> Any:
         stmt = mysql.insert(sessions).values(session_id=session, version=version, length=length)

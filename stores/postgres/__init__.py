@@ -6,15 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 try:
-    from sqlalchemy import Engine
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
         "stores.postgres requires SQLAlchemy and psycopg. Install them with: pip install 'agent-sessions[postgres]'"
     ) from exc
-
-from agent_sessions import ArgumentError
 
 from .._sql import SQLStore, ddl
 from .._sql.tables import sessions
@@ -29,14 +26,8 @@ _TRANSIENT = {"40001", "40P01"}
 class Store(SQLStore):
     backend = "PostgreSQL"
     schema_hint = "create the tables by running stores.postgres.SCHEMA in your migration"
-
-    def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
-        if not isinstance(engine, Engine) or engine.dialect.name != "postgresql":
-            raise ArgumentError(
-                f"postgres.Store needs a SQLAlchemy Engine for PostgreSQL, got {engine!r}; "
-                "create_engine('postgresql+psycopg://...') once and pass it"
-            )
-        super().__init__(engine, remember=remember)
+    dialects = ("postgresql",)
+    engine_hint = "create_engine('postgresql+psycopg://...') once and pass it"
 
     def upsert_session(self, session: str, version: str, length: int) -> Any:
         stmt = postgresql.insert(sessions).values(session_id=session, version=version, length=length)

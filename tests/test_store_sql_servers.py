@@ -1,0 +1,127 @@
+"""The PostgreSQL and MySQL stores against real servers: storetest, plus what only SQL stores promise."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url
+
+import agent_sessions as agent
+import storetest
+from stores import mysql, postgres
+from stores._sql import SQLStore
+from tests import servers
+from tests.sql_helpers import statements_of
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    url: str
+    store: type[SQLStore]
+    in_another_process: Callable[[str], SQLStore]
+
+
+POSTGRES = Backend("postgres", servers.POSTGRES_URL, postgres.Store, servers.postgres_store)
+MYSQL = Backend("mysql", servers.MYSQL_URL, mysql.Store, servers.mysql_store)
+
+
+@contextmanager
+def connected(backend: Backend) -> Iterator[Engine]:
+    """An engine on a database holding freshly created tables, as the caller's migration leaves it."""
+    servers.create_database(backend.url)
+    engine = create_engine(backend.url, pool_size=8, max_overflow=12)
+    servers.fresh_schema(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="module", params=[POSTGRES, MYSQL], ids=lambda b: b.name)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def engine(backend: Backend) -> Iterator[Engine]:
+    with connected(backend) as engine:
+        yield engine
+
+
+class ServerStoreContract(storetest.StoreContract):
+    backend: Backend
+
+    engine: Engine
+
+    @pytest.fixture(autouse=True, scope="class")
+    @classmethod
+    def _engine(cls) -> Iterator[None]:
+        with connected(cls.backend) as engine:
+            cls.engine = engine
+            yield
+
+    def make_store(self) -> SQLStore:
+        return self.backend.store(self.engine)
+
+    def process_factory(self) -> functools.partial[SQLStore]:
+        return functools.partial(self.backend.in_another_process, self.backend.url)
+
+
+class TestPostgresStoreKeepsTheContract(ServerStoreContract):
+    backend = POSTGRES
+
+
+class TestMySQLStoreKeepsTheContract(ServerStoreContract):
+    backend = MYSQL
+
+
+def test_an_appending_save_writes_only_the_new_messages(backend: Backend, engine: Engine) -> None:
+    store = backend.store(engine)
+    msgs = [agent.Message.user(f"m{i}") for i in range(100)]
+    store.save("append-only", msgs)
+    with statements_of(engine) as seen:
+        store.save("append-only", [*msgs, agent.Message.assistant("new")])
+    assert [rows for sql, rows in seen if sql.startswith("INSERT INTO agent_messages")] == [1]
+    assert not [sql for sql, _ in seen if sql.startswith("DELETE")]
+
+
+def test_missing_tables_are_a_store_error_pointing_at_schema(backend: Backend) -> None:
+    url = make_url(backend.url).set(database="agent_sessions_empty")
+    servers.create_database(url.render_as_string(hide_password=False))
+    empty = create_engine(url)
+    try:
+        with pytest.raises(agent.StoreError, match=rf"table 'agent_steers' does not exist.*{backend.name}\.SCHEMA"):
+            backend.store(empty).take_steers("s")
+        with pytest.raises(agent.StoreError, match="table 'agent_sessions' does not exist"):
+            backend.store(empty).save("s", [agent.Message.user("x")])
+    finally:
+        empty.dispose()
+
+
+def test_the_store_takes_an_engine_not_a_url(backend: Backend) -> None:
+    with pytest.raises(agent.ArgumentError, match="needs a SQLAlchemy Engine"):
+        backend.store(backend.url)  # type: ignore[arg-type]
+
+
+def test_postgres_schema_is_one_string_keeping_json_as_text() -> None:
+    assert isinstance(postgres.SCHEMA, str)
+    assert "JSON" not in postgres.SCHEMA.upper() and "body TEXT" in postgres.SCHEMA
+
+
+def test_mysql_schema_is_a_list_keeping_json_as_longtext() -> None:
+    assert isinstance(mysql.SCHEMA, list) and all(isinstance(s, str) for s in mysql.SCHEMA)
+    assert not [s for s in mysql.SCHEMA if " JSON" in s.upper()]
+    assert any("body LONGTEXT" in s for s in mysql.SCHEMA)
+
+
+def test_mysql_take_steers_uses_no_mariadb_only_sql() -> None:
+    with connected(MYSQL) as engine:
+        store = mysql.Store(engine)
+        store.add_steer("portable", "x")
+        with statements_of(engine) as seen:
+            assert store.take_steers("portable") == ["x"]
+    assert not [sql for sql, _ in seen if "RETURNING" in sql.upper()]
+    assert any("FOR UPDATE" in sql for sql, _ in seen)
