@@ -15,7 +15,7 @@ import storetest
 from stores import mysql, postgres
 from stores._sql import SQLStore
 from tests import servers
-from tests.sql_helpers import statements_of
+from tests.sql_helpers import failing, statements_of
 
 
 @dataclass(frozen=True)
@@ -125,3 +125,17 @@ def test_mysql_take_steers_uses_no_mariadb_only_sql() -> None:
             assert store.take_steers("portable") == ["x"]
     assert not [sql for sql, _ in seen if "RETURNING" in sql.upper()]
     assert any("FOR UPDATE" in sql for sql, _ in seen)
+
+
+@pytest.mark.parametrize("fails_at", ["DELETE FROM agent_messages", "INSERT INTO agent_messages"])
+def test_a_save_that_fails_midway_leaves_the_previous_transcript(backend: Backend, engine: Engine,
+                                                                  fails_at: str) -> None:
+    store = backend.store(engine)
+    before = [agent.Message.user(f"m{i}") for i in range(5)]
+    store.save("midway", before)
+    with failing(engine, fails_at), pytest.raises(agent.StoreError, match="injected: the server went away"):
+        store.save("midway", [*before[:2], agent.Message.user("diverged")])  # a delete, then an insert
+    assert backend.store(engine).messages("midway") == before
+    assert store.messages("midway") == before
+    store.save("midway", [*before, agent.Message.assistant("after")])  # and the store carries on
+    assert backend.store(engine).messages("midway") == [*before, agent.Message.assistant("after")]

@@ -9,7 +9,7 @@ import pytest
 import agent_sessions as agent
 import storetest
 from stores import sqlite
-from tests.sql_helpers import statements_of
+from tests.sql_helpers import failing, statements_of
 
 
 class TestSQLiteStoreKeepsTheContract(storetest.StoreContract):
@@ -58,3 +58,12 @@ def test_a_dropped_table_is_a_store_error_naming_it(tmp_path: Path) -> None:
         conn.exec_driver_sql("DROP TABLE agent_steers")
     with pytest.raises(agent.StoreError, match="table 'agent_steers' does not exist"):
         store.take_steers("s")
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_transcript(tmp_path: Path) -> None:
+    store = sqlite.open(tmp_path / "m.db")
+    before = [agent.Message.user(f"m{i}") for i in range(5)]
+    store.save("s", before)
+    with failing(store.engine, "INSERT INTO agent_messages"), pytest.raises(agent.StoreError, match="injected"):
+        store.save("s", [*before[:2], agent.Message.user("diverged")])
+    assert sqlite.open(tmp_path / "m.db").messages("s") == before
