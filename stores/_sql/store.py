@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import random
 import re
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
@@ -24,47 +22,12 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from agent_sessions import ArgumentError, Message, MessageError, StoreError, validate
 
+from .._known import Known, common_prefix
 from .tables import TABLES, messages, sessions, steers
 
 T = TypeVar("T")
 
 _RETRIES = 4
-
-
-class _Remembered:
-    """What this process last knew of a session: a bounded LRU, so a long-lived worker does not grow."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._lock = threading.Lock()
-        self._items: OrderedDict[str, tuple[str, tuple[Message, ...]]] = OrderedDict()
-
-    def get(self, session: str) -> tuple[str, tuple[Message, ...]] | None:
-        with self._lock:
-            item = self._items.get(session)
-            if item is not None:
-                self._items.move_to_end(session)
-            return item
-
-    def put(self, session: str, version: str, msgs: tuple[Message, ...]) -> None:
-        with self._lock:
-            self._items[session] = (version, msgs)
-            self._items.move_to_end(session)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-    def forget(self, session: str) -> None:
-        with self._lock:
-            self._items.pop(session, None)
-
-
-def _common_prefix(known: tuple[Message, ...], msgs: tuple[Message, ...]) -> int:
-    n = min(len(known), len(msgs))
-    for i in range(n):
-        a, b = known[i], msgs[i]
-        if a is not b and a != b:
-            return i
-    return n
 
 
 class SQLStore:
@@ -84,7 +47,7 @@ class SQLStore:
                 f"{self.engine_hint}"
             )
         self.engine = engine
-        self._remembered = _Remembered(remember)
+        self._known = Known(remember)
 
     # -- the Store protocol --------------------------------------------------------------------------
 
@@ -94,12 +57,12 @@ class SQLStore:
         for m in items:
             m.to_json()  # encode before the transaction opens: no lock is held while we serialise
         version = uuid.uuid4().hex
-        known = self._remembered.get(session)
+        known = self._known.get(session)
 
         def write(conn: Connection) -> None:
             start = 0
             if known is not None and self._claim(conn, session, known[0], version, len(items)):
-                start = _common_prefix(known[1], items)
+                start = common_prefix(known[1], items)
                 if start < len(known[1]):
                     conn.execute(
                         delete(messages).where(
@@ -118,9 +81,9 @@ class SQLStore:
         try:
             self._transaction("save", session, write)
         except BaseException:
-            self._remembered.forget(session)
+            self._known.forget(session)
             raise
-        self._remembered.put(session, version, items)
+        self._known.put(session, version, items)
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -146,7 +109,7 @@ class SQLStore:
             items = tuple(Message.from_json(body) for _, body in rows if body is not None)
         except MessageError as exc:
             raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt message: {exc}") from exc
-        self._remembered.put(session, rows[0][0], items)
+        self._known.put(session, rows[0][0], items)
         return list(items)
 
     def add_steer(self, session: str, text: str) -> None:

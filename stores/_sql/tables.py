@@ -17,7 +17,6 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 metadata = MetaData()
 
 
-
 class _Utf8Bytes(TypeDecorator[str]):
     impl = mysql.VARBINARY(1020)
     cache_ok = True

@@ -8,7 +8,6 @@ caller's to create: ``INDEXES``, or ``create_indexes(database)`` in a migration.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +22,8 @@ except ImportError as exc:  # pragma: no cover
     ) from exc
 
 from agent_sessions import ArgumentError, Message, MessageError, StoreError, validate
+
+from .._known import Known, common_prefix
 
 SESSIONS = "agent_sessions"
 STEERS = "agent_steers"
@@ -49,19 +50,16 @@ class Store:
         self._sessions = database[SESSIONS]
         self._steers = database[STEERS]
         self._counters = database[COUNTERS]
-        self._remember = remember
-        self._lock = threading.Lock()
-        self._known: dict[str, tuple[str, tuple[Message, ...]]] = {}
+        self._known = Known(remember)
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
         items = validate.messages(msgs)
         version = uuid.uuid4().hex
-        with self._lock:
-            known = self._known.get(session)
+        known = self._known.get(session)
         try:
             appended = False
-            if known is not None and len(items) >= len(known[1]) and _starts_with(items, known[1]):
+            if known is not None and common_prefix(known[1], items) == len(known[1]):
                 new = [m.to_json() for m in items[len(known[1]):]]
                 result = self._sessions.update_one(
                     {"_id": session, "version": known[0]},
@@ -75,9 +73,9 @@ class Store:
                     upsert=True,
                 )
         except PyMongoError as exc:
-            self._forget(session)
+            self._known.forget(session)
             raise StoreError(f"MongoDB store: save of session {session!r} failed: {exc}") from exc
-        self._note(session, version, items)
+        self._known.put(session, version, items)
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -91,7 +89,7 @@ class Store:
             items = tuple(Message.from_json(body) for body in doc.get("bodies", []))
         except (MessageError, TypeError) as exc:
             raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
-        self._note(session, doc["version"], items)
+        self._known.put(session, doc["version"], items)
         return list(items)
 
     def add_steer(self, session: str, text: str) -> None:
@@ -125,23 +123,8 @@ class Store:
                 return taken
             raise StoreError(f"MongoDB store: take_steers of session {session!r} failed: {exc}") from exc
 
-    def _note(self, session: str, version: str, items: tuple[Message, ...]) -> None:
-        with self._lock:
-            self._known.pop(session, None)
-            self._known[session] = (version, items)
-            while len(self._known) > self._remember:
-                del self._known[next(iter(self._known))]
-
-    def _forget(self, session: str) -> None:
-        with self._lock:
-            self._known.pop(session, None)
-
     def __repr__(self) -> str:
         return f"mongodb.Store({self.database.name!r})"
-
-
-def _starts_with(items: tuple[Message, ...], prefix: tuple[Message, ...]) -> bool:
-    return all(a is b or a == b for a, b in zip(items, prefix, strict=False))
 
 
 __all__ = ["COUNTERS", "INDEXES", "SESSIONS", "STEERS", "Store", "create_indexes"]
