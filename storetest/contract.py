@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from agent_sessions import ArgumentError, Content, Message, Role, Store
 
 from . import strategies
-from .crossprocess import exactly_once_across_processes
+from .crossprocess import assert_each_taken_once, exactly_once_across_processes
 
 settings.register_profile(
     "storetest",
@@ -242,7 +242,6 @@ class StoreContract:
         barrier = threading.Barrier(2 * k)
         adders_done = threading.Event()
         taken: list[list[str]] = [[] for _ in range(k)]
-        batches: list[list[list[str]]] = [[] for _ in range(k)]
         errors: list[BaseException] = []
 
         def adder(i: int) -> None:
@@ -260,7 +259,6 @@ class StoreContract:
                     finished = adders_done.is_set()
                     batch = store.take_steers(sid)
                     if batch:
-                        batches[i].append(batch)
                         taken[i].extend(batch)
                     elif finished:
                         return
@@ -277,14 +275,8 @@ class StoreContract:
         for t in takers:
             t.join()
         assert not errors, errors
-        everything = [s for per_taker in taken for s in per_taker]
-        assert len(everything) == len(set(everything)), "a steer was handed over twice"
-        assert set(everything) == {f"a{i}-{j:04d}" for i in range(k) for j in range(m)}
-        for per_taker in batches:
-            for batch in per_taker:
-                for i in range(k):
-                    mine = [s for s in batch if s.startswith(f"a{i}-")]
-                    assert mine == sorted(mine), f"a batch is not oldest first: {mine}"
+        # Each taker's whole sequence must keep every sender's order: stronger than each batch alone.
+        assert_each_taken_once(taken, "a", k, m)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
         factory = self.process_factory()

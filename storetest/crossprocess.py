@@ -70,11 +70,17 @@ def exactly_once_across_processes(
             if p.is_alive():
                 p.kill()
     taken = [r[2] for r in reports if r[0] == "taken"]
+    assert_each_taken_once(taken, "p", adders, per_adder)
+    return taken
+
+
+def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, per_sender: int) -> None:
+    """``taken`` holds, per taker, everything it took in order; sender i added f"{prefix}{i}-{j:04d}"
+    for j in order. Every steer was taken once, and no taker saw one sender's steers out of order."""
     everything = [s for t in taken for s in t]
     assert len(everything) == len(set(everything)), "a steer was handed over twice"
-    assert set(everything) == {f"p{i}-{j:04d}" for i in range(adders) for j in range(per_adder)}
+    assert set(everything) == {f"{prefix}{i}-{j:04d}" for i in range(senders) for j in range(per_sender)}
     for t in taken:
-        for i in range(adders):
-            mine = [s for s in t if s.startswith(f"p{i}-")]
+        for i in range(senders):
+            mine = [s for s in t if s.startswith(f"{prefix}{i}-")]
             assert mine == sorted(mine), f"a taker received one sender's steers out of order: {mine}"
-    return taken
