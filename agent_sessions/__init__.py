@@ -7,14 +7,19 @@ from .errors import (
     AgentError,
     ArgumentError,
     EndpointError,
+    LeaseLost,
     MessageError,
     RunFinished,
+    SessionBusy,
+    SessionExists,
     StoreError,
     ToolError,
+    Unsupported,
 )
-from .messages import Content, ContentType, Message, Role
+from .lease import Holder
+from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
 from .runner import Result, Run, Runner, StopReason
-from .session import Session, Store, StoreSession, open
+from .session import RunStore, Session, Store, StoreSession, open
 from .spec import Pattern, Spec
 from .tools import Tool, tool
 
@@ -27,6 +32,8 @@ __all__ = [
     "ContentType",
     "Endpoint",
     "EndpointError",
+    "Holder",
+    "LeaseLost",
     "Message",
     "MessageError",
     "Pattern",
@@ -34,8 +41,11 @@ __all__ = [
     "Role",
     "Run",
     "RunFinished",
+    "RunStore",
     "Runner",
     "Session",
+    "SessionBusy",
+    "SessionExists",
     "Spec",
     "StopReason",
     "Store",
@@ -43,9 +53,11 @@ __all__ = [
     "StoreSession",
     "Tool",
     "ToolError",
+    "Unsupported",
     "endpoints",
     "events",
     "open",
+    "orphaned_tool_calls",
     "tool",
     "validate",
 ]

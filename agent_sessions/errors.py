@@ -39,3 +39,23 @@ class ToolError(AgentError):
 
 class RunFinished(AgentError):
     """A steer was sent to a run that has already returned: steer the session instead."""
+
+
+class SessionExists(AgentError):
+    """A fork's target already has a transcript: forking never overwrites a conversation."""
+
+
+class SessionBusy(AgentError):
+    """Another live run holds the session's lease. ``holder`` says who, and until when."""
+
+    def __init__(self, message: str, holder: object) -> None:
+        self.holder = holder
+        super().__init__(message)
+
+
+class LeaseLost(StoreError):
+    """This run's lease expired or was taken over, so it stopped rather than write beside another run."""
+
+
+class Unsupported(AgentError, TypeError):
+    """The session's store does not implement the optional RunStore protocol this call needs."""

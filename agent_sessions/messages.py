@@ -7,7 +7,7 @@ append only the new ones, and so a transcript handed to a store can never change
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -186,3 +186,17 @@ class Message:
         if isinstance(text, str):
             object.__setattr__(message, "_json", text)
         return message
+
+
+def orphaned_tool_calls(msgs: Sequence[Message]) -> list[Content]:
+    """Tool calls with no result anywhere after them: a transcript holding one makes every later request
+    fail at the provider (a 400), so the loop never stores one."""
+    answered: set[str] = set()
+    orphans: list[Content] = []
+    for m in reversed(msgs):
+        for c in m.content:
+            if c.type is ContentType.TOOL_RESULT:
+                answered.add(c.tool_call_id)
+            elif c.type is ContentType.TOOL_CALL and c.id not in answered:
+                orphans.append(c)
+    return orphans[::-1]

@@ -3,15 +3,20 @@
 A Store is a backend holding many conversations; a Session is one of them, already addressed, so nothing
 in the loop threads an id around. Both are Protocols: a third-party store needs no base class, only the
 four methods (and passing ``storetest``).
+
+RunStore is the second, optional protocol: fork, the tool journal, the run lease and cancel. A store that
+lacks it keeps working; its sessions just cannot fork, be cancelled from afar, or be held by one run.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from . import validate
-from .errors import ArgumentError
+from .errors import ArgumentError, Unsupported
+from .lease import Holder
 from .messages import Message
 
 
@@ -28,6 +33,40 @@ class Store(Protocol):
 
     def take_steers(self, session: str) -> list[str]:
         """Remove and return the waiting steers, oldest first; each is handed over exactly once."""
+
+
+@runtime_checkable
+class RunStore(Store, Protocol):
+    """What a store adds so runs can be forked, journalled, leased and cancelled across processes.
+
+    Each method is one atomic step; the logic around them (when to take a lease, what a journal means)
+    lives in the library, once, so every store behaves alike.
+    """
+
+    def fork(self, source: str, target: str, at: int | None) -> None:
+        """Copy the transcript of ``source`` (whole, or its first ``at`` messages) to the new session
+        ``target``, atomically; steers stay behind. ``ArgumentError`` when ``source`` has no transcript or
+        ``at`` is outside ``0..len``, ``SessionExists`` when ``target`` has one."""
+
+    def journal(self, session: str) -> str | None:
+        """The session's tool journal as stored, or ``None``."""
+
+    def put_journal(self, session: str, journal: str | None) -> None:
+        """Replace the tool journal (``None`` deletes it)."""
+
+    def acquire(self, session: str, holder: Holder, now: float) -> Holder:
+        """Take or renew the lease and return who holds it after this call: ``holder`` (keeping a
+        renewal's ``cancelled`` flag) if the lease was free, expired at ``now`` or already had its token;
+        otherwise the live holder, unchanged."""
+
+    def release(self, session: str, token: str) -> None:
+        """Drop the lease if ``token`` still holds it."""
+
+    def holder(self, session: str) -> Holder | None:
+        """The stored lease, live or expired, or ``None``."""
+
+    def cancel(self, session: str, now: float) -> bool:
+        """Mark the lease live at ``now`` as cancelled; ``False`` when no lease is live."""
 
 
 @runtime_checkable
@@ -61,6 +100,32 @@ class StoreSession:
 
     def take_steers(self) -> list[str]:
         return self.store.take_steers(self.id)
+
+    def fork(self, new_id: str, at: int | None = None) -> StoreSession:
+        """Start ``new_id`` from this transcript (the first ``at`` messages, or all of it). The two then
+        diverge; steers waiting here stay here."""
+        validate.session_id(new_id, "Session.fork(new_id)")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int) or at < 0):
+            raise ArgumentError(f"Session.fork(at=) must be None or an int >= 0, got {at!r}")
+        self._run_store("fork").fork(self.id, new_id, at)
+        return StoreSession(new_id, self.store)
+
+    def holder(self) -> Holder | None:
+        """Who runs this session now, and until when; ``None`` when no live run holds it."""
+        held = self._run_store("holder").holder(self.id)
+        return held if held is not None and held.live() else None
+
+    def cancel(self) -> bool:
+        """Ask the run holding this session, in whatever process, to stop before its next model request
+        or tool call. ``False`` when no run holds it (nothing is remembered for a later run)."""
+        return self._run_store("cancel").cancel(self.id, time.time())
+
+    def _run_store(self, op: str) -> RunStore:
+        if not isinstance(self.store, RunStore):
+            raise Unsupported(
+                f"Session.{op}() needs a store implementing agent_sessions.RunStore; {self.store!r} does not"
+            )
+        return self.store
 
     def __repr__(self) -> str:
         return f"StoreSession({self.id!r}, {self.store!r})"

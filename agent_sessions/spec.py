@@ -25,6 +25,11 @@ class Spec:
     session: Session | None = None
     tools: Sequence[Tool | Callable[..., Any]] = ()
     system: str = ""
+    lease_ttl: float = 30.0
+    """Seconds a run's lease on its session lasts unless renewed (every third of it, while the run
+    lives): how long a dead worker's session stays blocked before another may take it over."""
+    lease_wait: float = 0.0
+    """Seconds to wait for another live run's lease to end; 0 fails at once with SessionBusy."""
     toolbox: tuple[Tool, ...] = field(init=False, repr=False, compare=False)
     """``tools`` as Tool objects (plain functions wrapped by ``@agent.tool``): what the model is offered."""
     _tools_by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
@@ -40,6 +45,12 @@ class Spec:
             raise ArgumentError(
                 f"Spec.session must be a Session (see agent.open), got {type(self.session).__name__}"
             )
+        for name in ("lease_ttl", "lease_wait"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ArgumentError(f"Spec.{name} must be a number of seconds >= 0, got {value!r}")
+        if not self.lease_ttl > 0:
+            raise ArgumentError("Spec.lease_ttl must be > 0")
         if not isinstance(self.system, str):
             raise ArgumentError(f"Spec.system must be a str, got {type(self.system).__name__}")
         tools = tuple(as_tool(t) for t in self.tools)

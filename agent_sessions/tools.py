@@ -25,6 +25,9 @@ class Tool:
     description: str
     parameters: Mapping[str, Any]
     fn: Callable[..., Any] = field(compare=False)
+    idempotent: bool = True
+    """May the tool run twice for one call? A run that dies mid-tool re-runs an idempotent tool on resume;
+    a non-idempotent one is not re-run, and the model is told its outcome is unknown."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -33,6 +36,8 @@ class Tool:
             raise ArgumentError(f"Tool {self.name!r}: fn must be callable")
         if not isinstance(self.parameters, Mapping) or self.parameters.get("type") != "object":
             raise ArgumentError(f"Tool {self.name!r}: parameters must be a JSON schema of type 'object'")
+        if not isinstance(self.idempotent, bool):
+            raise ArgumentError(f"Tool {self.name!r}: idempotent must be a bool, got {self.idempotent!r}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -61,12 +66,17 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None
+    *, name: str | None = None, description: str | None = None, idempotent: bool = True
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = True,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a Tool from a typed function: the schema from its hints, the description from its docstring
     (first paragraph; parameter texts from a Google-style ``Args:`` section)."""
@@ -78,6 +88,7 @@ def tool(
             description=description if description is not None else summary,
             parameters=schema_for(f, arg_docs),
             fn=f,
+            idempotent=idempotent,
         )
 
     return build(fn) if fn is not None else build

@@ -58,3 +58,14 @@ def messages(value: object, where: str = "messages") -> tuple[Message, ...]:
         if not isinstance(item, Message):
             raise ArgumentError(f"{where}[{i}] must be a Message, got {type(item).__name__}")
     return items
+
+
+def fork_index(at: object, length: int, source: str) -> None:
+    """``at`` cuts the transcript before message ``at``: 0 (nothing) up to its length (everything)."""
+    if at is None:
+        return
+    if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= length:
+        raise ArgumentError(
+            f"cannot fork session {source!r} at {at!r}: its transcript has {length} messages, so at must be "
+            f"None or an int from 0 to {length}"
+        )

@@ -4,12 +4,20 @@ shared) adding and taking steers on one session at once."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
+import signal
+import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from agent_sessions import Store
+from agent_sessions import Message, Runner, Spec, Store, tool
+from agent_sessions import open as open_session
+
+from .scripted import ToolsThenAnswer
 
 
 def _adder(factory: Callable[[], Store], sid: str, i: int, n: int, barrier: Any, out: Any) -> None:
@@ -84,3 +92,137 @@ def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, pe
         for i in range(senders):
             mine = [s for s in t if s.startswith(f"{prefix}{i}-")]
             assert mine == sorted(mine), f"a taker received one sender's steers out of order: {mine}"
+
+
+# -- a run in one process, cancelled or killed from another -------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    stop_reason: str
+    stored: list[Message]
+    requests_after_cancel: int = 0
+    charges: int = 0
+    lookups: int = 0
+
+
+def _lines(path: Path) -> int:
+    try:
+        return len(path.read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def _slow_step(n: int) -> str:
+    time.sleep(0.05)
+    return "ok"
+
+
+def _run_until_cancelled(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
+    try:
+        spec = Spec(session=open_session(sid, factory()), tools=[tool(name="step")(_slow_step)], max_steps=10_000)
+        model = ToolsThenAnswer(["step"], rounds=10**9, log=str(Path(workdir) / "requests"))
+        result = Runner().run(spec, [Message.user("work until told to stop")], model)
+        out.put(("result", result.stop_reason))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("error", traceback.format_exc()))
+
+
+def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
+    """A child runs; this process waits for its third request, cancels, and counts what came after."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_run_until_cancelled, args=(factory, sid, workdir, out))
+    child.start()
+    requests = Path(workdir) / "requests"
+    try:
+        _wait_for(lambda: _lines(requests) >= 3, "the child's third model request")
+        session = open_session(sid, factory())
+        holder = session.holder()
+        assert holder is not None and holder.pid == child.pid, f"the lease is held by {holder}, not the child"
+        assert session.cancel() is True
+        at_cancel = _lines(requests)
+        kind, value = out.get(timeout=60)
+        assert kind == "result", value
+        child.join(30)
+        assert session.holder() is None, "the cancelled run kept its lease"
+        return RunOutcome(value, session.messages(), requests_after_cancel=_lines(requests) - at_cancel)
+    finally:
+        _stop(child)
+
+
+def _lookup(path: str) -> Callable[[int], str]:
+    def lookup(n: int) -> str:
+        with open(path, "a") as f:
+            f.write("looked up\n")
+        return "found it"
+
+    return lookup
+
+
+def _charge(path: str, then_hang: bool) -> Callable[[int], str]:
+    def charge(n: int) -> str:
+        with open(path, "a") as f:
+            f.write("charged\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if then_hang:
+            time.sleep(600)  # killed here
+        return "charged"
+
+    return charge
+
+
+def _run_charging(factory: Callable[[], Store], sid: str, workdir: str, hang: bool, out: Any) -> None:
+    try:
+        work = Path(workdir)
+        tools = [tool(name="lookup")(_lookup(str(work / "lookups"))),
+                 tool(name="charge", idempotent=False)(_charge(str(work / "charges"), hang))]
+        session = open_session(sid, factory())
+        # A short lease, so the resuming process can take over soon after the kill; it waits for that.
+        spec = Spec(session=session, tools=tools, lease_ttl=1.0, lease_wait=30.0)
+        msgs = session.messages() or [Message.user("look it up, then charge the card")]
+        result = Runner().run(spec, msgs, ToolsThenAnswer(["lookup", "charge"]))
+        out.put(("result", result.stop_reason))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("error", traceback.format_exc()))
+
+
+def kill_mid_tool_then_resume(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
+    """SIGKILL a child inside a non-idempotent tool; resume the session in a second child."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    charges, lookups = Path(workdir) / "charges", Path(workdir) / "lookups"
+    first = ctx.Process(target=_run_charging, args=(factory, sid, workdir, True, out))
+    first.start()
+    try:
+        _wait_for(lambda: _lines(charges) == 1, "the first child to enter the charge tool")
+        os.kill(first.pid or 0, signal.SIGKILL)
+        first.join(30)
+    finally:
+        _stop(first)
+    second = ctx.Process(target=_run_charging, args=(factory, sid, workdir, False, out))
+    second.start()
+    try:
+        kind, value = out.get(timeout=90)
+        assert kind == "result", value
+        second.join(30)
+    finally:
+        _stop(second)
+    stored = open_session(sid, factory()).messages()
+    return RunOutcome(value, stored, charges=_lines(charges), lookups=_lines(lookups))
+
+
+def _stop(process: Any) -> None:
+    process.join(timeout=5)
+    if process.is_alive():
+        process.kill()
+        process.join()

@@ -288,3 +288,58 @@ def test_bad_runner_arguments(model: ModelServer) -> None:
         run.steer(None)  # type: ignore[arg-type]
     with pytest.raises(agent.EndpointError):
         run.wait(10)  # the script is empty: the server says 599
+
+
+class FourMethodStore:
+    """A third-party store with only the core protocol: no fork, journal, lease or cancel."""
+
+    def __init__(self) -> None:
+        self.inner = memory.Store()
+
+    def save(self, session: str, msgs: Sequence[agent.Message]) -> None:
+        self.inner.save(session, msgs)
+
+    def messages(self, session: str) -> list[agent.Message]:
+        return self.inner.messages(session)
+
+    def add_steer(self, session: str, text: str) -> None:
+        self.inner.add_steer(session, text)
+
+    def take_steers(self, session: str) -> list[str]:
+        return self.inner.take_steers(session)
+
+
+def test_a_store_without_the_run_protocol_still_runs_and_says_what_it_lacks(model: ModelServer) -> None:
+    store = FourMethodStore()
+    assert isinstance(store, agent.Store) and not isinstance(store, agent.RunStore)
+    session = agent.open("core-only", store)
+    model.push(openai(calls=[("c1", "lookup", '{"key": "k"}')]), openai("done"))
+    result = agent.Runner().run(agent.Spec(session=session, tools=[lookup]), [agent.Message.user("go")],
+                                endpoint(model))
+    assert result.text == "done" and store.messages("core-only") == result.messages
+    for call in (lambda: session.fork("other"), session.holder, session.cancel):
+        with pytest.raises(agent.Unsupported, match="agent_sessions.RunStore"):
+            call()
+
+
+def test_a_transcript_ending_in_unanswered_tool_calls_gets_their_results_before_the_next_request(
+    model: ModelServer,
+) -> None:
+    msgs = [agent.Message.user("go"),
+            agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "lookup", '{"key": "k"}')])]
+    model.push(openai("done"))
+    result = agent.Runner().run(agent.Spec(tools=[lookup]), msgs, endpoint(model))
+    sent = model.requests[0].json["messages"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": "c1", "content": "value of k"}
+    assert result.text == "done" and agent.orphaned_tool_calls(result.messages) == []
+
+
+def test_a_tool_is_idempotent_unless_declared_otherwise() -> None:
+    @agent.tool(idempotent=False)
+    def charge(amount: int) -> str:
+        """Charge once."""
+        return "ok"
+
+    assert lookup.idempotent is True and charge.idempotent is False
+    with pytest.raises(agent.ArgumentError, match="idempotent must be a bool"):
+        agent.Tool("t", "", {"type": "object"}, lambda: None, idempotent="no")  # type: ignore[arg-type]

@@ -4,6 +4,10 @@ Immediately before every request the loop collects steers (the Run's box first, 
 store) and appends them where the run has got to; with a session it then saves the transcript. It saves
 once more when it returns, because the model's last reply would otherwise only be written by a request
 that never comes: saves == requests + 1.
+
+A run whose transcript ends with tool calls (a resume) answers them first. With a RunStore session the
+loop also holds the session's lease, stops on a cancel from any process (checked before every request
+and every tool call), and journals tool calls (see ``journal``).
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from ..events import (
     ToolCalled,
     ToolFinished,
 )
+from ..guard import Guard
 from ..messages import Content, Message, Role
 from ..runner import Result, StopReason
 from ..spec import Spec
 from ..steerbox import SteerBox
+from ..tools import Tool
 
 
 def run(
@@ -38,12 +44,31 @@ def run(
     box: SteerBox,
     cancelled: threading.Event,
 ) -> Result:
+    guard = None if spec.session is None else Guard.of(spec.session, spec.lease_ttl, spec.lease_wait)
+    if guard is None:
+        return _loop(spec, transcript, endpoint, events, box, cancelled, None)
+    with guard:
+        guard.resume(transcript)
+        return _loop(spec, transcript, endpoint, events, box, cancelled, guard)
+
+
+def _loop(
+    spec: Spec,
+    transcript: list[Message],
+    endpoint: Endpoint,
+    events: Events | None,
+    box: SteerBox,
+    cancelled: threading.Event,
+    guard: Guard | None,
+) -> Result:
     session = spec.session
     steps = 0
     reply: Message | None = None
     stop: StopReason
+    if unanswered(transcript):  # a resumed run: finish the reply's tool calls before asking again
+        _run_tools(spec, steps, transcript, events, cancelled, guard)
     while True:
-        if cancelled.is_set():
+        if cancelled.is_set() or (guard is not None and guard.stop_requested()):
             stop = "cancelled"
             break
         if steps == spec.max_steps:
@@ -65,11 +90,10 @@ def run(
         transcript.append(reply)
         if events is not None:
             events(ModelResponse(steps, reply, time.perf_counter() - started))
-        calls = reply.tool_calls
-        if not calls:
+        if not reply.tool_calls:
             stop = "answered"
             break
-        transcript.append(Message(Role.USER, [_call_tool(spec, steps, call, events) for call in calls]))
+        _run_tools(spec, steps, transcript, events, cancelled, guard)
     if session is not None:
         session.save(transcript)
         if events is not None:
@@ -86,6 +110,48 @@ def run(
     return result
 
 
+def unanswered(transcript: list[Message]) -> bool:
+    """Does the transcript end with tool calls that have no results yet?"""
+    return bool(transcript) and transcript[-1].role is Role.ASSISTANT and bool(transcript[-1].tool_calls)
+
+
+def _run_tools(
+    spec: Spec,
+    step: int,
+    transcript: list[Message],
+    events: Events | None,
+    cancelled: threading.Event,
+    guard: Guard | None,
+) -> None:
+    """Answer every tool call of the last message, in one message of results: a call never stands in the
+    transcript without its result, whatever stops the run. A cancel seen before a call skips it (and
+    every later one) with an error result saying so."""
+    if guard is not None:
+        guard.begin(transcript)
+    results: list[Content] = []
+    for call in transcript[-1].tool_calls:
+        if not cancelled.is_set() and guard is not None and guard.stop_requested():
+            cancelled.set()
+        if cancelled.is_set():
+            results.append(Content.tool_result(call.id, CANCELLED, is_error=True))
+            continue
+        tool = spec.tool(call.name)
+        replayed = None if guard is None else guard.replay(call, tool)
+        if replayed is not None:
+            results.append(replayed)
+            continue
+        if guard is not None:
+            guard.started(call)
+        result = _call_tool(tool, step, call, events)
+        if guard is not None:
+            guard.finished(result)
+        results.append(result)
+    transcript.append(Message(Role.USER, results))
+
+
+CANCELLED = "not run: the run was cancelled before this tool call"
+
+
 def _collect(
     step: int, transcript: list[Message], steers: list[str],
     source: Literal["run", "session"],
@@ -97,11 +163,10 @@ def _collect(
             events(SteerApplied(step, text, len(transcript) - 1, source))
 
 
-def _call_tool(spec: Spec, step: int, call: Content, events: Events | None) -> Content:
+def _call_tool(tool: Tool | None, step: int, call: Content, events: Events | None) -> Content:
     if events is not None:
         events(ToolCalled(step, call))
         started = time.perf_counter()
-    tool = spec.tool(call.name)
     if tool is None:
         result = Content.tool_result(call.id, f"there is no tool named {call.name!r}", is_error=True)
     else:

@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, delete, insert, select, update
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy import Connection, Engine, and_, case, delete, false, insert, literal, or_, select, true, update
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from agent_sessions import ArgumentError, Message, MessageError, StoreError, validate
+from agent_sessions import ArgumentError, Holder, Message, MessageError, SessionExists, StoreError, validate
 
 from .._known import Known, common_prefix
-from .tables import TABLES, messages, sessions, steers
+from .tables import TABLES, journals, messages, runs, sessions, steers
 
 T = TypeVar("T")
 
@@ -124,6 +124,108 @@ class SQLStore:
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)
         return self._transaction("take_steers", session, lambda conn: self.take(conn, session))
+
+    # -- RunStore ------------------------------------------------------------------------------------
+
+    def fork(self, source: str, target: str, at: int | None) -> None:
+        validate.session_id(source)
+        validate.session_id(target)
+
+        def copy(conn: Connection) -> None:
+            length = conn.execute(
+                select(sessions.c.length).where(sessions.c.session_id == source).with_for_update()
+            ).scalar()
+            if length is None:
+                raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
+            validate.fork_index(at, length, source)
+            n = length if at is None else at
+            if conn.execute(select(sessions.c.length).where(sessions.c.session_id == target)).first():
+                raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
+            conn.execute(insert(sessions).values(session_id=target, version=uuid.uuid4().hex, length=n))
+            conn.execute(
+                insert(messages).from_select(
+                    ["session_id", "seq", "body"],
+                    select(literal(target, messages.c.session_id.type), messages.c.seq, messages.c.body).where(
+                        and_(messages.c.session_id == source, messages.c.seq < n)
+                    ),
+                )
+            )
+
+        try:
+            self._transaction("fork", source, copy)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):  # a concurrent fork to the same target won
+                raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} was just created") from exc
+            raise
+
+    def journal(self, session: str) -> str | None:
+        validate.session_id(session)
+        query = select(journals.c.body).where(journals.c.session_id == session)
+        return self._transaction("journal", session, lambda conn: conn.execute(query).scalar(), read_only=True)
+
+    def put_journal(self, session: str, journal: str | None) -> None:
+        validate.session_id(session)
+
+        def put(conn: Connection) -> None:
+            conn.execute(delete(journals).where(journals.c.session_id == session))
+            if journal is not None:
+                conn.execute(insert(journals).values(session_id=session, body=journal))
+
+        self._transaction("put_journal", session, put)
+
+    def acquire(self, session: str, holder: Holder, now: float) -> Holder:
+        validate.session_id(session)
+        row = runs.c
+
+        def take(conn: Connection) -> Holder:
+            # cancelled is assigned first: MySQL evaluates SET left to right, so it must still see the
+            # old token. A renewal keeps a cancel; a take-over starts without one.
+            conn.execute(
+                update(runs)
+                .where(and_(row.session_id == session, or_(row.token == holder.token, row.expires <= now)))
+                .ordered_values(
+                    (row.cancelled, case((row.token == holder.token, row.cancelled), else_=false())),
+                    (row.host, holder.host),
+                    (row.pid, holder.pid),
+                    (row.token, holder.token),
+                    (row.expires, holder.expires),
+                )
+            )
+            current = conn.execute(select(runs).where(row.session_id == session)).first()
+            if current is None:
+                conn.execute(insert(runs).values(
+                    session_id=session, host=holder.host, pid=holder.pid, token=holder.token,
+                    expires=holder.expires, cancelled=False,
+                ))
+                return Holder(holder.host, holder.pid, holder.token, holder.expires, False)
+            return Holder(current.host, current.pid, current.token, current.expires, bool(current.cancelled))
+
+        for attempt in range(3):
+            try:
+                return self._transaction("acquire", session, take)
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, IntegrityError) or attempt == 2:
+                    raise  # otherwise another process inserted the lease first: read it next time
+        raise AssertionError("unreachable")
+
+    def release(self, session: str, token: str) -> None:
+        validate.session_id(session)
+        self._transaction("release", session, lambda conn: conn.execute(
+            delete(runs).where(and_(runs.c.session_id == session, runs.c.token == token))
+        ))
+
+    def holder(self, session: str) -> Holder | None:
+        validate.session_id(session)
+        query = select(runs).where(runs.c.session_id == session)
+        current = self._transaction("holder", session, lambda conn: conn.execute(query).first(), read_only=True)
+        if current is None:
+            return None
+        return Holder(current.host, current.pid, current.token, current.expires, bool(current.cancelled))
+
+    def cancel(self, session: str, now: float) -> bool:
+        validate.session_id(session)
+        stmt = update(runs).where(and_(runs.c.session_id == session, runs.c.expires > now)).values(cancelled=true())
+        return bool(self._transaction("cancel", session, lambda conn: conn.execute(stmt).rowcount) == 1)
 
     # -- what dialects override ----------------------------------------------------------------------
 

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, String, Table, Text, TypeDecorator
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Double,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
@@ -64,7 +76,28 @@ steers = Table(
     **_MYSQL,
 )
 
-TABLES = (sessions, messages, steers)
+# The optional RunStore part: one lease per session, and the tool journal of the reply being run.
+runs = Table(
+    "agent_runs",
+    metadata,
+    Column("session_id", SessionId, primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("token", String(64), nullable=False),
+    Column("expires", Double, nullable=False),
+    Column("cancelled", Boolean, nullable=False),
+    **_MYSQL,
+)
+
+journals = Table(
+    "agent_journals",
+    metadata,
+    Column("session_id", SessionId, primary_key=True),
+    Column("body", LongText, nullable=False),
+    **_MYSQL,
+)
+
+TABLES = (sessions, messages, steers, runs, journals)
 
 
 def ddl(dialect: Dialect) -> list[str]:

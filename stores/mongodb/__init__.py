@@ -9,25 +9,28 @@ caller's to create: ``INDEXES``, or ``create_indexes(database)`` in a migration.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 try:
     from pymongo import ASCENDING, ReturnDocument
     from pymongo.database import Database
-    from pymongo.errors import PyMongoError
+    from pymongo.errors import DuplicateKeyError, PyMongoError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
         "stores.mongodb requires pymongo. Install it with: pip install 'agent-sessions[mongodb]'"
     ) from exc
 
-from agent_sessions import ArgumentError, Message, MessageError, StoreError, validate
+from agent_sessions import ArgumentError, Holder, Message, MessageError, SessionExists, StoreError, validate
 
 from .._known import Known, common_prefix
 
 SESSIONS = "agent_sessions"
 STEERS = "agent_steers"
 COUNTERS = "agent_steer_counters"
+RUNS = "agent_runs"
+JOURNALS = "agent_journals"
 
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     (STEERS, [("session", ASCENDING), ("seq", ASCENDING)], {"name": "agent_steers_by_session"}),
@@ -50,6 +53,8 @@ class Store:
         self._sessions = database[SESSIONS]
         self._steers = database[STEERS]
         self._counters = database[COUNTERS]
+        self._runs = database[RUNS]
+        self._journals = database[JOURNALS]
         self._known = Known(remember)
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
@@ -123,8 +128,97 @@ class Store:
                 return taken
             raise StoreError(f"MongoDB store: take_steers of session {session!r} failed: {exc}") from exc
 
+    # -- RunStore: each step one single-document operation, atomic without transactions ---------------
+
+    def fork(self, source: str, target: str, at: int | None) -> None:
+        validate.session_id(source)
+        validate.session_id(target)
+        with self._failing("fork", source):
+            doc = self._sessions.find_one({"_id": source})
+            if doc is None:
+                raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
+            bodies = doc.get("bodies", [])
+            validate.fork_index(at, len(bodies), source)
+            try:
+                self._sessions.insert_one(
+                    {"_id": target, "version": uuid.uuid4().hex, "bodies": bodies if at is None else bodies[:at]}
+                )
+            except DuplicateKeyError:
+                raise SessionExists(
+                    f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript"
+                ) from None
+
+    def journal(self, session: str) -> str | None:
+        validate.session_id(session)
+        with self._failing("journal", session):
+            doc = self._journals.find_one({"_id": session})
+        return None if doc is None else str(doc["body"])
+
+    def put_journal(self, session: str, journal: str | None) -> None:
+        validate.session_id(session)
+        with self._failing("put_journal", session):
+            if journal is None:
+                self._journals.delete_one({"_id": session})
+            else:
+                self._journals.replace_one({"_id": session}, {"body": journal}, upsert=True)
+
+    def acquire(self, session: str, holder: Holder, now: float) -> Holder:
+        validate.session_id(session)
+        fields = {"host": holder.host, "pid": holder.pid, "token": holder.token, "expires": holder.expires}
+        with self._failing("acquire", session):
+            for _ in range(3):
+                renewed = self._runs.find_one_and_update(
+                    {"_id": session, "token": holder.token}, {"$set": fields}, return_document=ReturnDocument.AFTER
+                )
+                if renewed is not None:
+                    return _holder(renewed)
+                try:
+                    # Matches a missing or an expired lease; a live one makes the upsert collide on _id.
+                    taken = self._runs.find_one_and_update(
+                        {"_id": session, "expires": {"$lte": now}},
+                        {"$set": {**fields, "cancelled": False}},
+                        upsert=True,
+                        return_document=ReturnDocument.AFTER,
+                    )
+                    if taken is not None:
+                        return _holder(taken)
+                except DuplicateKeyError:
+                    pass
+                current = self._runs.find_one({"_id": session})
+                if current is not None:
+                    return _holder(current)
+        raise StoreError(f"MongoDB store: acquire of session {session!r} kept racing with another process")
+
+    def release(self, session: str, token: str) -> None:
+        validate.session_id(session)
+        with self._failing("release", session):
+            self._runs.delete_one({"_id": session, "token": token})
+
+    def holder(self, session: str) -> Holder | None:
+        validate.session_id(session)
+        with self._failing("holder", session):
+            doc = self._runs.find_one({"_id": session})
+        return None if doc is None else _holder(doc)
+
+    def cancel(self, session: str, now: float) -> bool:
+        validate.session_id(session)
+        with self._failing("cancel", session):
+            result = self._runs.update_one({"_id": session, "expires": {"$gt": now}}, {"$set": {"cancelled": True}})
+        return result.matched_count == 1
+
+    @contextmanager
+    def _failing(self, op: str, session: str) -> Iterator[None]:
+        try:
+            yield
+        except PyMongoError as exc:
+            raise StoreError(f"MongoDB store: {op} of session {session!r} failed: {exc}") from exc
+
     def __repr__(self) -> str:
         return f"mongodb.Store({self.database.name!r})"
 
 
-__all__ = ["COUNTERS", "INDEXES", "SESSIONS", "STEERS", "Store", "create_indexes"]
+def _holder(doc: dict[str, Any]) -> Holder:
+    return Holder(doc["host"], doc["pid"], doc["token"], doc["expires"], bool(doc.get("cancelled", False)))
+
+
+__all__ = ["COUNTERS", "INDEXES", "JOURNALS", "RUNS", "SESSIONS", "STEERS", "Store", "create_indexes"]

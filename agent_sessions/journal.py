@@ -1,0 +1,75 @@
+"""The tool journal: what a run has started and finished of one model reply's tool calls.
+
+The stored transcript never holds a tool call without its result, so a reply whose tools are running is
+kept beside it, in the journal, until the next save carries the reply and all its results. A run that
+resumes a session finds the reply there (when the transcript is still the one the reply answered) and
+finishes it instead of asking the model again: journalled results are replayed, idempotent tools that
+never finished are run again, and a non-idempotent tool that started but never finished is not; the
+model is told its outcome is unknown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .errors import MessageError, StoreError
+from .messages import Content, Message, Role
+
+UNKNOWN_OUTCOME = (
+    "the outcome of this call is unknown: the run that made it stopped while the tool ran, and the tool "
+    "is not idempotent, so it was not run again"
+)
+
+
+def fingerprint(prefix: Sequence[Message]) -> str:
+    """Which transcript a reply answered: a hash of the stored form of every message before it."""
+    h = hashlib.sha256()
+    for m in prefix:
+        h.update(m.to_json().encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+@dataclass
+class Journal:
+    at: int
+    """Where the reply stands in the transcript."""
+    digest: str
+    """``fingerprint(transcript[:at])``."""
+    reply: Message
+    started: list[str] = field(default_factory=list)
+    """Tool call ids whose tool has been entered."""
+    results: dict[str, Content] = field(default_factory=dict)
+
+    def answers(self, transcript: Sequence[Message]) -> bool:
+        return len(transcript) == self.at and fingerprint(transcript) == self.digest
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "at": self.at,
+                "digest": self.digest,
+                "reply": self.reply.to_json(),
+                "started": self.started,
+                "results": Message(Role.USER, self.results.values()).to_json(),
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Journal:
+        try:
+            data = json.loads(text)
+            results = Message.from_json(data["results"]).content
+            return cls(
+                at=int(data["at"]),
+                digest=str(data["digest"]),
+                reply=Message.from_json(data["reply"]),
+                started=[str(s) for s in data["started"]],
+                results={r.tool_call_id: r for r in results},
+            )
+        except (ValueError, KeyError, TypeError, MessageError) as exc:
+            raise StoreError(f"{where}: the stored tool journal is corrupt: {exc}") from exc

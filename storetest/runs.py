@@ -1,0 +1,428 @@
+"""The optional RunStore part of the contract: fork, the tool journal, the run lease and cancel.
+
+Every test skips for a store that does not implement ``agent_sessions.RunStore``; a store that does
+must pass them all. The loop is driven by ``storetest.scripted`` (no HTTP: the store is under test).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions import Content, Holder, Message, Role, RunStore, Store
+from agent_sessions.journal import UNKNOWN_OUTCOME
+from agent_sessions.patterns.react import CANCELLED
+
+from . import crossprocess
+from .scripted import ToolsThenAnswer
+
+
+class _Crash(BaseException):
+    """Stands in for a worker dying inside a tool: nothing in the loop catches it."""
+
+
+def _sid(tag: str = "") -> str:
+    return f"storetest-run-{tag}{uuid.uuid4().hex}"
+
+
+def _call(id: str, arguments: str = '{"z":1,"a":[1, 2],"z":3}') -> Message:
+    return Message(Role.ASSISTANT, [Content.tool_call(id, "read_file", arguments)])
+
+
+def _holder(token: str, expires: float) -> Holder:
+    return Holder("host-" + token, 1234, token, expires)
+
+
+def assert_no_orphans(msgs: list[Message]) -> None:
+    orphans = agent.orphaned_tool_calls(msgs)
+    assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
+
+
+class RunStoreContract:
+    """Mixed into StoreContract; ``make_store`` and ``process_factory`` come from there."""
+
+    def make_store(self) -> Store:
+        raise NotImplementedError
+
+    def process_factory(self) -> Any:
+        return None
+
+    def run_store(self) -> RunStore:
+        store = self.make_store()
+        if not isinstance(store, RunStore):
+            pytest.skip(f"{type(store).__module__} does not implement the optional RunStore protocol")
+        return store
+
+    def another(self, store: RunStore) -> RunStore:
+        """A second store object on the same data, as another worker would have; ``store`` itself for a
+        store whose objects share nothing (the memory store)."""
+        other = self.make_store()
+        probe = _sid("probe-")
+        store.save(probe, [Message.user("probe")])
+        return other if other.messages(probe) and isinstance(other, RunStore) else store
+
+    # -- fork ----------------------------------------------------------------------------------------
+
+    def test_fork_copies_the_whole_transcript_or_up_to_an_index(self) -> None:
+        store = self.run_store()
+        src, whole, head, empty = _sid("src-"), _sid("whole-"), _sid("head-"), _sid("empty-")
+        msgs = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")]),
+                Message.assistant("a")]
+        store.save(src, msgs)
+        store.fork(src, whole, None)
+        store.fork(src, head, 2)
+        store.fork(src, empty, 0)
+        assert store.messages(whole) == msgs
+        assert store.messages(head) == msgs[:2]
+        assert store.messages(head)[1].tool_calls[0].arguments == '{"z":1,"a":[1, 2],"z":3}'
+        assert store.messages(empty) == []
+        store.fork(src, _sid("end-"), len(msgs))
+
+    def test_a_fork_and_its_original_diverge_and_steers_stay_behind(self) -> None:
+        store = self.run_store()
+        src, dst = _sid("src-"), _sid("dst-")
+        base = [Message.user(f"m{i}") for i in range(5)]
+        store.save(src, base)
+        store.add_steer(src, "for the original")
+        session = agent.open(src, store)
+        fork = session.fork(dst, at=3)
+        assert fork.take_steers() == []
+        fork.save([*base[:3], Message.user("fork only")])
+        session.save([*base, Message.user("original only")])
+        assert store.messages(dst) == [*base[:3], Message.user("fork only")]
+        assert store.messages(src) == [*base, Message.user("original only")]
+        assert session.take_steers() == ["for the original"]
+
+    def test_fork_refuses_a_bad_index_a_missing_source_and_an_existing_target(self) -> None:
+        store = self.run_store()
+        src, taken = _sid("src-"), _sid("taken-")
+        store.save(src, [Message.user("a"), Message.user("b")])
+        store.save(taken, [Message.user("kept")])
+        for bad in (3, -1, 1.5, True, "1"):
+            with pytest.raises(agent.ArgumentError, match="fork"):
+                store.fork(src, _sid("bad-"), bad)  # type: ignore[arg-type]
+        with pytest.raises(agent.ArgumentError, match="no transcript"):
+            store.fork(_sid("never-saved-"), _sid("x-"), None)
+        with pytest.raises(agent.SessionExists, match="already has a transcript"):
+            store.fork(src, taken, None)
+        with pytest.raises(agent.ArgumentError):
+            store.fork(src, "", None)
+        assert store.messages(taken) == [Message.user("kept")]
+        assert store.messages(src) == [Message.user("a"), Message.user("b")]
+
+    def test_concurrent_forks_to_one_target_make_it_once(self) -> None:
+        store = self.run_store()
+        src, dst = _sid("src-"), _sid("dst-")
+        store.save(src, [Message.user(f"m{i}") for i in range(20)])
+        outcomes: list[str] = []
+        barrier = threading.Barrier(6)
+
+        def fork(i: int) -> None:
+            mine = self.another(store)
+            barrier.wait()
+            try:
+                mine.fork(src, dst, i)
+                outcomes.append(f"made {i}")
+            except agent.SessionExists:
+                outcomes.append("exists")
+
+        threads = [threading.Thread(target=fork, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        made = [o for o in outcomes if o.startswith("made")]
+        assert len(made) == 1 and len(outcomes) == 6, outcomes
+        assert len(store.messages(dst)) == int(made[0].split()[1])
+
+    # -- lease ---------------------------------------------------------------------------------------
+
+    def test_a_lease_is_held_renewed_taken_over_when_expired_and_released(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        now = 1_000_000.0
+        a, b = _holder("a" * 32, now + 10), _holder("b" * 32, now + 10)
+        assert store.holder(sid) is None
+        assert store.acquire(sid, a, now) == a
+        assert store.acquire(sid, b, now + 1) == a  # live: b is refused and told who holds it
+        renewed = store.acquire(sid, _holder("a" * 32, now + 20), now + 5)
+        assert renewed.token == a.token and renewed.expires == now + 20
+        assert store.acquire(sid, b, now + 19) == renewed
+        taken = store.acquire(sid, _holder("b" * 32, now + 40), now + 20)  # expired at now + 20
+        assert taken.token == b.token
+        assert store.holder(sid) == taken
+        store.release(sid, a.token)  # not a's any more: nothing happens
+        assert store.holder(sid) == taken
+        store.release(sid, b.token)
+        assert store.holder(sid) is None
+
+    def test_cancel_marks_only_a_live_lease_and_a_renewal_keeps_it(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        now = time.time()
+        assert store.cancel(sid, now) is False
+        store.acquire(sid, _holder("a" * 32, now + 30), now)
+        assert store.cancel(sid, now) is True
+        assert store.acquire(sid, _holder("a" * 32, now + 60), now + 1).cancelled is True
+        assert store.cancel(sid, now + 61) is False  # expired
+        fresh = store.acquire(sid, _holder("b" * 32, now + 90), now + 61)
+        assert fresh.token == "b" * 32 and fresh.cancelled is False
+
+    def test_concurrent_acquires_give_the_lease_to_one(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        now = time.time()
+        winners: list[str] = []
+        barrier = threading.Barrier(8)
+
+        def acquire(i: int) -> None:
+            own = self.another(store)
+            barrier.wait()
+            mine = _holder(f"{i:032d}", now + 30)
+            if own.acquire(sid, mine, now).token == mine.token:
+                winners.append(mine.token)
+
+        threads = [threading.Thread(target=acquire, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(winners) == 1, winners
+
+    def test_a_second_run_of_a_held_session_is_refused_or_waits(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        entered, release = threading.Event(), threading.Event()
+
+        @agent.tool
+        def hold(n: int) -> str:
+            """Keep the run busy."""
+            entered.set()
+            release.wait(30)
+            return "held"
+
+        first = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[hold]),
+                                     [Message.user("go")], ToolsThenAnswer(["hold"]))
+        assert entered.wait(30)
+        holder = agent.open(sid, self.another(store)).holder()
+        assert holder is not None and holder.expires > time.time()
+        assert (holder.host, holder.pid) == (socket.gethostname(), os.getpid())
+        with pytest.raises(agent.SessionBusy, match=f"held by pid {os.getpid()}") as busy:
+            agent.Runner().run(agent.Spec(session=agent.open(sid, self.another(store))),
+                               [Message.user("me too")], ToolsThenAnswer([]))
+        assert busy.value.holder == holder
+        waiting = agent.Runner().start(agent.Spec(session=agent.open(sid, self.another(store)), lease_wait=30),
+                                       [Message.user("after you")], ToolsThenAnswer([]))
+        time.sleep(0.2)
+        assert not waiting.done()
+        release.set()
+        assert first.wait(30).stop_reason == "answered"
+        assert waiting.wait(30).stop_reason == "answered"
+        assert agent.open(sid, store).holder() is None
+
+    # -- cancel --------------------------------------------------------------------------------------
+
+    def test_cancel_from_another_store_object_stops_the_run_before_its_next_request(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        requests = threading.Semaphore(0)
+        tool_calls: list[int] = []
+
+        @agent.tool
+        def step(n: int) -> str:
+            """One step of work."""
+            tool_calls.append(n)
+            requests.release()
+            time.sleep(0.02)
+            return "ok"
+
+        run = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[step], max_steps=500),
+                                   [Message.user("go")], ToolsThenAnswer(["step"], rounds=10**6))
+        for _ in range(3):
+            assert requests.acquire(timeout=30)
+        assert agent.open(sid, self.another(store)).cancel() is True
+        seen = len(tool_calls)
+        result = run.wait(30)
+        assert result.stop_reason == "cancelled"
+        assert len(tool_calls) <= seen + 1, "the run went on for more than one step after the cancel"
+        stored = store.messages(sid)
+        assert stored == result.messages
+        assert_no_orphans(stored)
+        assert agent.open(sid, store).holder() is None
+
+    def test_a_cancel_between_two_tool_calls_skips_the_second_and_answers_both(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        ran: list[str] = []
+
+        @agent.tool
+        def first(n: int) -> str:
+            """Runs, then cancels its own run from elsewhere."""
+            ran.append("first")
+            assert agent.open(sid, self.another(store)).cancel() is True
+            return "first done"
+
+        @agent.tool
+        def second(n: int) -> str:
+            """Must not run."""
+            ran.append("second")
+            return "second done"
+
+        result = agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[first, second]),
+                                    [Message.user("go")], ToolsThenAnswer(["first", "second"], rounds=5))
+        assert result.stop_reason == "cancelled" and result.steps == 1
+        assert ran == ["first"]
+        stored = store.messages(sid)
+        assert_no_orphans(stored)
+        results = {c.tool_call_id: c for c in stored[-1].content}
+        assert results["call_0_0"].text == "first done" and not results["call_0_0"].is_error
+        assert results["call_0_1"].is_error and results["call_0_1"].text == CANCELLED
+
+    # -- journal and orphans ---------------------------------------------------------------------------
+
+    def test_journal_round_trips_and_deletes(self) -> None:
+        store = self.run_store()
+        a, b = _sid(), _sid()
+        assert store.journal(a) is None
+        store.put_journal(a, '{"z":1,"z":2} ünï \U0001f600')
+        store.put_journal(b, "other")
+        assert store.journal(a) == '{"z":1,"z":2} ünï \U0001f600'
+        store.put_journal(a, "replaced")
+        assert store.journal(a) == "replaced"
+        store.put_journal(a, None)
+        assert store.journal(a) is None and store.journal(b) == "other"
+
+    def test_a_resumed_run_replays_finished_tools_reruns_idempotent_ones_and_never_repeats_the_rest(
+        self,
+    ) -> None:
+        store = self.run_store()
+        sid = _sid()
+        ran: list[str] = []
+        dies = {"refresh", "charge"}
+
+        @agent.tool
+        def lookup(n: int) -> str:
+            """Finishes before the first crash."""
+            ran.append("lookup")
+            return "looked up"
+
+        @agent.tool
+        def refresh(n: int) -> str:
+            """Idempotent: dies the first time."""
+            ran.append("refresh")
+            if "refresh" in dies:
+                dies.discard("refresh")
+                raise _Crash
+            return "refreshed"
+
+        @agent.tool(idempotent=False)
+        def charge(n: int) -> str:
+            """Not idempotent: dies the first time, after its effect."""
+            ran.append("charge")
+            if "charge" in dies:
+                dies.discard("charge")
+                raise _Crash
+            return "charged"
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[lookup, refresh, charge])
+        model = ToolsThenAnswer(["lookup", "refresh", "charge"])
+        with pytest.raises(_Crash):
+            agent.Runner().run(spec, [Message.user("go")], model)
+        assert ran == ["lookup", "refresh"]
+        assert store.messages(sid) == [Message.user("go")]  # the reply waits in the journal, not here
+        with pytest.raises(_Crash):
+            agent.Runner().run(spec, store.messages(sid), model)
+        assert ran == ["lookup", "refresh", "refresh", "charge"]
+        result = agent.Runner().run(spec, store.messages(sid), model)
+        assert ran == ["lookup", "refresh", "refresh", "charge"]
+        assert result.stop_reason == "answered" and result.steps == 1
+        stored = store.messages(sid)
+        assert_no_orphans(stored)
+        results = {c.tool_call_id: c for c in stored[2].content}
+        assert results["call_0_0"].text == "looked up"
+        assert results["call_0_1"].text == "refreshed"
+        assert results["call_0_2"].is_error and results["call_0_2"].text == UNKNOWN_OUTCOME
+        assert store.journal(sid) is None
+
+    def test_a_journal_is_not_replayed_onto_a_different_transcript(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        ran: list[str] = []
+
+        @agent.tool(idempotent=False)
+        def charge(n: int) -> str:
+            """Dies after its effect."""
+            ran.append("charge")
+            if len(ran) == 1:
+                raise _Crash
+            return "charged"
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
+        with pytest.raises(_Crash):
+            agent.Runner().run(spec, [Message.user("go")], ToolsThenAnswer(["charge"]))
+        result = agent.Runner().run(spec, [Message.user("something else")], ToolsThenAnswer(["charge"]))
+        assert ran == ["charge", "charge"]  # a new conversation's call, not the old one's
+        assert result.messages[2].content[0].text == "charged"
+
+    def test_no_stored_transcript_holds_a_tool_call_without_its_result(self) -> None:
+        store = self.run_store()
+
+        @agent.tool
+        def work(n: int) -> str:
+            """Works."""
+            return "worked"
+
+        @agent.tool
+        def broken(n: int) -> str:
+            """Fails."""
+            raise RuntimeError("broken tool")
+
+        @agent.tool
+        def dies(n: int) -> str:
+            """Takes the worker with it."""
+            raise _Crash
+
+        cases = {"max_steps": (["work", "work"], 2), "tool error": (["work", "broken"], 1),
+                 "crash": (["work", "dies"], 1)}
+        for name, (calls, max_steps) in cases.items():
+            sid = _sid(name.replace(" ", "-") + "-")
+            spec = agent.Spec(session=agent.open(sid, store), tools=[work, broken, dies], max_steps=max_steps)
+            try:
+                agent.Runner().run(spec, [Message.user(name)], ToolsThenAnswer(calls, rounds=10))
+            except _Crash:
+                pass
+            stored = store.messages(sid)
+            assert stored, name
+            assert_no_orphans(stored)
+
+    # -- across processes ------------------------------------------------------------------------------
+
+    def test_cancel_from_another_process_stops_the_run_within_one_step(self, tmp_path: Any) -> None:
+        factory = self.process_factory()
+        if factory is None:
+            pytest.skip("this store lives in one process")
+        self.run_store()
+        outcome = crossprocess.cancel_from_another_process(factory, _sid(), str(tmp_path))
+        assert outcome.stop_reason == "cancelled"
+        assert outcome.requests_after_cancel <= 1, outcome
+        assert_no_orphans(outcome.stored)
+
+    def test_a_non_idempotent_tool_killed_mid_call_runs_exactly_once_after_resume(self, tmp_path: Any) -> None:
+        factory = self.process_factory()
+        if factory is None:
+            pytest.skip("this store lives in one process")
+        self.run_store()
+        outcome = crossprocess.kill_mid_tool_then_resume(factory, _sid(), str(tmp_path))
+        assert outcome.charges == 1, "the non-idempotent tool ran again after the resume"
+        assert outcome.lookups == 1, "a journalled result was not replayed"
+        assert outcome.stop_reason == "answered"
+        assert_no_orphans(outcome.stored)
+        results = {c.tool_call_id: c for c in outcome.stored[2].content}
+        assert results["call_0_1"].text == UNKNOWN_OUTCOME

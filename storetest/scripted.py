@@ -1,0 +1,34 @@
+"""A stand-in model for the conformance suite. storetest checks stores, not endpoints, so it needs no
+HTTP server: a script maps the transcript to the next reply. (The library's own tests drive the loop
+over real HTTP; this only decides what the loop does next.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from agent_sessions import Content, Message, Role, Tool
+
+
+class ToolsThenAnswer:
+    """Asks for ``calls`` (tool names) in one reply on every request until ``rounds`` replies have
+    been made, then answers with what the last results said. Picklable, for child processes."""
+
+    def __init__(self, calls: Sequence[str], rounds: int = 1, log: str | None = None) -> None:
+        self.calls = list(calls)
+        self.rounds = rounds
+        self.log = log
+        """A file to which every request appends a line: how a parent process counts requests."""
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write("request\n")
+        made = sum(1 for m in messages if m.role is Role.ASSISTANT and m.tool_calls)
+        if made >= self.rounds:
+            results = [c.text for c in messages[-1].content] if messages else []
+            return Message.assistant("done: " + json.dumps(results))
+        return Message(
+            Role.ASSISTANT,
+            [Content.tool_call(f"call_{made}_{i}", name, json.dumps({"n": i})) for i, name in enumerate(self.calls)],
+        )
