@@ -24,10 +24,16 @@ UNKNOWN_OUTCOME = (
 )
 
 
+TAIL = 2
+"""Messages before a reply that its fingerprint covers."""
+
+
 def fingerprint(prefix: Sequence[Message]) -> str:
-    """Which transcript a reply answered: a hash of the stored form of every message before it."""
+    """Which transcript a reply answered: with its length, a hash of the stored form of the messages just
+    before it (the new user message or the previous results). Hashing all of it would cost a step
+    O(transcript); a different transcript of the same length almost always differs at its end."""
     h = hashlib.sha256()
-    for m in prefix:
+    for m in prefix[-TAIL:]:
         h.update(m.to_json().encode())
         h.update(b"\n")
     return h.hexdigest()

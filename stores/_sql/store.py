@@ -17,13 +17,28 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, case, delete, false, insert, literal, or_, select, true, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Executable,
+    and_,
+    case,
+    delete,
+    false,
+    insert,
+    literal,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from agent_sessions import ArgumentError, Holder, Message, MessageError, SessionExists, StoreError, validate
 
 from .._known import Known, common_prefix
-from .tables import TABLES, journals, messages, runs, sessions, steers
+from . import statements as sql
+from .tables import TABLES, messages, runs, sessions
 
 T = TypeVar("T")
 
@@ -35,7 +50,6 @@ class SQLStore:
 
     backend: ClassVar[str] = "SQL"
     schema_hint: ClassVar[str] = "create them first"
-    read_options: ClassVar[dict[str, Any]] = {}
     dialects: ClassVar[tuple[str, ...]] = ()
     """SQLAlchemy dialect names the store accepts; empty: any."""
     engine_hint: ClassVar[str] = ""
@@ -53,28 +67,26 @@ class SQLStore:
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
-        items = validate.messages(msgs)
-        for m in items:
+        known = self._known.get(session)
+        items = validate.messages(msgs, trusted=known[1] if known is not None else ())
+        shared = 0 if known is None else common_prefix(known[1], items)
+        for m in items[shared:]:
             m.to_json()  # encode before the transaction opens: no lock is held while we serialise
         version = uuid.uuid4().hex
-        known = self._known.get(session)
 
         def write(conn: Connection) -> None:
             start = 0
             if known is not None and self._claim(conn, session, known[0], version, len(items)):
-                start = common_prefix(known[1], items)
+                start = shared
                 if start < len(known[1]):
-                    conn.execute(
-                        delete(messages).where(
-                            and_(messages.c.session_id == session, messages.c.seq >= start)
-                        )
-                    )
+                    self.run(conn, sql.TRIM, {"sid": session, "start": start})
             else:
                 conn.execute(self.upsert_session(session, version, len(items)))
-                conn.execute(delete(messages).where(messages.c.session_id == session))
+                self.run(conn, sql.CLEAR, {"sid": session})
             if start < len(items):
-                conn.execute(
-                    insert(messages),
+                self.run(
+                    conn,
+                    sql.APPEND,
                     [{"session_id": session, "seq": i, "body": items[i].to_json()} for i in range(start, len(items))],
                 )
 
@@ -87,20 +99,9 @@ class SQLStore:
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
-        query = (
-            select(sessions.c.version, messages.c.body)
-            .select_from(
-                sessions.outerjoin(
-                    messages,
-                    and_(messages.c.session_id == sessions.c.session_id, messages.c.seq < sessions.c.length),
-                )
-            )
-            .where(sessions.c.session_id == session)
-            .order_by(messages.c.seq)
-        )
 
         def read(conn: Connection) -> list[Any]:
-            return list(conn.execute(query))
+            return self.run(conn, sql.LOAD, {"sid": session}).all()
 
         rows = self._transaction("messages", session, read, read_only=True)
         if not rows:
@@ -117,12 +118,18 @@ class SQLStore:
         validate.steer_text(text)
 
         def add(conn: Connection) -> None:
-            conn.execute(insert(steers).values(session_id=session, text=text))
+            self.run(conn, sql.ADD_STEER, {"session_id": session, "text": text})
 
         self._transaction("add_steer", session, add)
 
     def take_steers(self, session: str) -> list[str]:
+        """Usually nothing waits: a read, which takes no write lock, settles that before a write does."""
         validate.session_id(session)
+        waiting = self._transaction(
+            "take_steers", session, lambda conn: self.run(conn, sql.ANY_STEER, {"sid": session}).first(), read_only=True
+        )
+        if waiting is None:
+            return []
         return self._transaction("take_steers", session, lambda conn: self.take(conn, session))
 
     # -- RunStore ------------------------------------------------------------------------------------
@@ -160,16 +167,17 @@ class SQLStore:
 
     def journal(self, session: str) -> str | None:
         validate.session_id(session)
-        query = select(journals.c.body).where(journals.c.session_id == session)
-        return self._transaction("journal", session, lambda conn: conn.execute(query).scalar(), read_only=True)
+        return self._transaction(
+            "journal", session, lambda conn: self.run(conn, sql.JOURNAL, {"sid": session}).scalar(), read_only=True
+        )
 
     def put_journal(self, session: str, journal: str | None) -> None:
         validate.session_id(session)
 
         def put(conn: Connection) -> None:
-            conn.execute(delete(journals).where(journals.c.session_id == session))
+            self.run(conn, sql.DROP_JOURNAL, {"sid": session})
             if journal is not None:
-                conn.execute(insert(journals).values(session_id=session, body=journal))
+                self.run(conn, sql.PUT_JOURNAL, {"session_id": session, "body": journal})
 
         self._transaction("put_journal", session, put)
 
@@ -216,11 +224,13 @@ class SQLStore:
 
     def holder(self, session: str) -> Holder | None:
         validate.session_id(session)
-        query = select(runs).where(runs.c.session_id == session)
-        current = self._transaction("holder", session, lambda conn: conn.execute(query).first(), read_only=True)
+        current = self._transaction(
+            "holder", session, lambda conn: self.run(conn, sql.HOLDER, {"sid": session}).first(), read_only=True
+        )
         if current is None:
             return None
-        return Holder(current.host, current.pid, current.token, current.expires, bool(current.cancelled))
+        _, host, pid, token, expires, cancelled = current
+        return Holder(host, pid, token, expires, bool(cancelled))
 
     def cancel(self, session: str, now: float) -> bool:
         validate.session_id(session)
@@ -229,15 +239,18 @@ class SQLStore:
 
     # -- what dialects override ----------------------------------------------------------------------
 
+    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Any:
+        """Run one of ``statements``; the result has ``rowcount``, ``first()``, ``all()`` and ``scalar()``
+        and its rows are tuples. SQLite overrides this to go straight to the driver."""
+        return conn.execute(statement, params)
+
     def upsert_session(self, session: str, version: str, length: int) -> Any:
         raise NotImplementedError
 
     def take(self, conn: Connection, session: str) -> list[str]:
         """Delete and return the session's steers, oldest first. DELETE ... RETURNING: rows another
         taker deleted first are simply not there, so each steer goes to exactly one taker."""
-        rows = conn.execute(
-            delete(steers).where(steers.c.session_id == session).returning(steers.c.id, steers.c.text)
-        ).all()
+        rows = self.run(conn, sql.TAKE_STEERS, {"sid": session}).all()
         return [text for _, text in sorted(rows)]
 
     def is_transient(self, exc: DBAPIError) -> bool:
@@ -248,21 +261,17 @@ class SQLStore:
 
     def _claim(self, conn: Connection, session: str, known: str, version: str, length: int) -> bool:
         """Take the session row if it still has the version this process knows; lock it either way."""
-        result = conn.execute(
-            update(sessions)
-            .where(and_(sessions.c.session_id == session, sessions.c.version == known))
-            .values(version=version, length=length)
+        result = self.run(
+            conn, sql.CLAIM, {"sid": session, "known": known, "new_version": version, "new_length": length}
         )
         return result.rowcount == 1
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
-        if read_only:
-            with self.engine.connect().execution_options(**self.read_options) as conn, conn.begin():
-                yield conn
-        else:
-            with self.engine.begin() as conn:
-                yield conn
+        """A connection of the engine's pool for one transaction; ``read_only`` lets a dialect begin it
+        without taking a write lock (SQLite)."""
+        with self.engine.begin() as conn:
+            yield conn
 
     def _transaction(
         self, op: str, session: str, work: Callable[[Connection], T], read_only: bool = False

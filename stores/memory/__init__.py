@@ -22,7 +22,7 @@ class Store:
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
-        items = validate.messages(msgs)
+        items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
         with self._lock:
             self._transcripts[session] = items
 

@@ -59,9 +59,9 @@ class Store:
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
-        items = validate.messages(msgs)
-        version = uuid.uuid4().hex
         known = self._known.get(session)
+        items = validate.messages(msgs, trusted=known[1] if known is not None else ())
+        version = uuid.uuid4().hex
         try:
             appended = False
             if known is not None and common_prefix(known[1], items) == len(known[1]):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, delete, select
+    from sqlalchemy import Connection, delete
     from sqlalchemy.dialects import mysql
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
@@ -18,6 +18,7 @@ except ImportError as exc:  # pragma: no cover
     ) from exc
 
 from .._sql import SQLStore, ddl
+from .._sql import statements as sql
 from .._sql.tables import sessions, steers
 
 SCHEMA: list[str] = ddl(mysql.dialect())
@@ -40,15 +41,10 @@ class Store(SQLStore):
     def take(self, conn: Connection, session: str) -> list[str]:
         """MySQL 8 has no DELETE ... RETURNING: lock the rows with SELECT ... FOR UPDATE, then delete them
         in the same transaction. A second taker waits on the locks and then finds them gone."""
-        rows = conn.execute(
-            select(steers.c.id, steers.c.text)
-            .where(steers.c.session_id == session)
-            .order_by(steers.c.id)
-            .with_for_update()
-        ).all()
+        rows = self.run(conn, sql.LOCK_STEERS, {"sid": session}).all()
         if rows:
-            conn.execute(delete(steers).where(steers.c.id.in_([r.id for r in rows])))
-        return [r.text for r in rows]
+            conn.execute(delete(steers).where(steers.c.id.in_([r[0] for r in rows])))
+        return [r[1] for r in rows]
 
     def is_transient(self, exc: DBAPIError) -> bool:
         args: tuple[object, ...] = getattr(exc.orig, "args", ())

@@ -1,0 +1,96 @@
+"""Where each backend is: the servers the tests use (AGENT_SESSIONS_*_URL, started by scripts/servers),
+in databases of the benchmark's own, with fresh tables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import agent_sessions as agent
+
+MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
+BENCH_DB = "agent_sessions_bench"
+
+
+def sql_url(name: str) -> Any:
+    from sqlalchemy import make_url
+
+    from tests import servers  # the URLs, CREATE DATABASE and SCHEMA step the tests use
+
+    url = make_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL).set(database=BENCH_DB)
+    servers.create_database(url.render_as_string(hide_password=False))
+    return url
+
+
+def engine(name: str) -> Any:
+    from sqlalchemy import create_engine
+
+    from tests import servers
+
+    eng = create_engine(sql_url(name))
+    servers.fresh_schema(eng)
+    return eng
+
+
+def mongo_database() -> Any:
+    import pymongo
+
+    from stores import mongodb
+
+    db = pymongo.MongoClient(MONGO_URL)[BENCH_DB]
+    for collection in (mongodb.SESSIONS, mongodb.STEERS, mongodb.COUNTERS, mongodb.RUNS, mongodb.JOURNALS):
+        db.drop_collection(collection)
+    mongodb.create_indexes(db)
+    return db
+
+
+def open_store(name: str, tmp: str) -> agent.Store:
+    if name == "memory":
+        from stores import memory
+
+        return memory.Store()
+    if name == "sqlite":
+        from stores import sqlite
+
+        return sqlite.open(Path(tmp) / f"bench-{os.getpid()}.db")
+    if name == "postgres":
+        from stores import postgres
+
+        return postgres.Store(engine(name))
+    if name == "mysql":
+        from stores import mysql
+
+        return mysql.Store(engine(name))
+    if name == "mongodb":
+        from stores import mongodb
+
+        return mongodb.Store(mongo_database())
+    raise SystemExit(f"unknown store {name!r}")
+
+
+def store_factory(name: str, tmp: str) -> Any:
+    """A picklable way to build the same store in another process (for the steer throughput)."""
+    import functools
+
+    from tests import servers
+
+    if name == "sqlite":
+        from stores import sqlite
+
+        return functools.partial(sqlite.open, str(Path(tmp) / "steers.db"))
+    if name == "postgres":
+        return functools.partial(servers.postgres_store, sql_url(name).render_as_string(hide_password=False))
+    if name == "mysql":
+        return functools.partial(servers.mysql_store, sql_url(name).render_as_string(hide_password=False))
+    if name == "mongodb":
+        return functools.partial(_mongo_store, MONGO_URL)
+    return None
+
+
+def _mongo_store(url: str) -> agent.Store:
+    import pymongo
+
+    from stores import mongodb
+
+    return mongodb.Store(pymongo.MongoClient(url)[BENCH_DB])
