@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -41,6 +41,19 @@ from . import statements as sql
 from .tables import TABLES, messages, runs, sessions
 
 T = TypeVar("T")
+
+
+class Rows(Protocol):
+    """What the store reads of a statement's result (SQLAlchemy's, or the SQLite driver's)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def first(self) -> Sequence[Any] | None: ...
+
+    def all(self) -> Sequence[Sequence[Any]]: ...
+
+    def scalar(self) -> object: ...
 
 _RETRIES = 4
 
@@ -101,7 +114,7 @@ class SQLStore:
         validate.session_id(session)
 
         def read(conn: Connection) -> list[Any]:
-            return self.run(conn, sql.LOAD, {"sid": session}).all()
+            return list(self.run(conn, sql.LOAD, {"sid": session}).all())
 
         rows = self._transaction("messages", session, read, read_only=True)
         if not rows:
@@ -167,9 +180,10 @@ class SQLStore:
 
     def journal(self, session: str) -> str | None:
         validate.session_id(session)
-        return self._transaction(
+        body = self._transaction(
             "journal", session, lambda conn: self.run(conn, sql.JOURNAL, {"sid": session}).scalar(), read_only=True
         )
+        return None if body is None else str(body)
 
     def put_journal(self, session: str, journal: str | None) -> None:
         validate.session_id(session)
@@ -239,7 +253,7 @@ class SQLStore:
 
     # -- what dialects override ----------------------------------------------------------------------
 
-    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Any:
+    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
         """Run one of ``statements``; the result has ``rowcount``, ``first()``, ``all()`` and ``scalar()``
         and its rows are tuples. SQLite overrides this to go straight to the driver."""
         return conn.execute(statement, params)
@@ -251,7 +265,7 @@ class SQLStore:
         """Delete and return the session's steers, oldest first. DELETE ... RETURNING: rows another
         taker deleted first are simply not there, so each steer goes to exactly one taker."""
         rows = self.run(conn, sql.TAKE_STEERS, {"sid": session}).all()
-        return [text for _, text in sorted(rows)]
+        return [str(text) for _, text in sorted((int(id), text) for id, text in rows)]
 
     def is_transient(self, exc: DBAPIError) -> bool:
         """A deadlock or serialisation failure: the transaction may simply be run again."""
@@ -264,7 +278,7 @@ class SQLStore:
         result = self.run(
             conn, sql.CLAIM, {"sid": session, "known": known, "new_version": version, "new_length": length}
         )
-        return result.rowcount == 1
+        return bool(result.rowcount == 1)
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:

@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
 from agent_sessions import ArgumentError
 
 from .._sql import SQLStore, metadata
+from .._sql.store import Rows
 from .._sql.tables import sessions
 from .driver import Driver
 
@@ -44,7 +45,7 @@ class Store(SQLStore):
         self._local = threading.local()
         self._driver = Driver(engine.dialect)
 
-    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Any:
+    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
         return self._driver.run(conn, statement, params)
 
     @contextmanager

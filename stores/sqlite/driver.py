@@ -18,6 +18,8 @@ from sqlalchemy import Connection, Executable
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
+from .._sql.store import Rows
+
 
 class Compiled:
     __slots__ = ("defaults", "names", "sql")
@@ -58,7 +60,7 @@ class Driver:
         self.dialect = dialect
         self._compiled: dict[tuple[int, tuple[str, ...]], Compiled] = {}
 
-    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Any:
+    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
         if conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
             return conn.execute(statement, params)
         first = params[0] if isinstance(params, list) else params
