@@ -37,6 +37,10 @@ class Guard:
         finally:
             self.lease.__exit__(kind, exc, tb)
 
+    def save_with_steers(self, transcript: list[Message]) -> list[str]:
+        """Take the session's steers and save them with the transcript in one step (see RunStore)."""
+        return self.store.save_with_steers(self.session, transcript)
+
     def stop_requested(self) -> bool:
         return self.lease.check()
 

@@ -43,6 +43,11 @@ class RunStore(Store, Protocol):
     lives in the library, once, so every store behaves alike.
     """
 
+    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
+        """Take the steers waiting for ``session``, append them to ``msgs`` as user messages and save the
+        result, in one atomic step; return the steers taken. A run that dies at any point has then either
+        not taken a steer (it waits for the next run) or saved it: none is lost between take and save."""
+
     def fork(self, source: str, target: str, at: int | None) -> None:
         """Copy the transcript of ``source`` (whole, or its first ``at`` messages) to the new session
         ``target``, atomically; steers stay behind. ``ArgumentError`` when ``source`` has no transcript or

@@ -39,7 +39,7 @@ def mongo_database() -> Any:
     from stores import mongodb
 
     db = pymongo.MongoClient(MONGO_URL)[BENCH_DB]
-    for collection in (mongodb.SESSIONS, mongodb.STEERS, mongodb.COUNTERS, mongodb.RUNS, mongodb.JOURNALS):
+    for collection in mongodb.COLLECTIONS:
         db.drop_collection(collection)
     mongodb.create_indexes(db)
     return db

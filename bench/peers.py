@@ -99,7 +99,8 @@ def openai_sqlalchemy_postgres(floor: Floor | None, n: int, rounds: int) -> dict
     engine = create_async_engine(backends.sql_url("postgres"))
 
     def new_session(sid: str, n: int) -> Any:
-        session = SQLAlchemySession(sid, engine=engine, create_tables=True)
+        session = SQLAlchemySession(sid, engine=engine, create_tables=True, sessions_table="openai_agents_sessions",
+                                    messages_table="openai_agents_messages")
         loop.run_until_complete(session.add_items(_openai_prefix(n)))  # type: ignore[arg-type]
         return session
 

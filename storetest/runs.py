@@ -68,6 +68,77 @@ class RunStoreContract:
         store.save(probe, [Message.user("probe")])
         return other if other.messages(probe) and isinstance(other, RunStore) else store
 
+    # -- steers taken with the save ------------------------------------------------------------------
+
+    def test_save_with_steers_appends_the_waiting_steers_and_saves_them_together(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        base = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
+        assert store.save_with_steers(sid, base) == []
+        assert store.messages(sid) == base
+        store.add_steer(sid, "first")
+        store.add_steer(sid, "second 日本語")
+        assert store.save_with_steers(sid, base) == ["first", "second 日本語"]
+        assert store.messages(sid) == [*base, Message.user("first"), Message.user("second 日本語")]
+        assert store.take_steers(sid) == []
+        assert self.another(store).messages(sid)[2].content[0].text == "r"
+        with pytest.raises(agent.ArgumentError):
+            store.save_with_steers(sid, ["not a message"])  # type: ignore[list-item]
+        store.add_steer(sid, "kept")
+        with pytest.raises(agent.ArgumentError):
+            store.save_with_steers("", base)
+        assert store.take_steers(sid) == ["kept"]
+
+    def test_save_with_steers_hands_each_steer_over_once_beside_concurrent_adders_and_takers(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        adders, per_adder = 4, 25
+        done = threading.Event()
+        saved: list[Message] = [Message.user("start")]
+        by_saver: list[str] = []
+        by_taker: list[str] = []
+        errors: list[BaseException] = []
+
+        def add(i: int) -> None:
+            own = self.another(store)
+            for j in range(per_adder):
+                own.add_steer(sid, f"s{i}-{j:04d}")
+
+        def save() -> None:
+            try:
+                while True:
+                    finished = done.is_set()
+                    taken = store.save_with_steers(sid, saved)
+                    saved.extend(Message.user(t) for t in taken)
+                    by_saver.extend(taken)
+                    if finished and not taken:
+                        return
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        def take() -> None:
+            own = self.another(store)
+            while not done.is_set():
+                by_taker.extend(own.take_steers(sid))
+
+        threads = [threading.Thread(target=add, args=(i,)) for i in range(adders)]
+        others = [threading.Thread(target=save), threading.Thread(target=take)]
+        for t in threads + others:
+            t.start()
+        for t in threads:
+            t.join()
+        done.set()
+        for t in others:
+            t.join()
+        assert not errors, errors
+        assert sorted(by_saver + by_taker) == sorted(f"s{i}-{j:04d}" for i in range(adders) for j in range(per_adder))
+        stored = store.messages(sid)
+        assert stored == saved
+        assert [m.text for m in stored[1:]] == by_saver  # each saved exactly where it was taken
+        for i in range(adders):
+            mine = [t for t in by_saver if t.startswith(f"s{i}-")]
+            assert mine == sorted(mine)
+
     # -- fork ----------------------------------------------------------------------------------------
 
     def test_fork_copies_the_whole_transcript_or_up_to_an_index(self) -> None:

@@ -46,6 +46,12 @@ class CountingStore(memory.Store):
         self.takes += 1
         return super().take_steers(session)
 
+    def save_with_steers(self, session: str, msgs: Sequence[agent.Message]) -> list[str]:
+        self.takes += 1
+        taken = super().save_with_steers(session, msgs)
+        self.saves.append(len(msgs) + len(taken))
+        return taken
+
 
 def wire_texts(request: Request) -> list[tuple[str, str]]:
     return [(m["role"], m.get("content") or "") for m in request.json["messages"]]

@@ -32,7 +32,7 @@ def database() -> Iterator[Database[Any]]:
 
 def drop(db: Database[Any]) -> None:
     """The server slows as collections grow: every test starts from empty collections."""
-    for name in (mongodb.SESSIONS, mongodb.STEERS, mongodb.COUNTERS, mongodb.RUNS, mongodb.JOURNALS):
+    for name in mongodb.COLLECTIONS:
         db.drop_collection(name)
     mongodb.create_indexes(db)
 

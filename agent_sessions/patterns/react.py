@@ -78,9 +78,12 @@ def _loop(
         if events is not None:
             events(StepStarted(steps))
         _collect(steps, transcript, box.drain(), "run", events)
-        if session is not None:
+        if guard is not None:  # taken and saved atomically: a crash cannot lose a steer in between
+            _collect(steps, transcript, guard.save_with_steers(transcript), "session", events)
+        elif session is not None:
             _collect(steps, transcript, session.take_steers(), "session", events)
             session.save(transcript)
+        if session is not None:
             if events is not None:
                 events(Saved(steps, len(transcript)))
         if events is not None:

@@ -79,6 +79,18 @@ class SQLStore:
     # -- the Store protocol --------------------------------------------------------------------------
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
+        self._save(session, msgs, take=False)
+
+    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
+        """Usually nothing waits: a read, which takes no write lock, settles that, and the save is a
+        plain one. Otherwise the steers are taken and the transcript saved in one transaction."""
+        validate.session_id(session)
+        if not self._steers_waiting(session):
+            self._save(session, msgs, take=False)
+            return []
+        return self._save(session, msgs, take=True)
+
+    def _save(self, session: str, msgs: Sequence[Message], take: bool) -> list[str]:
         validate.session_id(session)
         known = self._known.get(session)
         items = validate.messages(msgs, trusted=known[1] if known is not None else ())
@@ -86,21 +98,35 @@ class SQLStore:
         for m in items[shared:]:
             m.to_json()  # encode before the transaction opens: no lock is held while we serialise
         version = uuid.uuid4().hex
+        if not take and known is not None and shared == len(known[1]) < len(items):
+            try:
+                appended = self.append(session, known[0], version, items, shared)
+            except BaseException:
+                self._known.forget(session)
+                raise
+            if appended:
+                self._known.put(session, version, items)
+                return []
+        saved = items
+        taken: list[str] = []
 
         def write(conn: Connection) -> None:
+            nonlocal saved, taken
+            taken = self.take(conn, session) if take else []
+            saved = items + tuple(Message.user(text) for text in taken)
             start = 0
-            if known is not None and self._claim(conn, session, known[0], version, len(items)):
+            if known is not None and self._claim(conn, session, known[0], version, len(saved)):
                 start = shared
                 if start < len(known[1]):
                     self.run(conn, sql.TRIM, {"sid": session, "start": start})
             else:
-                conn.execute(self.upsert_session(session, version, len(items)))
+                conn.execute(self.upsert_session(session, version, len(saved)))
                 self.run(conn, sql.CLEAR, {"sid": session})
-            if start < len(items):
+            if start < len(saved):
                 self.run(
                     conn,
                     sql.APPEND,
-                    [{"session_id": session, "seq": i, "body": items[i].to_json()} for i in range(start, len(items))],
+                    [{"session_id": session, "seq": i, "body": saved[i].to_json()} for i in range(start, len(saved))],
                 )
 
         try:
@@ -108,7 +134,8 @@ class SQLStore:
         except BaseException:
             self._known.forget(session)
             raise
-        self._known.put(session, version, items)
+        self._known.put(session, version, saved)
+        return taken
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -138,12 +165,15 @@ class SQLStore:
     def take_steers(self, session: str) -> list[str]:
         """Usually nothing waits: a read, which takes no write lock, settles that before a write does."""
         validate.session_id(session)
-        waiting = self._transaction(
-            "take_steers", session, lambda conn: self.run(conn, sql.ANY_STEER, {"sid": session}).first(), read_only=True
-        )
-        if waiting is None:
+        if not self._steers_waiting(session):
             return []
         return self._transaction("take_steers", session, lambda conn: self.take(conn, session))
+
+    def _steers_waiting(self, session: str) -> bool:
+        row = self._transaction(
+            "take_steers", session, lambda conn: self.run(conn, sql.ANY_STEER, {"sid": session}).first(), read_only=True
+        )
+        return row is not None
 
     # -- RunStore ------------------------------------------------------------------------------------
 
@@ -261,6 +291,11 @@ class SQLStore:
     def upsert_session(self, session: str, version: str, length: int) -> Any:
         raise NotImplementedError
 
+    def append(self, session: str, known: str, version: str, items: tuple[Message, ...], start: int) -> bool:
+        """Append ``items[start:]`` if the stored version is still ``known``, in one statement; ``False``
+        when it is not (or the dialect has no such statement): save then runs its transaction."""
+        return False
+
     def take(self, conn: Connection, session: str) -> list[str]:
         """Delete and return the session's steers, oldest first. DELETE ... RETURNING: rows another
         taker deleted first are simply not there, so each steer goes to exactly one taker."""
@@ -282,8 +317,9 @@ class SQLStore:
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
-        """A connection of the engine's pool for one transaction; ``read_only`` lets a dialect begin it
-        without taking a write lock (SQLite)."""
+        """A connection of the engine's pool for one transaction. ``read_only``: the work only reads, or is
+        one statement, so a dialect may begin without a write lock (SQLite) or run it in autocommit
+        (PostgreSQL)."""
         with self.engine.begin() as conn:
             yield conn
 

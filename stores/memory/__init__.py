@@ -45,6 +45,17 @@ class Store:
 
     # -- RunStore --------------------------------------------------------------------------------------
 
+    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
+        validate.session_id(session)
+        items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
+        with self._lock:
+            waiting = self._steers.pop(session, None)
+            taken = list(waiting) if waiting else []
+            self._transcripts[session] = items + tuple(Message.user(t) for t in taken)
+        return taken
+
+    # -- -----------------------------------------------------------------------------------
+
     def fork(self, source: str, target: str, at: int | None) -> None:
         validate.session_id(source)
         validate.session_id(target)

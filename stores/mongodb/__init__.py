@@ -1,9 +1,11 @@
 """A store in MongoDB, over the caller's pymongo ``Database``.
 
-It relies only on what a standalone mongod gives: single-document atomicity and ``find_one_and_*``, no
-transactions. A transcript is one document (so a reader never sees half a save) whose messages are kept
-as JSON strings, not sub-documents, so a model's tool arguments come back byte for byte. Indexes are the
-caller's to create: ``INDEXES``, or ``create_indexes(database)`` in a migration.
+It relies only on what a standalone mongod gives: single-document atomicity, no transactions. So a
+session is one document holding both its transcript (messages kept as JSON strings, not sub-documents,
+so a model's tool arguments come back byte for byte) and the steers waiting for it: taking steers and
+saving the transcript they join is then one update of one document, which a crash cannot split.
+``INDEXES`` and ``create_indexes(database)`` are for the caller's migration (there are none today: every
+query is by ``_id``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 try:
-    from pymongo import ASCENDING, ReturnDocument
+    from pymongo import ReturnDocument
     from pymongo.database import Database
     from pymongo.errors import DuplicateKeyError, PyMongoError
 except ImportError as exc:  # pragma: no cover
@@ -27,15 +29,14 @@ from agent_sessions import ArgumentError, Holder, Message, MessageError, Session
 from .._known import Known, common_prefix
 
 SESSIONS = "agent_sessions"
-STEERS = "agent_steers"
-COUNTERS = "agent_steer_counters"
 RUNS = "agent_runs"
 JOURNALS = "agent_journals"
+COLLECTIONS = (SESSIONS, RUNS, JOURNALS)
 
-INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
-    (STEERS, [("session", ASCENDING), ("seq", ASCENDING)], {"name": "agent_steers_by_session"}),
-]
-"""(collection, keys, options) for each index the store's queries use."""
+INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = []
+"""(collection, keys, options) for each index beyond ``_id`` the store's queries use: none."""
+
+_TAKE_RETRIES = 1000  # each miss means another taker took something: progress, never a livelock
 
 
 def create_indexes(database: Database[Any]) -> None:
@@ -51,8 +52,6 @@ class Store:
             )
         self.database = database
         self._sessions = database[SESSIONS]
-        self._steers = database[STEERS]
-        self._counters = database[COUNTERS]
         self._runs = database[RUNS]
         self._journals = database[JOURNALS]
         self._known = Known(remember)
@@ -88,45 +87,59 @@ class Store:
             doc = self._sessions.find_one({"_id": session})
         except PyMongoError as exc:
             raise StoreError(f"MongoDB store: messages of session {session!r} failed: {exc}") from exc
-        if doc is None:
+        if doc is None or "bodies" not in doc:  # never saved (a document may hold only steers)
             return []
         try:
-            items = tuple(Message.from_json(body) for body in doc.get("bodies", []))
+            items = tuple(Message.from_json(body) for body in doc["bodies"])
         except (MessageError, TypeError) as exc:
             raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
         self._known.put(session, doc["version"], items)
         return list(items)
 
     def add_steer(self, session: str, text: str) -> None:
+        """A ``$push`` onto the session's document: pushes onto one document apply one after another,
+        so steers keep the order they arrived in, whichever process sent them."""
         validate.session_id(session)
         validate.steer_text(text)
-        try:
-            # A per-session counter, not an ObjectId: ObjectIds from two processes in one second do not
-            # sort in the order they were made, and steers must come back oldest first.
-            counter = self._counters.find_one_and_update(
-                {"_id": session}, {"$inc": {"n": 1}}, upsert=True, return_document=ReturnDocument.AFTER
+        with self._failing("add_steer", session):
+            self._sessions.update_one(
+                {"_id": session}, {"$push": {"steers": {"id": uuid.uuid4().hex, "text": text}}}, upsert=True
             )
-            if counter is None:  # upsert with ReturnDocument.AFTER always returns the document
-                raise StoreError(f"MongoDB store: the steer counter of session {session!r} was not returned")
-            self._steers.insert_one({"session": session, "seq": counter["n"], "text": text})
-        except PyMongoError as exc:
-            raise StoreError(f"MongoDB store: add_steer to session {session!r} failed: {exc}") from exc
 
     def take_steers(self, session: str) -> list[str]:
-        """One find_one_and_delete per steer: each delete is atomic, so each steer has one taker."""
         validate.session_id(session)
-        taken: list[str] = []
-        try:
-            while True:
-                doc = self._steers.find_one_and_delete({"session": session}, sort=[("seq", ASCENDING)])
-                if doc is None:
-                    return taken
-                taken.append(doc["text"])
-        except PyMongoError as exc:
-            # Steers already deleted are handed back rather than lost; the rest stay for the next take.
-            if taken:
-                return taken
-            raise StoreError(f"MongoDB store: take_steers of session {session!r} failed: {exc}") from exc
+        with self._failing("take_steers", session):
+            for _ in range(_TAKE_RETRIES):
+                waiting = self._waiting(session)
+                if not waiting:
+                    return []
+                if self._sessions.update_one(*_taking(session, waiting)).modified_count == 1:
+                    return [w["text"] for w in waiting]
+        raise StoreError(f"MongoDB store: take_steers of session {session!r} kept racing with other takers")
+
+    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
+        """The steers are pulled and the transcript holding them set in one update, guarded on those
+        steers still being there: of two concurrent takers one matches, the other reads again."""
+        validate.session_id(session)
+        items = validate.messages(msgs)
+        with self._failing("save", session):
+            for _ in range(_TAKE_RETRIES):
+                waiting = self._waiting(session)
+                if not waiting:
+                    break
+                saved = items + tuple(Message.user(w["text"]) for w in waiting)
+                version = uuid.uuid4().hex
+                where, pull = _taking(session, waiting)
+                update = {**pull, "$set": {"version": version, "bodies": [m.to_json() for m in saved]}}
+                if self._sessions.update_one(where, update).modified_count == 1:
+                    self._known.put(session, version, saved)
+                    return [w["text"] for w in waiting]
+        self.save(session, items)
+        return []
+
+    def _waiting(self, session: str) -> list[dict[str, str]]:
+        doc = self._sessions.find_one({"_id": session}, {"steers": 1})
+        return list(doc.get("steers") or []) if doc is not None else []
 
     # -- RunStore: each step one single-document operation, atomic without transactions ---------------
 
@@ -135,13 +148,15 @@ class Store:
         validate.session_id(target)
         with self._failing("fork", source):
             doc = self._sessions.find_one({"_id": source})
-            if doc is None:
+            if doc is None or "bodies" not in doc:
                 raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
             bodies = doc.get("bodies", [])
             validate.fork_index(at, len(bodies), source)
-            try:
-                self._sessions.insert_one(
-                    {"_id": target, "version": uuid.uuid4().hex, "bodies": bodies if at is None else bodies[:at]}
+            try:  # the target may already hold steers, but not a transcript
+                self._sessions.update_one(
+                    {"_id": target, "bodies": {"$exists": False}},
+                    {"$set": {"version": uuid.uuid4().hex, "bodies": bodies if at is None else bodies[:at]}},
+                    upsert=True,
                 )
             except DuplicateKeyError:
                 raise SessionExists(
@@ -217,8 +232,14 @@ class Store:
         return f"mongodb.Store({self.database.name!r})"
 
 
+def _taking(session: str, waiting: list[dict[str, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The filter and the update that take exactly ``waiting``: matched only while all of them are there."""
+    ids = [w["id"] for w in waiting]
+    return {"_id": session, "steers.id": {"$all": ids}}, {"$pull": {"steers": {"id": {"$in": ids}}}}
+
+
 def _holder(doc: dict[str, Any]) -> Holder:
     return Holder(doc["host"], doc["pid"], doc["token"], doc["expires"], bool(doc.get("cancelled", False)))
 
 
-__all__ = ["COUNTERS", "INDEXES", "JOURNALS", "RUNS", "SESSIONS", "STEERS", "Store", "create_indexes"]
+__all__ = ["COLLECTIONS", "INDEXES", "JOURNALS", "RUNS", "SESSIONS", "Store", "create_indexes"]

@@ -3,9 +3,12 @@ migration runs ``SCHEMA``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 try:
+    from sqlalchemy import Connection, Engine, text
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
@@ -13,17 +16,33 @@ except ImportError as exc:  # pragma: no cover
         "stores.postgres requires SQLAlchemy and psycopg. Install them with: pip install 'agent-sessions[postgres]'"
     ) from exc
 
+from agent_sessions import Message, validate
+
 from .._sql import SQLStore, ddl
 from .._sql.tables import sessions
 
 SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no-untyped-call]
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration."""
 
+# One statement, so one round trip in autocommit: claim the session row by its version and append the new
+# messages only if the claim matched. Either both happen or neither does.
+_APPEND = text(
+    "WITH claim AS (UPDATE agent_sessions SET version = :new_version, length = :new_length "
+    "WHERE session_id = :sid AND version = :known RETURNING session_id) "
+    "INSERT INTO agent_messages (session_id, seq, body) "
+    "SELECT claim.session_id, v.seq, v.body FROM claim, "
+    "unnest(CAST(:seqs AS INTEGER[]), CAST(:bodies AS TEXT[])) AS v(seq, body)"
+)
+
 # 40001 serialization_failure, 40P01 deadlock_detected: safe to run the transaction again.
 _TRANSIENT = {"40001", "40P01"}
 
 
 class Store(SQLStore):
+    """Reads, and taking steers, are single statements run in autocommit: one round trip each instead of
+    three (BEGIN, the statement, COMMIT). A single statement sees one snapshot and is atomic on its own,
+    so a DELETE ... RETURNING still hands each steer to exactly one taker."""
+
     backend = "PostgreSQL"
     schema_hint = "create the tables by running stores.postgres.SCHEMA in your migration"
     dialects = ("postgresql",)
@@ -34,6 +53,34 @@ class Store(SQLStore):
         return stmt.on_conflict_do_update(
             index_elements=[sessions.c.session_id], set_={"version": version, "length": length}
         )
+
+    def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
+        super().__init__(engine, remember=remember)
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    @contextmanager
+    def _connection(self, read_only: bool) -> Iterator[Connection]:
+        if not read_only:
+            with super()._connection(read_only) as conn:
+                yield conn
+            return
+        with self._autocommit.connect() as conn:
+            yield conn
+
+    def append(self, session: str, known: str, version: str, items: tuple[Message, ...], start: int) -> bool:
+        params = {"sid": session, "known": known, "new_version": version, "new_length": len(items),
+                  "seqs": list(range(start, len(items))), "bodies": [m.to_json() for m in items[start:]]}
+        inserted = self._transaction(
+            "save", session, lambda conn: conn.execute(_APPEND, params).rowcount, read_only=True
+        )
+        return bool(inserted == len(items) - start)
+
+    def take_steers(self, session: str) -> list[str]:
+        validate.session_id(session)
+        return self._transaction("take_steers", session, lambda conn: self.take(conn, session), read_only=True)
+
+    # save_with_steers keeps the base's read-then-write: a DELETE ... RETURNING in autocommit would hand
+    # the steers over before the transcript holding them is saved, and a crash between would lose them.
 
     def is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in _TRANSIENT
