@@ -1,7 +1,7 @@
 """What agent-sessions costs per step.
 
-``persistence``: what the loop asks of the store before every model request (take_steers, then an
-appending save), interleaved round by round with the backend's floor so both see the same disk and
+``persistence``: what the loop asks of the store before every model request (the steers taken and
+the new messages saved), interleaved round by round with the backend's floor so both see the same disk and
 the same neighbours. ``loop_step``: a whole step of the loop (model and tool answering at once), with
 ``session=None`` or a store, lease check and tool journal included.
 """
@@ -45,10 +45,14 @@ def persistence(store: agent.Store, floor: Floor | None, n: int, rounds: int) ->
 
 
 def _one_step(store: agent.Store, sid: str, msgs: list[agent.Message], step: list[agent.Message]) -> None:
-    """What the loop asks of the store for one step: take the steers, save the new messages."""
-    store.take_steers(sid)
+    """What the loop asks of the store before each request: the new messages saved with the steers
+    waiting (one atomic step on a RunStore; take_steers then save on a plain Store)."""
     msgs.extend(step)
-    store.save(sid, msgs)
+    if isinstance(store, agent.RunStore):
+        msgs.extend(agent.Message.user(t) for t in store.save_with_steers(sid, msgs))
+    else:
+        store.take_steers(sid)
+        store.save(sid, msgs)
 
 
 class InstantModel:

@@ -82,12 +82,8 @@ class SQLStore:
         self._save(session, msgs, take=False)
 
     def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
-        """Usually nothing waits: a read, which takes no write lock, settles that, and the save is a
-        plain one. Otherwise the steers are taken and the transcript saved in one transaction."""
-        validate.session_id(session)
-        if not self._steers_waiting(session):
-            self._save(session, msgs, take=False)
-            return []
+        """One transaction: a plain read finds whether steers wait (usually none), only then are they
+        taken, and the transcript holding them is saved before the commit."""
         return self._save(session, msgs, take=True)
 
     def _save(self, session: str, msgs: Sequence[Message], take: bool) -> list[str]:
@@ -112,7 +108,8 @@ class SQLStore:
 
         def write(conn: Connection) -> None:
             nonlocal saved, taken
-            taken = self.take(conn, session) if take else []
+            waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
+            taken = self.take(conn, session) if waiting else []
             saved = items + tuple(Message.user(text) for text in taken)
             start = 0
             if known is not None and self._claim(conn, session, known[0], version, len(saved)):

@@ -45,9 +45,7 @@ class _Utf8Bytes(TypeDecorator[str]):
 SessionId = String(255).with_variant(_Utf8Bytes(), "mysql", "mariadb")
 LongText = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 _MYSQL: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
-# On SQLite a table keyed by its primary key is one B-tree instead of a table plus an index: an append
-# then dirties half the pages, and a commit writes (and syncs) half the WAL frames.
-_KEYED: dict[str, Any] = {**_MYSQL, "sqlite_with_rowid": False}
+
 
 sessions = Table(
     "agent_sessions",
@@ -57,7 +55,7 @@ sessions = Table(
     # new messages; any other writer rewrites the transcript.
     Column("version", String(32), nullable=False),
     Column("length", Integer, nullable=False),
-    **_KEYED,
+    **_MYSQL,
 )
 
 messages = Table(
@@ -66,7 +64,7 @@ messages = Table(
     Column("session_id", SessionId, primary_key=True),
     Column("seq", Integer, primary_key=True, autoincrement=False),
     Column("body", LongText, nullable=False),
-    **_KEYED,
+    **_MYSQL,
 )
 
 steers = Table(
@@ -89,7 +87,7 @@ runs = Table(
     Column("token", String(64), nullable=False),
     Column("expires", Double, nullable=False),
     Column("cancelled", Boolean, nullable=False),
-    **_KEYED,
+    **_MYSQL,
 )
 
 journals = Table(
@@ -97,7 +95,7 @@ journals = Table(
     metadata,
     Column("session_id", SessionId, primary_key=True),
     Column("body", LongText, nullable=False),
-    **_KEYED,
+    **_MYSQL,
 )
 
 TABLES = (sessions, messages, steers, runs, journals)

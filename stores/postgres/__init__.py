@@ -3,7 +3,7 @@ migration runs ``SCHEMA``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -79,8 +79,15 @@ class Store(SQLStore):
         validate.session_id(session)
         return self._transaction("take_steers", session, lambda conn: self.take(conn, session), read_only=True)
 
-    # save_with_steers keeps the base's read-then-write: a DELETE ... RETURNING in autocommit would hand
-    # the steers over before the transcript holding them is saved, and a crash between would lose them.
+    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
+        """A read in autocommit first: with no steers waiting (the usual step) the save is the one-statement
+        append, two round trips in all. Steers are never taken in autocommit: a crash between handing
+        them over and saving the transcript holding them would lose them."""
+        validate.session_id(session)
+        if not self._steers_waiting(session):
+            self.save(session, msgs)
+            return []
+        return super().save_with_steers(session, msgs)
 
     def is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in _TRANSIENT
