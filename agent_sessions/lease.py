@@ -69,18 +69,26 @@ class Lease:
                     f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(got.expires))} (token {got.token[:8]}…)",
                     got,
                 )
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            # Wake when the holder's lease runs out (a dead holder's never renews) or after the backoff.
+            until_expiry = max(0.0, got.expires - time.time()) + 0.001
+            time.sleep(min(pause, until_expiry, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 2, 0.5)
         self._thread = threading.Thread(target=self._heartbeat, name="agent-lease", daemon=True)
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if self._lost is None:
-            self.store.release(self.session, self.mine.token)
+            try:
+                self.store.release(self.session, self.mine.token)
+            except StoreError:
+                if kind is None:
+                    raise
+                # The run is failing already (often because the store is down): that error is the one to
+                # report. The lease is left to expire.
 
     def check(self) -> bool:
         """Raise if the lease is gone; return whether somebody asked this run to stop."""

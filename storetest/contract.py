@@ -78,6 +78,8 @@ class StoreContract(RunStoreContract):
     steers_per_adder: int = 25
     long_transcript: int = 2000
     large_message_bytes: int = 1_000_000
+    huge_text_bytes: int = 10_000_000
+    """A message and a steer this long must round-trip (the hostile-input check)."""
 
     def make_store(self) -> Store:
         raise NotImplementedError("a StoreContract subclass must implement make_store()")
@@ -316,7 +318,47 @@ class StoreContract(RunStoreContract):
         assert store.messages(sid) == kept
         assert store.take_steers(sid) == ["kept steer"]
 
+    def test_ten_megabyte_texts_round_trip_and_touch_nothing_else(self) -> None:
+        store = self.make_store()
+        canary, sid = _ids(2)
+        store.save(canary, _transcript(3, "canary "))
+        huge = "y" * self.huge_text_bytes
+        msgs = [Message.user(huge), _call("c", '{"blob": "' + "z" * (self.huge_text_bytes // 10) + '"}')]
+        store.save(sid, msgs)
+        store.add_steer(sid, huge)
+        assert store.messages(sid) == msgs
+        assert store.take_steers(sid) == [huge]
+        assert store.messages(canary) == _transcript(3, "canary ")
+
     # -- properties ----------------------------------------------------------------------------------
+
+    def test_property_hostile_ids_and_texts_give_a_typed_error_or_a_verbatim_round_trip(self) -> None:
+        store = self.make_store()
+        canary, prefix = _ids(1)[0], uuid.uuid4().hex[:8]
+        kept = _transcript(4, "canary ")
+        store.save(canary, kept)
+
+        @self.hypothesis()
+        @given(strategies.hostile_values, strategies.hostile_values)
+        def check(raw_id: Any, text: Any) -> None:
+            sid = prefix + raw_id if isinstance(raw_id, str) else raw_id
+            try:
+                store.save(sid, [Message.user(text if isinstance(text, str) else repr(text))])
+            except ArgumentError:
+                pass
+            else:
+                assert store.messages(sid) == [Message.user(text if isinstance(text, str) else repr(text))]
+            try:
+                store.add_steer(sid, text)
+            except ArgumentError:
+                pass
+            else:
+                assert store.take_steers(sid) == [text]
+            assert store.messages(canary) == kept
+            assert store.take_steers(canary) == []
+
+        check()
+
 
     def test_property_any_transcript_round_trips(self) -> None:
         store = self.make_store()

@@ -55,3 +55,18 @@ contents = st.one_of(
 
 messages = st.builds(Message, st.sampled_from(list(Role)), st.lists(contents, max_size=4))
 transcripts = st.lists(messages, max_size=12)
+
+# What a hostile caller may pass where a session id or a steer goes: SQL and JSON metacharacters, NUL,
+# lone surrogates, over-long strings, and things that are not strings at all.
+_metachars = st.sampled_from(["'", '"', ";", "--", "/*", "*/", "\\", "%", "_", "$", "{", "}", "\x00", "\ud800",
+                              "' OR '1'='1", "'); DROP TABLE agent_sessions; --", '{"$gt": ""}', " ", "\n"])
+hostile_strings = st.one_of(
+    st.lists(_metachars | st.text(max_size=4), max_size=8).map("".join),
+    st.text(alphabet=st.characters(exclude_categories=()), max_size=40),
+    st.integers(250, 300).map(lambda n: "x" * n),
+)
+hostile_values = st.one_of(
+    hostile_strings,
+    st.none(), st.integers(), st.floats(allow_nan=True), st.binary(max_size=8), st.booleans(),
+    st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=1),
+)

@@ -45,6 +45,7 @@ class ModelServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import requests
+import urllib3
 
 from ..errors import ArgumentError, EndpointError
 
@@ -22,6 +23,8 @@ class HTTPClient:
     Retries connection failures and 408/409/429/5xx/529 up to ``max_retries`` times with exponential
     backoff and jitter, waiting what ``Retry-After`` asks where it is given (capped at ``max_backoff``).
     A read timeout is not retried: a hung endpoint fails within ``timeout`` rather than a multiple of it.
+    ``timeout`` also bounds the whole response: a server that trickles its body a byte at a time (each
+    read arriving before the socket timeout) is cut off once ``timeout`` has passed since the request.
     """
 
     def __init__(
@@ -53,8 +56,9 @@ class HTTPClient:
         data = body.encode("utf-8")
         attempt = 0
         while True:
+            deadline = time.monotonic() + self.timeout
             try:
-                response = self.http.post(url, data=data, timeout=self.timeout)
+                response = self.http.post(url, data=data, timeout=self.timeout, stream=True)
             except requests.ConnectionError as exc:
                 if attempt >= self.max_retries:
                     raise EndpointError(f"cannot reach {url}: {exc}") from exc
@@ -64,10 +68,11 @@ class HTTPClient:
             except requests.RequestException as exc:
                 raise EndpointError(f"request to {url} failed: {exc}") from exc
             if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                response.close()
                 self._sleep(attempt, response.headers.get("retry-after"))
                 attempt += 1
                 continue
-            return _decode(url, response)
+            return _decode(url, response, _read(url, response, deadline, self.timeout))
 
     def _sleep(self, attempt: int, retry_after: str | None) -> None:
         delay = _retry_after_seconds(retry_after)
@@ -93,8 +98,34 @@ def _retry_after_seconds(value: str | None) -> float | None:
     return when.timestamp() - time.time()
 
 
-def _decode(url: str, response: requests.Response) -> dict[str, Any]:
-    text = response.text
+def _read(url: str, response: requests.Response, deadline: float, timeout: float) -> str:
+    """The body, read as it arrives (``read1``: whatever one socket read gives), so that the deadline is
+    checked between reads even when a server sends a byte at a time."""
+    raw: Any = response.raw
+    read = (lambda: raw.read1(65536, decode_content=True)) if hasattr(raw, "read1") else None
+    chunks: list[bytes] = []
+    try:
+        if read is None:  # urllib3 1.x: whole chunks only
+            chunks.extend(response.iter_content(chunk_size=65536))
+        else:
+            while chunk := read():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise EndpointError(
+                        f"{url} did not finish its response within the timeout of {timeout} s",
+                        status=response.status_code,
+                    )
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise EndpointError(
+            f"the response from {url} broke off after {sum(map(len, chunks))} bytes: {exc}",
+            status=response.status_code,
+        ) from exc
+    finally:
+        response.close()
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _decode(url: str, response: requests.Response, text: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except ValueError:

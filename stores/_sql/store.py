@@ -140,7 +140,7 @@ class SQLStore:
         def read(conn: Connection) -> list[Any]:
             return list(self.run(conn, sql.LOAD, {"sid": session}).all())
 
-        rows = self._transaction("messages", session, read, read_only=True)
+        rows = self._transaction("messages", session, read, read_only=True, reads=True)
         if not rows:
             return []
         try:
@@ -168,7 +168,8 @@ class SQLStore:
 
     def _steers_waiting(self, session: str) -> bool:
         row = self._transaction(
-            "take_steers", session, lambda conn: self.run(conn, sql.ANY_STEER, {"sid": session}).first(), read_only=True
+            "take_steers", session, lambda conn: self.run(conn, sql.ANY_STEER, {"sid": session}).first(),
+            read_only=True, reads=True,
         )
         return row is not None
 
@@ -208,7 +209,8 @@ class SQLStore:
     def journal(self, session: str) -> str | None:
         validate.session_id(session)
         body = self._transaction(
-            "journal", session, lambda conn: self.run(conn, sql.JOURNAL, {"sid": session}).scalar(), read_only=True
+            "journal", session, lambda conn: self.run(conn, sql.JOURNAL, {"sid": session}).scalar(),
+            read_only=True, reads=True,
         )
         return None if body is None else str(body)
 
@@ -266,7 +268,8 @@ class SQLStore:
     def holder(self, session: str) -> Holder | None:
         validate.session_id(session)
         current = self._transaction(
-            "holder", session, lambda conn: self.run(conn, sql.HOLDER, {"sid": session}).first(), read_only=True
+            "holder", session, lambda conn: self.run(conn, sql.HOLDER, {"sid": session}).first(),
+            read_only=True, reads=True,
         )
         if current is None:
             return None
@@ -321,9 +324,13 @@ class SQLStore:
             yield conn
 
     def _transaction(
-        self, op: str, session: str, work: Callable[[Connection], T], read_only: bool = False
+        self, op: str, session: str, work: Callable[[Connection], T], read_only: bool = False, reads: bool = False
     ) -> T:
+        """Run ``work`` in one transaction, again on a deadlock or serialisation failure. ``reads``: it
+        only reads, so it is also run once more when its connection turns out dead (a pooled connection
+        from before a server restart); a write is not, since it may have committed before the line went."""
         attempt = 0
+        reconnected = False
         while True:
             try:
                 with self._connection(read_only) as conn:
@@ -332,6 +339,9 @@ class SQLStore:
                 if self.is_transient(exc) and attempt < _RETRIES:
                     attempt += 1
                     time.sleep(0.005 * (2**attempt) * random.random())
+                    continue
+                if reads and exc.connection_invalidated and not reconnected:
+                    reconnected = True
                     continue
                 raise self._error(op, session, exc) from exc
             except SQLAlchemyError as exc:

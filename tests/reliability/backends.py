@@ -1,0 +1,68 @@
+"""The stores the reliability suite runs on, each buildable in another process (a picklable factory),
+in databases of the suite's own so it never disturbs the conformance tests' tables."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, make_url
+
+import agent_sessions as agent
+from tests import servers
+
+DATABASE = "agent_sessions_reliability"
+MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    factory: Callable[[], agent.Store]
+    url: str = ""
+    """The server's URL (empty for SQLite)."""
+
+
+def sql_url(base: str) -> str:
+    return make_url(base).set(database=DATABASE).render_as_string(hide_password=False)
+
+
+def prepare(name: str, tmp: Path) -> Backend:
+    if name == "sqlite":
+        from stores import sqlite
+
+        return Backend(name, functools.partial(sqlite.open, str(tmp / "reliability.db")))
+    if name in ("postgres", "mysql"):
+        url = sql_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL)
+        servers.create_database(url)
+        engine = create_engine(url)
+        servers.fresh_schema(engine)
+        engine.dispose()
+        build = servers.postgres_store if name == "postgres" else servers.mysql_store
+        return Backend(name, functools.partial(build, url), url)
+    if name == "mongodb":
+        import pymongo
+
+        from stores import mongodb
+
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(MONGO_URL)
+        for collection in mongodb.COLLECTIONS:
+            client[DATABASE].drop_collection(collection)
+        client.close()
+        return Backend(name, functools.partial(mongo_store, MONGO_URL), MONGO_URL)
+    raise ValueError(name)
+
+
+def mongo_store(url: str, **client_options: Any) -> agent.Store:
+    import pymongo
+
+    from stores import mongodb
+
+    return mongodb.Store(pymongo.MongoClient(url, **client_options)[DATABASE])
+
+
+STORES = ("sqlite", "postgres", "mysql", "mongodb")

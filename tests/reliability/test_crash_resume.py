@@ -1,0 +1,70 @@
+"""Runs SIGKILLed at random points (mid-save, mid-tool, mid-request), resumed by another process: the
+stored transcript is always one the run could have saved, and every steer arrives exactly once."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import random
+import signal
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import agent_sessions as agent
+
+from . import check, children, figures
+from .backends import Backend
+
+KILLS = int(os.environ.get("AGENT_SESSIONS_KILLS", "50"))
+STEPS = 8
+EVENTS_PER_STEP = 5  # saving, requesting, answered, in a tool, after a tool
+LEASE_TTL = 0.1  # how long a killed child's lease blocks the resume
+
+
+def _reached(log: Path, events: int, child: Any) -> bool:
+    return len(check.lines(log)) >= events or not child.is_alive()
+
+
+def test_runs_killed_at_random_points_resume_from_a_valid_prefix_and_lose_no_steer(
+    backend: Backend, processes: Any, tmp_path: Path
+) -> None:
+    rng = random.Random(f"crash-{backend.name}")
+    store = backend.factory()
+    where: Counter[str] = Counter()
+    sent_total = delivered = 0
+    for cycle in range(KILLS):
+        sid = f"crash-{cycle}-{uuid.uuid4().hex[:8]}"
+        session = agent.open(sid, store)
+        sent = [f"before-{cycle}-a", f"before-{cycle}-b"]
+        for text in sent:
+            session.steer(text)
+        log = tmp_path / f"phases-{cycle}"
+        args = (backend.factory, sid, str(log), STEPS, LEASE_TTL)
+        child = processes.Process(target=children.run_steps, args=args)
+        child.start()
+        # Kill after a random number of the run's events, a random moment into whatever comes next.
+        target = rng.randint(1, STEPS * EVENTS_PER_STEP)
+        check.wait_for(functools.partial(_reached, log, target, child), "the child's run")
+        text = f"during-{cycle}"
+        session.steer(text)
+        sent.append(text)
+        with contextlib.suppress(ProcessLookupError):  # it may have finished (and been reaped) first
+            os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        seen = check.lines(log)
+        where[seen[-1] if seen else "starting"] += 1
+        check.run_transcript(session.messages(), STEPS, sent, complete=False)  # never half a save
+
+        resumer = processes.Process(target=children.run_steps, args=args)
+        resumer.start()
+        resumer.join(120)
+        assert resumer.exitcode == 0, f"the resuming process failed (exit code {resumer.exitcode})"
+        delivered += len(check.run_transcript(session.messages(), STEPS, sent, complete=True))
+        assert store.take_steers(sid) == []
+        sent_total += len(sent)
+    assert delivered == sent_total
+    figures.record("crash and resume", backend.name, runs_killed=KILLS - where["finished"],
+                   killed_while=dict(where), resumes=KILLS, steers_sent=sent_total, steers_delivered=delivered)
