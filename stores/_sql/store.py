@@ -9,10 +9,12 @@ of one session queue behind each other instead of deadlocking.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -75,6 +77,7 @@ class SQLStore:
             )
         self.engine = engine
         self._known = Known(remember)
+        _dispose_after_fork(self)
 
     # -- the Store protocol --------------------------------------------------------------------------
 
@@ -359,6 +362,21 @@ class SQLStore:
 
     def __repr__(self) -> str:
         return f"{type(self).__module__}.Store({self.engine.url!r})"
+
+
+def _dispose_after_fork(store: SQLStore) -> None:
+    """A forked child (a Celery or gunicorn prefork worker) must not talk over its parent's sockets: two
+    processes on one connection interleave their bytes. So the child drops the pool it inherited,
+    without closing those connections (they are still the parent's), and opens its own."""
+    ref = weakref.ref(store)
+
+    def forked() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.engine.dispose(close=False)
+            alive._known = Known(alive._known.size)
+
+    os.register_at_fork(after_in_child=forked)
 
 
 _TABLE_NAME = re.compile(r"\b(?:" + "|".join(t.name for t in TABLES) + r")\b")

@@ -1,0 +1,71 @@
+"""A Celery task that runs one turn of a session, resuming from the store.
+
+    celery -A examples.celery_worker.tasks worker -c 2
+
+The turn's input is whatever waits in the session: a web view or a management command leaves the
+user's message as a steer (``agent.open(id, store).steer(text)``) and enqueues ``run_turn.delay(id)``.
+A steer left while the task runs lands in the run, before its next model request.
+
+The broker defaults to kombu's SQLAlchemy transport on a SQLite file (no server needed); set
+CELERY_BROKER_URL for Redis (redis://127.0.0.1:6379/0) or RabbitMQ (amqp://guest@127.0.0.1//).
+
+A worker killed mid-turn: with ``acks_late`` and ``reject_on_worker_lost`` the broker hands the task
+to another worker process, whose run waits out the dead one's lease and resumes from the store: the
+tool journal keeps a non-idempotent tool from running twice.
+
+The store is made here, at import, in the worker's parent process, before the pool forks: the SQL
+stores dispose of an inherited connection pool in each forked child (SQLite reopens its file), so no
+connection is shared across processes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+import agent_sessions as agent
+from stores import sqlite
+
+STATE = Path(os.environ.get("CELERY_EXAMPLE_STATE", "/tmp/agent-sessions-celery"))
+STATE.mkdir(parents=True, exist_ok=True)
+
+app = Celery("agent_sessions_example", broker=os.environ.get("CELERY_BROKER_URL", f"sqla+sqlite:///{STATE}/broker.db"))
+app.conf.update(
+    task_acks_late=True,  # acknowledged when the turn is over, not when it starts...
+    task_reject_on_worker_lost=True,  # ...so a worker that dies mid-turn hands it back
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+)
+
+store = sqlite.open(os.environ.get("AGENT_SESSIONS_DB", str(STATE / "sessions.db")))
+endpoint = agent.endpoints.OpenAIChat(os.environ.get("AGENT_MODEL_URL", "http://127.0.0.1:8080/v1"),
+                                      os.environ.get("AGENT_MODEL", "local"))
+
+
+@agent.tool(idempotent=False)
+def file_ticket(title: str) -> str:
+    """File a ticket in the tracker (not idempotent: a second call files a second ticket).
+
+    Args:
+        title: the ticket's title
+    """
+    with open(STATE / "tickets.log", "a") as f:
+        f.write(f"{os.getpid()} {title}\n")
+    if title.startswith("slow"):  # the tests kill the worker here
+        import time
+
+        time.sleep(60)
+    return f"filed: {title}"
+
+
+@app.task(name="run_turn")
+def run_turn(session_id: str) -> dict[str, Any]:
+    session = agent.open(session_id, store)
+    spec = agent.Spec(session=session, tools=[file_ticket], max_steps=8, lease_ttl=2.0, lease_wait=30.0)
+    with open(STATE / "workers.log", "a") as f:
+        f.write(f"{os.getpid()} {session_id}\n")
+    result = agent.Runner().run(spec, session.messages(), endpoint)
+    return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason, "pid": os.getpid()}

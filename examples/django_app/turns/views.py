@@ -1,0 +1,41 @@
+"""POST /sessions/<id>/turn starts a turn on a thread of this process and answers 202 at once; the
+transcript, read from the store, shows where it has got to. Steer it with manage.py steer."""
+
+from __future__ import annotations
+
+import json
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+import agent_sessions as agent
+
+from . import agent as setup
+
+
+@csrf_exempt
+@require_POST
+def turn(request: HttpRequest, session_id: str) -> JsonResponse:
+    try:
+        body = json.loads(request.body or b"{}")
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise agent.ArgumentError('the body must be a JSON object with a string "text"')
+        spec = setup.spec(session_id)
+        msgs = [*setup.store().messages(session_id), agent.Message.user(text)]
+        agent.Runner().start(spec, msgs, setup.endpoint())
+    except (ValueError, agent.ArgumentError) as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    return JsonResponse({"session": session_id, "started": True}, status=202)
+
+
+@require_GET
+def transcript(request: HttpRequest, session_id: str) -> JsonResponse:
+    try:
+        session = agent.open(session_id, setup.store())
+        holder = session.holder()
+        messages = [m.to_dict() for m in session.messages()]
+    except agent.ArgumentError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    return JsonResponse({"session": session_id, "messages": messages, "running": holder is not None})

@@ -1,0 +1,143 @@
+"""examples/celery_worker with real Celery worker processes: a steer lands in a running task, and a
+worker killed mid-turn hands the task to another process, which resumes from the store without running
+the non-idempotent tool again. Broker: kombu's SQLAlchemy transport on SQLite (no server), and Redis
+when one is listening."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agent_sessions as agent
+from stores import sqlite
+from tests.model_server import ModelServer, Reply, Request, openai
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _redis_listening() -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", 6379)) == 0
+
+
+BROKERS = ["sqla+sqlite"] + (["redis"] if _redis_listening() else [])
+
+
+class Workers:
+    def __init__(self, state: Path, model: ModelServer, broker: str) -> None:
+        self.state = state
+        self.broker = broker
+        self.env = {**os.environ, "CELERY_EXAMPLE_STATE": str(state), "AGENT_MODEL_URL": model.url + "/v1",
+                    "CELERY_BROKER_URL": broker, "PYTHONPATH": str(ROOT)}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str) -> None:
+        self.procs.append(subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "examples.celery_worker.tasks", "worker", "-c", "1",
+             "-P", "prefork", "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+             "-l", "info"], env=self.env, cwd=ROOT, stdout=open(self.state / f"{name}.log", "wb"),
+            stderr=subprocess.STDOUT))
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGQUIT)  # a cold shutdown: the tests wait for nothing in flight
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if self.broker.startswith("redis://"):
+            import redis
+
+            redis.Redis.from_url(self.broker).flushdb()  # db 9: this test's own
+
+    def logs(self) -> str:
+        return "\n".join((self.state / f).read_text(errors="replace") for f in os.listdir(self.state)
+                         if f.endswith(".log"))
+
+
+@pytest.fixture(params=BROKERS)
+def workers(request: pytest.FixtureRequest, tmp_path: Path, model: ModelServer) -> Iterator[Workers]:
+    broker = f"sqla+sqlite:///{tmp_path}/broker.db" if request.param == "sqla+sqlite" else "redis://127.0.0.1:6379/9"
+    w = Workers(tmp_path, model, broker)
+    yield w
+    w.stop()
+
+
+def producer(workers: Workers) -> Any:
+    from celery import Celery
+
+    return Celery("producer", broker=workers.broker)
+
+
+def held(event: threading.Event, reply: Reply) -> Any:
+    def answer(request: Request) -> Reply:
+        assert event.wait(60)
+        return reply
+    return answer
+
+
+def wait(check: Any, what: str, workers: Workers, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{workers.logs()[-3000:]}")
+        time.sleep(0.05)
+
+
+def answered(store: sqlite.Store, sid: str) -> bool:
+    msgs = store.messages(sid)
+    return bool(msgs) and msgs[-1].role is agent.Role.ASSISTANT and not msgs[-1].tool_calls
+
+
+def test_a_steer_left_while_the_task_runs_lands_in_the_run(workers: Workers, model: ModelServer) -> None:
+    workers.start("w1")
+    store = sqlite.open(workers.state / "sessions.db")
+    session = agent.open("celery-steer", store)
+    session.steer("review lease.go")
+    steered = threading.Event()
+    model.push(held(steered, openai(calls=[("c1", "file_ticket", '{"title": "expiry uses <"}')])),
+               openai("filed and checked"))
+    producer(workers).send_task("run_turn", args=["celery-steer"])
+    wait(lambda: len(model.requests) >= 1, "the task's first model request", workers)
+    session.steer("and check the renewal path")
+    steered.set()
+    wait(lambda: answered(store, "celery-steer"), "the task's answer", workers)
+    texts = [m.text for m in store.messages("celery-steer")]
+    assert texts[0] == "review lease.go" and texts[3] == "and check the renewal path"
+    assert model.requests[1].json["messages"][-1] == {"role": "user", "content": "and check the renewal path"}
+
+
+def test_a_worker_killed_mid_turn_is_resumed_by_another_without_repeating_the_tool(
+    workers: Workers, model: ModelServer
+) -> None:
+    workers.start("w1")
+    workers.start("w2")
+    store = sqlite.open(workers.state / "sessions.db")
+    agent.open("celery-kill", store).steer("file the ticket")
+    model.push(openai(calls=[("c1", "file_ticket", '{"title": "slow: expiry uses <"}')]), openai("done"))
+    producer(workers).send_task("run_turn", args=["celery-kill"])
+    tickets = workers.state / "tickets.log"
+    wait(lambda: tickets.exists() and tickets.read_text().strip() != "", "the tool to start", workers)
+    victim = int(tickets.read_text().split()[0])
+    os.kill(victim, signal.SIGKILL)  # the pool process running the turn, mid-tool
+    wait(lambda: answered(store, "celery-kill"), "another worker to finish the turn", workers)
+    runs = [line.split() for line in (workers.state / "workers.log").read_text().splitlines()]
+    pids = [int(pid) for pid, sid in runs if sid == "celery-kill"]
+    assert len(pids) == 2 and pids[0] == victim and pids[1] != victim
+    assert len(tickets.read_text().splitlines()) == 1, "the non-idempotent tool ran again"
+    msgs = store.messages("celery-kill")
+    assert agent.orphaned_tool_calls(msgs) == []
+    assert msgs[2].content[0].is_error and "outcome of this call is unknown" in msgs[2].content[0].text
+    assert msgs[-1].text == "done"

@@ -1,0 +1,157 @@
+"""examples/django_app: a view starts a turn, `manage.py steer` steers it, the store comes from Django's
+own DATABASES; in-process (Django's test client, call_command) and as a real `runserver`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests import servers
+from tests.model_server import ModelServer, Reply, Request, openai
+
+ROOT = Path(__file__).resolve().parents[1]
+MANAGE = ROOT / "examples" / "django_app" / "manage.py"
+
+
+@pytest.fixture(scope="module")
+def django_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    state = tmp_path_factory.mktemp("django")
+    os.environ["DJANGO_APP_STATE"] = str(state)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "examples.django_app.project.settings"
+    import django
+
+    django.setup()
+    yield state
+
+
+def steer_held_until(steered: threading.Event, reply: Reply) -> Any:
+    """A model reply that waits until the test has steered: the steer must land in the next request."""
+    def answer(request: Request) -> Reply:
+        assert steered.wait(10)
+        return reply
+    return answer
+
+
+def wait_for_request(model: ModelServer) -> None:
+    deadline = time.monotonic() + 20
+    while not model.requests:
+        assert time.monotonic() < deadline, "the run made no model request"
+        time.sleep(0.01)
+
+
+def wait_for_answer(get: Any, timeout: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = get()
+        if not state["running"] and state["messages"] and state["messages"][-1]["role"] == "assistant":
+            return state  # type: ignore[no-any-return]
+        time.sleep(0.05)
+    raise AssertionError(f"no answer within {timeout} s")
+
+
+def test_a_view_starts_a_turn_and_the_management_command_steers_it(django_state: Path, model: ModelServer) -> None:
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import Client
+
+    settings.AGENT_MODEL_URL = model.url + "/v1"
+    steered = threading.Event()
+    model.push(steer_held_until(steered, openai(calls=[("c1", "read_file", '{"path": "lease.go"}')])),
+               openai("the expiry is compared with <, not <="))
+    client = Client()
+    started = client.post("/sessions/dj-1/turn", data=json.dumps({"text": "review lease.go"}),
+                          content_type="application/json")
+    assert started.status_code == 202
+    wait_for_request(model)  # the run is inside its first request: the steer must wait for the next
+    call_command("steer", "dj-1", "check the expiry, not the token")
+    steered.set()
+    state = wait_for_answer(lambda: client.get("/sessions/dj-1").json())
+    texts = [m["content"][0].get("text", "") for m in state["messages"]]
+    assert texts[0] == "review lease.go" and texts[-1] == "the expiry is compared with <, not <="
+    assert texts[3] == "check the expiry, not the token"  # after the call and its result: where the run was
+    assert model.requests[1].json["messages"][-1] == {"role": "user", "content": "check the expiry, not the token"}
+    bad = client.post("/sessions/dj-1/turn", data="{", content_type="application/json")
+    assert bad.status_code == 400 and "error" in bad.json()
+
+
+def test_the_store_lives_in_djangos_own_database_file(django_state: Path) -> None:
+    from examples.django_app.turns import agent as setup
+
+    assert Path(setup.store().engine.url.database or "") == django_state / "django.sqlite3"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_real_runserver_and_a_steer_from_another_process(tmp_path: Path, model: ModelServer) -> None:
+    port = _free_port()
+    env = {**os.environ, "DJANGO_APP_STATE": str(tmp_path), "AGENT_MODEL_URL": model.url + "/v1",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    steered = threading.Event()
+    model.push(steer_held_until(steered, openai(calls=[("c1", "read_file", '{"path": "token.go"}')])),
+               openai("done"))
+    server = subprocess.Popen([sys.executable, str(MANAGE), "runserver", f"127.0.0.1:{port}", "--noreload"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.get(f"{base}/sessions/warmup", timeout=1)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline and server.poll() is None, "runserver did not come up"
+                time.sleep(0.1)
+        assert requests.post(f"{base}/sessions/dj-real/turn", json={"text": "review token.go"},
+                             timeout=5).status_code == 202
+        wait_for_request(model)
+        out = subprocess.run([sys.executable, str(MANAGE), "steer", "dj-real", "look at the renewal path"],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "steered dj-real" in out.stdout, out.stderr
+        steered.set()
+        state = wait_for_answer(lambda: requests.get(f"{base}/sessions/dj-real", timeout=5).json())
+        assert [m["content"][0].get("text") for m in state["messages"]][3] == "look at the renewal path"
+        refused = subprocess.run([sys.executable, str(MANAGE), "steer", "dj-real", ""], env=env,
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "must not be empty" in refused.stderr
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_migrate_creates_the_store_tables_on_postgresql(tmp_path: Path) -> None:
+    url = servers.POSTGRES_URL.rsplit("/", 1)[0] + "/agent_sessions_django"
+    servers.create_database(url)
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
+                      "django_migrations"):
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+    env = {**os.environ, "DJANGO_DB_URL": url.replace("postgresql+psycopg", "postgresql"),
+           "DJANGO_APP_STATE": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    for args in (["migrate", "--noinput"], ["steer", "dj-pg", "from a migrated database"]):
+        out = subprocess.run([sys.executable, str(MANAGE), *args], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+    from stores import postgres
+
+    assert postgres.Store(engine).take_steers("dj-pg") == ["from a migrated database"]
+    engine.dispose()

@@ -1,0 +1,71 @@
+"""A store made before a prefork server forks (Celery, gunicorn) works in each child on connections of
+the child's own, and the parent's connections survive the child."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from sqlalchemy import make_url, text
+
+import agent_sessions as agent
+from stores import sqlite
+from stores._sql import SQLStore
+from tests import servers
+
+SERVER_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+
+
+def _backend_id(store: SQLStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(text(SERVER_ID[store.engine.dialect.name])).scalar_one())
+
+
+def _in_child(work: object) -> str:
+    """Run ``work`` in a forked child; return what it reported (or its exception's text)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        try:
+            out = str(work())  # type: ignore[operator]
+        except BaseException as exc:  # noqa: BLE001
+            out = f"error: {type(exc).__name__}: {exc}"
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+@pytest.mark.parametrize("base", [servers.POSTGRES_URL, servers.MYSQL_URL], ids=["postgres", "mysql"])
+def test_a_forked_child_opens_connections_of_its_own(base: str) -> None:
+    url = make_url(base).set(database="agent_sessions_fork").render_as_string(hide_password=False)
+    servers.create_database(url)
+    store: SQLStore = (servers.postgres_store if url.startswith("postgresql") else servers.mysql_store)(url)
+    servers.fresh_schema(store.engine)
+    sid = f"fork-{os.getpid()}"
+    store.save(sid, [agent.Message.user("parent")])
+    parent_id = _backend_id(store)
+
+    def child() -> str:
+        store.save(sid, [agent.Message.user("parent"), agent.Message.user("child")])
+        return f"{_backend_id(store)} {len(store.messages(sid))}"
+
+    child_id, seen = _in_child(child).split()
+    assert int(child_id) != parent_id, "the child talked over the parent's connection"
+    assert seen == "2"
+    assert _backend_id(store) == parent_id  # the parent's pooled connection is still alive
+    assert store.messages(sid) == [agent.Message.user("parent"), agent.Message.user("child")]
+
+
+def test_a_forked_child_reopens_the_sqlite_file(tmp_path: Path) -> None:
+    store = sqlite.open(tmp_path / "fork.db")
+    store.save("s", [agent.Message.user("parent")])
+    out = _in_child(lambda: (store.save("s", [agent.Message.user("parent"), agent.Message.user("child")]),
+                             len(store.messages("s")))[1])
+    assert out == "2"
+    assert store.messages("s")[-1] == agent.Message.user("child")
