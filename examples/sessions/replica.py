@@ -41,7 +41,7 @@ def main() -> None:
         session.steer(args.text)
     else:
         endpoint = agent.endpoints.OpenAIChat(args.base_url, args.model, args.api_key,
-                                              extra={"temperature": 0})
+                                              extra={"temperature": 0, "max_tokens": 256})
         spec = agent.Spec(max_steps=args.max_steps, session=session, tools=TOOLS, system=SYSTEM)
         msgs = []  # replica A knows nothing: whatever is waiting in the store is the conversation
         if args.role == "resume":
