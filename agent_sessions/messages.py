@@ -39,6 +39,7 @@ _REQUIRED_NON_EMPTY: dict[ContentType, tuple[str, ...]] = {
     ContentType.TOOL_RESULT: ("tool_call_id",),
 }
 _STR_FIELDS = ("text", "id", "name", "arguments", "tool_call_id")
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +173,7 @@ class Message:
         surrogates or NUL in a text round-trip as escapes instead of failing inside a driver."""
         cached = self._json
         if cached is None:
-            cached = json.dumps(self.to_dict(), separators=(",", ":"))
+            cached = _ENCODE(self.to_dict())
             object.__setattr__(self, "_json", cached)
         return cached
 

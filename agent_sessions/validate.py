@@ -53,6 +53,14 @@ def steer_text(value: object, where: str = "steer") -> str:
 def messages(value: object, where: str = "messages", trusted: Sequence[Message] = ()) -> tuple[Message, ...]:
     """``trusted`` is a transcript already checked (what a store last saved): when ``value`` starts with
     it, only the rest is checked, so an appending save does not re-check the whole transcript."""
+    return messages_after(value, trusted, where)[0]
+
+
+def messages_after(
+    value: object, trusted: Sequence[Message], where: str = "messages"
+) -> tuple[tuple[Message, ...], int]:
+    """``messages``, also saying how many leading messages are ``trusted`` ones: ``len(trusted)`` when
+    ``value`` extends it, else 0."""
     if isinstance(value, (str, bytes, Message)) or not isinstance(value, Iterable):
         raise ArgumentError(f"{where} must be a list of Message, got {type(value).__name__}")
     items = tuple(value)
@@ -61,7 +69,7 @@ def messages(value: object, where: str = "messages", trusted: Sequence[Message] 
         item = items[i]
         if not isinstance(item, Message):
             raise ArgumentError(f"{where}[{i}] must be a Message, got {type(item).__name__}")
-    return items
+    return items, start
 
 
 def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:

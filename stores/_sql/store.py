@@ -92,11 +92,12 @@ class SQLStore:
     def _save(self, session: str, msgs: Sequence[Message], take: bool) -> list[str]:
         validate.session_id(session)
         known = self._known.get(session)
-        items = validate.messages(msgs, trusted=known[1] if known is not None else ())
-        shared = 0 if known is None else common_prefix(known[1], items)
+        items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
+        if known is not None and shared < len(known[1]):
+            shared = common_prefix(known[1], items)  # diverged, or not the objects it saved: compare
         for m in items[shared:]:
             m.to_json()  # encode before the transaction opens: no lock is held while we serialise
-        version = uuid.uuid4().hex
+        version = os.urandom(16).hex()
         if not take and known is not None and shared == len(known[1]) < len(items):
             try:
                 appended = self.append(session, known[0], version, items, shared)

@@ -4,6 +4,7 @@ open, since a file has no one else to coordinate a migration with."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,16 +51,30 @@ class Store(SQLStore):
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
-        """Each thread keeps one connection of the file: checking one out of the pool for every
-        transaction costs as much as the transaction's statements. A forked child opens its own."""
+        """Each thread keeps one connection of the file (checking one out of the pool for every
+        transaction cost as much as the transaction's statements; a forked child opens its own), and
+        the transaction is begun and ended on the driver. Should a statement go through SQLAlchemy
+        (the upsert, or any statement while something listens for cursor events), SQLAlchemy begins its
+        own transaction on top of ours (its begin event sees one open and sends nothing) and ends it."""
         held: tuple[int, Connection] | None = getattr(self._local, "held", None)
         if held is None or held[0] != os.getpid() or held[1].closed or held[1].invalidated:
             held = (os.getpid(), self.engine.connect())
             self._local.held = held
         conn = held[1]
-        conn.execution_options(sqlite_begin="BEGIN" if read_only else "BEGIN IMMEDIATE")
-        with conn.begin():
+        driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+        _driver_execute(driver, "BEGIN" if read_only else "BEGIN IMMEDIATE")
+        try:
             yield conn
+        except BaseException:
+            if conn.in_transaction():
+                conn.rollback()
+            elif driver.in_transaction:
+                _driver_execute(driver, "ROLLBACK")
+            raise
+        if conn.in_transaction():
+            conn.commit()
+        else:
+            _driver_execute(driver, "COMMIT")
 
     def is_transient(self, exc: DBAPIError) -> bool:
         return "database is locked" in str(exc.orig)
@@ -98,8 +113,16 @@ def _configure(engine: Engine, synchronous: str) -> None:
 
     @event.listens_for(engine, "begin")
     def begin(conn: Any) -> None:
-        # Straight to the driver: through SQLAlchemy's execution machinery this costs a tenth of a save.
-        conn.connection.dbapi_connection.execute(conn.get_execution_options().get("sqlite_begin", "BEGIN IMMEDIATE"))
+        dbapi_connection = conn.connection.dbapi_connection
+        if not dbapi_connection.in_transaction:  # the store began it already (see Store._connection)
+            dbapi_connection.execute("BEGIN IMMEDIATE")
+
+
+def _driver_execute(driver: sqlite3.Connection, sql: str) -> None:
+    try:
+        driver.execute(sql)
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 
 
 __all__ = ["Store", "open"]
