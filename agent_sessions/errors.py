@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .lease import Holder
+
 
 class AgentError(Exception):
     """Root of every error this library raises on purpose."""
@@ -48,7 +53,7 @@ class SessionExists(AgentError):
 class SessionBusy(AgentError):
     """Another live run holds the session's lease. ``holder`` says who, and until when."""
 
-    def __init__(self, message: str, holder: object) -> None:
+    def __init__(self, message: str, holder: Holder) -> None:
         self.holder = holder
         super().__init__(message)
 
