@@ -7,7 +7,7 @@ Values are bound by name at execution.
 
 from __future__ import annotations
 
-from sqlalchemy import BindParameter, and_, bindparam, delete, insert, select, update
+from sqlalchemy import BindParameter, and_, bindparam, delete, exists, insert, select, update
 
 from .tables import journals, messages, runs, sessions, steers
 
@@ -19,6 +19,9 @@ CLAIM = (
     .values(version=bindparam("new_version"), length=bindparam("new_length"))
 )
 """Take the session row if it still has the version this process knows (and lock it either way)."""
+
+CLAIM_UNSTEERED = CLAIM.where(~exists().where(steers.c.session_id == SID))
+"""CLAIM, only while no steer waits: a step with nothing to take is then one statement fewer."""
 
 TRIM = delete(messages).where(and_(messages.c.session_id == SID, messages.c.seq >= bindparam("start")))
 CLEAR = delete(messages).where(messages.c.session_id == SID)

@@ -98,9 +98,9 @@ class SQLStore:
         for m in items[shared:]:
             m.to_json()  # encode before the transaction opens: no lock is held while we serialise
         version = os.urandom(16).hex()
-        if not take and known is not None and shared == len(known[1]) < len(items):
+        if known is not None and shared == len(known[1]) < len(items):
             try:
-                appended = self.append(session, known[0], version, items, shared)
+                appended = self.append(session, known[0], version, items, shared, unsteered=take)
             except BaseException:
                 self._known.forget(session)
                 raise
@@ -112,11 +112,20 @@ class SQLStore:
 
         def write(conn: Connection) -> None:
             nonlocal saved, taken
-            waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
-            taken = self.take(conn, session) if waiting else []
+            claim = {"sid": session, "known": known[0] if known else "", "new_version": version,
+                     "new_length": len(items)}
+            # The usual step, in one statement: claim the row by version unless steers are waiting.
+            if take and known is not None and self.run(conn, sql.CLAIM_UNSTEERED, claim).rowcount == 1:
+                claimed = True
+                taken = []
+            else:
+                claimed = False
+                waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
+                taken = self.take(conn, session) if waiting else []
             saved = items + tuple(Message.user(text) for text in taken)
             start = 0
-            if known is not None and self._claim(conn, session, known[0], version, len(saved)):
+            if claimed or (known is not None and self._claim(conn, session, known[0], version, len(saved))):
+                assert known is not None  # claimed implies it
                 start = shared
                 if start < len(known[1]):
                     self.run(conn, sql.TRIM, {"sid": session, "start": start})
@@ -295,9 +304,12 @@ class SQLStore:
     def upsert_session(self, session: str, version: str, length: int) -> Any:
         raise NotImplementedError
 
-    def append(self, session: str, known: str, version: str, items: tuple[Message, ...], start: int) -> bool:
-        """Append ``items[start:]`` if the stored version is still ``known``, in one statement; ``False``
-        when it is not (or the dialect has no such statement): save then runs its transaction."""
+    def append(
+        self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
+    ) -> bool:
+        """Append ``items[start:]`` in one statement if the stored version is still ``known`` (and, when
+        ``unsteered``, no steer waits); ``False`` when not, or when the dialect has no such statement:
+        the save then runs its transaction."""
         return False
 
     def take(self, conn: Connection, session: str) -> list[str]:

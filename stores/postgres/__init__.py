@@ -3,7 +3,7 @@ migration runs ``SCHEMA``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,22 +26,27 @@ SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no
 
 # One statement, so one round trip in autocommit: claim the session row by its version and append the new
 # messages only if the claim matched. Either both happen or neither does.
-_APPEND = text(
+_CLAIM = (
     "WITH claim AS (UPDATE agent_sessions SET version = :new_version, length = :new_length "
-    "WHERE session_id = :sid AND version = :known RETURNING session_id) "
+    "WHERE session_id = :sid AND version = :known{guard} RETURNING session_id) "
     "INSERT INTO agent_messages (session_id, seq, body) "
     "SELECT claim.session_id, v.seq, v.body FROM claim, "
     "unnest(CAST(:seqs AS INTEGER[]), CAST(:bodies AS TEXT[])) AS v(seq, body)"
 )
+_APPEND = text(_CLAIM.format(guard=""))
+_APPEND_UNSTEERED = text(_CLAIM.format(guard=" AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid)"))
+"""The usual step of a run, whole: no steer waits, so the claim and the insert are all there is to do."""
 
 # 40001 serialization_failure, 40P01 deadlock_detected: safe to run the transaction again.
 _TRANSIENT = {"40001", "40P01"}
 
 
 class Store(SQLStore):
-    """Reads, and taking steers, are single statements run in autocommit: one round trip each instead of
-    three (BEGIN, the statement, COMMIT). A single statement sees one snapshot and is atomic on its own,
-    so a DELETE ... RETURNING still hands each steer to exactly one taker."""
+    """Reads, taking steers, and the usual step's save are single statements run in autocommit: one
+    round trip each instead of three (BEGIN, the statement, COMMIT). A single statement sees one
+    snapshot and is atomic on its own, so a DELETE ... RETURNING still hands each steer to exactly one
+    taker. Steers are never taken with the save in autocommit: when some wait, the save runs its
+    transaction, so a crash cannot hand them over without the transcript that holds them."""
 
     backend = "PostgreSQL"
     schema_hint = "create the tables by running stores.postgres.SCHEMA in your migration"
@@ -67,27 +72,20 @@ class Store(SQLStore):
         with self._autocommit.connect() as conn:
             yield conn
 
-    def append(self, session: str, known: str, version: str, items: tuple[Message, ...], start: int) -> bool:
+    def append(
+        self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
+    ) -> bool:
         params = {"sid": session, "known": known, "new_version": version, "new_length": len(items),
                   "seqs": list(range(start, len(items))), "bodies": [m.to_json() for m in items[start:]]}
+        statement = _APPEND_UNSTEERED if unsteered else _APPEND
         inserted = self._transaction(
-            "save", session, lambda conn: conn.execute(_APPEND, params).rowcount, read_only=True
+            "save", session, lambda conn: conn.execute(statement, params).rowcount, read_only=True
         )
         return bool(inserted == len(items) - start)
 
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)
         return self._transaction("take_steers", session, lambda conn: self.take(conn, session), read_only=True)
-
-    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
-        """A read in autocommit first: with no steers waiting (the usual step) the save is the one-statement
-        append, two round trips in all. Steers are never taken in autocommit: a crash between handing
-        them over and saving the transcript holding them would lose them."""
-        validate.session_id(session)
-        if not self._steers_waiting(session):
-            self.save(session, msgs)
-            return []
-        return super().save_with_steers(session, msgs)
 
     def is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in _TRANSIENT
