@@ -298,6 +298,28 @@ class RunStoreContract:
         assert waiting.wait(30).stop_reason == "answered"
         assert agent.open(sid, store).holder() is None
 
+    def test_a_run_whose_lease_was_taken_over_stops_rather_than_write_beside_the_new_holder(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+
+        @agent.tool
+        def step(n: int) -> str:
+            """The lease is taken over meanwhile (as if this run had stalled past its expiry)."""
+            if n == 0:
+                later = time.time() + 3600
+                taken = self.another(store).acquire(sid, _holder("f" * 32, later + 30), later)
+                assert taken.token == "f" * 32
+            return "ok"
+
+        with pytest.raises(agent.LeaseLost, match="took it over"):
+            agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[step], max_steps=5),
+                               [Message.user("go")], ToolsThenAnswer(["step", "step"], rounds=5))
+        stored = store.messages(sid)
+        assert stored == [Message.user("go")]  # nothing written after the takeover
+        assert_no_orphans(stored)
+        holder = store.holder(sid)
+        assert holder is not None and holder.token == "f" * 32  # the new holder's lease was left alone
+
     # -- cancel --------------------------------------------------------------------------------------
 
     def test_cancel_from_another_store_object_stops_the_run_before_its_next_request(self) -> None:
