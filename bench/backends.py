@@ -9,18 +9,19 @@ from typing import Any
 
 import agent_sessions as agent
 
-MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
 BENCH_DB = "agent_sessions_bench"
 
 
-def sql_url(name: str) -> Any:
-    from sqlalchemy import make_url
-
+def sql_url(name: str) -> str:
     from tests import servers  # the URLs, CREATE DATABASE and SCHEMA step the tests use
 
-    url = make_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL).set(database=BENCH_DB)
-    servers.create_database(url.render_as_string(hide_password=False))
-    return url
+    return servers.database_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL, BENCH_DB)
+
+
+def mongo_url() -> str:
+    from tests import servers
+
+    return servers.MONGO_URL
 
 
 def engine(name: str) -> Any:
@@ -38,7 +39,7 @@ def mongo_database() -> Any:
 
     from stores import mongodb
 
-    db = pymongo.MongoClient(MONGO_URL)[BENCH_DB]
+    db = pymongo.MongoClient(mongo_url())[BENCH_DB]
     for collection in mongodb.COLLECTIONS:
         db.drop_collection(collection)
     mongodb.create_indexes(db)
@@ -80,17 +81,9 @@ def store_factory(name: str, tmp: str) -> Any:
 
         return functools.partial(sqlite.open, str(Path(tmp) / "steers.db"))
     if name == "postgres":
-        return functools.partial(servers.postgres_store, sql_url(name).render_as_string(hide_password=False))
+        return functools.partial(servers.postgres_store, sql_url(name))
     if name == "mysql":
-        return functools.partial(servers.mysql_store, sql_url(name).render_as_string(hide_password=False))
+        return functools.partial(servers.mysql_store, sql_url(name))
     if name == "mongodb":
-        return functools.partial(_mongo_store, MONGO_URL)
+        return functools.partial(servers.mongo_store, servers.MONGO_URL, BENCH_DB)
     return None
-
-
-def _mongo_store(url: str) -> agent.Store:
-    import pymongo
-
-    from stores import mongodb
-
-    return mongodb.Store(pymongo.MongoClient(url)[BENCH_DB])

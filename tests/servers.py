@@ -7,10 +7,12 @@ the defaults are the servers a python-svc machine runs.
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import pymongo
 from sqlalchemy import Engine, create_engine, make_url, text
 
-from stores import mysql, postgres
+from stores import mongodb, mysql, postgres
 
 POSTGRES_URL = os.environ.get(
     "AGENT_SESSIONS_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/agent_sessions_test"
@@ -18,6 +20,7 @@ POSTGRES_URL = os.environ.get(
 MYSQL_URL = os.environ.get(
     "AGENT_SESSIONS_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/agent_sessions_test?charset=utf8mb4"
 )
+MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
 
 
 def create_database(url: str) -> None:
@@ -35,6 +38,13 @@ def create_database(url: str) -> None:
         with admin.connect() as conn:
             conn.exec_driver_sql(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
     admin.dispose()
+
+
+def database_url(base: str, database: str) -> str:
+    """``base`` pointed at ``database``, which is created if it is missing: a suite's own database."""
+    url = make_url(base).set(database=database).render_as_string(hide_password=False)
+    create_database(url)
+    return url
 
 
 def fresh_schema(engine: Engine) -> None:
@@ -55,3 +65,7 @@ def postgres_store(url: str = POSTGRES_URL) -> postgres.Store:
 
 def mysql_store(url: str = MYSQL_URL) -> mysql.Store:
     return mysql.Store(create_engine(url, pool_size=2))
+
+
+def mongo_store(url: str = MONGO_URL, database: str = "agent_sessions_test", **client_options: Any) -> mongodb.Store:
+    return mongodb.Store(pymongo.MongoClient(url, **client_options)[database])

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from sqlalchemy import make_url, text
+from sqlalchemy import text
 
 import agent_sessions as agent
 from stores import sqlite
@@ -43,8 +43,7 @@ def _in_child(work: object) -> str:
 
 @pytest.mark.parametrize("base", [servers.POSTGRES_URL, servers.MYSQL_URL], ids=["postgres", "mysql"])
 def test_a_forked_child_opens_connections_of_its_own(base: str) -> None:
-    url = make_url(base).set(database="agent_sessions_fork").render_as_string(hide_password=False)
-    servers.create_database(url)
+    url = servers.database_url(base, "agent_sessions_fork")
     store: SQLStore = (servers.postgres_store if url.startswith("postgresql") else servers.mysql_store)(url)
     servers.fresh_schema(store.engine)
     sid = f"fork-{os.getpid()}"

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,13 +11,10 @@ from pymongo.database import Database
 import agent_sessions as agent
 import storetest
 from stores import mongodb
+from tests import servers
 
-MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
+MONGO_URL = servers.MONGO_URL
 DATABASE = "agent_sessions_test"
-
-
-def mongo_store(url: str = MONGO_URL) -> mongodb.Store:
-    return mongodb.Store(pymongo.MongoClient(url)[DATABASE])
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +47,7 @@ class TestMongoDBStoreKeepsTheContract(storetest.StoreContract):
         return mongodb.Store(self.database)
 
     def process_factory(self) -> functools.partial[mongodb.Store]:
-        return functools.partial(mongo_store, MONGO_URL)
+        return functools.partial(servers.mongo_store, MONGO_URL, DATABASE)
 
 
 def test_the_store_takes_a_database_not_a_url() -> None:

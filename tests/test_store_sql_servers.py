@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
-from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy import Engine, create_engine
 
 import agent_sessions as agent
 import storetest
@@ -93,9 +93,7 @@ def test_an_appending_save_writes_only_the_new_messages(backend: Backend, engine
 
 
 def test_missing_tables_are_a_store_error_pointing_at_schema(backend: Backend) -> None:
-    url = make_url(backend.url).set(database="agent_sessions_empty")
-    servers.create_database(url.render_as_string(hide_password=False))
-    empty = create_engine(url)
+    empty = create_engine(servers.database_url(backend.url, "agent_sessions_empty"))
     try:
         with pytest.raises(agent.StoreError, match=rf"table 'agent_steers' does not exist.*{backend.name}\.SCHEMA"):
             backend.store(empty).take_steers("s")

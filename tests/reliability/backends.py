@@ -4,19 +4,18 @@ in databases of the suite's own so it never disturbs the conformance tests' tabl
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, make_url
+from sqlalchemy import create_engine
 
 import agent_sessions as agent
 from tests import servers
 
 DATABASE = "agent_sessions_reliability"
-MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
+MONGO_URL = servers.MONGO_URL
 
 
 @dataclass(frozen=True)
@@ -27,18 +26,13 @@ class Backend:
     """The server's URL (empty for SQLite)."""
 
 
-def sql_url(base: str) -> str:
-    return make_url(base).set(database=DATABASE).render_as_string(hide_password=False)
-
-
 def prepare(name: str, tmp: Path) -> Backend:
     if name == "sqlite":
         from stores import sqlite
 
         return Backend(name, functools.partial(sqlite.open, str(tmp / "reliability.db")))
     if name in ("postgres", "mysql"):
-        url = sql_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL)
-        servers.create_database(url)
+        url = servers.database_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL, DATABASE)
         engine = create_engine(url)
         servers.fresh_schema(engine)
         engine.dispose()
@@ -53,16 +47,8 @@ def prepare(name: str, tmp: Path) -> Backend:
         for collection in mongodb.COLLECTIONS:
             client[DATABASE].drop_collection(collection)
         client.close()
-        return Backend(name, functools.partial(mongo_store, MONGO_URL), MONGO_URL)
+        return Backend(name, functools.partial(servers.mongo_store, MONGO_URL, DATABASE), MONGO_URL)
     raise ValueError(name)
-
-
-def mongo_store(url: str, **client_options: Any) -> agent.Store:
-    import pymongo
-
-    from stores import mongodb
-
-    return mongodb.Store(pymongo.MongoClient(url, **client_options)[DATABASE])
 
 
 STORES = ("sqlite", "postgres", "mysql", "mongodb")

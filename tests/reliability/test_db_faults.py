@@ -17,7 +17,7 @@ import agent_sessions as agent
 from tests import servers
 
 from . import check, children, figures
-from .backends import DATABASE, Backend, mongo_store, prepare
+from .backends import DATABASE, Backend, prepare
 from .proxy import Proxy
 
 STEPS = 5
@@ -52,7 +52,8 @@ def _via(server: Backend, proxy: Proxy) -> agent.Store:
     """The store a worker would have, reaching the server through the proxy."""
     if server.name == "mongodb":
         url = server.url.replace(f":{_port(server.url)}/", f":{proxy.port}/")
-        return mongo_store(url, serverSelectionTimeoutMS=3000, connectTimeoutMS=3000, socketTimeoutMS=5000)
+        return servers.mongo_store(url, DATABASE, serverSelectionTimeoutMS=3000, connectTimeoutMS=3000,
+                                   socketTimeoutMS=5000)
     url = make_url(server.url).set(port=proxy.port).render_as_string(hide_password=False)
     return (servers.postgres_store if server.name == "postgres" else servers.mysql_store)(url)
 
