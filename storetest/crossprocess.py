@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -49,10 +50,11 @@ def _taker(factory: Callable[[], Store], sid: str, i: int, barrier: Any, adders_
 
 def exactly_once_across_processes(
     factory: Callable[[], Store], sid: str, *, adders: int, takers: int, per_adder: int, timeout: float = 180
-) -> list[list[str]]:
-    """Run the processes, assert every steer was taken exactly once, return what each taker took."""
+) -> float:
+    """Run the processes, assert every steer was taken exactly once, and return the seconds from all of
+    them being ready to the last steer taken (the benchmark's steer throughput)."""
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(adders + takers)
+    barrier = ctx.Barrier(adders + takers + 1)  # and this process, to start the clock
     adders_done = ctx.Event()
     out = ctx.Queue()
     add_procs = [ctx.Process(target=_adder, args=(factory, sid, i, per_adder, barrier, out)) for i in range(adders)]
@@ -63,6 +65,11 @@ def exactly_once_across_processes(
         p.start()
     reports: list[tuple[str, int, list[str]]] = []
     try:
+        try:
+            barrier.wait(timeout)
+        except threading.BrokenBarrierError:
+            raise AssertionError(f"the processes were not all ready within {timeout} s") from None
+        started = time.monotonic()
         while len([r for r in reports if r[0] != "taken"]) < adders:
             reports.append(out.get(timeout=timeout))
             assert reports[-1][0] != "error", reports[-1][2][0]
@@ -70,6 +77,7 @@ def exactly_once_across_processes(
         while len(reports) < adders + takers:
             reports.append(out.get(timeout=timeout))
             assert reports[-1][0] != "error", reports[-1][2][0]
+        seconds = time.monotonic() - started
     except queue.Empty:
         raise AssertionError(f"processes did not report within {timeout} s") from None
     finally:
@@ -79,7 +87,7 @@ def exactly_once_across_processes(
                 p.kill()
     taken = [r[2] for r in reports if r[0] == "taken"]
     assert_each_taken_once(taken, "p", adders, per_adder)
-    return taken
+    return seconds
 
 
 def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, per_sender: int) -> None:
@@ -106,19 +114,20 @@ class RunOutcome:
     lookups: int = 0
 
 
-def _lines(path: Path) -> int:
+def lines(path: Path) -> list[str]:
+    """The lines a child process has appended to ``path`` so far (none before it exists)."""
     try:
-        return len(path.read_text().splitlines())
+        return path.read_text().splitlines()
     except FileNotFoundError:
-        return 0
+        return []
 
 
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 60, pause: float = 0.01) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(pause)
 
 
 def _slow_step(n: int) -> str:
@@ -144,17 +153,17 @@ def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir:
     child.start()
     requests = Path(workdir) / "requests"
     try:
-        _wait_for(lambda: _lines(requests) >= 3, "the child's third model request")
+        wait_for(lambda: len(lines(requests)) >= 3, "the child's third model request")
         session = open_session(sid, factory())
         holder = session.holder()
         assert holder is not None and holder.pid == child.pid, f"the lease is held by {holder}, not the child"
         assert session.cancel() is True
-        at_cancel = _lines(requests)
+        at_cancel = len(lines(requests))
         kind, value = out.get(timeout=60)
         assert kind == "result", value
         child.join(30)
         assert session.holder() is None, "the cancelled run kept its lease"
-        return RunOutcome(value, session.messages(), requests_after_cancel=_lines(requests) - at_cancel)
+        return RunOutcome(value, session.messages(), requests_after_cancel=len(lines(requests)) - at_cancel)
     finally:
         _stop(child)
 
@@ -204,7 +213,7 @@ def kill_mid_tool_then_resume(factory: Callable[[], Store], sid: str, workdir: s
     first = ctx.Process(target=_run_charging, args=(factory, sid, workdir, True, out))
     first.start()
     try:
-        _wait_for(lambda: _lines(charges) == 1, "the first child to enter the charge tool")
+        wait_for(lambda: len(lines(charges)) == 1, "the first child to enter the charge tool")
         os.kill(first.pid or 0, signal.SIGKILL)
         first.join(30)
     finally:
@@ -218,7 +227,7 @@ def kill_mid_tool_then_resume(factory: Callable[[], Store], sid: str, workdir: s
     finally:
         _stop(second)
     stored = open_session(sid, factory()).messages()
-    return RunOutcome(value, stored, charges=_lines(charges), lookups=_lines(lookups))
+    return RunOutcome(value, stored, charges=len(lines(charges)), lookups=len(lines(lookups)))
 
 
 def _stop(process: Any) -> None:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from pathlib import Path
-
 from agent_sessions import ContentType, Message, Role
 
 from .children import ANSWER, QUESTION, call, result
@@ -38,20 +34,3 @@ def run_transcript(msgs: list[Message], steps: int, sent: list[str], *, complete
         assert answered, "the resumed run did not finish"
         assert steers == sent, f"steers lost: {[s for s in sent if s not in steers]}"
     return steers
-
-
-def lines(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.002)
-
-

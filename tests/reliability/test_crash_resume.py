@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import agent_sessions as agent
+from storetest.crossprocess import lines, wait_for
 
 from . import check, children, figures
 from .backends import Backend
@@ -25,7 +26,7 @@ LEASE_TTL = 0.1  # how long a killed child's lease blocks the resume
 
 
 def _reached(log: Path, events: int, child: Any) -> bool:
-    return len(check.lines(log)) >= events or not child.is_alive()
+    return len(lines(log)) >= events or not child.is_alive()
 
 
 def test_runs_killed_at_random_points_resume_from_a_valid_prefix_and_lose_no_steer(
@@ -48,14 +49,14 @@ def test_runs_killed_at_random_points_resume_from_a_valid_prefix_and_lose_no_ste
         child.start()
         # Kill after a random number of the run's events, a random moment into whatever comes next.
         target = rng.randint(1, STEPS * EVENTS_PER_STEP)
-        check.wait_for(functools.partial(_reached, log, target, child), "the child's run")
+        wait_for(functools.partial(_reached, log, target, child), "the child's run", pause=0.002)
         text = f"during-{cycle}"
         session.steer(text)
         sent.append(text)
         with contextlib.suppress(ProcessLookupError):  # it may have finished (and been reaped) first
             os.kill(child.pid, signal.SIGKILL)
         child.join()
-        seen = check.lines(log)
+        seen = lines(log)
         where[seen[-1] if seen else "starting"] += 1
         check.run_transcript(session.messages(), STEPS, sent, complete=False)  # never half a save
 
