@@ -53,25 +53,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if factory is not None and args.steer_procs:
                 report["steers"][name] = steers.throughput(factory, args.steer_procs, args.steers_per_proc)
         found = peers.available()
-        sqlite_floor = floor_for("sqlite", tmp) if "sqlite" in names else None
-        pg_floor = floor_for("postgres", tmp) if "postgres" in names else None
         report["peers_installed"] = found
-        if "openai-agents" in found and "sqlite" in names:
-            print("... openai-agents SQLiteSession", flush=True)
-            report["peers"]["OpenAI Agents SQLiteSession"] = {
-                "vs": "sqlite", **{n: peers.openai_sqlite(tmp, sqlite_floor, n, args.rounds) for n in SIZES}}
-        if "openai-agents" in found and "postgres" in names:
-            print("... openai-agents SQLAlchemySession (PostgreSQL)", flush=True)
-            report["peers"]["OpenAI Agents SQLAlchemySession (PostgreSQL)"] = {
-                "vs": "postgres", **{n: peers.openai_sqlalchemy_postgres(pg_floor, n, args.rounds) for n in SIZES}}
-        if "langgraph" in found and "sqlite" in names:
-            print("... langgraph SqliteSaver", flush=True)
-            report["peers"]["LangGraph ReAct + SqliteSaver"] = {
-                "vs": "sqlite", **{n: peers.langgraph_sqlite(tmp, sqlite_floor, n, args.peer_rounds) for n in SIZES}}
-        if "langgraph" in found and "postgres" in names:
-            print("... langgraph PostgresSaver", flush=True)
-            report["peers"]["LangGraph ReAct + PostgresSaver"] = {
-                "vs": "postgres", **{n: peers.langgraph_postgres(pg_floor, n, args.peer_rounds) for n in SIZES}}
+        floors = {backend: floor_for(backend, tmp) for backend in ("sqlite", "postgres") if backend in names}
+        for peer in peers.PEERS:
+            if peer.package in found and peer.backend in names:
+                print(f"... {peer.label}", flush=True)
+                rounds = args.peer_rounds if peer.slow else args.rounds
+                report["peers"][peer.label] = {n: peer.measure(tmp, floors[peer.backend], n, rounds) for n in SIZES}
     return report
 
 

@@ -13,6 +13,7 @@ import functools
 import sqlite3
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,25 +72,32 @@ def _measure(new_session: Callable[[str, int], Any], step: Callable[[Any, int], 
     return out
 
 
+def _openai(loop: asyncio.AbstractEventLoop, make: Callable[[str], Any], floor: Floor | None, n: int,
+            rounds: int) -> dict[str, Any]:
+    """An OpenAI Agents session per ``make(session_id)``: prefilled with ``n`` items, then ``add_items`` of
+    each step's two, as its runner does once per turn."""
+
+    def new_session(sid: str, n: int) -> Any:
+        session = make(sid)
+        loop.run_until_complete(session.add_items(_openai_prefix(n)))
+        return session
+
+    return _measure(new_session, lambda s, r: loop.run_until_complete(s.add_items(_openai_items(r))), floor, n,
+                    rounds)
+
+
 def openai_sqlite(tmp: str, floor: Floor | None, n: int, rounds: int) -> dict[str, Any]:
     from agents import SQLiteSession
 
     loop = asyncio.new_event_loop()
     path = Path(tmp) / "openai-agents.db"
-
-    def new_session(sid: str, n: int) -> Any:
-        session = SQLiteSession(sid, path)
-        loop.run_until_complete(session.add_items(_openai_prefix(n)))  # type: ignore[arg-type]
-        return session
-
     try:
-        return _measure(new_session, lambda s, r: loop.run_until_complete(s.add_items(_openai_items(r))), floor, n,
-                        rounds)
+        return _openai(loop, lambda sid: SQLiteSession(sid, path), floor, n, rounds)
     finally:
         loop.close()
 
 
-def openai_sqlalchemy_postgres(floor: Floor | None, n: int, rounds: int) -> dict[str, Any]:
+def openai_sqlalchemy_postgres(tmp: str, floor: Floor | None, n: int, rounds: int) -> dict[str, Any]:
     from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
     from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -97,16 +105,11 @@ def openai_sqlalchemy_postgres(floor: Floor | None, n: int, rounds: int) -> dict
 
     loop = asyncio.new_event_loop()
     engine = create_async_engine(backends.sql_url("postgres"))
-
-    def new_session(sid: str, n: int) -> Any:
-        session = SQLAlchemySession(sid, engine=engine, create_tables=True, sessions_table="openai_agents_sessions",
-                                    messages_table="openai_agents_messages")
-        loop.run_until_complete(session.add_items(_openai_prefix(n)))  # type: ignore[arg-type]
-        return session
-
     try:
-        return _measure(new_session, lambda s, r: loop.run_until_complete(s.add_items(_openai_items(r))), floor, n,
-                        rounds)
+        return _openai(loop, lambda sid: SQLAlchemySession(sid, engine=engine, create_tables=True,
+                                                           sessions_table="openai_agents_sessions",
+                                                           messages_table="openai_agents_messages"),
+                       floor, n, rounds)
     finally:
         loop.run_until_complete(engine.dispose())
         loop.close()
@@ -166,12 +169,33 @@ def langgraph_sqlite(tmp: str, floor: Floor | None, n: int, rounds: int) -> dict
         conn.close()
 
 
-def langgraph_postgres(floor: Floor | None, n: int, rounds: int) -> dict[str, Any]:
+def langgraph_postgres(tmp: str, floor: Floor | None, n: int, rounds: int) -> dict[str, Any]:
     from langgraph.checkpoint.postgres import PostgresSaver
+    from sqlalchemy import make_url
 
     from . import backends
 
-    url = backends.sql_url("postgres").set(drivername="postgresql").render_as_string(hide_password=False)
+    url = make_url(backends.sql_url("postgres")).set(drivername="postgresql").render_as_string(hide_password=False)
     with PostgresSaver.from_conn_string(url) as saver:
         saver.setup()
         return _langgraph(saver, floor, n, rounds)
+
+
+@dataclass(frozen=True)
+class Peer:
+    label: str
+    package: str
+    """What ``available()`` calls it."""
+    backend: str
+    """The store of ours it is compared with, whose floor it is measured beside."""
+    measure: Callable[[str, Floor | None, int, int], dict[str, Any]]
+    slow: bool = False
+    """Measured over --peer-rounds rounds, not --rounds (LangGraph: tens of ms per step)."""
+
+
+PEERS = (
+    Peer("OpenAI Agents SQLiteSession", "openai-agents", "sqlite", openai_sqlite),
+    Peer("OpenAI Agents SQLAlchemySession (PostgreSQL)", "openai-agents", "postgres", openai_sqlalchemy_postgres),
+    Peer("LangGraph ReAct + SqliteSaver", "langgraph", "sqlite", langgraph_sqlite, slow=True),
+    Peer("LangGraph ReAct + PostgresSaver", "langgraph", "postgres", langgraph_postgres, slow=True),
+)
