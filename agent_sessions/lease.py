@@ -93,15 +93,10 @@ class Lease:
     def check(self) -> bool:
         """Raise if the lease is gone; return whether somebody asked this run to stop."""
         now = time.time()
-        if self._lost is None and now >= self.mine.expires:
-            # The renewals are late (a loaded machine, a slow store). That is harmless unless another run
-            # took the lease over meanwhile: renew it here, and find out.
-            got = self.store.acquire(self.session, replace(self.mine, expires=now + self.ttl), now)
-            if got.token != self.mine.token:
-                self._lost = f"it expired at {self.mine.expires:.3f} and pid {got.pid} on {got.host} took it over"
-            else:
-                self.mine = got
-                return got.cancelled
+        # Late renewals (a loaded machine, a slow store) are harmless unless another run took the lease
+        # over meanwhile: renew it here, and find out.
+        if self._lost is None and now >= self.mine.expires and self._renew(now):
+            return self.mine.cancelled
         if self._lost is not None:
             raise LeaseLost(f"the run of session {self.session!r} lost its lease: {self._lost}")
         current = self.store.holder(self.session)
@@ -110,14 +105,19 @@ class Lease:
             raise LeaseLost(f"the run of session {self.session!r} lost its lease: {self._lost}")
         return current.cancelled
 
+    def _renew(self, now: float) -> bool:
+        """Extend the lease; ``False``, with the lease marked lost, when another run holds it now."""
+        got = self.store.acquire(self.session, replace(self.mine, expires=now + self.ttl), now)
+        if got.token != self.mine.token:
+            self._lost = f"pid {got.pid} on {got.host} took it over"
+            return False
+        self.mine = got
+        return True
+
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            now = time.time()
             try:
-                got = self.store.acquire(self.session, replace(self.mine, expires=now + self.ttl), now)
+                if not self._renew(time.time()):
+                    return
             except StoreError:
                 continue  # the store may be back before the lease runs out; check() notices if not
-            if got.token != self.mine.token:
-                self._lost = f"pid {got.pid} on {got.host} took it over"
-                return
-            self.mine = got

@@ -255,14 +255,14 @@ class SQLStore:
                     (row.expires, holder.expires),
                 )
             )
-            current = conn.execute(select(runs).where(row.session_id == session)).first()
+            current = self.run(conn, sql.HOLDER, {"sid": session}).first()
             if current is None:
                 conn.execute(insert(runs).values(
                     session_id=session, host=holder.host, pid=holder.pid, token=holder.token,
                     expires=holder.expires, cancelled=False,
                 ))
                 return Holder(holder.host, holder.pid, holder.token, holder.expires, False)
-            return Holder(current.host, current.pid, current.token, current.expires, bool(current.cancelled))
+            return _holder(current)
 
         for attempt in range(3):
             try:
@@ -284,10 +284,7 @@ class SQLStore:
             "holder", session, lambda conn: self.run(conn, sql.HOLDER, {"sid": session}).first(),
             read_only=True, reads=True,
         )
-        if current is None:
-            return None
-        _, host, pid, token, expires, cancelled = current
-        return Holder(host, pid, token, expires, bool(cancelled))
+        return None if current is None else _holder(current)
 
     def cancel(self, session: str, now: float) -> bool:
         validate.session_id(session)
@@ -375,6 +372,12 @@ class SQLStore:
 
     def __repr__(self) -> str:
         return f"{type(self).__module__}.Store({self.engine.url!r})"
+
+
+def _holder(row: Sequence[Any]) -> Holder:
+    """A row of agent_runs (sql.HOLDER's columns, in table order) as a Holder."""
+    _, host, pid, token, expires, cancelled = row
+    return Holder(host, pid, token, expires, bool(cancelled))
 
 
 def _dispose_after_fork(store: SQLStore) -> None:
