@@ -30,6 +30,7 @@ def persistence(store: agent.Store, floor: Floor | None, n: int, rounds: int) ->
     floors: list[float] = []
     msgs: list[agent.Message] = []
     sid = ""
+    step_of = _run_store_step if isinstance(store, agent.RunStore) else _store_step  # as the loop: once per run
     for r in range(rounds):
         if r % RESET_EVERY == 0:
             sid = f"bench-{n}-{uuid.uuid4().hex}"
@@ -37,22 +38,25 @@ def persistence(store: agent.Store, floor: Floor | None, n: int, rounds: int) ->
             store.save(sid, msgs)
         if floor is not None:
             floors.append(clock(floor.append))
-        ours.append(clock(functools.partial(_one_step, store, sid, msgs, step_messages(r))))
+        ours.append(clock(functools.partial(step_of, store, sid, msgs, step_messages(r))))
     out: dict[str, Any] = {"persist": summary(ours)}
     if floors:
         out["floor"] = summary(floors)
     return out
 
 
-def _one_step(store: agent.Store, sid: str, msgs: list[agent.Message], step: list[agent.Message]) -> None:
-    """What the loop asks of the store before each request: the new messages saved with the steers
-    waiting (one atomic step on a RunStore; take_steers then save on a plain Store)."""
+def _run_store_step(store: Any, sid: str, msgs: list[agent.Message], step: list[agent.Message]) -> None:
+    """What the loop asks of a RunStore before each request: the new messages saved with the steers
+    waiting, in one atomic step."""
     msgs.extend(step)
-    if isinstance(store, agent.RunStore):
-        msgs.extend(agent.Message.user(t) for t in store.save_with_steers(sid, msgs))
-    else:
-        store.take_steers(sid)
-        store.save(sid, msgs)
+    msgs.extend(agent.Message.user(t) for t in store.save_with_steers(sid, msgs))
+
+
+def _store_step(store: agent.Store, sid: str, msgs: list[agent.Message], step: list[agent.Message]) -> None:
+    """The same on a plain Store: take_steers, then save."""
+    msgs.extend(step)
+    msgs.extend(agent.Message.user(t) for t in store.take_steers(sid))
+    store.save(sid, msgs)
 
 
 class InstantModel:
