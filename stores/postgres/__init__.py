@@ -3,12 +3,13 @@ migration runs ``SCHEMA``."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, Engine, text
+    from sqlalchemy import Connection, Engine, TextClause, text
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
@@ -24,18 +25,24 @@ from .._sql.tables import sessions
 SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no-untyped-call]
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration."""
 
-# One statement, so one round trip in autocommit: claim the session row by its version and append the new
-# messages only if the claim matched. Either both happen or neither does.
-_CLAIM = (
-    "WITH claim AS (UPDATE agent_sessions SET version = :new_version, length = :new_length "
-    "WHERE session_id = :sid AND version = :known{guard} RETURNING session_id) "
-    "INSERT INTO agent_messages (session_id, seq, body) "
-    "SELECT claim.session_id, v.seq, v.body FROM claim, "
-    "unnest(CAST(:seqs AS INTEGER[]), CAST(:bodies AS TEXT[])) AS v(seq, body)"
-)
-_APPEND = text(_CLAIM.format(guard=""))
-_APPEND_UNSTEERED = text(_CLAIM.format(guard=" AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid)"))
-"""The usual step of a run, whole: no steer waits, so the claim and the insert are all there is to do."""
+_MAX_APPEND = 100
+"""Messages one append statement carries; a save adding more runs the general transaction."""
+
+
+@functools.lru_cache(maxsize=2 * _MAX_APPEND)
+def _append(count: int, unsteered: bool) -> TextClause:
+    """One statement, so one round trip in autocommit: claim the session row by its version (and, when
+    ``unsteered``, only while no steer waits) and append ``count`` messages only if the claim matched.
+    Either both happen or neither does. The messages are rows of a VALUES list, one parameter each: an
+    array parameter would have psycopg escape every backslash of the JSON in Python."""
+    guard = " AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid)" if unsteered else ""
+    rows = ", ".join(f"(CAST(:q{i} AS INTEGER), CAST(:b{i} AS TEXT))" for i in range(count))
+    return text(
+        "WITH claim AS (UPDATE agent_sessions SET version = :new_version, length = :new_length "
+        f"WHERE session_id = :sid AND version = :known{guard} RETURNING session_id) "
+        "INSERT INTO agent_messages (session_id, seq, body) "
+        f"SELECT claim.session_id, v.seq, v.body FROM claim, (VALUES {rows}) AS v(seq, body)"
+    )
 
 # 40001 serialization_failure, 40P01 deadlock_detected: safe to run the transaction again.
 _TRANSIENT = {"40001", "40P01"}
@@ -75,13 +82,18 @@ class Store(SQLStore):
     def append(
         self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
     ) -> bool:
-        params = {"sid": session, "known": known, "new_version": version, "new_length": len(items),
-                  "seqs": list(range(start, len(items))), "bodies": [m.to_json() for m in items[start:]]}
-        statement = _APPEND_UNSTEERED if unsteered else _APPEND
+        count = len(items) - start
+        if count > _MAX_APPEND:
+            return False
+        params: dict[str, object] = {"sid": session, "known": known, "new_version": version, "new_length": len(items)}
+        for i in range(count):
+            params[f"q{i}"] = start + i
+            params[f"b{i}"] = items[start + i].to_json()
+        statement = _append(count, unsteered)
         inserted = self._transaction(
             "save", session, lambda conn: conn.execute(statement, params).rowcount, read_only=True
         )
-        return bool(inserted == len(items) - start)
+        return bool(inserted == count)
 
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)
