@@ -61,7 +61,7 @@ def messages_after(
 ) -> tuple[tuple[Message, ...], int]:
     """``messages``, also saying how many leading messages are ``trusted`` ones: ``len(trusted)`` when
     ``value`` extends it, else 0."""
-    if isinstance(value, (str, bytes, Message)) or not isinstance(value, Iterable):
+    if type(value) is not list and (isinstance(value, (str, bytes, Message)) or not isinstance(value, Iterable)):
         raise ArgumentError(f"{where} must be a list of Message, got {type(value).__name__}")
     items = tuple(value)
     start = len(trusted) if is_extension(trusted, items) else 0

@@ -17,7 +17,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -40,22 +40,11 @@ from agent_sessions import ArgumentError, Holder, Message, MessageError, Session
 
 from .._known import Known, common_prefix
 from . import statements as sql
+from .driver import PARAMSTYLES, Driver, Rows
 from .tables import TABLES, messages, runs, sessions
 
 T = TypeVar("T")
 
-
-class Rows(Protocol):
-    """What the store reads of a statement's result (SQLAlchemy's, or the SQLite driver's)."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    def first(self) -> Sequence[Any] | None: ...
-
-    def all(self) -> Sequence[Sequence[Any]]: ...
-
-    def scalar(self) -> object: ...
 
 _RETRIES = 4
 
@@ -68,6 +57,9 @@ class SQLStore:
     dialects: ClassVar[tuple[str, ...]] = ()
     """SQLAlchemy dialect names the store accepts; empty: any."""
     engine_hint: ClassVar[str] = ""
+    raw_statements: ClassVar[bool] = False
+    """Run the prebuilt statements on the DB-API cursor (see driver.py): for drivers where SQLAlchemy's
+    execution path costs as much as the statement."""
 
     def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
         if not isinstance(engine, Engine) or (self.dialects and engine.dialect.name not in self.dialects):
@@ -77,6 +69,8 @@ class SQLStore:
             )
         self.engine = engine
         self._known = Known(remember)
+        raw = self.raw_statements and engine.dialect.paramstyle in PARAMSTYLES
+        self._driver = Driver(engine.dialect) if raw else None
         _dispose_after_fork(self)
 
     # -- the Store protocol --------------------------------------------------------------------------
@@ -295,7 +289,9 @@ class SQLStore:
 
     def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
         """Run one of ``statements``; the result has ``rowcount``, ``first()``, ``all()`` and ``scalar()``
-        and its rows are tuples. SQLite overrides this to go straight to the driver."""
+        and its rows are tuples."""
+        if self._driver is not None:
+            return self._driver.run(conn, statement, params)
         return conn.execute(statement, params)
 
     def upsert_session(self, session: str, version: str, length: int) -> Any:

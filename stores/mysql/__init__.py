@@ -33,6 +33,7 @@ class Store(SQLStore):
     schema_hint = "create the tables by running each statement of stores.mysql.SCHEMA in your migration"
     dialects = ("mysql", "mariadb")
     engine_hint = "create_engine('mysql+pymysql://...?charset=utf8mb4') once and pass it"
+    raw_statements = True
 
     def upsert_session(self, session: str, version: str, length: int) -> Any:
         stmt = mysql.insert(sessions).values(session_id=session, version=version, length=length)

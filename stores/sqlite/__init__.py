@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, Executable, create_engine, event
+    from sqlalchemy import Connection, create_engine, event
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import DBAPIError
@@ -20,18 +20,19 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
         "stores.sqlite requires SQLAlchemy. Install it with: pip install 'agent-sessions[sqlite]'"
     ) from exc
 
-from agent_sessions import ArgumentError
+from agent_sessions import ArgumentError, Message
 
 from .._sql import SQLStore, metadata
-from .._sql.store import Rows
+from .._sql import statements as sql
+from .._sql.driver import Compiled
 from .._sql.tables import sessions
-from .driver import Driver
 
 BUSY_TIMEOUT_MS = 30_000
 
 
 class Store(SQLStore):
     backend = "SQLite"
+    raw_statements = True
     schema_hint = "stores.sqlite.open creates the tables; was the file replaced after it was opened?"
     # Reads need no write lock: in WAL mode a deferred transaction reads beside a writer.
 
@@ -44,10 +45,48 @@ class Store(SQLStore):
     def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
         super().__init__(engine, remember=remember)
         self._local = threading.local()
-        self._driver = Driver(engine.dialect)
+        keys = ("new_version", "new_length")
+        self._claim_sql = {
+            unsteered: Compiled(claim, engine.dialect, keys)
+            for unsteered, claim in ((False, sql.CLAIM), (True, sql.CLAIM_UNSTEERED))
+        }
+        self._append_sql = Compiled(sql.APPEND, engine.dialect, ("session_id", "seq", "body")).sql
 
-    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
-        return self._driver.run(conn, statement, params)
+    def append(
+        self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
+    ) -> bool:
+        """The usual step of a run, on the driver alone: BEGIN IMMEDIATE, the claim (by version, and
+        only while no steer waits), the new rows, COMMIT. The same statements as the general save, without
+        its machinery, which on SQLite cost as much as the statements."""
+        conn, driver = self._held()
+        if conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
+            return False  # instrumented: the general save runs, where listeners see every statement
+        claim = self._claim_sql[unsteered]
+        params = claim.values({"sid": session, "known": known, "new_version": version, "new_length": len(items)})
+        rows = [(session, i, items[i].to_json()) for i in range(start, len(items))]
+        try:
+            driver.execute("BEGIN IMMEDIATE")
+            claimed: bool = driver.execute(claim.sql, params).rowcount == 1
+            if claimed:
+                driver.executemany(self._append_sql, rows)
+            driver.execute("COMMIT" if claimed else "ROLLBACK")
+        except BaseException as exc:
+            if driver.in_transaction:
+                driver.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise self._error("save", session, DBAPIError.instance("append", None, exc, sqlite3.Error)) from exc
+            raise
+        return claimed
+
+    def _held(self) -> tuple[Connection, sqlite3.Connection]:
+        """This thread's connection of the file, and its sqlite3 connection (a forked child opens its own)."""
+        held: tuple[int, Connection, sqlite3.Connection] | None = getattr(self._local, "held", None)
+        if held is None or held[0] != os.getpid() or held[1].closed or held[1].invalidated:
+            conn = self.engine.connect()
+            driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+            held = (os.getpid(), conn, driver)
+            self._local.held = held
+        return held[1], held[2]
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
@@ -56,12 +95,7 @@ class Store(SQLStore):
         the transaction is begun and ended on the driver. Should a statement go through SQLAlchemy
         (the upsert, or any statement while something listens for cursor events), SQLAlchemy begins its
         own transaction on top of ours (its begin event sees one open and sends nothing) and ends it."""
-        held: tuple[int, Connection] | None = getattr(self._local, "held", None)
-        if held is None or held[0] != os.getpid() or held[1].closed or held[1].invalidated:
-            held = (os.getpid(), self.engine.connect())
-            self._local.held = held
-        conn = held[1]
-        driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+        conn, driver = self._held()
         _driver_execute(driver, "BEGIN" if read_only else "BEGIN IMMEDIATE")
         try:
             yield conn
@@ -80,7 +114,7 @@ class Store(SQLStore):
         return "database is locked" in str(exc.orig)
 
     def close(self) -> None:
-        held: tuple[int, Connection] | None = getattr(self._local, "held", None)
+        held: tuple[int, Connection, sqlite3.Connection] | None = getattr(self._local, "held", None)
         if held is not None and held[0] == os.getpid():
             held[1].close()
         self.engine.dispose()
