@@ -88,14 +88,18 @@ class Driver:
         self.dialect = dialect
         self._compiled: dict[tuple[int, tuple[str, ...]], Compiled] = {}
 
-    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
-        if conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
-            return conn.execute(statement, params)
-        first = params[0] if isinstance(params, list) else params
-        key = (id(statement), tuple(first))
+    def compiled(self, statement: Executable, params: dict[str, Any]) -> Compiled:
+        """``statement`` compiled once for this dialect and these parameter names."""
+        key = (id(statement), tuple(params))
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self._compiled[key] = Compiled(statement, self.dialect, key[1])
+        return compiled
+
+    def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
+        if conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
+            return conn.execute(statement, params)
+        compiled = self.compiled(statement, params[0] if isinstance(params, list) else params)
         raw = conn.connection.driver_connection
         cursor = raw.cursor()  # type: ignore[union-attr]
         try:

@@ -94,20 +94,19 @@ class SQLStore:
         version = os.urandom(16).hex()
         if known is not None and shared == len(known[1]) < len(items):
             try:
-                appended = self.append(session, known[0], version, items, shared, unsteered=take)
+                stored = self.append(session, known[0], version, items, shared, unsteered=take)
             except BaseException:
                 self._known.forget(session)
                 raise
-            if appended:
-                self._known.put(session, version, items)
+            if stored is not None:
+                self._known.put(session, stored, items)
                 return []
         saved = items
         taken: list[str] = []
 
         def write(conn: Connection) -> None:
             nonlocal saved, taken
-            claim = {"sid": session, "known": known[0] if known else "", "new_version": version,
-                     "new_length": len(items)}
+            claim = {"sid": session, "known": known[0] if known else "", "new_version": version}
             # The usual step, in one statement: claim the row by version unless steers are waiting.
             if take and known is not None and self.run(conn, sql.CLAIM_UNSTEERED, claim).rowcount == 1:
                 claimed = True
@@ -118,13 +117,14 @@ class SQLStore:
                 taken = self.take(conn, session) if waiting else []
             saved = items + tuple(Message.user(text) for text in taken)
             start = 0
-            if claimed or (known is not None and self._claim(conn, session, known[0], version, len(saved))):
+            if claimed or (known is not None and self._claim(conn, session, known[0], version)):
                 assert known is not None  # claimed implies it
                 start = shared
-                if start < len(known[1]):
-                    self.run(conn, sql.TRIM, {"sid": session, "start": start})
+                # Past what this process knows: its own diverged tail, or messages another writer appended
+                # (an append keeps the version).
+                self.run(conn, sql.TRIM, {"sid": session, "start": start})
             else:
-                conn.execute(self.upsert_session(session, version, len(saved)))
+                conn.execute(self.upsert_session(session, version))
                 self.run(conn, sql.CLEAR, {"sid": session})
             if start < len(saved):
                 self.run(
@@ -187,16 +187,16 @@ class SQLStore:
         validate.session_id(target)
 
         def copy(conn: Connection) -> None:
-            length = conn.execute(
-                select(sessions.c.length).where(sessions.c.session_id == source).with_for_update()
-            ).scalar()
-            if length is None:
+            if conn.execute(
+                select(sessions.c.version).where(sessions.c.session_id == source).with_for_update()
+            ).first() is None:
                 raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
+            length = int(self.run(conn, sql.LENGTH, {"sid": source}).scalar())  # type: ignore[call-overload]
             validate.fork_index(at, length, source)
             n = length if at is None else at
-            if conn.execute(select(sessions.c.length).where(sessions.c.session_id == target)).first():
+            if conn.execute(select(sessions.c.version).where(sessions.c.session_id == target)).first():
                 raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
-            conn.execute(insert(sessions).values(session_id=target, version=uuid.uuid4().hex, length=n))
+            conn.execute(insert(sessions).values(session_id=target, version=uuid.uuid4().hex))
             conn.execute(
                 insert(messages).from_select(
                     ["session_id", "seq", "body"],
@@ -294,16 +294,30 @@ class SQLStore:
             return self._driver.run(conn, statement, params)
         return conn.execute(statement, params)
 
-    def upsert_session(self, session: str, version: str, length: int) -> Any:
+    def upsert_session(self, session: str, version: str) -> Any:
         raise NotImplementedError
+
+    share_lock: ClassVar[str] = ""
+    """Appended to the append's read of the session row where that read would not lock it (MySQL)."""
 
     def append(
         self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
-    ) -> bool:
+    ) -> str | None:
         """Append ``items[start:]`` in one statement if the stored version is still ``known`` (and, when
-        ``unsteered``, no steer waits); ``False`` when not, or when the dialect has no such statement:
-        the save then runs its transaction."""
-        return False
+        ``unsteered``, no steer waits), returning the version stored now (``known``: see
+        ``statements.append_if_current``); ``None`` when not, and the save then runs its transaction."""
+        count = len(items) - start
+        if count > sql.MAX_APPEND:
+            return None
+        params = sql.append_params(session, known, items, start)
+        statement = sql.append_if_current(count, unsteered, self.share_lock)
+        try:
+            inserted = self._transaction("save", session, lambda conn: self.run(conn, statement, params).rowcount)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):  # another writer appended at these positions first
+                return None
+            raise
+        return known if inserted == count else None
 
     def take(self, conn: Connection, session: str) -> list[str]:
         """Delete and return the session's steers, oldest first. DELETE ... RETURNING: rows another
@@ -317,11 +331,9 @@ class SQLStore:
 
     # -- plumbing ------------------------------------------------------------------------------------
 
-    def _claim(self, conn: Connection, session: str, known: str, version: str, length: int) -> bool:
+    def _claim(self, conn: Connection, session: str, known: str, version: str) -> bool:
         """Take the session row if it still has the version this process knows; lock it either way."""
-        result = self.run(
-            conn, sql.CLAIM, {"sid": session, "known": known, "new_version": version, "new_length": length}
-        )
+        result = self.run(conn, sql.CLAIM, {"sid": session, "known": known, "new_version": version})
         return bool(result.rowcount == 1)
 
     @contextmanager

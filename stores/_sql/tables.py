@@ -51,10 +51,9 @@ sessions = Table(
     "agent_sessions",
     metadata,
     Column("session_id", SessionId, primary_key=True),
-    # A random token replaced by every save: a writer that knows the current token may append only its
-    # new messages; any other writer rewrites the transcript.
+    # A random token, replaced by every save that may change a stored message (an append need not): a
+    # writer that knows the current token may append only its new messages; any other writer rewrites.
     Column("version", String(32), nullable=False),
-    Column("length", Integer, nullable=False),
     **_MYSQL,
 )
 

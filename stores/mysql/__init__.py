@@ -34,10 +34,13 @@ class Store(SQLStore):
     dialects = ("mysql", "mariadb")
     engine_hint = "create_engine('mysql+pymysql://...?charset=utf8mb4') once and pass it"
     raw_statements = True
+    # Under READ COMMITTED an INSERT ... SELECT reads without locks; the append's read of the session row
+    # must lock it, so that a rewrite cannot commit between the append's check and its insert.
+    share_lock = " LOCK IN SHARE MODE"
 
-    def upsert_session(self, session: str, version: str, length: int) -> Any:
-        stmt = mysql.insert(sessions).values(session_id=session, version=version, length=length)
-        return stmt.on_duplicate_key_update(version=version, length=length)
+    def upsert_session(self, session: str, version: str) -> Any:
+        stmt = mysql.insert(sessions).values(session_id=session, version=version)
+        return stmt.on_duplicate_key_update(version=version)
 
     def take(self, conn: Connection, session: str) -> list[str]:
         """MySQL 8 has no DELETE ... RETURNING: lock the rows with SELECT ... FOR UPDATE, then delete them

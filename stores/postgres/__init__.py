@@ -20,25 +20,24 @@ except ImportError as exc:  # pragma: no cover
 from agent_sessions import Message, validate
 
 from .._sql import SQLStore, ddl
+from .._sql import statements as sql
 from .._sql.tables import sessions
 
 SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no-untyped-call]
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration."""
 
-_MAX_APPEND = 100
-"""Messages one append statement carries; a save adding more runs the general transaction."""
-
-
-@functools.lru_cache(maxsize=2 * _MAX_APPEND)
+@functools.lru_cache(maxsize=2 * sql.MAX_APPEND)
 def _append(count: int, unsteered: bool) -> TextClause:
     """One statement, so one round trip in autocommit: claim the session row by its version (and, when
     ``unsteered``, only while no steer waits) and append ``count`` messages only if the claim matched.
-    Either both happen or neither does. The messages are rows of a VALUES list, one parameter each: an
-    array parameter would have psycopg escape every backslash of the JSON in Python."""
+    Either both happen or neither does. PostgreSQL's reads do not lock, so here the append takes the row
+    (and replaces the version) rather than only reading it as statements.append_if_current does. The
+    messages are rows of a VALUES list, one parameter each: an array parameter would have psycopg escape
+    every backslash of the JSON in Python."""
     guard = " AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid)" if unsteered else ""
     rows = ", ".join(f"(CAST(:q{i} AS INTEGER), CAST(:b{i} AS TEXT))" for i in range(count))
     return text(
-        "WITH claim AS (UPDATE agent_sessions SET version = :new_version, length = :new_length "
+        "WITH claim AS (UPDATE agent_sessions SET version = :new_version "
         f"WHERE session_id = :sid AND version = :known{guard} RETURNING session_id) "
         "INSERT INTO agent_messages (session_id, seq, body) "
         f"SELECT claim.session_id, v.seq, v.body FROM claim, (VALUES {rows}) AS v(seq, body)"
@@ -60,10 +59,10 @@ class Store(SQLStore):
     dialects = ("postgresql",)
     engine_hint = "create_engine('postgresql+psycopg://...') once and pass it"
 
-    def upsert_session(self, session: str, version: str, length: int) -> Any:
-        stmt = postgresql.insert(sessions).values(session_id=session, version=version, length=length)
+    def upsert_session(self, session: str, version: str) -> Any:
+        stmt = postgresql.insert(sessions).values(session_id=session, version=version)
         return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version, "length": length}
+            index_elements=[sessions.c.session_id], set_={"version": version}
         )
 
     def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
@@ -81,19 +80,17 @@ class Store(SQLStore):
 
     def append(
         self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
-    ) -> bool:
+    ) -> str | None:
         count = len(items) - start
-        if count > _MAX_APPEND:
-            return False
-        params: dict[str, object] = {"sid": session, "known": known, "new_version": version, "new_length": len(items)}
-        for i in range(count):
-            params[f"q{i}"] = start + i
-            params[f"b{i}"] = items[start + i].to_json()
+        if count > sql.MAX_APPEND:
+            return None
+        params = sql.append_params(session, known, items, start)
+        params["new_version"] = version
         statement = _append(count, unsteered)
         inserted = self._transaction(
             "save", session, lambda conn: conn.execute(statement, params).rowcount, read_only=True
         )
-        return bool(inserted == count)
+        return version if inserted == count else None
 
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)

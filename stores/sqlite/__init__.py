@@ -24,7 +24,6 @@ from agent_sessions import ArgumentError, Message
 
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
-from .._sql.driver import Compiled
 from .._sql.tables import sessions
 
 BUSY_TIMEOUT_MS = 30_000
@@ -36,47 +35,41 @@ class Store(SQLStore):
     schema_hint = "stores.sqlite.open creates the tables; was the file replaced after it was opened?"
     # Reads need no write lock: in WAL mode a deferred transaction reads beside a writer.
 
-    def upsert_session(self, session: str, version: str, length: int) -> Any:
-        stmt = sqlite_insert(sessions).values(session_id=session, version=version, length=length)
+    def upsert_session(self, session: str, version: str) -> Any:
+        stmt = sqlite_insert(sessions).values(session_id=session, version=version)
         return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version, "length": length}
+            index_elements=[sessions.c.session_id], set_={"version": version}
         )
 
     def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
         super().__init__(engine, remember=remember)
         self._local = threading.local()
-        keys = ("new_version", "new_length")
-        self._claim_sql = {
-            unsteered: Compiled(claim, engine.dialect, keys)
-            for unsteered, claim in ((False, sql.CLAIM), (True, sql.CLAIM_UNSTEERED))
-        }
-        self._append_sql = Compiled(sql.APPEND, engine.dialect, ("session_id", "seq", "body")).sql
 
     def append(
         self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
-    ) -> bool:
-        """The usual step of a run, on the driver alone: BEGIN IMMEDIATE, the claim (by version, and
-        only while no steer waits), the new rows, COMMIT. The same statements as the general save, without
-        its machinery, which on SQLite cost as much as the statements."""
+    ) -> str | None:
+        """The usual step of a run, on the driver alone: BEGIN IMMEDIATE, the one INSERT, COMMIT. The
+        statement of SQLStore.append, without the machinery around it, which on SQLite cost as much."""
         conn, driver = self._held()
-        if conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
-            return False  # instrumented: the general save runs, where listeners see every statement
-        claim = self._claim_sql[unsteered]
-        params = claim.values({"sid": session, "known": known, "new_version": version, "new_length": len(items)})
-        rows = [(session, i, items[i].to_json()) for i in range(start, len(items))]
+        count = len(items) - start
+        if count > sql.MAX_APPEND or conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
+            return super().append(session, known, version, items, start, unsteered)  # listeners see it there
+        params = sql.append_params(session, known, items, start)
+        assert self._driver is not None  # raw_statements
+        compiled = self._driver.compiled(sql.append_if_current(count, unsteered), params)
         try:
             driver.execute("BEGIN IMMEDIATE")
-            claimed: bool = driver.execute(claim.sql, params).rowcount == 1
-            if claimed:
-                driver.executemany(self._append_sql, rows)
-            driver.execute("COMMIT" if claimed else "ROLLBACK")
+            inserted: int = driver.execute(compiled.sql, compiled.values(params)).rowcount
+            driver.execute("COMMIT" if inserted == count else "ROLLBACK")
         except BaseException as exc:
             if driver.in_transaction:
                 driver.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.IntegrityError):  # another writer appended at these positions first
+                return None
             if isinstance(exc, sqlite3.Error):
                 raise self._error("save", session, DBAPIError.instance("append", None, exc, sqlite3.Error)) from exc
             raise
-        return claimed
+        return known if inserted == count else None
 
     def _held(self) -> tuple[Connection, sqlite3.Connection]:
         """This thread's connection of the file, and its sqlite3 connection (a forked child opens its own)."""
