@@ -37,8 +37,13 @@ PARAMSTYLES = ("qmark", "format", "pyformat", "named")
 """The paramstyles this driver binds: by position (sqlite3) or by name (PyMySQL's ``%(name)s``)."""
 
 
+def instrumented(conn: Connection) -> bool:
+    """Does anything listen for cursor events? Then statements go through SQLAlchemy, where it sees them."""
+    return bool(conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute)
+
+
 class Compiled:
-    __slots__ = ("positional", "processors", "sql")
+    __slots__ = ("names", "positional", "processors", "sql")
 
     def __init__(self, statement: Executable, dialect: Dialect, keys: tuple[str, ...]) -> None:
         compiled = statement.compile(dialect=dialect, column_keys=list(keys))  # type: ignore[attr-defined]
@@ -46,8 +51,8 @@ class Compiled:
         self.positional = compiled.positiontup is not None
         defaults: dict[str, Any] = dict(compiled.params)
         bind: dict[str, Callable[[Any], Any]] = compiled._bind_processors
-        names = compiled.positiontup if self.positional else list(defaults)
-        self.processors = tuple((name, bind.get(name), defaults.get(name)) for name in names)
+        self.names: tuple[str, ...] = tuple(compiled.positiontup if self.positional else defaults)
+        self.processors = tuple((name, bind.get(name), defaults.get(name)) for name in self.names)
 
     def values(self, params: dict[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         values = (
@@ -56,7 +61,7 @@ class Compiled:
         )
         if self.positional:
             return tuple(values)
-        return dict(zip((n for n, _, _ in self.processors), values, strict=True))
+        return dict(zip(self.names, values, strict=True))
 
 
 class Result:
@@ -97,7 +102,7 @@ class Driver:
         return compiled
 
     def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
-        if conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
+        if instrumented(conn):
             return conn.execute(statement, params)
         compiled = self.compiled(statement, params[0] if isinstance(params, list) else params)
         raw = conn.connection.driver_connection

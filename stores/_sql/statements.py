@@ -18,7 +18,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
-    exists,
     func,
     insert,
     select,
@@ -38,9 +37,6 @@ CLAIM = (
     .values(version=bindparam("new_version"))
 )
 """Take the session row if it still has the version this process knows (and lock it either way)."""
-
-CLAIM_UNSTEERED = CLAIM.where(~exists().where(steers.c.session_id == SID))
-"""CLAIM, only while no steer waits: a step with nothing to take is then one statement fewer."""
 
 TRIM = delete(messages).where(and_(messages.c.session_id == SID, messages.c.seq >= bindparam("start")))
 CLEAR = delete(messages).where(messages.c.session_id == SID)

@@ -106,19 +106,11 @@ class SQLStore:
 
         def write(conn: Connection) -> None:
             nonlocal saved, taken
-            claim = {"sid": session, "known": known[0] if known else "", "new_version": version}
-            # The usual step, in one statement: claim the row by version unless steers are waiting.
-            if take and known is not None and self.run(conn, sql.CLAIM_UNSTEERED, claim).rowcount == 1:
-                claimed = True
-                taken = []
-            else:
-                claimed = False
-                waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
-                taken = self.take(conn, session) if waiting else []
+            waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
+            taken = self.take(conn, session) if waiting else []
             saved = items + tuple(Message.user(text) for text in taken)
             start = 0
-            if claimed or (known is not None and self._claim(conn, session, known[0], version)):
-                assert known is not None  # claimed implies it
+            if known is not None and self._claim(conn, session, known[0], version):
                 start = shared
                 # Past what this process knows: its own diverged tail, or messages another writer appended
                 # (an append keeps the version).

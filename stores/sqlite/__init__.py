@@ -24,6 +24,7 @@ from agent_sessions import ArgumentError, Message
 
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
+from .._sql.driver import instrumented
 from .._sql.tables import sessions
 
 BUSY_TIMEOUT_MS = 30_000
@@ -52,7 +53,7 @@ class Store(SQLStore):
         statement of SQLStore.append, without the machinery around it, which on SQLite cost as much."""
         conn, driver = self._held()
         count = len(items) - start
-        if count > sql.MAX_APPEND or conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
+        if count > sql.MAX_APPEND or instrumented(conn):
             return super().append(session, known, version, items, start, unsteered)  # listeners see it there
         params = sql.append_params(session, known, items, start)
         assert self._driver is not None  # raw_statements
