@@ -61,7 +61,7 @@ def test_tool_arguments_are_stored_as_strings_not_documents(database: Database[A
     call = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c", "f", storetest.contract.ODD_JSON)])
     store.save("s", [call])
     doc = database[mongodb.SESSIONS].find_one({"_id": "s"})
-    assert doc is not None and doc["bodies"] == [call.to_json()]
+    assert doc is not None and doc["tail"] == [call.to_json()]
 
 
 def test_an_appending_save_pushes_only_the_new_messages(database: Database[Any]) -> None:
@@ -74,3 +74,46 @@ def test_an_appending_save_pushes_only_the_new_messages(database: Database[Any])
     store.save("s", [*msgs, agent.Message.assistant("a")])
     other.save("s", [*msgs, agent.Message.assistant("b")])  # stale version: rewrites, never appends twice
     assert store.messages("s") == [*msgs, agent.Message.assistant("b")]
+
+
+def pages(db: Database[Any]) -> list[str]:
+    return sorted(p["_id"] for p in db[mongodb.PAGES].find({}, {"_id": 1}))
+
+
+def test_a_growing_transcript_moves_full_pages_out_of_the_session_document(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    msgs: list[agent.Message] = []
+    for i in range(3 * mongodb.PAGE + 5):  # one message a save: every page boundary is crossed by an append
+        msgs.append(agent.Message.user(f"m{i}"))
+        assert store.save_with_steers("s", msgs) == []
+    doc = database[mongodb.SESSIONS].find_one({"_id": "s"})
+    assert doc is not None and len(doc["tail"]) == 5
+    assert len(pages(database)) == 3
+    assert mongodb.Store(database).messages("s") == msgs
+
+
+def test_a_page_left_by_a_writer_that_died_before_committing_is_not_read(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    msgs = [agent.Message.user(f"m{i}") for i in range(mongodb.PAGE - 1)]
+    store.save("s", msgs)
+    generation = database[mongodb.SESSIONS].find_one({"_id": "s"})["version"].split(":")[0]  # type: ignore[index]
+    dead = [agent.Message.user("never committed").to_json()] * mongodb.PAGE
+    database[mongodb.PAGES].insert_one({"_id": f"{generation}:0", "bodies": dead})
+    assert mongodb.Store(database).messages("s") == msgs  # the page lies past the committed tail
+    grown = [*msgs, agent.Message.assistant("a"), agent.Message.assistant("b")]
+    store.save("s", grown)  # its page is taken: the append gives way to a rewrite
+    assert mongodb.Store(database).messages("s") == grown
+    assert f"{generation}:0" not in pages(database)  # the replaced generation's pages are gone
+
+
+def test_a_rewrite_deletes_the_pages_it_replaced(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    store.save("s", [agent.Message.user(f"m{i}") for i in range(2 * mongodb.PAGE)])
+    first = pages(database)
+    assert len(first) == 2
+    store.save("s", [agent.Message.user("other")])
+    assert pages(database) == []
+    assert store.messages("s") == [agent.Message.user("other")]

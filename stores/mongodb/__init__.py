@@ -1,11 +1,21 @@
 """A store in MongoDB, over the caller's pymongo ``Database``.
 
-It relies only on what a standalone mongod gives: single-document atomicity, no transactions. So a
-session is one document holding both its transcript (messages kept as JSON strings, not sub-documents,
-so a model's tool arguments come back byte for byte) and the steers waiting for it: taking steers and
-saving the transcript they join is then one update of one document, which a crash cannot split.
-``INDEXES`` and ``create_indexes(database)`` are for the caller's migration (there are none today: every
-query is by ``_id``).
+It relies only on what a standalone mongod gives: single-document atomicity, no transactions. A
+session's document is its commit point: it holds the steers waiting for it, the transcript's version and
+its last few messages (the tail, under ``PAGE``). Older messages sit in pages of exactly ``PAGE``
+messages, in ``agent_pages``, which the document's version names but which are written before it. So
+the usual step (append a few messages, take no steer) is one ``$push`` onto the tail, guarded by the
+version this process knows and by no steer waiting, and it costs the same at 10 messages as at 10,000;
+taking steers and saving the transcript they join is still one update of one document.
+
+Messages are kept as JSON strings, not sub-documents, so a model's tool arguments come back byte for
+byte. ``INDEXES`` and ``create_indexes(database)`` are for the caller's migration (there are none today:
+every query is by ``_id``).
+
+The version is ``"<generation>:<length>"``. A rewrite starts a new generation; within one, messages
+only ever follow those committed, and the page holding positions ``k*PAGE ..`` is written once, so a
+version names one transcript. Pages of a generation a rewrite replaced are deleted after it commits;
+a page a writer left behind when it died before committing is harmless (no version reaches it).
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from typing import Any
 try:
     from pymongo import ReturnDocument
     from pymongo.database import Database
-    from pymongo.errors import DuplicateKeyError, PyMongoError
+    from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
         "stores.mongodb requires pymongo. Install it with: pip install 'agent-sessions[mongodb]'"
@@ -29,14 +39,19 @@ from agent_sessions import ArgumentError, Holder, Message, MessageError, Session
 from .._known import Known, common_prefix
 
 SESSIONS = "agent_sessions"
+PAGES = "agent_pages"
 RUNS = "agent_runs"
 JOURNALS = "agent_journals"
-COLLECTIONS = (SESSIONS, RUNS, JOURNALS)
+COLLECTIONS = (SESSIONS, PAGES, RUNS, JOURNALS)
 
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = []
 """(collection, keys, options) for each index beyond ``_id`` the store's queries use: none."""
 
-_TAKE_RETRIES = 1000  # each miss means another taker took something: progress, never a livelock
+PAGE = 32
+"""Messages per page. The tail stays under it, so an append rewrites at most this many on the server."""
+
+_RETRIES = 1000  # each miss means another writer or taker got there first: progress, never a livelock
+_NO_STEER = {"steers.0": {"$exists": False}}
 
 
 def create_indexes(database: Database[Any]) -> None:
@@ -52,6 +67,7 @@ class Store:
             )
         self.database = database
         self._sessions = database[SESSIONS]
+        self._pages = database[PAGES]
         self._runs = database[RUNS]
         self._journals = database[JOURNALS]
         self._known = Known(remember)
@@ -60,37 +76,24 @@ class Store:
         validate.session_id(session)
         known = self._known.get(session)
         items = validate.messages(msgs, trusted=known[1] if known is not None else ())
-        version = uuid.uuid4().hex
-        try:
-            appended = False
-            if known is not None and common_prefix(known[1], items) == len(known[1]):
-                new = [m.to_json() for m in items[len(known[1]):]]
-                result = self._sessions.update_one(
-                    {"_id": session, "version": known[0]},
-                    {"$push": {"bodies": {"$each": new}}, "$set": {"version": version}},
-                )
-                appended = result.matched_count == 1
-            if not appended:
-                self._sessions.update_one(
-                    {"_id": session},
-                    {"$set": {"version": version, "bodies": [m.to_json() for m in items]}},
-                    upsert=True,
-                )
-        except PyMongoError as exc:
-            self._known.forget(session)
-            raise StoreError(f"MongoDB store: save of session {session!r} failed: {exc}") from exc
-        self._known.put(session, version, items)
+        with self._failing("save", session):
+            if known is None or self._append(session, known, items, {}) is None:
+                self._rewrite(session, items, {"_id": session}, {})
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
+        with self._failing("messages", session):
+            for _ in range(_RETRIES):
+                doc = self._sessions.find_one({"_id": session}, {"steers": 0})
+                if doc is None or "version" not in doc:  # never saved (a document may hold only steers)
+                    return []
+                bodies = self._bodies(doc)
+                if bodies is not None:
+                    break
+            else:
+                raise StoreError(f"MongoDB store: messages of session {session!r} kept racing with rewrites")
         try:
-            doc = self._sessions.find_one({"_id": session})
-        except PyMongoError as exc:
-            raise StoreError(f"MongoDB store: messages of session {session!r} failed: {exc}") from exc
-        if doc is None or "bodies" not in doc:  # never saved (a document may hold only steers)
-            return []
-        try:
-            items = tuple(Message.from_json(body) for body in doc["bodies"])
+            items = tuple(Message.from_json(body) for body in bodies)
         except (MessageError, TypeError) as exc:
             raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
         self._known.put(session, doc["version"], items)
@@ -109,34 +112,141 @@ class Store:
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)
         with self._failing("take_steers", session):
-            for _ in range(_TAKE_RETRIES):
+            for _ in range(_RETRIES):
                 waiting = self._waiting(session)
                 if not waiting:
                     return []
-                if self._sessions.update_one(*_taking(session, waiting)).modified_count == 1:
+                where, pull = _taking(session, waiting)
+                if self._sessions.update_one(where, pull).modified_count == 1:
                     return [w["text"] for w in waiting]
         raise StoreError(f"MongoDB store: take_steers of session {session!r} kept racing with other takers")
 
     def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
-        """The steers are pulled and the transcript holding them set in one update, guarded on those
-        steers still being there: of two concurrent takers one matches, the other reads again."""
+        """The usual step is one update: the append, matched only while no steer waits. Otherwise the
+        steers are pulled and the transcript holding them written in one update, guarded on those steers
+        still being there: of two concurrent takers one matches, the other reads again."""
         validate.session_id(session)
         known = self._known.get(session)
         items = validate.messages(msgs, trusted=known[1] if known is not None else ())  # checks only what is new
         with self._failing("save", session):
-            for _ in range(_TAKE_RETRIES):
+            if known is not None and self._append(session, known, items, _NO_STEER) is not None:
+                return []
+            for _ in range(_RETRIES):
                 waiting = self._waiting(session)
                 if not waiting:
-                    break
+                    self.save(session, items)
+                    return []
                 saved = items + tuple(Message.user(w["text"]) for w in waiting)
-                version = uuid.uuid4().hex
                 where, pull = _taking(session, waiting)
-                update = {**pull, "$set": {"version": version, "bodies": [m.to_json() for m in saved]}}
-                if self._sessions.update_one(where, update).modified_count == 1:
-                    self._known.put(session, version, saved)
+                known = self._known.get(session)
+                if known is not None and self._append(session, known, saved, where, pull) is not None:
                     return [w["text"] for w in waiting]
-        self.save(session, items)
-        return []
+                if self._rewrite(session, saved, where, pull):
+                    return [w["text"] for w in waiting]
+        raise StoreError(f"MongoDB store: save of session {session!r} kept racing with other takers")
+
+    # -- the transcript: a tail in the session's document, full pages beside it -------------------------
+
+    def _append(
+        self,
+        session: str,
+        known: tuple[str, tuple[Message, ...]],
+        items: tuple[Message, ...],
+        guard: dict[str, Any],
+        also: dict[str, Any] | None = None,
+    ) -> str | None:
+        """Write ``items`` as the known transcript plus what follows it; the new version, or ``None``
+        when the stored transcript is no longer the known one (or ``items`` does not extend it)."""
+        version, old = known
+        length = len(old)
+        if common_prefix(old, items) < length:
+            return None
+        generation = version.split(":", 1)[0]
+        base, new_base = _base(length), _base(len(items))
+        if new_base > base:  # the tail fills pages: write them first, as no version reaches them yet
+            if not self._put_pages(generation, items, base, new_base, fresh=False):
+                return None
+            change: dict[str, Any] = {"$set": {"tail": _bodies(items[new_base:])}}
+        else:
+            change = {"$push": {"tail": {"$each": _bodies(items[length:])}}}
+        new_version = f"{generation}:{len(items)}"
+        change.setdefault("$set", {})["version"] = new_version
+        for op, fields in (also or {}).items():
+            change.setdefault(op, {}).update(fields)
+        if self._sessions.update_one({**guard, "_id": session, "version": version}, change).matched_count != 1:
+            return None
+        self._known.put(session, new_version, items)
+        return new_version
+
+    def _rewrite(self, session: str, items: tuple[Message, ...], guard: dict[str, Any], also: dict[str, Any]) -> bool:
+        """Write ``items`` as a new generation and point the session at it, if ``guard`` still matches."""
+        generation = uuid.uuid4().hex
+        base = _base(len(items))
+        self._put_pages(generation, items, 0, base, fresh=True)
+        version = f"{generation}:{len(items)}"
+        change: dict[str, Any] = {"$set": {"version": version, "tail": _bodies(items[base:])}}
+        for op, fields in also.items():
+            change.setdefault(op, {}).update(fields)
+        upsert = guard == {"_id": session}
+        before = self._sessions.find_one_and_update(
+            {**guard, "_id": session}, change, projection={"version": 1}, upsert=upsert,
+            return_document=ReturnDocument.BEFORE,
+        )
+        if before is None and not upsert:
+            self._drop_pages(version)
+            return False
+        self._known.put(session, version, items)
+        if before is not None and "version" in before:
+            self._drop_pages(before["version"])
+        return True
+
+    def _put_pages(self, generation: str, items: tuple[Message, ...], start: int, end: int, *, fresh: bool) -> bool:
+        """Insert the full pages covering ``start..end``. A page already there is a writer's that lost a
+        race or died: usable only when it holds the same messages."""
+        pages = [{"_id": f"{generation}:{k}", "bodies": _bodies(items[k * PAGE:(k + 1) * PAGE])}
+                 for k in range(start // PAGE, end // PAGE)]
+        if not pages:
+            return True
+        try:
+            self._pages.insert_many(pages, ordered=True)
+            return True
+        except BulkWriteError as exc:
+            if fresh or any(e.get("code") != 11000 for e in exc.details.get("writeErrors", [])):
+                raise
+            done = exc.details.get("nInserted", 0)
+        rest = pages[done:]
+        found = {p["_id"]: p.get("bodies") for p in self._pages.find({"_id": {"$in": [p["_id"] for p in rest]}})}
+        missing = [p for p in rest if p["_id"] not in found]
+        if any(found[p["_id"]] != p["bodies"] for p in rest if p["_id"] in found):
+            return False
+        if missing:
+            try:
+                self._pages.insert_many(missing, ordered=True)
+            except BulkWriteError:
+                return False
+        return True
+
+    def _bodies(self, doc: dict[str, Any]) -> list[str] | None:
+        """The stored transcript of a session document, or ``None`` when a rewrite removed its pages
+        between the two reads (read the document again)."""
+        generation, length = _parse(doc["version"])
+        count = _base(length) // PAGE
+        ids = [f"{generation}:{k}" for k in range(count)]
+        pages = {p["_id"]: p["bodies"] for p in self._pages.find({"_id": {"$in": ids}})} if ids else {}
+        if len(pages) < count:
+            return None
+        bodies = [body for page_id in ids for body in pages[page_id]]
+        bodies.extend(doc.get("tail") or [])
+        if len(bodies) != length:
+            raise StoreError(
+                f"MongoDB store: session {doc['_id']!r} should hold {length} messages but holds {len(bodies)}"
+            )
+        return bodies
+
+    def _drop_pages(self, version: str) -> None:
+        generation, length = _parse(version)
+        ids = [f"{generation}:{k}" for k in range(length // PAGE + 1)]  # one more: a dead writer's, if any
+        self._pages.delete_many({"_id": {"$in": ids}})
 
     def _waiting(self, session: str) -> list[dict[str, str]]:
         doc = self._sessions.find_one({"_id": session}, {"steers": 1})
@@ -148,18 +258,33 @@ class Store:
         validate.session_id(source)
         validate.session_id(target)
         with self._failing("fork", source):
-            doc = self._sessions.find_one({"_id": source})
-            if doc is None or "bodies" not in doc:
-                raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
-            bodies = doc.get("bodies", [])
+            bodies = None
+            for _ in range(_RETRIES):
+                doc = self._sessions.find_one({"_id": source}, {"steers": 0})
+                if doc is None or "version" not in doc:
+                    raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
+                bodies = self._bodies(doc)
+                if bodies is not None:
+                    break
+            if bodies is None:
+                raise StoreError(f"MongoDB store: fork of session {source!r} kept racing with rewrites")
             validate.fork_index(at, len(bodies), source)
+            bodies = bodies if at is None else bodies[:at]
+            generation = uuid.uuid4().hex
+            base = _base(len(bodies))
+            pages = [{"_id": f"{generation}:{k}", "bodies": bodies[k * PAGE:(k + 1) * PAGE]}
+                     for k in range(base // PAGE)]
+            if pages:
+                self._pages.insert_many(pages)
+            version = f"{generation}:{len(bodies)}"
             try:  # the target may already hold steers, but not a transcript
                 self._sessions.update_one(
-                    {"_id": target, "bodies": {"$exists": False}},
-                    {"$set": {"version": uuid.uuid4().hex, "bodies": bodies if at is None else bodies[:at]}},
+                    {"_id": target, "version": {"$exists": False}},
+                    {"$set": {"version": version, "tail": bodies[base:]}},
                     upsert=True,
                 )
             except DuplicateKeyError:
+                self._drop_pages(version)
                 raise SessionExists(
                     f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript"
                 ) from None
@@ -239,8 +364,22 @@ def _taking(session: str, waiting: list[dict[str, str]]) -> tuple[dict[str, Any]
     return {"_id": session, "steers.id": {"$all": ids}}, {"$pull": {"steers": {"id": {"$in": ids}}}}
 
 
+def _base(length: int) -> int:
+    """How many of ``length`` messages are in pages: the rest are the tail."""
+    return length - length % PAGE
+
+
+def _bodies(msgs: Sequence[Message]) -> list[str]:
+    return [m.to_json() for m in msgs]
+
+
+def _parse(version: str) -> tuple[str, int]:
+    generation, _, length = version.partition(":")
+    return generation, int(length)
+
+
 def _holder(doc: dict[str, Any]) -> Holder:
     return Holder(doc["host"], doc["pid"], doc["token"], doc["expires"], bool(doc.get("cancelled", False)))
 
 
-__all__ = ["COLLECTIONS", "INDEXES", "JOURNALS", "RUNS", "SESSIONS", "Store", "create_indexes"]
+__all__ = ["COLLECTIONS", "INDEXES", "JOURNALS", "PAGE", "PAGES", "RUNS", "SESSIONS", "Store", "create_indexes"]
