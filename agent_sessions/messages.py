@@ -49,7 +49,7 @@ def _encode(message: Message) -> str:
     against json.dumps on arbitrary messages."""
     blocks = []
     for c in message.content:
-        block = '{"type":"' + c.type.value + '"'
+        block = '{"type":"' + c.type + '"'  # a StrEnum is its value
         for name in _FIELDS[c.type]:
             value = getattr(c, name)
             if value is True or value is False:
@@ -57,7 +57,7 @@ def _encode(message: Message) -> str:
             else:
                 block += f',"{name}":' + encode_basestring_ascii(value)
         blocks.append(block + "}")
-    return '{"role":"' + message.role.value + '","content":[' + ",".join(blocks) + "]}"
+    return '{"role":"' + message.role + '","content":[' + ",".join(blocks) + "]}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ statements go through SQLAlchemy as usual, so instrumentation sees every one of 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Executable
@@ -43,7 +44,7 @@ def instrumented(conn: Connection) -> bool:
 
 
 class Compiled:
-    __slots__ = ("names", "positional", "processors", "sql")
+    __slots__ = ("names", "pick", "positional", "processors", "sql")
 
     def __init__(self, statement: Executable, dialect: Dialect, keys: tuple[str, ...]) -> None:
         compiled = statement.compile(dialect=dialect, column_keys=list(keys))  # type: ignore[attr-defined]
@@ -53,8 +54,16 @@ class Compiled:
         bind: dict[str, Callable[[Any], Any]] = compiled._bind_processors
         self.names: tuple[str, ...] = tuple(compiled.positiontup if self.positional else defaults)
         self.processors = tuple((name, bind.get(name), defaults.get(name)) for name in self.names)
+        # Positional, several parameters and nothing to convert (SQLite's append): one C call picks them.
+        plain = self.positional and len(self.names) > 1 and all(p is None for _, p, _ in self.processors)
+        self.pick: Callable[[dict[str, Any]], tuple[Any, ...]] | None = itemgetter(*self.names) if plain else None
 
     def values(self, params: dict[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
+        if self.pick is not None:
+            try:
+                return self.pick(params)
+            except KeyError:  # a parameter left to its default
+                pass
         values = (
             (params[n] if n in params else default) if p is None else p(params[n] if n in params else default)
             for n, p, default in self.processors

@@ -49,27 +49,23 @@ class Store(SQLStore):
     def append(
         self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
     ) -> str | None:
-        """The usual step of a run, on the driver alone: BEGIN IMMEDIATE, the one INSERT, COMMIT. The
-        statement of SQLStore.append, without the machinery around it, which on SQLite cost as much."""
+        """The usual step of a run, on the driver alone: the one INSERT, in autocommit. A statement that
+        writes takes the write lock before it reads, so alone it is what BEGIN IMMEDIATE, the INSERT and
+        COMMIT are, in one call; it inserts all its rows or, failing, none. The statement of
+        SQLStore.append, without the machinery around it, which on SQLite cost as much."""
         conn, driver = self._held()
         count = len(items) - start
-        if count > sql.MAX_APPEND or instrumented(conn):
+        if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction:
             return super().append(session, known, version, items, start, unsteered)  # listeners see it there
         params = sql.append_params(session, known, items, start)
         assert self._driver is not None  # raw_statements
         compiled = self._driver.compiled(sql.append_if_current(count, unsteered), params)
         try:
-            driver.execute("BEGIN IMMEDIATE")
             inserted: int = driver.execute(compiled.sql, compiled.values(params)).rowcount
-            driver.execute("COMMIT" if inserted == count else "ROLLBACK")
-        except BaseException as exc:
-            if driver.in_transaction:
-                driver.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.IntegrityError):  # another writer appended at these positions first
-                return None
-            if isinstance(exc, sqlite3.Error):
-                raise self._error("save", session, DBAPIError.instance("append", None, exc, sqlite3.Error)) from exc
-            raise
+        except sqlite3.IntegrityError:  # another writer appended at these positions first
+            return None
+        except sqlite3.Error as exc:
+            raise self._error("save", session, DBAPIError.instance("append", None, exc, sqlite3.Error)) from exc
         return known if inserted == count else None
 
     def _held(self) -> tuple[Connection, sqlite3.Connection]:
