@@ -56,7 +56,8 @@ class Store(SQLStore):
         conn, driver = self._held()
         count = len(items) - start
         if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction:
-            return super().append(session, known, version, items, start, unsteered)  # listeners see it there
+            # listeners see it there; inside an open transaction, autocommit would not commit it
+            return super().append(session, known, version, items, start, unsteered)
         params = sql.append_params(session, known, items, start)
         assert self._driver is not None  # raw_statements
         compiled = self._driver.compiled(sql.append_if_current(count, unsteered), params)
