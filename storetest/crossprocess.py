@@ -30,6 +30,7 @@ def _adder(factory: Callable[[], Store], sid: str, i: int, n: int, barrier: Any,
         out.put(("added", i, []))
     except BaseException:  # noqa: BLE001 - reported by the parent
         out.put(("error", i, [traceback.format_exc()]))
+        barrier.abort()  # the parent stops waiting for this process to be ready
 
 
 def _taker(factory: Callable[[], Store], sid: str, i: int, barrier: Any, adders_done: Any, out: Any) -> None:
@@ -46,6 +47,7 @@ def _taker(factory: Callable[[], Store], sid: str, i: int, barrier: Any, adders_
         out.put(("taken", i, taken))
     except BaseException:  # noqa: BLE001 - reported by the parent
         out.put(("error", i, [traceback.format_exc()]))
+        barrier.abort()  # the parent stops waiting for this process to be ready
 
 
 def exactly_once_across_processes(
@@ -68,7 +70,9 @@ def exactly_once_across_processes(
         try:
             barrier.wait(timeout)
         except threading.BrokenBarrierError:
-            raise AssertionError(f"the processes were not all ready within {timeout} s") from None
+            raise AssertionError(
+                f"the processes were not all ready within {timeout} s{_failures(out, add_procs + take_procs)}"
+            ) from None
         started = time.monotonic()
         while len([r for r in reports if r[0] != "taken"]) < adders:
             reports.append(out.get(timeout=timeout))
@@ -88,6 +92,20 @@ def exactly_once_across_processes(
     taken = [r[2] for r in reports if r[0] == "taken"]
     assert_each_taken_once(taken, "p", adders, per_adder)
     return seconds
+
+
+def _failures(out: Any, procs: list[Any]) -> str:
+    """Why processes never reached the barrier: the errors they reported and how the others ended."""
+    errors: list[str] = []
+    while True:
+        try:
+            kind, i, detail = out.get(timeout=1)
+        except queue.Empty:
+            break
+        if kind == "error":
+            errors.append(f"process {i}: {detail[0]}")
+    codes = [p.exitcode for p in procs]
+    return f"; exit codes {codes}" + "".join(f"\n{e}" for e in errors)
 
 
 def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, per_sender: int) -> None:
