@@ -1,11 +1,14 @@
 """agent-sessions: an agent loop whose state can live outside the process, so a run can be steered from
 any process and resumed on any worker. Importing it loads no database driver."""
 
+import logging
+
 from . import endpoints, events, validate
 from .endpoints import Endpoint
 from .errors import (
     AgentError,
     ArgumentError,
+    Conflict,
     EndpointError,
     LeaseLost,
     MessageError,
@@ -14,20 +17,24 @@ from .errors import (
     SessionExists,
     StoreError,
     ToolError,
+    TranscriptConflict,
     Unsupported,
 )
 from .lease import Holder
 from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
 from .runner import Result, Run, Runner, StopReason
-from .session import RunStore, Session, Store, StoreSession, open
+from .session import RunSession, RunStore, Saved, Session, Store, StoreSession, open
 from .spec import Pattern, Spec
 from .tools import Tool, tool
 
 __version__ = "0.1.0"
 
+logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
+
 __all__ = [
     "AgentError",
     "ArgumentError",
+    "Conflict",
     "Content",
     "ContentType",
     "Endpoint",
@@ -41,8 +48,10 @@ __all__ = [
     "Role",
     "Run",
     "RunFinished",
+    "RunSession",
     "RunStore",
     "Runner",
+    "Saved",
     "Session",
     "SessionBusy",
     "SessionExists",
@@ -53,6 +62,7 @@ __all__ = [
     "StoreSession",
     "Tool",
     "ToolError",
+    "TranscriptConflict",
     "Unsupported",
     "endpoints",
     "events",

@@ -50,7 +50,12 @@ class SessionExists(AgentError):
     """A fork's target already has a transcript: forking never overwrites a conversation."""
 
 
-class SessionBusy(AgentError):
+class Conflict(AgentError):
+    """Another run got to the session first: nothing was written, and retrying later (after reloading
+    the transcript) may succeed. A web app answers these with 409, apart from a ``StoreError`` (503)."""
+
+
+class SessionBusy(Conflict):
     """Another live run holds the session's lease. ``holder`` says who, and until when."""
 
     def __init__(self, message: str, holder: Holder) -> None:
@@ -58,8 +63,26 @@ class SessionBusy(AgentError):
         super().__init__(message)
 
 
-class LeaseLost(StoreError):
-    """This run's lease expired or was taken over, so it stopped rather than write beside another run."""
+class LeaseLost(Conflict):
+    """Another run took this run's lease over (it had stalled past its expiry, or its renewals failed):
+    the store refused the write, and the run stopped without writing anything more."""
+
+
+class TranscriptConflict(Conflict):
+    """A run's first write found a stored transcript that its messages do not extend: another run saved
+    meanwhile, or the caller passed a transcript that would wipe the history. Nothing was written.
+    Reload (``session.messages()``), append the new message and run again; or, to replace the history on
+    purpose, say so with ``Spec(replace_transcript=True)``."""
+
+    def __init__(self, session: str, stored: int, given: int) -> None:
+        self.session = session
+        self.stored = stored
+        self.given = given
+        super().__init__(
+            f"session {session!r}: the {given} messages given do not extend the {stored} stored; another run "
+            f"saved meanwhile, or the history would be lost. Reload the transcript and try again "
+            f"(Spec(replace_transcript=True) replaces it on purpose)"
+        )
 
 
 class Unsupported(AgentError, TypeError):

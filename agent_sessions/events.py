@@ -1,8 +1,9 @@
 """What a run reports as it goes. ``events`` is ``None`` or a callable taking these; with ``None`` the
-loop builds none of them."""
+loop builds none of them (its sink is ``SILENT``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -67,3 +68,79 @@ class Finished:
 
 Event = StepStarted | SteerApplied | Saved | ModelRequest | ModelResponse | ToolCalled | ToolFinished | Finished
 Events = Callable[[Event], None]
+
+
+class Sink:
+    """Builds each event and hands it to the run's ``events`` callback. The loop talks to a Sink, never to
+    the callback, so it has no ``if events is not None`` of its own; ``SILENT`` builds nothing."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+
+    def step_started(self, step: int) -> None:
+        self.events(StepStarted(step))
+
+    def steer_applied(self, step: int, text: str, index: int, source: Literal["run", "session"]) -> None:
+        self.events(SteerApplied(step, text, index, source))
+
+    def saved(self, step: int, messages: int) -> None:
+        self.events(Saved(step, messages))
+
+    def model_request(self, step: int, messages: int) -> float:
+        """Returns the clock reading ``model_response`` measures from."""
+        self.events(ModelRequest(step, messages))
+        return time.perf_counter()
+
+    def model_response(self, step: int, message: Message, started: float) -> None:
+        self.events(ModelResponse(step, message, time.perf_counter() - started))
+
+    def tool_called(self, step: int, call: Content) -> float:
+        self.events(ToolCalled(step, call))
+        return time.perf_counter()
+
+    def tool_finished(self, step: int, call: Content, result: Content, started: float) -> None:
+        self.events(ToolFinished(step, call, result, time.perf_counter() - started))
+
+    def finished(self, result: Result) -> None:
+        self.events(Finished(result))
+
+
+class _Silent(Sink):
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        pass
+
+    def step_started(self, step: int) -> None:
+        pass
+
+    def steer_applied(self, step: int, text: str, index: int, source: Literal["run", "session"]) -> None:
+        pass
+
+    def saved(self, step: int, messages: int) -> None:
+        pass
+
+    def model_request(self, step: int, messages: int) -> float:
+        return 0.0
+
+    def model_response(self, step: int, message: Message, started: float) -> None:
+        pass
+
+    def tool_called(self, step: int, call: Content) -> float:
+        return 0.0
+
+    def tool_finished(self, step: int, call: Content, result: Content, started: float) -> None:
+        pass
+
+    def finished(self, result: Result) -> None:
+        pass
+
+
+SILENT: Sink = _Silent()
+"""The sink of a run without ``events``: builds no event and reads no clock."""
+
+
+def sink(events: Events | None) -> Sink:
+    return SILENT if events is None else Sink(events)

@@ -1,19 +1,26 @@
 """Who holds a run: a lease in the store, renewed by a heartbeat thread while the run lives.
 
 Two replicas picking up one session must not both drive it. A run with a RunStore session takes the
-session's lease before its first request and gives it back when it returns; a worker that dies simply
-stops renewing, and once the lease has expired another worker may take it over. Expiry is compared with
-each process's wall clock, so replicas need synchronised clocks (NTP) and a ttl well above their skew.
+session's lease before its first request and gives it back when it returns. Each time the lease passes to
+a new holder the store raises the session's *epoch*, atomically with the acquisition, and every write the
+run makes carries its token and epoch: the store applies it only while the stored lease still has both
+(a fencing token). So a run that stalled past its expiry (a stopped process, a VM pause, a partition)
+and was taken over can never write again: its next write raises ``LeaseLost``.
+
+Expiry is decided by the store's clock (the database's, where it has one), never by a replica's, so clock
+skew between replicas cannot hand a live lease to a second run. A run's own checks never renew the lease;
+only the heartbeat does, so the two never race.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import LeaseLost, SessionBusy, StoreError
@@ -21,58 +28,68 @@ from .errors import LeaseLost, SessionBusy, StoreError
 if TYPE_CHECKING:
     from .session import RunStore
 
+log = logging.getLogger(__name__)
+
+HEARTBEAT_JOIN = 5.0
+"""Seconds a returning run waits for its heartbeat thread, which may be inside a slow store call; after
+that the (daemon) thread is left to finish on its own, and its late renewal is refused by the fence."""
+
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    """A lease as stored: who took it (host, pid, a random token), until when (epoch seconds), and
-    whether somebody has asked that run to stop."""
+    """A lease as stored: who took it (host, pid, a random token), until when (epoch seconds on the
+    store's clock), whether somebody asked that run to stop, and the session's epoch when it was taken."""
 
     host: str
     pid: int
     token: str
     expires: float
     cancelled: bool = False
+    epoch: int = 0
+    """Raised by the store each time the lease passes to a new holder; with ``token``, what every write of
+    the run carries and the store checks."""
 
-    def live(self, now: float | None = None) -> bool:
-        return self.expires > (time.time() if now is None else now)
+    def describe(self) -> str:
+        until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.expires))
+        return f"pid {self.pid} on {self.host} (epoch {self.epoch}, token {self.token[:8]}…, until {until} UTC)"
 
 
-def new_holder(ttl: float) -> Holder:
-    return Holder(socket.gethostname(), os.getpid(), secrets.token_hex(16), time.time() + ttl)
+def claimant() -> Holder:
+    """A new would-be holder: this process, a fresh token. The store sets expiry and epoch."""
+    return Holder(socket.gethostname(), os.getpid(), secrets.token_hex(16), 0.0)
 
 
 class Lease:
-    """The lease of one run: taken on entry, renewed every ``ttl / 3`` on a daemon thread, released on exit."""
+    """The lease of one run: taken on entry, renewed every ``ttl / 3`` on a daemon thread, released on exit.
+
+    ``holder`` is what the run's writes carry."""
 
     def __init__(self, store: RunStore, session: str, ttl: float, wait: float) -> None:
         self.store = store
         self.session = session
         self.ttl = ttl
         self.wait = wait
-        self.mine = new_holder(ttl)
+        self.holder = claimant()
+        self.lost: LeaseLost | None = None
+        """Set by the heartbeat when a renewal found the lease taken over."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lost: str | None = None
 
     def __enter__(self) -> Lease:
         deadline = time.monotonic() + self.wait
         pause = 0.02
         while True:
-            now = time.time()
-            self.mine = replace(self.mine, expires=now + self.ttl)
-            got = self.store.acquire(self.session, self.mine, now)
-            if got.token == self.mine.token:
+            got = self.store.acquire(self.session, self.holder, self.ttl)
+            if got.token == self.holder.token:
+                self.holder = got
                 break
-            if time.monotonic() >= deadline:
-                raise SessionBusy(
-                    f"session {self.session!r} is held by pid {got.pid} on {got.host} until "
-                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(got.expires))} (token {got.token[:8]}…)",
-                    got,
-                )
-            # Wake when the holder's lease runs out (a dead holder's never renews) or after the backoff.
-            until_expiry = max(0.0, got.expires - time.time()) + 0.001
-            time.sleep(min(pause, until_expiry, max(0.0, deadline - time.monotonic())))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SessionBusy(f"session {self.session!r} is held by {got.describe()}", got)
+            # Backoff rather than the holder's expiry: that is on the store's clock, not this one.
+            time.sleep(min(pause, left))
             pause = min(pause * 2, 0.5)
+        log.debug("session %r: lease taken, epoch %d", self.session, self.holder.epoch)
         self._thread = threading.Thread(target=self._heartbeat, name="agent-lease", daemon=True)
         self._thread.start()
         return self
@@ -80,44 +97,33 @@ class Lease:
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
-        if self._lost is None:
-            try:
-                self.store.release(self.session, self.mine.token)
-            except StoreError:
-                if kind is None:
-                    raise
-                # The run is failing already (often because the store is down): that error is the one to
-                # report. The lease is left to expire.
-
-    def check(self) -> bool:
-        """Raise if the lease is gone; return whether somebody asked this run to stop."""
-        now = time.time()
-        # Late renewals (a loaded machine, a slow store) are harmless unless another run took the lease
-        # over meanwhile: renew it here, and find out.
-        if self._lost is None and now >= self.mine.expires and self._renew(now):
-            return self.mine.cancelled
-        if self._lost is not None:
-            raise LeaseLost(f"the run of session {self.session!r} lost its lease: {self._lost}")
-        current = self.store.holder(self.session)
-        if current is None or current.token != self.mine.token:
-            self._lost = "another run took it over"
-            raise LeaseLost(f"the run of session {self.session!r} lost its lease: {self._lost}")
-        return current.cancelled
-
-    def _renew(self, now: float) -> bool:
-        """Extend the lease; ``False``, with the lease marked lost, when another run holds it now."""
-        got = self.store.acquire(self.session, replace(self.mine, expires=now + self.ttl), now)
-        if got.token != self.mine.token:
-            self._lost = f"pid {got.pid} on {got.host} took it over"
-            return False
-        self.mine = got
-        return True
+            self._thread.join(HEARTBEAT_JOIN)
+            if self._thread.is_alive():
+                log.warning("session %r: the lease heartbeat is still inside a store call after %.0f s; "
+                            "leaving it behind", self.session, HEARTBEAT_JOIN)
+        if self.lost is not None or isinstance(exc, LeaseLost):
+            return  # not ours any more: nothing to release
+        try:
+            self.store.release(self.session, self.holder)
+        except StoreError:
+            if kind is None:
+                raise
+            # The run is failing already (often because the store is down): that error is the one to
+            # report. The lease is left to expire.
+            log.warning("session %r: could not release the lease; it will expire", self.session, exc_info=True)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             try:
-                if not self._renew(time.time()):
-                    return
-            except StoreError:
-                continue  # the store may be back before the lease runs out; check() notices if not
+                self.store.renew(self.session, self.holder, self.ttl)
+            except LeaseLost as exc:
+                if not self._stop.is_set():  # else the run released it meanwhile
+                    self.lost = exc
+                    log.warning("session %r: lease lost: %s", self.session, exc)
+                return
+            except StoreError as exc:
+                # The store may be back before the lease runs out; the run's own writes fail if it is not.
+                log.warning("session %r: lease renewal failed (%s); retrying in %.1f s", self.session, exc,
+                            self.ttl / 3)
+            except Exception:  # a store's bug must not end the heartbeat silently
+                log.exception("session %r: lease renewal raised", self.session)

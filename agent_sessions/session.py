@@ -4,15 +4,16 @@ A Store is a backend holding many conversations; a Session is one of them, alrea
 in the loop threads an id around. Both are Protocols: a third-party store needs no base class, only the
 four methods (and passing ``storetest``).
 
-RunStore is the second, optional protocol: fork, the tool journal, the run lease and cancel. A store that
-lacks it keeps working; its sessions just cannot fork, be cancelled from afar, or be held by one run.
+RunStore is the second, optional protocol: the run lease and its fenced writes, the tool journal, cancel
+and fork. A store that lacks it keeps working; its sessions just cannot fork, be cancelled from afar, or
+be held by one run, and two runs of one session there are not kept apart (see docs/runs/leases.md).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from . import validate
 from .errors import ArgumentError, Unsupported
@@ -35,43 +36,69 @@ class Store(Protocol):
         """Remove and return the waiting steers, oldest first; each is handed over exactly once."""
 
 
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What a fenced save did beside saving: the steers it took (appended to the transcript, in order) and
+    whether somebody asked the run to stop."""
+
+    steers: list[str]
+    cancelled: bool
+
+
 @runtime_checkable
 class RunStore(Store, Protocol):
-    """What a store adds so runs can be forked, journalled, leased and cancelled across processes.
+    """What a store adds so runs can be leased, fenced, journalled, cancelled and forked across processes.
 
     Each method is one atomic step; the logic around them (when to take a lease, what a journal means)
     lives in the library, once, so every store behaves alike.
+
+    **The fencing rule.** ``holder`` in a write is the run's lease as ``acquire`` returned it. The store
+    applies the write only if the session's stored lease still has ``holder.token`` and ``holder.epoch``,
+    checked inside the write's own atomic step; otherwise it writes nothing and raises ``LeaseLost``.
+    Expiry does not enter into it: a lapsed lease that nobody took over is still its holder's. Expiry is
+    decided by the store's own clock (the database's, where it has one).
     """
 
-    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
-        """Take the steers waiting for ``session``, append them to ``msgs`` as user messages and save the
-        result, in one atomic step; return the steers taken. A run that dies at any point has then either
-        not taken a steer (it waits for the next run) or saved it: none is lost between take and save."""
+    def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
+        """Take the lease for ``holder`` (its host, pid and token; the rest is ignored) if it is free or
+        expired, raising the session's epoch, and return it as stored (its ``expires`` = now + ``ttl`` and
+        its new ``epoch``); otherwise return the live holder, unchanged."""
 
-    def fork(self, source: str, target: str, at: int | None) -> None:
-        """Copy the transcript of ``source`` (whole, or its first ``at`` messages) to the new session
-        ``target``, atomically; steers stay behind. ``ArgumentError`` when ``source`` has no transcript or
-        ``at`` is outside ``0..len``, ``SessionExists`` when ``target`` has one."""
+    def renew(self, session: str, holder: Holder, ttl: float) -> None:
+        """Extend the lease to now + ``ttl`` if it still has ``holder``'s token and epoch (even if it had
+        expired meanwhile, since nobody took it); otherwise raise ``LeaseLost``."""
+
+    def release(self, session: str, holder: Holder) -> None:
+        """Free the lease if it still has ``holder``'s token and epoch; the epoch is kept."""
+
+    def holder(self, session: str) -> Holder | None:
+        """The live lease, or ``None`` when the session is free or its lease has expired."""
+
+    def cancel(self, session: str) -> bool:
+        """Mark the live lease as cancelled; ``False`` when no lease is live."""
+
+    def check(self, session: str, holder: Holder) -> bool:
+        """Whether the run was asked to stop; ``LeaseLost`` if the lease is no longer ``holder``'s."""
+
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+    ) -> Saved:
+        """A leased run's save, in one atomic step, fenced by ``holder``. Unless ``replace``, the stored
+        transcript must be a prefix of ``msgs`` (``TranscriptConflict`` otherwise, naming both lengths):
+        the new messages are appended. With ``take_steers`` the waiting steers are taken and appended after
+        ``msgs`` as user messages, in the same step. A save that writes anything also deletes the journal
+        (the save holds the reply and its results now); one with nothing to write writes nothing."""
 
     def journal(self, session: str) -> str | None:
         """The session's tool journal as stored, or ``None``."""
 
-    def put_journal(self, session: str, journal: str | None) -> None:
-        """Replace the tool journal (``None`` deletes it)."""
+    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
+        """Store the tool journal, fenced by ``holder``; return whether the run was asked to stop."""
 
-    def acquire(self, session: str, holder: Holder, now: float) -> Holder:
-        """Take or renew the lease and return who holds it after this call: ``holder`` (keeping a
-        renewal's ``cancelled`` flag) if the lease was free, expired at ``now`` or already had its token;
-        otherwise the live holder, unchanged."""
-
-    def release(self, session: str, token: str) -> None:
-        """Drop the lease if ``token`` still holds it."""
-
-    def holder(self, session: str) -> Holder | None:
-        """The stored lease, live or expired, or ``None``."""
-
-    def cancel(self, session: str, now: float) -> bool:
-        """Mark the lease live at ``now`` as cancelled; ``False`` when no lease is live."""
+    def fork(self, source: str, target: str, at: int | None) -> None:
+        """Copy the transcript of ``source`` (whole, or its first ``at`` messages) to the new session
+        ``target``, atomically; steers, journal and lease stay behind. ``ArgumentError`` when ``source`` has
+        no transcript or ``at`` is outside ``0..len``, ``SessionExists`` when ``target`` has one."""
 
 
 @runtime_checkable
@@ -83,6 +110,23 @@ class Session(Protocol):
     def steer(self, text: str) -> None: ...
 
     def take_steers(self) -> list[str]: ...
+
+
+@runtime_checkable
+class RunSession(Session, Protocol):
+    """A session over a RunStore: what a run needs to hold a lease on it and fence its writes. Any class
+    with these attributes qualifies, not only ``StoreSession``."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def store(self) -> RunStore: ...
+
+
+def is_run_session(session: Session) -> TypeGuard[RunSession]:
+    """Checked once per run: is this session addressed in a RunStore, so the run is leased and fenced?"""
+    return isinstance(getattr(session, "id", None), str) and isinstance(getattr(session, "store", None), RunStore)
 
 
 class StoreSession:
@@ -117,13 +161,12 @@ class StoreSession:
 
     def holder(self) -> Holder | None:
         """Who runs this session now, and until when; ``None`` when no live run holds it."""
-        held = self._run_store("holder").holder(self.id)
-        return held if held is not None and held.live() else None
+        return self._run_store("holder").holder(self.id)
 
     def cancel(self) -> bool:
         """Ask the run holding this session, in whatever process, to stop before its next model request
         or tool call. ``False`` when no run holds it (nothing is remembered for a later run)."""
-        return self._run_store("cancel").cancel(self.id, time.time())
+        return self._run_store("cancel").cancel(self.id)
 
     def _run_store(self, op: str) -> RunStore:
         if not isinstance(self.store, RunStore):

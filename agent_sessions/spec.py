@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -30,6 +31,10 @@ class Spec:
     lives): how long a dead worker's session stays blocked before another may take it over."""
     lease_wait: float = 0.0
     """Seconds to wait for another live run's lease to end; 0 fails at once with SessionBusy."""
+    replace_transcript: bool = False
+    """Let the run's first save replace whatever transcript the session holds. By default (``False``) a
+    run over a RunStore only ever extends the stored transcript, and fails with ``TranscriptConflict``,
+    before any model request, when its messages do not start with it."""
     toolbox: tuple[Tool, ...] = field(init=False, repr=False, compare=False)
     """``tools`` as Tool objects (plain functions wrapped by ``@agent.tool``): what the model is offered."""
     _tools_by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
@@ -47,10 +52,12 @@ class Spec:
             )
         for name in ("lease_ttl", "lease_wait"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ArgumentError(f"Spec.{name} must be a number of seconds >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ArgumentError(f"Spec.{name} must be a finite number of seconds >= 0, got {value!r}")
         if not self.lease_ttl > 0:
-            raise ArgumentError("Spec.lease_ttl must be > 0")
+            raise ArgumentError(f"Spec.lease_ttl must be > 0, got {self.lease_ttl!r}")
+        if not isinstance(self.replace_transcript, bool):
+            raise ArgumentError(f"Spec.replace_transcript must be a bool, got {self.replace_transcript!r}")
         if not isinstance(self.system, str):
             raise ArgumentError(f"Spec.system must be a str, got {type(self.system).__name__}")
         tools = tuple(as_tool(t) for t in self.tools)

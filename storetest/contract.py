@@ -20,6 +20,7 @@ from agent_sessions import ArgumentError, Content, Message, Role, Store
 
 from . import strategies
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
+from .fencing import FencingContract
 from .runs import RunStoreContract
 
 settings.register_profile(
@@ -67,7 +68,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
     return out
 
 
-class StoreContract(RunStoreContract):
+class StoreContract(RunStoreContract, FencingContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.patterns.react import CANCELLED
 
 from . import crossprocess
+from .crossprocess import wait_for
 from .scripted import ToolsThenAnswer
 
 
@@ -36,8 +38,23 @@ def _call(id: str, arguments: str = '{"z":1,"a":[1, 2],"z":3}') -> Message:
     return Message(Role.ASSISTANT, [Content.tool_call(id, "read_file", arguments)])
 
 
-def _holder(token: str, expires: float) -> Holder:
-    return Holder("host-" + token, 1234, token, expires)
+def _claimant(tag: str = "") -> Holder:
+    """A would-be holder; the store sets its expiry and epoch. Tagged ones get a recognisable token."""
+    token = (tag * 32)[:32] if tag else uuid.uuid4().hex
+    return Holder("host-" + token[:8], 1234, token, 0.0)
+
+
+def _expires(store: RunStore, sid: str) -> float:
+    held = store.holder(sid)
+    assert held is not None
+    return held.expires
+
+
+def _join(threads: list[threading.Thread], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        assert not t.is_alive(), f"thread {t.name} did not finish within {timeout} s"
 
 
 def assert_no_orphans(msgs: list[Message]) -> None:
@@ -70,28 +87,34 @@ class RunStoreContract:
 
     # -- steers taken with the save ------------------------------------------------------------------
 
-    def test_save_with_steers_appends_the_waiting_steers_and_saves_them_together(self) -> None:
+    def test_a_fenced_save_appends_the_waiting_steers_and_saves_them_together(self) -> None:
         store = self.run_store()
         sid = _sid()
+        held = store.acquire(sid, _claimant(), 30)
         base = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
-        assert store.save_with_steers(sid, base) == []
+        assert store.save_fenced(sid, held, base, take_steers=True) == agent.Saved([], False)
         assert store.messages(sid) == base
         store.add_steer(sid, "first")
         store.add_steer(sid, "second 日本語")
-        assert store.save_with_steers(sid, base) == ["first", "second 日本語"]
+        saved = store.save_fenced(sid, held, base, take_steers=True)
+        assert saved == agent.Saved(["first", "second 日本語"], False)
         assert store.messages(sid) == [*base, Message.user("first"), Message.user("second 日本語")]
         assert store.take_steers(sid) == []
         assert self.another(store).messages(sid)[2].content[0].text == "r"
         with pytest.raises(agent.ArgumentError):
-            store.save_with_steers(sid, ["not a message"])  # type: ignore[list-item]
+            store.save_fenced(sid, held, ["not a message"], take_steers=True)  # type: ignore[list-item]
         store.add_steer(sid, "kept")
         with pytest.raises(agent.ArgumentError):
-            store.save_with_steers("", base)
+            store.save_fenced("", held, base, take_steers=True)
+        grown = [*base, Message.user("first"), Message.user("second 日本語"), Message.assistant("a")]
+        assert store.save_fenced(sid, held, grown, take_steers=False).steers == []
+        assert store.messages(sid) == grown
         assert store.take_steers(sid) == ["kept"]
 
-    def test_save_with_steers_hands_each_steer_over_once_beside_concurrent_adders_and_takers(self) -> None:
+    def test_fenced_saves_hand_each_steer_over_once_beside_concurrent_adders_and_takers(self) -> None:
         store = self.run_store()
         sid = _sid()
+        held = store.acquire(sid, _claimant(), 60)
         adders, per_adder = 4, 25
         done = threading.Event()
         saved: list[Message] = [Message.user("start")]
@@ -108,7 +131,7 @@ class RunStoreContract:
             try:
                 while True:
                     finished = done.is_set()
-                    taken = store.save_with_steers(sid, saved)
+                    taken = store.save_fenced(sid, held, saved, take_steers=True).steers
                     saved.extend(Message.user(t) for t in taken)
                     by_saver.extend(taken)
                     if finished and not taken:
@@ -125,11 +148,9 @@ class RunStoreContract:
         others = [threading.Thread(target=save), threading.Thread(target=take)]
         for t in threads + others:
             t.start()
-        for t in threads:
-            t.join()
+        _join(threads)
         done.set()
-        for t in others:
-            t.join()
+        _join(others)
         assert not errors, errors
         assert sorted(by_saver + by_taker) == sorted(f"s{i}-{j:04d}" for i in range(adders) for j in range(per_adder))
         stored = store.messages(sid)
@@ -197,7 +218,7 @@ class RunStoreContract:
 
         def fork(i: int) -> None:
             mine = self.another(store)
-            barrier.wait()
+            barrier.wait(30)
             try:
                 mine.fork(src, dst, i)
                 outcomes.append(f"made {i}")
@@ -207,65 +228,98 @@ class RunStoreContract:
         threads = [threading.Thread(target=fork, args=(i,)) for i in range(6)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        _join(threads)
         made = [o for o in outcomes if o.startswith("made")]
         assert len(made) == 1 and len(outcomes) == 6, outcomes
         assert len(store.messages(dst)) == int(made[0].split()[1])
 
     # -- lease ---------------------------------------------------------------------------------------
 
-    def test_a_lease_is_held_renewed_taken_over_when_expired_and_released(self) -> None:
+    def test_a_lease_is_held_renewed_released_and_each_new_holder_raises_the_epoch(self) -> None:
         store = self.run_store()
         sid = _sid()
-        now = 1_000_000.0
-        a, b = _holder("a" * 32, now + 10), _holder("b" * 32, now + 10)
         assert store.holder(sid) is None
-        assert store.acquire(sid, a, now) == a
-        assert store.acquire(sid, b, now + 1) == a  # live: b is refused and told who holds it
-        renewed = store.acquire(sid, _holder("a" * 32, now + 20), now + 5)
-        assert renewed.token == a.token and renewed.expires == now + 20
-        assert store.acquire(sid, b, now + 19) == renewed
-        taken = store.acquire(sid, _holder("b" * 32, now + 40), now + 20)  # expired at now + 20
-        assert taken.token == b.token
-        assert store.holder(sid) == taken
-        store.release(sid, a.token)  # not a's any more: nothing happens
-        assert store.holder(sid) == taken
-        store.release(sid, b.token)
+        a = store.acquire(sid, _claimant("a"), 30)
+        assert a.token == "a" * 32 and a.epoch >= 1 and a.cancelled is False
+        assert store.holder(sid) == a
+        assert store.acquire(sid, _claimant("b"), 30) == a  # live: b is refused and told who holds it
+        store.renew(sid, a, 60)
+        renewed = store.holder(sid)
+        assert renewed is not None and renewed.token == a.token and renewed.epoch == a.epoch
+        assert renewed.expires > a.expires
+        store.release(sid, a)
         assert store.holder(sid) is None
+        b = store.acquire(sid, _claimant("b"), 30)
+        assert b.token == "b" * 32 and b.epoch > a.epoch
+        store.release(sid, a)  # not a's any more: nothing happens
+        assert store.holder(sid) == b
+        with pytest.raises(agent.LeaseLost):
+            store.renew(sid, a, 30)
+        epochs = [b.epoch]
+        for i in range(3):
+            store.release(sid, store.holder(sid) or b)
+            epochs.append(store.acquire(sid, _claimant(str(i)), 30).epoch)
+        assert epochs == sorted(set(epochs)), f"the epoch must grow with every new holder: {epochs}"
+
+    def test_an_expired_lease_is_taken_over_and_its_old_holder_can_neither_renew_nor_release_it(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        a = store.acquire(sid, _claimant("a"), 0.2)
+        wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
+        b = store.acquire(sid, _claimant("b"), 30)
+        assert b.token == "b" * 32 and b.epoch == a.epoch + 1
+        with pytest.raises(agent.LeaseLost):
+            store.renew(sid, a, 30)
+        store.release(sid, a)
+        assert store.holder(sid) == b
+
+    def test_a_lapsed_lease_nobody_took_is_still_its_holders(self) -> None:
+        store = self.run_store()
+        sid = _sid()
+        a = store.acquire(sid, _claimant("a"), 0.2)
+        wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
+        store.renew(sid, a, 30)  # nobody acquired in between: the epoch is unchanged
+        assert store.holder(sid) == replace(a, expires=_expires(store, sid))
+        assert store.save_fenced(sid, a, [Message.user("still mine")], take_steers=True).steers == []
+        assert store.messages(sid) == [Message.user("still mine")]
 
     def test_cancel_marks_only_a_live_lease_and_a_renewal_keeps_it(self) -> None:
         store = self.run_store()
         sid = _sid()
-        now = time.time()
-        assert store.cancel(sid, now) is False
-        store.acquire(sid, _holder("a" * 32, now + 30), now)
-        assert store.cancel(sid, now) is True
-        assert store.acquire(sid, _holder("a" * 32, now + 60), now + 1).cancelled is True
-        assert store.cancel(sid, now + 61) is False  # expired
-        fresh = store.acquire(sid, _holder("b" * 32, now + 90), now + 61)
-        assert fresh.token == "b" * 32 and fresh.cancelled is False
+        assert store.cancel(sid) is False
+        a = store.acquire(sid, _claimant("a"), 30)
+        assert store.check(sid, a) is False
+        assert store.cancel(sid) is True
+        assert store.check(sid, a) is True
+        store.renew(sid, a, 30)
+        assert store.check(sid, a) is True and (store.holder(sid) or a).cancelled is True
+        store.release(sid, a)
+        assert store.cancel(sid) is False  # nothing is remembered for a later run
+        b = store.acquire(sid, _claimant("b"), 0.2)
+        assert b.cancelled is False and store.check(sid, b) is False
+        wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
+        assert store.cancel(sid) is False  # expired
 
     def test_concurrent_acquires_give_the_lease_to_one(self) -> None:
         store = self.run_store()
         sid = _sid()
-        now = time.time()
-        winners: list[str] = []
+        winners: list[agent.Holder] = []
         barrier = threading.Barrier(8)
 
         def acquire(i: int) -> None:
             own = self.another(store)
-            barrier.wait()
-            mine = _holder(f"{i:032d}", now + 30)
-            if own.acquire(sid, mine, now).token == mine.token:
-                winners.append(mine.token)
+            barrier.wait(30)
+            mine = _claimant(str(i))
+            got = own.acquire(sid, mine, 30)
+            if got.token == mine.token:
+                winners.append(got)
 
         threads = [threading.Thread(target=acquire, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        _join(threads)
         assert len(winners) == 1, winners
+        assert store.holder(sid) == winners[0]
 
     def test_a_second_run_of_a_held_session_is_refused_or_waits(self) -> None:
         store = self.run_store()
@@ -289,7 +343,8 @@ class RunStoreContract:
             agent.Runner().run(agent.Spec(session=agent.open(sid, self.another(store))),
                                [Message.user("me too")], ToolsThenAnswer([]))
         assert busy.value.holder == holder
-        waiting = agent.Runner().start(agent.Spec(session=agent.open(sid, self.another(store)), lease_wait=30),
+        waiting = agent.Runner().start(agent.Spec(session=agent.open(sid, self.another(store)), lease_wait=30,
+                                                  replace_transcript=True),
                                        [Message.user("after you")], ToolsThenAnswer([]))
         time.sleep(0.2)
         assert not waiting.done()
@@ -297,28 +352,7 @@ class RunStoreContract:
         assert first.wait(30).stop_reason == "answered"
         assert waiting.wait(30).stop_reason == "answered"
         assert agent.open(sid, store).holder() is None
-
-    def test_a_run_whose_lease_was_taken_over_stops_rather_than_write_beside_the_new_holder(self) -> None:
-        store = self.run_store()
-        sid = _sid()
-
-        @agent.tool
-        def step(n: int) -> str:
-            """The lease is taken over meanwhile (as if this run had stalled past its expiry)."""
-            if n == 0:
-                later = time.time() + 3600
-                taken = self.another(store).acquire(sid, _holder("f" * 32, later + 30), later)
-                assert taken.token == "f" * 32
-            return "ok"
-
-        with pytest.raises(agent.LeaseLost, match="took it over"):
-            agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[step], max_steps=5),
-                               [Message.user("go")], ToolsThenAnswer(["step", "step"], rounds=5))
-        stored = store.messages(sid)
-        assert stored == [Message.user("go")]  # nothing written after the takeover
-        assert_no_orphans(stored)
-        holder = store.holder(sid)
-        assert holder is not None and holder.token == "f" * 32  # the new holder's lease was left alone
+        assert store.messages(sid)[0].text == "after you"  # replaced, as that run asked
 
     # -- cancel --------------------------------------------------------------------------------------
 
@@ -380,17 +414,28 @@ class RunStoreContract:
 
     # -- journal and orphans ---------------------------------------------------------------------------
 
-    def test_journal_round_trips_and_deletes(self) -> None:
+    def test_journal_round_trips_byte_for_byte_and_a_writing_save_drops_it(self) -> None:
         store = self.run_store()
         a, b = _sid(), _sid()
+        ha, hb = store.acquire(a, _claimant(), 30), store.acquire(b, _claimant(), 30)
         assert store.journal(a) is None
-        store.put_journal(a, '{"z":1,"z":2} ünï \U0001f600')
-        store.put_journal(b, "other")
+        assert store.put_journal(a, ha, '{"z":1,"z":2} ünï \U0001f600') is False
+        store.put_journal(b, hb, "other")
         assert store.journal(a) == '{"z":1,"z":2} ünï \U0001f600'
-        store.put_journal(a, "replaced")
+        store.put_journal(a, ha, "replaced")
         assert store.journal(a) == "replaced"
-        store.put_journal(a, None)
+        store.save_fenced(a, ha, [], take_steers=True)  # nothing to write: nothing written
+        assert store.journal(a) == "replaced"
+        store.save_fenced(a, ha, [Message.user("q")], take_steers=True)
         assert store.journal(a) is None and store.journal(b) == "other"
+        store.put_journal(a, ha, "again")
+        store.add_steer(a, "a steer alone is something to write")
+        assert store.save_fenced(a, ha, [Message.user("q")], take_steers=True).steers == [
+            "a steer alone is something to write"]
+        assert store.journal(a) is None
+        store.cancel(b)
+        assert store.put_journal(b, hb, "cancelled, still written") is True
+        assert store.journal(b) == "cancelled, still written"
 
     def test_a_resumed_run_replays_finished_tools_reruns_idempotent_ones_and_never_repeats_the_rest(
         self,
@@ -429,12 +474,16 @@ class RunStoreContract:
         with pytest.raises(_Crash):
             agent.Runner().run(spec, [Message.user("go")], model)
         assert ran == ["lookup", "refresh"]
-        assert store.messages(sid) == [Message.user("go")]  # the reply waits in the journal, not here
+        assert store.messages(sid) == [Message.user("go")]
+        # Only idempotent tools ran: nothing was journalled (their results ride with the next save), so the
+        # resume asks the model again and they run again.
+        assert store.journal(sid) is None
         with pytest.raises(_Crash):
             agent.Runner().run(spec, store.messages(sid), model)
-        assert ran == ["lookup", "refresh", "refresh", "charge"]
+        assert ran == ["lookup", "refresh", "lookup", "refresh", "charge"]
+        assert store.messages(sid) == [Message.user("go")]  # the reply waits in the journal, not here
         result = agent.Runner().run(spec, store.messages(sid), model)
-        assert ran == ["lookup", "refresh", "refresh", "charge"]
+        assert ran == ["lookup", "refresh", "lookup", "refresh", "charge"]
         assert result.stop_reason == "answered" and result.steps == 1
         stored = store.messages(sid)
         assert_no_orphans(stored)
@@ -460,9 +509,13 @@ class RunStoreContract:
         spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
         with pytest.raises(_Crash):
             agent.Runner().run(spec, [Message.user("go")], ToolsThenAnswer(["charge"]))
-        result = agent.Runner().run(spec, [Message.user("something else")], ToolsThenAnswer(["charge"]))
-        assert ran == ["charge", "charge"]  # a new conversation's call, not the old one's
-        assert result.messages[2].content[0].text == "charged"
+        # A new turn on the same history (a new user message): the journal answers the transcript without
+        # it, not this one, so its call is not replayed here; the new turn's own call runs.
+        msgs = [*store.messages(sid), Message.user("something else")]
+        result = agent.Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))
+        assert ran == ["charge", "charge"]
+        assert result.messages[3].content[0].text == "charged"
+        assert store.journal(sid) is None
 
     def test_no_stored_transcript_holds_a_tool_call_without_its_result(self) -> None:
         store = self.run_store()

@@ -5,7 +5,7 @@ over real HTTP; this only decides what the loop does next.)"""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agent_sessions import Content, Message, Role, Tool
 
@@ -32,3 +32,19 @@ class ToolsThenAnswer:
             Role.ASSISTANT,
             [Content.tool_call(f"call_{made}_{i}", name, json.dumps({"n": i})) for i, name in enumerate(self.calls)],
         )
+
+
+class Answer:
+    """Answers ``text`` to every request; ``before`` (if given) runs first, inside the request, which is
+    where a test makes something happen while the run waits on its model."""
+
+    def __init__(self, text: str, before: Callable[[Sequence[Message]], object] | None = None) -> None:
+        self.text = text
+        self.before = before
+        self.requests = 0
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        self.requests += 1
+        if self.before is not None:
+            self.before(messages)
+        return Message.assistant(self.text)

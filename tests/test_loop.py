@@ -46,11 +46,14 @@ class CountingStore(memory.Store):
         self.takes += 1
         return super().take_steers(session)
 
-    def save_with_steers(self, session: str, msgs: Sequence[agent.Message]) -> list[str]:
-        self.takes += 1
-        taken = super().save_with_steers(session, msgs)
-        self.saves.append(len(msgs) + len(taken))
-        return taken
+    def save_fenced(
+        self, session: str, holder: agent.Holder, msgs: Sequence[agent.Message], *, take_steers: bool,
+        replace: bool = False,
+    ) -> agent.Saved:
+        self.takes += take_steers
+        saved = super().save_fenced(session, holder, msgs, take_steers=take_steers, replace=replace)
+        self.saves.append(len(msgs) + len(saved.steers))
+        return saved
 
 
 def wire_texts(request: Request) -> list[tuple[str, str]]:

@@ -83,10 +83,11 @@ def pages(db: Database[Any]) -> list[str]:
 def test_a_growing_transcript_moves_full_pages_out_of_the_session_document(database: Database[Any]) -> None:
     drop(database)
     store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
     msgs: list[agent.Message] = []
     for i in range(3 * mongodb.PAGE + 5):  # one message a save: every page boundary is crossed by an append
         msgs.append(agent.Message.user(f"m{i}"))
-        assert store.save_with_steers("s", msgs) == []
+        assert store.save_fenced("s", held, msgs, take_steers=True).steers == []
     doc = database[mongodb.SESSIONS].find_one({"_id": "s"})
     assert doc is not None and len(doc["tail"]) == 5
     assert len(pages(database)) == 3

@@ -1,39 +1,31 @@
 """The ReAct loop: ask the model, run the tools it calls, repeat until it answers.
 
 Immediately before every request the loop collects steers (the Run's box first, then the session's
-store) and appends them where the run has got to; with a session it then saves the transcript. It saves
-once more when it returns, because the model's last reply would otherwise only be written by a request
-that never comes: saves == requests + 1.
+store) and appends them where the run has got to; with a session it then saves the transcript (with a
+RunStore, the steers are taken in the same atomic write). It saves once more when it returns, because the
+model's last reply would otherwise only be written by a request that never comes.
 
-A run whose transcript ends with tool calls (a resume) answers them first. With a RunStore session the
-loop also holds the session's lease, stops on a cancel from any process (checked before every request
-and every tool call), and journals tool calls (see ``journal``).
+A run whose transcript ends with tool calls (a resume) answers them first. How the run keeps its
+transcript (not at all, a plain session, a leased and fenced one) is chosen once, in ``persistence``; what
+it reports goes to a ``Sink``. So the loop below reads top to bottom, with no branch on either.
 """
 
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Sequence
 from typing import Literal
 
 from ..endpoints import Endpoint
-from ..events import (
-    Events,
-    Finished,
-    ModelRequest,
-    ModelResponse,
-    Saved,
-    SteerApplied,
-    StepStarted,
-    ToolCalled,
-    ToolFinished,
-)
-from ..guard import Guard
+from ..events import Events, Sink, sink
 from ..messages import Content, Message, Role
+from ..persistence import Keeping, keeping
 from ..runner import Result, StopReason
 from ..spec import Spec
 from ..steerbox import SteerBox
 from ..tools import Tool
+
+CANCELLED = "not run: the run was cancelled before this tool call"
 
 
 def run(
@@ -44,63 +36,56 @@ def run(
     box: SteerBox,
     cancelled: threading.Event,
 ) -> Result:
-    guard = None if spec.session is None else Guard.of(spec.session, spec.lease_ttl, spec.lease_wait)
-    if guard is None:
-        return _loop(spec, transcript, endpoint, events, box, cancelled, None)
-    with guard:
-        guard.resume(transcript)
-        return _loop(spec, transcript, endpoint, events, box, cancelled, guard)
+    emit = sink(events)
+    with keeping(spec) as keep:
+        keep.resume(transcript)
+        return _loop(spec, transcript, endpoint, emit, box, cancelled, keep)
 
 
 def _loop(
     spec: Spec,
     transcript: list[Message],
     endpoint: Endpoint,
-    events: Events | None,
+    emit: Sink,
     box: SteerBox,
     cancelled: threading.Event,
-    guard: Guard | None,
+    keep: Keeping,
 ) -> Result:
-    session = spec.session
     steps = 0
     reply: Message | None = None
     stop: StopReason
     if unanswered(transcript):  # a resumed run: finish the reply's tool calls before asking again
-        _run_tools(spec, steps, transcript, events, cancelled, guard)
+        _run_tools(spec, steps, transcript, emit, cancelled, keep)
     while True:
-        if cancelled.is_set() or (guard is not None and guard.stop_requested()):
+        if cancelled.is_set():
             stop = "cancelled"
             break
         if steps == spec.max_steps:
             stop = "max_steps"
             break
-        steps += 1
-        if events is not None:
-            events(StepStarted(steps))
-        _collect(steps, transcript, box.drain(), "run", events)
-        if guard is not None:  # taken and saved atomically: a crash cannot lose a steer in between
-            _collect(steps, transcript, guard.save_with_steers(transcript), "session", events)
-        elif session is not None:
-            _collect(steps, transcript, session.take_steers(), "session", events)
-            session.save(transcript)
-        if session is not None:
-            if events is not None:
-                events(Saved(steps, len(transcript)))
-        if events is not None:
-            events(ModelRequest(steps, len(transcript)))
-            started = time.perf_counter()
+        step = steps + 1
+        emit.step_started(step)
+        _collect(step, transcript, box.drain(), "run", emit)
+        steers, stop_asked = keep.before_request(transcript)  # steers taken and saved in one step
+        _applied(step, transcript, steers, "session", emit)
+        if keep.saves:
+            emit.saved(step, len(transcript))
+        if stop_asked:
+            cancelled.set()
+            stop = "cancelled"
+            break
+        started = emit.model_request(step, len(transcript))
         reply = endpoint.complete(spec.system, transcript, spec.toolbox)
+        steps = step
         transcript.append(reply)
-        if events is not None:
-            events(ModelResponse(steps, reply, time.perf_counter() - started))
+        emit.model_response(step, reply, started)
         if not reply.tool_calls:
             stop = "answered"
             break
-        _run_tools(spec, steps, transcript, events, cancelled, guard)
-    if session is not None:
-        session.save(transcript)
-        if events is not None:
-            events(Saved(steps, len(transcript)))
+        _run_tools(spec, step, transcript, emit, cancelled, keep)
+    keep.finish(transcript)
+    if keep.saves:
+        emit.saved(steps, len(transcript))
     result = Result(
         messages=transcript,
         text=reply.text if stop == "answered" and reply is not None else "",
@@ -108,8 +93,7 @@ def _loop(
         stop_reason=stop,
         unapplied_steers=box.close(),
     )
-    if events is not None:
-        events(Finished(result))
+    emit.finished(result)
     return result
 
 
@@ -119,61 +103,51 @@ def unanswered(transcript: list[Message]) -> bool:
 
 
 def _run_tools(
-    spec: Spec,
-    step: int,
-    transcript: list[Message],
-    events: Events | None,
-    cancelled: threading.Event,
-    guard: Guard | None,
+    spec: Spec, step: int, transcript: list[Message], emit: Sink, cancelled: threading.Event, keep: Keeping
 ) -> None:
     """Answer every tool call of the last message, in one message of results: a call never stands in the
-    transcript without its result, whatever stops the run. A cancel seen before a call skips it (and
-    every later one) with an error result saying so."""
-    if guard is not None:
-        guard.begin(transcript)
+    transcript without its result, whatever stops the run. A call whose result a dead run journalled gets
+    that result; a call that would run, once a cancel is seen, is skipped (with every later one) with an
+    error result saying so."""
+    keep.begin_tools(transcript)
     results: list[Content] = []
     for call in transcript[-1].tool_calls:
-        if not cancelled.is_set() and guard is not None and guard.stop_requested():
-            cancelled.set()
-        if cancelled.is_set():
-            results.append(Content.tool_result(call.id, CANCELLED, is_error=True))
-            continue
         tool = spec.tool(call.name)
-        replayed = None if guard is None else guard.replay(call, tool)
-        if replayed is not None:
-            results.append(replayed)
-            continue
-        if guard is not None:
-            guard.started(call)
-        result = _call_tool(tool, step, call, events)
-        if guard is not None:
-            guard.finished(result)
+        result = keep.replay(call, tool)
+        if result is None:
+            if not cancelled.is_set() and not keep.may_run(call, tool):
+                cancelled.set()
+            if cancelled.is_set():
+                result = Content.tool_result(call.id, CANCELLED, is_error=True)
+            else:
+                result = _call_tool(tool, step, call, emit)
+                keep.ran(call, tool, result)
         results.append(result)
     transcript.append(Message(Role.USER, results))
 
 
-CANCELLED = "not run: the run was cancelled before this tool call"
-
-
 def _collect(
-    step: int, transcript: list[Message], steers: list[str],
-    source: Literal["run", "session"],
-    events: Events | None,
+    step: int, transcript: list[Message], steers: list[str], source: Literal["run", "session"], emit: Sink
 ) -> None:
     for text in steers:
         transcript.append(Message.user(text))
-        if events is not None:
-            events(SteerApplied(step, text, len(transcript) - 1, source))
+        emit.steer_applied(step, text, len(transcript) - 1, source)
 
 
-def _call_tool(tool: Tool | None, step: int, call: Content, events: Events | None) -> Content:
-    if events is not None:
-        events(ToolCalled(step, call))
-        started = time.perf_counter()
+def _applied(
+    step: int, transcript: list[Message], steers: Sequence[str], source: Literal["run", "session"], emit: Sink
+) -> None:
+    """Report steers already appended: they are the last ``len(steers)`` messages."""
+    first = len(transcript) - len(steers)
+    for i, text in enumerate(steers):
+        emit.steer_applied(step, text, first + i, source)
+
+
+def _call_tool(tool: Tool | None, step: int, call: Content, emit: Sink) -> Content:
+    started = emit.tool_called(step, call)
     if tool is None:
         result = Content.tool_result(call.id, f"there is no tool named {call.name!r}", is_error=True)
     else:
         result = tool.invoke(call)
-    if events is not None:
-        events(ToolFinished(step, call, result, time.perf_counter() - started))
+    emit.tool_finished(step, call, result, started)
     return result

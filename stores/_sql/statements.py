@@ -13,60 +13,118 @@ from typing import Any
 
 from sqlalchemy import (
     BindParameter,
+    Double,
     Integer,
     TextClause,
     and_,
     bindparam,
     delete,
+    exists,
+    false,
     func,
     insert,
+    null,
     select,
     text,
+    true,
     update,
 )
 
-from agent_sessions import Message
+from agent_sessions import Holder, Message
 
-from .tables import LongText, SessionId, journals, messages, runs, sessions, steers
+from .clock import db_now
+from .tables import LongText, SessionId, messages, sessions, steers
 
-SID: BindParameter[str] = bindparam("sid")
+S, M = sessions.c, messages.c
+SID: BindParameter[str] = bindparam("sid", type_=SessionId)
+FENCE = and_(S.token == bindparam("lease_token"), S.epoch == bindparam("lease_epoch"))
+"""The write's lease is still the stored one: the fencing check, inside every write of a leased run."""
+UNTIL = db_now() + bindparam("ttl", type_=Double())
 
-CLAIM = (
-    update(sessions)
-    .where(and_(sessions.c.session_id == SID, sessions.c.version == bindparam("known")))
-    .values(version=bindparam("new_version"))
-)
-"""Take the session row if it still has the version this process knows (and lock it either way)."""
-
-TRIM = delete(messages).where(and_(messages.c.session_id == SID, messages.c.seq >= bindparam("start")))
-CLEAR = delete(messages).where(messages.c.session_id == SID)
+TRIM = delete(messages).where(and_(M.session_id == SID, M.seq >= bindparam("start")))
+CLEAR = delete(messages).where(M.session_id == SID)
 APPEND = insert(messages)
+BODIES_FROM = select(M.seq, M.body).where(and_(M.session_id == SID, M.seq >= bindparam("start"))).order_by(M.seq)
 
 LOAD = (
-    select(sessions.c.version, messages.c.body)
-    .select_from(sessions.outerjoin(messages, messages.c.session_id == sessions.c.session_id))
-    .where(sessions.c.session_id == SID)
-    .order_by(messages.c.seq)
+    select(S.version, M.body)
+    .select_from(sessions.outerjoin(messages, M.session_id == S.session_id))
+    .where(S.session_id == SID)
+    .order_by(M.seq)
 )
-LENGTH = select(func.count()).select_from(messages).where(messages.c.session_id == SID)
+LENGTH = select(func.count()).select_from(messages).where(M.session_id == SID)
+
+LOCK = select(S.version, S.token, S.epoch, S.cancelled).where(S.session_id == SID).with_for_update()
+"""The session row, locked for a save's transaction (SQLite: the transaction's BEGIN IMMEDIATE locks)."""
+STATE = select(
+    S.version, S.token, S.epoch, S.cancelled,
+    exists().where(steers.c.session_id == SID).label("steers"),
+    exists().where(and_(M.session_id == SID, M.seq == bindparam("length"))).label("longer"),
+).where(S.session_id == SID)
+"""What a fenced save with nothing new to write needs to know, in one read."""
+SET_VERSION = update(sessions).where(S.session_id == SID).values(version=bindparam("version"), journal=null())
+
+# -- the lease -------------------------------------------------------------------------------------------
+
+LEASE = select(S.token, S.epoch, (S.expires > db_now()).label("live")).where(S.session_id == SID).with_for_update()
+NEW_LEASE = insert(sessions).values(
+    session_id=SID, version=null(), token=bindparam("lease_token"), host=bindparam("lease_host"),
+    pid=bindparam("lease_pid"), expires=UNTIL, epoch=1, cancelled=false(),
+)
+TAKE_OVER = (
+    update(sessions)
+    .where(S.session_id == SID)
+    .values(token=bindparam("lease_token"), host=bindparam("lease_host"), pid=bindparam("lease_pid"), expires=UNTIL,
+            epoch=S.epoch + 1, cancelled=false())
+)
+RENEW = update(sessions).where(and_(S.session_id == SID, FENCE)).values(expires=UNTIL)
+RELEASE = (
+    update(sessions)
+    .where(and_(S.session_id == SID, FENCE))
+    .values(token=null(), host=null(), pid=null(), expires=null(), cancelled=false())
+)
+CURRENT = select(S.host, S.pid, S.token, S.expires, S.cancelled, S.epoch).where(S.session_id == SID)
+HOLDER = CURRENT.where(and_(S.token.is_not(None), S.expires > db_now()))
+"""The live lease, on the database's clock."""
+CANCEL = (
+    update(sessions)
+    .where(and_(S.session_id == SID, S.token.is_not(None), S.expires > db_now()))
+    .values(cancelled=true())
+)
+CHECK = select(S.token, S.epoch, S.cancelled).where(S.session_id == SID)
+
+# -- the journal -----------------------------------------------------------------------------------------
+
+JOURNAL = select(S.journal).where(S.session_id == SID)
+PUT_JOURNAL = update(sessions).where(and_(S.session_id == SID, FENCE, S.cancelled == false())).values(
+    journal=bindparam("body", type_=LongText)
+)
+"""The usual journal write: matched only while the run is not cancelled, so a match says so too."""
+PUT_JOURNAL_CANCELLED = update(sessions).where(and_(S.session_id == SID, FENCE)).values(
+    journal=bindparam("body", type_=LongText)
+)
 
 MAX_APPEND = 100
 """Messages one append statement carries; a save adding more runs the general transaction."""
 
 
-@functools.lru_cache(maxsize=4 * MAX_APPEND)
-def append_if_current(count: int, unsteered: bool, lock: str = "") -> TextClause:
+@functools.lru_cache(maxsize=8 * MAX_APPEND)
+def append_if_current(count: int, unsteered: bool, fenced: bool, lock: str = "") -> TextClause:
     """Insert ``count`` new messages (``:q0``/``:b0`` ...) in one statement, only while the session still
-    has the version this process knows (and, when ``unsteered``, no steer waits): the usual step, whole.
-    The version is not replaced: an append changes no message another writer knows, and a second writer
-    appending at the same positions fails on the primary key instead. ``lock``: what makes the read of
-    the session row a locking one where the statement's reads would not be (MySQL's LOCK IN SHARE MODE)."""
+    has the version this process knows and no journal (when ``unsteered``, no steer waits; when ``fenced``,
+    the lease is still ``:lease_token``/``:lease_epoch`` and not cancelled): the usual step, whole. Anything else (a
+    steer, a cancel, a journal to drop, a lost lease) inserts nothing and the save runs its transaction,
+    which sorts out which. The version is not replaced: an append changes no message another writer
+    knows, and a second writer appending at the same positions fails on the primary key instead.
+    ``lock``: what makes the read of the session row a locking one where the statement's reads would not
+    be (MySQL's LOCK IN SHARE MODE), so a takeover cannot commit between the check and the insert."""
     guard = " AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE agent_steers.session_id = :sid)" if unsteered else ""
+    fence = " AND s.token = :lease_token AND s.epoch = :lease_epoch AND NOT s.cancelled" if fenced else ""
     rows = " UNION ALL ".join(f"SELECT :q{i} AS seq, :b{i} AS body" for i in range(count))
     statement = text(
         "INSERT INTO agent_messages (session_id, seq, body) "
         f"SELECT s.session_id, v.seq, v.body FROM agent_sessions AS s JOIN ({rows}) AS v ON 1 = 1 "
-        f"WHERE s.session_id = :sid AND s.version = :known{guard}{lock}"
+        f"WHERE s.session_id = :sid AND s.version = :known AND s.journal IS NULL{fence}{guard}{lock}"
     )
     types: list[BindParameter[Any]] = [bindparam("sid", type_=SessionId)]
     types += [bindparam(f"q{i}", type_=Integer()) for i in range(count)]
@@ -74,13 +132,23 @@ def append_if_current(count: int, unsteered: bool, lock: str = "") -> TextClause
     return statement.bindparams(*types)
 
 
-def append_params(session: str, known: str, items: Sequence[Message], start: int) -> dict[str, Any]:
+def append_params(
+    session: str, known: str, items: Sequence[Message], start: int, holder: Holder | None
+) -> dict[str, Any]:
     """The values of an append of ``items[start:]`` (``append_if_current``, or a dialect's own)."""
     params: dict[str, Any] = {"sid": session, "known": known}
+    if holder is not None:
+        params["lease_token"] = holder.token
+        params["lease_epoch"] = holder.epoch
     for i in range(len(items) - start):
         params[f"q{i}"] = start + i
         params[f"b{i}"] = items[start + i].to_json()
     return params
+
+
+def fence_params(session: str, holder: Holder) -> dict[str, Any]:
+    return {"sid": session, "lease_token": holder.token, "lease_epoch": holder.epoch}
+
 
 ADD_STEER = insert(steers)
 ANY_STEER = select(steers.c.id).where(steers.c.session_id == SID).limit(1)
@@ -88,8 +156,3 @@ TAKE_STEERS = delete(steers).where(steers.c.session_id == SID).returning(steers.
 LOCK_STEERS = (
     select(steers.c.id, steers.c.text).where(steers.c.session_id == SID).order_by(steers.c.id).with_for_update()
 )
-
-HOLDER = select(runs).where(runs.c.session_id == SID)
-JOURNAL = select(journals.c.body).where(journals.c.session_id == SID)
-DROP_JOURNAL = delete(journals).where(journals.c.session_id == SID)
-PUT_JOURNAL = insert(journals)

@@ -1,10 +1,16 @@
 """The SQL store logic, once, for every dialect.
 
+A session is one row of ``agent_sessions`` (its transcript's version, its tool journal and its run
+lease) plus its messages and steers. Every write a leased run makes is guarded by that row's lease token
+and epoch, inside the write's own statement or transaction, so a run that was taken over can never write
+again (the fencing rule of ``agent_sessions.RunStore``).
+
 Saving appends: a Store remembers, per session, the transcript it last wrote or read and the version
 token that went with it. A save whose transcript starts with that one, while the token in the database is
-still the same, writes only the new messages (and deletes a diverged tail); otherwise it rewrites the
-transcript. Either way it is one transaction, and the session row is locked first, so concurrent writers
-of one session queue behind each other instead of deadlocking.
+still the same, writes only the new messages, in one statement (the usual step). Otherwise it runs one
+transaction that locks the session row first, so concurrent writers of one session queue behind each
+other instead of deadlocking; there a leased run's save checks that the stored transcript is a prefix of
+what it saves (a compare-and-swap) and a plain save rewrites what differs.
 """
 
 from __future__ import annotations
@@ -19,29 +25,26 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Executable,
-    and_,
-    case,
-    delete,
-    false,
-    insert,
-    literal,
-    or_,
-    select,
-    true,
-    update,
-)
+from sqlalchemy import Connection, Engine, Executable, and_, insert, literal, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from agent_sessions import ArgumentError, Holder, Message, MessageError, SessionExists, StoreError, validate
+from agent_sessions import (
+    ArgumentError,
+    Holder,
+    LeaseLost,
+    Message,
+    MessageError,
+    Saved,
+    SessionExists,
+    StoreError,
+    TranscriptConflict,
+    validate,
+)
 
 from .._known import Known, common_prefix
 from . import statements as sql
 from .driver import PARAMSTYLES, Driver, Rows
-from .tables import TABLES, messages, runs, sessions
+from .tables import TABLES, messages, sessions
 
 T = TypeVar("T")
 
@@ -76,14 +79,15 @@ class SQLStore:
     # -- the Store protocol --------------------------------------------------------------------------
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
-        self._save(session, msgs, take=False)
+        """Replace the transcript (unfenced: for sessions no run holds)."""
+        self._save(session, msgs, None, take=False, replace=True)
 
-    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
-        """One transaction: a plain read finds whether steers wait (usually none), only then are they
-        taken, and the transcript holding them is saved before the commit."""
-        return self._save(session, msgs, take=True)
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+    ) -> Saved:
+        return self._save(session, msgs, holder, take=take_steers, replace=replace)
 
-    def _save(self, session: str, msgs: Sequence[Message], take: bool) -> list[str]:
+    def _save(self, session: str, msgs: Sequence[Message], holder: Holder | None, take: bool, replace: bool) -> Saved:
         validate.session_id(session)
         known = self._known.get(session)
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
@@ -91,47 +95,99 @@ class SQLStore:
             shared = common_prefix(known[1], items)  # diverged, or not the objects it saved: compare
         for m in items[shared:]:
             m.to_json()  # encode before the transaction opens: no lock is held while we serialise
-        version = os.urandom(16).hex()
-        if known is not None and shared == len(known[1]) < len(items):
+        if known is not None and shared == len(known[1]) and not (holder is not None and replace):
             try:
-                stored = self.append(session, known[0], version, items, shared, unsteered=take)
+                if shared < len(items):
+                    stored = self.append(session, known[0], os.urandom(16).hex(), items, shared, take, holder)
+                    if stored is not None:
+                        self._known.put(session, stored, items)
+                        return Saved([], False)
+                elif holder is not None:
+                    unchanged = self._unchanged(session, holder, known[0], len(items), take)
+                    if unchanged is not None:
+                        return unchanged
             except BaseException:
                 self._known.forget(session)
                 raise
-            if stored is not None:
-                self._known.put(session, stored, items)
-                return []
-        saved = items
-        taken: list[str] = []
+        outcome: list[tuple[Saved, str | None, tuple[Message, ...]]] = []
 
         def write(conn: Connection) -> None:
-            nonlocal saved, taken
-            waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
-            taken = self.take(conn, session) if waiting else []
-            saved = items + tuple(Message.user(text) for text in taken)
-            start = 0
-            if known is not None and self._claim(conn, session, known[0], version):
-                start = shared
-                # Past what this process knows: its own diverged tail, or messages another writer appended
-                # (an append keeps the version).
-                self.run(conn, sql.TRIM, {"sid": session, "start": start})
-            else:
-                conn.execute(self.upsert_session(session, version))
-                self.run(conn, sql.CLEAR, {"sid": session})
-            if start < len(saved):
-                self.run(
-                    conn,
-                    sql.APPEND,
-                    [{"session_id": session, "seq": i, "body": saved[i].to_json()} for i in range(start, len(saved))],
-                )
+            outcome[:] = [self._write(conn, session, items, known if known is not None else None, shared,
+                                      holder, take, replace)]
 
         try:
             self._transaction("save", session, write)
         except BaseException:
             self._known.forget(session)
             raise
-        self._known.put(session, version, saved)
-        return taken
+        saved, version, transcript = outcome[0]
+        if version is not None:
+            self._known.put(session, version, transcript)
+        return saved
+
+    def _write(
+        self,
+        conn: Connection,
+        session: str,
+        items: tuple[Message, ...],
+        known: tuple[str, tuple[Message, ...]] | None,
+        shared: int,
+        holder: Holder | None,
+        take: bool,
+        replace: bool,
+    ) -> tuple[Saved, str | None, tuple[Message, ...]]:
+        """The general save, inside its transaction, with the session row locked first."""
+        row = self.run(conn, sql.LOCK, {"sid": session}).first()
+        if holder is not None and (row is None or row[1] != holder.token or row[2] != holder.epoch):
+            raise _lost(session, holder, None if row is None else row[1:3])
+        stored_version = None if row is None else row[0]
+        same = known is not None and stored_version is not None and stored_version == known[0]
+        if holder is not None and not replace:
+            start = self._stored_prefix(conn, session, items, shared if same else 0)
+        else:
+            start = shared if same else 0
+            self.run(conn, sql.TRIM, {"sid": session, "start": start})
+        waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
+        taken = self.take(conn, session) if waiting else []
+        saved = items + tuple(Message.user(text) for text in taken)
+        result = Saved(taken, bool(row[3]) if row is not None else False)
+        if holder is not None and not replace and start == len(saved):
+            return result, stored_version, saved  # nothing to write, so nothing written
+        version = os.urandom(16).hex()
+        if row is None:
+            conn.execute(self.upsert_session(session, version))
+        else:
+            self.run(conn, sql.SET_VERSION, {"sid": session, "version": version})
+        if start < len(saved):
+            self.run(
+                conn,
+                sql.APPEND,
+                [{"session_id": session, "seq": i, "body": saved[i].to_json()} for i in range(start, len(saved))],
+            )
+        return result, version, saved
+
+    def _stored_prefix(self, conn: Connection, session: str, items: tuple[Message, ...], shared: int) -> int:
+        """How many messages are stored, checking that they are the first ones of ``items`` (the first
+        ``shared`` are known to be); ``TranscriptConflict`` when they are not."""
+        rows = self.run(conn, sql.BODIES_FROM, {"sid": session, "start": shared}).all()
+        end = shared + len(rows)
+        if end > len(items) or any(items[shared + i].to_json() != body for i, (_, body) in enumerate(rows)):
+            raise TranscriptConflict(session, end, len(items))
+        return end
+
+    def _unchanged(self, session: str, holder: Holder, known: str, length: int, take: bool) -> Saved | None:
+        """A fenced save with nothing new: one read shows the transcript is still the known one, the lease
+        still ``holder``'s and no steer to take; then nothing is written. ``None``: run the transaction."""
+        row = self._transaction(
+            "save", session, lambda conn: self.run(conn, sql.STATE, {"sid": session, "length": length}).first(),
+            read_only=True, reads=True,
+        )
+        if row is None:
+            return None
+        version, token, epoch, cancelled, steers, longer = row
+        if token != holder.token or epoch != holder.epoch or version != known or longer or (take and steers):
+            return None
+        return Saved([], bool(cancelled))
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -140,7 +196,7 @@ class SQLStore:
             return list(self.run(conn, sql.LOAD, {"sid": session}).all())
 
         rows = self._transaction("messages", session, read, read_only=True, reads=True)
-        if not rows:
+        if not rows or rows[0][0] is None:
             return []
         try:
             items = tuple(Message.from_json(body) for _, body in rows if body is not None)
@@ -172,23 +228,124 @@ class SQLStore:
         )
         return row is not None
 
-    # -- RunStore ------------------------------------------------------------------------------------
+    # -- RunStore: the lease ---------------------------------------------------------------------------
+
+    def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
+        validate.session_id(session)
+        params = {"sid": session, "lease_token": holder.token, "lease_host": holder.host, "lease_pid": holder.pid,
+                  "ttl": float(ttl)}
+
+        def take(conn: Connection) -> Holder:
+            row = self.run(conn, sql.LEASE, {"sid": session}).first()
+            if row is None:
+                self.run(conn, sql.NEW_LEASE, params)
+            elif row[0] is None or not row[2]:  # free, or expired on the database's clock
+                self.run(conn, sql.TAKE_OVER, params)
+            current = self.run(conn, sql.CURRENT, {"sid": session}).first()
+            assert current is not None
+            return _holder(current)
+
+        for attempt in range(3):
+            try:
+                return self._transaction("acquire", session, take)
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, IntegrityError) or attempt == 2:
+                    raise  # otherwise another process inserted the row first: read it next time
+        raise AssertionError("unreachable")
+
+    def renew(self, session: str, holder: Holder, ttl: float) -> None:
+        validate.session_id(session)
+        params = {**sql.fence_params(session, holder), "ttl": float(ttl)}
+        renewed = self._transaction(
+            "renew", session, lambda conn: self.run(conn, sql.RENEW, params).rowcount, read_only=True
+        )
+        if renewed != 1:
+            raise _lost(session, holder, self._check_row(session))
+
+    def release(self, session: str, holder: Holder) -> None:
+        validate.session_id(session)
+        params = sql.fence_params(session, holder)
+        self._transaction("release", session, lambda conn: self.run(conn, sql.RELEASE, params), read_only=True)
+
+    def holder(self, session: str) -> Holder | None:
+        validate.session_id(session)
+        current = self._transaction(
+            "holder", session, lambda conn: self.run(conn, sql.HOLDER, {"sid": session}).first(),
+            read_only=True, reads=True,
+        )
+        return None if current is None else _holder(current)
+
+    def cancel(self, session: str) -> bool:
+        validate.session_id(session)
+        cancelled = self._transaction(
+            "cancel", session, lambda conn: self.run(conn, sql.CANCEL, {"sid": session}).rowcount, read_only=True
+        )
+        return bool(cancelled == 1)
+
+    def check(self, session: str, holder: Holder) -> bool:
+        validate.session_id(session)
+        row = self._check_row(session)
+        if row is None or row[0] != holder.token or row[1] != holder.epoch:
+            raise _lost(session, holder, row)
+        return bool(row[2])
+
+    def _check_row(self, session: str) -> Sequence[Any] | None:
+        return self._transaction(
+            "check", session, lambda conn: self.run(conn, sql.CHECK, {"sid": session}).first(),
+            read_only=True, reads=True,
+        )
+
+    # -- RunStore: the journal and fork ----------------------------------------------------------------
+
+    def journal(self, session: str) -> str | None:
+        validate.session_id(session)
+        body = self._transaction(
+            "journal", session, lambda conn: self.run(conn, sql.JOURNAL, {"sid": session}).scalar(),
+            read_only=True, reads=True,
+        )
+        return None if body is None else str(body)
+
+    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
+        """One statement, matched while the run is not cancelled; otherwise a transaction finds out why."""
+        validate.session_id(session)
+        params = {**sql.fence_params(session, holder), "body": journal}
+        if self._transaction(
+            "put_journal", session, lambda conn: self.run(conn, sql.PUT_JOURNAL, params).rowcount, read_only=True
+        ) == 1:
+            return False
+
+        def put(conn: Connection) -> bool:
+            row = self.run(conn, sql.LOCK, {"sid": session}).first()
+            if row is None or row[1] != holder.token or row[2] != holder.epoch:
+                raise _lost(session, holder, None if row is None else row[1:3])
+            self.run(conn, sql.PUT_JOURNAL_CANCELLED, params)
+            return bool(row[3])
+
+        return self._transaction("put_journal", session, put)
 
     def fork(self, source: str, target: str, at: int | None) -> None:
         validate.session_id(source)
         validate.session_id(target)
 
         def copy(conn: Connection) -> None:
-            if conn.execute(
+            row = conn.execute(
                 select(sessions.c.version).where(sessions.c.session_id == source).with_for_update()
-            ).first() is None:
+            ).first()
+            if row is None or row[0] is None:
                 raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
             length = int(self.run(conn, sql.LENGTH, {"sid": source}).scalar())  # type: ignore[call-overload]
             validate.fork_index(at, length, source)
             n = length if at is None else at
-            if conn.execute(select(sessions.c.version).where(sessions.c.session_id == target)).first():
-                raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
-            conn.execute(insert(sessions).values(session_id=target, version=uuid.uuid4().hex))
+            exists = SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
+            held = conn.execute(select(sessions.c.version).where(sessions.c.session_id == target)).first()
+            if held is None:
+                conn.execute(insert(sessions).values(session_id=target, version=uuid.uuid4().hex))
+            elif held[0] is not None or conn.execute(
+                update(sessions)
+                .where(and_(sessions.c.session_id == target, sessions.c.version.is_(None)))
+                .values(version=uuid.uuid4().hex)
+            ).rowcount != 1:
+                raise exists  # (a row holding only a lease has no transcript: the fork may fill it)
             conn.execute(
                 insert(messages).from_select(
                     ["session_id", "seq", "body"],
@@ -205,78 +362,6 @@ class SQLStore:
                 raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} was just created") from exc
             raise
 
-    def journal(self, session: str) -> str | None:
-        validate.session_id(session)
-        body = self._transaction(
-            "journal", session, lambda conn: self.run(conn, sql.JOURNAL, {"sid": session}).scalar(),
-            read_only=True, reads=True,
-        )
-        return None if body is None else str(body)
-
-    def put_journal(self, session: str, journal: str | None) -> None:
-        validate.session_id(session)
-
-        def put(conn: Connection) -> None:
-            self.run(conn, sql.DROP_JOURNAL, {"sid": session})
-            if journal is not None:
-                self.run(conn, sql.PUT_JOURNAL, {"session_id": session, "body": journal})
-
-        self._transaction("put_journal", session, put)
-
-    def acquire(self, session: str, holder: Holder, now: float) -> Holder:
-        validate.session_id(session)
-        row = runs.c
-
-        def take(conn: Connection) -> Holder:
-            # cancelled is assigned first: MySQL evaluates SET left to right, so it must still see the
-            # old token. A renewal keeps a cancel; a take-over starts without one.
-            conn.execute(
-                update(runs)
-                .where(and_(row.session_id == session, or_(row.token == holder.token, row.expires <= now)))
-                .ordered_values(
-                    (row.cancelled, case((row.token == holder.token, row.cancelled), else_=false())),
-                    (row.host, holder.host),
-                    (row.pid, holder.pid),
-                    (row.token, holder.token),
-                    (row.expires, holder.expires),
-                )
-            )
-            current = self.run(conn, sql.HOLDER, {"sid": session}).first()
-            if current is None:
-                conn.execute(insert(runs).values(
-                    session_id=session, host=holder.host, pid=holder.pid, token=holder.token,
-                    expires=holder.expires, cancelled=False,
-                ))
-                return Holder(holder.host, holder.pid, holder.token, holder.expires, False)
-            return _holder(current)
-
-        for attempt in range(3):
-            try:
-                return self._transaction("acquire", session, take)
-            except StoreError as exc:
-                if not isinstance(exc.__cause__, IntegrityError) or attempt == 2:
-                    raise  # otherwise another process inserted the lease first: read it next time
-        raise AssertionError("unreachable")
-
-    def release(self, session: str, token: str) -> None:
-        validate.session_id(session)
-        self._transaction("release", session, lambda conn: conn.execute(
-            delete(runs).where(and_(runs.c.session_id == session, runs.c.token == token))
-        ))
-
-    def holder(self, session: str) -> Holder | None:
-        validate.session_id(session)
-        current = self._transaction(
-            "holder", session, lambda conn: self.run(conn, sql.HOLDER, {"sid": session}).first(),
-            read_only=True, reads=True,
-        )
-        return None if current is None else _holder(current)
-
-    def cancel(self, session: str, now: float) -> bool:
-        validate.session_id(session)
-        stmt = update(runs).where(and_(runs.c.session_id == session, runs.c.expires > now)).values(cancelled=true())
-        return bool(self._transaction("cancel", session, lambda conn: conn.execute(stmt).rowcount) == 1)
-
     # -- what dialects override ----------------------------------------------------------------------
 
     def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
@@ -287,22 +372,31 @@ class SQLStore:
         return conn.execute(statement, params)
 
     def upsert_session(self, session: str, version: str) -> Any:
+        """Insert the session row with ``version`` (and no journal), or set those on the existing one."""
         raise NotImplementedError
 
     share_lock: ClassVar[str] = ""
     """Appended to the append's read of the session row where that read would not lock it (MySQL)."""
 
     def append(
-        self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
+        self,
+        session: str,
+        known: str,
+        version: str,
+        items: tuple[Message, ...],
+        start: int,
+        unsteered: bool,
+        holder: Holder | None,
     ) -> str | None:
         """Append ``items[start:]`` in one statement if the stored version is still ``known`` (and, when
-        ``unsteered``, no steer waits), returning the version stored now (``known``: see
-        ``statements.append_if_current``); ``None`` when not, and the save then runs its transaction."""
+        ``unsteered``, no steer waits; with a ``holder``, the lease is still its and not cancelled),
+        returning the version stored now (``known``: see ``statements.append_if_current``); ``None`` when
+        not, and the save then runs its transaction."""
         count = len(items) - start
         if count > sql.MAX_APPEND:
             return None
-        params = sql.append_params(session, known, items, start)
-        statement = sql.append_if_current(count, unsteered, self.share_lock)
+        params = sql.append_params(session, known, items, start, holder)
+        statement = sql.append_if_current(count, unsteered, holder is not None, self.share_lock)
         try:
             inserted = self._transaction("save", session, lambda conn: self.run(conn, statement, params).rowcount)
         except StoreError as exc:
@@ -322,11 +416,6 @@ class SQLStore:
         return False
 
     # -- plumbing ------------------------------------------------------------------------------------
-
-    def _claim(self, conn: Connection, session: str, known: str, version: str) -> bool:
-        """Take the session row if it still has the version this process knows; lock it either way."""
-        result = self.run(conn, sql.CLAIM, {"sid": session, "known": known, "new_version": version})
-        return bool(result.rowcount == 1)
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
@@ -375,9 +464,20 @@ class SQLStore:
 
 
 def _holder(row: Sequence[Any]) -> Holder:
-    """A row of agent_runs (sql.HOLDER's columns, in table order) as a Holder."""
-    _, host, pid, token, expires, cancelled = row
-    return Holder(host, pid, token, expires, bool(cancelled))
+    """sql.HOLDER's or sql.CURRENT's columns as a Holder."""
+    host, pid, token, expires, cancelled, epoch = row
+    return Holder(host, int(pid), token, float(expires), bool(cancelled), int(epoch))
+
+
+def _lost(session: str, holder: Holder, stored: Sequence[Any] | None) -> LeaseLost:
+    """``stored``: the stored lease's token and epoch, or ``None`` when the session has no row."""
+    if stored is None:
+        now = "the session has no lease"
+    elif stored[0] is None:
+        now = f"the lease is free, at epoch {stored[1]}"
+    else:
+        now = f"held at epoch {stored[1]} by token {str(stored[0])[:8]}…"
+    return LeaseLost(f"session {session!r}: this run's lease (epoch {holder.epoch}) was taken over; {now}")
 
 
 def _dispose_after_fork(store: SQLStore) -> None:

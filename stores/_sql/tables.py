@@ -21,6 +21,8 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    false,
+    text,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
@@ -53,7 +55,18 @@ sessions = Table(
     Column("session_id", SessionId, primary_key=True),
     # A random token, replaced by every save that may change a stored message (an append need not): a
     # writer that knows the current token may append only its new messages; any other writer rewrites.
-    Column("version", String(32), nullable=False),
+    # NULL: no transcript yet (the row holds only a lease).
+    Column("version", String(32), nullable=True),
+    # The tool journal of the reply being run (see agent_sessions.journal); a save that writes drops it.
+    Column("journal", LongText, nullable=True),
+    # The run lease. token is NULL when nobody holds it; epoch only grows, one step per new holder, and
+    # every write of a leased run is guarded by token and epoch on this row (the fencing token).
+    Column("token", String(64), nullable=True),
+    Column("host", String(255), nullable=True),
+    Column("pid", Integer, nullable=True),
+    Column("expires", Double, nullable=True),  # seconds since 1970 on the database's clock
+    Column("epoch", BigInteger, nullable=False, server_default=text("0")),
+    Column("cancelled", Boolean, nullable=False, server_default=false()),
     **_MYSQL,
 )
 
@@ -76,28 +89,11 @@ steers = Table(
     **_MYSQL,
 )
 
-# The optional RunStore part: one lease per session, and the tool journal of the reply being run.
-runs = Table(
-    "agent_runs",
-    metadata,
-    Column("session_id", SessionId, primary_key=True),
-    Column("host", String(255), nullable=False),
-    Column("pid", Integer, nullable=False),
-    Column("token", String(64), nullable=False),
-    Column("expires", Double, nullable=False),
-    Column("cancelled", Boolean, nullable=False),
-    **_MYSQL,
-)
+TABLES = (sessions, messages, steers)
 
-journals = Table(
-    "agent_journals",
-    metadata,
-    Column("session_id", SessionId, primary_key=True),
-    Column("body", LongText, nullable=False),
-    **_MYSQL,
-)
-
-TABLES = (sessions, messages, steers, runs, journals)
+SCHEMA_VERSION = 2
+"""1: leases in agent_runs and journals in agent_journals (0.1); 2: both on the agent_sessions row, so
+one row lock fences every write of a run."""
 
 
 def ddl(dialect: Dialect) -> list[str]:

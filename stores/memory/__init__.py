@@ -3,28 +3,48 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
-from agent_sessions import ArgumentError, Holder, Message, SessionExists, validate
+from agent_sessions import (
+    ArgumentError,
+    Holder,
+    LeaseLost,
+    Message,
+    Saved,
+    SessionExists,
+    TranscriptConflict,
+    validate,
+)
+
+
+@dataclass
+class _Run:
+    """A session's lease and journal. ``epoch`` outlives the holder, so it only ever grows."""
+
+    holder: Holder | None = None
+    epoch: int = 0
+    journal: str | None = None
+    steers: deque[str] = field(default_factory=deque)
 
 
 class Store:
-    """Thread-safe; one lock guards everything, since every operation is a few dict and deque steps."""
+    """Thread-safe; one lock guards everything, since every operation is a few dict and deque steps.
+    Expiry is decided by this process's clock (``time.time``): there is no other process to disagree."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._transcripts: dict[str, tuple[Message, ...]] = {}
-        self._steers: dict[str, deque[str]] = {}
-        self._journals: dict[str, str] = {}
-        self._leases: dict[str, Holder] = {}
+        self._runs: dict[str, _Run] = {}
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
         items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
         with self._lock:
             self._transcripts[session] = items
+            self._run(session).journal = None
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -35,26 +55,86 @@ class Store:
         validate.session_id(session)
         validate.steer_text(text)
         with self._lock:
-            self._steers.setdefault(session, deque()).append(text)
+            self._run(session).steers.append(text)
 
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)
         with self._lock:
-            waiting = self._steers.pop(session, None)
-        return list(waiting) if waiting else []
+            return self._take(session)
 
     # -- RunStore --------------------------------------------------------------------------------------
 
-    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
+    def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
+        validate.session_id(session)
+        with self._lock:
+            run = self._run(session)
+            now = time.time()
+            if run.holder is not None and run.holder.expires > now:
+                return run.holder
+            run.epoch += 1
+            run.holder = replace(holder, expires=now + ttl, cancelled=False, epoch=run.epoch)
+            return run.holder
+
+    def renew(self, session: str, holder: Holder, ttl: float) -> None:
+        validate.session_id(session)
+        with self._lock:
+            run = self._fenced(session, holder)
+            run.holder = replace(run.holder or holder, expires=time.time() + ttl)
+
+    def release(self, session: str, holder: Holder) -> None:
+        validate.session_id(session)
+        with self._lock:
+            run = self._run(session)
+            if _same(run.holder, holder):
+                run.holder = None
+
+    def holder(self, session: str) -> Holder | None:
+        validate.session_id(session)
+        with self._lock:
+            held = self._run(session).holder
+            return held if held is not None and held.expires > time.time() else None
+
+    def cancel(self, session: str) -> bool:
+        validate.session_id(session)
+        with self._lock:
+            run = self._run(session)
+            if run.holder is None or run.holder.expires <= time.time():
+                return False
+            run.holder = replace(run.holder, cancelled=True)
+            return True
+
+    def check(self, session: str, holder: Holder) -> bool:
+        validate.session_id(session)
+        with self._lock:
+            return self._cancelled(self._fenced(session, holder))
+
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+    ) -> Saved:
         validate.session_id(session)
         items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
         with self._lock:
-            waiting = self._steers.pop(session, None)
-            taken = list(waiting) if waiting else []
-            self._transcripts[session] = items + tuple(Message.user(t) for t in taken)
-        return taken
+            run = self._fenced(session, holder)
+            stored = self._transcripts.get(session, ())
+            if not replace and not validate.is_extension(stored, items):
+                raise TranscriptConflict(session, len(stored), len(items))
+            taken = self._take(session) if take_steers else []
+            if taken or items != stored or replace:
+                self._transcripts[session] = items + tuple(Message.user(t) for t in taken)
+                run.journal = None
+            return Saved(taken, self._cancelled(run))
 
-    # -- -----------------------------------------------------------------------------------
+    def journal(self, session: str) -> str | None:
+        validate.session_id(session)
+        with self._lock:
+            return self._run(session).journal
+
+    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
+        validate.session_id(session)
+        with self._lock:
+            run = self._fenced(session, holder)
+            run.journal = journal
+            return self._cancelled(run)
 
     def fork(self, source: str, target: str, at: int | None) -> None:
         validate.session_id(source)
@@ -68,55 +148,39 @@ class Store:
                 raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
             self._transcripts[target] = msgs if at is None else msgs[:at]
 
-    def journal(self, session: str) -> str | None:
-        validate.session_id(session)
-        with self._lock:
-            return self._journals.get(session)
+    # -- under the lock --------------------------------------------------------------------------------
 
-    def put_journal(self, session: str, journal: str | None) -> None:
-        validate.session_id(session)
-        with self._lock:
-            if journal is None:
-                self._journals.pop(session, None)
-            else:
-                self._journals[session] = journal
+    def _run(self, session: str) -> _Run:
+        run = self._runs.get(session)
+        if run is None:
+            run = self._runs[session] = _Run()
+        return run
 
-    def acquire(self, session: str, holder: Holder, now: float) -> Holder:
-        validate.session_id(session)
-        with self._lock:
-            current = self._leases.get(session)
-            if current is not None and current.token == holder.token:
-                holder = replace(holder, cancelled=current.cancelled)
-            elif current is not None and current.live(now):
-                return current
-            else:
-                holder = replace(holder, cancelled=False)
-            self._leases[session] = holder
-            return holder
+    def _take(self, session: str) -> list[str]:
+        run = self._runs.get(session)
+        if run is None or not run.steers:
+            return []
+        taken = list(run.steers)
+        run.steers.clear()
+        return taken
 
-    def release(self, session: str, token: str) -> None:
-        validate.session_id(session)
-        with self._lock:
-            current = self._leases.get(session)
-            if current is not None and current.token == token:
-                del self._leases[session]
+    def _fenced(self, session: str, holder: Holder) -> _Run:
+        run = self._run(session)
+        if not _same(run.holder, holder):
+            now = "free" if run.holder is None else f"held by {run.holder.describe()}"
+            raise LeaseLost(f"session {session!r}: the lease of epoch {holder.epoch} is gone (now {now})")
+        return run
 
-    def holder(self, session: str) -> Holder | None:
-        validate.session_id(session)
-        with self._lock:
-            return self._leases.get(session)
-
-    def cancel(self, session: str, now: float) -> bool:
-        validate.session_id(session)
-        with self._lock:
-            current = self._leases.get(session)
-            if current is None or not current.live(now):
-                return False
-            self._leases[session] = replace(current, cancelled=True)
-            return True
+    @staticmethod
+    def _cancelled(run: _Run) -> bool:
+        return run.holder is not None and run.holder.cancelled
 
     def __repr__(self) -> str:
         return "memory.Store()"
+
+
+def _same(held: Holder | None, holder: Holder) -> bool:
+    return held is not None and held.token == holder.token and held.epoch == holder.epoch
 
 
 __all__ = ["Store"]

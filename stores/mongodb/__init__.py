@@ -2,8 +2,11 @@
 
 It relies only on what a standalone mongod gives: single-document atomicity, no transactions. A
 session's document is its commit point: it holds the steers waiting for it, the transcript's version and
-its last few messages (the tail, under ``PAGE``). Older messages sit in pages of exactly ``PAGE``
-messages, in ``agent_pages``, which the document's version names but which are written before it. So
+its last few messages (the tail, under ``PAGE``), the tool journal, and the run lease (token, epoch,
+expiry on the server's clock, ``$$NOW``). So every write of a leased run is one update of that document
+whose filter carries the run's token and epoch: the fencing check and the write are one atomic step.
+Older messages sit in pages of exactly ``PAGE`` messages, in ``agent_pages``, which the document's
+version names but which are written before it. So
 the usual step (append a few messages, take no steer) is one ``$push`` onto the tail, guarded by the
 version this process knows and by no steer waiting, and it costs the same at 10 messages as at 10,000;
 taking steers and saving the transcript they join is still one update of one document.
@@ -34,15 +37,24 @@ except ImportError as exc:  # pragma: no cover
         "stores.mongodb requires pymongo. Install it with: pip install 'agent-sessions[mongodb]'"
     ) from exc
 
-from agent_sessions import ArgumentError, Holder, Message, MessageError, SessionExists, StoreError, validate
+from agent_sessions import (
+    ArgumentError,
+    Holder,
+    LeaseLost,
+    Message,
+    MessageError,
+    Saved,
+    SessionExists,
+    StoreError,
+    TranscriptConflict,
+    validate,
+)
 
 from .._known import Known, common_prefix
 
 SESSIONS = "agent_sessions"
 PAGES = "agent_pages"
-RUNS = "agent_runs"
-JOURNALS = "agent_journals"
-COLLECTIONS = (SESSIONS, PAGES, RUNS, JOURNALS)
+COLLECTIONS = (SESSIONS, PAGES)
 
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = []
 """(collection, keys, options) for each index beyond ``_id`` the store's queries use: none."""
@@ -52,11 +64,34 @@ PAGE = 32
 
 _RETRIES = 1000  # each miss means another writer or taker got there first: progress, never a livelock
 _NO_STEER = {"steers.0": {"$exists": False}}
+_DROP_JOURNAL = {"$unset": {"journal": ""}}
+_NOW = {"$divide": [{"$toLong": "$$NOW"}, 1000]}
+"""Seconds since 1970 on the server's clock (an aggregation expression: filters with $expr, pipeline updates)."""
+_LIVE = {"token": {"$ne": None}, "$expr": {"$gt": ["$expires", _NOW]}}
+_LEASE = {"host": 1, "pid": 1, "token": 1, "expires": 1, "cancelled": 1, "epoch": 1}
 
 
 def create_indexes(database: Database[Any]) -> None:
     for collection, keys, options in INDEXES:
         database[collection].create_index(keys, **options)
+
+
+def upgrade(database: Database[Any]) -> None:
+    """Bring a database written by agent-sessions 0.1 up to date, for the caller's migration: leases
+    (``agent_runs``) and tool journals (``agent_journals``) move onto their session's document, where one
+    update both checks a run's lease and writes. Safe to run again. Run it with no run in flight: a lease
+    moves with epoch 1, which no run of the old version carries."""
+    sessions = database[SESSIONS]
+    for doc in database["agent_journals"].find():
+        sessions.update_one({"_id": doc["_id"]}, {"$set": {"journal": doc["body"]}}, upsert=True)
+    for doc in database["agent_runs"].find():
+        lease = {k: doc.get(k) for k in ("host", "pid", "token", "expires")}
+        sessions.update_one(
+            {"_id": doc["_id"], "epoch": {"$exists": False}},
+            {"$set": {**lease, "cancelled": bool(doc.get("cancelled")), "epoch": 1}},
+        )
+    database.drop_collection("agent_journals")
+    database.drop_collection("agent_runs")
 
 
 class Store:
@@ -68,8 +103,6 @@ class Store:
         self.database = database
         self._sessions = database[SESSIONS]
         self._pages = database[PAGES]
-        self._runs = database[RUNS]
-        self._journals = database[JOURNALS]
         self._known = Known(remember)
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
@@ -77,8 +110,8 @@ class Store:
         known = self._known.get(session)
         items = validate.messages(msgs, trusted=known[1] if known is not None else ())
         with self._failing("save", session):
-            if known is None or self._append(session, known, items, {}) is None:
-                self._rewrite(session, items, {"_id": session}, {})
+            if known is None or self._append(session, known, items, {}, _DROP_JOURNAL) is None:
+                self._rewrite(session, items, {"_id": session}, _DROP_JOURNAL)
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -121,29 +154,62 @@ class Store:
                     return [w["text"] for w in waiting]
         raise StoreError(f"MongoDB store: take_steers of session {session!r} kept racing with other takers")
 
-    def save_with_steers(self, session: str, msgs: Sequence[Message]) -> list[str]:
-        """The usual step is one update: the append, matched only while no steer waits. Otherwise the
-        steers are pulled and the transcript holding them written in one update, guarded on those steers
-        still being there: of two concurrent takers one matches, the other reads again."""
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+    ) -> Saved:
+        """The usual step is one update: the append, matched only while the lease is the run's and not
+        cancelled, and (when taking steers) no steer waits. Otherwise the document is read, the fence and
+        the stored transcript checked, and the steers pulled and the transcript holding them written in one
+        update, guarded on the lease, the version and those steers still being there."""
         validate.session_id(session)
         known = self._known.get(session)
         items = validate.messages(msgs, trusted=known[1] if known is not None else ())  # checks only what is new
+        fence = {"token": holder.token, "epoch": holder.epoch}
         with self._failing("save", session):
-            if known is not None and self._append(session, known, items, _NO_STEER) is not None:
-                return []
+            if known is not None and not replace and len(items) > len(known[1]):
+                guard = {**fence, "cancelled": False, **(_NO_STEER if take_steers else {})}
+                if self._append(session, known, items, guard, _DROP_JOURNAL) is not None:
+                    return Saved([], False)
             for _ in range(_RETRIES):
-                waiting = self._waiting(session)
-                if not waiting:
-                    self.save(session, items)
-                    return []
+                doc = self._sessions.find_one({"_id": session})
+                if doc is None or doc.get("token") != holder.token or doc.get("epoch") != holder.epoch:
+                    raise _lost(session, holder, doc)
+                stored = 0 if replace else self._stored_prefix(session, doc, items)
+                if stored is None:
+                    continue  # a rewrite removed the pages between the two reads
+                waiting = list(doc.get("steers") or []) if take_steers else []
                 saved = items + tuple(Message.user(w["text"]) for w in waiting)
-                where, pull = _taking(session, waiting)
-                known = self._known.get(session)
-                if known is not None and self._append(session, known, saved, where, pull) is not None:
-                    return [w["text"] for w in waiting]
-                if self._rewrite(session, saved, where, pull):
-                    return [w["text"] for w in waiting]
+                done = Saved([w["text"] for w in waiting], bool(doc.get("cancelled")))
+                if not replace and stored == len(saved):
+                    return done  # nothing to write
+                where, also = {**fence}, dict(_DROP_JOURNAL)
+                if waiting:
+                    taking, pull = _taking(session, waiting)
+                    where.update(taking)
+                    also.update(pull)
+                if "version" in doc and not replace:
+                    if self._append(session, (doc["version"], items[:stored]), saved, where, also) is not None:
+                        return done
+                else:
+                    where["version"] = doc["version"] if "version" in doc else {"$exists": False}
+                    if self._rewrite(session, saved, {**where, "_id": session}, also):
+                        return done
         raise StoreError(f"MongoDB store: save of session {session!r} kept racing with other takers")
+
+    def _stored_prefix(self, session: str, doc: dict[str, Any], items: tuple[Message, ...]) -> int | None:
+        """How many messages the document holds, checking they are the first ones of ``items``
+        (``TranscriptConflict`` if not); ``None`` when its pages went meanwhile (read it again)."""
+        if "version" not in doc:
+            return 0
+        known = self._known.get(session)
+        if known is not None and doc["version"] == known[0] and common_prefix(known[1], items) == len(known[1]):
+            return len(known[1])  # a version names one transcript: the one this process knows
+        bodies = self._bodies(doc)
+        if bodies is None:
+            return None
+        if len(bodies) > len(items) or any(items[i].to_json() != body for i, body in enumerate(bodies)):
+            raise TranscriptConflict(session, len(bodies), len(items))
+        return len(bodies)
 
     # -- the transcript: a tail in the session's document, full pages beside it -------------------------
 
@@ -292,60 +358,82 @@ class Store:
     def journal(self, session: str) -> str | None:
         validate.session_id(session)
         with self._failing("journal", session):
-            doc = self._journals.find_one({"_id": session})
-        return None if doc is None else str(doc["body"])
+            doc = self._sessions.find_one({"_id": session}, {"journal": 1})
+        return None if doc is None or doc.get("journal") is None else str(doc["journal"])
 
-    def put_journal(self, session: str, journal: str | None) -> None:
+    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
         validate.session_id(session)
         with self._failing("put_journal", session):
-            if journal is None:
-                self._journals.delete_one({"_id": session})
-            else:
-                self._journals.replace_one({"_id": session}, {"body": journal}, upsert=True)
+            before = self._sessions.find_one_and_update(
+                {"_id": session, "token": holder.token, "epoch": holder.epoch}, {"$set": {"journal": journal}},
+                projection={"cancelled": 1},
+            )
+            if before is None:
+                raise _lost(session, holder, self._sessions.find_one({"_id": session}, _LEASE))
+        return bool(before.get("cancelled"))
 
-    def acquire(self, session: str, holder: Holder, now: float) -> Holder:
+    def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
+        """One update with the server's clock: the lease is taken if free or expired, in a pipeline that
+        raises the epoch; a live one makes the upsert collide on ``_id``, and then it is read."""
         validate.session_id(session)
-        fields = {"host": holder.host, "pid": holder.pid, "token": holder.token, "expires": holder.expires}
+        take = [{"$set": {
+            "token": {"$literal": holder.token}, "host": {"$literal": holder.host}, "pid": holder.pid,
+            "expires": {"$add": [_NOW, float(ttl)]}, "cancelled": False,
+            "epoch": {"$add": [{"$ifNull": ["$epoch", 0]}, 1]},
+        }}]
+        free = {"_id": session, "$or": [{"token": None}, {"$expr": {"$lte": ["$expires", _NOW]}}]}
         with self._failing("acquire", session):
             for _ in range(3):
-                renewed = self._runs.find_one_and_update(
-                    {"_id": session, "token": holder.token}, {"$set": fields}, return_document=ReturnDocument.AFTER
-                )
-                if renewed is not None:
-                    return _holder(renewed)
                 try:
-                    # Matches a missing or an expired lease; a live one makes the upsert collide on _id.
-                    taken = self._runs.find_one_and_update(
-                        {"_id": session, "expires": {"$lte": now}},
-                        {"$set": {**fields, "cancelled": False}},
-                        upsert=True,
-                        return_document=ReturnDocument.AFTER,
+                    taken = self._sessions.find_one_and_update(
+                        free, take, upsert=True, projection=_LEASE, return_document=ReturnDocument.AFTER
                     )
                     if taken is not None:
                         return _holder(taken)
                 except DuplicateKeyError:
                     pass
-                current = self._runs.find_one({"_id": session})
-                if current is not None:
+                current = self._sessions.find_one({"_id": session}, _LEASE)
+                if current is not None and current.get("token") is not None:
                     return _holder(current)
         raise StoreError(f"MongoDB store: acquire of session {session!r} kept racing with another process")
 
-    def release(self, session: str, token: str) -> None:
+    def renew(self, session: str, holder: Holder, ttl: float) -> None:
+        validate.session_id(session)
+        with self._failing("renew", session):
+            renewed = self._sessions.update_one(
+                {"_id": session, "token": holder.token, "epoch": holder.epoch},
+                [{"$set": {"expires": {"$add": [_NOW, float(ttl)]}}}],
+            )
+            if renewed.matched_count != 1:
+                raise _lost(session, holder, self._sessions.find_one({"_id": session}, _LEASE))
+
+    def release(self, session: str, holder: Holder) -> None:
         validate.session_id(session)
         with self._failing("release", session):
-            self._runs.delete_one({"_id": session, "token": token})
+            self._sessions.update_one(
+                {"_id": session, "token": holder.token, "epoch": holder.epoch},
+                {"$set": {"token": None, "host": None, "pid": None, "expires": None, "cancelled": False}},
+            )
 
     def holder(self, session: str) -> Holder | None:
         validate.session_id(session)
         with self._failing("holder", session):
-            doc = self._runs.find_one({"_id": session})
+            doc = self._sessions.find_one({"_id": session, **_LIVE}, _LEASE)
         return None if doc is None else _holder(doc)
 
-    def cancel(self, session: str, now: float) -> bool:
+    def cancel(self, session: str) -> bool:
         validate.session_id(session)
         with self._failing("cancel", session):
-            result = self._runs.update_one({"_id": session, "expires": {"$gt": now}}, {"$set": {"cancelled": True}})
+            result = self._sessions.update_one({"_id": session, **_LIVE}, {"$set": {"cancelled": True}})
         return result.matched_count == 1
+
+    def check(self, session: str, holder: Holder) -> bool:
+        validate.session_id(session)
+        with self._failing("check", session):
+            doc = self._sessions.find_one({"_id": session}, _LEASE)
+        if doc is None or doc.get("token") != holder.token or doc.get("epoch") != holder.epoch:
+            raise _lost(session, holder, doc)
+        return bool(doc.get("cancelled"))
 
     @contextmanager
     def _failing(self, op: str, session: str) -> Iterator[None]:
@@ -379,7 +467,18 @@ def _parse(version: str) -> tuple[str, int]:
 
 
 def _holder(doc: dict[str, Any]) -> Holder:
-    return Holder(doc["host"], doc["pid"], doc["token"], doc["expires"], bool(doc.get("cancelled", False)))
+    return Holder(doc["host"], int(doc["pid"]), doc["token"], float(doc["expires"]), bool(doc.get("cancelled")),
+                  int(doc.get("epoch", 0)))
 
 
-__all__ = ["COLLECTIONS", "INDEXES", "JOURNALS", "PAGE", "PAGES", "RUNS", "SESSIONS", "Store", "create_indexes"]
+def _lost(session: str, holder: Holder, doc: dict[str, Any] | None) -> LeaseLost:
+    if doc is None:
+        now = "the session has no lease"
+    elif doc.get("token") is None:
+        now = f"the lease is free, at epoch {doc.get('epoch', 0)}"
+    else:
+        now = f"held at epoch {doc.get('epoch', 0)} by token {str(doc['token'])[:8]}…"
+    return LeaseLost(f"session {session!r}: this run's lease (epoch {holder.epoch}) was taken over; {now}")
+
+
+__all__ = ["COLLECTIONS", "INDEXES", "PAGE", "PAGES", "SESSIONS", "Store", "create_indexes", "upgrade"]

@@ -40,7 +40,7 @@ class Store(SQLStore):
 
     def upsert_session(self, session: str, version: str) -> Any:
         stmt = mysql.insert(sessions).values(session_id=session, version=version)
-        return stmt.on_duplicate_key_update(version=version)
+        return stmt.on_duplicate_key_update(version=version, journal=None)
 
     def take(self, conn: Connection, session: str) -> list[str]:
         """MySQL 8 has no DELETE ... RETURNING: lock the rows with SELECT ... FOR UPDATE, then delete them

@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover
         "stores.postgres requires SQLAlchemy and psycopg. Install them with: pip install 'agent-sessions[postgres]'"
     ) from exc
 
-from agent_sessions import Message, validate
+from agent_sessions import Holder, Message, validate
 
 from .._sql import SQLStore, ddl
 from .._sql import statements as sql
@@ -26,19 +26,22 @@ from .._sql.tables import sessions
 SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no-untyped-call]
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration."""
 
-@functools.lru_cache(maxsize=2 * sql.MAX_APPEND)
-def _append(count: int, unsteered: bool) -> TextClause:
-    """One statement, so one round trip in autocommit: claim the session row by its version (and, when
-    ``unsteered``, only while no steer waits) and append ``count`` messages only if the claim matched.
-    Either both happen or neither does. PostgreSQL's reads do not lock, so here the append takes the row
-    (and replaces the version) rather than only reading it as statements.append_if_current does. The
+@functools.lru_cache(maxsize=4 * sql.MAX_APPEND)
+def _append(count: int, unsteered: bool, fenced: bool) -> TextClause:
+    """One statement, so one round trip in autocommit: claim the session row by its version (when
+    ``unsteered``, only while no steer waits; when ``fenced``, only while the lease is still
+    ``:lease_token``/``:lease_epoch`` and not cancelled), drop its journal, and append ``count`` messages only if the
+    claim matched. Either all happen or none does. PostgreSQL's reads do not lock, so here the append
+    takes the row (and replaces the version) rather than only reading it as statements.append_if_current
+    does; a takeover's UPDATE of the row waits for it, or it for the takeover, which it then sees. The
     messages are rows of a VALUES list, one parameter each: an array parameter would have psycopg escape
     every backslash of the JSON in Python."""
     guard = " AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid)" if unsteered else ""
+    fence = " AND token = :lease_token AND epoch = :lease_epoch AND NOT cancelled" if fenced else ""
     rows = ", ".join(f"(CAST(:q{i} AS INTEGER), CAST(:b{i} AS TEXT))" for i in range(count))
     return text(
-        "WITH claim AS (UPDATE agent_sessions SET version = :new_version "
-        f"WHERE session_id = :sid AND version = :known{guard} RETURNING session_id) "
+        "WITH claim AS (UPDATE agent_sessions SET version = :new_version, journal = NULL "
+        f"WHERE session_id = :sid AND version = :known{fence}{guard} RETURNING session_id) "
         "INSERT INTO agent_messages (session_id, seq, body) "
         f"SELECT claim.session_id, v.seq, v.body FROM claim, (VALUES {rows}) AS v(seq, body)"
     )
@@ -62,7 +65,7 @@ class Store(SQLStore):
     def upsert_session(self, session: str, version: str) -> Any:
         stmt = postgresql.insert(sessions).values(session_id=session, version=version)
         return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version}
+            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None}
         )
 
     def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
@@ -79,14 +82,21 @@ class Store(SQLStore):
             yield conn
 
     def append(
-        self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
+        self,
+        session: str,
+        known: str,
+        version: str,
+        items: tuple[Message, ...],
+        start: int,
+        unsteered: bool,
+        holder: Holder | None,
     ) -> str | None:
         count = len(items) - start
         if count > sql.MAX_APPEND:
             return None
-        params = sql.append_params(session, known, items, start)
+        params = sql.append_params(session, known, items, start, holder)
         params["new_version"] = version
-        statement = _append(count, unsteered)
+        statement = _append(count, unsteered, holder is not None)
         inserted = self._transaction(
             "save", session, lambda conn: conn.execute(statement, params).rowcount, read_only=True
         )

@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
         "stores.sqlite requires SQLAlchemy. Install it with: pip install 'agent-sessions[sqlite]'"
     ) from exc
 
-from agent_sessions import ArgumentError, Message
+from agent_sessions import ArgumentError, Holder, Message
 
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
@@ -39,7 +39,7 @@ class Store(SQLStore):
     def upsert_session(self, session: str, version: str) -> Any:
         stmt = sqlite_insert(sessions).values(session_id=session, version=version)
         return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version}
+            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None}
         )
 
     def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
@@ -47,7 +47,14 @@ class Store(SQLStore):
         self._local = threading.local()
 
     def append(
-        self, session: str, known: str, version: str, items: tuple[Message, ...], start: int, unsteered: bool
+        self,
+        session: str,
+        known: str,
+        version: str,
+        items: tuple[Message, ...],
+        start: int,
+        unsteered: bool,
+        holder: Holder | None,
     ) -> str | None:
         """The usual step of a run, on the driver alone: the one INSERT, in autocommit. A statement that
         writes takes the write lock before it reads, so alone it is what BEGIN IMMEDIATE, the INSERT and
@@ -57,10 +64,10 @@ class Store(SQLStore):
         count = len(items) - start
         if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction:
             # listeners see it there; inside an open transaction, autocommit would not commit it
-            return super().append(session, known, version, items, start, unsteered)
-        params = sql.append_params(session, known, items, start)
+            return super().append(session, known, version, items, start, unsteered, holder)
+        params = sql.append_params(session, known, items, start, holder)
         assert self._driver is not None  # raw_statements
-        compiled = self._driver.compiled(sql.append_if_current(count, unsteered), params)
+        compiled = self._driver.compiled(sql.append_if_current(count, unsteered, holder is not None), params)
         try:
             inserted: int = driver.execute(compiled.sql, compiled.values(params)).rowcount
         except sqlite3.IntegrityError:  # another writer appended at these positions first

@@ -1,0 +1,362 @@
+"""Fenced runs: a run that lost its lease never writes again, and a run writes only over the transcript
+it started from.
+
+The store-level tests check the fencing rule of ``agent_sessions.RunStore`` directly. The scenario tests
+(``test_1_`` ... ``test_6_``) drive whole runs through the six ways a stale run used to overwrite a newer
+one; each ends with the newer run's transcript and journal intact, the stale run refused, every
+non-idempotent tool run at most once, and no stored tool call without its result. A stall is simulated in
+process (``stalls.Stalled``); ``crossprocess`` stops a real process with SIGSTOP.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions import Content, Holder, Message, RunStore
+from agent_sessions.journal import UNKNOWN_OUTCOME
+from agent_sessions.patterns.react import CANCELLED
+
+from .crossprocess import wait_for
+from .scripted import Answer, ToolsThenAnswer
+from .stalls import Stalled
+
+TTL = 0.6
+"""The lease of a run that is about to stall: short, so the takeover comes soon."""
+
+
+class _Crash(BaseException):
+    """Stands in for a worker dying inside a tool: nothing in the loop catches it."""
+
+
+def _sid(tag: str) -> str:
+    return f"storetest-fence-{tag}{uuid.uuid4().hex}"
+
+
+def _claimant() -> Holder:
+    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
+
+
+def _state(store: RunStore, sid: str) -> tuple[list[Message], str | None, Holder | None]:
+    """Everything a write could have changed: transcript, journal, lease."""
+    return store.messages(sid), store.journal(sid), store.holder(sid)
+
+
+def _no_orphans(msgs: list[Message]) -> None:
+    orphans = agent.orphaned_tool_calls(msgs)
+    assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
+
+
+def _results(msgs: list[Message], at: int) -> dict[str, Content]:
+    return {c.tool_call_id: c for c in msgs[at].content}
+
+
+class FencingContract:
+    """Mixed into StoreContract; ``run_store`` and ``another`` come from there."""
+
+    def run_store(self) -> RunStore:
+        raise NotImplementedError
+
+    def another(self, store: RunStore) -> RunStore:
+        raise NotImplementedError
+
+    def _expire(self, store: RunStore, sid: str) -> None:
+        wait_for(lambda: store.holder(sid) is None, "the stalled run's lease to expire on the store's clock")
+
+    # -- the rule, store by store ----------------------------------------------------------------------
+
+    def test_a_superseded_holder_can_write_nothing(self) -> None:
+        store = self.run_store()
+        sid = _sid("rule-")
+        a = store.acquire(sid, _claimant(), 0.2)
+        store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True)
+        store.put_journal(sid, a, "a's journal")
+        self._expire(store, sid)
+        b = self.another(store).acquire(sid, _claimant(), 30)
+        assert b.epoch > a.epoch
+        store.add_steer(sid, "for b")
+        before = _state(store, sid)
+        for write in (
+            lambda: store.save_fenced(sid, a, [Message.user("a's question"), Message.assistant("late")],
+                                      take_steers=True),
+            lambda: store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True),
+            lambda: store.save_fenced(sid, a, [Message.user("other")], take_steers=False, replace=True),
+            lambda: store.put_journal(sid, a, "a's late journal"),
+            lambda: store.check(sid, a),
+            lambda: store.renew(sid, a, 30),
+        ):
+            with pytest.raises(agent.LeaseLost):
+                write()
+        store.release(sid, a)
+        assert _state(store, sid) == before
+        assert store.take_steers(sid) == ["for b"]  # the stale saves took no steer
+
+    def test_the_first_fenced_save_must_extend_the_stored_transcript(self) -> None:
+        store = self.run_store()
+        sid = _sid("cas-")
+        history = [Message.user("q1"), Message.assistant("a1")]
+        store.save(sid, history)
+        store.add_steer(sid, "waiting")
+        for cold in (store, self.another(store)):  # what this object knows, and a store object that knows nothing
+            held = cold.acquire(sid, _claimant(), 30)
+            for given in ([Message.user("q2")], history[:1], [history[0], Message.assistant("other"),
+                                                               Message.user("q2")], []):
+                with pytest.raises(agent.TranscriptConflict) as conflict:
+                    cold.save_fenced(sid, held, given, take_steers=True)
+                assert (conflict.value.session, conflict.value.stored, conflict.value.given) == (
+                    sid, 2, len(given))
+                assert str(len(given)) in str(conflict.value) and sid in str(conflict.value)
+            assert store.messages(sid) == history
+            cold.release(sid, held)
+        held = store.acquire(sid, _claimant(), 30)
+        assert store.take_steers(sid) == ["waiting"]  # no refused save took it
+        assert store.save_fenced(sid, held, history, take_steers=True).steers == []  # the same: nothing new
+        assert store.save_fenced(sid, held, [*history, Message.user("q2")], take_steers=True).steers == []
+        assert store.messages(sid) == [*history, Message.user("q2")]
+        replaced = [Message.user("a new history")]
+        assert store.save_fenced(sid, held, replaced, take_steers=False, replace=True).steers == []
+        assert self.another(store).messages(sid) == replaced
+
+    def test_a_conflicting_save_is_refused_even_after_another_object_appended(self) -> None:
+        store = self.run_store()
+        sid = _sid("cas2-")
+        base = [Message.user("q")]
+        store.save(sid, base)
+        assert store.messages(sid) == base  # this object knows the transcript now
+        other = self.another(store)
+        held = other.acquire(sid, _claimant(), 30)
+        other.save_fenced(sid, held, [*other.messages(sid), Message.assistant("theirs")], take_steers=True)
+        other.release(sid, held)
+        mine = store.acquire(sid, _claimant(), 30)
+        with pytest.raises(agent.TranscriptConflict):
+            store.save_fenced(sid, mine, [*base, Message.assistant("mine")], take_steers=True)
+        assert store.messages(sid) == [*base, Message.assistant("theirs")]
+
+    # -- the six scenarios -------------------------------------------------------------------------------
+
+    def test_1_a_run_taken_over_while_it_waited_on_the_model_cannot_save_its_answer(self) -> None:
+        store = self.run_store()
+        sid = _sid("s1-")
+        stalled, other = Stalled(store), self.another(store)
+        store.save(sid, [Message.user("q1"), Message.assistant("a1")])
+        newer: dict[str, Any] = {}
+
+        def taken_over(messages: object) -> None:
+            stalled.freeze()
+            self._expire(other, sid)
+            msgs = [*other.messages(sid), Message.user("B's question")]
+            newer["result"] = agent.Runner().run(agent.Spec(session=agent.open(sid, other)), msgs, Answer("B"))
+            newer["state"] = _state(store, sid)
+            stalled.thaw()
+
+        msgs = [*store.messages(sid), Message.user("A's question")]
+        with pytest.raises(agent.LeaseLost):
+            agent.Runner().run(agent.Spec(session=agent.open(sid, stalled), lease_ttl=TTL), msgs,
+                               Answer("A's late answer", before=taken_over))
+        assert newer["result"].stop_reason == "answered"
+        assert _state(store, sid) == newer["state"]
+        assert store.messages(sid) == newer["result"].messages
+        assert store.messages(sid)[-1] == Message.assistant("B")
+
+    def test_2_a_run_whose_lapsed_lease_was_taken_and_released_never_runs_its_next_tool(self) -> None:
+        store = self.run_store()
+        sid = _sid("s2-")
+        stalled, other = Stalled(store), self.another(store)
+        charged: list[str] = []
+        newer: dict[str, Any] = {}
+        expire = self._expire
+
+        @agent.tool(idempotent=False)
+        def charge(n: int) -> str:
+            """Not idempotent."""
+            charged.append(sid)
+            return "charged"
+
+        class StallsThenCalls(ToolsThenAnswer):
+            def complete(self, system: str, messages: Any, tools: Any) -> Message:
+                if not newer:
+                    stalled.freeze()
+                    expire(other, sid)
+                    msgs = [*other.messages(sid), Message.user("B's question")]
+                    newer["result"] = agent.Runner().run(agent.Spec(session=agent.open(sid, other)), msgs,
+                                                         Answer("B"))
+                    newer["state"] = _state(store, sid)
+                    stalled.thaw()
+                return super().complete(system, messages, tools)
+
+        with pytest.raises(agent.LeaseLost):
+            agent.Runner().run(agent.Spec(session=agent.open(sid, stalled), tools=[charge], lease_ttl=TTL),
+                               [Message.user("A's question")], StallsThenCalls(["charge"]))
+        assert charged == []
+        assert newer["state"][2] is None  # B released the lease, so A's lapsed lease was free
+        assert _state(store, sid) == newer["state"]
+        _no_orphans(store.messages(sid))
+
+    def test_3_a_run_that_waited_for_the_lease_refuses_to_write_stale_history(self) -> None:
+        store = self.run_store()
+        sid = _sid("s3-")
+        store.save(sid, [Message.user("q1"), Message.assistant("a1")])
+        other = self.another(store)
+        first_msgs = [*store.messages(sid), Message.user("first worker's message")]
+        second_msgs = [*other.messages(sid), Message.user("second worker's message")]  # read at the same moment
+        entered, go = threading.Event(), threading.Event()
+        def wait_for_the_second(messages: object) -> None:
+            entered.set()
+            go.wait(30)
+
+        first_model = Answer("first answer", before=wait_for_the_second)
+        second_model = Answer("second answer")
+        first = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), first_msgs, first_model)
+        assert entered.wait(30)
+        second = agent.Runner().start(agent.Spec(session=agent.open(sid, other), lease_wait=60), second_msgs,
+                                      second_model)
+        wait_for(lambda: not second.done() and first_model.requests == 1, "the second run to be waiting")
+        go.set()
+        done = first.wait(60)
+        with pytest.raises(agent.TranscriptConflict) as conflict:
+            second.wait(60)
+        assert (conflict.value.stored, conflict.value.given) == (4, 3)
+        assert second_model.requests == 0
+        assert store.messages(sid) == done.messages
+        assert [m.text for m in done.messages[2:]] == ["first worker's message", "first answer"]
+        assert store.holder(sid) is None
+
+    def test_4_of_two_concurrent_resumes_of_a_crashed_run_one_finishes_and_the_tool_runs_once(self) -> None:
+        store = self.run_store()
+        sid = _sid("s4-")
+        charges: list[int] = []
+
+        @agent.tool(idempotent=False)
+        def charge(n: int) -> str:
+            """Dies the first time, after its effect."""
+            charges.append(n)
+            if len(charges) == 1:
+                raise _Crash
+            return "charged"
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
+        with pytest.raises(_Crash):
+            agent.Runner().run(spec, [Message.user("charge the card")], ToolsThenAnswer(["charge"]))
+        stores = [store, self.another(store)]
+        reads = [s.messages(sid) for s in stores]  # a redelivered task and a retry, each reading first
+        runs = [agent.Runner().start(agent.Spec(session=agent.open(sid, s), tools=[charge], lease_wait=60), msgs,
+                                     ToolsThenAnswer(["charge"])) for s, msgs in zip(stores, reads, strict=True)]
+        outcomes: list[Any] = []
+        for run in runs:
+            try:
+                outcomes.append(run.wait(60))
+            except agent.TranscriptConflict as exc:
+                outcomes.append(exc)
+        finished = [o for o in outcomes if isinstance(o, agent.Result)]
+        assert len(finished) == 1 and len(outcomes) == 2, outcomes
+        assert charges == [0]
+        stored = store.messages(sid)
+        assert stored == finished[0].messages
+        assert _results(stored, 2)["call_0_0"].text == UNKNOWN_OUTCOME
+        assert store.journal(sid) is None
+        _no_orphans(stored)
+
+    def test_5_a_thawed_zombie_cannot_replace_the_live_holders_journal(self) -> None:
+        store = self.run_store()
+        sid = _sid("s5-")
+        stalled, other = Stalled(store), self.another(store)
+        ran: list[str] = []
+        inside, thawed, go_on = threading.Event(), threading.Event(), threading.Event()
+
+        @agent.tool(idempotent=False)
+        def charge(n: int) -> str:
+            """The zombie's tool: it stalls in here."""
+            ran.append("charge")
+            stalled.freeze()
+            inside.set()
+            thawed.wait(60)
+            return "charged"
+
+        @agent.tool(idempotent=False)
+        def refund(n: int) -> str:
+            """The live holder's tool: it dies in here, after the zombie tried to write."""
+            ran.append("refund")
+            if ran.count("refund") == 1:
+                entered_refund.set()
+                go_on.wait(60)
+                raise _Crash
+            return "refunded"
+
+        entered_refund = threading.Event()
+        zombie = agent.Runner().start(
+            agent.Spec(session=agent.open(sid, stalled), tools=[charge, refund], lease_ttl=TTL),
+            [Message.user("charge, then refund")], ToolsThenAnswer(["charge"]))
+        assert inside.wait(60)
+        self._expire(other, sid)
+        spec = agent.Spec(session=agent.open(sid, other), tools=[charge, refund])
+        holder_run = agent.Runner().start(spec, other.messages(sid), ToolsThenAnswer(["refund"], rounds=2))
+        assert entered_refund.wait(60)
+        live = _state(store, sid)
+        assert live[1] is not None and "call_1_0" in live[1]  # the holder's journal: refund started
+        stalled.thaw()
+        thawed.set()
+        with pytest.raises(agent.LeaseLost):
+            zombie.wait(60)
+        assert _state(store, sid) == live
+        go_on.set()
+        with pytest.raises(_Crash):
+            holder_run.wait(60)
+        result = agent.Runner().run(spec, store.messages(sid), ToolsThenAnswer(["refund"], rounds=2))
+        assert result.stop_reason == "answered"
+        assert ran == ["charge", "refund"]
+        stored = store.messages(sid)
+        assert _results(stored, 2)["call_0_0"].text == UNKNOWN_OUTCOME
+        assert _results(stored, 4)["call_1_0"].text == UNKNOWN_OUTCOME
+        _no_orphans(stored)
+
+    def test_6_a_cancelled_resume_keeps_what_ran_and_skips_only_what_never_started(self) -> None:
+        store = self.run_store()
+        sid = _sid("s6-")
+        ran: list[str] = []
+
+        @agent.tool
+        def lookup(n: int) -> str:
+            """Idempotent; finishes before the crash."""
+            ran.append("lookup")
+            return "looked up"
+
+        @agent.tool(idempotent=False)
+        def charge(n: int) -> str:
+            """Dies after its effect."""
+            ran.append("charge")
+            raise _Crash
+
+        @agent.tool
+        def notify(n: int) -> str:
+            """Never started."""
+            ran.append("notify")
+            return "notified"
+
+        tools = [lookup, charge, notify]
+        with pytest.raises(_Crash):
+            agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=tools), [Message.user("go")],
+                               ToolsThenAnswer(["lookup", "charge", "notify"]))
+        cancelling = Stalled(self.another(store))
+        def cancel(session: str, held: Holder) -> None:  # a cancel lands as the run resumes
+            assert store.cancel(session)
+
+        cancelling.on_acquire = cancel
+        result = agent.Runner().run(agent.Spec(session=agent.open(sid, cancelling), tools=tools),
+                                    store.messages(sid), ToolsThenAnswer(["lookup", "charge", "notify"]))
+        assert result.stop_reason == "cancelled" and result.steps == 0
+        assert ran == ["lookup", "charge"]
+        stored = store.messages(sid)
+        assert stored == result.messages
+        results = _results(stored, 2)
+        assert results["call_0_0"].text == "looked up" and not results["call_0_0"].is_error
+        assert results["call_0_1"].text == UNKNOWN_OUTCOME
+        assert results["call_0_2"].text == CANCELLED
+        assert store.journal(sid) is None
+        _no_orphans(stored)
+
+
+__all__ = ["FencingContract"]
