@@ -99,7 +99,7 @@ class Lease:
         if self._thread is not None:
             self._thread.join(HEARTBEAT_JOIN)
             if self._thread.is_alive():
-                log.warning("session %r: the lease heartbeat is still inside a store call after %.0f s; "
+                log.warning("session %r: the lease heartbeat is still inside a store call after %.1f s; "
                             "leaving it behind", self.session, HEARTBEAT_JOIN)
         if self.lost is not None or isinstance(exc, LeaseLost):
             return  # not ours any more: nothing to release

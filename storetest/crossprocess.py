@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent_sessions import Message, Runner, Spec, Store, tool
+from agent_sessions import LeaseLost, Message, Runner, Spec, Store, tool
 from agent_sessions import open as open_session
 
 from .scripted import ToolsThenAnswer
@@ -253,3 +253,91 @@ def _stop(process: Any) -> None:
     if process.is_alive():
         process.kill()
         process.join()
+
+
+# -- a run stopped with SIGSTOP past its lease, taken over, then continued ----------------------------------
+
+
+@dataclass(frozen=True)
+class TakeoverOutcome:
+    stale: str
+    """How the stopped run ended once continued: "LeaseLost", or what else it said."""
+    newer: list[Message]
+    """The transcript the run that took over returned."""
+    before: tuple[list[Message], str | None]
+    """The stored transcript and journal once the newer run finished, before the stale one was continued."""
+    after: tuple[list[Message], str | None]
+    """The same once the stale run had exited."""
+    charges: int
+
+
+def _stall_in_tool(path: str) -> Callable[[int], str]:
+    def step(n: int) -> str:
+        with open(path, "a") as f:
+            f.write("entered\n")
+        time.sleep(1.0)  # stopped in here
+        return "stepped"
+
+    return step
+
+
+def _run_then_stall(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
+    try:
+        spec = Spec(session=open_session(sid, factory()), tools=[tool(name="step")(_stall_in_tool(
+            str(Path(workdir) / "entered")))], lease_ttl=1.0, max_steps=5)
+        result = Runner().run(spec, [Message.user("step until stopped")], ToolsThenAnswer(["step"], rounds=3))
+        out.put(("stale", f"finished: {result.stop_reason}"))
+    except LeaseLost:
+        out.put(("stale", "LeaseLost"))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("stale", traceback.format_exc()))
+
+
+def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
+    try:
+        session = open_session(sid, factory())
+        charge = tool(name="charge", idempotent=False)(_charge(str(Path(workdir) / "charges"), False))
+        spec = Spec(session=session, tools=[charge], lease_ttl=30.0, lease_wait=30.0)
+        msgs = [*session.messages(), Message.user("charge the card instead")]
+        result = Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))
+        out.put(("newer", [m.to_json() for m in result.messages]))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("newer-error", traceback.format_exc()))
+
+
+def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, workdir: str) -> TakeoverOutcome:
+    """A child runs with a 1 s lease and is stopped with SIGSTOP inside a tool; once its lease has expired on
+    the store's clock a second child takes the session over and finishes a turn (with a non-idempotent
+    tool); then the first is continued with SIGCONT and must end with LeaseLost, having written nothing."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    entered = Path(workdir) / "entered"
+    stale = ctx.Process(target=_run_then_stall, args=(factory, sid, workdir, out))
+    stale.start()
+    newer_process = None
+    try:
+        wait_for(lambda: len(lines(entered)) >= 1, "the first child to enter its tool")
+        os.kill(stale.pid or 0, signal.SIGSTOP)
+        store = factory()
+        session = open_session(sid, store)
+        wait_for(lambda: session.holder() is None, "the stopped child's lease to expire", timeout=60)
+        newer_process = ctx.Process(target=_take_over, args=(factory, sid, workdir, out))
+        newer_process.start()
+        kind, value = out.get(timeout=90)
+        assert kind == "newer", value
+        newer = [Message.from_json(m) for m in value]
+        newer_process.join(30)
+        run_store: Any = store
+        before = (session.messages(), run_store.journal(sid))
+        os.kill(stale.pid or 0, signal.SIGCONT)
+        kind, said = out.get(timeout=90)
+        assert kind == "stale", said
+        stale.join(30)
+        after = (session.messages(), run_store.journal(sid))
+        return TakeoverOutcome(said, newer, before, after, charges=len(lines(Path(workdir) / "charges")))
+    finally:
+        if stale.pid is not None and stale.is_alive():
+            os.kill(stale.pid, signal.SIGCONT)
+        _stop(stale)
+        if newer_process is not None:
+            _stop(newer_process)

@@ -572,3 +572,15 @@ class RunStoreContract:
         assert_no_orphans(outcome.stored)
         results = {c.tool_call_id: c for c in outcome.stored[2].content}
         assert results["call_0_1"].text == UNKNOWN_OUTCOME
+
+    def test_a_run_stopped_past_its_lease_and_continued_after_a_takeover_writes_nothing(self, tmp_path: Any) -> None:
+        factory = self.process_factory()
+        if factory is None:
+            pytest.skip("this store lives in one process")
+        self.run_store()
+        outcome = crossprocess.stopped_past_ttl_then_taken_over(factory, _sid(), str(tmp_path))
+        assert outcome.stale == "LeaseLost"
+        assert outcome.before[0] == outcome.newer  # exactly the second run's transcript ...
+        assert outcome.after == outcome.before  # ... and nothing written once the first was continued
+        assert outcome.charges == 1
+        assert_no_orphans(outcome.after[0])

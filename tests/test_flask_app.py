@@ -63,6 +63,34 @@ def test_a_failing_model_is_a_502_and_an_unknown_route_a_json_404(model: ModelSe
     assert client.get("/nowhere").status_code == 404 and "error" in client.get("/nowhere").json
 
 
+def test_a_turn_while_another_runs_is_a_409_and_a_broken_store_a_503(model: ModelServer, store: sqlite.Store,
+                                                                    tmp_path: Path) -> None:
+    client = create_app(store, endpoint(model)).test_client()
+    entered, go = threading.Event(), threading.Event()
+    model.push(lambda req: (entered.set(), go.wait(10), openai("first"))[2])
+    first = threading.Thread(target=lambda: client.post("/sessions/s3/messages", json={"text": "one"}))
+    first.start()
+    try:
+        assert entered.wait(10)
+        reply = create_app(store, endpoint(model)).test_client().post("/sessions/s3/messages", json={"text": "two"})
+        assert reply.status_code == 409 and reply.json["conflict"] == "SessionBusy"
+        assert "held by" in reply.json["error"]
+    finally:
+        go.set()
+        first.join(10)
+    assert [m.text for m in store.messages("s3")] == ["one", "first"]
+    broken = sqlite.open(tmp_path / "broken.db")
+    with broken.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE agent_sessions")
+    reply = create_app(broken, endpoint(model)).test_client().post("/sessions/s4/messages", json={"text": "hi"})
+    assert reply.status_code == 503 and "agent_sessions" in reply.json["error"]
+
+
+def test_lease_lost_and_transcript_conflict_are_conflicts_not_store_errors() -> None:
+    for kind in (agent.LeaseLost, agent.TranscriptConflict, agent.SessionBusy):
+        assert issubclass(kind, agent.Conflict) and not issubclass(kind, agent.StoreError)
+
+
 @pytest.fixture
 def served(model: ModelServer, store: sqlite.Store) -> Iterator[str]:
     server = make_server("127.0.0.1", 0, create_app(store, endpoint(model)), threaded=True)

@@ -2,7 +2,8 @@
 
     AGENT_SESSIONS_DB=sessions.db AGENT_MODEL_URL=http://127.0.0.1:8080/v1 flask --app examples.flask_app.app run
 
-Bad input is a JSON 400 saying what was wrong; nothing here answers with a traceback.
+Bad input is a JSON 400 saying what was wrong, another run getting to the session first a 409 (nothing was
+written: reload and retry), the store failing a 503; nothing here answers with a traceback.
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None
     def bad_input(exc: agent.ArgumentError) -> Any:
         return jsonify(error=str(exc)), 400
 
-    @app.errorhandler(agent.SessionBusy)
-    def busy(exc: agent.SessionBusy) -> Any:
-        return jsonify(error=str(exc)), 409
+    @app.errorhandler(agent.Conflict)
+    def conflict(exc: agent.Conflict) -> Any:
+        # Another run holds the session (SessionBusy), took it over (LeaseLost), or saved first
+        # (TranscriptConflict): nothing was written; the client may reload and try again.
+        return jsonify(error=str(exc), conflict=type(exc).__name__), 409
 
     @app.errorhandler(agent.EndpointError)
     def model_failed(exc: agent.EndpointError) -> Any:

@@ -87,8 +87,9 @@ def upgrade(database: Database[Any]) -> None:
     for doc in database["agent_runs"].find():
         lease = {k: doc.get(k) for k in ("host", "pid", "token", "expires")}
         sessions.update_one(
-            {"_id": doc["_id"], "epoch": {"$exists": False}},
-            {"$set": {**lease, "cancelled": bool(doc.get("cancelled")), "epoch": 1}},
+            {"_id": doc["_id"]},
+            {"$set": {**lease, "cancelled": bool(doc.get("cancelled"))}, "$max": {"epoch": 1}},
+            upsert=True,
         )
     database.drop_collection("agent_journals")
     database.drop_collection("agent_runs")

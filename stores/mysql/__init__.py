@@ -24,6 +24,27 @@ from .._sql.tables import sessions, steers
 SCHEMA: list[str] = ddl(mysql.dialect())
 """The DDL, one statement per element: ``for stmt in mysql.SCHEMA: conn.exec_driver_sql(stmt)``."""
 
+MIGRATIONS: dict[int, list[str]] = {
+    2: [
+        # 0.1 -> schema 2: the lease and the journal move onto the session's row, where one row lock fences
+        # every write of a run. Run with no run in flight (a lease moves with epoch 1, unknown to 0.1's runs).
+        "ALTER TABLE agent_sessions MODIFY version VARCHAR(32) NULL, ADD COLUMN journal LONGTEXT NULL, "
+        "ADD COLUMN token VARCHAR(64) NULL, ADD COLUMN host VARCHAR(255) NULL, ADD COLUMN pid INTEGER NULL, "
+        "ADD COLUMN expires DOUBLE NULL, ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0, "
+        "ADD COLUMN cancelled BOOL NOT NULL DEFAULT false",
+        "INSERT IGNORE INTO agent_sessions (session_id) SELECT session_id FROM agent_journals UNION "
+        "SELECT session_id FROM agent_runs",
+        "UPDATE agent_sessions AS s JOIN agent_journals AS j ON j.session_id = s.session_id SET s.journal = j.body",
+        "UPDATE agent_sessions AS s JOIN agent_runs AS r ON r.session_id = s.session_id SET s.token = r.token, "
+        "s.host = r.host, s.pid = r.pid, s.expires = r.expires, s.cancelled = r.cancelled, s.epoch = 1",
+        "DROP TABLE agent_journals",
+        "DROP TABLE agent_runs",
+    ],
+}
+"""Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[2]``, in
+order, on a database created by agent-sessions 0.1 (schema 1: it has the table agent_runs). MySQL commits
+DDL as it goes: run it with no run in flight, and if a statement fails, fix the cause and run the rest."""
+
 # 1213 deadlock, 1205 lock wait timeout: InnoDB has rolled back (the statement or all), so run it again.
 _TRANSIENT = {1213, 1205}
 
@@ -55,4 +76,4 @@ class Store(SQLStore):
         return bool(args) and args[0] in _TRANSIENT
 
 
-__all__ = ["SCHEMA", "Store"]
+__all__ = ["MIGRATIONS", "SCHEMA", "Store"]

@@ -26,6 +26,27 @@ from .._sql.tables import sessions
 SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no-untyped-call]
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration."""
 
+MIGRATIONS: dict[int, list[str]] = {
+    2: [
+        # 0.1 -> schema 2: the lease and the journal move onto the session's row, where one row lock fences
+        # every write of a run. Run with no run in flight (a lease moves with epoch 1, unknown to 0.1's runs).
+        "ALTER TABLE agent_sessions ALTER COLUMN version DROP NOT NULL",
+        "ALTER TABLE agent_sessions ADD COLUMN journal TEXT, ADD COLUMN token VARCHAR(64), "
+        "ADD COLUMN host VARCHAR(255), ADD COLUMN pid INTEGER, ADD COLUMN expires DOUBLE PRECISION, "
+        "ADD COLUMN epoch BIGINT DEFAULT 0 NOT NULL, ADD COLUMN cancelled BOOLEAN DEFAULT false NOT NULL",
+        "INSERT INTO agent_sessions (session_id) SELECT session_id FROM agent_journals UNION "
+        "SELECT session_id FROM agent_runs ON CONFLICT (session_id) DO NOTHING",
+        "UPDATE agent_sessions SET journal = j.body FROM agent_journals AS j "
+        "WHERE j.session_id = agent_sessions.session_id",
+        "UPDATE agent_sessions SET token = r.token, host = r.host, pid = r.pid, expires = r.expires, "
+        "cancelled = r.cancelled, epoch = 1 FROM agent_runs AS r WHERE r.session_id = agent_sessions.session_id",
+        "DROP TABLE agent_journals",
+        "DROP TABLE agent_runs",
+    ],
+}
+"""Upgrades, by the schema version each brings a database to: run ``MIGRATIONS[2]``, in order and in one
+transaction, on a database created by agent-sessions 0.1 (schema 1: it has the table agent_runs)."""
+
 @functools.lru_cache(maxsize=4 * sql.MAX_APPEND)
 def _append(count: int, unsteered: bool, fenced: bool) -> TextClause:
     """One statement, so one round trip in autocommit: claim the session row by its version (when
@@ -110,4 +131,4 @@ class Store(SQLStore):
         return getattr(exc.orig, "sqlstate", None) in _TRANSIENT
 
 
-__all__ = ["SCHEMA", "Store"]
+__all__ = ["MIGRATIONS", "SCHEMA", "Store"]

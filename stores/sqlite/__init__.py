@@ -12,9 +12,11 @@ from typing import Any
 
 try:
     from sqlalchemy import Connection, create_engine, event
+    from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.schema import CreateTable
 except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundary.py in a bare venv
     raise ImportError(
         "stores.sqlite requires SQLAlchemy. Install it with: pip install 'agent-sessions[sqlite]'"
@@ -25,9 +27,38 @@ from agent_sessions import ArgumentError, Holder, Message
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.driver import instrumented
-from .._sql.tables import sessions
+from .._sql.tables import SCHEMA_VERSION, sessions
 
 BUSY_TIMEOUT_MS = 30_000
+
+
+def _create_sessions(name: str) -> str:
+    """agent_sessions' CREATE TABLE, under another name: an upgrade builds the new table beside the old."""
+    statement = str(CreateTable(sessions).compile(dialect=sqlite_dialect())).strip()
+    return statement.replace("CREATE TABLE agent_sessions ", f"CREATE TABLE {name} ", 1)
+
+
+MIGRATIONS: dict[int, list[str]] = {
+    2: [
+        # 0.1 -> schema 2: the lease and the journal move onto the session's row. SQLite cannot drop a NOT
+        # NULL, so the row's table is rebuilt (https://www.sqlite.org/lang_altertable.html#otheralter).
+        _create_sessions("agent_sessions_new"),
+        "INSERT INTO agent_sessions_new (session_id, version) SELECT session_id, version FROM agent_sessions",
+        "INSERT OR IGNORE INTO agent_sessions_new (session_id) SELECT session_id FROM agent_journals "
+        "UNION SELECT session_id FROM agent_runs",
+        "UPDATE agent_sessions_new SET journal = (SELECT body FROM agent_journals AS j "
+        "WHERE j.session_id = agent_sessions_new.session_id)",
+        "UPDATE agent_sessions_new SET (token, host, pid, expires, cancelled, epoch) = (SELECT token, host, pid, "
+        "expires, cancelled, 1 FROM agent_runs AS r WHERE r.session_id = agent_sessions_new.session_id) "
+        "WHERE session_id IN (SELECT session_id FROM agent_runs)",
+        "DROP TABLE agent_sessions",
+        "ALTER TABLE agent_sessions_new RENAME TO agent_sessions",
+        "DROP TABLE agent_journals",
+        "DROP TABLE agent_runs",
+    ],
+}
+"""What ``open`` runs, in one transaction, on a file of an older schema (the file's ``PRAGMA user_version``
+says which; a file of agent-sessions 0.1 has 0 and the table agent_sessions)."""
 
 
 class Store(SQLStore):
@@ -128,9 +159,23 @@ def open(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> Store:
         raise ArgumentError(f"sqlite.open(synchronous=) must be OFF, NORMAL, FULL or EXTRA, got {synchronous!r}")
     engine = create_engine(f"sqlite:///{name}")
     _configure(engine, synchronous.upper())
-    with engine.begin() as conn:  # BEGIN IMMEDIATE: two processes opening one new file create it once
+    with engine.begin() as conn:  # BEGIN IMMEDIATE: two processes opening one file create or upgrade it once
+        _upgrade(conn)
         metadata.create_all(conn)
+        conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return Store(engine)
+
+
+def _upgrade(conn: Connection) -> None:
+    """Run the migrations a file of an older schema needs; a new file needs none (create_all makes it)."""
+    version = int(conn.exec_driver_sql("PRAGMA user_version").scalar() or 0)
+    if version == 0:
+        if not conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE name = 'agent_sessions'").first():
+            return
+        version = 1  # written by 0.1, which set no user_version
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        for statement in MIGRATIONS[target]:
+            conn.exec_driver_sql(statement)
 
 
 def _configure(engine: Engine, synchronous: str) -> None:
@@ -157,4 +202,4 @@ def _driver_execute(driver: sqlite3.Connection, sql: str) -> None:
         raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 
 
-__all__ = ["Store", "open"]
+__all__ = ["MIGRATIONS", "Store", "open"]

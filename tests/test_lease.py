@@ -1,0 +1,126 @@
+"""The lease's heartbeat, seen from the run: failures are logged and survived, a stuck store call never
+holds up the run's return, and any session over a RunStore is leased, whatever its class."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions import lease
+from storetest.scripted import ToolsThenAnswer
+from storetest.stalls import Stalled
+from stores import memory
+
+
+class RenewalsFail(Stalled):
+    """Every renewal fails as a store that is down would."""
+
+    def __init__(self, store: agent.RunStore) -> None:
+        super().__init__(store)
+        self.failed = 0
+
+    def renew(self, session: str, holder: agent.Holder, ttl: float) -> None:
+        self.failed += 1
+        raise agent.StoreError(f"renew of session {session!r} failed: the server went away")
+
+
+class RenewalsHang(Stalled):
+    def __init__(self, store: agent.RunStore) -> None:
+        super().__init__(store)
+        self.unblock = threading.Event()
+
+    def renew(self, session: str, holder: agent.Holder, ttl: float) -> None:
+        self.unblock.wait(60)
+
+
+@agent.tool
+def nap(n: int) -> str:
+    """Outlive a few heartbeats."""
+    time.sleep(0.4)
+    return "rested"
+
+
+def test_failing_renewals_are_logged_and_a_lapsed_lease_nobody_took_stays_the_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = RenewalsFail(memory.Store())
+    caplog.set_level(logging.WARNING, logger="agent_sessions.lease")
+    result = agent.Runner().run(agent.Spec(session=agent.open("s", store), tools=[nap], lease_ttl=0.15),
+                                [agent.Message.user("go")], ToolsThenAnswer(["nap"]))
+    assert result.stop_reason == "answered"
+    assert store.failed >= 2
+    failures = [r for r in caplog.records if r.name == "agent_sessions.lease" and "renewal failed" in r.message]
+    assert failures and "the server went away" in failures[0].getMessage()
+    assert store.messages("s") == result.messages  # nobody took the lapsed lease: every write went through
+
+
+def test_a_heartbeat_stuck_in_a_store_call_does_not_hold_up_the_runs_return(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(lease, "HEARTBEAT_JOIN", 0.3)
+    store = RenewalsHang(memory.Store())
+    caplog.set_level(logging.WARNING, logger="agent_sessions.lease")
+    started = time.monotonic()
+    try:
+        result = agent.Runner().run(agent.Spec(session=agent.open("s", store), tools=[nap], lease_ttl=0.15),
+                                    [agent.Message.user("go")], ToolsThenAnswer(["nap"]))
+        took = time.monotonic() - started
+    finally:
+        store.unblock.set()
+    assert result.stop_reason == "answered"
+    assert took < 10, f"the run took {took:.1f} s to return"
+    assert any("still inside a store call" in r.message for r in caplog.records)
+    assert all(t.daemon for t in threading.enumerate() if t.name == "agent-lease")
+
+
+class MySession:
+    """A session class of the application's own (not agent.StoreSession) over a RunStore."""
+
+    def __init__(self, id: str, store: agent.RunStore) -> None:
+        self.id = id
+        self.store = store
+
+    def save(self, msgs: Sequence[agent.Message]) -> None:
+        self.store.save(self.id, msgs)
+
+    def messages(self) -> list[agent.Message]:
+        return self.store.messages(self.id)
+
+    def steer(self, text: str) -> None:
+        self.store.add_steer(self.id, text)
+
+    def take_steers(self) -> list[str]:
+        return self.store.take_steers(self.id)
+
+
+def test_any_session_over_a_run_store_is_leased_and_fenced() -> None:
+    store = memory.Store()
+    session = MySession("mine", store)
+    assert agent.session.is_run_session(session)
+    entered, go = threading.Event(), threading.Event()
+
+    @agent.tool
+    def hold(n: int) -> str:
+        """Hold the run."""
+        entered.set()
+        go.wait(10)
+        return "held"
+
+    first = agent.Runner().start(agent.Spec(session=session, tools=[hold]), [agent.Message.user("a")],
+                                 ToolsThenAnswer(["hold"]))
+    try:
+        assert entered.wait(10)
+        held = store.holder("mine")
+        assert held is not None and held.epoch == 1
+        with pytest.raises(agent.SessionBusy):
+            agent.Runner().run(agent.Spec(session=MySession("mine", store)), [agent.Message.user("b")],
+                               ToolsThenAnswer([]))
+    finally:
+        go.set()
+    assert first.wait(10).stop_reason == "answered"
+    assert store.holder("mine") is None

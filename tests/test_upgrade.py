@@ -1,0 +1,179 @@
+"""A database of the previous schema (agent-sessions 0.1: leases in agent_runs, journals in
+agent_journals), with data in it, upgrades with the exported statements, keeps every byte, and then
+works: a crashed run's journal is replayed, a held lease is still held, waiting steers are delivered.
+
+The data is written as 0.1 wrote it (its rows and documents, inserted directly); the old DDL is kept in
+tests/upgrade/ as 0.1 exported it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+from sqlalchemy import Engine, create_engine, inspect, text
+
+import agent_sessions as agent
+from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
+from storetest.contract import ODD_JSON
+from storetest.scripted import ToolsThenAnswer
+from stores import mongodb, mysql, postgres, sqlite
+from tests import servers
+
+OLD = Path(__file__).parent / "upgrade"
+
+TALK = [
+    agent.Message.user("look at lease.go"),
+    agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "read_file", ODD_JSON)]),
+    agent.Message(agent.Role.USER, [agent.Content.tool_result("c1", "package lease ü 😀")]),
+    agent.Message.assistant("it renews late"),
+]
+CRASHED = [agent.Message.user("charge the card")]
+REPLY = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("call_0_0", "charge", '{"n": 0}')])
+JOURNAL = Journal(1, fingerprint(CRASHED), REPLY, started=["call_0_0"]).to_json()
+
+
+@agent.tool(idempotent=False)
+def charge(n: int) -> str:
+    """Must not run again after the upgrade: the journal says it started."""
+    raise AssertionError("the journalled call ran again")
+
+
+def _rows() -> dict[str, list[dict[str, Any]]]:
+    """The rows 0.1 kept for: a finished conversation with two steers waiting, a run that crashed inside a
+    non-idempotent tool (its journal), and a live lease."""
+    far = time.time() + 3600
+    return {
+        "agent_sessions": [{"session_id": "talk", "version": uuid.uuid4().hex},
+                           {"session_id": "crashed", "version": uuid.uuid4().hex}],
+        "agent_messages": [{"session_id": "talk", "seq": i, "body": m.to_json()} for i, m in enumerate(TALK)]
+        + [{"session_id": "crashed", "seq": 0, "body": CRASHED[0].to_json()}],
+        "agent_steers": [{"session_id": "talk", "text": "first ✓"}, {"session_id": "talk", "text": "second"}],
+        "agent_journals": [{"session_id": "crashed", "body": JOURNAL}],
+        "agent_runs": [{"session_id": "held", "host": "web-3", "pid": 4121, "token": "f" * 32, "expires": far,
+                        "cancelled": False}],
+    }
+
+
+def _check(store: agent.RunStore) -> None:
+    assert store.messages("talk") == TALK
+    assert store.messages("talk")[1].tool_calls[0].arguments == ODD_JSON  # byte for byte
+    assert store.take_steers("talk") == ["first ✓", "second"]
+    held = store.holder("held")
+    assert held is not None and (held.host, held.pid, held.token, held.epoch) == ("web-3", 4121, "f" * 32, 1)
+    assert store.messages("held") == []
+    assert store.journal("crashed") == JOURNAL
+    result = agent.Runner().run(agent.Spec(session=agent.open("crashed", store), tools=[charge]),
+                                store.messages("crashed"), ToolsThenAnswer(["charge"]))
+    assert result.stop_reason == "answered" and result.steps == 1
+    assert store.messages("crashed")[2].content[0].text == UNKNOWN_OUTCOME
+    taken = store.acquire("held", agent.Holder("h", 1, "a" * 32, 0.0), 30)
+    assert taken.token == "f" * 32  # still held: the lease moved with its expiry
+    fresh = agent.Runner().run(agent.Spec(session=agent.open("new", store)), [agent.Message.user("hi")],
+                               ToolsThenAnswer([]))
+    assert store.messages("new") == fresh.messages
+
+
+def _insert(engine: Engine, rows: dict[str, list[dict[str, Any]]]) -> None:
+    with engine.begin() as conn:
+        for table, items in rows.items():
+            for row in items:
+                columns = ", ".join(row)
+                conn.execute(text(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(':' + c for c in row)})"),
+                             row)
+
+
+def _statements(path: Path) -> list[str]:
+    return [s.strip() for s in path.read_text().split(";\n") if s.strip()]
+
+
+def _columns(engine: Engine) -> dict[str, list[tuple[str, str, bool, str]]]:
+    found = inspect(engine)
+    return {t: [(c["name"], str(c["type"]), c["nullable"], str(c.get("default"))) for c in found.get_columns(t)]
+            for t in sorted(found.get_table_names())}
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str], Engine]]]:
+    base = servers.POSTGRES_URL if request.param == "postgres" else servers.MYSQL_URL
+    engines: list[Engine] = []
+
+    def engine(database: str) -> Engine:
+        made = create_engine(servers.database_url(base, database))
+        with made.begin() as conn:
+            for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions"):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+        engines.append(made)
+        return made
+
+    yield request.param, engine
+    for made in engines:
+        made.dispose()
+
+
+def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
+    server: tuple[str, Callable[[str], Engine]],
+) -> None:
+    name, engine = server
+    old, new = engine("agent_sessions_test_upgrade"), engine("agent_sessions_test_fresh")
+    module = postgres if name == "postgres" else mysql
+    with old.begin() as conn:
+        for statement in _statements(OLD / f"schema1.{name}.sql"):
+            conn.exec_driver_sql(statement)
+    _insert(old, _rows())
+    with old.begin() as conn:  # PostgreSQL: one transaction; MySQL commits each DDL statement as it goes
+        for statement in module.MIGRATIONS[2]:
+            conn.exec_driver_sql(statement)
+    with new.begin() as conn:
+        for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
+            conn.exec_driver_sql(statement)
+    assert _columns(old) == _columns(new)  # the upgraded schema is the one SCHEMA makes
+    _check(module.Store(old))
+
+
+def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = create_engine(f"sqlite:///{path}")
+    with old.begin() as conn:
+        for statement in _statements(OLD / "schema1.sqlite.sql"):
+            conn.exec_driver_sql(statement)
+    _insert(old, _rows())
+    old.dispose()
+    store = sqlite.open(path)
+    fresh = sqlite.open(tmp_path / "new.db")
+    assert _columns(store.engine) == _columns(fresh.engine)
+    _check(store)
+    store.close()
+    reopened = sqlite.open(path)  # a second open finds nothing to upgrade
+    assert reopened.messages("talk") == TALK
+    reopened.close()
+    fresh.close()
+
+
+def test_a_mongodb_database_of_schema_1_upgrades_with_mongodb_upgrade() -> None:
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.MONGO_URL, serverSelectionTimeoutMS=10_000)
+    db = client["agent_sessions_test_upgrade"]
+    for collection in ("agent_sessions", "agent_pages", "agent_runs", "agent_journals"):
+        db.drop_collection(collection)
+    rows = _rows()
+    bodies = [r["body"] for r in rows["agent_messages"] if r["session_id"] == "talk"]
+    db.agent_sessions.insert_many([
+        {"_id": "talk", "version": f"{uuid.uuid4().hex}:{len(bodies)}", "tail": bodies,
+         "steers": [{"id": uuid.uuid4().hex, "text": s["text"]} for s in rows["agent_steers"]]},
+        {"_id": "crashed", "version": f"{uuid.uuid4().hex}:1", "tail": [CRASHED[0].to_json()]},
+    ])
+    db.agent_journals.insert_one({"_id": "crashed", "body": JOURNAL})
+    run = rows["agent_runs"][0]
+    db.agent_runs.insert_one({"_id": "held", **{k: v for k, v in run.items() if k != "session_id"}})
+    mongodb.upgrade(db)
+    mongodb.upgrade(db)  # safe to run again
+    assert set(db.list_collection_names()) <= {"agent_sessions", "agent_pages"}
+    try:
+        _check(mongodb.Store(db))
+    finally:
+        client.close()
