@@ -12,9 +12,9 @@ import pytest
 
 import agent_sessions as agent
 from agent_sessions import lease
+from stores import memory
 from storetest.scripted import ToolsThenAnswer
 from storetest.stalls import Stalled
-from stores import memory
 
 
 class RenewalsFail(Stalled):
