@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import agent_sessions as agent
 from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
@@ -145,3 +148,84 @@ def test_one_connection_is_reused(model: ModelServer) -> None:
     for _ in range(3):
         ep.complete("", [agent.Message.user("x")], [])
     assert len({r.client_port for r in model.requests}) == 1
+
+
+# The old encoder wrote these into the body and then replaced them with the arguments text.
+FORMER_PLACEHOLDERS = [f"\x00agent-sessions-raw-input-{i}\x00" for i in range(3)]
+
+
+def test_anthropic_text_equal_to_a_former_placeholder_goes_out_verbatim(model: ModelServer) -> None:
+    model.push(anthropic("ok"))
+    history = [
+        agent.Message.user(FORMER_PLACEHOLDERS[0]),
+        agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("t0", "lookup", '{"key":"a"}'),
+                                             agent.Content.tool_call("t1", "lookup", '{"key":"b"}')]),
+        agent.Message(agent.Role.USER, [agent.Content.tool_result("t0", FORMER_PLACEHOLDERS[1]),
+                                        agent.Content.tool_result("t1", FORMER_PLACEHOLDERS[2])]),
+    ]
+    AnthropicMessages(model.url, "m").complete("", history, [lookup])
+    sent = model.requests[0].json["messages"]
+    assert sent[0]["content"] == [{"type": "text", "text": FORMER_PLACEHOLDERS[0]}]
+    assert [block["input"] for block in sent[1]["content"]] == [{"key": "a"}, {"key": "b"}]
+    assert [block["content"] for block in sent[2]["content"]] == FORMER_PLACEHOLDERS[1:]
+
+
+any_text = st.text(st.characters(exclude_categories=()), max_size=20) | st.sampled_from(FORMER_PLACEHOLDERS)
+
+
+@st.composite
+def raw_arguments(draw: st.DrawFn) -> str:
+    """What a model may write as arguments: a JSON object in any spacing, or something that is not one."""
+    value = draw(st.dictionaries(any_text, st.none() | st.integers() | any_text | st.lists(st.booleans()),
+                                 max_size=3))
+    indent = draw(st.sampled_from([None, 0, 2]))
+    text = json.dumps(value, indent=indent, ensure_ascii=True)
+    return draw(st.sampled_from([text, f" {text}\n", text[: len(text) // 2], "[1, 2]", "", draw(any_text)]))
+
+
+contents = st.one_of(
+    st.builds(agent.Content.from_text, any_text),
+    st.builds(agent.Content.tool_call, st.text(min_size=1, max_size=8), st.just("lookup"), raw_arguments()),
+    st.builds(agent.Content.tool_result, st.text(min_size=1, max_size=8), any_text, st.booleans()),
+)
+transcripts = st.lists(st.builds(agent.Message, st.sampled_from(list(agent.Role)), st.lists(contents, max_size=3)),
+                       max_size=6)
+
+
+def expected_anthropic_body(system: str, msgs: list[agent.Message]) -> dict[str, Any]:
+    """The request the Anthropic encoder must write, built the plain way: a tool call's ``input`` is its
+    arguments parsed when they are a JSON object, else ``{}``; neighbours of one role are merged."""
+
+    def block(c: agent.Content) -> dict[str, Any]:
+        if c.type is agent.ContentType.TEXT:
+            return {"type": "text", "text": c.text}
+        if c.type is agent.ContentType.TOOL_CALL:
+            try:
+                arguments = json.loads(c.arguments)
+            except ValueError:
+                arguments = None
+            return {"type": "tool_use", "id": c.id, "name": c.name,
+                    "input": arguments if isinstance(arguments, dict) else {}}
+        out = {"type": "tool_result", "tool_use_id": c.tool_call_id, "content": c.text}
+        return {**out, "is_error": True} if c.is_error else out
+
+    wire: list[dict[str, Any]] = []
+    for m in msgs:
+        if wire and wire[-1]["role"] == m.role.value:
+            wire[-1]["content"].extend(block(c) for c in m.content)
+        else:
+            wire.append({"role": m.role.value, "content": [block(c) for c in m.content]})
+    body: dict[str, Any] = {"model": "m", "max_tokens": 7, "messages": wire, "temperature": 0}
+    if system:
+        body["system"] = system
+    body["tools"] = [{"name": "lookup", "description": "Look a key up.",
+                      "input_schema": {"type": "object", "properties": {"key": {"type": "string"}},
+                                       "required": ["key"]}}]
+    return body
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_text, transcripts)
+def test_anthropic_body_is_the_transcript_with_arguments_as_input(system: str, msgs: list[agent.Message]) -> None:
+    ep = AnthropicMessages("http://127.0.0.1:9", "m", max_tokens=7, extra={"temperature": 0})
+    assert json.loads(ep.body(system, msgs, [lookup])) == expected_anthropic_body(system, msgs)
