@@ -180,7 +180,8 @@ def raw_arguments(draw: st.DrawFn) -> str:
                                  max_size=3))
     indent = draw(st.sampled_from([None, 0, 2]))
     text = json.dumps(value, indent=indent, ensure_ascii=True)
-    return draw(st.sampled_from([text, f" {text}\n", text[: len(text) // 2], "[1, 2]", "", draw(any_text)]))
+    return draw(st.sampled_from([text, f" {text}\n", text[: len(text) // 2], "[1, 2]", "", draw(any_text),
+                                 '{"n": NaN}', '{"n": [-Infinity]}']))
 
 
 contents = st.one_of(
@@ -192,6 +193,15 @@ transcripts = st.lists(st.builds(agent.Message, st.sampled_from(list(agent.Role)
                        max_size=6)
 
 
+def strict_json(text: str | bytes) -> Any:
+    """json.loads without Python's NaN and Infinity, which are not JSON and which a provider rejects."""
+
+    def reject(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=reject)
+
+
 def expected_anthropic_body(system: str, msgs: list[agent.Message]) -> dict[str, Any]:
     """The request the Anthropic encoder must write, built the plain way: a tool call's ``input`` is its
     arguments parsed when they are a JSON object, else ``{}``; neighbours of one role are merged."""
@@ -201,7 +211,7 @@ def expected_anthropic_body(system: str, msgs: list[agent.Message]) -> dict[str,
             return {"type": "text", "text": c.text}
         if c.type is agent.ContentType.TOOL_CALL:
             try:
-                arguments = json.loads(c.arguments)
+                arguments = strict_json(c.arguments)
             except ValueError:
                 arguments = None
             return {"type": "tool_use", "id": c.id, "name": c.name,
@@ -228,4 +238,16 @@ def expected_anthropic_body(system: str, msgs: list[agent.Message]) -> dict[str,
 @given(any_text, transcripts)
 def test_anthropic_body_is_the_transcript_with_arguments_as_input(system: str, msgs: list[agent.Message]) -> None:
     ep = AnthropicMessages("http://127.0.0.1:9", "m", max_tokens=7, extra={"temperature": 0})
-    assert json.loads(ep.body(system, msgs, [lookup])) == expected_anthropic_body(system, msgs)
+    assert strict_json(ep.body(system, msgs, [lookup])) == expected_anthropic_body(system, msgs)
+
+
+def test_anthropic_arguments_that_only_python_parses_go_out_as_an_empty_input(model: ModelServer) -> None:
+    # 1e999 is a JSON number; Python reads it as inf and the stored arguments say Infinity, which is not.
+    model.push(openai_raw('{"content": [{"type": "tool_use", "id": "tu1", "name": "lookup", '
+                          '"input": {"key": "a", "n": 1e999}}]}'), anthropic("done"))
+    result = agent.Runner().run(agent.Spec(tools=[lookup]), [agent.Message.user("go")],
+                                AnthropicMessages(model.url, "m"))
+    assert result.messages[1].tool_calls[0].arguments == '{"key":"a","n":Infinity}'
+    sent = strict_json(model.requests[1].raw)["messages"]
+    assert sent[1]["content"][0]["input"] == {}
+    assert result.text == "done"

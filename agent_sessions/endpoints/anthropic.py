@@ -95,10 +95,16 @@ def _input(arguments: str) -> str:
 
 
 def _is_json_object(text: str) -> bool:
+    """Strict JSON: Python also reads NaN and Infinity (an Anthropic ``input`` holding 1e999 is stored as
+    Infinity), and spliced into the body they would make every later request of the run a 400."""
     try:
-        return isinstance(json.loads(text), dict)
+        return isinstance(json.loads(text, parse_constant=_not_json), dict)
     except ValueError:
         return False
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def parse_response(data: dict[str, Any]) -> Message:
