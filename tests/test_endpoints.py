@@ -170,7 +170,8 @@ def test_anthropic_text_equal_to_a_former_placeholder_goes_out_verbatim(model: M
     assert [block["content"] for block in sent[2]["content"]] == FORMER_PLACEHOLDERS[1:]
 
 
-any_text = st.text(st.characters(exclude_categories=()), max_size=20) | st.sampled_from(FORMER_PLACEHOLDERS)
+any_text = st.text(st.characters(exclude_categories=()) | st.sampled_from(["\x00", "\ud800", "\U0001f600", '"', "\\"]),
+                   max_size=20) | st.sampled_from(FORMER_PLACEHOLDERS)
 
 
 @st.composite
@@ -179,7 +180,7 @@ def raw_arguments(draw: st.DrawFn) -> str:
     value = draw(st.dictionaries(any_text, st.none() | st.integers() | any_text | st.lists(st.booleans()),
                                  max_size=3))
     indent = draw(st.sampled_from([None, 0, 2]))
-    text = json.dumps(value, indent=indent, ensure_ascii=True)
+    text = json.dumps(value, indent=indent, ensure_ascii=draw(st.booleans()))
     return draw(st.sampled_from([text, f" {text}\n", text[: len(text) // 2], "[1, 2]", "", draw(any_text),
                                  '{"n": NaN}', '{"n": [-Infinity]}']))
 
@@ -238,7 +239,8 @@ def expected_anthropic_body(system: str, msgs: list[agent.Message]) -> dict[str,
 @given(any_text, transcripts)
 def test_anthropic_body_is_the_transcript_with_arguments_as_input(system: str, msgs: list[agent.Message]) -> None:
     ep = AnthropicMessages("http://127.0.0.1:9", "m", max_tokens=7, extra={"temperature": 0})
-    assert strict_json(ep.body(system, msgs, [lookup])) == expected_anthropic_body(system, msgs)
+    body = ep.body(system, msgs, [lookup])
+    assert strict_json(body.encode("utf-8")) == expected_anthropic_body(system, msgs)
 
 
 def test_anthropic_arguments_that_only_python_parses_go_out_as_an_empty_input(model: ModelServer) -> None:
@@ -250,4 +252,17 @@ def test_anthropic_arguments_that_only_python_parses_go_out_as_an_empty_input(mo
     assert result.messages[1].tool_calls[0].arguments == '{"key":"a","n":Infinity}'
     sent = strict_json(model.requests[1].raw)["messages"]
     assert sent[1]["content"][0]["input"] == {}
+    assert result.text == "done"
+
+
+def test_anthropic_arguments_with_a_lone_surrogate_are_sent(model: ModelServer) -> None:
+    # JSON may escape half a surrogate pair; read, it is a str that UTF-8 cannot encode as it stands.
+    model.push(openai_raw('{"content": [{"type": "tool_use", "id": "tu1", "name": "lookup", '
+                          '"input": {"key": "a\\ud800"}}]}'), anthropic("done"))
+    result = agent.Runner().run(agent.Spec(tools=[lookup]), [agent.Message.user("go")],
+                                AnthropicMessages(model.url, "m"))
+    assert result.messages[1].tool_calls[0].arguments == '{"key":"a\ud800"}'
+    sent = model.requests[1].json["messages"]
+    assert sent[1]["content"][0]["input"] == {"key": "a\ud800"}
+    assert sent[2]["content"][0]["content"] == "a\ud800"
     assert result.text == "done"

@@ -90,8 +90,15 @@ def _block(c: Content) -> str:
 
 def _input(arguments: str) -> str:
     """The arguments text itself when it is a JSON object; otherwise ``{}``, since the API takes nothing
-    else as ``input`` (the model is told what was wrong by the tool result that follows)."""
-    return arguments if _is_json_object(arguments) else "{}"
+    else as ``input`` (the model is told what was wrong by the tool result that follows).
+
+    One exception to byte for byte: half a surrogate pair (a model's ``"\\ud800"``, read and stored) has no
+    UTF-8 form, so it goes back as that escape, the same JSON value; it can only stand inside a string."""
+    if not _is_json_object(arguments):
+        return "{}"
+    if arguments.isascii():
+        return arguments
+    return arguments.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _is_json_object(text: str) -> bool:
