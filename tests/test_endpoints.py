@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agent_sessions as agent
 from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
-from tests.model_server import ModelServer, Reply, anthropic, openai, openai_raw
+from tests.model_server import ModelServer, Reply, Request, anthropic, openai, openai_raw
 
 ODD = '{"z":1,"a":[1, 2],"z":3}'
 
@@ -84,6 +87,7 @@ def test_a_hung_endpoint_fails_within_the_timeout(model: ModelServer) -> None:
     with pytest.raises(agent.EndpointError, match="failed"):
         OpenAIChat(model.url + "/v1", "m", timeout=0.2).complete("", [], [])
     assert time.monotonic() - started < 0.9
+    assert len(model.requests) == 1  # a read timeout is not retried
 
 
 @pytest.mark.parametrize("body", [
@@ -266,3 +270,60 @@ def test_anthropic_arguments_with_a_lone_surrogate_are_sent(model: ModelServer) 
     assert sent[1]["content"][0]["input"] == {"key": "a\ud800"}
     assert sent[2]["content"][0]["content"] == "a\ud800"
     assert result.text == "done"
+
+
+def test_sixteen_threads_share_one_endpoint(model: ModelServer) -> None:
+    def echo(request: Request) -> Reply:
+        time.sleep(0.002)
+        return openai("echo " + request.json["messages"][-1]["content"])
+
+    model.push(*[echo] * 16 * 5)
+    ep = OpenAIChat(model.url + "/v1", "m", max_retries=0)
+    start = threading.Barrier(16)
+    answers: dict[int, list[str]] = {}
+
+    def work(i: int) -> None:
+        start.wait(timeout=10)
+        answers[i] = [ep.complete("", [agent.Message.user(f"{i}.{k}")], []).text for k in range(5)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert answers == {i: [f"echo {i}.{k}" for k in range(5)] for i in range(16)}
+    ports: dict[str, set[int]] = {}
+    for r in model.requests:
+        ports.setdefault(r.json["messages"][-1]["content"].split(".")[0], set()).add(r.client_port)
+    assert all(len(p) == 1 for p in ports.values())  # a session per thread: each keeps its connection
+    assert len(set().union(*ports.values())) == 16  # and shares it with no other thread
+
+
+MAKERS: dict[str, tuple[Callable[..., Any], Reply, str]] = {
+    "openai": (lambda url, **kw: OpenAIChat(url + "/v1", "m", api_key="sk", **kw), openai("ok"), "authorization"),
+    "anthropic": (lambda url, **kw: AnthropicMessages(url, "m", api_key="sk", **kw), anthropic("ok"), "x-api-key"),
+}
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_a_callers_session_and_headers_are_used(model: ModelServer, kind: str) -> None:
+    make, ok, key_header = MAKERS[kind]
+    session = requests.Session()
+    session.headers["x-gateway"] = "from the session"
+    elsewhere = session.get_adapter("http://example.com/")
+    model.push(Reply({"error": {"message": "busy"}}, 503), ok)
+    ep = make(model.url, session=session, headers={"x-trace": "t-1", key_header: "the gateway's"}, backoff=0.001)
+    assert ep.complete("", [agent.Message.user("x")], []).text == "ok"
+    assert len(model.requests) == 2  # the endpoint's retries hold on the caller's session too
+    for r in model.requests:
+        assert r.headers["x-gateway"] == "from the session" and r.headers["x-trace"] == "t-1"
+        assert r.headers[key_header] == "the gateway's"  # headers= wins over the endpoint's own
+    ep.close()
+    assert session.get_adapter("http://example.com/") is elsewhere  # ours is mounted for base_url only
+
+
+def test_a_session_or_headers_of_the_wrong_type_are_argument_errors() -> None:
+    with pytest.raises(agent.ArgumentError, match="session"):
+        OpenAIChat("http://127.0.0.1:9/v1", "m", session=object())  # type: ignore[arg-type]
+    with pytest.raises(agent.ArgumentError, match="headers"):
+        AnthropicMessages("http://127.0.0.1:9", "m", headers={"x-n": 1})  # type: ignore[dict-item]

@@ -9,6 +9,8 @@ from json.encoder import encode_basestring_ascii as _string
 from operator import attrgetter
 from typing import Any
 
+import requests
+
 from ..messages import Content, ContentType, Message, Role
 from ..tools import Tool
 from ._http import HTTPClient, malformed
@@ -17,7 +19,12 @@ API_VERSION = "2023-06-01"
 
 
 class AnthropicMessages:
-    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added."""
+    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added.
+    ``extra`` is merged into every request body.
+
+    ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``x-api-key``).
+    ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
+    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient)."""
 
     def __init__(
         self,
@@ -31,13 +38,15 @@ class AnthropicMessages:
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         extra: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        session: requests.Session | None = None,
     ) -> None:
-        headers = {"anthropic-version": API_VERSION}
+        own = {"anthropic-version": API_VERSION}
         if api_key:
-            headers["x-api-key"] = api_key
+            own["x-api-key"] = api_key
         self.http = HTTPClient(
-            base_url, headers, timeout=timeout, max_retries=max_retries, backoff=backoff,
-            max_backoff=max_backoff,
+            base_url, {**own, **(headers or {})}, timeout=timeout, max_retries=max_retries, backoff=backoff,
+            max_backoff=max_backoff, session=session,
         )
         self.model = model
         self.max_tokens = max_tokens
