@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -327,3 +328,44 @@ def test_a_session_or_headers_of_the_wrong_type_are_argument_errors() -> None:
         OpenAIChat("http://127.0.0.1:9/v1", "m", session=object())  # type: ignore[arg-type]
     with pytest.raises(agent.ArgumentError, match="headers"):
         AnthropicMessages("http://127.0.0.1:9", "m", headers={"x-n": 1})  # type: ignore[dict-item]
+
+
+def endpoint_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("agent_sessions.endpoints") and r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize(("retry_after", "wait"), [
+    ("0.02", "0.02"), ("3600", "0.05"), ("Wed, 21 Oct 2015 07:28:00 GMT", "0.00"),
+])
+def test_a_retry_is_logged_with_its_cause_attempt_and_wait(
+    model: ModelServer, caplog: pytest.LogCaptureFixture, retry_after: str, wait: str,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agent_sessions")
+    model.push(Reply({"error": {"message": "slow down"}}, 429, {"retry-after": retry_after}),
+               Reply({"error": {"message": "overloaded"}}, 529), openai("ok"))
+    OpenAIChat(model.url + "/v1", "m", backoff=0.001, max_backoff=0.05).complete("", [agent.Message.user("x")], [])
+    first, second = endpoint_warnings(caplog)
+    assert "/v1/chat/completions" in first and "status 429" in first and "attempt 1 of 3" in first
+    assert f"retrying in {wait} s (Retry-After: {retry_after})" in first  # honoured, capped at max_backoff
+    assert "status 529" in second and "attempt 2 of 3" in second and "Retry-After" not in second
+
+
+def test_a_connection_retry_is_logged_with_its_cause(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="agent_sessions")
+    with pytest.raises(agent.EndpointError, match="cannot reach"):
+        OpenAIChat("http://127.0.0.1:9/v1", "m", max_retries=1, backoff=0.001).complete("", [], [])
+    (warning,) = endpoint_warnings(caplog)
+    assert "attempt 1 of 2" in warning and "NewConnectionError" in warning and "retrying in" in warning
+
+
+@pytest.mark.parametrize("retry_after", ["nan", "soon", "-3", "inf", "1e999", ""])
+def test_a_retry_after_that_makes_no_sense_means_the_usual_backoff(
+    model: ModelServer, caplog: pytest.LogCaptureFixture, retry_after: str,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agent_sessions")
+    model.push(Reply({"error": {"message": "slow down"}}, 429, {"retry-after": retry_after}), openai("ok"))
+    ep = OpenAIChat(model.url + "/v1", "m", backoff=0.001, max_backoff=0.05)
+    assert ep.complete("", [agent.Message.user("x")], []).text == "ok"
+    (warning,) = endpoint_warnings(caplog)
+    assert "retrying in 0.00 s" in warning

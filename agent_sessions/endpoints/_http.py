@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
 import math
 import random
 import threading
@@ -23,6 +24,8 @@ from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 from ..errors import ArgumentError, EndpointError
+
+log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
@@ -135,6 +138,7 @@ class _Retry(Retry):
       provider turned away do not all come back in step;
     - ``Retry-After`` may be fractional; one that cannot be read means the usual backoff (urllib3 would
       raise InvalidHeader from inside requests); no wait is longer than ``backoff_max``;
+    - each retry is logged, WARNING, with its cause, its number and its wait;
     - the time the next attempt began is kept, for the deadline on the whole response.
     """
 
@@ -159,6 +163,14 @@ class _Retry(Retry):
         retry.wait = min(max(retry.get_backoff_time() if seconds is None else seconds, 0.0), self.backoff_max)
         if response is not None:
             response.close()
+        failed = len(retry.history)
+        log.warning(
+            "%s %s%s, attempt %d of %d: %s; retrying in %.2f s%s",
+            method, url, f" at {_pool.host}:{_pool.port}" if _pool is not None else "",
+            failed, failed + 1 + int(retry.total or 0),  # total: the retries still allowed
+            f"status {response.status}" if response is not None else f"{type(error).__name__}: {error}",
+            retry.wait, f" (Retry-After: {asked})" if asked else "",
+        )
         return retry
 
     def get_backoff_time(self) -> float:
