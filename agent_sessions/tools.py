@@ -57,7 +57,14 @@ class Tool:
             return Content.tool_result(call.id, str(exc), is_error=True)
         except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's to read, not ours to raise
             return Content.tool_result(call.id, f"{type(exc).__name__}: {exc}", is_error=True)
-        return Content.tool_result(call.id, value if isinstance(value, str) else json.dumps(value))
+        if isinstance(value, str):
+            return Content.tool_result(call.id, value)
+        try:
+            return Content.tool_result(call.id, json.dumps(value))
+        except (TypeError, ValueError, RecursionError) as exc:  # a datetime, a set, a cycle, any object
+            return Content.tool_result(
+                call.id, f"the tool returned a {type(value).__name__}, which is not JSON: {exc}", is_error=True
+            )
 
 
 @overload

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import backends, ours, peers, steers
+from . import backends, encode, ours, peers, steers
 from .floors import floor_for
 from .workload import SIZES
 
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     names = [s for s in args.stores.split(",") if s]
     report: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "peer_rounds": args.peer_rounds,
                               "persistence": {}, "loop": {}, "steers": {}, "peers": {}}
+    report["encode"] = encode.encode_times()
     with tempfile.TemporaryDirectory() as tmp:
         report["loop"]["session=None"] = {n: ours.loop_step(None, n, args.rounds)["loop_step"] for n in SIZES}
         for name in names:
@@ -98,6 +99,7 @@ def tables(report: dict[str, Any]) -> str:
         for name, s in report["steers"].items():
             lines.append(f"| {name} | {s['processes']} | {s['steers']} | {s['seconds']:.2f} | "
                          f"{s['steers_per_s']:.0f} |")
+    lines += ["", encode.line(report["encode"])]
     if not report["peers_installed"]:
         lines += ["", "(peers not installed here: run scripts/bench, which builds their environment)"]
     return "\n".join(lines)

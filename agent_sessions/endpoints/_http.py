@@ -1,18 +1,31 @@
-"""One ``requests.Session`` per endpoint, bounded retries, and provider errors turned into EndpointError."""
+"""HTTP for the endpoints: a ``requests.Session`` per thread, urllib3's ``Retry`` for statuses and broken
+connections, a deadline on the whole response, and provider errors turned into EndpointError."""
 
 from __future__ import annotations
 
 import email.utils
 import json
+import logging
+import math
 import random
+import threading
 import time
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import requests
 import urllib3
+from requests.adapters import HTTPAdapter
+from urllib3.connectionpool import ConnectionPool
+from urllib3.exceptions import ReadTimeoutError
+from urllib3.response import BaseHTTPResponse
+from urllib3.util.retry import Retry
 
 from ..errors import ArgumentError, EndpointError
+
+log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
@@ -20,11 +33,19 @@ RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 class HTTPClient:
     """POSTs JSON and returns the decoded object.
 
-    Retries connection failures and 408/409/429/5xx/529 up to ``max_retries`` times with exponential
-    backoff and jitter, waiting what ``Retry-After`` asks where it is given (capped at ``max_backoff``).
-    A read timeout is not retried: a hung endpoint fails within ``timeout`` rather than a multiple of it.
-    ``timeout`` also bounds the whole response: a server that trickles its body a byte at a time (each
-    read arriving before the socket timeout) is cut off once ``timeout`` has passed since the request.
+    Each thread gets its own ``requests.Session``, made on its first request: requests does not promise
+    that one Session is safe to share between threads, and an endpoint often is shared (a Runner thread
+    per run, a pool of web workers). Given ``session``, every thread uses that one instead: its proxies,
+    certificates, auth and headers apply, and its thread safety is the caller's (requests makes no
+    promise; give each thread its own endpoint to be sure). The client mounts its retrying adapter on it
+    for ``base_url`` only, so the session's other requests keep theirs; ``close`` leaves it open.
+
+    Retries (urllib3's ``Retry``, see ``_Retry``): connection failures and 408/409/429/5xx/529, up to
+    ``max_retries`` times, with exponential backoff and jitter, or what ``Retry-After`` asks; no wait is
+    longer than ``max_backoff``. A read timeout is not retried: a hung endpoint fails within ``timeout``
+    rather than a multiple of it. ``timeout`` also bounds the whole response: a server that trickles its
+    body a byte at a time (each read arriving before the socket timeout) is cut off once ``timeout`` has
+    passed since the attempt that answered began.
     """
 
     def __init__(
@@ -36,6 +57,7 @@ class HTTPClient:
         max_retries: int,
         backoff: float,
         max_backoff: float,
+        session: requests.Session | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ArgumentError(f"endpoint base_url must be an http(s) URL, got {base_url!r}")
@@ -43,54 +65,133 @@ class HTTPClient:
             raise ArgumentError(f"endpoint max_retries must be >= 0, got {max_retries}")
         if timeout <= 0:
             raise ArgumentError(f"endpoint timeout must be > 0 seconds, got {timeout}")
+        if session is not None and not isinstance(session, requests.Session):
+            raise ArgumentError(f"endpoint session must be a requests.Session, got {type(session).__name__}")
+        for name, value in headers.items():  # the values are not quoted back: one may be a key
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise ArgumentError(f"endpoint headers must map str to str; {name!r} is a {type(value).__name__}")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self.max_retries = max_retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self.http = requests.Session()
-        self.http.headers.update({"content-type": "application/json", **headers})
+        self.headers = {"content-type": "application/json", **headers}
+        self.retry = _Retry(
+            total=max_retries,
+            other=0,  # a TLS error: a bad certificate does not heal
+            status_forcelist=RETRY_STATUSES,
+            allowed_methods=frozenset({"POST"}),
+            backoff_factor=backoff,
+            backoff_max=max_backoff,
+            respect_retry_after_header=True,
+            raise_on_status=False,  # the last answer is decoded into an EndpointError with the provider's text
+        )
+        self._callers = session
+        if session is not None:
+            session.mount(self.base_url + "/", HTTPAdapter(max_retries=self.retry))
+        self._local = threading.local()
+        self._made: weakref.WeakSet[requests.Session] = weakref.WeakSet()  # a dead thread's goes with it
+        self._lock = threading.Lock()
 
     def post(self, path: str, body: str) -> dict[str, Any]:
         url = self.base_url + path
-        data = body.encode("utf-8")
-        attempt = 0
-        while True:
-            deadline = time.monotonic() + self.timeout
-            try:
-                response = self.http.post(url, data=data, timeout=self.timeout, stream=True)
-            except requests.ConnectionError as exc:
-                if attempt >= self.max_retries:
-                    raise EndpointError(f"cannot reach {url}: {exc}") from exc
-                self._sleep(attempt, None)
-                attempt += 1
-                continue
-            except requests.RequestException as exc:
-                raise EndpointError(f"request to {url} failed: {exc}") from exc
-            if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
-                response.close()
-                self._sleep(attempt, response.headers.get("retry-after"))
-                attempt += 1
-                continue
-            return _decode(url, response, _read(url, response, deadline, self.timeout))
+        started = time.monotonic()
+        try:
+            response = self._session().post(
+                url, data=body.encode("utf-8"), headers=self.headers, timeout=self.timeout, stream=True
+            )
+        except requests.ConnectionError as exc:
+            raise EndpointError(f"cannot reach {url}: {exc}") from exc
+        except requests.RequestException as exc:
+            raise EndpointError(f"request to {url} failed: {exc}") from exc
+        # After retries, the deadline counts from the attempt that answered: _Retry.sleep noted its start.
+        retried = getattr(getattr(response.raw, "retries", None), "attempt_started", None)
+        deadline = (retried or started) + self.timeout
+        return _decode(url, response, _read(url, response, deadline, self.timeout))
 
-    def _sleep(self, attempt: int, retry_after: str | None) -> None:
-        delay = _retry_after_seconds(retry_after)
-        if delay is None:
-            delay = self.backoff * (2**attempt) * (0.5 + random.random())
-        time.sleep(min(max(delay, 0.0), self.max_backoff))
+    def _session(self) -> requests.Session:
+        if self._callers is not None:
+            return self._callers
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            adapter = HTTPAdapter(max_retries=self.retry)
+            session.mount("https://", adapter)
+            session.mount("http://", adapter)
+            self._local.session = session
+            with self._lock:
+                self._made.add(session)
+        return session
 
     def close(self) -> None:
-        self.http.close()
+        """Closes the sessions this client made, every thread's; a caller's own session is theirs to close."""
+        with self._lock:
+            made = list(self._made)
+        for session in made:
+            session.close()
+
+
+class _Retry(Retry):
+    """urllib3's Retry, and what an LLM endpoint needs beside it:
+
+    - a read timeout is not retried (the server may still be working on the request, and a hung one
+      should fail within the timeout); a connection it broke is, as a refused one is;
+    - a response about to be retried is closed, not drained: urllib3 would read a trickling body to its end;
+    - the first retry waits too (urllib3 retries at once), with jitter, so that clients an overloaded
+      provider turned away do not all come back in step;
+    - ``Retry-After`` may be fractional; one that cannot be read means the usual backoff (urllib3 would
+      raise InvalidHeader from inside requests); no wait is longer than ``backoff_max``;
+    - each retry is logged, WARNING, with its cause, its number and its wait;
+    - the time the next attempt began is kept, for the deadline on the whole response.
+    """
+
+    RETRY_AFTER_STATUS_CODES = RETRY_STATUSES  # urllib3 would also retry a 413 that sends Retry-After
+    wait = 0.0
+    attempt_started: float | None = None
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        if isinstance(error, ReadTimeoutError):
+            raise error.with_traceback(_stacktrace)
+        retry = super().increment(method, url, response, error, _pool, _stacktrace)  # MaxRetryError when spent
+        asked = response.headers.get("retry-after") if response is not None else None
+        seconds = _retry_after_seconds(asked) if self.respect_retry_after_header else None
+        retry.wait = min(max(retry.get_backoff_time() if seconds is None else seconds, 0.0), self.backoff_max)
+        if response is not None:
+            response.close()
+        failed = len(retry.history)
+        log.warning(
+            "%s %s%s, attempt %d of %d: %s; retrying in %.2f s%s",
+            method, url, f" at {_pool.host}:{_pool.port}" if _pool is not None else "",
+            failed, failed + 1 + int(retry.total or 0),  # total: the retries still allowed
+            f"status {response.status}" if response is not None else f"{type(error).__name__}: {error}",
+            retry.wait, f" (Retry-After: {asked})" if asked else "",
+        )
+        return retry
+
+    def get_backoff_time(self) -> float:
+        return float(self.backoff_factor * 2 ** max(len(self.history) - 1, 0) * (0.5 + random.random()))
+
+    def sleep(self, response: BaseHTTPResponse | None = None) -> None:
+        time.sleep(self.wait)
+        self.attempt_started = time.monotonic()
 
 
 def _retry_after_seconds(value: str | None) -> float | None:
+    """Seconds (fractions accepted, though the RFC says an integer) or an HTTP date; None for anything
+    else, NaN included, which would make time.sleep raise."""
     if not value:
         return None
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return seconds if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from itertools import groupby
+from json.encoder import encode_basestring_ascii as _string
+from operator import attrgetter
 from typing import Any
+
+import requests
 
 from ..messages import Content, ContentType, Message, Role
 from ..tools import Tool
@@ -14,7 +19,12 @@ API_VERSION = "2023-06-01"
 
 
 class AnthropicMessages:
-    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added."""
+    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added.
+    ``extra`` is merged into every request body.
+
+    ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``x-api-key``).
+    ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
+    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient)."""
 
     def __init__(
         self,
@@ -28,13 +38,15 @@ class AnthropicMessages:
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         extra: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        session: requests.Session | None = None,
     ) -> None:
-        headers = {"anthropic-version": API_VERSION}
+        own = {"anthropic-version": API_VERSION}
         if api_key:
-            headers["x-api-key"] = api_key
+            own["x-api-key"] = api_key
         self.http = HTTPClient(
-            base_url, headers, timeout=timeout, max_retries=max_retries, backoff=backoff,
-            max_backoff=max_backoff,
+            base_url, {**own, **(headers or {})}, timeout=timeout, max_retries=max_retries, backoff=backoff,
+            max_backoff=max_backoff, session=session,
         )
         self.model = model
         self.max_tokens = max_tokens
@@ -44,55 +56,71 @@ class AnthropicMessages:
         return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> str:
-        """The request as JSON text. Tool-use ``input`` is spliced in as the stored arguments text itself,
-        so what the model produced goes back byte for byte instead of through a dict."""
-        raw: list[str] = []
-        wire: list[dict[str, Any]] = []
-        for message in messages:
-            blocks = [_block(c, raw) for c in message.content]
-            role = message.role.value
-            if wire and wire[-1]["role"] == role:  # the API wants user and assistant to alternate
-                wire[-1]["content"].extend(blocks)
-            else:
-                wire.append({"role": role, "content": blocks})
-        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": wire}
+        """The request as JSON text. Tool-use ``input`` must be the stored arguments text itself, so that
+        what the model produced goes back byte for byte instead of through a dict, and json.dumps cannot
+        embed raw JSON: the messages are written from encoded pieces, joined once, and put in front of
+        the rest of the body, which json.dumps writes."""
+        head: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
         if system:
-            body["system"] = system
+            head["system"] = system
         if tools:
-            body["tools"] = [
+            head["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
             ]
-        body.update(self.extra)
-        text = json.dumps(body)
-        for i, arguments in enumerate(raw):
-            text = text.replace(json.dumps(_placeholder(i)), arguments, 1)
-        return text
+        head.update(self.extra)
+        rest = json.dumps(head)
+        if "messages" in head:  # extra replaced them
+            return rest
+        return '{"messages": ' + _messages(messages) + ", " + rest[1:]
 
     def close(self) -> None:
         self.http.close()
 
 
-def _placeholder(i: int) -> str:
-    return f"\x00agent-sessions-raw-input-{i}\x00"
+def _messages(messages: Sequence[Message]) -> str:
+    """The JSON array of messages, neighbours of one role merged: the API wants user and assistant to
+    alternate, and a steer or a tool result may follow a user message."""
+    return "[" + ", ".join(
+        '{"role": "' + role + '", "content": [' + ", ".join(_block(c) for m in group for c in m.content) + "]}"
+        for role, group in groupby(messages, key=attrgetter("role"))
+    ) + "]"
 
 
-def _block(c: Content, raw: list[str]) -> dict[str, Any]:
+def _block(c: Content) -> str:
     if c.type is ContentType.TEXT:
-        return {"type": "text", "text": c.text}
+        return '{"type": "text", "text": ' + _string(c.text) + "}"
     if c.type is ContentType.TOOL_CALL:
-        raw.append(c.arguments if _is_json_object(c.arguments) else "{}")
-        return {"type": "tool_use", "id": c.id, "name": c.name, "input": _placeholder(len(raw) - 1)}
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": c.tool_call_id, "content": c.text}
-    if c.is_error:
-        block["is_error"] = True
-    return block
+        return ('{"type": "tool_use", "id": ' + _string(c.id) + ', "name": ' + _string(c.name)
+                + ', "input": ' + _input(c.arguments) + "}")
+    error = ', "is_error": true' if c.is_error else ""
+    return ('{"type": "tool_result", "tool_use_id": ' + _string(c.tool_call_id) + ', "content": '
+            + _string(c.text) + error + "}")
+
+
+def _input(arguments: str) -> str:
+    """The arguments text itself when it is a JSON object; otherwise ``{}``, since the API takes nothing
+    else as ``input`` (the model is told what was wrong by the tool result that follows).
+
+    One exception to byte for byte: half a surrogate pair (a model's ``"\\ud800"``, read and stored) has no
+    UTF-8 form, so it goes back as that escape, the same JSON value; it can only stand inside a string."""
+    if not _is_json_object(arguments):
+        return "{}"
+    if arguments.isascii():
+        return arguments
+    return arguments.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _is_json_object(text: str) -> bool:
+    """Strict JSON: Python also reads NaN and Infinity (an Anthropic ``input`` holding 1e999 is stored as
+    Infinity), and spliced into the body they would make every later request of the run a 400."""
     try:
-        return isinstance(json.loads(text), dict)
+        return isinstance(json.loads(text, parse_constant=_not_json), dict)
     except ValueError:
         return False
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def parse_response(data: dict[str, Any]) -> Message:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import requests
+
 from ..messages import Content, ContentType, Message, Role
 from ..tools import Tool
 from ._http import HTTPClient, malformed
@@ -13,7 +15,11 @@ from ._http import HTTPClient, malformed
 
 class OpenAIChat:
     """``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1`` or
-    ``http://127.0.0.1:8080/v1``. ``extra`` is merged into every request body (temperature, seed, ...)."""
+    ``http://127.0.0.1:8080/v1``. ``extra`` is merged into every request body (temperature, seed, ...).
+
+    ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``authorization``).
+    ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
+    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient)."""
 
     def __init__(
         self,
@@ -26,11 +32,13 @@ class OpenAIChat:
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         extra: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        session: requests.Session | None = None,
     ) -> None:
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = HTTPClient(
-            base_url, headers, timeout=timeout, max_retries=max_retries, backoff=backoff,
-            max_backoff=max_backoff,
+            base_url, {**auth, **(headers or {})}, timeout=timeout, max_retries=max_retries, backoff=backoff,
+            max_backoff=max_backoff, session=session,
         )
         self.model = model
         self.extra = dict(extra or {})

@@ -168,3 +168,43 @@ def test_any_json_in_place_of_a_reply_is_a_message_or_an_endpoint_error(endpoint
     finally:
         model.close()
     FAULTS[f"random JSON bodies ({endpoint})"] = sum(outcomes.values())
+
+
+OK_BODIES = {"openai": b'{"choices": [{"message": {"content": "ok"}}]}',
+             "anthropic": b'{"content": [{"type": "text", "text": "ok"}]}'}
+RETRYING: dict[str, Callable[[str], Any]] = {
+    "openai": lambda url: OpenAIChat(url + "/v1", "m", timeout=TIMEOUT, max_retries=1, backoff=0.01),
+    "anthropic": lambda url: AnthropicMessages(url, "m", timeout=TIMEOUT, max_retries=1, backoff=0.01),
+}
+
+
+@pytest.mark.parametrize("endpoint", RETRYING)
+def test_a_connection_the_server_broke_is_retried(endpoint: str) -> None:
+    answers = iter([reset, reply_with(OK_BODIES[endpoint])])
+    server = RawServer(lambda conn: next(answers)(conn))
+    try:
+        assert RETRYING[endpoint](server.url).complete("", [agent.Message.user("hi")], []).text == "ok"
+    finally:
+        server.close()
+
+
+def trickled_503(conn: socket.socket) -> None:
+    conn.sendall(head("503 Service Unavailable", length=100_000))
+    for _ in range(600):
+        conn.sendall(b" ")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("endpoint", RETRYING)
+def test_a_retried_status_whose_body_trickles_is_not_read_to_its_end(endpoint: str) -> None:
+    server = RawServer(trickled_503)
+    try:
+        started = time.monotonic()
+        with pytest.raises(agent.EndpointError) as failure:
+            RETRYING[endpoint](server.url).complete("", [agent.Message.user("hi")], [])
+        elapsed = time.monotonic() - started
+    finally:
+        server.close()
+    assert failure.value.status == 503
+    assert elapsed < 2 * TIMEOUT + 0.2, f"{elapsed:.2f} s"  # the retried one was closed, not drained
+    FAULTS["503 whose body trickles, retried"] = FAULTS.get("503 whose body trickles, retried", 0) + 1
