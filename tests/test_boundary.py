@@ -49,3 +49,14 @@ def test_a_missing_driver_says_which_extra_to_install(store: str, driver: str, e
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=60).stdout
     assert f"pip install '{DIST}[{extra}]'" in out
+
+
+@pytest.mark.parametrize("tool", ["pytest", "hypothesis"])
+def test_storetest_without_its_extra_says_which_to_install(tool: str) -> None:
+    code = (
+        f"import sys; sys.modules[{tool!r}] = None\n"
+        "try:\n    import storetest\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    assert f"pip install '{DIST}[storetest]'" in out
