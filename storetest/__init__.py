@@ -9,6 +9,15 @@
 It is plain pytest: failures keep their ids, ``-k`` works, assertions are introspected.
 """
 
+try:
+    import hypothesis  # noqa: F401
+    import pytest  # noqa: F401
+except ImportError as exc:
+    raise ImportError(
+        f"storetest requires pytest and Hypothesis ({exc.name} is missing). "
+        "Install them with: pip install 'stored-agent-sessions[storetest]'"
+    ) from exc
+
 from .contract import SETTINGS, StoreContract
 
 __all__ = ["SETTINGS", "StoreContract"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 DRIVERS = ("sqlalchemy", "psycopg", "pymysql", "pymongo", "bson", "sqlite3")
 
 
@@ -29,11 +31,32 @@ def test_importing_storetest_loads_no_store_and_no_driver() -> None:
     assert [m for m in DRIVERS if m in loaded] == []
 
 
-def test_a_missing_driver_says_which_extra_to_install() -> None:
-    # Hide SQLAlchemy, as a venv without the extra would.
+DIST = "stored-agent-sessions"  # the name on the index; `agent-sessions` there is an unrelated project
+
+
+@pytest.mark.parametrize(("store", "driver", "extra"), [
+    ("sqlite", "sqlalchemy", "sqlite"),
+    ("postgres", "sqlalchemy", "postgres"),
+    ("mysql", "sqlalchemy", "mysql"),
+    ("mongodb", "pymongo", "mongodb"),
+])
+def test_a_missing_driver_says_which_extra_to_install(store: str, driver: str, extra: str) -> None:
+    # Hide the driver, as a venv without the extra would.
     code = (
-        "import sys; sys.modules['sqlalchemy'] = None\n"
-        "try:\n    import stores.sqlite\nexcept ImportError as e:\n    print(e)\n"
+        f"import sys; sys.modules[{driver!r}] = None\n"
+        f"try:\n    import stores.{store}\nexcept ImportError as e:\n    print(e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "pip install 'agent-sessions[sqlite]'" in out
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    assert f"pip install '{DIST}[{extra}]'" in out
+
+
+@pytest.mark.parametrize("tool", ["pytest", "hypothesis"])
+def test_storetest_without_its_extra_says_which_to_install(tool: str) -> None:
+    code = (
+        f"import sys; sys.modules[{tool!r}] = None\n"
+        "try:\n    import storetest\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    assert f"pip install '{DIST}[storetest]'" in out

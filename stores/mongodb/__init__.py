@@ -34,7 +34,7 @@ try:
     from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
-        "stores.mongodb requires pymongo. Install it with: pip install 'agent-sessions[mongodb]'"
+        "stores.mongodb requires pymongo. Install it with: pip install 'stored-agent-sessions[mongodb]'"
     ) from exc
 
 from agent_sessions import (

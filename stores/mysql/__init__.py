@@ -14,7 +14,7 @@ try:
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
-        "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'agent-sessions[mysql]'"
+        "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'stored-agent-sessions[mysql]'"
     ) from exc
 
 from .._sql import SQLStore, ddl

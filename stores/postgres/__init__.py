@@ -14,7 +14,8 @@ try:
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
-        "stores.postgres requires SQLAlchemy and psycopg. Install them with: pip install 'agent-sessions[postgres]'"
+        "stores.postgres requires SQLAlchemy and psycopg. "
+        "Install them with: pip install 'stored-agent-sessions[postgres]'"
     ) from exc
 
 from agent_sessions import Holder, Message, validate

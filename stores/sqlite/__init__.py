@@ -19,7 +19,7 @@ try:
     from sqlalchemy.schema import CreateTable
 except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundary.py in a bare venv
     raise ImportError(
-        "stores.sqlite requires SQLAlchemy. Install it with: pip install 'agent-sessions[sqlite]'"
+        "stores.sqlite requires SQLAlchemy. Install it with: pip install 'stored-agent-sessions[sqlite]'"
     ) from exc
 
 from agent_sessions import ArgumentError, Holder, Message
