@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from .errors import TranscriptConflict
 from .journal import UNKNOWN_OUTCOME, Journal, fingerprint
 from .lease import Lease
 from .messages import Content, Message
@@ -109,8 +110,9 @@ class Kept(_NotKept):
 class Leased:
     """A session over a RunStore. Per step: one fenced save before the request (which takes the steers and
     reports a cancel); before each tool call a cancel check, which for a non-idempotent tool is the journal
-    write recording that it started; after a non-idempotent tool, a journal write of its result. An
-    idempotent tool's result rides with the next save."""
+    write recording that it started (and carrying the results so far); after a non-idempotent tool that is
+    not the reply's last call, a journal write of its result. Every other result rides with the next
+    write."""
 
     saves = True
 
@@ -139,10 +141,16 @@ class Leased:
             if journal.answers(transcript):
                 self.journal = journal
                 transcript.append(journal.reply)
-        if transcript and transcript[-1].tool_calls:
-            # Tools run before the first request: make the compare-and-swap first, without the reply
-            # (a stored transcript never holds a tool call without its result).
+        if not (transcript and transcript[-1].tool_calls):
+            return
+        # Tools run before the first request: make the compare-and-swap first, without writing the reply
+        # (the loop never stores a tool call without its result).
+        try:
             self._save(transcript[:-1], take_steers=False)
+        except TranscriptConflict as exc:
+            if self.journal is not None or exc.stored != len(transcript):
+                raise
+            self._save(transcript, take_steers=False)  # stored with its calls already (a plain save, a cut fork)
 
     def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
         saved = self._save(transcript, take_steers=True)
@@ -181,7 +189,10 @@ class Leased:
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
         assert self.journal is not None
         self.journal.results[result.tool_call_id] = result
-        if tool is not None and not tool.idempotent:
+        if tool is not None and not tool.idempotent and call.id != self.journal.reply.tool_calls[-1].id:
+            # Other calls run before the next save: journal this result, so a crash among them replays it
+            # rather than call its outcome unknown. After the reply's last call the save comes at once and
+            # carries it.
             self.fresh = self.store.put_journal(self.session, self.lease.holder, self.journal.to_json())
 
     def finish(self, transcript: list[Message]) -> None:

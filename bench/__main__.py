@@ -40,7 +40,7 @@ def machine() -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     names = [s for s in args.stores.split(",") if s]
     report: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "peer_rounds": args.peer_rounds,
-                              "persistence": {}, "loop": {}, "steers": {}, "peers": {}}
+                              "persistence": {}, "loop": {}, "loop_non_idempotent": {}, "steers": {}, "peers": {}}
     report["encode"] = encode.encode_times()
     with tempfile.TemporaryDirectory() as tmp:
         report["loop"]["session=None"] = {n: ours.loop_step(None, n, args.rounds)["loop_step"] for n in SIZES}
@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             floor = floor_for(name, tmp)
             report["persistence"][name] = {n: ours.persistence(store, floor, n, args.rounds) for n in SIZES}
             report["loop"][name] = {n: ours.loop_step(store, n, args.rounds)["loop_step"] for n in SIZES}
+            report["loop_non_idempotent"][name] = {
+                n: ours.loop_step(store, n, args.rounds, ours.charge)["loop_step"] for n in SIZES}
             factory = backends.store_factory(name, tmp)
             if factory is not None and args.steer_procs:
                 report["steers"][name] = steers.throughput(factory, args.steer_procs, args.steers_per_proc)
@@ -89,10 +91,17 @@ def tables(report: dict[str, Any]) -> str:
         row(name, rows)
     for label, rows in report["peers"].items():
         row(label, rows)
-    lines += ["", "Loop step (model and tool answer at once; lease check and tool journal included), "
-              "median (p99) ms", "", "| | N=10 | N=100 | N=1,000 |", "|---|---|---|---|"]
-    for name, rows in report["loop"].items():
-        lines.append(f"| {name} | " + " | ".join(_cell(rows[n]) for n in SIZES) + " |")
+    lines += ["", "Loop step (model and tool answer at once; the fenced save, cancel checks and tool journal "
+              "included), median (p99) ms; in brackets, x the same store's per-step persistence", "",
+              "| | tool | N=10 | N=100 | N=1,000 |", "|---|---|---|---|---|"]
+    for kind, label in (("loop", "idempotent"), ("loop_non_idempotent", "non-idempotent")):
+        for name, rows in report[kind].items():
+            persist = report["persistence"].get(name)
+            cells = []
+            for n in SIZES:
+                ratio = f" [{rows[n]['median_ms'] / persist[n]['persist']['median_ms']:.2f}x]" if persist else ""
+                cells.append(_cell(rows[n]) + ratio)
+            lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
     if report["steers"]:
         lines += ["", "Steer throughput (K adding + K taking processes on one session; exactly-once checked)", "",
                   "| | processes | steers | seconds | steers/s |", "|---|---|---|---|---|"]

@@ -1,9 +1,10 @@
 """What agent-sessions costs per step.
 
 ``persistence``: what the loop asks of the store before every model request (the steers taken and
-the new messages saved), interleaved round by round with the backend's floor so both see the same disk and
-the same neighbours. ``loop_step``: a whole step of the loop (model and tool answering at once), with
-``session=None`` or a store, lease check and tool journal included.
+the new messages saved; for a RunStore, fenced by the run's lease), interleaved round by round with the
+backend's floor so both see the same disk and the same neighbours. ``loop_step``: a whole step of the loop
+(model and tool answering at once), with ``session=None`` or a store, its cancel checks and tool journal
+included, with one idempotent tool call per step or one non-idempotent one.
 """
 
 from __future__ import annotations
@@ -30,26 +31,38 @@ def persistence(store: agent.Store, floor: Floor | None, n: int, rounds: int) ->
     floors: list[float] = []
     msgs: list[agent.Message] = []
     sid = ""
-    step_of = _run_store_step if isinstance(store, agent.RunStore) else _store_step  # as the loop: once per run
+    holder = HOLDER
+    run_store = store if isinstance(store, agent.RunStore) else None  # as the loop: decided once per run
     for r in range(rounds):
         if r % RESET_EVERY == 0:
             sid = f"bench-{n}-{uuid.uuid4().hex}"
             msgs = transcript(n)
             store.save(sid, msgs)
+            if run_store is not None:
+                holder = run_store.acquire(sid, HOLDER, 600)
         if floor is not None:
             floors.append(clock(floor.append))
-        ours.append(clock(functools.partial(step_of, store, sid, msgs, step_messages(r))))
+        if run_store is not None:
+            step = functools.partial(_run_store_step, run_store, sid, holder, msgs, step_messages(r))
+        else:
+            step = functools.partial(_store_step, store, sid, msgs, step_messages(r))
+        ours.append(clock(step))
     out: dict[str, Any] = {"persist": summary(ours)}
     if floors:
         out["floor"] = summary(floors)
     return out
 
 
-def _run_store_step(store: Any, sid: str, msgs: list[agent.Message], step: list[agent.Message]) -> None:
+HOLDER = agent.Holder("bench", 1, "b" * 32, 0.0)
+
+
+def _run_store_step(
+    store: agent.RunStore, sid: str, holder: agent.Holder, msgs: list[agent.Message], step: list[agent.Message]
+) -> None:
     """What the loop asks of a RunStore before each request: the new messages saved with the steers
-    waiting, in one atomic step."""
+    waiting, fenced by the run's lease, in one atomic step."""
     msgs.extend(step)
-    msgs.extend(agent.Message.user(t) for t in store.save_with_steers(sid, msgs))
+    msgs.extend(agent.Message.user(t) for t in store.save_fenced(sid, holder, msgs, take_steers=True).steers)
 
 
 def _store_step(store: agent.Store, sid: str, msgs: list[agent.Message], step: list[agent.Message]) -> None:
@@ -60,19 +73,27 @@ def _store_step(store: agent.Store, sid: str, msgs: list[agent.Message], step: l
 
 
 class InstantModel:
-    """Answers at once with a tool call: the loop's own cost, with no model time in it."""
+    """Answers at once with a call of ``tool``: the loop's own cost, with no model time in it."""
 
-    def __init__(self) -> None:
+    def __init__(self, tool: str) -> None:
+        self.tool = tool
         self.i = 0
 
     def complete(self, system: str, messages: Sequence[agent.Message], tools: Sequence[agent.Tool]) -> agent.Message:
         self.i += 1
-        return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call(f"c{self.i}", "grep", arguments(self.i))])
+        call = agent.Content.tool_call(f"c{self.i}", self.tool, arguments(self.i))
+        return agent.Message(agent.Role.ASSISTANT, [call])
 
 
 @agent.tool
 def grep(path: str, pattern: str, context: int, note: str) -> str:
     """Search a file."""
+    return RESULT_TEXT
+
+
+@agent.tool(idempotent=False)
+def charge(path: str, pattern: str, context: int, note: str) -> str:
+    """A tool with an effect: journalled before it runs and after."""
     return RESULT_TEXT
 
 
@@ -87,7 +108,9 @@ class StepClock:
             self.starts.append(time.perf_counter())
 
 
-def loop_step(store: agent.Store | None, n: int, rounds: int, steps_per_run: int = 11) -> dict[str, Any]:
+def loop_step(
+    store: agent.Store | None, n: int, rounds: int, tool: agent.Tool = grep, steps_per_run: int = 11
+) -> dict[str, Any]:
     samples: list[float] = []
     while len(samples) < rounds:
         steps = StepClock()
@@ -96,7 +119,7 @@ def loop_step(store: agent.Store | None, n: int, rounds: int, steps_per_run: int
         if store is not None:
             session = agent.open(f"bench-loop-{n}-{uuid.uuid4().hex}", store)
             session.save(msgs)
-        spec = agent.Spec(session=session, tools=[grep], max_steps=steps_per_run)
-        agent.Runner().run(spec, msgs, InstantModel(), steps)
+        spec = agent.Spec(session=session, tools=[tool], max_steps=steps_per_run)
+        agent.Runner().run(spec, msgs, InstantModel(tool.name), steps)
         samples.extend((b - a) * 1000 for a, b in itertools.pairwise(steps.starts))
     return {"loop_step": summary(samples[:rounds])}

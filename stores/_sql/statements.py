@@ -8,7 +8,7 @@ Values are bound by name at execution.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -63,6 +63,7 @@ STATE = select(
 ).where(S.session_id == SID)
 """What a fenced save with nothing new to write needs to know, in one read."""
 SET_VERSION = update(sessions).where(S.session_id == SID).values(version=bindparam("version"), journal=null())
+DROP_JOURNAL = update(sessions).where(S.session_id == SID).values(journal=null())
 
 # -- the lease -------------------------------------------------------------------------------------------
 
@@ -108,23 +109,42 @@ MAX_APPEND = 100
 """Messages one append statement carries; a save adding more runs the general transaction."""
 
 
-@functools.lru_cache(maxsize=8 * MAX_APPEND)
-def append_if_current(count: int, unsteered: bool, fenced: bool, lock: str = "") -> TextClause:
+@dataclass(frozen=True, slots=True)
+class Step:
+    """An appending save, as a dialect's ``append`` is given it: ``items[start:]`` are new, and the stored
+    transcript is ``known`` (a version) if nothing changed meanwhile."""
+
+    session: str
+    known: str
+    items: tuple[Message, ...]
+    start: int
+    unsteered: bool
+    """The save takes steers: append only while none waits (otherwise the transaction takes them)."""
+    holder: Holder | None
+    """A leased run's save: append only while the lease is still this one, and not cancelled."""
+    drop_journal: bool
+    """The session has a journal (this process wrote it): the append drops it too, in the same step."""
+
+
+@functools.lru_cache(maxsize=16 * MAX_APPEND)
+def append_if_current(count: int, unsteered: bool, fenced: bool, journal_free: bool, lock: str = "") -> TextClause:
     """Insert ``count`` new messages (``:q0``/``:b0`` ...) in one statement, only while the session still
-    has the version this process knows and no journal (when ``unsteered``, no steer waits; when ``fenced``,
-    the lease is still ``:lease_token``/``:lease_epoch`` and not cancelled): the usual step, whole. Anything else (a
-    steer, a cancel, a journal to drop, a lost lease) inserts nothing and the save runs its transaction,
-    which sorts out which. The version is not replaced: an append changes no message another writer
-    knows, and a second writer appending at the same positions fails on the primary key instead.
-    ``lock``: what makes the read of the session row a locking one where the statement's reads would not
-    be (MySQL's LOCK IN SHARE MODE), so a takeover cannot commit between the check and the insert."""
+    has the version this process knows (when ``unsteered``, no steer waits; when ``fenced``, the lease is
+    still ``:lease_token``/``:lease_epoch`` and not cancelled; when ``journal_free``, it has no journal to
+    drop): the usual step, whole. Anything else (a steer, a cancel, a journal, a lost lease) inserts
+    nothing and the save runs its transaction, which sorts out which. The version is not replaced: an
+    append changes no message another writer knows, and a second writer appending at the same positions
+    fails on the primary key instead. ``lock``: what makes the read of the session row a locking one
+    where the statement's reads would not be (MySQL's LOCK IN SHARE MODE), so a takeover cannot commit
+    between the check and the insert."""
     guard = " AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE agent_steers.session_id = :sid)" if unsteered else ""
     fence = " AND s.token = :lease_token AND s.epoch = :lease_epoch AND NOT s.cancelled" if fenced else ""
+    journal = " AND s.journal IS NULL" if journal_free else ""
     rows = " UNION ALL ".join(f"SELECT :q{i} AS seq, :b{i} AS body" for i in range(count))
     statement = text(
         "INSERT INTO agent_messages (session_id, seq, body) "
         f"SELECT s.session_id, v.seq, v.body FROM agent_sessions AS s JOIN ({rows}) AS v ON 1 = 1 "
-        f"WHERE s.session_id = :sid AND s.version = :known AND s.journal IS NULL{fence}{guard}{lock}"
+        f"WHERE s.session_id = :sid AND s.version = :known{journal}{fence}{guard}{lock}"
     )
     types: list[BindParameter[Any]] = [bindparam("sid", type_=SessionId)]
     types += [bindparam(f"q{i}", type_=Integer()) for i in range(count)]
@@ -132,14 +152,13 @@ def append_if_current(count: int, unsteered: bool, fenced: bool, lock: str = "")
     return statement.bindparams(*types)
 
 
-def append_params(
-    session: str, known: str, items: Sequence[Message], start: int, holder: Holder | None
-) -> dict[str, Any]:
-    """The values of an append of ``items[start:]`` (``append_if_current``, or a dialect's own)."""
-    params: dict[str, Any] = {"sid": session, "known": known}
-    if holder is not None:
-        params["lease_token"] = holder.token
-        params["lease_epoch"] = holder.epoch
+def append_params(step: Step) -> dict[str, Any]:
+    """The values of ``step``'s append (``append_if_current``, or a dialect's own)."""
+    params: dict[str, Any] = {"sid": step.session, "known": step.known}
+    if step.holder is not None:
+        params["lease_token"] = step.holder.token
+        params["lease_epoch"] = step.holder.epoch
+    items, start = step.items, step.start
     for i in range(len(items) - start):
         params[f"q{i}"] = start + i
         params[f"b{i}"] = items[start + i].to_json()

@@ -72,6 +72,8 @@ class SQLStore:
             )
         self.engine = engine
         self._known = Known(remember)
+        self._journaled: set[str] = set()
+        """Sessions this object wrote a journal for since their last save: their next append drops it."""
         raw = self.raw_statements and engine.dialect.paramstyle in PARAMSTYLES
         self._driver = Driver(engine.dialect) if raw else None
         _dispose_after_fork(self)
@@ -98,9 +100,11 @@ class SQLStore:
         if known is not None and shared == len(known[1]) and not (holder is not None and replace):
             try:
                 if shared < len(items):
-                    stored = self.append(session, known[0], os.urandom(16).hex(), items, shared, take, holder)
+                    step = sql.Step(session, known[0], items, shared, take, holder, session in self._journaled)
+                    stored = self.append(step, os.urandom(16).hex())
                     if stored is not None:
                         self._known.put(session, stored, items)
+                        self._journaled.discard(session)
                         return Saved([], False)
                 elif holder is not None:
                     unchanged = self._unchanged(session, holder, known[0], len(items), take)
@@ -110,6 +114,7 @@ class SQLStore:
                 self._known.forget(session)
                 raise
         outcome: list[tuple[Saved, str | None, tuple[Message, ...]]] = []
+        known_version = None if known is None else known[0]
 
         def write(conn: Connection) -> None:
             outcome[:] = [self._write(conn, session, items, known if known is not None else None, shared,
@@ -123,6 +128,8 @@ class SQLStore:
         saved, version, transcript = outcome[0]
         if version is not None:
             self._known.put(session, version, transcript)
+        if version != known_version:
+            self._journaled.discard(session)  # a save that wrote dropped the journal
         return saved
 
     def _write(
@@ -309,6 +316,7 @@ class SQLStore:
         """One statement, matched while the run is not cancelled; otherwise a transaction finds out why."""
         validate.session_id(session)
         params = {**sql.fence_params(session, holder), "body": journal}
+        self._journaled.add(session)  # before the write: a save must drop it even if this reply is lost
         if self._transaction(
             "put_journal", session, lambda conn: self.run(conn, sql.PUT_JOURNAL, params).rowcount, read_only=True
         ) == 1:
@@ -378,32 +386,32 @@ class SQLStore:
     share_lock: ClassVar[str] = ""
     """Appended to the append's read of the session row where that read would not lock it (MySQL)."""
 
-    def append(
-        self,
-        session: str,
-        known: str,
-        version: str,
-        items: tuple[Message, ...],
-        start: int,
-        unsteered: bool,
-        holder: Holder | None,
-    ) -> str | None:
-        """Append ``items[start:]`` in one statement if the stored version is still ``known`` (and, when
-        ``unsteered``, no steer waits; with a ``holder``, the lease is still its and not cancelled),
-        returning the version stored now (``known``: see ``statements.append_if_current``); ``None`` when
-        not, and the save then runs its transaction."""
-        count = len(items) - start
+    def append(self, step: sql.Step, version: str) -> str | None:
+        """Append ``step``'s new messages in one statement if the stored version is still the known one
+        (and the rest of ``sql.append_if_current``'s conditions hold), returning the version stored now
+        (the known one: an append keeps it); ``None`` when not, and the save then runs its transaction.
+        When the step must drop a journal, that is a second statement of the same transaction."""
+        count = len(step.items) - step.start
         if count > sql.MAX_APPEND:
             return None
-        params = sql.append_params(session, known, items, start, holder)
-        statement = sql.append_if_current(count, unsteered, holder is not None, self.share_lock)
+        params = sql.append_params(step)
+        statement = sql.append_if_current(
+            count, step.unsteered, step.holder is not None, not step.drop_journal, self.share_lock
+        )
+
+        def write(conn: Connection) -> int:
+            inserted = self.run(conn, statement, params).rowcount
+            if inserted == count and step.drop_journal:
+                self.run(conn, sql.DROP_JOURNAL, {"sid": step.session})
+            return inserted
+
         try:
-            inserted = self._transaction("save", session, lambda conn: self.run(conn, statement, params).rowcount)
+            inserted = self._transaction("save", step.session, write)
         except StoreError as exc:
             if isinstance(exc.__cause__, IntegrityError):  # another writer appended at these positions first
                 return None
             raise
-        return known if inserted == count else None
+        return step.known if inserted == count else None
 
     def take(self, conn: Connection, session: str) -> list[str]:
         """Delete and return the session's steers, oldest first. DELETE ... RETURNING: rows another

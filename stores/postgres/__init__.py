@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover
         "Install them with: pip install 'stored-agent-sessions[postgres]'"
     ) from exc
 
-from agent_sessions import Holder, Message, validate
+from agent_sessions import validate
 
 from .._sql import SQLStore, ddl
 from .._sql import statements as sql
@@ -103,24 +103,16 @@ class Store(SQLStore):
         with self._autocommit.connect() as conn:
             yield conn
 
-    def append(
-        self,
-        session: str,
-        known: str,
-        version: str,
-        items: tuple[Message, ...],
-        start: int,
-        unsteered: bool,
-        holder: Holder | None,
-    ) -> str | None:
-        count = len(items) - start
+    def append(self, step: sql.Step, version: str) -> str | None:
+        """The CTE drops the journal anyway (it updates the row), so ``step.drop_journal`` needs nothing."""
+        count = len(step.items) - step.start
         if count > sql.MAX_APPEND:
             return None
-        params = sql.append_params(session, known, items, start, holder)
+        params = sql.append_params(step)
         params["new_version"] = version
-        statement = _append(count, unsteered, holder is not None)
+        statement = _append(count, step.unsteered, step.holder is not None)
         inserted = self._transaction(
-            "save", session, lambda conn: conn.execute(statement, params).rowcount, read_only=True
+            "save", step.session, lambda conn: conn.execute(statement, params).rowcount, read_only=True
         )
         return version if inserted == count else None
 

@@ -22,7 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
         "stores.sqlite requires SQLAlchemy. Install it with: pip install 'stored-agent-sessions[sqlite]'"
     ) from exc
 
-from agent_sessions import ArgumentError, Holder, Message
+from agent_sessions import ArgumentError
 
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
@@ -77,35 +77,28 @@ class Store(SQLStore):
         super().__init__(engine, remember=remember)
         self._local = threading.local()
 
-    def append(
-        self,
-        session: str,
-        known: str,
-        version: str,
-        items: tuple[Message, ...],
-        start: int,
-        unsteered: bool,
-        holder: Holder | None,
-    ) -> str | None:
+    def append(self, step: sql.Step, version: str) -> str | None:
         """The usual step of a run, on the driver alone: the one INSERT, in autocommit. A statement that
         writes takes the write lock before it reads, so alone it is what BEGIN IMMEDIATE, the INSERT and
         COMMIT are, in one call; it inserts all its rows or, failing, none. The statement of
         SQLStore.append, without the machinery around it, which on SQLite cost as much."""
         conn, driver = self._held()
-        count = len(items) - start
-        if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction:
-            # listeners see it there; inside an open transaction, autocommit would not commit it
-            return super().append(session, known, version, items, start, unsteered, holder)
-        params = sql.append_params(session, known, items, start, holder)
+        count = len(step.items) - step.start
+        if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction or step.drop_journal:
+            # listeners see it there; inside an open transaction, autocommit would not commit it; a journal
+            # to drop is a second statement, so a transaction
+            return super().append(step, version)
+        params = sql.append_params(step)
         assert self._driver is not None  # raw_statements
-        compiled = self._driver.compiled(sql.append_if_current(count, unsteered, holder is not None), params)
+        compiled = self._driver.compiled(sql.append_if_current(count, step.unsteered, step.holder is not None, True),
+                                         params)
         try:
             inserted: int = driver.execute(compiled.sql, compiled.values(params)).rowcount
         except sqlite3.IntegrityError:  # another writer appended at these positions first
             return None
         except sqlite3.Error as exc:
-            raise self._error("save", session, DBAPIError.instance("append", None, exc, sqlite3.Error)) from exc
-        return known if inserted == count else None
+            raise self._error("save", step.session, DBAPIError.instance("append", None, exc, sqlite3.Error)) from exc
+        return step.known if inserted == count else None
 
     def _held(self) -> tuple[Connection, sqlite3.Connection]:
         """This thread's connection of the file, and its sqlite3 connection (a forked child opens its own)."""
