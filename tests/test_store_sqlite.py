@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import functools
+import gc
+import threading
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +12,7 @@ import pytest
 import agent_sessions as agent
 import storetest
 from stores import sqlite
+from storetest.scripted import ToolsThenAnswer
 from tests.sql_helpers import failing, statements_of
 
 
@@ -67,3 +71,61 @@ def test_a_save_that_fails_midway_leaves_the_previous_transcript(tmp_path: Path)
     with failing(store.engine, "INSERT INTO agent_messages"), pytest.raises(agent.StoreError, match="injected"):
         store.save("s", [*before[:2], agent.Message.user("diverged")])
     assert sqlite.open(tmp_path / "m.db").messages("s") == before
+
+
+def _open_files(path: Path) -> int:
+    """File descriptors of this process open on ``path`` (the database file itself)."""
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            if fds.joinpath(fd.name).resolve() == path.resolve():
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+def test_64_concurrent_runs_on_one_store_all_finish_and_close_closes_every_connection(tmp_path: Path) -> None:
+    """Each run is a thread with a heartbeat thread of its own: 128 threads on one store. A bounded pool
+    made the 16th wait 30 s and fail."""
+    path = tmp_path / "threads.db"
+    store = sqlite.open(path)
+    entered = threading.Barrier(65)
+
+    @agent.tool
+    def meet(n: int) -> str:
+        """Wait until every run is inside its tool, so all 64 hold the store at once."""
+        entered.wait(60)
+        return "met"
+
+    runs = [agent.Runner().start(agent.Spec(session=agent.open(f"t{i}", store), tools=[meet]),
+                                 [agent.Message.user("go")], ToolsThenAnswer(["meet"])) for i in range(64)]
+    entered.wait(60)
+    results = [run.wait(120) for run in runs]
+    assert [r.stop_reason for r in results] == ["answered"] * 64
+    assert all(store.messages(f"t{i}") == results[i].messages for i in range(64))
+    assert _open_files(path) >= 64  # each run's thread opened its own
+    store.close()
+    assert _open_files(path) == 0
+
+
+def test_making_stores_does_not_grow_the_process(tmp_path: Path) -> None:
+    """One at-fork handler for all stores: a handler per store could never be removed."""
+    path = tmp_path / "many.db"
+    sqlite.open(path).close()
+    engine = sqlite.open(path).engine
+
+    def make(n: int) -> None:
+        for _ in range(n):
+            sqlite.Store(engine)
+
+    make(50)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    make(2000)
+    gc.collect()
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 100_000, f"2,000 stores made and dropped left {grown} bytes behind"

@@ -423,6 +423,12 @@ class SQLStore:
         """A deadlock or serialisation failure: the transaction may simply be run again."""
         return False
 
+    def after_fork(self) -> None:
+        """In a forked child: forget the parent's connections (without closing them) and what it knew."""
+        self.engine.dispose(close=False)
+        self._known = Known(self._known.size)
+        self._journaled = set()
+
     # -- plumbing ------------------------------------------------------------------------------------
 
     @contextmanager
@@ -488,19 +494,25 @@ def _lost(session: str, holder: Holder, stored: Sequence[Any] | None) -> LeaseLo
     return LeaseLost(f"session {session!r}: this run's lease (epoch {holder.epoch}) was taken over; {now}")
 
 
+_LIVE: weakref.WeakSet[SQLStore] = weakref.WeakSet()
+"""Every SQL store object alive in this process, for the one at-fork handler below."""
+
+
 def _dispose_after_fork(store: SQLStore) -> None:
+    _LIVE.add(store)
+
+
+def _forked() -> None:
     """A forked child (a Celery or gunicorn prefork worker) must not talk over its parent's sockets: two
-    processes on one connection interleave their bytes. So the child drops the pool it inherited,
-    without closing those connections (they are still the parent's), and opens its own."""
-    ref = weakref.ref(store)
+    processes on one connection interleave their bytes. So in the child each store drops the pool it
+    inherited, without closing those connections (they are still the parent's), and opens its own. One
+    handler for all stores, registered once: a handler per store could never be removed, and a process
+    making a store per request would grow, and run them all at every fork."""
+    for store in list(_LIVE):
+        store.after_fork()
 
-    def forked() -> None:
-        alive = ref()
-        if alive is not None:
-            alive.engine.dispose(close=False)
-            alive._known = Known(alive._known.size)
 
-    os.register_at_fork(after_in_child=forked)
+os.register_at_fork(after_in_child=_forked)
 
 
 _TABLE_NAME = re.compile(r"\b(?:" + "|".join(t.name for t in TABLES) + r")\b")

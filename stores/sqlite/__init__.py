@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +17,7 @@ try:
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.pool import NullPool
     from sqlalchemy.schema import CreateTable
 except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundary.py in a bare venv
     raise ImportError(
@@ -76,6 +78,10 @@ class Store(SQLStore):
     def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
         super().__init__(engine, remember=remember)
         self._local = threading.local()
+        self._pins_lock = threading.Lock()
+        self._pins: list[tuple[weakref.ref[threading.Thread], Connection]] = []
+        """Every connection a thread holds, with its thread: close() closes them all, and a thread that
+        ended leaves its connection to be closed when the next thread opens one."""
 
     def append(self, step: sql.Step, version: str) -> str | None:
         """The usual step of a run, on the driver alone: the one INSERT, in autocommit. A statement that
@@ -101,13 +107,20 @@ class Store(SQLStore):
         return step.known if inserted == count else None
 
     def _held(self) -> tuple[Connection, sqlite3.Connection]:
-        """This thread's connection of the file, and its sqlite3 connection (a forked child opens its own)."""
+        """This thread's connection of the file, and its sqlite3 connection (a forked child opens its own).
+        Threads hold one each, however many there are: ``open`` gives the engine no pool to run out of."""
         held: tuple[int, Connection, sqlite3.Connection] | None = getattr(self._local, "held", None)
         if held is None or held[0] != os.getpid() or held[1].closed or held[1].invalidated:
             conn = self.engine.connect()
             driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
             held = (os.getpid(), conn, driver)
             self._local.held = held
+            with self._pins_lock:
+                ended = [c for t, c in self._pins if not _alive(t)]
+                self._pins = [(t, c) for t, c in self._pins if _alive(t)]
+                self._pins.append((weakref.ref(threading.current_thread()), conn))
+            for old in ended:
+                old.close()
         return held[1], held[2]
 
     @contextmanager
@@ -136,10 +149,19 @@ class Store(SQLStore):
         return "database is locked" in str(exc.orig)
 
     def close(self) -> None:
-        held: tuple[int, Connection, sqlite3.Connection] | None = getattr(self._local, "held", None)
-        if held is not None and held[0] == os.getpid():
-            held[1].close()
+        """Close every connection this store opened, in every thread. Using the store afterwards opens new
+        ones."""
+        with self._pins_lock:
+            pins, self._pins = self._pins, []
+        for _, conn in pins:
+            conn.close()
         self.engine.dispose()
+
+    def after_fork(self) -> None:
+        super().after_fork()
+        with self._pins_lock:
+            self._pins = []  # the parent's: not closed here
+        self._local = threading.local()
 
 
 def open(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> Store:
@@ -150,7 +172,9 @@ def open(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> Store:
         raise ArgumentError("sqlite.open needs a file path; for a store in memory use stores.memory.Store()")
     if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
         raise ArgumentError(f"sqlite.open(synchronous=) must be OFF, NORMAL, FULL or EXTRA, got {synchronous!r}")
-    engine = create_engine(f"sqlite:///{name}")
+    # No pool: each thread holds one connection of its own for as long as it lives (a per-call checkout
+    # cost as much as the statements), so a bounded pool would make the 16th concurrent thread wait.
+    engine = create_engine(f"sqlite:///{name}", poolclass=NullPool)
     _configure(engine, synchronous.upper())
     with engine.begin() as conn:  # BEGIN IMMEDIATE: two processes opening one file create or upgrade it once
         _upgrade(conn)
@@ -186,6 +210,11 @@ def _configure(engine: Engine, synchronous: str) -> None:
         dbapi_connection = conn.connection.dbapi_connection
         if not dbapi_connection.in_transaction:  # the store began it already (see Store._connection)
             dbapi_connection.execute("BEGIN IMMEDIATE")
+
+
+def _alive(thread: weakref.ref[threading.Thread]) -> bool:
+    held = thread()
+    return held is not None and held.is_alive()
 
 
 def _driver_execute(driver: sqlite3.Connection, sql: str) -> None:
