@@ -11,32 +11,53 @@ from collections import OrderedDict
 
 from agent_sessions import Message, validate
 
+REMEMBER = 1024
+"""Sessions a store remembers by default."""
+REMEMBER_BYTES = 64 * 2**20
+"""What those transcripts may hold by default, counted as their stored JSON (the objects take about
+twice that). A transcript larger than this alone is not remembered: each of its saves then reads it."""
+
 
 class Known:
-    """A bounded LRU of session -> (version, transcript), so a long-lived worker does not grow."""
+    """An LRU of session -> (version, transcript), bounded by sessions and by bytes, so a long-lived
+    worker that sees many long transcripts does not grow."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int = REMEMBER, max_bytes: int = REMEMBER_BYTES) -> None:
         self.size = size
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, tuple[str, tuple[Message, ...]]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[str, tuple[Message, ...], int]] = OrderedDict()
 
     def get(self, session: str) -> tuple[str, tuple[Message, ...]] | None:
         with self._lock:
             item = self._items.get(session)
-            if item is not None:
-                self._items.move_to_end(session)
-            return item
+            if item is None:
+                return None
+            self._items.move_to_end(session)
+            return item[0], item[1]
 
     def put(self, session: str, version: str, msgs: tuple[Message, ...]) -> None:
         with self._lock:
-            self._items[session] = (version, msgs)
-            self._items.move_to_end(session)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            old = self._items.pop(session, None)
+            if old is not None:
+                self.bytes -= old[2]
+            # An extension of what was known (the usual save) costs only its new messages to count.
+            start, weight = (len(old[1]), old[2]) if old is not None and validate.is_extension(old[1], msgs) else (0, 0)
+            weight += sum(len(m.to_json()) for m in msgs[start:])
+            if weight > self.max_bytes:
+                return
+            self._items[session] = (version, msgs, weight)
+            self.bytes += weight
+            while len(self._items) > self.size or self.bytes > self.max_bytes:
+                _, (_, _, dropped) = self._items.popitem(last=False)
+                self.bytes -= dropped
 
     def forget(self, session: str) -> None:
         with self._lock:
-            self._items.pop(session, None)
+            old = self._items.pop(session, None)
+            if old is not None:
+                self.bytes -= old[2]
 
 
 def common_prefix(known: tuple[Message, ...], msgs: tuple[Message, ...]) -> int:

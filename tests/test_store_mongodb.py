@@ -118,3 +118,14 @@ def test_a_rewrite_deletes_the_pages_it_replaced(database: Database[Any]) -> Non
     store.save("s", [agent.Message.user("other")])
     assert pages(database) == []
     assert store.messages("s") == [agent.Message.user("other")]
+
+
+def test_a_document_over_the_size_limit_is_a_store_error_naming_the_operation(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    huge = "x" * (17 * 2**20)
+    with pytest.raises(agent.StoreError, match="add_steer of session 'big' failed"):
+        store.add_steer("big", huge)
+    with pytest.raises(agent.StoreError, match="save of session 'big' failed"):
+        store.save("big", [agent.Message.user(huge)])
+    assert store.messages("big") == [] and store.take_steers("big") == []

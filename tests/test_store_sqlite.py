@@ -129,3 +129,21 @@ def test_making_stores_does_not_grow_the_process(tmp_path: Path) -> None:
     grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
     tracemalloc.stop()
     assert grown < 100_000, f"2,000 stores made and dropped left {grown} bytes behind"
+
+
+def test_what_a_store_remembers_of_transcripts_is_bounded_by_bytes(tmp_path: Path) -> None:
+    """Each store object keeps the transcripts it last saved (for appends): 300 one-megabyte transcripts
+    saved and dropped once left 574 MB alive."""
+    store = sqlite.open(tmp_path / "big.db", remember_bytes=8 * 2**20)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for i in range(40):
+        store.save(f"big-{i}", [agent.Message.user("x" * 2**20)])
+    gc.collect()
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 3 * 8 * 2**20, f"40 MB of transcripts saved and dropped left {grown / 2**20:.0f} MB alive"
+    assert store._known.bytes <= 8 * 2**20
+    assert store.messages("big-39")[0].text == "x" * 2**20 and store.messages("big-0")[0].text == "x" * 2**20
+    store.close()

@@ -41,7 +41,7 @@ from agent_sessions import (
     validate,
 )
 
-from .._known import Known, common_prefix
+from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
 from . import statements as sql
 from .driver import PARAMSTYLES, Driver, Rows
 from .tables import TABLES, messages, sessions
@@ -64,14 +64,16 @@ class SQLStore:
     """Run the prebuilt statements on the DB-API cursor (see driver.py): for drivers where SQLAlchemy's
     execution path costs as much as the statement."""
 
-    def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
+    def __init__(
+        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
+    ) -> None:
         if not isinstance(engine, Engine) or (self.dialects and engine.dialect.name not in self.dialects):
             raise ArgumentError(
                 f"{type(self).__module__}.Store needs a SQLAlchemy Engine for {self.backend}, got {engine!r}; "
                 f"{self.engine_hint}"
             )
         self.engine = engine
-        self._known = Known(remember)
+        self._known = Known(remember, remember_bytes)
         self._journaled: set[str] = set()
         """Sessions this object wrote a journal for since their last save: their next append drops it."""
         raw = self.raw_statements and engine.dialect.paramstyle in PARAMSTYLES
@@ -426,7 +428,7 @@ class SQLStore:
     def after_fork(self) -> None:
         """In a forked child: forget the parent's connections (without closing them) and what it knew."""
         self.engine.dispose(close=False)
-        self._known = Known(self._known.size)
+        self._known = Known(self._known.size, self._known.max_bytes)
         self._journaled = set()
 
     # -- plumbing ------------------------------------------------------------------------------------

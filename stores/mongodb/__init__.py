@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 try:
+    from bson.errors import BSONError
     from pymongo import ReturnDocument
     from pymongo.database import Database
     from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
@@ -50,7 +51,7 @@ from agent_sessions import (
     validate,
 )
 
-from .._known import Known, common_prefix
+from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
 
 SESSIONS = "agent_sessions"
 PAGES = "agent_pages"
@@ -96,7 +97,9 @@ def upgrade(database: Database[Any]) -> None:
 
 
 class Store:
-    def __init__(self, database: Database[Any], *, remember: int = 1024) -> None:
+    def __init__(
+        self, database: Database[Any], *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
+    ) -> None:
         if not isinstance(database, Database):
             raise ArgumentError(
                 f"mongodb.Store needs a pymongo Database (client['name']), got {type(database).__name__}"
@@ -104,7 +107,7 @@ class Store:
         self.database = database
         self._sessions = database[SESSIONS]
         self._pages = database[PAGES]
-        self._known = Known(remember)
+        self._known = Known(remember, remember_bytes)
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
@@ -440,7 +443,7 @@ class Store:
     def _failing(self, op: str, session: str) -> Iterator[None]:
         try:
             yield
-        except PyMongoError as exc:
+        except (PyMongoError, BSONError) as exc:  # BSONError: DocumentTooLarge, a document over 16 MB
             raise StoreError(f"MongoDB store: {op} of session {session!r} failed: {exc}") from exc
 
     def __repr__(self) -> str:

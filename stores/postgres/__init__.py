@@ -20,6 +20,7 @@ except ImportError as exc:  # pragma: no cover
 
 from agent_sessions import validate
 
+from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, ddl
 from .._sql import statements as sql
 from .._sql.tables import sessions
@@ -90,8 +91,10 @@ class Store(SQLStore):
             index_elements=[sessions.c.session_id], set_={"version": version, "journal": None}
         )
 
-    def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
-        super().__init__(engine, remember=remember)
+    def __init__(
+        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
+    ) -> None:
+        super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @contextmanager

@@ -26,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
 
 from agent_sessions import ArgumentError
 
+from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.driver import instrumented
@@ -75,8 +76,10 @@ class Store(SQLStore):
             index_elements=[sessions.c.session_id], set_={"version": version, "journal": None}
         )
 
-    def __init__(self, engine: Engine, *, remember: int = 1024) -> None:
-        super().__init__(engine, remember=remember)
+    def __init__(
+        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
+    ) -> None:
+        super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
         self._local = threading.local()
         self._pins_lock = threading.Lock()
         self._pins: list[tuple[weakref.ref[threading.Thread], Connection]] = []
@@ -164,9 +167,17 @@ class Store(SQLStore):
         self._local = threading.local()
 
 
-def open(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> Store:
+def open(
+    path: str | os.PathLike[str],
+    *,
+    synchronous: str = "FULL",
+    remember: int = REMEMBER,
+    remember_bytes: int = REMEMBER_BYTES,
+) -> Store:
     """Open (creating if needed) the store in ``path``. Safe for many threads and many processes on one
-    file: writes take SQLite's write lock at BEGIN IMMEDIATE, so take_steers is exactly once."""
+    file: writes take SQLite's write lock at BEGIN IMMEDIATE, so take_steers is exactly once.
+    ``remember`` and ``remember_bytes`` bound what the store keeps in memory of the transcripts it last
+    saved or read (so a save that only adds messages appends them): that many sessions, that many bytes."""
     name = os.fspath(path)
     if not name or name == ":memory:" or name.startswith("file::memory:"):
         raise ArgumentError("sqlite.open needs a file path; for a store in memory use stores.memory.Store()")
@@ -180,7 +191,7 @@ def open(path: str | os.PathLike[str], *, synchronous: str = "FULL") -> Store:
         _upgrade(conn)
         metadata.create_all(conn)
         conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    return Store(engine)
+    return Store(engine, remember=remember, remember_bytes=remember_bytes)
 
 
 def _upgrade(conn: Connection) -> None:
