@@ -4,7 +4,7 @@ loop builds none of them (its sink is ``SILENT``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -45,6 +45,11 @@ class ModelResponse:
     step: int
     message: Message
     seconds: float
+
+    @property
+    def usage(self) -> Mapping[str, int] | None:
+        """The token counts the provider reported for this request (``message.usage``)."""
+        return self.message.usage
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,9 +136,14 @@ class Message:
 
     role: Role
     content: tuple[Content, ...] = ()
+    usage: Mapping[str, int] | None = field(default=None, repr=False, compare=False, hash=False)
+    """The token counts the provider reported for the request that produced this reply (its own field
+    names), or ``None``. Not part of the message: not compared, not stored."""
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
-    def __init__(self, role: Role | str, content: Iterable[Content] = ()) -> None:
+    def __init__(
+        self, role: Role | str, content: Iterable[Content] = (), *, usage: Mapping[str, int] | None = None
+    ) -> None:
         try:
             object.__setattr__(self, "role", Role(role))
         except ValueError:
@@ -152,6 +157,7 @@ class Message:
             if not isinstance(item, Content):
                 raise MessageError(f"Message.content[{i}] must be a Content, got {type(item).__name__}")
         object.__setattr__(self, "content", items)
+        object.__setattr__(self, "usage", usage)
         object.__setattr__(self, "_json", None)
 
     @classmethod

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from . import validate
@@ -14,6 +15,8 @@ from .events import Events
 from .messages import Message
 from .spec import Pattern, Spec
 from .steerbox import SteerBox
+
+log = logging.getLogger(__name__)
 
 StopReason = Literal["answered", "max_steps", "cancelled"]
 
@@ -30,15 +33,23 @@ class Result:
     unapplied_steers: list[str]
     """Steers that reached this run's in-memory box and never made it onto a request. A steer still in
     the store was never taken: it stays there for the next run."""
+    usage: dict[str, int] = field(default_factory=dict)
+    """Token counts the provider reported, summed over this run's requests, by the provider's own field
+    names (OpenAI: ``prompt_tokens``, ``completion_tokens``...; Anthropic: ``input_tokens``...)."""
 
 
 class Run:
-    """A run on its own thread. ``steer`` costs no round trip; ``wait`` returns the Result or re-raises."""
+    """A run on its own thread. ``steer`` costs no round trip; ``wait`` returns the Result or re-raises;
+    ``add_done_callback`` is told when it ends, for a caller that does not wait (a view answering 202)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "run") -> None:
+        self.name = name
         self._box = SteerBox()
         self._cancel = threading.Event()
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[Run], object]] = []
+        self._watched = False
         self._result: Result | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -53,13 +64,48 @@ class Run:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def error(self) -> BaseException | None:
+        """What the run raised, once it has ended (``None`` while it runs, or when it returned)."""
+        return self._error if self._done.is_set() else None
+
+    def add_done_callback(self, fn: Callable[[Run], object]) -> None:
+        """Call ``fn(run)`` once the run has ended, on the run's thread (at once, here, if it already has).
+        ``run.error`` then says whether it failed and ``run.wait(0)`` returns its Result. What ``fn``
+        raises is logged, never lost and never the run's."""
+        with self._lock:
+            self._watched = True
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        self._call(fn)
+
     def wait(self, timeout: float | None = None) -> Result:
+        self._watched = True
         if not self._done.wait(timeout):
             raise TimeoutError(f"the run did not finish within {timeout} s")
         if self._error is not None:
             raise self._error
         assert self._result is not None
         return self._result
+
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+            unwatched = not self._watched
+        if self._error is not None and unwatched:
+            # Nobody waits for this run and nobody asked to be told: the error would vanish with the thread.
+            log.error("%s failed, and nothing waits for it", self.name, exc_info=self._error)
+        for fn in callbacks:
+            self._call(fn)
+
+    def _call(self, fn: Callable[[Run], object]) -> None:
+        try:
+            fn(self)
+        except Exception:
+            log.exception("a done callback of %s raised", self.name)
 
 
 class Runner:
@@ -83,7 +129,8 @@ class Runner:
     ) -> Run:
         """Run on a new thread and return its handle at once. Arguments are checked here, not there."""
         _check(spec, msgs, endpoint, events)
-        run = Run()
+        session_id = getattr(spec.session, "id", None)
+        run = Run(f"the run of session {session_id!r}" if isinstance(session_id, str) else "a run")
 
         def target() -> None:
             try:
@@ -91,7 +138,7 @@ class Runner:
             except BaseException as exc:  # noqa: BLE001 - handed to the waiter, who re-raises it
                 run._error = exc
             finally:
-                run._done.set()
+                run._finish()
 
         run._thread = threading.Thread(target=target, name="agent-run", daemon=False)
         run._thread.start()

@@ -86,15 +86,19 @@ class ModelServer:
         self.httpd.server_close()
 
 
-def openai(text: str | None = None, calls: list[tuple[str, str, str]] = ()) -> Reply:  # type: ignore[assignment]
+def openai(text: str | None = None, calls: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
+           usage: dict[str, Any] | None = None) -> Reply:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = [
             {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls
         ]
-    return Reply({"id": "chatcmpl-test", "object": "chat.completion",
-                  "choices": [{"index": 0, "message": message,
-                               "finish_reason": "tool_calls" if calls else "stop"}]})
+    body: dict[str, Any] = {"id": "chatcmpl-test", "object": "chat.completion",
+                            "choices": [{"index": 0, "message": message,
+                                         "finish_reason": "tool_calls" if calls else "stop"}]}
+    if usage is not None:
+        body["usage"] = usage
+    return Reply(body)
 
 
 def openai_raw(text: str) -> Reply:
@@ -102,8 +106,12 @@ def openai_raw(text: str) -> Reply:
     return Reply(text, raw=True)
 
 
-def anthropic(text: str | None = None, calls: list[tuple[str, str, Any]] = ()) -> Reply:  # type: ignore[assignment]
+def anthropic(text: str | None = None, calls: list[tuple[str, str, Any]] = (),  # type: ignore[assignment]
+              usage: dict[str, Any] | None = None) -> Reply:
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     blocks += [{"type": "tool_use", "id": i, "name": n, "input": a} for i, n, a in calls]
-    return Reply({"id": "msg_test", "type": "message", "role": "assistant", "content": blocks,
-                  "stop_reason": "tool_use" if calls else "end_turn"})
+    body: dict[str, Any] = {"id": "msg_test", "type": "message", "role": "assistant", "content": blocks,
+                            "stop_reason": "tool_use" if calls else "end_turn"}
+    if usage is not None:
+        body["usage"] = usage
+    return Reply(body)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agent_sessions as agent
+from agent_sessions import events as ev
 from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
 from tests.model_server import ModelServer, Reply, Request, anthropic, openai, openai_raw
 
@@ -369,3 +370,26 @@ def test_a_retry_after_that_makes_no_sense_means_the_usual_backoff(
     assert ep.complete("", [agent.Message.user("x")], []).text == "ok"
     (warning,) = endpoint_warnings(caplog)
     assert "retrying in 0.00 s" in warning
+
+
+def test_usage_is_reported_per_request_and_summed_per_run(model: ModelServer) -> None:
+    """Both wire formats: each ModelResponse event carries its request's usage, the Result their sums,
+    by the provider's own field names (nested objects and non-integers are left out)."""
+    cases = [
+        (OpenAIChat(model.url + "/v1", "m", max_retries=0), openai,
+         {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13, "prompt_tokens_details": {"x": 1}},
+         {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26}),
+        (AnthropicMessages(model.url, "m", api_key="sk", max_retries=0), anthropic,
+         {"input_tokens": 10, "output_tokens": 3, "service_tier": "standard"},
+         {"input_tokens": 20, "output_tokens": 6}),
+    ]
+    for endpoint, reply, usage, total in cases:
+        calls = [("c1", "lookup", '{"key":"a"}' if reply is openai else {"key": "a"})]
+        model.push(reply(calls=calls, usage=usage), reply("done", usage=usage))
+        seen: list[ev.Event] = []
+        result = agent.Runner().run(agent.Spec(tools=[lookup]), [agent.Message.user("go")], endpoint, seen.append)
+        assert result.usage == total
+        responses = [e for e in seen if isinstance(e, ev.ModelResponse)]
+        assert [dict(e.usage or {}) for e in responses] == [{k: v for k, v in usage.items() if type(v) is int}] * 2
+    model.push(openai("no usage"))
+    assert agent.Runner().run(agent.Spec(), [agent.Message.user("go")], cases[0][0]).usage == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Sequence
@@ -352,3 +353,39 @@ def test_a_tool_is_idempotent_unless_declared_otherwise() -> None:
     assert lookup.idempotent is True and charge.idempotent is False
     with pytest.raises(agent.ArgumentError, match="idempotent must be a bool"):
         agent.Tool("t", "", {"type": "object"}, lambda: None, idempotent="no")  # type: ignore[arg-type]
+
+
+def test_a_started_run_tells_its_done_callbacks_and_logs_a_failure_nobody_waits_for(
+    model: ModelServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="agent_sessions.runner")
+    model.push(Reply({"error": {"message": "overloaded"}}, 503))
+    told: list[agent.Run] = []
+    watched = agent.Runner().start(agent.Spec(session=agent.open("s", memory.Store())),
+                                   [agent.Message.user("go")], endpoint(model))
+    watched.add_done_callback(told.append)
+    with pytest.raises(agent.EndpointError):
+        watched.wait(10)
+    assert told == [watched] and isinstance(watched.error, agent.EndpointError)
+    late: list[agent.Run] = []
+    watched.add_done_callback(late.append)  # after the end: called at once
+    assert late == [watched]
+    assert not [r for r in caplog.records if "nothing waits" in r.message]
+
+    model.push(Reply({"error": {"message": "overloaded"}}, 503))
+    dropped = agent.Runner().start(agent.Spec(session=agent.open("t", memory.Store())),
+                                   [agent.Message.user("go")], endpoint(model))
+    dropped._thread.join(10)  # type: ignore[union-attr]  # a view that answered 202 and let go of it
+    failures = [r for r in caplog.records if "nothing waits for it" in r.message]
+    assert len(failures) == 1 and "the run of session 't'" in failures[0].getMessage()
+    assert failures[0].exc_info is not None and "overloaded" in str(failures[0].exc_info[1])
+
+    def broken(run: agent.Run) -> None:
+        raise RuntimeError("a bug in the callback")
+
+    model.push(openai("fine"))
+    ok = agent.Runner().start(agent.Spec(), [agent.Message.user("go")], endpoint(model))
+    ok.add_done_callback(broken)
+    assert ok.wait(10).text == "fine" and ok.error is None
+    ok._thread.join(10)  # type: ignore[union-attr]
+    assert [r for r in caplog.records if "done callback" in r.message]

@@ -258,3 +258,12 @@ def _provider_message(data: object) -> str | None:
 
 def malformed(what: str, body: object) -> EndpointError:
     return EndpointError(f"malformed response: {what}; got {json.dumps(body)[:300]}", status=200)
+
+
+def usage_of(data: dict[str, Any]) -> dict[str, int] | None:
+    """The provider's token counts: the whole-number fields of its ``usage`` object, as named there."""
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    counts = {k: v for k, v in usage.items() if isinstance(k, str) and type(v) is int}
+    return counts or None

@@ -13,7 +13,7 @@ import requests
 
 from ..messages import Content, ContentType, Message, Role
 from ..tools import Tool
-from ._http import HTTPClient, malformed
+from ._http import HTTPClient, malformed, usage_of
 
 API_VERSION = "2023-06-01"
 
@@ -145,4 +145,4 @@ def parse_response(data: dict[str, Any]) -> Message:
             raise malformed(f"content[{i}] is not a text or tool_use block", data)
     if not content:
         content.append(Content.from_text(""))
-    return Message(Role.ASSISTANT, content)
+    return Message(Role.ASSISTANT, content, usage=usage_of(data))

@@ -10,7 +10,7 @@ import requests
 
 from ..messages import Content, ContentType, Message, Role
 from ..tools import Tool
-from ._http import HTTPClient, malformed
+from ._http import HTTPClient, malformed, usage_of
 
 
 class OpenAIChat:
@@ -122,4 +122,4 @@ def parse_response(data: dict[str, Any]) -> Message:
         content.append(Content.tool_call(call_id, function["name"], arguments))
     if not content:
         content.append(Content.from_text(""))
-    return Message(Role.ASSISTANT, content)
+    return Message(Role.ASSISTANT, content, usage=usage_of(data))

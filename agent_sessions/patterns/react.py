@@ -53,6 +53,7 @@ def _loop(
 ) -> Result:
     steps = 0
     reply: Message | None = None
+    usage: dict[str, int] = {}
     stop: StopReason
     if unanswered(transcript):  # a resumed run: finish the reply's tool calls before asking again
         _run_tools(spec, steps, transcript, emit, cancelled, keep)
@@ -79,6 +80,9 @@ def _loop(
         steps = step
         transcript.append(reply)
         emit.model_response(step, reply, started)
+        if reply.usage:
+            for name, count in reply.usage.items():
+                usage[name] = usage.get(name, 0) + count
         if not reply.tool_calls:
             stop = "answered"
             break
@@ -92,6 +96,7 @@ def _loop(
         steps=steps,
         stop_reason=stop,
         unapplied_steers=box.close(),
+        usage=usage,
     )
     emit.finished(result)
     return result

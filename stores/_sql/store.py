@@ -15,6 +15,7 @@ what it saves (a compare-and-swap) and a plain save rewrites what differs.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -47,6 +48,7 @@ from .driver import PARAMSTYLES, Driver, Rows
 from .tables import TABLES, messages, sessions
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 _RETRIES = 4
@@ -250,6 +252,9 @@ class SQLStore:
                 self.run(conn, sql.NEW_LEASE, params)
             elif row[0] is None or not row[2]:  # free, or expired on the database's clock
                 self.run(conn, sql.TAKE_OVER, params)
+                if row[0] is not None:
+                    log.info("%s store: session %r: the lease of token %s… (epoch %d) had expired; taken over "
+                             "at epoch %d", self.backend, session, str(row[0])[:8], row[1], row[1] + 1)
             current = self.run(conn, sql.CURRENT, {"sid": session}).first()
             assert current is not None
             return _holder(current)
@@ -456,10 +461,15 @@ class SQLStore:
             except DBAPIError as exc:
                 if self.is_transient(exc) and attempt < _RETRIES:
                     attempt += 1
-                    time.sleep(0.005 * (2**attempt) * random.random())
+                    pause = 0.005 * (2**attempt) * random.random()
+                    log.warning("%s store: %s of session %r: %s; retrying in %.3f s (attempt %d of %d)",
+                                self.backend, op, session, getattr(exc, "orig", exc), pause, attempt, _RETRIES)
+                    time.sleep(pause)
                     continue
                 if reads and exc.connection_invalidated and not reconnected:
                     reconnected = True
+                    log.warning("%s store: %s of session %r met a dead connection (%s); reading again on a "
+                                "new one", self.backend, op, session, getattr(exc, "orig", exc))
                     continue
                 raise self._error(op, session, exc) from exc
             except SQLAlchemyError as exc:

@@ -4,6 +4,7 @@ transcript, read from the store, shows where it has got to. Steer it with manage
 from __future__ import annotations
 
 import json
+import logging
 
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -12,6 +13,8 @@ from django.views.decorators.http import require_GET, require_POST
 import agent_sessions as agent
 
 from . import agent as setup
+
+log = logging.getLogger(__name__)
 
 
 @csrf_exempt
@@ -24,10 +27,18 @@ def turn(request: HttpRequest, session_id: str) -> JsonResponse:
             raise agent.ArgumentError('the body must be a JSON object with a string "text"')
         spec = setup.spec(session_id)
         msgs = [*setup.store().messages(session_id), agent.Message.user(text)]
-        agent.Runner().start(spec, msgs, setup.endpoint())
+        run = agent.Runner().start(spec, msgs, setup.endpoint())
+        run.add_done_callback(_report)  # nobody waits for it: say how it ended
     except (ValueError, agent.ArgumentError) as exc:
         return JsonResponse({"error": str(exc)}, status=400)
     return JsonResponse({"session": session_id, "started": True}, status=202)
+
+
+def _report(run: agent.Run) -> None:
+    if run.error is not None:
+        log.error("%s failed", run.name, exc_info=run.error)
+    else:
+        log.info("%s ended: %s", run.name, run.wait(0).stop_reason)
 
 
 @require_GET
