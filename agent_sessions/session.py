@@ -95,10 +95,11 @@ class RunStore(Store, Protocol):
     def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
         """Store the tool journal, fenced by ``holder``; return whether the run was asked to stop."""
 
-    def fork(self, source: str, target: str, at: int | None) -> None:
+    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         """Copy the transcript of ``source`` (whole, or its first ``at`` messages) to the new session
         ``target``, atomically; steers, journal and lease stay behind. ``ArgumentError`` when ``source`` has
-        no transcript or ``at`` is outside ``0..len``, ``SessionExists`` when ``target`` has one."""
+        no transcript, ``at`` is outside ``0..len``, or (unless ``allow_unanswered``) message ``at - 1`` has
+        tool calls (``validate.fork_cut``); ``SessionExists`` when ``target`` has one."""
 
 
 @runtime_checkable
@@ -150,13 +151,14 @@ class StoreSession:
     def take_steers(self) -> list[str]:
         return self.store.take_steers(self.id)
 
-    def fork(self, new_id: str, at: int | None = None) -> StoreSession:
+    def fork(self, new_id: str, at: int | None = None, *, allow_unanswered: bool = False) -> StoreSession:
         """Start ``new_id`` from this transcript (the first ``at`` messages, or all of it). The two then
-        diverge; steers waiting here stay here."""
+        diverge; steers waiting here stay here. A cut that would leave tool calls without their results is
+        refused unless ``allow_unanswered`` (see docs/runs/fork.md)."""
         validate.session_id(new_id, "Session.fork(new_id)")
         if at is not None and (isinstance(at, bool) or not isinstance(at, int) or at < 0):
             raise ArgumentError(f"Session.fork(at=) must be None or an int >= 0, got {at!r}")
-        self._run_store("fork").fork(self.id, new_id, at)
+        self._run_store("fork").fork(self.id, new_id, at, allow_unanswered=allow_unanswered)
         return StoreSession(new_id, self.store)
 
     def holder(self) -> Holder | None:

@@ -78,6 +78,18 @@ def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:
     return len(items) >= len(prefix) and items[: len(prefix)] == tuple(prefix)
 
 
+def fork_cut(last_kept: Message | None, at: int, source: str, allow_unanswered: bool) -> None:
+    """A cut right after a reply with tool calls leaves calls without results: refused unless asked for,
+    since the fork's next run runs them again (its journal is the original's, not the fork's)."""
+    if allow_unanswered or last_kept is None or not last_kept.tool_calls:
+        return
+    raise ArgumentError(
+        f"cannot fork session {source!r} at {at}: message {at - 1} has tool calls whose results would be cut "
+        f"off, and the fork's next run would run them again (non-idempotent ones included); cut at {at - 1} "
+        f"or {at + 1}, or pass allow_unanswered=True"
+    )
+
+
 def fork_index(at: object, length: int, source: str) -> None:
     """``at`` cuts the transcript before message ``at``: 0 (nothing) up to its length (everything)."""
     if at is None:

@@ -169,13 +169,26 @@ class RunStoreContract:
                 Message.assistant("a")]
         store.save(src, msgs)
         store.fork(src, whole, None)
-        store.fork(src, head, 2)
+        store.fork(src, head, 3)
         store.fork(src, empty, 0)
         assert store.messages(whole) == msgs
-        assert store.messages(head) == msgs[:2]
+        assert store.messages(head) == msgs[:3]
         assert store.messages(head)[1].tool_calls[0].arguments == '{"z":1,"a":[1, 2],"z":3}'
         assert store.messages(empty) == []
         store.fork(src, _sid("end-"), len(msgs))
+
+    def test_a_fork_that_would_cut_tool_calls_from_their_results_is_refused_unless_asked_for(self) -> None:
+        store = self.run_store()
+        src, cut = _sid("src-"), _sid("cut-")
+        msgs = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
+        store.save(src, msgs)
+        with pytest.raises(agent.ArgumentError, match="tool calls whose results would be cut off"):
+            store.fork(src, cut, 2)
+        assert store.messages(cut) == []
+        with pytest.raises(agent.ArgumentError, match="allow_unanswered"):
+            agent.open(src, store).fork(cut, at=2)
+        agent.open(src, store).fork(cut, at=2, allow_unanswered=True)
+        assert store.messages(cut) == msgs[:2]
 
     def test_a_fork_and_its_original_diverge_and_steers_stay_behind(self) -> None:
         store = self.run_store()

@@ -77,5 +77,5 @@ class Stalled:
     def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
         return self.store.put_journal(session, holder, journal)
 
-    def fork(self, source: str, target: str, at: int | None) -> None:
-        self.store.fork(source, target, at)
+    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
+        self.store.fork(source, target, at, allow_unanswered=allow_unanswered)

@@ -338,7 +338,7 @@ class SQLStore:
 
         return self._transaction("put_journal", session, put)
 
-    def fork(self, source: str, target: str, at: int | None) -> None:
+    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         validate.session_id(source)
         validate.session_id(target)
 
@@ -350,6 +350,9 @@ class SQLStore:
                 raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
             length = int(self.run(conn, sql.LENGTH, {"sid": source}).scalar())  # type: ignore[call-overload]
             validate.fork_index(at, length, source)
+            if at and not allow_unanswered:
+                body = self.run(conn, sql.BODIES_FROM, {"sid": source, "start": at - 1}).first()
+                validate.fork_cut(None if body is None else Message.from_json(body[1]), at, source, False)
             n = length if at is None else at
             exists = SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
             held = conn.execute(select(sessions.c.version).where(sessions.c.session_id == target)).first()

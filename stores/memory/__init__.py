@@ -136,7 +136,7 @@ class Store:
             run.journal = journal
             return self._cancelled(run)
 
-    def fork(self, source: str, target: str, at: int | None) -> None:
+    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         validate.session_id(source)
         validate.session_id(target)
         with self._lock:
@@ -144,6 +144,8 @@ class Store:
                 raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
             msgs = self._transcripts[source]
             validate.fork_index(at, len(msgs), source)
+            if at:
+                validate.fork_cut(msgs[at - 1], at, source, allow_unanswered)
             if target in self._transcripts:
                 raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
             self._transcripts[target] = msgs if at is None else msgs[:at]

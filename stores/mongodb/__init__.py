@@ -324,7 +324,7 @@ class Store:
 
     # -- RunStore: each step one single-document operation, atomic without transactions ---------------
 
-    def fork(self, source: str, target: str, at: int | None) -> None:
+    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         validate.session_id(source)
         validate.session_id(target)
         with self._failing("fork", source):
@@ -339,6 +339,8 @@ class Store:
             if bodies is None:
                 raise StoreError(f"MongoDB store: fork of session {source!r} kept racing with rewrites")
             validate.fork_index(at, len(bodies), source)
+            if at:
+                validate.fork_cut(Message.from_json(bodies[at - 1]), at, source, allow_unanswered)
             bodies = bodies if at is None else bodies[:at]
             generation = uuid.uuid4().hex
             base = _base(len(bodies))
