@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .errors import ArgumentError
-from .messages import Message
+from .errors import ArgumentError, MessageError
+from .messages import ContentType, Message, Role
 
 # 255 characters fit a utf8mb4 VARCHAR primary key on InnoDB (1,020 bytes of a 3,072-byte limit).
 MAX_SESSION_ID_LENGTH = 255
@@ -69,7 +69,21 @@ def messages_after(
         item = items[i]
         if not isinstance(item, Message):
             raise ArgumentError(f"{where}[{i}] must be a Message, got {type(item).__name__}")
+        if any(c.type is ContentType.TOOL_RESULT for c in item.content):
+            _answers(item, items[i - 1] if i else None, f"{where}[{i}]")
     return items, start
+
+
+def _answers(results: Message, before: Message | None, where: str) -> None:
+    """A tool result must answer a call of the message just before it: every provider refuses anything
+    else, so a transcript holding one could never be sent again."""
+    calls = {c.id for c in before.tool_calls} if before is not None and before.role is Role.ASSISTANT else set()
+    for c in results.content:
+        if c.type is ContentType.TOOL_RESULT and c.tool_call_id not in calls:
+            raise MessageError(
+                f"{where} holds a tool result for call {c.tool_call_id!r}, but the message before it makes no "
+                f"call with that id (a result must directly follow the reply that called it)"
+            )
 
 
 def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from agent_sessions import ArgumentError, Content, Message, Role, Store
+from agent_sessions import ArgumentError, Content, Message, MessageError, Role, Store
 
 from . import strategies
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
@@ -129,10 +129,23 @@ class StoreContract(RunStoreContract, FencingContract):
     def test_texts_keep_nul_surrogates_and_astral_characters(self) -> None:
         store = self.make_store()
         (sid,) = _ids(1)
-        msgs = [Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"),
+        msgs = [Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"), _call("c", "{}"),
                 Message(Role.USER, [Content.tool_result("c", "\x00\x01\x1f", is_error=True)])]
         store.save(sid, msgs)
         assert store.messages(sid) == msgs
+
+    def test_a_tool_result_that_answers_no_call_is_refused(self) -> None:
+        store = self.make_store()
+        (sid,) = _ids(1)
+        good = [Message.user("q"), _call("c1", "{}"), Message(Role.USER, [Content.tool_result("c1", "r")])]
+        store.save(sid, good)
+        for bad in ([Message.user("q"), Message(Role.USER, [Content.tool_result("c1", "r")])],
+                    [*good[:2], Message(Role.USER, [Content.tool_result("c2", "which call?")])],
+                    [*good, Message(Role.USER, [Content.tool_result("c1", "answered twice")])],
+                    [Message(Role.USER, [Content.tool_result("c1", "first of all")])]):
+            with pytest.raises(MessageError, match="tool result for call"):
+                store.save(sid, bad)
+        assert store.messages(sid) == good
 
     def test_save_replaces_with_shorter_longer_and_diverging_transcripts(self) -> None:
         store = self.make_store()
@@ -186,7 +199,7 @@ class StoreContract(RunStoreContract, FencingContract):
         store = self.make_store()
         (sid,) = _ids(1)
         big = Message(Role.USER, [Content.tool_result("c1", "x" * self.large_message_bytes)])
-        msgs = [Message.user("read it"), big, Message.assistant("done")]
+        msgs = [Message.user("read it"), _call("c1", "{}"), big, Message.assistant("done")]
         store.save(sid, msgs)
         assert store.messages(sid) == msgs
 
@@ -408,7 +421,7 @@ class StoreContract(RunStoreContract, FencingContract):
                 self.store.save(self.sessions[i], msgs)
                 self.transcripts[self.sessions[i]] = list(msgs)
 
-            @rule(i=st.integers(0, 2), extra=st.lists(strategies.messages, max_size=3))
+            @rule(i=st.integers(0, 2), extra=strategies.transcripts)
             def append(self, i: int, extra: list[Message]) -> None:
                 sid = self.sessions[i]
                 msgs = self.transcripts.get(sid, []) + extra

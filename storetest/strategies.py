@@ -54,7 +54,29 @@ contents = st.one_of(
 )
 
 messages = st.builds(Message, st.sampled_from(list(Role)), st.lists(contents, max_size=4))
-transcripts = st.lists(messages, max_size=12)
+"""Any message on its own (its JSON form round-trips); in a transcript, see ``transcripts``."""
+
+texts = st.builds(Content.from_text, any_text)
+calls = st.builds(Content.tool_call, ids, st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,20}", fullmatch=True),
+                  raw_arguments())
+
+
+@st.composite
+def _turn(draw: st.DrawFn) -> list[Message]:
+    """A user message; or a reply, with tool calls or not, and the results of some of its calls."""
+    if draw(st.booleans()):
+        return [Message(Role.USER, draw(st.lists(texts, max_size=3)))]
+    called = draw(st.lists(calls, max_size=3, unique_by=lambda c: c.id))
+    reply = Message(Role.ASSISTANT, draw(st.permutations([*draw(st.lists(texts, max_size=2)), *called])))
+    if not called or not draw(st.booleans()):
+        return [reply]
+    answered = draw(st.lists(st.sampled_from(called), min_size=1, unique_by=lambda c: c.id))
+    results = [Content.tool_result(c.id, draw(any_text), draw(st.booleans())) for c in answered]
+    return [reply, Message(Role.USER, [*results, *draw(st.lists(texts, max_size=1))])]
+
+
+transcripts = st.lists(_turn(), max_size=6).map(lambda turns: [m for turn in turns for m in turn])
+"""Transcripts as a run builds them: a tool result always follows the reply that made its call."""
 
 # What a hostile caller may pass where a session id or a steer goes: SQL and JSON metacharacters, NUL,
 # lone surrogates, over-long strings, and things that are not strings at all.
