@@ -92,6 +92,32 @@ def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:
     return len(items) >= len(prefix) and items[: len(prefix)] == tuple(prefix)
 
 
+def stored_size(items: Sequence[Message], start: int, limit: int | None, store: str, where: str = "messages") -> None:
+    """Each message from ``start`` on fits what ``store`` can keep (``limit`` bytes of stored JSON)."""
+    if limit is None:
+        return
+    for i in range(start, len(items)):
+        size = len(items[i].to_json())
+        if size > limit:
+            raise ArgumentError(
+                f"{where}[{i}] is {size:,} bytes as stored (JSON, non-ASCII escaped); the {store} keeps messages "
+                f"of at most {limit:,} bytes"
+            )
+
+
+def deliverable_steer(text: str, limit: int | None, store: str) -> None:
+    """A steer is delivered as a user message: refuse one the store could take but never deliver (its
+    stored form is larger than its text: each non-ASCII character becomes an escape of up to 12 bytes)."""
+    if limit is None:
+        return
+    size = len(Message.user(text).to_json())
+    if size > limit:
+        raise ArgumentError(
+            f"the steer is {size:,} bytes as it would be stored (JSON, non-ASCII escaped); the {store} keeps "
+            f"messages of at most {limit:,} bytes, so it could never be delivered"
+        )
+
+
 def fork_cut(last_kept: Message | None, at: int, source: str, allow_unanswered: bool) -> None:
     """A cut right after a reply with tool calls leaves calls without results: refused unless asked for,
     since the fork's next run runs them again (its journal is the original's, not the fork's)."""

@@ -80,7 +80,8 @@ class StoreContract(RunStoreContract, FencingContract):
     long_transcript: int = 2000
     large_message_bytes: int = 1_000_000
     huge_text_bytes: int = 10_000_000
-    """A message and a steer this long must round-trip (the hostile-input check)."""
+    """A message and a steer this long must round-trip (the hostile-input check). Lower it to what the
+    store documents as its largest message, if that is less (MySQL's depends on max_allowed_packet)."""
 
     def make_store(self) -> Store:
         raise NotImplementedError("a StoreContract subclass must implement make_store()")

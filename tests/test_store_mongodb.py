@@ -4,6 +4,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import bson
 import pymongo
 import pytest
 from pymongo.database import Database
@@ -120,12 +121,41 @@ def test_a_rewrite_deletes_the_pages_it_replaced(database: Database[Any]) -> Non
     assert store.messages("s") == [agent.Message.user("other")]
 
 
-def test_a_document_over_the_size_limit_is_a_store_error_naming_the_operation(database: Database[Any]) -> None:
+def test_what_mongodb_cannot_keep_is_refused_and_a_document_too_large_is_a_store_error(
+    database: Database[Any],
+) -> None:
     drop(database)
     store = mongodb.Store(database)
-    huge = "x" * (17 * 2**20)
-    with pytest.raises(agent.StoreError, match="add_steer of session 'big' failed"):
-        store.add_steer("big", huge)
-    with pytest.raises(agent.StoreError, match="save of session 'big' failed"):
-        store.save("big", [agent.Message.user(huge)])
-    assert store.messages("big") == [] and store.take_steers("big") == []
+    over = "x" * (mongodb.MAX_MESSAGE_BYTES + 1)
+    with pytest.raises(agent.ArgumentError, match="could never be delivered"):
+        store.add_steer("big", over)
+    with pytest.raises(agent.ArgumentError, match="keeps messages of at most"):
+        store.save("big", [agent.Message.user(over)])
+    under = "x" * (mongodb.MAX_MESSAGE_BYTES - 1000)
+    store.add_steer("big", under)
+    held = store.acquire("big", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    assert store.save_fenced("big", held, [], take_steers=True).steers == [under]  # delivered, in a page
+    assert mongodb.Store(database).messages("big") == [agent.Message.user(under)]
+    with pytest.raises(agent.StoreError, match="put_journal of session 'big' failed"):
+        store.put_journal("big", held, "j" * (17 * 2**20))  # DocumentTooLarge, inside the family
+    assert store.journal("big") is None
+
+
+def test_pages_are_cut_by_bytes_too_so_no_document_passes_16_mb(database: Database[Any]) -> None:
+    """32 one-megabyte tool results were one 32 MB page; a real mongod refuses documents over 16 MB."""
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs: list[agent.Message] = [agent.Message.user("read them all")]
+    for i in range(40):
+        call = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call(f"c{i}", "read", "{}")])
+        result = agent.Message(agent.Role.USER, [agent.Content.tool_result(f"c{i}", f"{i}" + "y" * 2**20)])
+        msgs += [call, result]
+        store.save_fenced("s", held, msgs, take_steers=True)
+    sizes = [len(bson.encode(p)) for p in database[mongodb.PAGES].find()]
+    sizes.append(len(bson.encode(database[mongodb.SESSIONS].find_one({"_id": "s"}) or {})))
+    assert max(sizes) < 16 * 2**20 and len(sizes) > 2
+    assert mongodb.Store(database).messages("s") == msgs
+    store.save("s", msgs[:3])  # a rewrite: the old generation's pages all go
+    assert len(list(database[mongodb.PAGES].find())) == 0
+    assert mongodb.Store(database).messages("s") == msgs[:3]

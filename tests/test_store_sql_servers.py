@@ -76,6 +76,7 @@ class TestPostgresStoreKeepsTheContract(ServerStoreContract):
 
 class TestMySQLStoreKeepsTheContract(ServerStoreContract):
     backend = MYSQL
+    huge_text_bytes = 4_000_000  # under half of MariaDB's default 16 MiB max_allowed_packet (message_limit)
 
 
 def test_an_appending_save_writes_only_the_new_messages(backend: Backend, engine: Engine) -> None:
@@ -141,3 +142,23 @@ def test_a_save_that_fails_midway_leaves_the_previous_transcript(backend: Backen
     assert store.messages("midway") == before
     store.save("midway", [*before, agent.Message.assistant("after")])  # and the store carries on
     assert backend.store(engine).messages("midway") == [*before, agent.Message.assistant("after")]
+
+
+def test_a_steer_mysql_could_never_deliver_is_refused_and_one_it_can_is_delivered() -> None:
+    """A steer is stored as text but delivered as escaped JSON (each "é" six bytes, and PyMySQL escapes
+    its backslash again): one of 0.4 x max_allowed_packet was accepted and then failed every save."""
+    with connected(MYSQL) as engine:
+        store = mysql.Store(engine)
+        with engine.connect() as conn:
+            packet = int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar() or 0)
+        with pytest.raises(agent.ArgumentError, match="could never be delivered"):
+            store.add_steer("steered", "é" * int(0.4 * packet))
+        fits = "é" * (store.message_limit() // 6 - 1000)
+        store.add_steer("steered", fits)
+        held = store.acquire("steered", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+        assert store.save_fenced("steered", held, [agent.Message.user("q")], take_steers=True).steers == [fits]
+        assert mysql.Store(engine).messages("steered") == [agent.Message.user("q"), agent.Message.user(fits)]
+        big = [agent.Message.user("q"), agent.Message.user(fits), agent.Message.assistant(fits),
+               agent.Message.user(fits)]  # together over a packet: the append gives way to the transaction
+        store.save_fenced("steered", held, big, take_steers=True)
+        assert mysql.Store(engine).messages("steered") == big

@@ -99,8 +99,8 @@ class SQLStore:
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
         if known is not None and shared < len(known[1]):
             shared = common_prefix(known[1], items)  # diverged, or not the objects it saved: compare
-        for m in items[shared:]:
-            m.to_json()  # encode before the transaction opens: no lock is held while we serialise
+        # Encoded (and measured) before the transaction opens: no lock is held while we serialise.
+        validate.stored_size(items, shared, self.message_limit(), f"{self.backend} store")
         if known is not None and shared == len(known[1]) and not (holder is not None and replace):
             try:
                 if shared < len(items):
@@ -219,6 +219,7 @@ class SQLStore:
     def add_steer(self, session: str, text: str) -> None:
         validate.session_id(session)
         validate.steer_text(text)
+        validate.deliverable_steer(text, self.message_limit(), f"{self.backend} store")
 
         def add(conn: Connection) -> None:
             self.run(conn, sql.ADD_STEER, {"session_id": session, "text": text})
@@ -392,6 +393,11 @@ class SQLStore:
     def upsert_session(self, session: str, version: str) -> Any:
         """Insert the session row with ``version`` (and no journal), or set those on the existing one."""
         raise NotImplementedError
+
+    def message_limit(self) -> int | None:
+        """The largest message (stored JSON, bytes) this database can keep and deliver; ``None``: no
+        limit short of memory. Checked before a save and before a steer is accepted."""
+        return None
 
     share_lock: ClassVar[str] = ""
     """Appended to the append's read of the session row where that read would not lock it (MySQL)."""

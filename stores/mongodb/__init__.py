@@ -5,27 +5,29 @@ session's document is its commit point: it holds the steers waiting for it, the 
 its last few messages (the tail, under ``PAGE``), the tool journal, and the run lease (token, epoch,
 expiry on the server's clock, ``$$NOW``). So every write of a leased run is one update of that document
 whose filter carries the run's token and epoch: the fencing check and the write are one atomic step.
-Older messages sit in pages of exactly ``PAGE`` messages, in ``agent_pages``, which the document's
-version names but which are written before it. So
-the usual step (append a few messages, take no steer) is one ``$push`` onto the tail, guarded by the
-version this process knows and by no steer waiting, and it costs the same at 10 messages as at 10,000;
-taking steers and saving the transcript they join is still one update of one document.
+Older messages sit in pages of up to ``PAGE`` messages and ``PAGE_BYTES``, in ``agent_pages``, which the
+document's version names but which are written before it. So the usual step (append a few messages,
+take no steer) is one ``$push`` onto the tail, guarded by the version this process knows and by no
+steer waiting, and it costs the same at 10 messages as at 10,000; taking steers and saving the
+transcript they join is still one update of one document.
 
 Messages are kept as JSON strings, not sub-documents, so a model's tool arguments come back byte for
 byte. ``INDEXES`` and ``create_indexes(database)`` are for the caller's migration (there are none today:
 every query is by ``_id``).
 
-The version is ``"<generation>:<length>"``. A rewrite starts a new generation; within one, messages
-only ever follow those committed, and the page holding positions ``k*PAGE ..`` is written once, so a
+The version is ``"<generation>:<length>:<in pages>:<pages>"`` (``Layout``). A rewrite starts a new
+generation; within one, messages only ever follow those committed, and page ``k`` is written once, so a
 version names one transcript. Pages of a generation a rewrite replaced are deleted after it commits;
 a page a writer left behind when it died before committing is harmless (no version reaches it).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 try:
@@ -61,7 +63,15 @@ INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = []
 """(collection, keys, options) for each index beyond ``_id`` the store's queries use: none."""
 
 PAGE = 32
-"""Messages per page. The tail stays under it, so an append rewrites at most this many on the server."""
+"""Messages a page holds at most. The tail stays under it, so an append rewrites at most this many on the
+server."""
+PAGE_BYTES = 4 * 2**20
+"""Bytes of stored JSON a page holds at most (a larger message gets a page of its own): a document is at
+most 16 MB."""
+TAIL_BYTES = 4 * 2**20
+"""Bytes of stored JSON the session document's tail holds at most, beside its steers and journal."""
+MAX_MESSAGE_BYTES = 15 * 2**20
+"""The largest stored message (its JSON): alone in a page, under the 16 MB document limit."""
 
 _RETRIES = 1000  # each miss means another writer or taker got there first: progress, never a livelock
 _NO_STEER = {"steers.0": {"$exists": False}}
@@ -112,7 +122,8 @@ class Store:
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
         known = self._known.get(session)
-        items = validate.messages(msgs, trusted=known[1] if known is not None else ())
+        items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
+        validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
         with self._failing("save", session):
             if known is None or self._append(session, known, items, {}, _DROP_JOURNAL) is None:
                 self._rewrite(session, items, {"_id": session}, _DROP_JOURNAL)
@@ -141,6 +152,7 @@ class Store:
         so steers keep the order they arrived in, whichever process sent them."""
         validate.session_id(session)
         validate.steer_text(text)
+        validate.deliverable_steer(text, MAX_MESSAGE_BYTES, "MongoDB store")
         with self._failing("add_steer", session):
             self._sessions.update_one(
                 {"_id": session}, {"$push": {"steers": {"id": uuid.uuid4().hex, "text": text}}}, upsert=True
@@ -167,7 +179,8 @@ class Store:
         update, guarded on the lease, the version and those steers still being there."""
         validate.session_id(session)
         known = self._known.get(session)
-        items = validate.messages(msgs, trusted=known[1] if known is not None else ())  # checks only what is new
+        items, shared = validate.messages_after(msgs, known[1] if known is not None else ())  # checks what is new
+        validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
         fence = {"token": holder.token, "epoch": holder.epoch}
         with self._failing("save", session):
             if known is not None and not replace and len(items) > len(known[1]):
@@ -231,15 +244,19 @@ class Store:
         length = len(old)
         if common_prefix(old, items) < length:
             return None
-        generation = version.split(":", 1)[0]
-        base, new_base = _base(length), _base(len(items))
-        if new_base > base:  # the tail fills pages: write them first, as no version reaches them yet
-            if not self._put_pages(generation, items, base, new_base, fresh=False):
+        layout = Layout.of(version)
+        tail = _bodies(items[layout.base:])
+        if _overflows(tail):  # the tail fills pages: write them first, as no version reaches them yet
+            pages, rest = _cut(tail)
+            if not self._put_pages(layout.generation, layout.pages, pages, fresh=False):
                 return None
-            change: dict[str, Any] = {"$set": {"tail": _bodies(items[new_base:])}}
+            layout = Layout(layout.generation, len(items), layout.base + len(tail) - len(rest),
+                            layout.pages + len(pages))
+            change: dict[str, Any] = {"$set": {"tail": rest}}
         else:
-            change = {"$push": {"tail": {"$each": _bodies(items[length:])}}}
-        new_version = f"{generation}:{len(items)}"
+            layout = Layout(layout.generation, len(items), layout.base, layout.pages)
+            change = {"$push": {"tail": {"$each": tail[length - layout.base:]}}}
+        new_version = layout.version()
         change.setdefault("$set", {})["version"] = new_version
         for op, fields in (also or {}).items():
             change.setdefault(op, {}).update(fields)
@@ -250,11 +267,8 @@ class Store:
 
     def _rewrite(self, session: str, items: tuple[Message, ...], guard: dict[str, Any], also: dict[str, Any]) -> bool:
         """Write ``items`` as a new generation and point the session at it, if ``guard`` still matches."""
-        generation = uuid.uuid4().hex
-        base = _base(len(items))
-        self._put_pages(generation, items, 0, base, fresh=True)
-        version = f"{generation}:{len(items)}"
-        change: dict[str, Any] = {"$set": {"version": version, "tail": _bodies(items[base:])}}
+        version, tail = self._new_generation(_bodies(items))
+        change: dict[str, Any] = {"$set": {"version": version, "tail": tail}}
         for op, fields in also.items():
             change.setdefault(op, {}).update(fields)
         upsert = guard == {"_id": session}
@@ -270,11 +284,17 @@ class Store:
             self._drop_pages(before["version"])
         return True
 
-    def _put_pages(self, generation: str, items: tuple[Message, ...], start: int, end: int, *, fresh: bool) -> bool:
-        """Insert the full pages covering ``start..end``. A page already there is a writer's that lost a
-        race or died: usable only when it holds the same messages."""
-        pages = [{"_id": f"{generation}:{k}", "bodies": _bodies(items[k * PAGE:(k + 1) * PAGE])}
-                 for k in range(start // PAGE, end // PAGE)]
+    def _new_generation(self, bodies: list[str]) -> tuple[str, list[str]]:
+        """Write ``bodies`` as the pages of a new generation; its version and the tail left over."""
+        pages, tail = _cut(bodies) if _overflows(bodies) else ([], bodies)
+        generation = uuid.uuid4().hex
+        self._put_pages(generation, 0, pages, fresh=True)
+        return Layout(generation, len(bodies), len(bodies) - len(tail), len(pages)).version(), tail
+
+    def _put_pages(self, generation: str, first: int, contents: list[list[str]], *, fresh: bool) -> bool:
+        """Insert ``contents`` as the pages numbered from ``first``. A page already there is a writer's that
+        lost a race or died: usable only when it holds the same messages."""
+        pages = [{"_id": f"{generation}:{first + k}", "bodies": bodies} for k, bodies in enumerate(contents)]
         if not pages:
             return True
         try:
@@ -299,24 +319,24 @@ class Store:
     def _bodies(self, doc: dict[str, Any]) -> list[str] | None:
         """The stored transcript of a session document, or ``None`` when a rewrite removed its pages
         between the two reads (read the document again)."""
-        generation, length = _parse(doc["version"])
-        count = _base(length) // PAGE
-        ids = [f"{generation}:{k}" for k in range(count)]
+        layout = Layout.of(doc["version"])
+        ids = [f"{layout.generation}:{k}" for k in range(layout.pages)]
         pages = {p["_id"]: p["bodies"] for p in self._pages.find({"_id": {"$in": ids}})} if ids else {}
-        if len(pages) < count:
+        if len(pages) < layout.pages:
             return None
         bodies = [body for page_id in ids for body in pages[page_id]]
+        if len(bodies) != layout.base or len(bodies) + len(doc.get("tail") or []) != layout.length:
+            raise StoreError(f"MongoDB store: session {doc['_id']!r} should hold {layout.length} messages "
+                             f"({layout.base} in {layout.pages} pages) but holds {len(bodies)} in pages and "
+                             f"{len(doc.get('tail') or [])} in its tail")
         bodies.extend(doc.get("tail") or [])
-        if len(bodies) != length:
-            raise StoreError(
-                f"MongoDB store: session {doc['_id']!r} should hold {length} messages but holds {len(bodies)}"
-            )
         return bodies
 
     def _drop_pages(self, version: str) -> None:
-        generation, length = _parse(version)
-        ids = [f"{generation}:{k}" for k in range(length // PAGE + 1)]  # one more: a dead writer's, if any
-        self._pages.delete_many({"_id": {"$in": ids}})
+        """Every page of the version's generation, a dead or stale writer's too (an anchored prefix of
+        ``_id``: the index finds them)."""
+        generation = Layout.of(version).generation
+        self._pages.delete_many({"_id": {"$regex": f"^{re.escape(generation)}:"}})
 
     def _waiting(self, session: str) -> list[dict[str, str]]:
         doc = self._sessions.find_one({"_id": session}, {"steers": 1})
@@ -341,18 +361,11 @@ class Store:
             validate.fork_index(at, len(bodies), source)
             if at:
                 validate.fork_cut(Message.from_json(bodies[at - 1]), at, source, allow_unanswered)
-            bodies = bodies if at is None else bodies[:at]
-            generation = uuid.uuid4().hex
-            base = _base(len(bodies))
-            pages = [{"_id": f"{generation}:{k}", "bodies": bodies[k * PAGE:(k + 1) * PAGE]}
-                     for k in range(base // PAGE)]
-            if pages:
-                self._pages.insert_many(pages)
-            version = f"{generation}:{len(bodies)}"
+            version, tail = self._new_generation(bodies if at is None else bodies[:at])
             try:  # the target may already hold steers, but not a transcript
                 self._sessions.update_one(
                     {"_id": target, "version": {"$exists": False}},
-                    {"$set": {"version": version, "tail": bodies[base:]}},
+                    {"$set": {"version": version, "tail": tail}},
                     upsert=True,
                 )
             except DuplicateKeyError:
@@ -458,18 +471,53 @@ def _taking(session: str, waiting: list[dict[str, str]]) -> tuple[dict[str, Any]
     return {"_id": session, "steers.id": {"$all": ids}}, {"$pull": {"steers": {"id": {"$in": ids}}}}
 
 
-def _base(length: int) -> int:
-    """How many of ``length`` messages are in pages: the rest are the tail."""
-    return length - length % PAGE
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a version names: a generation of pages, the transcript's length, how many of its messages are
+    in pages (the rest are the document's tail) and in how many pages. Written ``"g:length:base:pages"``;
+    0.1's ``"g:length"`` had pages of exactly ``PAGE`` messages."""
+
+    generation: str
+    length: int
+    base: int
+    pages: int
+
+    @classmethod
+    def of(cls, version: str) -> Layout:
+        generation, *numbers = version.split(":")
+        if len(numbers) == 1:
+            length = int(numbers[0])
+            base = length - length % PAGE
+            return cls(generation, length, base, base // PAGE)
+        length, base, pages = (int(n) for n in numbers)
+        return cls(generation, length, base, pages)
+
+    def version(self) -> str:
+        return f"{self.generation}:{self.length}:{self.base}:{self.pages}"
+
+
+def _overflows(tail: list[str]) -> bool:
+    """Would the document's tail hold too much: ``PAGE`` messages, or more than ``TAIL_BYTES``?"""
+    return len(tail) >= PAGE or sum(len(b) for b in tail) > TAIL_BYTES
+
+
+def _cut(bodies: list[str]) -> tuple[list[list[str]], list[str]]:
+    """Pages from the front of ``bodies`` (each up to ``PAGE`` messages and ``PAGE_BYTES``, or one larger
+    message alone) until what is left fits the tail."""
+    pages: list[list[str]] = []
+    rest = bodies
+    while _overflows(rest):
+        size, n = 0, 0
+        while n < len(rest) and n < PAGE and (n == 0 or size + len(rest[n]) <= PAGE_BYTES):
+            size += len(rest[n])
+            n += 1
+        pages.append(rest[:n])
+        rest = rest[n:]
+    return pages, rest
 
 
 def _bodies(msgs: Sequence[Message]) -> list[str]:
     return [m.to_json() for m in msgs]
-
-
-def _parse(version: str) -> tuple[str, int]:
-    generation, _, length = version.partition(":")
-    return generation, int(length)
 
 
 def _holder(doc: dict[str, Any]) -> Holder:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, delete
+    from sqlalchemy import Connection, delete, text
     from sqlalchemy.dialects import mysql
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
@@ -49,8 +49,12 @@ DDL as it goes: run it with no run in flight, and if a statement fails, fix the 
 _TRANSIENT = {1213, 1205}
 
 
+_PACKET = text("SELECT @@max_allowed_packet")
+
+
 class Store(SQLStore):
     backend = "MySQL or MariaDB"
+    _packet: int | None = None
     schema_hint = "create the tables by running each statement of stores.mysql.SCHEMA in your migration"
     dialects = ("mysql", "mariadb")
     engine_hint = "create_engine('mysql+pymysql://...?charset=utf8mb4') once and pass it"
@@ -70,6 +74,23 @@ class Store(SQLStore):
         if rows:
             conn.execute(delete(steers).where(steers.c.id.in_([r[0] for r in rows])))
         return [r[1] for r in rows]
+
+    def message_limit(self) -> int:
+        """What one statement may carry: half the server's ``max_allowed_packet`` (16 MiB by default on
+        MariaDB, 64 MiB on MySQL 8) less room for the statement around it, since PyMySQL sends values as
+        escaped literals (a JSON full of quotes and backslashes doubles). Read once per store."""
+        if self._packet is None:
+            packet = self._transaction("message_limit", "", lambda conn: self.run(conn, _PACKET, {}).scalar(),
+                                       read_only=True, reads=True)
+            self._packet = int(packet)  # type: ignore[call-overload]
+        return (self._packet - 64 * 1024) // 2
+
+    def append(self, step: sql.Step, version: str) -> str | None:
+        """A step whose messages would not fit one statement is left to the transaction, which inserts
+        them a statement each where needed (PyMySQL's executemany splits its batches)."""
+        if sum(len(m.to_json()) for m in step.items[step.start:]) > self.message_limit():
+            return None
+        return super().append(step, version)
 
     def is_transient(self, exc: DBAPIError) -> bool:
         args: tuple[object, ...] = getattr(exc.orig, "args", ())

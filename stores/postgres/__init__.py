@@ -126,5 +126,9 @@ class Store(SQLStore):
     def is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in _TRANSIENT
 
+    def message_limit(self) -> int:
+        """A TEXT value holds at most 1 GB."""
+        return 2**30 - 2**20
+
 
 __all__ = ["MIGRATIONS", "SCHEMA", "Store"]

@@ -151,6 +151,10 @@ class Store(SQLStore):
     def is_transient(self, exc: DBAPIError) -> bool:
         return "database is locked" in str(exc.orig)
 
+    def message_limit(self) -> int:
+        """SQLite's longest string or blob (SQLITE_MAX_LENGTH, 1,000,000,000 bytes unless built otherwise)."""
+        return self._held()[1].getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+
     def close(self) -> None:
         """Close every connection this store opened, in every thread. Using the store afterwards opens new
         ones."""
