@@ -213,6 +213,11 @@ class Message:
         return message
 
 
+def unanswered(transcript: Sequence[Message]) -> bool:
+    """Does the transcript end with tool calls that have no results yet?"""
+    return bool(transcript) and transcript[-1].role is Role.ASSISTANT and bool(transcript[-1].tool_calls)
+
+
 def orphaned_tool_calls(msgs: Sequence[Message]) -> list[Content]:
     """Tool calls with no result anywhere after them: a transcript holding one makes every later request
     fail at the provider (a 400), so the loop never stores one."""

@@ -17,7 +17,7 @@ from typing import Protocol
 from .errors import TranscriptConflict
 from .journal import UNKNOWN_OUTCOME, Journal, fingerprint
 from .lease import Lease
-from .messages import Content, Message
+from .messages import Content, Message, unanswered
 from .session import RunSession, Saved, Session, is_run_session
 from .spec import Spec
 from .tools import Tool
@@ -135,22 +135,38 @@ class Leased:
         self.lease.__exit__(kind, exc, tb)
 
     def resume(self, transcript: list[Message]) -> None:
+        """Tools may run before the first request: so the compare-and-swap comes first here, without
+        writing a reply that waits for its results (the loop never stores a tool call without them)."""
         text = self.store.journal(self.session)
-        if text is not None:
-            journal = Journal.from_json(text, f"session {self.session!r}")
-            if journal.answers(transcript):
-                self.journal = journal
-                transcript.append(journal.reply)
-        if not (transcript and transcript[-1].tool_calls):
+        journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
+        if journal is not None and journal.answers(transcript) and self._is_stored(transcript):
+            self.journal = journal  # the reply waits in the journal: finish it
+            transcript.append(journal.reply)
             return
-        # Tools run before the first request: make the compare-and-swap first, without writing the reply
-        # (the loop never stores a tool call without its result).
+        if not unanswered(transcript):
+            return
+        if (journal is not None and transcript[-1] == journal.reply and journal.answers(transcript[:-1])
+                and self._is_stored(transcript)):
+            self.journal = journal  # the reply is stored with its calls (a cut fork, a plain save): finish it
+            return
         try:
             self._save(transcript[:-1], take_steers=False)
         except TranscriptConflict as exc:
-            if self.journal is not None or exc.stored != len(transcript):
+            if exc.stored != len(transcript):
                 raise
-            self._save(transcript, take_steers=False)  # stored with its calls already (a plain save, a cut fork)
+            self._save(transcript, take_steers=False)  # stored with its calls already, and no journal
+
+    def _is_stored(self, msgs: Sequence[Message]) -> bool:
+        """The compare-and-swap of a run that finishes a journalled reply: ``msgs`` must be exactly what is
+        stored, so nothing is written and the journal stays until the results are saved. ``False`` when it
+        is not but the run replaces the history on purpose (its first save then drops the journal)."""
+        try:
+            self._save(msgs, take_steers=False, replace=False)
+        except TranscriptConflict:
+            if self.replace:
+                return False
+            raise
+        return True
 
     def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
         saved = self._save(transcript, take_steers=True)
@@ -178,7 +194,10 @@ class Leased:
         assert self.journal is not None
         if tool is not None and not tool.idempotent:
             self.journal.started.append(call.id)
-            cancelled = self.store.put_journal(self.session, self.lease.holder, self.journal.to_json())
+            cancelled = self.store.put_journal(self.session, self.lease.holder, self.journal.to_json(),
+                                               unless_cancelled=True)
+            if cancelled:  # nothing was written: the call never starts, and the journal never says it did
+                self.journal.started.pop()
         elif self.fresh is not None:
             cancelled = self.fresh
         else:
@@ -199,10 +218,11 @@ class Leased:
         if len(transcript) != self.written:
             self._save(transcript, take_steers=False)
 
-    def _save(self, msgs: Sequence[Message], take_steers: bool) -> Saved:
-        saved = self.store.save_fenced(
-            self.session, self.lease.holder, msgs, take_steers=take_steers, replace=self.replace and self.written < 0
-        )
+    def _save(self, msgs: Sequence[Message], take_steers: bool, replace: bool | None = None) -> Saved:
+        """``replace``: by default, the spec's, for the run's first write only."""
+        if replace is None:
+            replace = self.replace and self.written < 0
+        saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers, replace=replace)
         self.written = len(msgs) + len(saved.steers)
         return saved
 

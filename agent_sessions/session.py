@@ -75,7 +75,8 @@ class RunStore(Store, Protocol):
         """The live lease, or ``None`` when the session is free or its lease has expired."""
 
     def cancel(self, session: str) -> bool:
-        """Mark the live lease as cancelled; ``False`` when no lease is live."""
+        """Mark the lease as cancelled; ``False`` when nobody holds it. A lapsed lease nobody took over is
+        still held: its run may be alive and renewing late, and a takeover clears the flag."""
 
     def check(self, session: str, holder: Holder) -> bool:
         """Whether the run was asked to stop; ``LeaseLost`` if the lease is no longer ``holder``'s."""
@@ -92,8 +93,10 @@ class RunStore(Store, Protocol):
     def journal(self, session: str) -> str | None:
         """The session's tool journal as stored, or ``None``."""
 
-    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
-        """Store the tool journal, fenced by ``holder``; return whether the run was asked to stop."""
+    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
+        """Store the tool journal, fenced by ``holder``; return whether the run was asked to stop. With
+        ``unless_cancelled`` nothing is written once it was: a call about to start, which then will not,
+        must not be recorded as started."""
 
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         """Copy the transcript of ``source`` (whole, or its first ``at`` messages) to the new session

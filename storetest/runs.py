@@ -296,7 +296,7 @@ class RunStoreContract:
         assert store.save_fenced(sid, a, [Message.user("still mine")], take_steers=True).steers == []
         assert store.messages(sid) == [Message.user("still mine")]
 
-    def test_cancel_marks_only_a_live_lease_and_a_renewal_keeps_it(self) -> None:
+    def test_cancel_marks_a_held_lease_a_renewal_keeps_it_and_a_new_holder_starts_without(self) -> None:
         store = self.run_store()
         sid = _sid()
         assert store.cancel(sid) is False
@@ -311,7 +311,10 @@ class RunStoreContract:
         b = store.acquire(sid, _claimant("b"), 0.2)
         assert b.cancelled is False and store.check(sid, b) is False
         wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
-        assert store.cancel(sid) is False  # expired
+        assert store.cancel(sid) is True  # lapsed, but nobody took it: b may be alive, renewing late
+        assert store.check(sid, b) is True
+        c = store.acquire(sid, _claimant("c"), 30)
+        assert c.cancelled is False and store.check(sid, c) is False  # a takeover starts without
 
     def test_concurrent_acquires_give_the_lease_to_one(self) -> None:
         store = self.run_store()
@@ -447,8 +450,10 @@ class RunStoreContract:
             "a steer alone is something to write"]
         assert store.journal(a) is None
         store.cancel(b)
-        assert store.put_journal(b, hb, "cancelled, still written") is True
-        assert store.journal(b) == "cancelled, still written"
+        assert store.put_journal(b, hb, "a call about to start", unless_cancelled=True) is True
+        assert store.journal(b) == "other"  # cancelled: nothing written
+        assert store.put_journal(b, hb, "a result, kept", unless_cancelled=False) is True
+        assert store.journal(b) == "a result, kept"
 
     def test_a_resumed_run_replays_finished_tools_reruns_idempotent_ones_and_never_repeats_the_rest(
         self,

@@ -74,8 +74,8 @@ class Stalled:
     def journal(self, session: str) -> str | None:
         return self.store.journal(session)
 
-    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
-        return self.store.put_journal(session, holder, journal)
+    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
+        return self.store.put_journal(session, holder, journal, unless_cancelled=unless_cancelled)
 
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         self.store.fork(source, target, at, allow_unanswered=allow_unanswered)

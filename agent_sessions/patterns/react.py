@@ -18,7 +18,7 @@ from typing import Literal
 
 from ..endpoints import Endpoint
 from ..events import Events, Sink, sink
-from ..messages import Content, Message, Role
+from ..messages import Content, Message, Role, unanswered
 from ..persistence import Keeping, keeping
 from ..runner import Result, StopReason
 from ..spec import Spec
@@ -100,11 +100,6 @@ def _loop(
     )
     emit.finished(result)
     return result
-
-
-def unanswered(transcript: list[Message]) -> bool:
-    """Does the transcript end with tool calls that have no results yet?"""
-    return bool(transcript) and transcript[-1].role is Role.ASSISTANT and bool(transcript[-1].tool_calls)
 
 
 def _run_tools(

@@ -29,7 +29,10 @@ def _postgres(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(db_now, "mysql")
 @compiles(db_now, "mariadb")
 def _mysql(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "UNIX_TIMESTAMP(NOW(6))"
+    # Not UNIX_TIMESTAMP(NOW(6)): that converts through the session's time zone, which repeats an hour
+    # when daylight saving ends. UNIX_TIMESTAMP() is the statement's start in seconds, NOW(6) the same
+    # instant, whose microseconds no time zone changes.
+    return "(UNIX_TIMESTAMP() + MICROSECOND(NOW(6)) / 1000000.0)"
 
 
 @compiles(db_now, "sqlite")

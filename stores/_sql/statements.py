@@ -68,10 +68,6 @@ DROP_JOURNAL = update(sessions).where(S.session_id == SID).values(journal=null()
 # -- the lease -------------------------------------------------------------------------------------------
 
 LEASE = select(S.token, S.epoch, (S.expires > db_now()).label("live")).where(S.session_id == SID).with_for_update()
-NEW_LEASE = insert(sessions).values(
-    session_id=SID, version=null(), token=bindparam("lease_token"), host=bindparam("lease_host"),
-    pid=bindparam("lease_pid"), expires=UNTIL, epoch=1, cancelled=false(),
-)
 TAKE_OVER = (
     update(sessions)
     .where(S.session_id == SID)
@@ -87,11 +83,8 @@ RELEASE = (
 CURRENT = select(S.host, S.pid, S.token, S.expires, S.cancelled, S.epoch).where(S.session_id == SID)
 HOLDER = CURRENT.where(and_(S.token.is_not(None), S.expires > db_now()))
 """The live lease, on the database's clock."""
-CANCEL = (
-    update(sessions)
-    .where(and_(S.session_id == SID, S.token.is_not(None), S.expires > db_now()))
-    .values(cancelled=true())
-)
+CANCEL = update(sessions).where(and_(S.session_id == SID, S.token.is_not(None))).values(cancelled=true())
+"""A lapsed lease nobody took is still its holder's (the run may be renewing late): it is cancelled too."""
 CHECK = select(S.token, S.epoch, S.cancelled).where(S.session_id == SID)
 
 # -- the journal -----------------------------------------------------------------------------------------

@@ -249,9 +249,8 @@ class SQLStore:
 
         def take(conn: Connection) -> Holder:
             row = self.run(conn, sql.LEASE, {"sid": session}).first()
-            if row is None:
-                self.run(conn, sql.NEW_LEASE, params)
-            elif row[0] is None or not row[2]:  # free, or expired on the database's clock
+            assert row is not None  # made just before
+            if row[0] is None or not row[2]:  # free, or expired on the database's clock
                 self.run(conn, sql.TAKE_OVER, params)
                 if row[0] is not None:
                     log.info("%s store: session %r: the lease of token %s… (epoch %d) had expired; taken over "
@@ -260,13 +259,11 @@ class SQLStore:
             assert current is not None
             return _holder(current)
 
-        for attempt in range(3):
-            try:
-                return self._transaction("acquire", session, take)
-            except StoreError as exc:
-                if not isinstance(exc.__cause__, IntegrityError) or attempt == 2:
-                    raise  # otherwise another process inserted the row first: read it next time
-        raise AssertionError("unreachable")
+        # The row first, in a statement of its own: a transaction locking a row that is not there yet
+        # would take a gap lock on MySQL, and concurrent first acquires would deadlock on their inserts.
+        self._transaction("acquire", session, lambda conn: conn.execute(self.insert_session(session)),
+                          read_only=True)
+        return self._transaction("acquire", session, take)
 
     def renew(self, session: str, holder: Holder, ttl: float) -> None:
         validate.session_id(session)
@@ -320,8 +317,10 @@ class SQLStore:
         )
         return None if body is None else str(body)
 
-    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
-        """One statement, matched while the run is not cancelled; otherwise a transaction finds out why."""
+    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
+        """One statement, matched while the lease is the run's and not cancelled; otherwise a read says
+        which (a cancel stays until the lease passes on), and a cancelled run's journal is written by a
+        statement fenced the same way, unless ``unless_cancelled``."""
         validate.session_id(session)
         params = {**sql.fence_params(session, holder), "body": journal}
         self._journaled.add(session)  # before the write: a save must drop it even if this reply is lost
@@ -329,15 +328,13 @@ class SQLStore:
             "put_journal", session, lambda conn: self.run(conn, sql.PUT_JOURNAL, params).rowcount, read_only=True
         ) == 1:
             return False
-
-        def put(conn: Connection) -> bool:
-            row = self.run(conn, sql.LOCK, {"sid": session}).first()
-            if row is None or row[1] != holder.token or row[2] != holder.epoch:
-                raise _lost(session, holder, None if row is None else row[1:3])
-            self.run(conn, sql.PUT_JOURNAL_CANCELLED, params)
-            return bool(row[3])
-
-        return self._transaction("put_journal", session, put)
+        self.check(session, holder)  # raises LeaseLost when the lease is not the run's: then it is cancelled
+        if not unless_cancelled and self._transaction(
+            "put_journal", session, lambda conn: self.run(conn, sql.PUT_JOURNAL_CANCELLED, params).rowcount,
+            read_only=True,
+        ) != 1:
+            self.check(session, holder)  # taken over in between
+        return True
 
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         validate.session_id(source)
@@ -374,12 +371,18 @@ class SQLStore:
                 )
             )
 
-        try:
-            self._transaction("fork", source, copy)
-        except StoreError as exc:
-            if isinstance(exc.__cause__, IntegrityError):  # a concurrent fork to the same target won
-                raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} was just created") from exc
-            raise
+        for attempt in range(3):
+            try:
+                self._transaction("fork", source, copy)
+                return
+            except StoreError as exc:
+                # A concurrent fork to the same target won, or a run's first acquire made its row (holding
+                # only a lease, which the next attempt fills): look again.
+                if not isinstance(exc.__cause__, IntegrityError):
+                    raise
+                if attempt == 2:
+                    raise SessionExists(
+                        f"cannot fork {source!r} into {target!r}: {target!r} was just created") from exc
 
     # -- what dialects override ----------------------------------------------------------------------
 
@@ -392,6 +395,10 @@ class SQLStore:
 
     def upsert_session(self, session: str, version: str) -> Any:
         """Insert the session row with ``version`` (and no journal), or set those on the existing one."""
+        raise NotImplementedError
+
+    def insert_session(self, session: str) -> Any:
+        """Insert a bare session row (no transcript, no lease) unless there is one."""
         raise NotImplementedError
 
     def message_limit(self) -> int | None:

@@ -98,7 +98,7 @@ class Store:
         validate.session_id(session)
         with self._lock:
             run = self._run(session)
-            if run.holder is None or run.holder.expires <= time.time():
+            if run.holder is None:
                 return False
             run.holder = replace(run.holder, cancelled=True)
             return True
@@ -129,12 +129,14 @@ class Store:
         with self._lock:
             return self._run(session).journal
 
-    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
+    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
         validate.session_id(session)
         with self._lock:
             run = self._fenced(session, holder)
-            run.journal = journal
-            return self._cancelled(run)
+            cancelled = self._cancelled(run)
+            if not (cancelled and unless_cancelled):
+                run.journal = journal
+            return cancelled
 
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         validate.session_id(source)

@@ -209,7 +209,7 @@ class Store:
                         return done
                 else:
                     where["version"] = doc["version"] if "version" in doc else {"$exists": False}
-                    if self._rewrite(session, saved, {**where, "_id": session}, also):
+                    if self._rewrite(session, saved, {**where, "_id": session}, also) is not None:
                         return done
         raise StoreError(f"MongoDB store: save of session {session!r} kept racing with other takers")
 
@@ -239,7 +239,9 @@ class Store:
         also: dict[str, Any] | None = None,
     ) -> str | None:
         """Write ``items`` as the known transcript plus what follows it; the new version, or ``None``
-        when the stored transcript is no longer the known one (or ``items`` does not extend it)."""
+        when the stored transcript is no longer the known one (or ``items`` does not extend it). A page
+        already taken by other messages (a writer that lost a race, was refused, or died after writing it)
+        makes it a rewrite into a new generation, under the same guard."""
         version, old = known
         length = len(old)
         if common_prefix(old, items) < length:
@@ -249,7 +251,7 @@ class Store:
         if _overflows(tail):  # the tail fills pages: write them first, as no version reaches them yet
             pages, rest = _cut(tail)
             if not self._put_pages(layout.generation, layout.pages, pages, fresh=False):
-                return None
+                return self._rewrite(session, items, {**guard, "_id": session, "version": version}, also or {})
             layout = Layout(layout.generation, len(items), layout.base + len(tail) - len(rest),
                             layout.pages + len(pages))
             change: dict[str, Any] = {"$set": {"tail": rest}}
@@ -265,8 +267,11 @@ class Store:
         self._known.put(session, new_version, items)
         return new_version
 
-    def _rewrite(self, session: str, items: tuple[Message, ...], guard: dict[str, Any], also: dict[str, Any]) -> bool:
-        """Write ``items`` as a new generation and point the session at it, if ``guard`` still matches."""
+    def _rewrite(
+        self, session: str, items: tuple[Message, ...], guard: dict[str, Any], also: dict[str, Any]
+    ) -> str | None:
+        """Write ``items`` as a new generation and point the session at it, if ``guard`` still matches;
+        the new version, or ``None``."""
         version, tail = self._new_generation(_bodies(items))
         change: dict[str, Any] = {"$set": {"version": version, "tail": tail}}
         for op, fields in also.items():
@@ -278,11 +283,11 @@ class Store:
         )
         if before is None and not upsert:
             self._drop_pages(version)
-            return False
+            return None
         self._known.put(session, version, items)
         if before is not None and "version" in before:
             self._drop_pages(before["version"])
-        return True
+        return version
 
     def _new_generation(self, bodies: list[str]) -> tuple[str, list[str]]:
         """Write ``bodies`` as the pages of a new generation; its version and the tail left over."""
@@ -380,16 +385,18 @@ class Store:
             doc = self._sessions.find_one({"_id": session}, {"journal": 1})
         return None if doc is None or doc.get("journal") is None else str(doc["journal"])
 
-    def put_journal(self, session: str, holder: Holder, journal: str) -> bool:
+    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
         validate.session_id(session)
+        fence = {"_id": session, "token": holder.token, "epoch": holder.epoch}
         with self._failing("put_journal", session):
-            before = self._sessions.find_one_and_update(
-                {"_id": session, "token": holder.token, "epoch": holder.epoch}, {"$set": {"journal": journal}},
-                projection={"cancelled": 1},
-            )
-            if before is None:
-                raise _lost(session, holder, self._sessions.find_one({"_id": session}, _LEASE))
-        return bool(before.get("cancelled"))
+            if self._sessions.update_one({**fence, "cancelled": {"$ne": True}},
+                                         {"$set": {"journal": journal}}).matched_count == 1:
+                return False
+            self.check(session, holder)  # raises LeaseLost when the lease is not the run's: then it is cancelled
+            if not unless_cancelled:
+                if self._sessions.update_one(fence, {"$set": {"journal": journal}}).matched_count != 1:
+                    self.check(session, holder)  # taken over in between
+            return True
 
     def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
         """One update with the server's clock: the lease is taken if free or expired, in a pipeline that
@@ -442,8 +449,8 @@ class Store:
 
     def cancel(self, session: str) -> bool:
         validate.session_id(session)
-        with self._failing("cancel", session):
-            result = self._sessions.update_one({"_id": session, **_LIVE}, {"$set": {"cancelled": True}})
+        with self._failing("cancel", session):  # a lapsed lease nobody took is held too
+            result = self._sessions.update_one({"_id": session, "token": {"$ne": None}}, {"$set": {"cancelled": True}})
         return result.matched_count == 1
 
     def check(self, session: str, holder: Holder) -> bool:

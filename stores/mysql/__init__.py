@@ -67,6 +67,9 @@ class Store(SQLStore):
         stmt = mysql.insert(sessions).values(session_id=session, version=version)
         return stmt.on_duplicate_key_update(version=version, journal=None)
 
+    def insert_session(self, session: str) -> Any:
+        return mysql.insert(sessions).values(session_id=session).prefix_with("IGNORE")
+
     def take(self, conn: Connection, session: str) -> list[str]:
         """MySQL 8 has no DELETE ... RETURNING: lock the rows with SELECT ... FOR UPDATE, then delete them
         in the same transaction. A second taker waits on the locks and then finds them gone."""

@@ -91,6 +91,9 @@ class Store(SQLStore):
             index_elements=[sessions.c.session_id], set_={"version": version, "journal": None}
         )
 
+    def insert_session(self, session: str) -> Any:
+        return postgresql.insert(sessions).values(session_id=session).on_conflict_do_nothing()
+
     def __init__(
         self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
     ) -> None:
