@@ -6,6 +6,11 @@
         def make_store(self):
             return MyStore(...)
 
+        def process_factory(self):          # the store is reached from other processes
+            return functools.partial(make_my_store, URL)
+
+A store declares what it offers once (``capabilities``, all of ``storetest.Capability`` by default); every
+test those imply must pass, and a declared capability it does not deliver fails rather than skips.
 It is plain pytest: failures keep their ids, ``-k`` works, assertions are introspected.
 """
 
@@ -18,6 +23,7 @@ except ImportError as exc:
         "Install them with: pip install 'stored-agent-sessions[storetest]'"
     ) from exc
 
+from .capabilities import Capability
 from .contract import SETTINGS, StoreContract
 
-__all__ = ["SETTINGS", "StoreContract"]
+__all__ = ["SETTINGS", "Capability", "StoreContract"]

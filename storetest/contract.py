@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from agent_sessions import ArgumentError, Content, Message, MessageError, Role, Store
 
 from . import strategies
+from .capabilities import Capability
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
 from .fencing import FencingContract
 from .runs import RunStoreContract
@@ -83,13 +84,30 @@ class StoreContract(RunStoreContract, FencingContract):
     """A message and a steer this long must round-trip (the hostile-input check). Lower it to what the
     store documents as its largest message, if that is less (MySQL's depends on max_allowed_packet)."""
 
+    capabilities: frozenset[Capability] = Capability.all()
+    """What the store offers (see ``storetest.capabilities``): every test these imply must pass."""
+
     def make_store(self) -> Store:
         raise NotImplementedError("a StoreContract subclass must implement make_store()")
 
     def process_factory(self) -> Callable[[], Store] | None:
-        """A picklable zero-argument callable that builds this store in another process, or ``None``
-        for a store that lives in one process only (then the cross-process tests are skipped)."""
+        """A picklable zero-argument callable that builds this store in another process. Required when
+        the store declares ``Capability.PROCESSES`` (the default)."""
         return None
+
+    def requires(self, capability: Capability) -> None:
+        """Skip, saying why, unless the store declares ``capability``."""
+        if capability not in self.capabilities:
+            pytest.skip(f"{type(self).__name__} does not declare Capability.{capability.name}")
+
+    def factory(self) -> Callable[[], Store]:
+        """``process_factory()``, which a store declaring ``Capability.PROCESSES`` must give."""
+        self.requires(Capability.PROCESSES)
+        factory = self.process_factory()
+        if factory is None:
+            pytest.fail(f"{type(self).__name__} declares Capability.PROCESSES but process_factory() returns None; "
+                        "return a picklable callable that builds the store, or remove the capability")
+        return factory
 
     def hypothesis(self, **overrides: Any) -> settings:
         return settings(SETTINGS, **{"max_examples": self.examples, **overrides})
@@ -167,11 +185,12 @@ class StoreContract(RunStoreContract, FencingContract):
         assert store.messages(sid) == msgs
 
     def test_a_second_store_object_sees_and_replaces_what_the_first_saved(self) -> None:
+        self.requires(Capability.DURABLE)
         first, second = self.make_store(), self.make_store()
         (sid,) = _ids(1)
         first.save(sid, _transcript(6))
-        if second.messages(sid) == []:
-            pytest.skip("this store's objects do not share data (a per-process store)")
+        assert second.messages(sid) == _transcript(6), (
+            "the store declares Capability.DURABLE, but a second store object does not see what the first saved")
         second.save(sid, [*_transcript(6), *_transcript(2, "b ")])
         first.save(sid, [*_transcript(6), *_transcript(1, "a ")])  # first must not trust its own view
         assert second.messages(sid) == [*_transcript(6), *_transcript(1, "a ")]
@@ -297,10 +316,7 @@ class StoreContract(RunStoreContract, FencingContract):
         assert_each_taken_once(taken, "a", k, m)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
-        factory = self.process_factory()
-        if factory is None:
-            pytest.skip("this store lives in one process")
-        exactly_once_across_processes(factory, _ids(1)[0], adders=8, takers=8, per_adder=20)
+        exactly_once_across_processes(self.factory(), _ids(1)[0], adders=8, takers=8, per_adder=20)
 
     # -- bad input -----------------------------------------------------------------------------------
 

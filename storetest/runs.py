@@ -22,6 +22,7 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.patterns.react import CANCELLED
 
 from . import crossprocess
+from .capabilities import Capability
 from .crossprocess import wait_for
 from .scripted import ToolsThenAnswer
 
@@ -65,25 +66,33 @@ def assert_no_orphans(msgs: list[Message]) -> None:
 class RunStoreContract:
     """Mixed into StoreContract; ``make_store`` and ``process_factory`` come from there."""
 
+    capabilities: frozenset[Capability]
+
     def make_store(self) -> Store:
         raise NotImplementedError
 
-    def process_factory(self) -> Any:
-        return None
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def factory(self) -> Any:
+        raise NotImplementedError
 
     def run_store(self) -> RunStore:
+        self.requires(Capability.RUN_STORE)
         store = self.make_store()
         if not isinstance(store, RunStore):
-            pytest.skip(f"{type(store).__module__} does not implement the optional RunStore protocol")
+            pytest.fail(f"the store declares Capability.RUN_STORE, but {type(store).__name__} does not implement "
+                        "agent_sessions.RunStore (check its methods and their names)")
         return store
 
     def another(self, store: RunStore) -> RunStore:
         """A second store object on the same data, as another worker would have; ``store`` itself for a
-        store whose objects share nothing (the memory store)."""
+        store that does not declare ``Capability.DURABLE`` (its objects share nothing)."""
+        if Capability.DURABLE not in self.capabilities:
+            return store
         other = self.make_store()
-        probe = _sid("probe-")
-        store.save(probe, [Message.user("probe")])
-        return other if other.messages(probe) and isinstance(other, RunStore) else store
+        assert other is not store and isinstance(other, RunStore), "make_store() must make a new store object"
+        return other
 
     # -- steers taken with the save ------------------------------------------------------------------
 
@@ -569,9 +578,7 @@ class RunStoreContract:
     # -- across processes ------------------------------------------------------------------------------
 
     def test_cancel_from_another_process_stops_the_run_within_one_step(self, tmp_path: Any) -> None:
-        factory = self.process_factory()
-        if factory is None:
-            pytest.skip("this store lives in one process")
+        factory = self.factory()
         self.run_store()
         outcome = crossprocess.cancel_from_another_process(factory, _sid(), str(tmp_path))
         assert outcome.stop_reason == "cancelled"
@@ -579,9 +586,7 @@ class RunStoreContract:
         assert_no_orphans(outcome.stored)
 
     def test_a_non_idempotent_tool_killed_mid_call_runs_exactly_once_after_resume(self, tmp_path: Any) -> None:
-        factory = self.process_factory()
-        if factory is None:
-            pytest.skip("this store lives in one process")
+        factory = self.factory()
         self.run_store()
         outcome = crossprocess.kill_mid_tool_then_resume(factory, _sid(), str(tmp_path))
         assert outcome.charges == 1, "the non-idempotent tool ran again after the resume"
@@ -592,9 +597,7 @@ class RunStoreContract:
         assert results["call_0_1"].text == UNKNOWN_OUTCOME
 
     def test_a_run_stopped_past_its_lease_and_continued_after_a_takeover_writes_nothing(self, tmp_path: Any) -> None:
-        factory = self.process_factory()
-        if factory is None:
-            pytest.skip("this store lives in one process")
+        factory = self.factory()
         self.run_store()
         outcome = crossprocess.stopped_past_ttl_then_taken_over(factory, _sid(), str(tmp_path))
         assert outcome.stale == "LeaseLost"

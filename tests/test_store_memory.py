@@ -3,5 +3,8 @@ from stores import memory
 
 
 class TestMemoryStoreKeepsTheContract(storetest.StoreContract):
+    # Each object is its own store, living in this process: neither durable nor reachable from another.
+    capabilities = storetest.Capability.none_but(storetest.Capability.RUN_STORE)
+
     def make_store(self) -> memory.Store:
         return memory.Store()

@@ -1,0 +1,29 @@
+"""What a store says it can do, once, so the suite knows which tests must pass rather than guess.
+
+Everything is on by default (SQLAlchemy's ``testing/requirements.py`` style): a store's test class
+removes what it does not offer, e.g. ``capabilities = Capability.none_but(Capability.RUN_STORE)`` for a
+store living in one process. A declared capability the store does not deliver fails, never skips: a
+durable store whose second object sees nothing, or one that declares other processes and gives no
+``process_factory``, is a bug the suite must show.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Capability(StrEnum):
+    DURABLE = "durable"
+    """A second store object (another ``make_store()``: another worker) sees what the first wrote."""
+    PROCESSES = "processes"
+    """Other processes reach the same data: ``process_factory()`` builds the store in a spawned process."""
+    RUN_STORE = "run_store"
+    """It implements ``agent_sessions.RunStore``: leases and fencing, the journal, cancel, fork."""
+
+    @classmethod
+    def all(cls) -> frozenset[Capability]:
+        return frozenset(cls)
+
+    @classmethod
+    def none_but(cls, *kept: Capability) -> frozenset[Capability]:
+        return frozenset(kept)
