@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, event
 
 import agent_sessions as agent
 import storetest
@@ -83,7 +83,7 @@ def test_an_appending_save_writes_only_the_new_messages(backend: Backend, engine
     store = backend.store(engine)
     msgs = [agent.Message.user(f"m{i}") for i in range(100)]
     store.save("append-only", msgs)
-    with statements_of(engine) as seen:
+    with statements_of(store) as seen:
         store.save("append-only", [*msgs, agent.Message.assistant("new")])
     if backend is POSTGRES:  # one statement: claim the row by version, insert the new message
         assert len(seen) == 1 and seen[0][0].startswith("WITH claim AS (UPDATE agent_sessions")
@@ -124,7 +124,7 @@ def test_mysql_take_steers_uses_no_mariadb_only_sql() -> None:
     with connected(MYSQL) as engine:
         store = mysql.Store(engine)
         store.add_steer("portable", "x")
-        with statements_of(engine) as seen:
+        with statements_of(store) as seen:
             assert store.take_steers("portable") == ["x"]
     assert not [sql for sql, _ in seen if "RETURNING" in sql.upper()]
     assert any("FOR UPDATE" in sql for sql, _ in seen)
@@ -162,3 +162,30 @@ def test_a_steer_mysql_could_never_deliver_is_refused_and_one_it_can_is_delivere
                agent.Message.user(fits)]  # together over a packet: the append gives way to the transaction
         store.save_fenced("steered", held, big, take_steers=True)
         assert mysql.Store(engine).messages("steered") == big
+
+
+def test_a_tracer_listening_for_cursor_events_sees_every_statement_and_changes_no_result(
+    backend: Backend, engine: Engine,
+) -> None:
+    """MySQL's statements run on PyMySQL's cursor; with a listener for SQLAlchemy's cursor events (a tracer,
+    OpenTelemetry's SQLAlchemy instrumentation) they go through SQLAlchemy, so it sees every one."""
+    traced: list[str] = []
+
+    def trace(conn: object, cursor: object, statement: str, *args: object) -> None:
+        traced.append(statement)
+
+    event.listen(engine, "before_cursor_execute", trace)
+    try:
+        store = backend.store(engine)
+        held = store.acquire("traced", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+        store.add_steer("traced", "s")
+        msgs = [agent.Message.user("q")]
+        assert store.save_fenced("traced", held, msgs, take_steers=True).steers == ["s"]
+        store.save_fenced("traced", held, [*msgs, agent.Message.user("s"), agent.Message.assistant("a")],
+                          take_steers=True)
+        store.release("traced", held)
+    finally:
+        event.remove(engine, "before_cursor_execute", trace)
+    assert backend.store(engine).messages("traced") == [*msgs, agent.Message.user("s"), agent.Message.assistant("a")]
+    assert any(s.startswith("INSERT INTO agent_messages") for s in traced)
+    assert any("agent_steers" in s for s in traced) and any(s.startswith("UPDATE agent_sessions") for s in traced)

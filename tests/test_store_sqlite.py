@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 import agent_sessions as agent
 import storetest
@@ -38,12 +39,31 @@ def test_an_appending_save_writes_only_the_new_messages(tmp_path: Path) -> None:
     store = sqlite.open(tmp_path / "s.db")
     msgs = [agent.Message.user(f"m{i}") for i in range(100)]
     store.save("s", msgs)
-    with statements_of(store.engine) as seen:
+    with statements_of(store) as seen:
         store.save("s", [*msgs, agent.Message.assistant("new")])
-    inserts = [rows for sql, rows in seen if sql.startswith("INSERT INTO agent_messages")]
-    assert inserts == [1]
-    assert not [sql for sql, _ in seen if sql.startswith("DELETE")]
+    # Seen by SQLite itself, on the path production takes: the one INSERT, in autocommit (no BEGIN/COMMIT).
+    assert len(seen) == 1 and seen[0][0].startswith("INSERT INTO agent_messages")
     assert store.messages("s")[-1].text == "new"
+
+
+def test_a_tracer_listening_for_cursor_events_sees_every_statement_and_changes_no_result(tmp_path: Path) -> None:
+    store = sqlite.open(tmp_path / "traced.db")
+    traced: list[str] = []
+
+    def trace(conn: object, cursor: object, statement: str, *args: object) -> None:
+        traced.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", trace)
+    held = store.acquire("traced", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    store.add_steer("traced", "s")
+    msgs = [agent.Message.user("q")]
+    assert store.save_fenced("traced", held, msgs, take_steers=True).steers == ["s"]
+    store.save_fenced("traced", held, [*msgs, agent.Message.user("s"), agent.Message.assistant("a")],
+                      take_steers=True)
+    event.remove(store.engine, "before_cursor_execute", trace)
+    assert sqlite.open(tmp_path / "traced.db").messages("traced")[-1] == agent.Message.assistant("a")
+    assert [s for s in traced if s.startswith("INSERT INTO agent_messages")]
+    assert [s for s in traced if "agent_steers" in s]
 
 
 def test_open_refuses_memory_and_creates_tables_once_per_file(tmp_path: Path) -> None:

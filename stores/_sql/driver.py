@@ -6,8 +6,9 @@ statement here) was most of a save beside a raw INSERT + COMMIT. Each statement 
 SQLAlchemy once, for the engine's dialect, with its bind processors kept; the transaction is still
 SQLAlchemy's (its BEGIN, its COMMIT), and the rows come back as tuples.
 
-When anything listens for cursor events on the engine (tracing, the test suite's statement checks),
-statements go through SQLAlchemy as usual, so instrumentation sees every one of them.
+When anything listens for cursor events on the engine (a tracer: OpenTelemetry's SQLAlchemy
+instrumentation), statements go through SQLAlchemy as usual, so it sees every one of them. The test suite
+watches the driver itself (tests/sql_helpers.py), so what it checks is the path production takes.
 """
 
 from __future__ import annotations
