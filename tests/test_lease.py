@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,23 @@ def test_any_session_over_a_run_store_is_leased_and_fenced() -> None:
         go.set()
     assert first.wait(10).stop_reason == "answered"
     assert store.holder("mine") is None
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "mongodb"])
+def test_a_takeover_of_an_expired_lease_is_logged_by_the_store(
+    kind: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """An operator explaining an incident needs to see that a run's lease expired and another took it."""
+    from stores import sqlite
+    from tests import servers
+
+    caplog.set_level(logging.INFO)
+    store: agent.RunStore = (sqlite.open(tmp_path / "log.db") if kind == "sqlite"
+                             else servers.mongo_store(database="agent_sessions_test_lease_log"))
+    sid = f"log-{time.time_ns()}"
+    dead = store.acquire(sid, agent.Holder("web-1", 101, "d" * 32, 0.0), 0.1)
+    time.sleep(0.3)
+    store.acquire(sid, agent.Holder("web-2", 202, "e" * 32, 0.0), 30)
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("stores.") and "taken over" in r.getMessage()]
+    assert len(said) == 1 and f"epoch {dead.epoch + 1}" in said[0], said
+    assert "pid 101 on web-1" in said[0] or "token dddddddd" in said[0]

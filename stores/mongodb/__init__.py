@@ -23,6 +23,7 @@ a page a writer left behind when it died before committing is harmless (no versi
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Iterator, Sequence
@@ -72,6 +73,8 @@ TAIL_BYTES = 4 * 2**20
 """Bytes of stored JSON the session document's tail holds at most, beside its steers and journal."""
 MAX_MESSAGE_BYTES = 15 * 2**20
 """The largest stored message (its JSON): alone in a page, under the 16 MB document limit."""
+
+log = logging.getLogger(__name__)
 
 _RETRIES = 1000  # each miss means another writer or taker got there first: progress, never a livelock
 _NO_STEER = {"steers.0": {"$exists": False}}
@@ -406,15 +409,22 @@ class Store:
             "token": {"$literal": holder.token}, "host": {"$literal": holder.host}, "pid": holder.pid,
             "expires": {"$add": [_NOW, float(ttl)]}, "cancelled": False,
             "epoch": {"$add": [{"$ifNull": ["$epoch", 0]}, 1]},
+            "taken_from": {"token": "$token", "host": "$host", "pid": "$pid"},  # the stage sees the old fields
         }}]
         free = {"_id": session, "$or": [{"token": None}, {"$expr": {"$lte": ["$expires", _NOW]}}]}
         with self._failing("acquire", session):
             for _ in range(3):
                 try:
                     taken = self._sessions.find_one_and_update(
-                        free, take, upsert=True, projection=_LEASE, return_document=ReturnDocument.AFTER
+                        free, take, upsert=True, projection={**_LEASE, "taken_from": 1},
+                        return_document=ReturnDocument.AFTER,
                     )
                     if taken is not None:
+                        before = taken.get("taken_from") or {}
+                        if before.get("token") is not None:
+                            log.info("MongoDB store: session %r: the lease of pid %s on %s (token %s…) had expired; "
+                                     "taken over at epoch %s", session, before.get("pid"), before.get("host"),
+                                     str(before["token"])[:8], taken.get("epoch"))
                         return _holder(taken)
                 except DuplicateKeyError:
                     pass
