@@ -116,7 +116,7 @@ def tables(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stores", default="memory,sqlite,postgres,mysql,mongodb")
+    parser.add_argument("--stores", default="memory,sqlite,postgres,mysql,mysql-noreset,mongodb")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--peer-rounds", type=int, default=60, help="rounds for the slow peers (LangGraph)")
     parser.add_argument("--steer-procs", type=int, default=4, help="adding processes (as many take)")

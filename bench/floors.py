@@ -72,10 +72,10 @@ def floor_for(name: str, tmp: str) -> Floor | None:
 
     if name == "sqlite":
         return SQLiteFloor(tmp)
-    if name in ("postgres", "mysql"):
+    if name in ("postgres", "mysql", "mysql-noreset"):
         from sqlalchemy import create_engine
 
-        return SQLFloor(create_engine(backends.sql_url(name)))
+        return SQLFloor(create_engine(backends.sql_url(name.split("-")[0])))
     if name == "mongodb":
         import pymongo
 
