@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Literal
 
 from ..endpoints import Endpoint
 from ..events import Events, Sink, sink
@@ -66,9 +65,9 @@ def _loop(
             break
         step = steps + 1
         emit.step_started(step)
-        _collect(step, transcript, box.drain(), "run", emit)
+        _collect(step, transcript, box.drain(), emit)
         steers, stop_asked = keep.before_request(transcript)  # steers taken and saved in one step
-        _applied(step, transcript, steers, "session", emit)
+        _applied(step, transcript, steers, emit)
         if keep.saves:
             emit.saved(step, len(transcript))
         if stop_asked:
@@ -126,21 +125,18 @@ def _run_tools(
     transcript.append(Message(Role.USER, results))
 
 
-def _collect(
-    step: int, transcript: list[Message], steers: list[str], source: Literal["run", "session"], emit: Sink
-) -> None:
+def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink) -> None:
+    """Append the steers of the run's own box."""
     for text in steers:
         transcript.append(Message.user(text))
-        emit.steer_applied(step, text, len(transcript) - 1, source)
+        emit.steer_applied(step, text, len(transcript) - 1, "run")
 
 
-def _applied(
-    step: int, transcript: list[Message], steers: Sequence[str], source: Literal["run", "session"], emit: Sink
-) -> None:
-    """Report steers already appended: they are the last ``len(steers)`` messages."""
+def _applied(step: int, transcript: list[Message], steers: Sequence[str], emit: Sink) -> None:
+    """Report the session's steers, which the save appended: they are the last ``len(steers)`` messages."""
     first = len(transcript) - len(steers)
     for i, text in enumerate(steers):
-        emit.steer_applied(step, text, first + i, source)
+        emit.steer_applied(step, text, first + i, "session")
 
 
 def _call_tool(tool: Tool | None, step: int, call: Content, emit: Sink) -> Content:
