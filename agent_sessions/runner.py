@@ -58,7 +58,7 @@ class Run:
         self._box.put(text)
 
     def cancel(self) -> None:
-        """Stop before the next model request; the run returns with ``stop_reason == "cancelled"``."""
+        """Stop before the next model request or tool call; the run returns with ``stop_reason == "cancelled"``."""
         self._cancel.set()
 
     def done(self) -> bool:

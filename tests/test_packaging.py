@@ -129,7 +129,7 @@ def test_the_wheel_is_the_three_typed_packages_under_the_new_name(wheel: Path, s
     assert "License: MIT" in fields and "License-File: LICENSE" in fields
     # One dependency without an extra.
     assert [f for f in fields if f.startswith("Requires-Dist:") and "extra ==" not in f] == \
-        ["Requires-Dist: requests>=2.31"]
+        ["Requires-Dist: requests>=2.31", "Requires-Dist: urllib3>=2.0"]  # the HTTP retries use urllib3 2's Retry
 
 
 def test_the_sdist_is_the_library_with_license_and_changelog_and_no_tests(sdist: Path, source: Path) -> None:
