@@ -67,6 +67,18 @@ class LeaseLost(Conflict):
     """Another run took this run's lease over (it had stalled past its expiry, or its renewals failed):
     the store refused the write, and the run stopped without writing anything more."""
 
+    @classmethod
+    def superseded(cls, session: str, epoch: int, token: str | None, stored_epoch: int | None) -> LeaseLost:
+        """The error a store raises for a write whose lease (of ``epoch``) is no longer the stored one,
+        which has ``token`` (``None``: free) at ``stored_epoch`` (``None``: the session has no lease)."""
+        if stored_epoch is None:
+            now = "the session has no lease"
+        elif token is None:
+            now = f"the lease is free, at epoch {stored_epoch}"
+        else:
+            now = f"held at epoch {stored_epoch} by token {token[:8]}…"
+        return cls(f"session {session!r}: this run's lease (epoch {epoch}) was taken over; {now}")
+
 
 class TranscriptConflict(Conflict):
     """A run's first write found a stored transcript that its messages do not extend: another run saved

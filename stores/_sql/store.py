@@ -514,12 +514,8 @@ def _holder(row: Sequence[Any]) -> Holder:
 def _lost(session: str, holder: Holder, stored: Sequence[Any] | None) -> LeaseLost:
     """``stored``: the stored lease's token and epoch, or ``None`` when the session has no row."""
     if stored is None:
-        now = "the session has no lease"
-    elif stored[0] is None:
-        now = f"the lease is free, at epoch {stored[1]}"
-    else:
-        now = f"held at epoch {stored[1]} by token {str(stored[0])[:8]}…"
-    return LeaseLost(f"session {session!r}: this run's lease (epoch {holder.epoch}) was taken over; {now}")
+        return LeaseLost.superseded(session, holder.epoch, None, None)
+    return LeaseLost.superseded(session, holder.epoch, stored[0], int(stored[1]))
 
 
 _LIVE: weakref.WeakSet[SQLStore] = weakref.WeakSet()

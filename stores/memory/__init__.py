@@ -171,8 +171,8 @@ class Store:
     def _fenced(self, session: str, holder: Holder) -> _Run:
         run = self._run(session)
         if not _same(run.holder, holder):
-            now = "free" if run.holder is None else f"held by {run.holder.describe()}"
-            raise LeaseLost(f"session {session!r}: the lease of epoch {holder.epoch} is gone (now {now})")
+            token = None if run.holder is None else run.holder.token
+            raise LeaseLost.superseded(session, holder.epoch, token, run.epoch)
         return run
 
     @staticmethod

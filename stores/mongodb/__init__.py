@@ -544,12 +544,8 @@ def _holder(doc: dict[str, Any]) -> Holder:
 
 def _lost(session: str, holder: Holder, doc: dict[str, Any] | None) -> LeaseLost:
     if doc is None:
-        now = "the session has no lease"
-    elif doc.get("token") is None:
-        now = f"the lease is free, at epoch {doc.get('epoch', 0)}"
-    else:
-        now = f"held at epoch {doc.get('epoch', 0)} by token {str(doc['token'])[:8]}…"
-    return LeaseLost(f"session {session!r}: this run's lease (epoch {holder.epoch}) was taken over; {now}")
+        return LeaseLost.superseded(session, holder.epoch, None, None)
+    return LeaseLost.superseded(session, holder.epoch, doc.get("token"), int(doc.get("epoch", 0)))
 
 
 __all__ = ["COLLECTIONS", "INDEXES", "PAGE", "PAGES", "SESSIONS", "Store", "create_indexes", "upgrade"]
