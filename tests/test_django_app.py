@@ -135,8 +135,7 @@ def test_a_real_runserver_and_a_steer_from_another_process(tmp_path: Path, model
 
 
 def test_migrate_creates_the_store_tables_on_postgresql(tmp_path: Path) -> None:
-    url = servers.POSTGRES_URL.rsplit("/", 1)[0] + "/agent_sessions_django"
-    servers.create_database(url)
+    url = servers.database_url(servers.POSTGRES_URL, servers.database_name("django"))
     from sqlalchemy import create_engine
 
     engine = create_engine(url)

@@ -43,7 +43,7 @@ def _in_child(work: object) -> str:
 
 @pytest.mark.parametrize("base", [servers.POSTGRES_URL, servers.MYSQL_URL], ids=["postgres", "mysql"])
 def test_a_forked_child_opens_connections_of_its_own(base: str) -> None:
-    url = servers.database_url(base, "agent_sessions_fork")
+    url = servers.database_url(base, servers.database_name("fork"))
     store: SQLStore = (servers.postgres_store if url.startswith("postgresql") else servers.mysql_store)(url)
     servers.fresh_schema(store.engine)
     sid = f"fork-{os.getpid()}"
