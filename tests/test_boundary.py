@@ -13,7 +13,8 @@ def loaded_after(statement: str) -> list[str]:
         f"import sys; {statement}; "
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120).stdout  # an import takes a second; a bound, not a budget
     return out.split()
 
 
@@ -35,5 +36,6 @@ def test_a_missing_driver_says_which_extra_to_install() -> None:
         "import sys; sys.modules['sqlalchemy'] = None\n"
         "try:\n    import stores.sqlite\nexcept ImportError as e:\n    print(e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
     assert "pip install 'agent-sessions[sqlite]'" in out

@@ -5,6 +5,7 @@ the server is back, carries on from it. SQLite has no server to lose; its faults
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -83,12 +84,20 @@ def _run_through_fault(server: Backend, store: agent.Store, inject: Callable[[],
                           lease_ttl=1.0, **more)
 
     run = agent.Runner().start(spec(store), [agent.Message.user(children.QUESTION)], children.Steps(STEPS))
-    assert entered.wait(30)
-    before = direct.messages(sid)
-    inject()
-    go.set()
-    with pytest.raises(agent.StoreError) as failure:
-        run.wait(60)
+    try:
+        assert entered.wait(30)
+        before = direct.messages(sid)
+        inject()
+        go.set()
+        with pytest.raises(agent.StoreError) as failure:
+            run.wait(60)
+    finally:
+        # Whatever failed above, the run's thread (not a daemon) must end, or pytest could not exit.
+        go.set()
+        if not run.done():
+            run.cancel()
+            with contextlib.suppress(Exception):
+                run.wait(60)
     after = direct.messages(sid)
     assert after == before, "a failed write changed the stored transcript"
     check.run_transcript(after, STEPS, [], complete=False)
