@@ -107,6 +107,10 @@ STARTUP = 90.0
 system checks first, about a second on an idle machine, many more beside a CPU-bound job."""
 
 
+class PortTaken(Exception):
+    """runserver could not bind the port _free_port found: something took it in between."""
+
+
 def wait_until_serving(server: subprocess.Popen[bytes], base: str, output: Path) -> None:
     """Poll until runserver answers any HTTP at all, for at most STARTUP seconds. While it starts, a
     request can be refused, reset, cut off or time out: each means "not yet". Fails at once if the process
@@ -122,9 +126,32 @@ def wait_until_serving(server: subprocess.Popen[bytes], base: str, output: Path)
         except requests.RequestException as exc:  # ConnectionError, Timeout, ChunkedEncodingError, ...
             last = exc
             time.sleep(0.1)
+    said = output.read_text(errors="replace")
+    if server.poll() is not None and "already in use" in said:
+        raise PortTaken(said)
     state = f"exited with {server.returncode}" if server.poll() is not None else f"not serving after {STARTUP} s"
-    raise AssertionError(f"runserver {state} (last error: {last!r}); its output:\n"
-                         f"{output.read_text(errors='replace')[-5000:]}")
+    raise AssertionError(f"runserver {state} (last error: {last!r}); its output:\n{said[-5000:]}")
+
+
+def runserver(env: dict[str, str], output: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A serving `manage.py runserver` and its base URL. Its port is found free, then bound by another
+    process a second later: another program (a second copy of the suite) may take it in between, so a
+    refused bind is tried again on another port, three times in all."""
+    for _ in range(3):
+        port = _free_port()
+        with open(output, "wb") as log:  # a file, not a pipe nobody reads: its request log cannot fill it
+            server = subprocess.Popen([sys.executable, str(MANAGE), "runserver", f"127.0.0.1:{port}", "--noreload"],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_serving(server, base, output)
+            return server, base
+        except PortTaken:
+            stop(server)
+        except BaseException:
+            stop(server)
+            raise
+    raise AssertionError(f"runserver found each of three free ports taken; its output:\n{output.read_text()}")
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:
@@ -137,20 +164,14 @@ def stop(server: subprocess.Popen[bytes]) -> None:
 
 
 def test_a_real_runserver_and_a_steer_from_another_process(tmp_path: Path, model: ModelServer) -> None:
-    port = _free_port()
     env = {**os.environ, "DJANGO_APP_STATE": str(tmp_path), "AGENT_MODEL_URL": model.url + "/v1",
            "PYTHONPATH": str(ROOT)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     steered = threading.Event()
     model.push(steer_held_until(steered, openai(calls=[("c1", "read_file", '{"path": "token.go"}')])),
                openai("done"))
-    output = tmp_path / "runserver.log"  # a file, not a pipe nobody reads: its request log cannot fill it
-    with open(output, "wb") as log:
-        server = subprocess.Popen([sys.executable, str(MANAGE), "runserver", f"127.0.0.1:{port}", "--noreload"],
-                                  env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    server, base = runserver(env, tmp_path / "runserver.log")
     try:
-        wait_until_serving(server, base, output)
         assert requests.post(f"{base}/sessions/dj-real/turn", json={"text": "review token.go"},
                              timeout=30).status_code == 202
         wait_for_request(model)
