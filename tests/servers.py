@@ -58,6 +58,17 @@ REDIS_KEY_PREFIX = f"{PREFIX}:"
 """Every Redis key the suite writes starts with this (the Celery tests' broker keys)."""
 
 
+CONNECT_TIMEOUT = 10
+"""Seconds a test waits to connect to PostgreSQL: libpq's own default is to wait as long as TCP does.
+(PyMySQL's default is 10 s already; pymongo's 20 s.)"""
+
+
+def _engine(url: Any, **options: Any) -> Engine:
+    if make_url(url).get_backend_name() == "postgresql":
+        options.setdefault("connect_args", {"connect_timeout": CONNECT_TIMEOUT})
+    return create_engine(url, **options)
+
+
 def create_database(url: str) -> None:
     """CREATE DATABASE if it is missing, through the server's administrative database."""
     target = make_url(url)
@@ -65,7 +76,7 @@ def create_database(url: str) -> None:
     assert name and name.replace("_", "").isalnum(), name
     assert name == PREFIX or name.startswith(PREFIX + "_"), f"{name!r} is not one of this run's ({PREFIX}*)"
     if target.get_backend_name() == "postgresql":
-        admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        admin = _engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first() is None:
                 conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
@@ -97,7 +108,7 @@ def fresh_schema(engine: Engine) -> None:
 
 
 def postgres_store(url: str = POSTGRES_URL) -> postgres.Store:
-    return postgres.Store(create_engine(url, pool_size=2))
+    return postgres.Store(_engine(url, pool_size=2))
 
 
 def mysql_store(url: str = MYSQL_URL) -> mysql.Store:
