@@ -1,5 +1,6 @@
 """Where each backend is: the servers the tests use (AGENT_SESSIONS_*_URL, started by scripts/servers),
-in databases of the benchmark's own, with fresh tables."""
+in databases of the benchmark's own (``<prefix>_bench``, after $AGENT_SESSIONS_TEST_PREFIX like every
+test database), with fresh tables."""
 
 from __future__ import annotations
 
@@ -9,13 +10,19 @@ from typing import Any
 
 import agent_sessions as agent
 
-BENCH_DB = "agent_sessions_bench"
+
+def bench_db() -> str:
+    """The benchmark's database (SQL and Mongo): the test prefix's, so a benchmark beside a test run (or
+    another checkout's) never drops the other's tables."""
+    from tests import servers
+
+    return servers.database_name("bench")
 
 
 def sql_url(name: str) -> str:
     from tests import servers  # the URLs, CREATE DATABASE and SCHEMA step the tests use
 
-    return servers.database_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL, BENCH_DB)
+    return servers.database_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL, bench_db())
 
 
 def mongo_url() -> str:
@@ -39,7 +46,7 @@ def mongo_database() -> Any:
 
     from stores import mongodb
 
-    db = pymongo.MongoClient(mongo_url())[BENCH_DB]
+    db = pymongo.MongoClient(mongo_url())[bench_db()]
     for collection in mongodb.COLLECTIONS:
         db.drop_collection(collection)
     mongodb.create_indexes(db)
@@ -91,5 +98,5 @@ def store_factory(name: str, tmp: str) -> Any:
     if name == "mysql":
         return functools.partial(servers.mysql_store, sql_url(name))
     if name == "mongodb":
-        return functools.partial(servers.mongo_store, servers.MONGO_URL, BENCH_DB)
+        return functools.partial(servers.mongo_store, servers.MONGO_URL, bench_db())
     return None

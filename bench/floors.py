@@ -79,5 +79,5 @@ def floor_for(name: str, tmp: str) -> Floor | None:
     if name == "mongodb":
         import pymongo
 
-        return MongoFloor(pymongo.MongoClient(backends.mongo_url())[backends.BENCH_DB])
+        return MongoFloor(pymongo.MongoClient(backends.mongo_url())[backends.bench_db()])
     return None

@@ -2,11 +2,19 @@
 
 scripts/servers starts the servers when they are not already listening and exports these variables;
 the defaults are the servers a python-svc machine runs.
+
+Every database, Mongo database, Redis key and Celery worker name the suite makes derives from one
+prefix, $AGENT_SESSIONS_TEST_PREFIX (default ``agent_sessions_test``), so two copies of the suite on one
+machine, given different prefixes, share the servers and never each other's data. The URL variables
+say which server (and who logs in); the database in them is always the prefix's: a URL naming another
+database is pointed at the prefix's instead, so no test reaches a database outside its copy's.
+Children inherit the environment, so a spawned process computes the same names.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pymongo
@@ -14,13 +22,51 @@ from sqlalchemy import Engine, create_engine, make_url, text
 
 from stores import mongodb, mysql, postgres
 
-POSTGRES_URL = os.environ.get(
+
+def _prefix() -> str:
+    prefix = os.environ.get("AGENT_SESSIONS_TEST_PREFIX") or "agent_sessions_test"
+    # Lower case, since MySQL's names are case-sensitive files on Linux and PostgreSQL folds unquoted ones;
+    # 40 characters leave room for the longest suffix within MySQL's and MongoDB's 64 (PostgreSQL's 63).
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", prefix):
+        raise SystemExit(f"AGENT_SESSIONS_TEST_PREFIX={prefix!r}: 1 to 40 of a-z, 0-9 and _, starting with a letter")
+    return prefix
+
+
+PREFIX = _prefix()
+
+
+def database_name(suffix: str = "") -> str:
+    """The name of one of the suite's databases: the prefix itself, or ``<prefix>_<suffix>``."""
+    assert not suffix or re.fullmatch(r"[a-z0-9_]{1,20}", suffix), suffix
+    return f"{PREFIX}_{suffix}" if suffix else PREFIX
+
+
+def _on_prefix(url: str) -> str:
+    return make_url(url).set(database=PREFIX).render_as_string(hide_password=False)
+
+
+POSTGRES_URL = _on_prefix(os.environ.get(
     "AGENT_SESSIONS_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/agent_sessions_test"
-)
-MYSQL_URL = os.environ.get(
+))
+MYSQL_URL = _on_prefix(os.environ.get(
     "AGENT_SESSIONS_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/agent_sessions_test?charset=utf8mb4"
-)
+))
 MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
+MONGO_DATABASE = PREFIX
+"""The Mongo database of the conformance tests (the others are ``database_name(suffix)`` too)."""
+REDIS_KEY_PREFIX = f"{PREFIX}:"
+"""Every Redis key the suite writes starts with this (the Celery tests' broker keys)."""
+
+
+CONNECT_TIMEOUT = 10
+"""Seconds a test waits to connect to PostgreSQL: libpq's own default is to wait as long as TCP does.
+(PyMySQL's default is 10 s already; pymongo's 20 s.)"""
+
+
+def _engine(url: Any, **options: Any) -> Engine:
+    if make_url(url).get_backend_name() == "postgresql":
+        options.setdefault("connect_args", {"connect_timeout": CONNECT_TIMEOUT})
+    return create_engine(url, **options)
 
 
 def create_database(url: str) -> None:
@@ -28,8 +74,9 @@ def create_database(url: str) -> None:
     target = make_url(url)
     name = target.database
     assert name and name.replace("_", "").isalnum(), name
+    assert name == PREFIX or name.startswith(PREFIX + "_"), f"{name!r} is not one of this run's ({PREFIX}*)"
     if target.get_backend_name() == "postgresql":
-        admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        admin = _engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first() is None:
                 conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
@@ -41,7 +88,8 @@ def create_database(url: str) -> None:
 
 
 def database_url(base: str, database: str) -> str:
-    """``base`` pointed at ``database``, which is created if it is missing: a suite's own database."""
+    """``base`` pointed at ``database``, which is created if it is missing: a suite's own database.
+    ``database`` is one of this run's names (``database_name(...)``): anything else is refused."""
     url = make_url(base).set(database=database).render_as_string(hide_password=False)
     create_database(url)
     return url
@@ -60,12 +108,12 @@ def fresh_schema(engine: Engine) -> None:
 
 
 def postgres_store(url: str = POSTGRES_URL) -> postgres.Store:
-    return postgres.Store(create_engine(url, pool_size=2))
+    return postgres.Store(_engine(url, pool_size=2))
 
 
 def mysql_store(url: str = MYSQL_URL) -> mysql.Store:
     return mysql.Store(create_engine(url, pool_size=2))
 
 
-def mongo_store(url: str = MONGO_URL, database: str = "agent_sessions_test", **client_options: Any) -> mongodb.Store:
+def mongo_store(url: str = MONGO_URL, database: str = MONGO_DATABASE, **client_options: Any) -> mongodb.Store:
     return mongodb.Store(pymongo.MongoClient(url, **client_options)[database])

@@ -15,7 +15,8 @@ def loaded_after(statement: str) -> list[str]:
         f"import sys; {statement}; "
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120).stdout  # an import takes a second; a bound, not a budget
     return out.split()
 
 
@@ -47,7 +48,7 @@ def test_a_missing_driver_says_which_extra_to_install(store: str, driver: str, e
         f"try:\n    import stores.{store}\nexcept ImportError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=60).stdout
+                         timeout=120).stdout
     assert f"pip install '{DIST}[{extra}]'" in out
 
 
@@ -58,5 +59,5 @@ def test_storetest_without_its_extra_says_which_to_install(tool: str) -> None:
         "try:\n    import storetest\nexcept ImportError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=60).stdout
+                         timeout=120).stdout
     assert f"pip install '{DIST}[storetest]'" in out

@@ -1,7 +1,12 @@
 """examples/celery_worker with real Celery worker processes: a steer lands in a running task, and a
 worker killed mid-turn hands the task to another process, which resumes from the store without running
 the non-idempotent tool again. Broker: kombu's SQLAlchemy transport on SQLite (no server), and Redis
-when one is listening."""
+when one is listening.
+
+Isolation: the SQLite broker lives in the test's tmp_path; on Redis (shared by every copy of the suite
+on the machine) each test's broker keys are under a prefix of its own, derived from
+$AGENT_SESSIONS_TEST_PREFIX, and only those are deleted afterwards; workers are named after the prefix
+too. Another copy's workers therefore never see this copy's tasks, nor it theirs."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +26,7 @@ import pytest
 
 import agent_sessions as agent
 from stores import sqlite
+from tests import servers
 from tests.model_server import ModelServer, Reply, Request, openai
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,19 +42,22 @@ BROKERS = ["sqla+sqlite"] + (["redis"] if _redis_listening() else [])
 
 
 class Workers:
-    def __init__(self, state: Path, model: ModelServer, broker: str) -> None:
+    def __init__(self, state: Path, model: ModelServer, broker: str, keyprefix: str = "") -> None:
         self.state = state
         self.broker = broker
+        self.keyprefix = keyprefix
+        """Every Redis key of this test's broker starts with it (empty for the SQLite broker)."""
         self.env = {**os.environ, "CELERY_EXAMPLE_STATE": str(state), "AGENT_MODEL_URL": model.url + "/v1",
-                    "CELERY_BROKER_URL": broker, "PYTHONPATH": str(ROOT)}
+                    "CELERY_BROKER_URL": broker, "CELERY_BROKER_KEYPREFIX": keyprefix, "PYTHONPATH": str(ROOT)}
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, name: str) -> None:
-        self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "examples.celery_worker.tasks", "worker", "-c", "1",
-             "-P", "prefork", "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "-l", "info"], env=self.env, cwd=ROOT, stdout=open(self.state / f"{name}.log", "wb"),
-            stderr=subprocess.STDOUT))
+        with open(self.state / f"{name}.log", "wb") as log:  # the child has its own copy of the descriptor
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "examples.celery_worker.tasks", "worker", "-c", "1",
+                 "-P", "prefork", "-n", f"{servers.PREFIX}-{name}@%h", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat", "-l", "info"], env=self.env, cwd=ROOT, stdout=log,
+                stderr=subprocess.STDOUT))
 
     def stop(self) -> None:
         for p in self.procs:
@@ -57,10 +67,15 @@ class Workers:
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
-        if self.broker.startswith("redis://"):
+                p.wait(15)  # SIGKILL cannot be refused: this only reaps it
+        if self.keyprefix:
             import redis
 
-            redis.Redis.from_url(self.broker).flushdb()  # db 9: this test's own
+            client = redis.Redis.from_url(self.broker, socket_timeout=10)
+            keys = list(client.scan_iter(match=self.keyprefix + "*"))  # this test's keys, nobody else's
+            if keys:
+                client.delete(*keys)
+            client.close()
 
     def logs(self) -> str:
         return "\n".join((self.state / f).read_text(errors="replace") for f in os.listdir(self.state)
@@ -69,8 +84,10 @@ class Workers:
 
 @pytest.fixture(params=BROKERS)
 def workers(request: pytest.FixtureRequest, tmp_path: Path, model: ModelServer) -> Iterator[Workers]:
-    broker = f"sqla+sqlite:///{tmp_path}/broker.db" if request.param == "sqla+sqlite" else "redis://127.0.0.1:6379/9"
-    w = Workers(tmp_path, model, broker)
+    if request.param == "sqla+sqlite":
+        w = Workers(tmp_path, model, f"sqla+sqlite:///{tmp_path}/broker.db")
+    else:
+        w = Workers(tmp_path, model, "redis://127.0.0.1:6379/9", f"{servers.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:8]}:")
     yield w
     w.stop()
 
@@ -78,7 +95,10 @@ def workers(request: pytest.FixtureRequest, tmp_path: Path, model: ModelServer) 
 def producer(workers: Workers) -> Any:
     from celery import Celery
 
-    return Celery("producer", broker=workers.broker)
+    app = Celery("producer", broker=workers.broker)
+    if workers.keyprefix:  # the workers' key prefix, or the task lands in a queue nobody of ours reads
+        app.conf.broker_transport_options = {"global_keyprefix": workers.keyprefix}
+    return app
 
 
 def held(event: threading.Event, reply: Reply) -> Any:

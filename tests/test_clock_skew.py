@@ -75,7 +75,7 @@ def _factory(name: str) -> Callable[[], agent.Store]:
         return functools.partial(servers.postgres_store, servers.POSTGRES_URL)
     if name == "mysql":
         return functools.partial(servers.mysql_store, servers.MYSQL_URL)
-    return functools.partial(servers.mongo_store, servers.MONGO_URL, "agent_sessions_test")
+    return functools.partial(servers.mongo_store, servers.MONGO_URL, servers.MONGO_DATABASE)
 
 
 @pytest.fixture(params=["postgres", "mysql", "mongodb"])

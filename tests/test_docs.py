@@ -20,7 +20,7 @@ How the blocks run:
   | ``mysql+pymysql://app@db/app?charset=utf8mb4`` | tests.servers.MYSQL_URL, database DATABASE       |
   | ``mongodb://db:27017/app``                     | tests.servers.MONGO_URL, database DATABASE       |
 
-  DATABASE is ``agent_sessions_test_docs_<pid>``: made for this run, emptied before each page that uses
+  DATABASE is ``<prefix>_docs_<pid>`` (tests/servers.py): made for this run, emptied before each page that uses
   it, dropped at the end.
 - A page that talks to the model has its replies scripted in ``SCRIPTS``, so each of its runs answers
   the same way every time; when the page ends, every scripted reply must have been used, and every
@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))]
 BLOCK_SECONDS = 60.0
 THREAD_SECONDS = 30.0
-DATABASE = f"agent_sessions_test_docs_{os.getpid()}"
+DATABASE = servers.database_name(f"docs_{os.getpid()}")
 
 MODEL = "http://127.0.0.1:8080/v1"
 POSTGRES = "postgresql+psycopg://app@db/app"

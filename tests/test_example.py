@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +12,16 @@ ROOT = Path(__file__).parent.parent
 
 
 def test_the_sessions_example_tells_the_design_notes_story() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "examples/sessions/main.py")], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    # In a session of its own, so a timeout (or Ctrl-C) ends the example's replicas and model server too.
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples/sessions/main.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)  # about 5 s; a bound for a loaded machine, not a budget
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
     lines = out.splitlines()
     assert "a fixed script, not a language model" in out
     assert any(line.startswith("replica B   left a steer in sessions.db, holding no run") for line in lines)

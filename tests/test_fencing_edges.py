@@ -29,7 +29,7 @@ from storetest.scripted import Answer, ToolsThenAnswer
 from storetest.stalls import Stalled
 from tests import servers
 
-DATABASE = "agent_sessions_test_edges"
+DATABASE = servers.database_name("edges")
 
 
 class _Crash(BaseException):

@@ -4,6 +4,9 @@ the child's own, and the parent's connections survive the child."""
 from __future__ import annotations
 
 import os
+import select
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,11 @@ def _backend_id(store: SQLStore) -> int:
         return int(conn.execute(text(SERVER_ID[store.engine.dialect.name])).scalar_one())
 
 
+CHILD_TIMEOUT = 60.0
+"""Seconds the forked child gets (it takes well under one): a child stuck on a connection it shares with
+the parent, the very bug these tests look for, would otherwise hang the suite."""
+
+
 def _in_child(work: object) -> str:
     """Run ``work`` in a forked child; return what it reported (or its exception's text)."""
     read, write = os.pipe()
@@ -35,15 +43,26 @@ def _in_child(work: object) -> str:
         os.write(write, out.encode())
         os._exit(0)
     os.close(write)
-    with os.fdopen(read) as f:
-        out = f.read()
-    os.waitpid(pid, 0)
-    return out
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    chunks = []
+    with os.fdopen(read, "rb") as f:
+        while True:  # until the child closes its end (exits), or the deadline
+            ready, _, _ = select.select([f], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)  # prompt: it was just SIGKILLed
+                raise AssertionError(f"the forked child did not finish within {CHILD_TIMEOUT} s")
+            chunk = os.read(f.fileno(), 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.waitpid(pid, 0)  # it has closed the pipe: exiting, if not gone
+    return b"".join(chunks).decode()
 
 
 @pytest.mark.parametrize("base", [servers.POSTGRES_URL, servers.MYSQL_URL], ids=["postgres", "mysql"])
 def test_a_forked_child_opens_connections_of_its_own(base: str) -> None:
-    url = servers.database_url(base, "agent_sessions_fork")
+    url = servers.database_url(base, servers.database_name("fork"))
     store: SQLStore = (servers.postgres_store if url.startswith("postgresql") else servers.mysql_store)(url)
     servers.fresh_schema(store.engine)
     sid = f"fork-{os.getpid()}"

@@ -137,7 +137,7 @@ def test_a_takeover_of_an_expired_lease_is_logged_by_the_store(
 
     caplog.set_level(logging.INFO)
     store: agent.RunStore = (sqlite.open(tmp_path / "log.db") if kind == "sqlite"
-                             else servers.mongo_store(database="agent_sessions_test_lease_log"))
+                             else servers.mongo_store(database=servers.database_name("lease_log")))
     sid = f"log-{time.time_ns()}"
     dead = store.acquire(sid, agent.Holder("web-1", 101, "d" * 32, 0.0), 0.1)
     time.sleep(0.3)

@@ -15,7 +15,7 @@ from stores import mongodb
 from tests import servers
 
 MONGO_URL = servers.MONGO_URL
-DATABASE = "agent_sessions_test"
+DATABASE = servers.MONGO_DATABASE
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,7 @@ def test_an_appending_save_writes_only_the_new_messages(backend: Backend, engine
 
 
 def test_missing_tables_are_a_store_error_pointing_at_schema(backend: Backend) -> None:
-    empty = create_engine(servers.database_url(backend.url, "agent_sessions_empty"))
+    empty = create_engine(servers.database_url(backend.url, servers.database_name("empty")))
     try:
         with pytest.raises(agent.StoreError, match=rf"table 'agent_steers' does not exist.*{backend.name}\.SCHEMA"):
             backend.store(empty).take_steers("s")

@@ -120,7 +120,7 @@ def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
     server: tuple[str, Callable[[str], Engine]],
 ) -> None:
     name, engine = server
-    old, new = engine("agent_sessions_test_upgrade"), engine("agent_sessions_test_fresh")
+    old, new = engine(servers.database_name("upgrade")), engine(servers.database_name("fresh"))
     module = postgres if name == "postgres" else mysql
     with old.begin() as conn:
         for statement in _statements(OLD / f"schema1.{name}.sql"):
@@ -157,7 +157,7 @@ def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> No
 
 def test_a_mongodb_database_of_schema_1_upgrades_with_mongodb_upgrade() -> None:
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.MONGO_URL, serverSelectionTimeoutMS=10_000)
-    db = client["agent_sessions_test_upgrade"]
+    db = client[servers.database_name("upgrade")]
     for collection in ("agent_sessions", "agent_pages", "agent_runs", "agent_journals"):
         db.drop_collection(collection)
     rows = _rows()

@@ -7,7 +7,9 @@ user's message as a steer (``agent.open(id, store).steer(text)``) and enqueues `
 A steer left while the task runs lands in the run, before its next model request.
 
 The broker defaults to kombu's SQLAlchemy transport on a SQLite file (no server needed); set
-CELERY_BROKER_URL for Redis (redis://127.0.0.1:6379/0) or RabbitMQ (amqp://guest@127.0.0.1//).
+CELERY_BROKER_URL for Redis (redis://127.0.0.1:6379/0) or RabbitMQ (amqp://guest@127.0.0.1//). Where
+several apps share one Redis, CELERY_BROKER_KEYPREFIX puts every key of this one's under a prefix
+(kombu's ``global_keyprefix``): its queues, unacked messages and bindings are then its own.
 
 A worker killed mid-turn: with ``acks_late`` and ``reject_on_worker_lost`` the broker hands the task
 to another worker process, whose run waits out the dead one's lease and resumes from the store: the
@@ -39,6 +41,8 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
 )
+if os.environ.get("CELERY_BROKER_KEYPREFIX"):
+    app.conf.broker_transport_options = {"global_keyprefix": os.environ["CELERY_BROKER_KEYPREFIX"]}
 
 store = sqlite.open(os.environ.get("AGENT_SESSIONS_DB", str(STATE / "sessions.db")))
 endpoint = agent.endpoints.OpenAIChat(os.environ.get("AGENT_MODEL_URL", "http://127.0.0.1:8080/v1"),

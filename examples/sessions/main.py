@@ -26,7 +26,9 @@ FOLLOW_UP = "and which line returns the token error?"
 
 
 def replica(*args: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, str(HERE / "replica.py"), *args], capture_output=True, text=True)
+    # A bound for a real model's answers too (a scripted one takes a second): a hung replica is an error.
+    out = subprocess.run([sys.executable, str(HERE / "replica.py"), *args], capture_output=True, text=True,
+                         timeout=600)
     if out.returncode != 0:
         sys.exit(f"replica {args[0]} failed:\n{out.stderr}")
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -83,7 +85,11 @@ def main() -> None:
     finally:
         if server is not None:
             server.terminate()
-            server.wait()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
 
 
 if __name__ == "__main__":

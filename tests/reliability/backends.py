@@ -14,7 +14,7 @@ from sqlalchemy import create_engine
 import agent_sessions as agent
 from tests import servers
 
-DATABASE = "agent_sessions_reliability"
+DATABASE = servers.database_name("reliability")
 MONGO_URL = servers.MONGO_URL
 
 

@@ -87,8 +87,13 @@ def run_steps(factory: Callable[[], agent.Store], sid: str, phases: str, steps: 
     agent.Runner().run(spec, msgs, Steps(steps), Phases(phases))
 
 
+BARRIER_TIMEOUT = 120.0
+"""Seconds a sender waits for the others (and the parent) to be ready: a sender that outlives a failed
+parent gives up rather than wait forever."""
+
+
 def add_steers(factory: Callable[[], agent.Store], sid: str, sender: int, count: int, barrier: Any) -> None:
     store = factory()
-    barrier.wait()
+    barrier.wait(BARRIER_TIMEOUT)
     for j in range(count):
         store.add_steer(sid, f"p{sender}-{j:04d}")

@@ -1,6 +1,7 @@
 """What the reliability suite did, in numbers: each test records its figures here, and the run ends by
-printing them and writing them to $AGENT_SESSIONS_FIGURES (or reliability-figures.json in the temp dir),
-which is where docs/reliability.md's table comes from."""
+printing them and writing them to $AGENT_SESSIONS_FIGURES (or <prefix>-reliability-figures.json in the temp
+dir, named after $AGENT_SESSIONS_TEST_PREFIX so two copies of the suite never write one file), which is
+where docs/reliability.md's table comes from."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tests import servers
+
 RECORDED: dict[str, dict[str, Any]] = {}
 
 
@@ -18,7 +21,8 @@ def record(test: str, store: str, **figures: Any) -> None:
 
 
 def path() -> Path:
-    return Path(os.environ.get("AGENT_SESSIONS_FIGURES") or Path(tempfile.gettempdir()) / "reliability-figures.json")
+    default = Path(tempfile.gettempdir()) / f"{servers.PREFIX}-reliability-figures.json"
+    return Path(os.environ.get("AGENT_SESSIONS_FIGURES") or default)
 
 
 def write() -> Path | None:

@@ -29,7 +29,8 @@ class Proxy:
 
     def stop(self) -> None:
         """The server goes away: new connections are refused, open ones are reset."""
-        listener, self._listener = self._listener, None
+        with self._lock:  # _accept registers a connection only while its listener is the current one
+            listener, self._listener = self._listener, None
         if listener is not None:
             try:
                 listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it
@@ -42,9 +43,12 @@ class Proxy:
             self.cut += 1
             try:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                s.close()
+                # Wakes the pump blocked in recv() on it (nothing goes on the wire): a socket closed under a
+                # blocked recv() stays open until that returns, which, for an idle connection, is never.
+                s.shutdown(socket.SHUT_RD)
             except OSError:
                 pass
+            s.close()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -53,11 +57,16 @@ class Proxy:
             except OSError:
                 return
             try:
-                server = socket.create_connection(self.upstream)
+                server = socket.create_connection(self.upstream, timeout=10)
+                server.settimeout(None)
             except OSError:
                 client.close()
                 continue
             with self._lock:
+                if self._listener is not listener:  # stop() came while this one was being connected: it
+                    client.close()  # must not outlive the "server", nor slip past stop()'s list
+                    server.close()
+                    return
                 self._sockets.update((client, server))
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
@@ -69,8 +78,11 @@ class Proxy:
         except OSError:
             pass
         finally:
-            for s in (source, sink):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            with self._lock:
+                cut = source not in self._sockets
+            if not cut:  # one side hung up: pass it on. (Cut by stop(), which resets both instead.)
+                for s in (source, sink):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass

@@ -29,6 +29,17 @@ def _reached(log: Path, events: int, child: Any) -> bool:
     return len(lines(log)) >= events or not child.is_alive()
 
 
+def _ended(process: Any, timeout: float) -> int | None:
+    """Join ``process`` for at most ``timeout`` seconds; kill it if it is still running then (it is not a
+    daemon: left running, it would keep the suite from exiting). Its exit code, None if it was killed."""
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join(30)  # SIGKILL cannot be refused: this only reaps it
+        return None
+    return int(process.exitcode)
+
+
 def test_runs_killed_at_random_points_resume_from_a_valid_prefix_and_lose_no_steer(
     backend: Backend, processes: Any, tmp_path: Path
 ) -> None:
@@ -55,15 +66,15 @@ def test_runs_killed_at_random_points_resume_from_a_valid_prefix_and_lose_no_ste
         sent.append(text)
         with contextlib.suppress(ProcessLookupError):  # it may have finished (and been reaped) first
             os.kill(child.pid, signal.SIGKILL)
-        child.join()
+        _ended(child, 30)  # SIGKILLed (or finished) already: this only reaps it
         seen = lines(log)
         where[seen[-1] if seen else "starting"] += 1
         check.run_transcript(session.messages(), STEPS, sent, complete=False)  # never half a save
 
         resumer = processes.Process(target=children.run_steps, args=args)
         resumer.start()
-        resumer.join(120)
-        assert resumer.exitcode == 0, f"the resuming process failed (exit code {resumer.exitcode})"
+        code = _ended(resumer, 120)
+        assert code == 0, f"the resuming process failed (exit code {code}; None: still running after 120 s)"
         delivered += len(check.run_transcript(session.messages(), STEPS, sent, complete=True))
         assert store.take_steers(sid) == []
         sent_total += len(sent)

@@ -5,6 +5,7 @@ the server is back, carries on from it. SQLite has no server to lose; its faults
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -63,6 +64,64 @@ def _count(server: Backend, kind: str) -> None:
     INJECTED[server.name][kind] += 1
 
 
+class RunFirst:
+    """Around the store the faulted run uses. Once ``hold()`` returns, a store call from any thread but the
+    run's own waits until the run has made its first call since: the run, not its lease heartbeat, is the
+    first to meet the fault.
+
+    Why: a killed connection is a one-shot fault. Whoever uses the pool next meets it, and SQLAlchemy then
+    discards every pooled connection. When that is the heartbeat (a thread of the run's own, renewing every
+    lease_ttl / 3 and retrying store errors quietly, by design), the run's next write gets a fresh connection
+    and succeeds, and no StoreError comes. Idle, the run writes a few ms after the fault and the heartbeat
+    rarely gets in first; beside a CPU-bound job the gap nears the heartbeat's period, and it did (1 run in
+    15). Holding the heartbeat back for that moment makes the test mean the same on any machine."""
+
+    def __init__(self, store: agent.Store) -> None:
+        self.store = store
+        self.run_thread: threading.Thread | None = None
+        self._held = False
+        self._others_in_store = 0
+        self._cond = threading.Condition()
+
+    def hold(self) -> None:
+        """Hold other threads back from now on, once the store call one may be in has returned."""
+        with self._cond:
+            self._held = True
+            assert self._cond.wait_for(lambda: self._others_in_store == 0, 60), "a store call took over 60 s"
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        method = getattr(self.store, name)
+        if threading.current_thread() is self.run_thread:
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.release()
+        with self._cond:
+            self._cond.wait_for(lambda: not self._held, 60)  # bounded: the run meets the fault in far less
+            self._others_in_store += 1
+        try:
+            return method(*args, **kwargs)
+        finally:
+            with self._cond:
+                self._others_in_store -= 1
+                self._cond.notify_all()
+
+    def wrapped(self) -> agent.Store:
+        """An object with each public method of the store's, going through call(): the library sees a
+        store (its Protocols are checked by the methods a class has, so they are made class attributes)."""
+        def through(name: str) -> Callable[..., Any]:
+            return lambda _self, *args, **kwargs: self.call(name, *args, **kwargs)
+
+        kind = type(self.store)
+        methods = {n: through(n) for n in dir(kind) if not n.startswith("_") and callable(getattr(kind, n))}
+        return type(f"RunFirst{kind.__name__}", (), methods)()  # type: ignore[no-any-return]
+
+
 def _run_through_fault(server: Backend, store: agent.Store, inject: Callable[[], None],
                        restore: Callable[[], None]) -> str:
     """Run until the tool of step BLOCKED_AT, inject the fault, let the run go on into it; then check what
@@ -70,25 +129,37 @@ def _run_through_fault(server: Backend, store: agent.Store, inject: Callable[[],
     direct = server.factory()
     sid = f"fault-{uuid.uuid4().hex[:12]}"
     entered, go = threading.Event(), threading.Event()
+    gate = RunFirst(store)
 
     @agent.tool(name="work")
     def work(k: int) -> str:
+        gate.run_thread = threading.current_thread()  # tools run on the run's thread
         if k == BLOCKED_AT and not go.is_set():
             entered.set()
-            go.wait(30)
+            go.wait(60)
         return f"result {k}"
 
     def spec(session_store: agent.Store, **more: Any) -> agent.Spec:
         return agent.Spec(session=agent.open(sid, session_store), tools=[work], max_steps=STEPS * 2,
                           lease_ttl=1.0, **more)
 
-    run = agent.Runner().start(spec(store), [agent.Message.user(children.QUESTION)], children.Steps(STEPS))
-    assert entered.wait(30)
-    before = direct.messages(sid)
-    inject()
-    go.set()
-    with pytest.raises(agent.StoreError) as failure:
-        run.wait(60)
+    run = agent.Runner().start(spec(gate.wrapped()), [agent.Message.user(children.QUESTION)], children.Steps(STEPS))
+    try:
+        assert entered.wait(60)
+        before = direct.messages(sid)
+        gate.hold()
+        inject()
+        go.set()
+        with pytest.raises(agent.StoreError) as failure:
+            run.wait(60)
+    finally:
+        # Whatever failed above, the run's thread (not a daemon) must end, or pytest could not exit.
+        gate.release()
+        go.set()
+        if not run.done():
+            run.cancel()
+            with contextlib.suppress(Exception):
+                run.wait(60)
     after = direct.messages(sid)
     assert after == before, "a failed write changed the stored transcript"
     check.run_transcript(after, STEPS, [], complete=False)
