@@ -7,6 +7,7 @@ Hypothesis examples never see each other's data even on a shared database.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -283,16 +284,18 @@ class StoreContract(RunStoreContract, FencingContract):
 
         def adder(i: int) -> None:
             try:
-                barrier.wait()
+                barrier.wait(60)
                 for j in range(m):
                     store.add_steer(sid, f"a{i}-{j:04d}")
             except BaseException as exc:  # noqa: BLE001 - reported by the main thread
                 errors.append(exc)
 
+        deadline = time.monotonic() + 300
+
         def taker(i: int) -> None:
             try:
-                barrier.wait()
-                while True:
+                barrier.wait(60)
+                while time.monotonic() < deadline:
                     finished = adders_done.is_set()
                     batch = store.take_steers(sid)
                     if batch:
@@ -307,10 +310,11 @@ class StoreContract(RunStoreContract, FencingContract):
         for t in adders + takers:
             t.start()
         for t in adders:
-            t.join()
+            t.join(max(0.0, deadline - time.monotonic()))
         adders_done.set()
         for t in takers:
-            t.join()
+            t.join(max(0.0, deadline - time.monotonic()) + 10)
+        assert not any(t.is_alive() for t in adders + takers), "the threads did not finish within 300 s"
         assert not errors, errors
         # Each taker's whole sequence must keep every sender's order: stronger than each batch alone.
         assert_each_taken_once(taken, "a", k, m)

@@ -24,7 +24,7 @@ from .scripted import ToolsThenAnswer
 def _adder(factory: Callable[[], Store], sid: str, i: int, n: int, barrier: Any, out: Any) -> None:
     try:
         store = factory()
-        barrier.wait()
+        barrier.wait(300)
         for j in range(n):
             store.add_steer(sid, f"p{i}-{j:04d}")
         out.put(("added", i, []))
@@ -36,9 +36,10 @@ def _adder(factory: Callable[[], Store], sid: str, i: int, n: int, barrier: Any,
 def _taker(factory: Callable[[], Store], sid: str, i: int, barrier: Any, adders_done: Any, out: Any) -> None:
     try:
         store = factory()
-        barrier.wait()
+        barrier.wait(300)
         taken: list[str] = []
-        while True:
+        deadline = time.monotonic() + 600  # an orphan (its parent gone) does not spin forever
+        while time.monotonic() < deadline:
             finished = adders_done.is_set()
             batch = store.take_steers(sid)
             taken.extend(batch)
@@ -252,7 +253,7 @@ def _stop(process: Any) -> None:
     process.join(timeout=5)
     if process.is_alive():
         process.kill()
-        process.join()
+        process.join(timeout=10)
 
 
 # -- a run stopped with SIGSTOP past its lease, taken over, then continued ----------------------------------
