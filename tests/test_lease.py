@@ -4,6 +4,8 @@ holds up the run's return, and any session over a RunStore is leased, whatever i
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -145,3 +147,15 @@ def test_a_takeover_of_an_expired_lease_is_logged_by_the_store(
     said = [r.getMessage() for r in caplog.records if r.name.startswith("stores.") and "taken over" in r.getMessage()]
     assert len(said) == 1 and f"epoch {dead.epoch + 1}" in said[0], said
     assert "pid 101 on web-1" in said[0] or "token dddddddd" in said[0]
+
+
+def test_the_library_is_silent_unless_the_application_configures_logging(tmp_path: Path) -> None:
+    """A warning from a store or a lease (a retried deadlock, a failed renewal) reaches no stderr of an
+    application that configured no logging: Python's last-resort handler would print it."""
+    code = (
+        "import logging, stores.sqlite, agent_sessions\n"
+        "logging.getLogger('stores._sql.store').warning('from a store')\n"
+        "logging.getLogger('agent_sessions.lease').warning('from a lease')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stderr == ""

@@ -81,6 +81,7 @@ class Store(SQLStore):
     transaction, so a crash cannot hand them over without the transcript that holds them."""
 
     backend = "PostgreSQL"
+    raw_statements = True
     schema_hint = "create the tables by running stores.postgres.SCHEMA in your migration"
     dialects = ("postgresql",)
     engine_hint = "create_engine('postgresql+psycopg://...') once and pass it"
@@ -118,7 +119,7 @@ class Store(SQLStore):
         params["new_version"] = version
         statement = _append(count, step.unsteered, step.holder is not None)
         inserted = self._transaction(
-            "save", step.session, lambda conn: conn.execute(statement, params).rowcount, read_only=True
+            "save", step.session, lambda conn: self.run(conn, statement, params).rowcount, read_only=True
         )
         return version if inserted == count else None
 
