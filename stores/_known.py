@@ -37,13 +37,15 @@ class Known:
             self._items.move_to_end(session)
             return item[0], item[1]
 
-    def put(self, session: str, version: str, msgs: tuple[Message, ...]) -> None:
+    def put(self, session: str, version: str, msgs: tuple[Message, ...], after: tuple[Message, ...] = ()) -> None:
+        """``after``: the transcript ``get`` returned, when ``msgs`` extends it (an append), so only the new
+        messages are counted; without it, ``msgs`` is compared with what is known."""
         with self._lock:
             old = self._items.pop(session, None)
             if old is not None:
                 self.bytes -= old[2]
-            # An extension of what was known (the usual save) costs only its new messages to count.
-            start, weight = (len(old[1]), old[2]) if old is not None and validate.is_extension(old[1], msgs) else (0, 0)
+            extends = old is not None and (old[1] is after or validate.is_extension(old[1], msgs))
+            start, weight = (len(old[1]), old[2]) if old is not None and extends else (0, 0)
             weight += sum(len(m.to_json()) for m in msgs[start:])
             if weight > self.max_bytes:
                 return

@@ -105,9 +105,9 @@ class SQLStore:
             try:
                 if shared < len(items):
                     step = sql.Step(session, known[0], items, shared, take, holder, session in self._journaled)
-                    stored = self.append(step, os.urandom(16).hex())
+                    stored = self.append(step)
                     if stored is not None:
-                        self._known.put(session, stored, items)
+                        self._known.put(session, stored, items, after=known[1])
                         self._journaled.discard(session)
                         return Saved([], False)
                 elif holder is not None:
@@ -409,7 +409,7 @@ class SQLStore:
     share_lock: ClassVar[str] = ""
     """Appended to the append's read of the session row where that read would not lock it (MySQL)."""
 
-    def append(self, step: sql.Step, version: str) -> str | None:
+    def append(self, step: sql.Step) -> str | None:
         """Append ``step``'s new messages in one statement if the stored version is still the known one
         (and the rest of ``sql.append_if_current``'s conditions hold), returning the version stored now
         (the known one: an append keeps it); ``None`` when not, and the save then runs its transaction.

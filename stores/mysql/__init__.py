@@ -88,12 +88,12 @@ class Store(SQLStore):
             self._packet = int(packet)  # type: ignore[call-overload]
         return (self._packet - 64 * 1024) // 2
 
-    def append(self, step: sql.Step, version: str) -> str | None:
+    def append(self, step: sql.Step) -> str | None:
         """A step whose messages would not fit one statement is left to the transaction, which inserts
         them a statement each where needed (PyMySQL's executemany splits its batches)."""
         if sum(len(m.to_json()) for m in step.items[step.start:]) > self.message_limit():
             return None
-        return super().append(step, version)
+        return super().append(step)
 
     def is_transient(self, exc: DBAPIError) -> bool:
         args: tuple[object, ...] = getattr(exc.orig, "args", ())

@@ -4,6 +4,7 @@ migration runs ``SCHEMA``."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -110,13 +111,13 @@ class Store(SQLStore):
         with self._autocommit.connect() as conn:
             yield conn
 
-    def append(self, step: sql.Step, version: str) -> str | None:
+    def append(self, step: sql.Step) -> str | None:
         """The CTE drops the journal anyway (it updates the row), so ``step.drop_journal`` needs nothing."""
         count = len(step.items) - step.start
         if count > sql.MAX_APPEND:
             return None
         params = sql.append_params(step)
-        params["new_version"] = version
+        version = params["new_version"] = os.urandom(16).hex()  # this append replaces the version
         statement = _append(count, step.unsteered, step.holder is not None)
         inserted = self._transaction(
             "save", step.session, lambda conn: self.run(conn, statement, params).rowcount, read_only=True

@@ -84,12 +84,13 @@ class Store(SQLStore):
     ) -> None:
         super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
         self._local = threading.local()
+        self._limit: int | None = None
         self._pins_lock = threading.Lock()
         self._pins: list[tuple[weakref.ref[threading.Thread], Connection]] = []
         """Every connection a thread holds, with its thread: close() closes them all, and a thread that
         ended leaves its connection to be closed when the next thread opens one."""
 
-    def append(self, step: sql.Step, version: str) -> str | None:
+    def append(self, step: sql.Step) -> str | None:
         """The usual step of a run, on the driver alone: the one INSERT, in autocommit. A statement that
         writes takes the write lock before it reads, so alone it is what BEGIN IMMEDIATE, the INSERT and
         COMMIT are, in one call; it inserts all its rows or, failing, none. The statement of
@@ -99,7 +100,7 @@ class Store(SQLStore):
         if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction or step.drop_journal:
             # listeners see it there; inside an open transaction, autocommit would not commit it; a journal
             # to drop is a second statement, so a transaction
-            return super().append(step, version)
+            return super().append(step)
         params = sql.append_params(step)
         assert self._driver is not None  # raw_statements
         compiled = self._driver.compiled(sql.append_if_current(count, step.unsteered, step.holder is not None, True),
@@ -155,8 +156,11 @@ class Store(SQLStore):
         return "database is locked" in str(exc.orig)
 
     def message_limit(self) -> int:
-        """SQLite's longest string or blob (SQLITE_MAX_LENGTH, 1,000,000,000 bytes unless built otherwise)."""
-        return self._held()[1].getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+        """SQLite's longest string or blob (SQLITE_MAX_LENGTH, 1,000,000,000 bytes unless built otherwise);
+        read once, since it is the library's, the same on every connection."""
+        if self._limit is None:
+            self._limit = self._held()[1].getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+        return self._limit
 
     def close(self) -> None:
         """Close every connection this store opened, in every thread. Using the store afterwards opens new
