@@ -26,7 +26,7 @@ from tests import servers
 from tests.test_store_sql_servers import MYSQL, POSTGRES, connected
 
 HOUR = 3600.0
-TTL = 2.0
+TTL = 1.0
 
 
 def _skewed(offset: float) -> None:
@@ -103,12 +103,11 @@ def test_replicas_with_clocks_hours_apart_cannot_take_a_live_lease_from_each_oth
     try:
         wait_for(lambda: (tmp_path / "holding").exists(), "the holder to be inside its tool", timeout=60)
         time.sleep(TTL * 1.5)  # past a ttl: only renewals keep the lease now
-        for _ in range(2):
-            other = ctx.Process(target=_try, args=(factory, sid, other_offset, out))
-            other.start()
-            kind, said = out.get(timeout=60)
-            other.join(30)
-            assert (kind, said) == ("other", f"busy: {holder.pid}"), said
+        other = ctx.Process(target=_try, args=(factory, sid, other_offset, out))
+        other.start()
+        kind, said = out.get(timeout=60)
+        other.join(30)
+        assert (kind, said) == ("other", f"busy: {holder.pid}"), said
         (tmp_path / "hold").unlink()
         kind, said = out.get(timeout=60)
         assert (kind, said) == ("holder", "answered"), said
