@@ -26,30 +26,36 @@ RESET_EVERY = 10
 """Rounds before a fresh session of N messages, so "at N" stays within N + 20."""
 
 
-def persistence(store: agent.Store, floor: Floor | None, n: int, rounds: int) -> dict[str, Any]:
-    ours: list[float] = []
+def measure(store: agent.Store, floor: Floor | None, n: int, rounds: int) -> dict[str, Any]:
+    """Per-step persistence, the floor and the loop step (with one idempotent and one non-idempotent tool),
+    **interleaved**: blocks of ``RESET_EVERY`` persistence rounds (each beside a floor append), then a run
+    of the loop with each tool, until each has ``rounds`` samples. The loop's ratios to persistence then
+    compare steps taken under the same load, on a machine whose load comes and goes."""
+    persist: list[float] = []
     floors: list[float] = []
-    msgs: list[agent.Message] = []
-    sid = ""
-    holder = HOLDER
+    loops: dict[str, list[float]] = {"loop": [], "loop_non_idempotent": []}
     run_store = store if isinstance(store, agent.RunStore) else None  # as the loop: decided once per run
-    for r in range(rounds):
-        if r % RESET_EVERY == 0:
-            sid = f"bench-{n}-{uuid.uuid4().hex}"
-            msgs = transcript(n)
-            store.save(sid, msgs)
+    r = 0
+    while len(persist) < rounds or any(len(samples) < rounds for samples in loops.values()):
+        sid = f"bench-{n}-{uuid.uuid4().hex}"
+        msgs = transcript(n)
+        store.save(sid, msgs)
+        holder = run_store.acquire(sid, HOLDER, 600) if run_store is not None else HOLDER
+        for _ in range(RESET_EVERY):
+            if floor is not None:
+                floors.append(clock(floor.append))
             if run_store is not None:
-                holder = run_store.acquire(sid, HOLDER, 600)
-        if floor is not None:
-            floors.append(clock(floor.append))
-        if run_store is not None:
-            step = functools.partial(_run_store_step, run_store, sid, holder, msgs, step_messages(r))
-        else:
-            step = functools.partial(_store_step, store, sid, msgs, step_messages(r))
-        ours.append(clock(step))
-    out: dict[str, Any] = {"persist": summary(ours)}
+                step = functools.partial(_run_store_step, run_store, sid, holder, msgs, step_messages(r))
+            else:
+                step = functools.partial(_store_step, store, sid, msgs, step_messages(r))
+            persist.append(clock(step))
+            r += 1
+        loops["loop"].extend(_loop_run(store, n, grep))
+        loops["loop_non_idempotent"].extend(_loop_run(store, n, charge))
+    out: dict[str, Any] = {"persist": summary(persist[:rounds])}
     if floors:
-        out["floor"] = summary(floors)
+        out["floor"] = summary(floors[:rounds])
+    out.update({kind: summary(samples[:rounds]) for kind, samples in loops.items()})
     return out
 
 
@@ -108,18 +114,21 @@ class StepClock:
             self.starts.append(time.perf_counter())
 
 
-def loop_step(
-    store: agent.Store | None, n: int, rounds: int, tool: agent.Tool = grep, steps_per_run: int = 11
-) -> dict[str, Any]:
+def loop_step(store: agent.Store | None, n: int, rounds: int, tool: agent.Tool = grep) -> dict[str, Any]:
     samples: list[float] = []
     while len(samples) < rounds:
-        steps = StepClock()
-        session = None
-        msgs = transcript(n)
-        if store is not None:
-            session = agent.open(f"bench-loop-{n}-{uuid.uuid4().hex}", store)
-            session.save(msgs)
-        spec = agent.Spec(session=session, tools=[tool], max_steps=steps_per_run)
-        agent.Runner().run(spec, msgs, InstantModel(tool.name), steps)
-        samples.extend((b - a) * 1000 for a, b in itertools.pairwise(steps.starts))
+        samples.extend(_loop_run(store, n, tool))
     return {"loop_step": summary(samples[:rounds])}
+
+
+def _loop_run(store: agent.Store | None, n: int, tool: agent.Tool, steps_per_run: int = 11) -> list[float]:
+    """One run of the loop on a fresh session of ``n`` messages: the times between its steps' starts."""
+    steps = StepClock()
+    session = None
+    msgs = transcript(n)
+    if store is not None:
+        session = agent.open(f"bench-loop-{n}-{uuid.uuid4().hex}", store)
+        session.save(msgs)
+    spec = agent.Spec(session=session, tools=[tool], max_steps=steps_per_run)
+    agent.Runner().run(spec, msgs, InstantModel(tool.name), steps)
+    return [(b - a) * 1000 for a, b in itertools.pairwise(steps.starts)]

@@ -56,7 +56,7 @@ def _openai_prefix(n: int) -> list[dict[str, Any]]:
 
 def _measure(new_session: Callable[[str, int], Any], step: Callable[[Any, int], object], floor: Floor | None,
              n: int, rounds: int) -> dict[str, Any]:
-    """Like ours.persistence: a fresh session every RESET_EVERY rounds, the floor interleaved."""
+    """Like ours.measure: a fresh session every RESET_EVERY rounds, the floor interleaved."""
     samples: list[float] = []
     floors: list[float] = []
     session: Any = None
