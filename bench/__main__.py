@@ -73,7 +73,7 @@ def _cell(s: dict[str, float]) -> str:
 
 def tables(report: dict[str, Any]) -> str:
     lines: list[str] = [
-        "Per-step persistence (ours: save_with_steers, the steers taken and the step saved; peers: their per-step "
+        "Per-step persistence (ours: save_fenced, the steers taken and the step saved, fenced; peers: their per-step "
         "writes), median (p99) ms.",
         "Floor: the same step appended with the raw driver, measured interleaved with each row.", "",
         "| | N=10 | N=100 | N=1,000 | floor @1,000 | x floor @1,000 | N=1,000 / N=10 |",
