@@ -3,7 +3,7 @@ any process and resumed on any worker. Importing it loads no database driver."""
 
 import logging
 
-from . import endpoints, events, validate
+from . import endpoints, events, lifecycle, validate
 from .endpoints import Endpoint
 from .errors import (
     AgentError,
@@ -21,6 +21,7 @@ from .errors import (
     Unsupported,
 )
 from .lease import Holder
+from .lifecycle import LifecycleStore, SessionInfo, SessionPage
 from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
 from .runner import Result, Run, Runner, StopReason
 from .session import RunSession, RunStore, Saved, Session, Store, StoreSession, open
@@ -41,6 +42,7 @@ __all__ = [
     "EndpointError",
     "Holder",
     "LeaseLost",
+    "LifecycleStore",
     "Message",
     "MessageError",
     "Pattern",
@@ -55,6 +57,8 @@ __all__ = [
     "Session",
     "SessionBusy",
     "SessionExists",
+    "SessionInfo",
+    "SessionPage",
     "Spec",
     "StopReason",
     "Store",
@@ -66,6 +70,7 @@ __all__ = [
     "Unsupported",
     "endpoints",
     "events",
+    "lifecycle",
     "open",
     "orphaned_tool_calls",
     "tool",

@@ -40,6 +40,7 @@ _REQUIRED_NON_EMPTY: dict[ContentType, tuple[str, ...]] = {
     ContentType.TOOL_RESULT: ("tool_call_id",),
 }
 _STR_FIELDS = ("text", "id", "name", "arguments", "tool_call_id")
+MAX_KEY_LENGTH = 255
 
 
 def _encode(message: Message) -> str:
@@ -57,7 +58,8 @@ def _encode(message: Message) -> str:
             else:
                 block += f',"{name}":' + encode_basestring_ascii(value)
         blocks.append(block + "}")
-    return '{"role":"' + message.role + '","content":[' + ",".join(blocks) + "]}"
+    key = ',"key":' + encode_basestring_ascii(message.key) if message.key else ""
+    return '{"role":"' + message.role + '"' + key + ',"content":[' + ",".join(blocks) + "]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,13 +138,22 @@ class Message:
 
     role: Role
     content: tuple[Content, ...] = ()
+    key: str = ""
+    """A caller's idempotency key for the message ("" for none): ``Runner.turn`` appends a keyed user
+    message only if no message with that key is stored, so a repeated task does not ask twice. Stored
+    with the message; never sent to a model."""
     usage: Mapping[str, int] | None = field(default=None, repr=False, compare=False, hash=False)
     """The token counts the provider reported for the request that produced this reply (its own field
     names), or ``None``. Not part of the message: not compared, not stored."""
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __init__(
-        self, role: Role | str, content: Iterable[Content] = (), *, usage: Mapping[str, int] | None = None
+        self,
+        role: Role | str,
+        content: Iterable[Content] = (),
+        *,
+        key: str = "",
+        usage: Mapping[str, int] | None = None,
     ) -> None:
         try:
             object.__setattr__(self, "role", Role(role))
@@ -157,12 +168,16 @@ class Message:
             if not isinstance(item, Content):
                 raise MessageError(f"Message.content[{i}] must be a Content, got {type(item).__name__}")
         object.__setattr__(self, "content", items)
+        if not isinstance(key, str) or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+            raise MessageError(f"Message.key must be a str of at most {MAX_KEY_LENGTH} characters without NUL, "
+                               f"got {key!r}")
+        object.__setattr__(self, "key", key)
         object.__setattr__(self, "usage", usage)
         object.__setattr__(self, "_json", None)
 
     @classmethod
-    def user(cls, text: str) -> Message:
-        return cls(Role.USER, [Content.from_text(text)])
+    def user(cls, text: str, *, key: str = "") -> Message:
+        return cls(Role.USER, [Content.from_text(text)], key=key)
 
     @classmethod
     def assistant(cls, text: str) -> Message:
@@ -178,19 +193,23 @@ class Message:
         return tuple(c for c in self.content if c.type is ContentType.TOOL_CALL)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role.value, "content": [c.to_dict() for c in self.content]}
+        head: dict[str, Any] = {"role": self.role.value, "key": self.key} if self.key else {"role": self.role.value}
+        return {**head, "content": [c.to_dict() for c in self.content]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Message:
         if not isinstance(data, Mapping):
             raise MessageError(f"a message must be a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"role", "content"}
+        unknown = set(data) - {"role", "key", "content"}
         if unknown:
             raise MessageError(f"message has unknown fields {sorted(unknown)}")
         content = data.get("content", [])
         if not isinstance(content, list):
             raise MessageError("message content must be a JSON array")
-        return cls(data.get("role", ""), [Content.from_dict(c) for c in content])
+        key = data.get("key", "")
+        if not isinstance(key, str) or ("key" in data and not key):
+            raise MessageError(f"message key must be a non-empty string, got {key!r}")
+        return cls(data.get("role", ""), [Content.from_dict(c) for c in content], key=key)
 
     def to_json(self) -> str:
         """The stored form. ASCII-only on purpose: it survives any column charset, and lone

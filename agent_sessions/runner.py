@@ -120,6 +120,26 @@ class Runner:
         _check(spec, msgs, endpoint, events)
         return _execute(Run(), spec, msgs, endpoint, events)
 
+    def turn(
+        self,
+        spec: Spec,
+        text: str,
+        key: str,
+        endpoint: Endpoint,
+        events: Events | None = None,
+    ) -> Result:
+        """Run the turn that answers the user message ``text``, safe to repeat with the same ``key`` (a
+        task redelivered, a retried request): the message is appended only if no stored message has that
+        key; a turn left unfinished is continued; an answered one is returned as it is stored, with no
+        model request (``steps == 0``). Reads the transcript from ``spec.session``, which must be over a
+        RunStore. See agent_sessions.turns."""
+        from .turns import turn
+
+        _check(spec, [], endpoint, events)
+        if not isinstance(text, str) or not text:
+            raise ArgumentError(f"Runner.turn(text=) must be a non-empty str, got {text!r}")
+        return turn(self, spec, text, key, endpoint, events)
+
     def start(
         self,
         spec: Spec,

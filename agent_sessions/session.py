@@ -11,14 +11,17 @@ be held by one run, and two runs of one session there are not kept apart (see do
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeGuard, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
 
 from . import validate
 from .errors import ArgumentError, Unsupported
 from .lease import Holder
 from .messages import Message
+
+if TYPE_CHECKING:
+    from .lifecycle import LifecycleStore, Scalar, SessionInfo
 
 
 @runtime_checkable
@@ -145,14 +148,41 @@ class StoreSession:
     def save(self, msgs: Sequence[Message]) -> None:
         self.store.save(self.id, msgs)
 
-    def messages(self) -> list[Message]:
-        return self.store.messages(self.id)
+    def messages(self, last: int | None = None) -> list[Message]:
+        """The stored transcript; with ``last``, only its last ``last`` messages, which a store offering
+        the lifecycle protocol reads without loading the rest (a UI showing a long conversation)."""
+        if last is None:
+            return self.store.messages(self.id)
+        from .lifecycle import LifecycleStore, last_count
+
+        last = last_count(last)
+        if isinstance(self.store, LifecycleStore):
+            return self.store.tail(self.id, last)
+        return self.store.messages(self.id)[-last:] if last else []
 
     def steer(self, text: str) -> None:
         self.store.add_steer(self.id, validate.steer_text(text))
 
     def take_steers(self) -> list[str]:
         return self.store.take_steers(self.id)
+
+    def pending_steers(self) -> list[str]:
+        """The steers waiting for the next model request, oldest first, without taking them."""
+        return self._lifecycle("pending_steers").pending_steers(self.id)
+
+    def info(self) -> SessionInfo | None:
+        """When the session was created and last updated, its length and metadata; ``None`` when it does
+        not exist (nothing saved, ran on, or labelled it)."""
+        return self._lifecycle("info").info(self.id)
+
+    def set_metadata(self, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
+        """Merge ``changes`` into the session's metadata (``None`` removes a key); return it as stored.
+        Creates the session if it does not exist yet: label a conversation before its first run."""
+        return self._lifecycle("set_metadata").set_metadata(self.id, changes)
+
+    def delete(self, *, force: bool = False) -> bool:
+        """Remove the session and everything kept for it, at once (see ``LifecycleStore.delete``)."""
+        return self._lifecycle("delete").delete(self.id, force=force)
 
     def fork(self, new_id: str, at: int | None = None, *, allow_unanswered: bool = False) -> StoreSession:
         """Start ``new_id`` from this transcript (the first ``at`` messages, or all of it). The two then
@@ -172,6 +202,15 @@ class StoreSession:
         """Ask the run holding this session, in whatever process, to stop before its next model request
         or tool call. ``False`` when no run holds it (nothing is remembered for a later run)."""
         return self._run_store("cancel").cancel(self.id)
+
+    def _lifecycle(self, op: str) -> LifecycleStore:
+        from .lifecycle import LifecycleStore
+
+        if not isinstance(self.store, LifecycleStore):
+            raise Unsupported(
+                f"Session.{op}() needs a store implementing agent_sessions.LifecycleStore; {self.store!r} does not"
+            )
+        return self.store
 
     def _run_store(self, op: str) -> RunStore:
         if not isinstance(self.store, RunStore):

@@ -19,6 +19,8 @@ class Capability(StrEnum):
     """Other processes reach the same data: ``process_factory()`` builds the store in a spawned process."""
     RUN_STORE = "run_store"
     """It implements ``agent_sessions.RunStore``: leases and fencing, the journal, cancel, fork."""
+    LIFECYCLE = "lifecycle"
+    """It implements ``agent_sessions.LifecycleStore``: list, info, metadata, delete, prune, tail."""
 
     @classmethod
     def all(cls) -> frozenset[Capability]:

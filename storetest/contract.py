@@ -23,6 +23,7 @@ from . import strategies
 from .capabilities import Capability
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
 from .fencing import FencingContract
+from .lifecycle import LifecycleContract
 from .runs import RunStoreContract
 
 settings.register_profile(
@@ -70,7 +71,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
     return out
 
 
-class StoreContract(RunStoreContract, FencingContract):
+class StoreContract(RunStoreContract, FencingContract, LifecycleContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

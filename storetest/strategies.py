@@ -61,11 +61,15 @@ calls = st.builds(Content.tool_call, ids, st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]
                   raw_arguments())
 
 
+keys = st.one_of(st.just(""), st.text(alphabet=st.characters(exclude_characters="\x00"), min_size=1, max_size=20))
+"""A user message's turn key (``Runner.turn``): mostly none."""
+
+
 @st.composite
 def _turn(draw: st.DrawFn) -> list[Message]:
     """A user message; or a reply, with tool calls or not, and the results of some of its calls."""
     if draw(st.booleans()):
-        return [Message(Role.USER, draw(st.lists(texts, max_size=3)))]
+        return [Message(Role.USER, draw(st.lists(texts, max_size=3)), key=draw(keys))]
     called = draw(st.lists(calls, max_size=3, unique_by=lambda c: c.id))
     reply = Message(Role.ASSISTANT, draw(st.permutations([*draw(st.lists(texts, max_size=2)), *called])))
     if not called or not draw(st.booleans()):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
 from agent_sessions import (
     ArgumentError,
@@ -14,20 +15,30 @@ from agent_sessions import (
     LeaseLost,
     Message,
     Saved,
+    SessionBusy,
     SessionExists,
     TranscriptConflict,
+    lifecycle,
     validate,
 )
+from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
+
+PRUNE_BATCH = 500
+"""Sessions deleted under one hold of the lock: other threads get a turn between batches."""
 
 
 @dataclass
 class _Run:
-    """A session's lease and journal. ``epoch`` outlives the holder, so it only ever grows."""
+    """A session's lease, journal, steers and row. ``epoch`` outlives the holder, so it only ever grows.
+    ``created`` is ``None`` until something writes the session (steers alone do not make it exist)."""
 
     holder: Holder | None = None
     epoch: int = 0
     journal: str | None = None
     steers: deque[str] = field(default_factory=deque)
+    created: float | None = None
+    updated: float = 0.0
+    metadata: dict[str, Scalar] = field(default_factory=dict)
 
 
 class Store:
@@ -44,7 +55,7 @@ class Store:
         items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
         with self._lock:
             self._transcripts[session] = items
-            self._run(session).journal = None
+            self._touch(session).journal = None
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -73,6 +84,7 @@ class Store:
                 return run.holder
             run.epoch += 1
             run.holder = replace(holder, expires=now + ttl, cancelled=False, epoch=run.epoch)
+            self._touch(session)
             return run.holder
 
     def renew(self, session: str, holder: Holder, ttl: float) -> None:
@@ -80,6 +92,7 @@ class Store:
         with self._lock:
             run = self._fenced(session, holder)
             run.holder = replace(run.holder or holder, expires=time.time() + ttl)
+            self._touch(session)
 
     def release(self, session: str, holder: Holder) -> None:
         validate.session_id(session)
@@ -87,6 +100,7 @@ class Store:
             run = self._run(session)
             if _same(run.holder, holder):
                 run.holder = None
+                self._touch(session)
 
     def holder(self, session: str) -> Holder | None:
         validate.session_id(session)
@@ -122,6 +136,7 @@ class Store:
             if taken or items != stored or replace:
                 self._transcripts[session] = items + tuple(Message.user(t) for t in taken)
                 run.journal = None
+                self._touch(session)
             return Saved(taken, self._cancelled(run))
 
     def journal(self, session: str) -> str | None:
@@ -136,6 +151,7 @@ class Store:
             cancelled = self._cancelled(run)
             if not (cancelled and unless_cancelled):
                 run.journal = journal
+                self._touch(session)
             return cancelled
 
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
@@ -151,6 +167,89 @@ class Store:
             if target in self._transcripts:
                 raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
             self._transcripts[target] = msgs if at is None else msgs[:at]
+            self._touch(target)
+
+    # -- LifecycleStore --------------------------------------------------------------------------------
+
+    def list_sessions(
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+    ) -> SessionPage:
+        wanted = lifecycle.check_listing(prefix, where, limit, after)
+        cut = None if after is None else lifecycle.decode_cursor(after)
+        with self._lock:
+            rows = [
+                (run.updated, self._info(sid, run))
+                for sid, run in self._runs.items()
+                if run.created is not None
+                and sid.startswith(prefix)
+                and (cut is None or (run.updated, sid) < cut)
+                and all(k in run.metadata and lifecycle.metadata_value(k, run.metadata[k]) == v
+                        for k, v in wanted.items())
+            ]
+        rows.sort(key=lambda row: (row[0], row[1].id), reverse=True)
+        return lifecycle.page(rows[: limit + 1], limit)
+
+    def info(self, session: str) -> SessionInfo | None:
+        validate.session_id(session)
+        with self._lock:
+            run = self._runs.get(session)
+            return None if run is None or run.created is None else self._info(session, run)
+
+    def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
+        validate.session_id(session)
+        with self._lock:
+            run = self._run(session)
+            run.metadata = lifecycle.merge_metadata(run.metadata, changes)
+            self._touch(session)
+            return dict(run.metadata)
+
+    def delete(self, session: str, *, force: bool = False) -> bool:
+        validate.session_id(session)
+        with self._lock:
+            run = self._runs.get(session)
+            if run is not None and run.holder is not None and run.holder.expires > time.time() and not force:
+                raise SessionBusy(
+                    f"session {session!r} is held by a live run ({run.holder.host}, pid {run.holder.pid}); "
+                    f"delete(force=True) deletes it anyway and the run fails with LeaseLost",
+                    run.holder,
+                )
+            existed = self._transcripts.pop(session, None) is not None
+            existed |= run is not None and (run.created is not None or bool(run.steers))
+            self._runs.pop(session, None)
+            return existed
+
+    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
+        idle = lifecycle.idle_seconds(idle_for)
+        limit = lifecycle.prune_limit(limit)
+        deleted = 0
+        while limit is None or deleted < limit:
+            batch = PRUNE_BATCH if limit is None else min(PRUNE_BATCH, limit - deleted)
+            with self._lock:
+                now = time.time()
+                idle_ones = [
+                    sid for sid, run in self._runs.items()
+                    if run.created is not None and run.updated < now - idle
+                    and (run.holder is None or run.holder.expires <= now)
+                ][:batch]
+                for sid in idle_ones:
+                    self._runs.pop(sid, None)
+                    self._transcripts.pop(sid, None)
+            deleted += len(idle_ones)
+            if len(idle_ones) < batch:
+                break
+        return deleted
+
+    def tail(self, session: str, last: int) -> list[Message]:
+        validate.session_id(session)
+        last = lifecycle.last_count(last)
+        with self._lock:
+            return list(self._transcripts.get(session, ())[-last:]) if last else []
+
+    def pending_steers(self, session: str) -> list[str]:
+        validate.session_id(session)
+        with self._lock:
+            run = self._runs.get(session)
+            return [] if run is None else list(run.steers)
 
     # -- under the lock --------------------------------------------------------------------------------
 
@@ -159,6 +258,20 @@ class Store:
         if run is None:
             run = self._runs[session] = _Run()
         return run
+
+    def _touch(self, session: str) -> _Run:
+        """The session was written: it exists from now, and ``updated`` moves on (never back)."""
+        run = self._run(session)
+        now = time.time()
+        if run.created is None:
+            run.created = now
+        run.updated = max(run.updated, now)
+        return run
+
+    def _info(self, session: str, run: _Run) -> SessionInfo:
+        assert run.created is not None
+        return SessionInfo(session, lifecycle.when(run.created), lifecycle.when(run.updated),
+                           len(self._transcripts.get(session, ())), dict(run.metadata))
 
     def _take(self, session: str) -> list[str]:
         run = self._runs.get(session)

@@ -1,0 +1,247 @@
+"""Managing conversations rather than running them: list, inspect, label, delete and retain sessions.
+
+``LifecycleStore`` is the third store protocol, optional like ``RunStore``: a store offering it lets an
+application list one user's conversations (by a metadata key), show the tail of a long one, delete one on
+request, and expire idle ones. Each of its writes is one atomic step; the argument checks and the cursor
+format live here, once, so every store refuses the same input the same way.
+
+``updated`` is when the session was last written through its row: a plain save, a run taking, renewing
+(its heartbeat, every third of its ttl) or releasing its lease, a journal write, a metadata change. A
+leased run's steps in between append their messages without touching that row (that is what keeps a
+step one statement), so during a run ``updated`` lags by at most a third of its ``lease_ttl``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from .errors import ArgumentError
+from .messages import Message
+from .session import Store
+
+Scalar = str | int | float | bool
+"""A metadata value: a JSON scalar. Values compare by their JSON form, so ``1``, ``1.0``, ``True`` and
+``"1"`` are four different values to ``where``."""
+
+MAX_METADATA_KEYS = 32
+MAX_METADATA_BYTES = 4096
+"""The whole object, as compact JSON: metadata labels a conversation; it is not a second transcript."""
+MAX_VALUE_BYTES = 255
+"""One value's JSON form: it is indexed (the ``where`` filter), and index keys are bounded."""
+MAX_PAGE = 1000
+_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """One session as ``list_sessions`` and ``info`` describe it. ``created`` and ``updated`` are aware
+    UTC datetimes from the store's clock (the database's where it has one)."""
+
+    id: str
+    created: datetime
+    updated: datetime
+    messages: int
+    metadata: Mapping[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """A page of ``list_sessions``, newest update first. ``next`` is the cursor to pass as ``after=`` for
+    the following page, ``None`` on the last one."""
+
+    sessions: list[SessionInfo]
+    next: str | None
+
+    def __iter__(self) -> Iterator[SessionInfo]:
+        return iter(self.sessions)
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+
+@runtime_checkable
+class LifecycleStore(Store, Protocol):
+    """What a store adds so conversations can be managed: listed, inspected, labelled, deleted, retained.
+
+    A session exists once something wrote its row: a save, a run's lease, ``set_metadata`` or a fork.
+    Steers left for a session that does not exist yet wait for it, as always, and do not make it exist.
+    """
+
+    def list_sessions(
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+    ) -> SessionPage:
+        """Sessions whose id starts with ``prefix`` and whose metadata has every ``where`` key with that
+        value, ordered by ``updated`` then id, newest first; at most ``limit``, after the cursor ``after``
+        (a page's ``next``). Use ``check_listing`` for the arguments and ``encode_cursor``/``decode_cursor``."""
+
+    def info(self, session: str) -> SessionInfo | None:
+        """The session as ``list_sessions`` would show it, or ``None`` when it does not exist."""
+
+    def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
+        """Merge ``changes`` into the session's metadata (a ``None`` value removes its key), creating the
+        session if it does not exist, in one atomic step; return the metadata as stored. Use
+        ``merge_metadata``, which checks the changes and the merged result."""
+
+    def delete(self, session: str, *, force: bool = False) -> bool:
+        """Remove everything kept for the session (transcript, steers, journal, lease, metadata) in one
+        atomic step; ``False`` when there was nothing. While a live run holds the lease this raises
+        ``SessionBusy`` unless ``force``: then the run's next write fails with ``LeaseLost`` (its lease is
+        gone with the session), and nothing it writes afterwards brings the session back."""
+
+    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
+        """Delete sessions whose ``updated`` is more than ``idle_for`` (seconds, or a timedelta) ago and
+        that no live run holds, in batches each of its own transaction (never one huge one), at most ``limit`` in all;
+        return how many were deleted."""
+
+    def tail(self, session: str, last: int) -> list[Message]:
+        """The last ``last`` messages of the transcript (all of it when shorter), without reading the rest."""
+
+    def pending_steers(self, session: str) -> list[str]:
+        """The steers waiting for the session's next model request, oldest first, left where they are."""
+
+
+# -- the checks every LifecycleStore makes ------------------------------------------------------------------
+
+
+def metadata_key(key: object, where: str = "metadata") -> str:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ArgumentError(
+            f"{where} key {key!r} must be a str of 1 to 64 characters from A-Z a-z 0-9 _ . : -"
+        )
+    return key
+
+
+def metadata_value(key: str, value: object, where: str = "metadata") -> str:
+    """The value's JSON form (what stores index and compare), after checking it is a bounded scalar."""
+    if not isinstance(value, (str, int, float, bool)):
+        raise ArgumentError(
+            f"{where}[{key!r}] must be a str, int, float or bool (a JSON scalar), got {type(value).__name__}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ArgumentError(f"{where}[{key!r}] must be finite, got {value!r}")
+    if isinstance(value, str) and ("\x00" in value or not _utf8(value)):
+        raise ArgumentError(f"{where}[{key!r}] contains NUL or a lone surrogate")
+    text = json.dumps(value)
+    if len(text) > MAX_VALUE_BYTES:
+        raise ArgumentError(
+            f"{where}[{key!r}] is {len(text)} bytes as JSON; values are indexed and may be at most "
+            f"{MAX_VALUE_BYTES} bytes"
+        )
+    return text
+
+
+def merge_metadata(stored: Mapping[str, Scalar], changes: object) -> dict[str, Scalar]:
+    """``stored`` with ``changes`` merged in (``None`` removes a key), checked: the store writes this."""
+    if not isinstance(changes, Mapping):
+        raise ArgumentError(f"set_metadata(changes) must be a mapping, got {type(changes).__name__}")
+    merged = dict(stored)
+    for key, value in changes.items():
+        metadata_key(key, "set_metadata")
+        if value is None:
+            merged.pop(key, None)
+        else:
+            metadata_value(key, value, "set_metadata")
+            merged[key] = value
+    if len(merged) > MAX_METADATA_KEYS:
+        raise ArgumentError(f"set_metadata: the merged metadata has {len(merged)} keys; at most "
+                            f"{MAX_METADATA_KEYS} are allowed")
+    size = len(encode_metadata(merged))
+    if size > MAX_METADATA_BYTES:
+        raise ArgumentError(f"set_metadata: the merged metadata is {size:,} bytes as JSON; at most "
+                            f"{MAX_METADATA_BYTES:,} are allowed")
+    return merged
+
+
+def encode_metadata(metadata: Mapping[str, Scalar]) -> str:
+    return json.dumps(metadata, separators=(",", ":"), sort_keys=True)
+
+
+def decode_metadata(text: str | None) -> dict[str, Scalar]:
+    if not text:
+        return {}
+    value = json.loads(text)
+    assert isinstance(value, dict)
+    return value
+
+
+def check_listing(prefix: object, where: object, limit: object, after: object) -> dict[str, str]:
+    """Check ``list_sessions``' arguments; return ``where`` as {key: the value's JSON form}."""
+    if not isinstance(prefix, str) or "\x00" in prefix or not _utf8(prefix):
+        raise ArgumentError(f"list_sessions(prefix=) must be a str without NUL, got {prefix!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise ArgumentError(f"list_sessions(limit=) must be an int from 1 to {MAX_PAGE}, got {limit!r}")
+    if after is not None:
+        decode_cursor(after)
+    if where is None:
+        return {}
+    if not isinstance(where, Mapping):
+        raise ArgumentError(f"list_sessions(where=) must be a mapping of metadata keys to values, got {where!r}")
+    return {metadata_key(k, "where"): metadata_value(k, v, "where") for k, v in where.items()}
+
+
+def encode_cursor(updated: float, session: str) -> str:
+    """A page's ``next``: where the page ended (its last session's ``updated`` and id). Opaque to users."""
+    raw = json.dumps([updated, session], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: object) -> tuple[float, str]:
+    if isinstance(cursor, str):
+        try:
+            data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        except (ValueError, binascii.Error):
+            data = None
+        if (isinstance(data, list) and len(data) == 2 and isinstance(data[0], (int, float))
+                and not isinstance(data[0], bool) and isinstance(data[1], str)):
+            return float(data[0]), data[1]
+    raise ArgumentError(f"list_sessions(after=) must be a page's next cursor, got {cursor!r}")
+
+
+def page(rows: Sequence[tuple[float, SessionInfo]], limit: int) -> SessionPage:
+    """The page of ``rows`` (a store's query for ``limit + 1`` rows, each with its ``updated`` as stored):
+    the extra row, if any, says there is a next page."""
+    shown = rows[:limit]
+    more = len(rows) > limit
+    return SessionPage([info for _, info in shown],
+                       encode_cursor(shown[-1][0], shown[-1][1].id) if more and shown else None)
+
+
+def idle_seconds(idle_for: object) -> float:
+    if isinstance(idle_for, timedelta):
+        idle_for = idle_for.total_seconds()
+    if isinstance(idle_for, bool) or not isinstance(idle_for, (int, float)) or not 0 <= idle_for < math.inf:
+        raise ArgumentError(f"prune(idle_for=) must be seconds (a finite number >= 0) or a timedelta, got {idle_for!r}")
+    return float(idle_for)
+
+
+def prune_limit(limit: object) -> int | None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ArgumentError(f"prune(limit=) must be None or an int >= 1, got {limit!r}")
+    return limit
+
+
+def last_count(last: object) -> int:
+    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+        raise ArgumentError(f"messages(last=) must be an int >= 0, got {last!r}")
+    return last
+
+
+def when(seconds: float) -> datetime:
+    """A stored time (seconds since 1970 on the store's clock) as ``SessionInfo`` shows it."""
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,395 @@
+"""The LifecycleStore contract: listing, inspecting, labelling, deleting and retaining sessions, and the
+turn that is safe to repeat (``Runner.turn``), which rests on the fenced first write.
+
+Stores share databases with other tests, so every test works under a prefix of its own, and ``prune``
+(which is global) is only asked about sessions these tests made.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions import ArgumentError, Content, Holder, LeaseLost, LifecycleStore, Message, Role, SessionBusy
+
+from .capabilities import Capability
+from .scripted import Answer, ToolsThenAnswer
+
+
+def _prefix() -> str:
+    return f"storetest-life-{uuid.uuid4().hex[:12]}-"
+
+
+def _claimant() -> Holder:
+    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
+
+
+def _transcript(n: int) -> list[Message]:
+    out: list[Message] = []
+    for i in range(n):
+        if i % 3 == 0:
+            out.append(Message.user(f"question {i}"))
+        elif i % 3 == 1:
+            out.append(Message(Role.ASSISTANT, [Content.tool_call(f"c{i}", "grep", f'{{"q": {i}, "q": "dup"}}')]))
+        else:
+            out.append(Message(Role.USER, [Content.tool_result(f"c{i - 1}", f"found {i}")]))
+    return out
+
+
+def _gone(store: LifecycleStore, sid: str) -> None:
+    assert store.info(sid) is None
+    assert store.messages(sid) == []
+    assert store.pending_steers(sid) == []
+
+
+class LifecycleContract:
+    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
+
+    capabilities: frozenset[Capability]
+
+    def make_store(self) -> Any:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def lifecycle_store(self) -> LifecycleStore:
+        self.requires(Capability.LIFECYCLE)
+        store = self.make_store()
+        if not isinstance(store, LifecycleStore):
+            pytest.fail(f"the store declares Capability.LIFECYCLE, but {type(store).__name__} does not implement "
+                        "agent_sessions.LifecycleStore (check its methods and their names)")
+        return store
+
+    # -- info and metadata ---------------------------------------------------------------------------
+
+    def test_info_describes_a_saved_session_and_none_for_an_unknown_one(self) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "a"
+        assert store.info(sid) is None
+        store.add_steer(sid, "a steer alone does not make the session exist")
+        assert store.info(sid) is None
+        store.save(sid, _transcript(7))
+        info = store.info(sid)
+        assert info is not None
+        assert (info.id, info.messages, dict(info.metadata)) == (sid, 7, {})
+        assert info.created.tzinfo is not None and info.created <= info.updated
+        assert abs(info.updated.timestamp() - time.time()) < 60, "updated is far from now: which clock is it?"
+
+    def test_metadata_merges_removes_with_none_and_creates_the_session(self) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "m"
+        assert store.set_metadata(sid, {"user": "u-17", "tier": 2, "vip": True, "score": 0.5}) == {
+            "user": "u-17", "tier": 2, "vip": True, "score": 0.5}
+        assert store.messages(sid) == []
+        assert store.set_metadata(sid, {"tier": None, "title": "Refund, 'quoted' \"text\" 日本"}) == {
+            "user": "u-17", "vip": True, "score": 0.5, "title": "Refund, 'quoted' \"text\" 日本"}
+        info = store.info(sid)
+        assert info is not None and info.messages == 0
+        title = "Refund, 'quoted' \"text\" 日本"
+        assert dict(info.metadata) == {"user": "u-17", "vip": True, "score": 0.5, "title": title}
+        assert type(info.metadata["vip"]) is bool and type(info.metadata["score"]) is float
+
+    @pytest.mark.parametrize("changes", [
+        {"": "empty key"}, {"spa ce": 1}, {"k" * 65: 1}, {"x": [1]}, {"x": {"a": 1}}, {"x": float("nan")},
+        {"x": "\x00"}, {"x": "v" * 300}, {f"k{i}": i for i in range(33)}, {1: "not a str key"},
+    ])
+    def test_bad_metadata_is_refused_and_nothing_changes(self, changes: Any) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "bad"
+        store.set_metadata(sid, {"keep": "me"})
+        with pytest.raises(ArgumentError):
+            store.set_metadata(sid, changes)
+        info = store.info(sid)
+        assert info is not None and dict(info.metadata) == {"keep": "me"}
+
+    def test_set_metadata_keeps_the_transcript_and_updated_moves_on(self) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "u"
+        store.save(sid, _transcript(4))
+        before = store.info(sid)
+        time.sleep(0.02)
+        store.set_metadata(sid, {"k": "v"})
+        after = store.info(sid)
+        assert before is not None and after is not None
+        assert after.created == before.created and after.updated > before.updated
+        assert store.messages(sid) == _transcript(4)
+
+    # -- listing ---------------------------------------------------------------------------------------
+
+    def test_list_is_newest_first_filtered_by_prefix_and_metadata(self) -> None:
+        store = self.lifecycle_store()
+        prefix = _prefix()
+        for i, user in enumerate(["u-1", "u-2", "u-1", "u-1", "u-2"]):
+            store.set_metadata(f"{prefix}{i}", {"user": user, "n": i, "odd": i % 2 == 1})
+            time.sleep(0.01)
+        store.save(f"{prefix}0", _transcript(2))  # now the most recently updated
+        page = store.list_sessions(prefix=prefix)
+        assert [s.id for s in page] == [f"{prefix}{i}" for i in (0, 4, 3, 2, 1)]
+        assert page.next is None and page.sessions[0].messages == 2
+        assert [s.id for s in store.list_sessions(prefix=prefix, where={"user": "u-1"})] == [
+            f"{prefix}{i}" for i in (0, 3, 2)]
+        assert [s.id for s in store.list_sessions(prefix=prefix, where={"user": "u-1", "odd": True})] == [f"{prefix}3"]
+        assert list(store.list_sessions(prefix=prefix, where={"n": "1"})) == []  # "1" is not 1
+        assert list(store.list_sessions(prefix=prefix, where={"odd": 1})) == []  # 1 is not true
+        assert list(store.list_sessions(prefix=prefix + "nobody")) == []
+
+    def test_pages_cover_every_session_once_in_order(self) -> None:
+        store = self.lifecycle_store()
+        prefix = _prefix()
+        ids = [f"{prefix}{i:02d}" for i in range(7)]
+        for sid in ids:
+            store.set_metadata(sid, {"t": "page"})
+        seen: list[str] = []
+        after = None
+        for _ in range(10):
+            page = store.list_sessions(prefix=prefix, where={"t": "page"}, limit=3, after=after)
+            assert len(page) <= 3
+            seen.extend(s.id for s in page)
+            after = page.next
+            if after is None:
+                break
+        assert sorted(seen) == ids and len(seen) == len(set(seen))
+        whole = [s.id for s in store.list_sessions(prefix=prefix, limit=50)]
+        assert seen == whole
+
+    @pytest.mark.parametrize("kwargs", [
+        {"limit": 0}, {"limit": 1001}, {"limit": True}, {"after": "not a cursor"}, {"after": 7},
+        {"where": {"bad key": 1}}, {"where": {"k": None}}, {"where": ["k"]}, {"prefix": None}, {"prefix": "\x00"},
+    ])
+    def test_bad_listing_arguments_are_refused(self, kwargs: Any) -> None:
+        store = self.lifecycle_store()
+        with pytest.raises(ArgumentError):
+            store.list_sessions(**kwargs)
+
+    def test_hostile_prefix_and_values_are_data_not_syntax(self) -> None:
+        store = self.lifecycle_store()
+        prefix = _prefix()
+        odd = "%_'\"; DROP TABLE agent_sessions; --\\"
+        store.set_metadata(prefix + odd, {"q": odd})
+        store.set_metadata(prefix + "plain", {"q": "x"})
+        assert [s.id for s in store.list_sessions(prefix=prefix + "p%")] == []  # LIKE would match "plain"
+        assert [s.id for s in store.list_sessions(prefix=prefix + "_lain")] == []
+        assert [s.id for s in store.list_sessions(prefix=prefix, where={"q": odd})] == [prefix + odd]
+        assert [s.id for s in store.list_sessions(prefix=prefix + odd)] == [prefix + odd]
+
+    # -- the tail and the waiting steers -----------------------------------------------------------------
+
+    def test_tail_is_the_last_messages_byte_for_byte(self) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "t"
+        msgs = _transcript(30)
+        store.save(sid, msgs)
+        assert store.tail(sid, 5) == msgs[-5:]
+        assert [m.to_json() for m in store.tail(sid, 5)] == [m.to_json() for m in msgs[-5:]]
+        assert store.tail(sid, 0) == []
+        assert store.tail(sid, 100) == msgs
+        assert store.tail(_prefix() + "none", 3) == []
+        with pytest.raises(ArgumentError):
+            store.tail(sid, -1)
+        assert agent.open(sid, store).messages(last=2) == msgs[-2:]
+
+    def test_pending_steers_are_shown_and_left_in_place(self) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "s"
+        for text in ("first", "second 'quoted'", "third"):
+            store.add_steer(sid, text)
+        assert store.pending_steers(sid) == ["first", "second 'quoted'", "third"]
+        assert store.pending_steers(sid) == ["first", "second 'quoted'", "third"]
+        assert store.take_steers(sid) == ["first", "second 'quoted'", "third"]
+        assert store.pending_steers(sid) == []
+
+    # -- delete ----------------------------------------------------------------------------------------
+
+    def test_delete_removes_everything_at_once(self) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "d"
+        store.save(sid, _transcript(5))
+        store.set_metadata(sid, {"user": "u"})
+        store.add_steer(sid, "waiting")
+        if isinstance(store, agent.RunStore):
+            holder = store.acquire(sid, _claimant(), 30)
+            store.put_journal(sid, holder, '{"journal": 1}')
+            store.release(sid, holder)
+        assert store.delete(sid) is True
+        _gone(store, sid)
+        if isinstance(store, agent.RunStore):
+            assert store.journal(sid) is None and store.holder(sid) is None
+        assert store.delete(sid) is False
+        store.save(sid, _transcript(2))  # the id can be used again, from nothing
+        info = store.info(sid)
+        assert info is not None and info.messages == 2 and dict(info.metadata) == {}
+
+    def test_delete_refuses_a_session_a_live_run_holds_and_force_fences_the_run_out(self) -> None:
+        store = self.lifecycle_store()
+        if not isinstance(store, agent.RunStore):
+            pytest.skip("leases need a RunStore")
+        sid = _prefix() + "busy"
+        holder = store.acquire(sid, _claimant(), 30)
+        store.save_fenced(sid, holder, _transcript(3), take_steers=False)
+        with pytest.raises(SessionBusy):
+            store.delete(sid)
+        assert store.messages(sid) == _transcript(3)
+        assert store.delete(sid, force=True) is True
+        _gone(store, sid)
+        for late_write in (
+            lambda: store.save_fenced(sid, holder, _transcript(6), take_steers=True),
+            lambda: store.put_journal(sid, holder, "{}"),
+            lambda: store.renew(sid, holder, 30),
+            lambda: store.check(sid, holder),
+        ):
+            with pytest.raises(LeaseLost):
+                late_write()
+        store.release(sid, holder)
+        _gone(store, sid)
+
+    def test_delete_racing_a_run_leaves_nothing_behind(self) -> None:
+        store = self.lifecycle_store()
+        if not isinstance(store, agent.RunStore):
+            pytest.skip("leases need a RunStore")
+        sid = _prefix() + "race"
+        started = threading.Event()
+
+        @agent.tool(idempotent=True)
+        def slow(n: int) -> str:
+            """Takes a while."""
+            started.set()
+            time.sleep(0.3)
+            return f"slow {n}"
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[slow], max_steps=5)
+        run = agent.Runner().start(spec, [Message.user("go")], ToolsThenAnswer(["slow"], rounds=3))
+        assert started.wait(30)
+        assert store.delete(sid, force=True) is True
+        with pytest.raises(LeaseLost):
+            run.wait(60)
+        _gone(store, sid)
+
+    # -- prune -----------------------------------------------------------------------------------------
+
+    def test_prune_deletes_idle_sessions_only_and_spares_a_held_one(self) -> None:
+        store = self.lifecycle_store()
+        prefix = _prefix()
+        old = [f"{prefix}old{i}" for i in range(5)]
+        for sid in old:
+            store.save(sid, _transcript(3))
+            store.add_steer(sid, "stale")
+        held = f"{prefix}held"
+        holder = None
+        if isinstance(store, agent.RunStore):
+            holder = store.acquire(held, _claimant(), 60)
+            store.save_fenced(held, holder, _transcript(2), take_steers=False)
+        time.sleep(1.2)
+        fresh = f"{prefix}fresh"
+        store.save(fresh, _transcript(1))
+        assert store.prune(idle_for=1.0, limit=2) <= 2
+        deleted = store.prune(idle_for=1.0)
+        assert deleted >= 3 or all(store.info(sid) is None for sid in old)
+        for sid in old:
+            _gone(store, sid)
+        assert store.messages(fresh) == _transcript(1)
+        if holder is not None:
+            assert store.messages(held) == _transcript(2)
+            assert isinstance(store, agent.RunStore)
+            store.release(held, holder)
+        for bad in (-1, float("nan"), "1", None):
+            with pytest.raises(ArgumentError):
+                store.prune(idle_for=bad)  # type: ignore[arg-type]
+
+    def test_prune_racing_saves_never_leaves_half_a_session(self) -> None:
+        store = self.lifecycle_store()
+        prefix = _prefix()
+        sids = [f"{prefix}{i}" for i in range(4)]
+        stop = threading.Event()
+        last: dict[str, list[Message]] = {}
+        errors: list[BaseException] = []
+
+        def saver() -> None:
+            try:
+                n = 1
+                while not stop.is_set():
+                    for sid in sids:
+                        msgs = _transcript(n)
+                        store.save(sid, msgs)
+                        last[sid] = msgs
+                    n = n % 9 + 1
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=saver, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                store.prune(idle_for=0)
+        finally:
+            stop.set()
+            thread.join(30)
+        assert not thread.is_alive() and not errors, errors
+        for sid in sids:
+            info, msgs = store.info(sid), store.messages(sid)
+            if info is None:
+                assert msgs == [], f"{sid}: deleted, but {len(msgs)} messages remain"
+            else:
+                assert msgs == last[sid] and info.messages == len(msgs)
+
+    # -- turns safe to repeat ----------------------------------------------------------------------------
+
+    def test_a_repeated_turn_returns_the_answer_without_asking_again(self) -> None:
+        store = self.lifecycle_store()
+        if not isinstance(store, agent.RunStore):
+            pytest.skip("turns need a RunStore")
+        sid = _prefix() + "turn"
+        spec = agent.Spec(session=agent.open(sid, store))
+        model = Answer("the answer")
+        first = agent.Runner().turn(spec, "what is it?", "msg-1", model)
+        again = agent.Runner().turn(spec, "what is it?", "msg-1", model)
+        assert (first.text, first.steps, again.text, again.steps, model.requests) == (
+            "the answer", 1, "the answer", 0, 1)
+        stored = store.messages(sid)
+        assert [m.key for m in stored] == ["msg-1", ""]
+        nxt = agent.Runner().turn(spec, "and then?", "msg-2", model)
+        assert nxt.steps == 1 and model.requests == 2 and len(store.messages(sid)) == 4
+        assert agent.Runner().turn(spec, "what is it?", "msg-1", model).steps == 0  # an older turn, too
+        with pytest.raises(ArgumentError, match="already used"):
+            agent.Runner().turn(spec, "another text", "msg-1", model)
+
+    def test_an_unfinished_turn_is_continued_not_repeated(self) -> None:
+        store = self.lifecycle_store()
+        if not isinstance(store, agent.RunStore):
+            pytest.skip("turns need a RunStore")
+        sid = _prefix() + "cont"
+        store.save(sid, [Message.user("q", key="k")])  # a worker died after saving the message
+        model = Answer("answered once")
+        result = agent.Runner().turn(agent.Spec(session=agent.open(sid, store)), "q", "k", model)
+        assert result.steps == 1 and model.requests == 1
+        assert [m.text for m in store.messages(sid)] == ["q", "answered once"]
+
+    def test_two_deliveries_at_once_ask_the_model_once(self) -> None:
+        store = self.lifecycle_store()
+        if not isinstance(store, agent.RunStore):
+            pytest.skip("turns need a RunStore")
+        sid = _prefix() + "twice"
+        store.save(sid, [Message.user("earlier"), Message.assistant("earlier answer")])
+        barrier = threading.Barrier(2, timeout=30)
+        model = Answer("once", before=lambda _: time.sleep(0.2))
+        results: list[Any] = []
+
+        def deliver() -> None:
+            barrier.wait()
+            spec = agent.Spec(session=agent.open(sid, store), lease_wait=30)
+            results.append(agent.Runner().turn(spec, "now", "task-7", model))
+
+        threads = [threading.Thread(target=deliver) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(results) == 2 and model.requests == 1
+        assert sorted(r.steps for r in results) == [0, 1] and {r.text for r in results} == {"once"}
+        assert [m.text for m in store.messages(sid)] == ["earlier", "earlier answer", "now", "once"]
