@@ -51,10 +51,10 @@ class Workers:
                     "CELERY_BROKER_URL": broker, "CELERY_BROKER_KEYPREFIX": keyprefix, "PYTHONPATH": str(ROOT)}
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, app: str = "examples.celery_worker.tasks") -> None:
         with open(self.state / f"{name}.log", "wb") as log:  # the child has its own copy of the descriptor
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "examples.celery_worker.tasks", "worker", "-c", "1",
+                [sys.executable, "-m", "celery", "-A", app, "worker", "-c", "1",
                  "-P", "prefork", "-n", f"{servers.PREFIX}-{name}@%h", "--without-gossip", "--without-mingle",
                  "--without-heartbeat", "-l", "info"], env=self.env, cwd=ROOT, stdout=log,
                 stderr=subprocess.STDOUT))
@@ -161,3 +161,24 @@ def test_a_worker_killed_mid_turn_is_resumed_by_another_without_repeating_the_to
     assert agent.orphaned_tool_calls(msgs) == []
     assert msgs[2].content[0].is_error and "outcome of this call is unknown" in msgs[2].content[0].text
     assert msgs[-1].text == "done"
+
+
+def test_a_task_redelivered_after_its_turn_finished_asks_the_model_nothing(
+    workers: Workers, model: ModelServer
+) -> None:
+    """The worker's pool process dies after the turn, before the ack (tests/celery_dies_after_turn.py):
+    the broker hands the task out again, and the repeat returns the stored answer with no request."""
+    workers.start("w1", app="tests.celery_dies_after_turn")
+    store = sqlite.open(workers.state / "sessions.db")
+    model.push(openai(calls=[("c1", "file_ticket", '{"title": "expiry uses <"}')]), openai("filed it"))
+    producer(workers).send_task("answer", args=["celery-redelivered", "file a ticket", "msg-41"])
+    log = workers.state / "workers.log"
+    wait(lambda: log.exists() and len(log.read_text().splitlines()) == 2, "the turn and its redelivery", workers)
+    runs = [line.split() for line in log.read_text().splitlines()]
+    died = int((workers.state / "died-once").read_text())
+    assert [r[3] for r in runs] == ["steps=2", "steps=0"] and int(runs[0][0]) == died != int(runs[1][0])
+    assert len(model.requests) == 2, "the redelivered task asked the model again"
+    assert len((workers.state / "tickets.log").read_text().splitlines()) == 1
+    msgs = store.messages("celery-redelivered")
+    assert [m.key for m in msgs].count("msg-41") == 1 and msgs[-1].text == "filed it"
+    assert agent.orphaned_tool_calls(msgs) == []

@@ -1,10 +1,16 @@
-"""A Celery task that runs one turn of a session, resuming from the store.
+"""Celery tasks that run a session's turns, resuming from the store.
 
     celery -A examples.celery_worker.tasks worker -c 2
+    celery -A examples.celery_worker.tasks beat          # the retention job (prune), hourly
 
-The turn's input is whatever waits in the session: a web view or a management command leaves the
-user's message as a steer (``agent.open(id, store).steer(text)``) and enqueues ``run_turn.delay(id)``.
-A steer left while the task runs lands in the run, before its next model request.
+``answer.delay(session_id, text, message_id)`` answers one user message, and is safe to deliver twice:
+``Runner.turn`` stores the message with its id as the turn's key, so a redelivered task (``acks_late``: a
+worker that died after the turn, before its ack) finds the key and returns the stored answer without
+asking the model again, and one that died mid-turn is continued, not restarted.
+
+``run_turn.delay(session_id)`` runs whatever waits in the session instead: a web view or a management
+command leaves the user's message as a steer (``agent.open(id, store).steer(text)``). A steer left while
+either task runs lands in the run, before its next model request.
 
 The broker defaults to kombu's SQLAlchemy transport on a SQLite file (no server needed); set
 CELERY_BROKER_URL for Redis (redis://127.0.0.1:6379/0) or RabbitMQ (amqp://guest@127.0.0.1//). Where
@@ -63,6 +69,27 @@ def file_ticket(title: str) -> str:
 
         time.sleep(60)
     return f"filed: {title}"
+
+
+@app.task(name="answer")
+def answer(session_id: str, text: str, message_id: str) -> dict[str, Any]:
+    session = agent.open(session_id, store)
+    spec = agent.Spec(session=session, tools=[file_ticket], max_steps=8, lease_ttl=2.0, lease_wait=30.0)
+    result = agent.Runner().turn(spec, text, message_id, endpoint)
+    with open(STATE / "workers.log", "a") as f:
+        f.write(f"{os.getpid()} {session_id} answer steps={result.steps}\n")
+    return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason, "steps": result.steps}
+
+
+@app.task(name="prune_sessions")
+def prune_sessions(idle_days: float = 30) -> int:
+    """The retention job: delete conversations idle for ``idle_days``, in bounded batches."""
+    return store.prune(idle_for=idle_days * 86400)
+
+
+app.conf.beat_schedule = {
+    "prune-idle-sessions": {"task": "prune_sessions", "schedule": 3600.0, "kwargs": {"idle_days": 30}},
+}
 
 
 @app.task(name="run_turn")
