@@ -180,6 +180,9 @@ SCRIPTS: dict[str, Callable[[Page], list[Script]]] = {
     "docs/runs/leases.md": lambda page: [
         openai("Line 42."),
     ],
+    "docs/lifecycle.md": lambda page: [
+        openai("Yes: it was delivered 3 days ago, within the 30-day window."),
+    ],
 }
 
 
