@@ -41,6 +41,7 @@ except ImportError as exc:
     ) from exc
 
 from . import __version__
+from .endpoints import AnthropicMessages, OpenAIChat
 from .errors import EndpointError
 from .events import (
     Event,
@@ -94,7 +95,7 @@ OTHER_PROVIDER = "_OTHER"
 MAX_DESCRIPTION = 1000
 """Characters of an error text kept in a span's status description: enough to read, not a whole page."""
 
-_PROVIDERS = {"OpenAIChat": "openai", "AnthropicMessages": "anthropic"}
+_PROVIDERS = ((OpenAIChat, "openai"), (AnthropicMessages, "anthropic"))
 
 Kind = Literal["run", "step", "chat", "tool"]
 
@@ -144,6 +145,7 @@ class Tracing:
         self._open: list[_Open] = []
         self._thread: int | None = None
         self._warned = False
+        self._failed = False
         self._usage: dict[str, int] = {}
 
     @classmethod
@@ -157,15 +159,15 @@ class Tracing:
         also: Events | None = None,
     ) -> Tracing:
         """A Tracing whose session id comes from ``spec.session`` (its ``id``), and model and provider from the
-        endpoint (``OpenAIChat`` is ``openai`` — whatever server it talks to, as the conventions ask —,
-        ``AnthropicMessages`` is ``anthropic``, any other endpoint ``_OTHER``; its ``model`` attribute,
-        if it has one, is the model)."""
+        endpoint (an ``OpenAIChat`` is ``openai`` whatever server it talks to, as the conventions ask; an
+        ``AnthropicMessages`` is ``anthropic``; any other endpoint ``_OTHER``. Its ``model`` attribute, if
+        it has one, is the model)."""
         session_id = getattr(spec.session, "id", None)  # a Session need not have one; the library's do
         model = getattr(endpoint, "model", None)
         return cls(
             session_id=session_id if isinstance(session_id, str) else None,
             model=model if isinstance(model, str) else None,
-            provider=_PROVIDERS.get(type(endpoint).__name__, OTHER_PROVIDER),
+            provider=next((name for kind, name in _PROVIDERS if isinstance(endpoint, kind)), OTHER_PROVIDER),
             agent_name=agent_name,
             tracer_provider=tracer_provider,
             also=also,
@@ -175,7 +177,11 @@ class Tracing:
         try:
             self._handle(event)
         except Exception:
-            log.exception("tracing %s failed; the run goes on untraced where it failed", type(event).__name__)
+            # The traceback once per Tracing: a broken exporter would otherwise log it at every event.
+            level = logging.DEBUG if self._failed else logging.ERROR
+            self._failed = True
+            log.log(level, "tracing %s failed; the run goes on, untraced where this failed",
+                    type(event).__name__, exc_info=True)
         if self.also is not None:
             self.also(event)
 

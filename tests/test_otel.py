@@ -267,7 +267,8 @@ def test_a_tracing_that_breaks_is_logged_and_the_run_goes_on(
     result = agent.Runner().run(agent.Spec(), [agent.Message.user("go")], endpoint(model),
                                 events=Tracing(tracer_provider=BrokenProvider()))
     assert result.text == "done"
-    assert [r for r in caplog.records if "exporter bug" in str(r.exc_info[1] if r.exc_info else "")]
+    logged = [r for r in caplog.records if r.name == "agent_sessions.otel"]
+    assert len(logged) == 1 and logged[0].exc_info is not None and "exporter bug" in str(logged[0].exc_info[1])
 
 
 def test_one_tracing_traces_runs_one_after_another_and_ignores_a_second_thread(
