@@ -3,6 +3,7 @@ loop builds none of them (its sink is ``SILENT``)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from .messages import Content, Message
 
 if TYPE_CHECKING:
     from .runner import Result
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +74,17 @@ class Finished:
     result: Result
 
 
-Event = StepStarted | SteerApplied | Saved | ModelRequest | ModelResponse | ToolCalled | ToolFinished | Finished
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The run raised ``error`` (an EndpointError, a LeaseLost, a store's error...) and re-raises it: the
+    last event of a run that ends without ``Finished``, so a listener can close what it opened."""
+
+    error: BaseException
+
+
+Event = (
+    StepStarted | SteerApplied | Saved | ModelRequest | ModelResponse | ToolCalled | ToolFinished | Finished | Failed
+)
 Events = Callable[[Event], None]
 
 
@@ -111,6 +124,13 @@ class Sink:
     def finished(self, result: Result) -> None:
         self.events(Finished(result))
 
+    def failed(self, error: BaseException) -> None:
+        """Never raises: what the callback raises here is logged, so it cannot take the run's error's place."""
+        try:
+            self.events(Failed(error))
+        except Exception:
+            log.exception("the events callback raised on Failed; the run's own error follows")
+
 
 class _Silent(Sink):
     __slots__ = ()
@@ -140,6 +160,9 @@ class _Silent(Sink):
         pass
 
     def finished(self, result: Result) -> None:
+        pass
+
+    def failed(self, error: BaseException) -> None:
         pass
 
 

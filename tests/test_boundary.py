@@ -1,4 +1,4 @@
-"""The core loads no database driver, and storetest depends on no store."""
+"""The core loads no database driver and no OpenTelemetry, and storetest depends on no store."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 import pytest
 
 DRIVERS = ("sqlalchemy", "psycopg", "pymysql", "pymongo", "bson", "sqlite3")
+EXTRAS = ("opentelemetry",)
+"""Optional packages only a module of their own loads (agent_sessions.otel): never the core."""
 
 
 def loaded_after(statement: str) -> list[str]:
@@ -21,15 +23,24 @@ def loaded_after(statement: str) -> list[str]:
 
 
 def test_importing_the_core_loads_no_driver() -> None:
-    loaded = loaded_after("import agent_sessions, agent_sessions.endpoints")
+    loaded = loaded_after("import agent_sessions, agent_sessions.endpoints, agent_sessions.patterns.react")
     assert "agent_sessions" in loaded
-    assert [m for m in DRIVERS if m in loaded] == []
+    assert [m for m in (*DRIVERS, *EXTRAS) if m in loaded] == []
 
 
 def test_importing_storetest_loads_no_store_and_no_driver() -> None:
     loaded = loaded_after("import storetest")
     assert "stores" not in loaded
-    assert [m for m in DRIVERS if m in loaded] == []
+    assert [m for m in (*DRIVERS, *EXTRAS) if m in loaded] == []
+
+
+def test_tracing_loads_opentelemetry_and_without_it_says_which_extra_to_install() -> None:
+    assert "opentelemetry" in loaded_after("import agent_sessions.otel")
+    code = ("import sys; sys.modules['opentelemetry'] = None\n"
+            "try:\n    import agent_sessions.otel\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    assert f"pip install '{DIST}[otel]'" in out
 
 
 DIST = "stored-agent-sessions"  # the name on the index; `agent-sessions` there is an unrelated project

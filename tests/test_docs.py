@@ -183,6 +183,12 @@ SCRIPTS: dict[str, Callable[[Page], list[Script]]] = {
     "docs/lifecycle.md": lambda page: [
         openai("Yes: it was delivered 3 days ago, within the 30-day window."),
     ],
+    "docs/tracing.md": lambda page: [
+        openai(calls=[("call_1", "read_file", '{"path": "lease.go"}')],
+               usage={"prompt_tokens": 120, "completion_tokens": 18}),
+        openai("It compares the expiry with the local clock.", usage={"prompt_tokens": 170, "completion_tokens": 12}),
+        Reply({"error": {"message": "invalid api key"}}, status=401),
+    ],
 }
 
 
@@ -208,10 +214,24 @@ def check_fork(page: Page) -> None:
     assert retry[:3] == original[:3] and len(retry) == 4 and retry[3] != original[3], retry
 
 
+def check_tracing(page: Page) -> None:
+    # What the second block's comments say: the failed run's three spans, each ERROR with the error's name,
+    # and the application's own listener told the run failed.
+    spans = page.ns["exporter"].get_finished_spans()
+    assert [s.name for s in spans] == ["chat gpt-4o-mini", "step", "invoke_agent"], spans
+    for span in spans:
+        assert span.status.status_code.name == "ERROR"
+        assert span.attributes["error.type"] == "agent_sessions.errors.EndpointError"
+        assert span.attributes["gen_ai.conversation.id"] == "review-42"
+    assert isinstance(page.ns["seen"][-1], agent.events.Failed)
+    assert page.ns["result"].usage == {"prompt_tokens": 290, "completion_tokens": 30}
+
+
 CHECKS: dict[str, Callable[[Page], None]] = {
     "README.md": check_readme,
     "docs/sessions.md": check_sessions,
     "docs/runs/fork.md": check_fork,
+    "docs/tracing.md": check_tracing,
 }
 
 

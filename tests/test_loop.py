@@ -389,3 +389,51 @@ def test_a_started_run_tells_its_done_callbacks_and_logs_a_failure_nobody_waits_
     assert ok.wait(10).text == "fine" and ok.error is None
     ok._thread.join(10)  # type: ignore[union-attr]
     assert [r for r in caplog.records if "done callback" in r.message]
+
+
+def test_a_failing_run_reports_failed_last_and_raises_its_own_error(
+    model: ModelServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[ev.Event] = []
+    model.push(openai(calls=[("c1", "lookup", "{}")]), Reply({"error": {"message": "overloaded"}}, 503))
+    with pytest.raises(agent.EndpointError, match="overloaded") as raised:
+        agent.Runner().run(agent.Spec(tools=[lookup], session=agent.open("s", memory.Store())),
+                           [agent.Message.user("go")], endpoint(model), seen.append)
+    assert [type(e).__name__ for e in seen] == ["StepStarted", "Saved", "ModelRequest", "ModelResponse",
+                                                "ToolCalled", "ToolFinished", "StepStarted", "Saved",
+                                                "ModelRequest", "Failed"]
+    assert isinstance(seen[-1], ev.Failed) and seen[-1].error is raised.value
+    assert not any(isinstance(e, ev.Finished) for e in seen)
+
+    # A callback that raises on Failed is logged; the run's error is still the one raised.
+    def broken(event: ev.Event) -> None:
+        if isinstance(event, ev.Failed):
+            raise RuntimeError("a bug in the listener")
+
+    caplog.set_level(logging.ERROR, logger="agent_sessions.events")
+    model.push(Reply({"error": {"message": "still overloaded"}}, 503))
+    with pytest.raises(agent.EndpointError, match="still overloaded"):
+        agent.Runner().run(agent.Spec(), [agent.Message.user("go")], endpoint(model), broken)
+    assert [r for r in caplog.records if "raised on Failed" in r.message]
+
+
+def test_an_error_raised_by_the_events_callback_fails_the_run_with_failed(model: ModelServer) -> None:
+    seen: list[ev.Event] = []
+
+    def listener(event: ev.Event) -> None:
+        seen.append(event)
+        if isinstance(event, ev.ToolCalled):
+            raise KeyError("the listener's bug")
+
+    model.push(openai(calls=[("c1", "lookup", "{}")]))
+    with pytest.raises(KeyError):
+        agent.Runner().run(agent.Spec(tools=[lookup]), [agent.Message.user("go")], endpoint(model), listener)
+    assert isinstance(seen[-1], ev.Failed) and isinstance(seen[-1].error, KeyError)
+
+
+def test_without_events_a_failing_run_raises_and_builds_no_event(model: ModelServer) -> None:
+    assert ev.sink(None) is ev.SILENT
+    ev.SILENT.failed(RuntimeError("nobody listens"))  # costs a call, builds nothing
+    model.push(Reply({"error": {"message": "nope"}}, 401))
+    with pytest.raises(agent.EndpointError, match="401: nope"):
+        agent.Runner().run(agent.Spec(), [agent.Message.user("go")], endpoint(model))

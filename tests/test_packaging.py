@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DIST = "stored-agent-sessions"
 PACKAGES = ("agent_sessions", "stores", "storetest")
-DRIVERS = ("sqlalchemy", "psycopg", "pymysql", "pymongo", "bson", "sqlite3")
+DRIVERS = ("sqlalchemy", "psycopg", "pymysql", "pymongo", "bson", "sqlite3", "opentelemetry")
 # What the tree holds that is not source: venvs, build output, caches, databases.
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".venv-*", ".tox", "build", "dist", "*.egg-info", "__pycache__",
                                     ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis", "*.db", "*.db-*",
@@ -161,6 +161,10 @@ def test_a_store_without_its_extra_names_the_distribution_and_the_extra(venv: Pa
 
 def test_storetest_without_its_extra_names_it(venv: Path) -> None:
     assert f"pip install '{DIST}[storetest]'" in import_error(venv, "storetest")
+
+
+def test_tracing_without_its_extra_names_it(venv: Path) -> None:
+    assert f"pip install '{DIST}[otel]'" in import_error(venv, "agent_sessions.otel")
 
 
 def test_the_memory_store_needs_no_extra(venv: Path) -> None:

@@ -7,7 +7,8 @@ model's last reply would otherwise only be written by a request that never comes
 
 A run whose transcript ends with tool calls (a resume) answers them first. How the run keeps its
 transcript (not at all, a plain session, a leased and fenced one) is chosen once, in ``persistence``; what
-it reports goes to a ``Sink``. So the loop below reads top to bottom, with no branch on either.
+it reports goes to a ``Sink``. So the loop below reads top to bottom, with no branch on either. A run ends
+with exactly one of ``Finished`` and ``Failed``.
 """
 
 from __future__ import annotations
@@ -36,9 +37,15 @@ def run(
     cancelled: threading.Event,
 ) -> Result:
     emit = sink(events)
-    with keeping(spec) as keep:
-        keep.resume(transcript)
-        return _loop(spec, transcript, endpoint, emit, box, cancelled, keep)
+    try:
+        with keeping(spec) as keep:
+            keep.resume(transcript)
+            result = _loop(spec, transcript, endpoint, emit, box, cancelled, keep)
+    except BaseException as exc:  # reported, then re-raised: a listener closes what it opened (a span)
+        emit.failed(exc)
+        raise
+    emit.finished(result)  # once the lease is released: a release that fails makes this run Failed instead
+    return result
 
 
 def _loop(
@@ -97,7 +104,6 @@ def _loop(
         unapplied_steers=box.close(),
         usage=usage,
     )
-    emit.finished(result)
     return result
 
 
