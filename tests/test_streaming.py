@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import agent_sessions as agent
 from agent_sessions import events as ev
@@ -200,6 +202,18 @@ def test_data_that_is_not_a_json_object_is_an_endpoint_error(model: ModelServer,
     cut = text.index("\n\n", len(text) // 2) + 2
     model.push(sse(text[:cut] + bad + text[cut:]))
     with pytest.raises(agent.EndpointError, match="malformed stream"):
+        endpoint(model, name).complete("", [agent.Message.user("go")], [])
+
+
+@pytest.mark.parametrize(("name", "old", "new"), [
+    ("anthropic_tool_use", '"id":"toolu_01T1x1fJ34qAmk2tNTrN7Up6"', '"id":""'),
+    ("anthropic_tool_use", '"name":"now"', '"name":""'),
+    ("openai_tool_calls", '"name":"lookup"', '"name":""'),
+])
+def test_a_tool_call_without_an_id_or_name_is_an_endpoint_error(model: ModelServer, name: str, old: str,
+                                                                 new: str) -> None:
+    model.push(sse(recorded(name).replace(old, new)))
+    with pytest.raises(agent.EndpointError, match="without id or name|has no function name"):
         endpoint(model, name).complete("", [agent.Message.user("go")], [])
 
 
@@ -403,3 +417,42 @@ def test_a_request_callable_reply_may_stream(model: ModelServer) -> None:
     assert endpoint(model, "openai_text").complete("", [agent.Message.user("hi")], []).text == "echo hi"
     model.push(anthropic("plain"))  # and a plain reply still answers after a streamed one
     assert AnthropicMessages(model.url, "m").complete("", [agent.Message.user("go")], []).text == "plain"
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-1, 3) | st.text(max_size=6)
+    | st.sampled_from(["tool_use", "text", "text_delta", "input_json_delta", "thinking", "", '{"a": 1}', "{"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["choices", "delta", "content", "tool_calls", "index", "id", "function", "name", "arguments",
+                         "usage", "type", "message", "content_block", "text", "partial_json", "input", "error"]),
+        inner, max_size=4),
+    max_leaves=10,
+)
+ANTHROPIC_TYPES = ["message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                   "message_delta", "ping", "error", "something_new"]
+
+
+@st.composite
+def event_bodies(draw: st.DrawFn, kind: str) -> list[Any]:
+    bodies = draw(st.lists(values, max_size=6))
+    if kind == "anthropic":  # mostly typed events, so that the block logic is reached
+        bodies = [{**b, "type": draw(st.sampled_from(ANTHROPIC_TYPES))} if isinstance(b, dict) else b for b in bodies]
+    return bodies
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_any_events_in_a_stream_give_a_message_or_an_endpoint_error(model: ModelServer, kind: str) -> None:
+    ep = endpoint(model, kind + "_text", max_retries=0)
+    end = "data: [DONE]\n\n" if kind == "openai" else 'event: message_stop\ndata: {"type": "message_stop"}\n\n'
+
+    @settings(max_examples=200, deadline=None)
+    @given(event_bodies(kind))
+    def check(bodies: list[Any]) -> None:
+        model.push(sse("".join(f"data: {json.dumps(b)}\n\n" for b in bodies) + end))
+        try:
+            reply = ep.complete("", [agent.Message.user("go")], [], on_text=lambda text: None)
+        except agent.EndpointError:
+            return
+        assert isinstance(reply, agent.Message) and reply.role is agent.Role.ASSISTANT
+
+    check()

@@ -257,12 +257,14 @@ def _chunks(url: str, response: requests.Response) -> Iterator[bytes]:
     deadline between reads even when a server sends a byte at a time (urllib3 1.x: whole chunks). A read
     that fails is an EndpointError; what the caller does with a chunk raises as it raises."""
     raw: Any = response.raw
-    read = (lambda: raw.read1(65536, decode_content=True)) if hasattr(raw, "read1") else None
-    pieces = iter(response.iter_content(chunk_size=65536)) if read is None else None
+    pieces: Iterator[bytes] = (
+        iter(lambda: raw.read1(65536, decode_content=True), b"") if hasattr(raw, "read1")
+        else response.iter_content(chunk_size=65536)
+    )
     received = 0
     while True:
         try:
-            chunk = read() if read is not None else next(pieces, b"")  # type: ignore[arg-type]
+            chunk = next(pieces, b"")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise EndpointError(
                 f"the stream from {url} broke off after {received} bytes: {exc}", status=response.status_code

@@ -149,6 +149,12 @@ def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not JSON")
 
 
+def _named(block: dict[str, Any]) -> bool:
+    """A tool_use block has a non-empty string id and name (a Content would refuse it otherwise)."""
+    call_id, name = block.get("id"), block.get("name")
+    return isinstance(call_id, str) and isinstance(name, str) and bool(call_id and name)
+
+
 def parse_response(data: dict[str, Any]) -> Message:
     blocks = data.get("content")
     if not isinstance(blocks, list):
@@ -160,7 +166,7 @@ def parse_response(data: dict[str, Any]) -> Message:
             if block["text"]:
                 content.append(Content.from_text(block["text"]))
         elif kind == "tool_use":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+            if not _named(block):
                 raise malformed(f"content[{i}] tool_use without id or name", data)
             # The API hands input over as an object; compact JSON is the closest text to what was said.
             arguments = json.dumps(block.get("input", {}), separators=(",", ":"), ensure_ascii=False)
@@ -219,7 +225,7 @@ class _Stream:
             if block["text"] and self.on_text is not None:
                 self.on_text(block["text"])
         elif kind == "tool_use":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+            if not _named(block):
                 raise malformed(f"content block {index}: tool_use without id or name", body)
             self.blocks[index] = ["tool_use", block["id"], block["name"], [], block.get("input", {})]
         elif kind in ("thinking", "redacted_thinking"):

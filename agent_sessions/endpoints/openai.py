@@ -136,7 +136,7 @@ def parse_response(data: dict[str, Any]) -> Message:
         raise malformed("message.tool_calls is not a list", data)
     for i, call in enumerate(raw_calls):
         function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise malformed(f"tool_calls[{i}] has no function name", data)
         arguments = function.get("arguments", "")
         if not isinstance(arguments, str):  # a few servers send an object; keep it as compact JSON
