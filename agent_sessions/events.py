@@ -56,6 +56,15 @@ class ModelResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of the model's reply text as it arrives, from an endpoint that streams (``stream=True``).
+    A step's pieces joined are the text of its ModelResponse's message, which comes after them."""
+
+    step: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCalled:
     step: int
     call: Content
@@ -84,6 +93,7 @@ class Failed:
 
 Event = (
     StepStarted | SteerApplied | Saved | ModelRequest | ModelResponse | ToolCalled | ToolFinished | Finished | Failed
+    | TextDelta
 )
 Events = Callable[[Event], None]
 
@@ -113,6 +123,9 @@ class Sink:
 
     def model_response(self, step: int, message: Message, started: float) -> None:
         self.events(ModelResponse(step, message, time.perf_counter() - started))
+
+    def text_delta(self, step: int, text: str) -> None:
+        self.events(TextDelta(step, text))
 
     def tool_called(self, step: int, call: Content) -> float:
         self.events(ToolCalled(step, call))
@@ -151,6 +164,9 @@ class _Silent(Sink):
         return 0.0
 
     def model_response(self, step: int, message: Message, started: float) -> None:
+        pass
+
+    def text_delta(self, step: int, text: str) -> None:
         pass
 
     def tool_called(self, step: int, call: Content) -> float:

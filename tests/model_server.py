@@ -4,6 +4,7 @@ format, and records every request body byte for byte."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     raw: bool = False  # body is sent as given (a str), not JSON-encoded
+    pieces: list[bytes | Callable[[], object]] | None = None  # a chunked body, each piece one chunk as it comes;
+    # a callable is called between two pieces (a wait), and the body is nothing else
+    cut: bool = False  # with pieces: the connection is closed after them, without the chunked body's end
 
 
 @dataclass
@@ -56,6 +60,9 @@ class ModelServer:
                     step = server._script.pop(0) if server._script else Reply(
                         {"error": {"message": "the test script has no reply left"}}, status=599)
                 reply = step(request) if callable(step) else step
+                if reply.pieces is not None:
+                    self.send_pieces(reply)
+                    return
                 payload = (reply.body if reply.raw else json.dumps(reply.body)).encode()
                 self.send_response(reply.status)
                 self.send_header("content-type", "application/json")
@@ -64,6 +71,28 @@ class ModelServer:
                     self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def send_pieces(self, reply: Reply) -> None:
+                self.send_response(reply.status)
+                self.send_header("content-type", "text/event-stream; charset=utf-8")
+                self.send_header("transfer-encoding", "chunked")
+                for k, v in reply.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    for piece in reply.pieces or ():
+                        if callable(piece):
+                            piece()
+                        elif piece:
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                            self.wfile.flush()
+                    if reply.cut:
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    else:
+                        self.wfile.write(b"0\r\n\r\n")
+                except OSError:  # the client gave up (a timeout under test)
+                    self.close_connection = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -115,3 +144,22 @@ def anthropic(text: str | None = None, calls: list[tuple[str, str, Any]] = (),  
     if usage is not None:
         body["usage"] = usage
     return Reply(body)
+
+
+def sse(text: str | bytes, *, size: int = 0, crlf: bool = False, cut_at: int | None = None) -> Reply:
+    """A streamed reply: ``text`` (server-sent events, LF line ends; CRLF with ``crlf``) sent in chunks of
+    ``size`` bytes (0: one chunk per event), and with ``cut_at`` only its first ``cut_at`` bytes, after
+    which the connection is closed mid-body."""
+    data = text.encode() if isinstance(text, str) else text
+    if crlf:
+        data = data.replace(b"\n", b"\r\n")
+    if cut_at is not None:
+        data = data[:cut_at]
+    if size:
+        pieces: list[bytes | Callable[[], object]] = [data[i : i + size] for i in range(0, len(data), size)]
+    else:
+        end = b"\r\n\r\n" if crlf else b"\n\n"
+        pieces = [p + end for p in data.split(end) if p]
+        if not data.endswith(end) and pieces:  # the last piece was not a whole event: send it as it is
+            pieces[-1] = pieces[-1][: -len(end)]
+    return Reply(None, pieces=pieces, cut=cut_at is not None)

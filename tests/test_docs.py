@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import os
 import re
 import sqlite3
@@ -54,7 +55,7 @@ from sqlalchemy import Engine, create_engine, make_url
 import agent_sessions as agent
 import storetest
 from tests import servers
-from tests.model_server import ModelServer, Reply, Request, Script, openai
+from tests.model_server import ModelServer, Reply, Request, Script, openai, sse
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))]
@@ -159,7 +160,18 @@ def slow(reply: Reply, seconds: float) -> Script:
 
 FIRST_ANSWER = "The lease is compared with the replica's clock; compare it with the store's."
 
+def streamed(*words: str) -> Reply:
+    """An OpenAI stream answering ``words`` joined, a word per delta, with its usage."""
+    chunks = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in words]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": len(words)}})
+    return sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n")
+
+
 SCRIPTS: dict[str, Callable[[Page], list[Script]]] = {
+    "docs/api.md": lambda page: [
+        streamed("The", " replica", "'s", " clock."),
+        streamed("The", " renewal", " checks", " the", " epoch."),
+    ],
     "README.md": lambda page: [
         # The model answers once run.steer and session.steer were sent, so both land in this run.
         once(steered(page, "and the renewal path"),
@@ -226,8 +238,13 @@ def check_tracing(page: Page) -> None:
     assert isinstance(page.ns["seen"][-1], agent.events.Failed)
     assert page.ns["result"].usage == {"prompt_tokens": 290, "completion_tokens": 30}
 
+def check_api(page: Page) -> None:
+    # The streamed run's answer is its deltas joined, as the page says.
+    assert page.ns["result"].text == "The replica's clock." and page.ns["result"].usage["completion_tokens"] == 4
+
 
 CHECKS: dict[str, Callable[[Page], None]] = {
+    "docs/api.md": check_api,
     "README.md": check_readme,
     "docs/sessions.md": check_sessions,
     "docs/runs/fork.md": check_fork,

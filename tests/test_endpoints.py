@@ -96,6 +96,7 @@ def test_a_hung_endpoint_fails_within_the_timeout(model: ModelServer) -> None:
     "not json at all", "[]", '{"choices": []}', '{"choices": [{"message": {"content": 3}}]}',
     '{"choices": [{"message": {"content": null, "tool_calls": [{"function": {}}]}}]}',
     '{"choices": [{"mess',
+    '{"choices": [{"message": {"content": null, "tool_calls": [{"id": "c", "function": {"name": ""}}]}}]}',
 ])
 def test_malformed_openai_replies_are_endpoint_errors(model: ModelServer, body: str) -> None:
     model.push(openai_raw(body))
@@ -141,7 +142,8 @@ def test_anthropic_error_status(model: ModelServer) -> None:
 
 
 @pytest.mark.parametrize("body", ['{"content": "text"}', '{"content": [{"type": "image"}]}',
-                                  '{"content": [{"type": "tool_use", "name": "x"}]}'])
+                                  '{"content": [{"type": "tool_use", "name": "x"}]}',
+                                  '{"content": [{"type": "tool_use", "id": "", "name": "x"}]}'])
 def test_malformed_anthropic_replies(model: ModelServer, body: str) -> None:
     model.push(openai_raw(body))
     with pytest.raises(agent.EndpointError, match="malformed"):

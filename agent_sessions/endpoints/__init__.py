@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast, runtime_checkable
 
 from ..messages import Message
 from ..tools import Tool
@@ -17,4 +17,27 @@ class Endpoint(Protocol):
         """One model request: the assistant's reply to ``messages``."""
 
 
-__all__ = ["AnthropicMessages", "Endpoint", "OpenAIChat"]
+class StreamingEndpoint(Endpoint, Protocol):
+    """An Endpoint that says ``streams = True`` takes ``on_text`` too, and calls it with each piece of
+    the reply's text as it arrives. The attribute is what the loop checks (once per run), so that an
+    Endpoint written before streaming, with the three-argument ``complete``, keeps working."""
+
+    streams: bool
+
+    def complete(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Tool],
+        *,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Message:
+        """The reply, as ``Endpoint.complete``; ``on_text`` is given its text piece by piece."""
+
+
+def streaming(endpoint: Endpoint) -> StreamingEndpoint | None:
+    """``endpoint`` if it streams (its ``streams`` is True), else None."""
+    return cast(StreamingEndpoint, endpoint) if getattr(endpoint, "streams", False) is True else None
+
+
+__all__ = ["AnthropicMessages", "Endpoint", "OpenAIChat", "StreamingEndpoint", "streaming"]

@@ -11,7 +11,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -91,11 +91,38 @@ class HTTPClient:
         self._lock = threading.Lock()
 
     def post(self, path: str, body: str) -> dict[str, Any]:
+        url, response, deadline = self._send(path, body, self.headers)
+        return _decode(url, response, _read(url, response, deadline, self.timeout))
+
+    def stream(self, path: str, body: str, handle: Callable[[str, str], bool]) -> dict[str, Any] | None:
+        """POSTs JSON that asks for server-sent events and hands each event to ``handle(event, data)``
+        as it arrives (``event`` is its ``event:`` field, ``""`` if none; ``data`` its data lines
+        joined). ``handle`` returns True for the event that ends the stream (``[DONE]``,
+        ``message_stop``); a body that ends before it is an EndpointError, as is one that breaks off.
+
+        Returns None once the stream has ended; the decoded object when the server answered with plain
+        JSON instead (one that ignores ``"stream": true``), for the caller's non-streaming parser.
+
+        Retries are those of ``post`` and happen before any byte of the body is read: a refused or
+        broken connection, a retryable status. Once the body has begun nothing is retried: the deltas
+        already handed on (shown to a user, say) cannot be taken back, and a second request would not
+        write the same text again; so a stream that breaks is an error, and the caller decides.
+        The deadline is the same as ``post``'s: on the whole response.
+        """
+        url, response, deadline = self._send(path, body, {**self.headers, "accept": "text/event-stream"})
+        kind = response.headers.get("content-type", "")
+        if response.status_code >= 400 or not kind.lower().startswith("text/event-stream"):
+            return _decode(url, response, _read(url, response, deadline, self.timeout))
+        _read_events(url, response, deadline, self.timeout, handle)
+        return None
+
+    def _send(self, path: str, body: str, headers: Mapping[str, str]) -> tuple[str, requests.Response, float]:
+        """The response, its headers read and its body not, and the deadline for the whole of it."""
         url = self.base_url + path
         started = time.monotonic()
         try:
             response = self._session().post(
-                url, data=body.encode("utf-8"), headers=self.headers, timeout=self.timeout, stream=True
+                url, data=body.encode("utf-8"), headers=headers, timeout=self.timeout, stream=True
             )
         except requests.ConnectionError as exc:
             raise EndpointError(f"cannot reach {url}: {exc}") from exc
@@ -103,8 +130,7 @@ class HTTPClient:
             raise EndpointError(f"request to {url} failed: {exc}") from exc
         # After retries, the deadline counts from the attempt that answered: _Retry.sleep noted its start.
         retried = getattr(getattr(response.raw, "retries", None), "attempt_started", None)
-        deadline = (retried or started) + self.timeout
-        return _decode(url, response, _read(url, response, deadline, self.timeout))
+        return url, response, (retried or started) + self.timeout
 
     def _session(self) -> requests.Session:
         if self._callers is not None:
@@ -226,6 +252,107 @@ def _read(url: str, response: requests.Response, deadline: float, timeout: float
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
+def _chunks(url: str, response: requests.Response) -> Iterator[bytes]:
+    """The body as it arrives: ``read1`` gives whatever one socket read has, so that a caller checks its
+    deadline between reads even when a server sends a byte at a time (urllib3 1.x: whole chunks). A read
+    that fails is an EndpointError; what the caller does with a chunk raises as it raises."""
+    raw: Any = response.raw
+    pieces: Iterator[bytes] = (
+        iter(lambda: raw.read1(65536, decode_content=True), b"") if hasattr(raw, "read1")
+        else response.iter_content(chunk_size=65536)
+    )
+    received = 0
+    while True:
+        try:
+            chunk = next(pieces, b"")
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise EndpointError(
+                f"the stream from {url} broke off after {received} bytes: {exc}", status=response.status_code
+            ) from exc
+        if not chunk:
+            return
+        received += len(chunk)
+        yield chunk
+
+
+def _read_events(
+    url: str, response: requests.Response, deadline: float, timeout: float, handle: Callable[[str, str], bool]
+) -> None:
+    """Server-sent events (the WHATWG format: lines ended by CRLF, LF or CR; ``data:`` lines joined by LF;
+    a blank line dispatches; ``:`` starts a comment; one space after the colon is dropped), handed to
+    ``handle`` as each one completes. Lines are split here, on bytes, rather than by requests'
+    ``iter_lines``, which reads a CRLF split between two reads as two line ends: a blank line, which in
+    SSE dispatches an event too early. UTF-8 is decoded per line; no line end falls inside a character.
+
+    After the end event the rest of the body (the chunked encoding's last chunk) is read, within the
+    deadline, so that the connection goes back to the pool for the next request."""
+    events = _Events(handle)
+    received = 0
+    chunks = _chunks(url, response)
+    try:
+        for chunk in chunks:
+            received += len(chunk)
+            if events.feed(chunk):
+                break
+            if time.monotonic() > deadline:
+                raise EndpointError(
+                    f"{url} did not finish its stream within the timeout of {timeout} s",
+                    status=response.status_code,
+                )
+        else:
+            if not events.feed(b"", end=True):
+                raise EndpointError(
+                    f"the stream from {url} ended after {received} bytes, before its end",
+                    status=response.status_code,
+                )
+        if events.done:  # what follows (nothing, normally) only decides whether the connection is kept
+            for _ in chunks:
+                if time.monotonic() > deadline:
+                    break
+    except EndpointError:
+        if not events.done:
+            raise
+        log.debug("after the end of the stream from %s", url, exc_info=True)
+    finally:
+        response.close()
+
+
+class _Events:
+    """The SSE line and event state between reads."""
+
+    __slots__ = ("data", "done", "event", "handle", "pending")
+
+    def __init__(self, handle: Callable[[str, str], bool]) -> None:
+        self.handle = handle
+        self.pending = b""
+        self.event = ""
+        self.data: list[str] = []
+        self.done = False
+
+    def feed(self, chunk: bytes, *, end: bool = False) -> bool:
+        """True once the end event has been handled."""
+        lines = (self.pending + chunk).splitlines(keepends=True)
+        # The last line is incomplete without its end, and one ending in CR may be half of a CRLF.
+        self.pending = lines.pop() if lines and not end and not lines[-1].endswith(b"\n") else b""
+        for raw in lines:
+            if not raw.endswith((b"\n", b"\r")):
+                break  # the body's last bytes, unended: an incomplete line, which SSE discards
+            line = raw.rstrip(b"\r\n").decode("utf-8", errors="replace")
+            if not line:
+                if self.data and self.handle(self.event, "\n".join(self.data)):
+                    self.done = True
+                    return True
+                self.event, self.data = "", []
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data":
+                self.data.append(value)
+            elif name == "event":
+                self.event = value
+        return False
+
+
 def _decode(url: str, response: requests.Response, text: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
@@ -267,3 +394,24 @@ def usage_of(data: dict[str, Any]) -> dict[str, int] | None:
         return None
     counts = {k: v for k, v in usage.items() if isinstance(k, str) and type(v) is int}
     return counts or None
+
+
+def stream_json(data: str) -> dict[str, Any]:
+    """One event's data, which must be a JSON object."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise EndpointError(f"malformed stream: an event's data is not a JSON object: {data[:300]!r}",
+                            status=200, body=data)
+    return value
+
+
+def stream_error(data: dict[str, Any], text: str) -> EndpointError:
+    """The error a provider reported in the middle of a stream (its status was 200 when it began)."""
+    error = data.get("error")
+    kind = error.get("type") if isinstance(error, dict) else None
+    what = _provider_message(data) or text[:300]
+    return EndpointError(f"the stream reported an error: {what}" + (f" ({kind})" if isinstance(kind, str) else ""),
+                         status=200, body=text)

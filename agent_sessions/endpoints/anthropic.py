@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import groupby
 from json.encoder import encode_basestring_ascii as _string
 from operator import attrgetter
@@ -11,9 +11,10 @@ from typing import Any
 
 import requests
 
+from ..errors import EndpointError
 from ..messages import Content, ContentType, Message, Role
 from ..tools import Tool
-from ._http import HTTPClient, malformed, usage_of
+from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
 
 API_VERSION = "2023-06-01"
 
@@ -24,7 +25,15 @@ class AnthropicMessages:
 
     ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``x-api-key``).
     ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
-    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient)."""
+    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient).
+
+    ``stream=True`` asks for server-sent events and hands each piece of text to ``complete``'s
+    ``on_text`` as it arrives. The reply is the Message the same content gives without streaming, usage
+    included (``message_start``'s, updated by ``message_delta``'s). A tool call's ``input_json_delta``
+    pieces are joined and read as JSON, and its arguments are that value's compact JSON: the same text
+    as without streaming, where the API hands ``input`` over as an object. A stream that breaks off
+    (no ``message_stop``), an ``error`` event, or data that is not JSON is an EndpointError, and is not
+    retried once it has begun (see ``HTTPClient.stream``)."""
 
     def __init__(
         self,
@@ -40,6 +49,7 @@ class AnthropicMessages:
         extra: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         session: requests.Session | None = None,
+        stream: bool = False,
     ) -> None:
         own = {"anthropic-version": API_VERSION}
         if api_key:
@@ -51,16 +61,32 @@ class AnthropicMessages:
         self.model = model
         self.max_tokens = max_tokens
         self.extra = dict(extra or {})
+        self.streams = bool(stream)
 
-    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
-        return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
+    def complete(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Tool],
+        *,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Message:
+        """The reply to ``messages``. Streaming, ``on_text`` is given each piece of its text as it
+        arrives, on this thread (a callback that raises ends the request with its exception)."""
+        if not self.streams:
+            return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
+        reply = _Stream(on_text)
+        data = self.http.stream("/v1/messages", self.body(system, messages, tools, stream=True), reply.handle)
+        return reply.message() if data is None else _unstreamed(data, on_text)
 
-    def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> str:
+    def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool], *, stream: bool = False) -> str:
         """The request as JSON text. Tool-use ``input`` must be the stored arguments text itself, so that
         what the model produced goes back byte for byte instead of through a dict, and json.dumps cannot
         embed raw JSON: the messages are written from encoded pieces, joined once, and put in front of
         the rest of the body, which json.dumps writes."""
         head: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
+        if stream:
+            head["stream"] = True
         if system:
             head["system"] = system
         if tools:
@@ -123,6 +149,21 @@ def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not JSON")
 
 
+def _named(block: dict[str, Any]) -> bool:
+    """A tool_use block has a non-empty string id and name (a Content would refuse it otherwise)."""
+    call_id, name = block.get("id"), block.get("name")
+    return isinstance(call_id, str) and isinstance(name, str) and bool(call_id and name)
+
+
+def _unstreamed(data: dict[str, Any], on_text: Callable[[str], None] | None) -> Message:
+    """The reply of a server that answered a stream request with plain JSON: its text goes to ``on_text``
+    in one piece, so that the pieces handed on still join to the reply's text."""
+    message = parse_response(data)
+    if on_text is not None and message.text:
+        on_text(message.text)
+    return message
+
+
 def parse_response(data: dict[str, Any]) -> Message:
     blocks = data.get("content")
     if not isinstance(blocks, list):
@@ -134,7 +175,7 @@ def parse_response(data: dict[str, Any]) -> Message:
             if block["text"]:
                 content.append(Content.from_text(block["text"]))
         elif kind == "tool_use":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+            if not _named(block):
                 raise malformed(f"content[{i}] tool_use without id or name", data)
             # The API hands input over as an object; compact JSON is the closest text to what was said.
             arguments = json.dumps(block.get("input", {}), separators=(",", ":"), ensure_ascii=False)
@@ -146,3 +187,105 @@ def parse_response(data: dict[str, Any]) -> Message:
     if not content:
         content.append(Content.from_text(""))
     return Message(Role.ASSISTANT, content, usage=usage_of(data))
+
+
+class _Stream:
+    """A reply assembled from the Messages API's events: each content block started by
+    ``content_block_start`` (at its ``index``) and grown by its ``content_block_delta``s, the usage of
+    ``message_start`` updated by ``message_delta``'s (which holds the final counts), ended by
+    ``message_stop``. Thinking blocks are left out, as without streaming."""
+
+    __slots__ = ("blocks", "on_text", "usage")
+
+    def __init__(self, on_text: Callable[[str], None] | None) -> None:
+        self.on_text = on_text
+        self.blocks: dict[int, list[Any]] = {}  # index: [type, id, name, [pieces], input at the start]
+        self.usage: dict[str, Any] = {}
+
+    def handle(self, event: str, data: str) -> bool:
+        body = stream_json(data)
+        kind = body.get("type", event)
+        if kind == "message_stop":
+            return True
+        if kind == "error":
+            raise stream_error(body, data)
+        if kind == "message_start":
+            message = body.get("message")
+            self._usage(message if isinstance(message, dict) else {})
+        elif kind == "message_delta":
+            self._usage(body)
+        elif kind == "content_block_start":
+            self._start(body)
+        elif kind == "content_block_delta":
+            self._delta(body)
+        return False  # ping, content_block_stop, and what a later API version may add
+
+    def _usage(self, data: dict[str, Any]) -> None:
+        if isinstance(data.get("usage"), dict):
+            self.usage.update(data["usage"])
+
+    def _start(self, body: dict[str, Any]) -> None:
+        index, block = body.get("index"), body.get("content_block")
+        if type(index) is not int or not isinstance(block, dict):
+            raise malformed("content_block_start without an index or a content_block", body)
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            self.blocks[index] = ["text", "", "", [block["text"]] if block["text"] else [], None]
+            if block["text"] and self.on_text is not None:
+                self.on_text(block["text"])
+        elif kind == "tool_use":
+            if not _named(block):
+                raise malformed(f"content block {index}: tool_use without id or name", body)
+            self.blocks[index] = ["tool_use", block["id"], block["name"], [], block.get("input", {})]
+        elif kind in ("thinking", "redacted_thinking"):
+            self.blocks[index] = [kind, "", "", [], None]
+        else:
+            raise malformed(f"content block {index} is not a text or tool_use block", body)
+
+    def _delta(self, body: dict[str, Any]) -> None:
+        index, delta = body.get("index"), body.get("delta")
+        block = self.blocks.get(index) if type(index) is int else None
+        if block is None or not isinstance(delta, dict):
+            raise malformed("content_block_delta for no started block", body)
+        kind = delta.get("type")
+        if block[0] == "text" and kind == "text_delta":
+            text = delta.get("text")
+            if not isinstance(text, str):
+                raise malformed("text_delta without text", body)
+            if text:
+                block[3].append(text)
+                if self.on_text is not None:
+                    self.on_text(text)
+        elif block[0] == "tool_use" and kind == "input_json_delta":
+            piece = delta.get("partial_json")
+            if not isinstance(piece, str):
+                raise malformed("input_json_delta without partial_json", body)
+            block[3].append(piece)
+        # thinking_delta, signature_delta, citations_delta: nothing the transcript keeps
+
+    def message(self) -> Message:
+        content: list[Content] = []
+        for index in sorted(self.blocks):
+            kind, call_id, name, pieces, start = self.blocks[index]
+            if kind == "text" and pieces:
+                content.append(Content.from_text("".join(pieces)))
+            elif kind == "tool_use":
+                content.append(Content.tool_call(call_id, name, _arguments(index, "".join(pieces), start)))
+        if not content:
+            content.append(Content.from_text(""))
+        return Message(Role.ASSISTANT, content, usage=usage_of({"usage": self.usage}))
+
+
+def _arguments(index: int, joined: str, start: object) -> str:
+    """A streamed tool call's arguments: its ``partial_json`` pieces joined (the ``input`` of its
+    ``content_block_start`` when there are none, as for a tool without parameters) read as the
+    non-streaming response is read, and written as ``parse_response`` writes ``input``."""
+    if not joined.strip():
+        value = start if start is not None else {}
+    else:
+        try:
+            value = json.loads(joined)
+        except ValueError as exc:
+            raise EndpointError(f"malformed stream: tool_use block {index}: its input is not JSON ({exc}): "
+                                f"{joined[:300]!r}", status=200, body=joined) from exc
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import requests
 
+from ..errors import EndpointError
 from ..messages import Content, ContentType, Message, Role
 from ..tools import Tool
-from ._http import HTTPClient, malformed, usage_of
+from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
 
 
 class OpenAIChat:
@@ -19,7 +20,14 @@ class OpenAIChat:
 
     ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``authorization``).
     ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
-    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient)."""
+    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient).
+
+    ``stream=True`` asks for server-sent events (with ``stream_options: {"include_usage": true}``, so
+    the usage comes too; ``extra`` wins over both) and hands each piece of text to ``complete``'s
+    ``on_text`` as it arrives. The reply is the Message the same content gives without streaming: a
+    tool call's arguments are its deltas joined, byte for byte. A stream that breaks off, reports an
+    error or sends what is not JSON is an EndpointError, and is not retried once it has begun (see
+    ``HTTPClient.stream``)."""
 
     def __init__(
         self,
@@ -34,6 +42,7 @@ class OpenAIChat:
         extra: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         session: requests.Session | None = None,
+        stream: bool = False,
     ) -> None:
         auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = HTTPClient(
@@ -42,9 +51,25 @@ class OpenAIChat:
         )
         self.model = model
         self.extra = dict(extra or {})
+        self.streams = bool(stream)
 
-    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
-        return parse_response(self.http.post("/chat/completions", json.dumps(self.body(system, messages, tools))))
+    def complete(
+        self,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[Tool],
+        *,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Message:
+        """The reply to ``messages``. Streaming, ``on_text`` is given each piece of its text as it
+        arrives, on this thread (a callback that raises ends the request with its exception)."""
+        body = self.body(system, messages, tools)
+        if not self.streams:
+            return parse_response(self.http.post("/chat/completions", json.dumps(body)))
+        body = {"stream": True, "stream_options": {"include_usage": True}, **body}
+        reply = _Stream(on_text)
+        data = self.http.stream("/chat/completions", json.dumps(body), reply.handle)
+        return reply.message() if data is None else _unstreamed(data, on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> dict[str, Any]:
         wire: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
@@ -93,6 +118,15 @@ def _to_wire(message: Message) -> list[dict[str, Any]]:
     return wire
 
 
+def _unstreamed(data: dict[str, Any], on_text: Callable[[str], None] | None) -> Message:
+    """The reply of a server that answered a stream request with plain JSON: its text goes to ``on_text``
+    in one piece, so that the pieces handed on still join to the reply's text."""
+    message = parse_response(data)
+    if on_text is not None and message.text:
+        on_text(message.text)
+    return message
+
+
 def parse_response(data: dict[str, Any]) -> Message:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -111,7 +145,7 @@ def parse_response(data: dict[str, Any]) -> Message:
         raise malformed("message.tool_calls is not a list", data)
     for i, call in enumerate(raw_calls):
         function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise malformed(f"tool_calls[{i}] has no function name", data)
         arguments = function.get("arguments", "")
         if not isinstance(arguments, str):  # a few servers send an object; keep it as compact JSON
@@ -123,3 +157,90 @@ def parse_response(data: dict[str, Any]) -> Message:
     if not content:
         content.append(Content.from_text(""))
     return Message(Role.ASSISTANT, content, usage=usage_of(data))
+
+
+class _Stream:
+    """A reply assembled from ``chat.completion.chunk`` events: the text deltas of choice 0 joined, each
+    tool call's pieces gathered by its ``index`` (its id and name from the first delta that has them,
+    its arguments every delta's joined), and the usage of the chunk that carries it, the last."""
+
+    __slots__ = ("calls", "on_text", "text", "usage")
+
+    def __init__(self, on_text: Callable[[str], None] | None) -> None:
+        self.on_text = on_text
+        self.text: list[str] = []
+        self.calls: dict[int, list[Any]] = {}  # index: [id, name, [argument pieces]]
+        self.usage: dict[str, int] | None = None
+
+    def handle(self, event: str, data: str) -> bool:
+        if data.strip() == "[DONE]":
+            return True
+        chunk = stream_json(data)
+        if "error" in chunk or chunk.get("object") == "error":
+            raise stream_error(chunk, data)
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = usage_of(chunk)
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise malformed("a chunk's choices is not a list", chunk)
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise malformed("a chunk's choice is not an object", chunk)
+            if choice.get("index", 0) != 0:
+                continue  # n > 1: the reply is choice 0, as without streaming
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise malformed("a chunk's delta is not an object", chunk)
+            text = delta.get("content")
+            if text is not None and not isinstance(text, str):
+                raise malformed("delta.content is neither a string nor null", chunk)
+            if text:
+                self.text.append(text)
+                if self.on_text is not None:
+                    self.on_text(text)
+            self._calls(delta.get("tool_calls") or [], chunk)
+        return False
+
+    def _calls(self, deltas: object, chunk: dict[str, Any]) -> None:
+        if not isinstance(deltas, list):
+            raise malformed("delta.tool_calls is not a list", chunk)
+        for delta in deltas:
+            if not isinstance(delta, dict):
+                raise malformed("a tool call delta is not an object", chunk)
+            index = delta.get("index")
+            call_id = delta.get("id")
+            if type(index) is not int:  # a server that leaves index out: a new id starts a new call
+                known = [c[0] for c in self.calls.values()]
+                fresh = not self.calls or (isinstance(call_id, str) and call_id and call_id not in known)
+                index = len(self.calls) if fresh else max(self.calls)
+            call = self.calls.setdefault(index, ["", "", []])
+            function = delta.get("function") or {}
+            if not isinstance(function, dict):
+                raise malformed("a tool call delta's function is not an object", chunk)
+            name = function.get("name")
+            for slot, value in ((0, call_id), (1, name)):
+                if value is not None and not isinstance(value, str):
+                    raise malformed("a tool call delta's id or name is not a string", chunk)
+                if value and not call[slot]:
+                    call[slot] = value
+            arguments = function.get("arguments")
+            if isinstance(arguments, (dict, list)):  # as without streaming: an object is kept as compact JSON
+                arguments = json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
+            if arguments is not None and not isinstance(arguments, str):
+                raise malformed("a tool call delta's arguments is not a string", chunk)
+            if arguments:
+                call[2].append(arguments)
+
+    def message(self) -> Message:
+        content: list[Content] = []
+        text = "".join(self.text)
+        if text:
+            content.append(Content.from_text(text))
+        for i, index in enumerate(sorted(self.calls)):
+            call_id, name, pieces = self.calls[index]
+            if not name:
+                raise EndpointError(f"malformed stream: tool call {index} has no function name", status=200)
+            content.append(Content.tool_call(call_id or f"call_{i}", name, "".join(pieces)))
+        if not content:
+            content.append(Content.from_text(""))
+        return Message(Role.ASSISTANT, content, usage=self.usage)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from functools import partial
 
-from ..endpoints import Endpoint
-from ..events import Events, Sink, sink
+from ..endpoints import Endpoint, streaming
+from ..events import SILENT, Events, Sink, sink
 from ..messages import Content, Message, Role, unanswered
 from ..persistence import Keeping, keeping
 from ..runner import Result, StopReason
@@ -61,6 +62,7 @@ def _loop(
     reply: Message | None = None
     usage: dict[str, int] = {}
     stop: StopReason
+    streams = streaming(endpoint) if emit is not SILENT else None  # text deltas: only for someone listening
     if unanswered(transcript):  # a resumed run: finish the reply's tool calls before asking again
         _run_tools(spec, steps, transcript, emit, cancelled, keep)
     while True:
@@ -82,7 +84,10 @@ def _loop(
             stop = "cancelled"
             break
         started = emit.model_request(step, len(transcript))
-        reply = endpoint.complete(spec.system, transcript, spec.toolbox)
+        if streams is None:
+            reply = endpoint.complete(spec.system, transcript, spec.toolbox)
+        else:
+            reply = streams.complete(spec.system, transcript, spec.toolbox, on_text=partial(emit.text_delta, step))
         steps = step
         transcript.append(reply)
         emit.model_response(step, reply, started)

@@ -93,7 +93,43 @@ def reset(conn: socket.socket) -> None:
     conn.close()
 
 
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+EVENT = b'data: {"choices": [{"delta": {"content": "half"}}]}\n\n'
+START = b'event: message_start\ndata: {"type": "message_start", "message": {"usage": {}}}\n\n'
+
+
+def stream_cut_short(conn: socket.socket) -> None:
+    conn.sendall(head(content_type="text/event-stream") + START + EVENT)  # no length: the close ends it
+    conn.close()
+
+
+def stream_chunk_cut_short(conn: socket.socket) -> None:
+    conn.sendall(head(content_type="text/event-stream")[:-2] + b"Transfer-Encoding: chunked\r\n\r\n"
+                 + chunked(START) + b"400\r\n" + EVENT)
+    conn.close()
+
+
+def stream_trickles_pings(conn: socket.socket) -> None:
+    conn.sendall(head(content_type="text/event-stream") + START)
+    for _ in range(600):
+        conn.sendall(b": ping\n\n")
+        time.sleep(0.05)
+
+
+def stream_reset(conn: socket.socket) -> None:
+    conn.sendall(head(content_type="text/event-stream") + START + EVENT)
+    time.sleep(0.05)
+    reset(conn)
+
+
 CASES = {
+    "event stream cut short": stream_cut_short,
+    "event stream cut inside a chunk": stream_chunk_cut_short,
+    "event stream that pings forever": stream_trickles_pings,
+    "event stream reset mid-way": stream_reset,
     "truncated JSON body": reply_with(b'{"choices": [{"message": {"role": "assistant", "content": "hal'),
     "body shorter than Content-Length": cut_short,
     "HTML with status 200": reply_with(b"<html><body>Welcome to nginx!</body></html>", content_type="text/html"),
@@ -109,6 +145,8 @@ CASES = {
 ENDPOINTS: dict[str, Callable[[str], Any]] = {
     "openai": lambda url: OpenAIChat(url + "/v1", "m", timeout=TIMEOUT, max_retries=0),
     "anthropic": lambda url: AnthropicMessages(url, "m", timeout=TIMEOUT, max_retries=0),
+    "openai streaming": lambda url: OpenAIChat(url + "/v1", "m", timeout=TIMEOUT, max_retries=0, stream=True),
+    "anthropic streaming": lambda url: AnthropicMessages(url, "m", timeout=TIMEOUT, max_retries=0, stream=True),
 }
 
 
@@ -171,10 +209,13 @@ def test_any_json_in_place_of_a_reply_is_a_message_or_an_endpoint_error(endpoint
 
 
 OK_BODIES = {"openai": b'{"choices": [{"message": {"content": "ok"}}]}',
-             "anthropic": b'{"content": [{"type": "text", "text": "ok"}]}'}
+             "anthropic": b'{"content": [{"type": "text", "text": "ok"}]}',
+             "openai streaming": b'{"choices": [{"message": {"content": "ok"}}]}'}  # a server that ignores stream
 RETRYING: dict[str, Callable[[str], Any]] = {
     "openai": lambda url: OpenAIChat(url + "/v1", "m", timeout=TIMEOUT, max_retries=1, backoff=0.01),
     "anthropic": lambda url: AnthropicMessages(url, "m", timeout=TIMEOUT, max_retries=1, backoff=0.01),
+    "openai streaming": lambda url: OpenAIChat(url + "/v1", "m", timeout=TIMEOUT, max_retries=1, backoff=0.01,
+                                               stream=True),
 }
 
 
