@@ -8,6 +8,7 @@ and non-ASCII), and Anthropic message streams (text; a thinking block, text, a t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -47,6 +48,18 @@ def unstreamed(name: str) -> agent.Message:
     return parse_openai(data) if name.startswith("openai") else parse_anthropic(data)
 
 
+def same_reply(streamed: agent.Message, unstreamed: agent.Message) -> bool:
+    """The same Message, except that a streamed Anthropic tool call keeps the model's own argument text
+    where the unstreamed reply only has ``input`` as an object (written compact): equal as JSON values."""
+    if streamed == unstreamed:
+        return True
+    def calls_as_values(m: agent.Message) -> list[Any]:
+        return [json.loads(c.arguments) if c.type is agent.ContentType.TOOL_CALL else c for c in m.content]
+    bare = [dataclasses.replace(c, arguments="") for c in streamed.content]
+    other = [dataclasses.replace(c, arguments="") for c in unstreamed.content]
+    return bare == other and calls_as_values(streamed) == calls_as_values(unstreamed)
+
+
 def endpoint(model: ModelServer, name: str, **kw: Any) -> OpenAIChat | AnthropicMessages:
     if name.startswith("openai"):
         return OpenAIChat(model.url + "/v1", "m", api_key="sk", stream=True, **kw)
@@ -79,7 +92,7 @@ def test_a_streamed_reply_is_the_unstreamed_one(model: ModelServer, name: str, c
     pieces: list[str] = []
     reply = endpoint(model, name).complete("", [agent.Message.user("go")], [lookup], on_text=pieces.append)
     expected = unstreamed(name)
-    assert reply == expected
+    assert same_reply(reply, expected)
     assert reply.usage == expected.usage and reply.usage
     assert pieces == text_deltas(name)
     assert "".join(pieces) == reply.text
@@ -95,11 +108,12 @@ def test_openai_tool_call_arguments_are_the_deltas_joined_byte_for_byte(model: M
     assert reply.text == ""
 
 
-def test_anthropic_tool_use_arguments_are_what_the_unstreamed_input_gives(model: ModelServer) -> None:
-    model.push(sse(recorded("anthropic_tool_use")))
+def test_anthropic_tool_use_arguments_are_the_deltas_joined_byte_for_byte(model: ModelServer) -> None:
+    model.push(sse(recorded("anthropic_tool_use"), size=3))
     reply = endpoint(model, "anthropic_tool_use").complete("", [agent.Message.user("go")], [lookup])
     call, bare = reply.tool_calls
-    assert call.arguments == '{"key":"aé 😀\\"x","n":[1,2500.0]}'  # compact, as parse_response writes input
+    assert call.arguments == '{"key": "aé 😀\\"x", "n": [1, 2.5e3]}'  # the model's text, 2.5e3 and spaces kept
+    assert json.loads(call.arguments) == json.loads(unstreamed("anthropic_tool_use").tool_calls[0].arguments)
     assert bare.arguments == "{}"  # a tool without input: one empty partial_json
     assert reply.text == "I'll look that up — both keys."  # the thinking block is not kept
 
@@ -217,11 +231,13 @@ def test_a_tool_call_without_an_id_or_name_is_an_endpoint_error(model: ModelServ
         endpoint(model, name).complete("", [agent.Message.user("go")], [])
 
 
-def test_anthropic_arguments_that_are_not_json_are_an_endpoint_error(model: ModelServer) -> None:
+def test_anthropic_arguments_that_are_not_json_are_kept_as_the_model_wrote_them(model: ModelServer) -> None:
+    """As for every model's arguments: the transcript says what the model said, and the tool is given the
+    error of parsing them (tests/test_tools.py), not the run."""
     text = recorded("anthropic_tool_use").replace('"partial_json":"]}"', '"partial_json":"]"')
     model.push(sse(text))
-    with pytest.raises(agent.EndpointError, match="tool_use block 2: its input is not JSON"):
-        endpoint(model, "anthropic_tool_use").complete("", [agent.Message.user("go")], [])
+    reply = endpoint(model, "anthropic_tool_use").complete("", [agent.Message.user("go")], [])
+    assert reply.tool_calls[0].arguments == '{"key": "aé 😀\\"x", "n": [1, 2.5e3]'  # no closing brace
 
 
 @pytest.mark.parametrize("name", ["openai_text", "anthropic_text"])
@@ -310,7 +326,7 @@ def test_a_run_reports_text_deltas_whose_join_is_the_answer(model: ModelServer, 
         assert "".join(e.text for e in seen if isinstance(e, ev.TextDelta) and e.step == step) == message.text
     assert "".join(e.text for e in seen if isinstance(e, ev.TextDelta) and e.step == 2) == result.text
     assert len([e for e in seen if isinstance(e, ev.TextDelta) and e.step == 2]) > 3
-    assert result.messages[1] == unstreamed(first)
+    assert same_reply(result.messages[1], unstreamed(first))
     assert result.usage  # summed over both streamed requests
 
 
@@ -364,7 +380,7 @@ def test_a_cut_stream_leaves_no_half_reply_in_a_leased_session(model: ModelServe
                            endpoint(model, name), seen.append)
     assert [e for e in seen if isinstance(e, ev.TextDelta) and e.step == 2]  # some text had been shown
     stored = store.messages("s")
-    assert len(stored) == 3 and stored[1] == unstreamed(name)
+    assert len(stored) == 3 and same_reply(stored[1], unstreamed(name))
     assert stored[2].role is agent.Role.USER and stored[2].content[0].type is agent.ContentType.TOOL_RESULT
     holder = store.holder("s")
     assert holder is None or holder.token is None  # the lease was let go

@@ -11,7 +11,6 @@ from typing import Any
 
 import requests
 
-from ..errors import EndpointError
 from ..messages import Content, ContentType, Message, Role
 from ..tools import Tool
 from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
@@ -29,9 +28,11 @@ class AnthropicMessages:
 
     ``stream=True`` asks for server-sent events and hands each piece of text to ``complete``'s
     ``on_text`` as it arrives. The reply is the Message the same content gives without streaming, usage
-    included (``message_start``'s, updated by ``message_delta``'s). A tool call's ``input_json_delta``
-    pieces are joined and read as JSON, and its arguments are that value's compact JSON: the same text
-    as without streaming, where the API hands ``input`` over as an object. A stream that breaks off
+    included (``message_start``'s, updated by ``message_delta``'s). A tool call's arguments are its
+    ``input_json_delta`` pieces joined, byte for byte: the model's own text, kept as the library keeps
+    every model's arguments (even when it is not valid JSON). Without streaming the API hands ``input``
+    over as an object, which is written as compact JSON; so the two replies agree on everything, and
+    their arguments as JSON values, while their spacing may differ. A stream that breaks off
     (no ``message_stop``), an ``error`` event, or data that is not JSON is an EndpointError, and is not
     retried once it has begun (see ``HTTPClient.stream``)."""
 
@@ -270,22 +271,16 @@ class _Stream:
             if kind == "text" and pieces:
                 content.append(Content.from_text("".join(pieces)))
             elif kind == "tool_use":
-                content.append(Content.tool_call(call_id, name, _arguments(index, "".join(pieces), start)))
+                content.append(Content.tool_call(call_id, name, _arguments("".join(pieces), start)))
         if not content:
             content.append(Content.from_text(""))
         return Message(Role.ASSISTANT, content, usage=usage_of({"usage": self.usage}))
 
 
-def _arguments(index: int, joined: str, start: object) -> str:
-    """A streamed tool call's arguments: its ``partial_json`` pieces joined (the ``input`` of its
-    ``content_block_start`` when there are none, as for a tool without parameters) read as the
-    non-streaming response is read, and written as ``parse_response`` writes ``input``."""
-    if not joined.strip():
-        value = start if start is not None else {}
-    else:
-        try:
-            value = json.loads(joined)
-        except ValueError as exc:
-            raise EndpointError(f"malformed stream: tool_use block {index}: its input is not JSON ({exc}): "
-                                f"{joined[:300]!r}", status=200, body=joined) from exc
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def _arguments(joined: str, start: object) -> str:
+    """A streamed tool call's arguments: its ``partial_json`` pieces joined, byte for byte; for a call
+    with none (a tool without parameters), its ``content_block_start`` ``input`` written as
+    ``parse_response`` writes ``input``."""
+    if joined:
+        return joined
+    return json.dumps(start if start is not None else {}, separators=(",", ":"), ensure_ascii=False)
