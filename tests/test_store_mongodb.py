@@ -35,7 +35,6 @@ def drop(db: Database[Any]) -> None:
 
 
 class TestMongoDBStoreKeepsTheContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE}  # lifecycle: being built
     examples = 15
     steers_per_adder = 10
     long_transcript = 2000
