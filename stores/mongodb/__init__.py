@@ -12,8 +12,13 @@ steer waiting, and it costs the same at 10 messages as at 10,000; taking steers 
 transcript they join is still one update of one document.
 
 Messages are kept as JSON strings, not sub-documents, so a model's tool arguments come back byte for
-byte. ``INDEXES`` and ``create_indexes(database)`` are for the caller's migration (there are none today:
-every query is by ``_id``).
+byte. ``INDEXES`` and ``create_indexes(database)`` are for the caller's migration: every query of a run is
+by ``_id``; listing and pruning walk ``(updated, _id)``.
+
+The lifecycle lives on the same document: ``created`` and ``updated`` (dates on the server's clock, set
+by the very update that writes the document, so a run's usual step is still one write), ``metadata``
+(its JSON text) and ``tags`` (``"key=<value's JSON>"``, which ``where`` matches, so values compare by their
+JSON form). Deleting the document is the one step that ends a session: its pages go after it.
 
 The version is ``"<generation>:<length>:<in pages>:<pages>"`` (``Layout``). A rewrite starts a new
 generation; within one, messages only ever follow those committed, and page ``k`` is written once, so a
