@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import datetime
 import functools
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import bson
 import pymongo
 import pytest
+from pymongo import monitoring
 from pymongo.database import Database
 
 import agent_sessions as agent
@@ -35,7 +39,6 @@ def drop(db: Database[Any]) -> None:
 
 
 class TestMongoDBStoreKeepsTheContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE}  # lifecycle: being built
     examples = 15
     steers_per_adder = 10
     long_transcript = 2000
@@ -160,3 +163,195 @@ def test_pages_are_cut_by_bytes_too_so_no_document_passes_16_mb(database: Databa
     store.save("s", msgs[:3])  # a rewrite: the old generation's pages all go
     assert len(list(database[mongodb.PAGES].find())) == 0
     assert mongodb.Store(database).messages("s") == msgs[:3]
+
+
+# -- the lifecycle on MongoDB ----------------------------------------------------------------------------
+
+
+class Writes(monitoring.CommandListener):
+    """The write commands a client sends (a real server's count, not a mock's)."""
+
+    WRITES = frozenset({"insert", "update", "delete", "findAndModify"})
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name in self.WRITES:
+            self.commands.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_a_runs_usual_step_is_still_one_update_and_it_sets_updated(database: Database[Any]) -> None:
+    drop(database)
+    writes = Writes()
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(MONGO_URL, event_listeners=[writes])
+    try:
+        store = mongodb.Store(client[DATABASE])
+        held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+        msgs = [agent.Message.user("go")]
+        store.save_fenced("s", held, msgs, take_steers=True)
+        before = store.info("s")
+        for i in range(5):
+            time.sleep(0.005)
+            msgs.append(agent.Message.assistant(f"step {i}"))
+            writes.commands.clear()
+            store.save_fenced("s", held, msgs, take_steers=True)
+            assert writes.commands == ["update"]
+        after = store.info("s")
+        assert before is not None and after is not None and after.updated > before.updated
+        assert after.messages == 6 and after.created == before.created
+    finally:
+        client.close()
+
+
+def test_every_write_to_the_session_document_moves_updated_on(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    seen: list[datetime.datetime] = []
+
+    def moved() -> None:
+        info = store.info("s")
+        assert info is not None
+        assert not seen or info.updated > seen[-1]
+        seen.append(info.updated)
+        time.sleep(0.005)
+
+    store.save("s", [agent.Message.user("q")])
+    moved()
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    moved()
+    store.renew("s", held, 30)
+    moved()
+    store.put_journal("s", held, "{}")
+    moved()
+    assert store.cancel("s")
+    moved()
+    store.release("s", held)
+    moved()
+    store.set_metadata("s", {"k": 1})
+    moved()
+    created = seen[0]
+    store.add_steer("s", "a steer does not make it newer")
+    store.take_steers("s")
+    info = store.info("s")
+    assert info is not None and info.updated == seen[-1] and info.created == created
+    store.fork("s", "f", None)
+    forked = store.info("f")
+    assert forked is not None and forked.created == forked.updated > seen[-1] and forked.messages == 1
+
+
+def test_where_compares_json_forms_that_mongodb_would_call_equal(database: Database[Any]) -> None:
+    """MongoDB finds 1 == 1.0 == true-ish nowhere but 1 == 1.0: the tags keep the JSON form apart."""
+    drop(database)
+    store = mongodb.Store(database)
+    for sid, value in (("int", 1), ("float", 1.0), ("bool", True), ("str", "1")):
+        store.set_metadata(sid, {"v": value})
+    for value, sid in ((1, "int"), (1.0, "float"), (True, "bool"), ("1", "str")):
+        assert [s.id for s in store.list_sessions(where={"v": value})] == [sid]
+    doc = database[mongodb.SESSIONS].find_one({"_id": "float"})
+    assert doc is not None and doc["tags"] == ["v=1.0"]
+    store.set_metadata("float", {"v": None, "w": "x"})
+    assert list(store.list_sessions(where={"v": 1.0})) == []
+    assert [s.id for s in store.list_sessions(where={"w": "x"})] == ["float"]
+
+
+def test_concurrent_set_metadata_never_loses_a_key(database: Database[Any]) -> None:
+    drop(database)
+    stores = [mongodb.Store(database) for _ in range(4)]
+    barrier = threading.Barrier(len(stores), timeout=30)
+    errors: list[BaseException] = []
+
+    def label(n: int, store: mongodb.Store) -> None:
+        try:
+            barrier.wait()
+            for i in range(6):
+                store.set_metadata("s", {f"k{n}_{i}": i})
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=label, args=(n, s)) for n, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    info = stores[0].info("s")
+    assert info is not None and dict(info.metadata) == {f"k{n}_{i}": i for n in range(4) for i in range(6)}
+    assert sorted(database[mongodb.SESSIONS].find_one({"_id": "s"})["tags"]) == sorted(  # type: ignore[index]
+        f"k{n}_{i}={i}" for n in range(4) for i in range(6))
+
+
+def test_delete_removes_the_pages_and_the_id_starts_again_from_nothing(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    msgs = [agent.Message.user(f"m{i}") for i in range(3 * mongodb.PAGE)]
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    store.save_fenced("s", held, msgs, take_steers=False)
+    store.set_metadata("s", {"user": "u"})
+    assert len(pages(database)) == 3
+    assert store.delete("s", force=True) is True
+    assert pages(database) == [] and database[mongodb.SESSIONS].find_one({"_id": "s"}) is None
+    with pytest.raises(agent.LeaseLost):
+        store.save_fenced("s", held, [*msgs, agent.Message.assistant("late")], take_steers=False)
+    assert database[mongodb.SESSIONS].find_one({"_id": "s"}) is None  # the late write brought nothing back
+    store.save("s", msgs[:2])  # this process knew the old version: its save must not append to it
+    again = store.acquire("s", agent.Holder("h", 2, "u" * 32, 0.0), 30)
+    assert again.epoch == 1 and again.token == "u" * 32
+    info = mongodb.Store(database).info("s")
+    assert info is not None and (info.messages, dict(info.metadata)) == (2, {})
+    assert mongodb.Store(database).messages("s") == msgs[:2] and store.tail("s", 5) == msgs[:2]
+
+
+def test_tail_reads_only_the_pages_it_needs(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    msgs = [agent.Message.user(f"m{i}") for i in range(5 * mongodb.PAGE + 3)]
+    store.save("s", msgs)
+    database[mongodb.PAGES].delete_many({"_id": {"$regex": ":[0-2]$"}})  # the three oldest pages
+    assert store.tail("s", mongodb.PAGE + 3) == msgs[-(mongodb.PAGE + 3):]
+    assert store.tail("s", 2 * mongodb.PAGE + 3) == msgs[-(2 * mongodb.PAGE + 3):]
+    with pytest.raises(agent.StoreError, match="kept racing"):  # what a vanished page looks like
+        store.tail("s", 3 * mongodb.PAGE + 3)
+
+
+class SavedJustBeforeItsDelete:
+    """The sessions collection, but a save of ``session`` lands between prune's pick and its delete."""
+
+    def __init__(self, collection: Any, session: str, save: Any) -> None:
+        self.collection, self.session, self.save = collection, session, save
+
+    def find_one_and_delete(self, where: dict[str, Any], **kwargs: Any) -> Any:
+        if where.get("_id") == self.session:
+            self.save()
+        return self.collection.find_one_and_delete(where, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.collection, name)
+
+
+def test_prune_spares_a_session_saved_after_it_was_picked(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    for sid in ("a", "b", "c"):
+        store.save(sid, [agent.Message.user(sid)])
+    time.sleep(0.05)
+    other = mongodb.Store(database)
+    store._sessions = SavedJustBeforeItsDelete(  # type: ignore[assignment]
+        store._sessions, "b", lambda: other.save("b", [agent.Message.user("b"), agent.Message.assistant("kept")]))
+    assert store.prune(idle_for=0.01) == 2
+    assert [s.id for s in other.list_sessions()] == ["b"]
+    assert other.messages("b") == [agent.Message.user("b"), agent.Message.assistant("kept")]
+
+
+def test_the_indexes_listing_and_pruning_use_exist(database: Database[Any]) -> None:
+    drop(database)
+    mongodb.create_indexes(database)  # twice: idempotent
+    keys = {tuple(ix["key"].items()) for ix in database[mongodb.SESSIONS].list_indexes()}
+    assert (("updated", -1), ("_id", -1)) in keys
+    assert (("tags", 1), ("updated", -1), ("_id", -1)) in keys

@@ -177,3 +177,60 @@ def test_a_mongodb_database_of_schema_1_upgrades_with_mongodb_upgrade() -> None:
         _check(mongodb.Store(db))
     finally:
         client.close()
+
+
+def test_a_mongodb_database_of_the_previous_shape_gains_created_updated_and_is_listed() -> None:
+    """Session documents as the store wrote them before the lifecycle (no created, updated, metadata or
+    tags), inserted directly: ``mongodb.upgrade`` backfills them, and the lifecycle calls then work."""
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.MONGO_URL, serverSelectionTimeoutMS=10_000)
+    db = client[servers.database_name("upgrade2")]
+    for collection in ("agent_sessions", "agent_pages", "agent_runs", "agent_journals"):
+        db.drop_collection(collection)
+    long = [agent.Message.user(f"m{i}") for i in range(mongodb.PAGE + 8)]
+    generation = uuid.uuid4().hex
+    db.agent_pages.insert_one({"_id": f"{generation}:0", "bodies": [m.to_json() for m in long[:mongodb.PAGE]]})
+    far = time.time() + 3600
+    db.agent_sessions.insert_many([
+        {"_id": "long", "version": f"{generation}:{len(long)}:{mongodb.PAGE}:1",
+         "tail": [m.to_json() for m in long[mongodb.PAGE:]], "epoch": 2, "token": None, "host": None, "pid": None,
+         "expires": None, "cancelled": False},
+        {"_id": "talk", "version": f"{uuid.uuid4().hex}:{len(TALK)}", "tail": [m.to_json() for m in TALK],
+         "steers": [{"id": uuid.uuid4().hex, "text": "first ✓"}]},
+        {"_id": "held", "epoch": 1, "token": "f" * 32, "host": "web-3", "pid": 4121, "expires": far,
+         "cancelled": False},
+        {"_id": "crashed", "version": f"{uuid.uuid4().hex}:1:0:0", "tail": [CRASHED[0].to_json()],
+         "journal": JOURNAL, "epoch": 1, "token": None, "host": None, "pid": None, "expires": None,
+         "cancelled": False},
+        {"_id": "waiting", "steers": [{"id": uuid.uuid4().hex, "text": "for a session not yet written"}]},
+    ])
+    # not a shape the store wrote: metadata without its tags (set by hand, or a backup restored without
+    # them); the upgrade derives the tags, which is what makes ``where`` find it
+    db.agent_sessions.insert_one({"_id": "labelled", "version": f"{uuid.uuid4().hex}:0:0:0", "tail": [],
+                                  "metadata": '{"n":1.0,"user":"u-9"}'})
+    try:
+        started = time.time()
+        mongodb.upgrade(db)
+        mongodb.create_indexes(db)
+        store = mongodb.Store(db)
+        infos = {s.id: s for s in store.list_sessions()}
+        assert set(infos) == {"long", "talk", "held", "crashed", "labelled"}  # steers alone: no session, as before
+        assert [s.id for s in store.list_sessions(where={"user": "u-9", "n": 1.0})] == ["labelled"]
+        assert list(store.list_sessions(where={"n": 1})) == []
+        assert store.info("waiting") is None and store.pending_steers("waiting") == ["for a session not yet written"]
+        assert {i: (s.messages, dict(s.metadata)) for i, s in infos.items()} == {
+            "long": (len(long), {}), "talk": (len(TALK), {}), "held": (0, {}), "crashed": (1, {}),
+            "labelled": (0, {"n": 1.0, "user": "u-9"})}
+        for info in infos.values():
+            assert info.created == info.updated and abs(info.updated.timestamp() - started) < 60
+        mongodb.upgrade(db)  # safe to run again: the times it set stay
+        assert {s.id: s for s in store.list_sessions()} == infos
+        assert store.messages("talk") == TALK and store.tail("long", 10) == long[-10:]
+        assert store.journal("crashed") == JOURNAL
+        with pytest.raises(agent.SessionBusy):
+            store.delete("held")
+        store.set_metadata("talk", {"user": "u-17"})
+        assert [s.id for s in store.list_sessions(where={"user": "u-17"})] == ["talk"]
+        assert store.list_sessions().sessions[0].id == "talk"  # the newest update
+        assert store.delete("long") is True and db.agent_pages.count_documents({}) == 0
+    finally:
+        client.close()

@@ -12,8 +12,13 @@ steer waiting, and it costs the same at 10 messages as at 10,000; taking steers 
 transcript they join is still one update of one document.
 
 Messages are kept as JSON strings, not sub-documents, so a model's tool arguments come back byte for
-byte. ``INDEXES`` and ``create_indexes(database)`` are for the caller's migration (there are none today:
-every query is by ``_id``).
+byte. ``INDEXES`` and ``create_indexes(database)`` are for the caller's migration: every query of a run is
+by ``_id``; listing and pruning walk ``(updated, _id)``.
+
+The lifecycle lives on the same document: ``created`` and ``updated`` (dates on the server's clock, set
+by the very update that writes the document, so a run's usual step is still one write), ``metadata``
+(its JSON text) and ``tags`` (``"key=<value's JSON>"``, which ``where`` matches, so values compare by their
+JSON form). Deleting the document is the one step that ends a session: its pages go after it.
 
 The version is ``"<generation>:<length>:<in pages>:<pages>"`` (``Layout``). A rewrite starts a new
 generation; within one, messages only ever follow those committed, and page ``k`` is written once, so a
@@ -24,16 +29,19 @@ a page a writer left behind when it died before committing is harmless (no versi
 from __future__ import annotations
 
 import logging
+import math
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 try:
     from bson.errors import BSONError
     from pymongo import ReturnDocument
+    from pymongo.collection import Collection
     from pymongo.database import Database
     from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 except ImportError as exc:  # pragma: no cover
@@ -48,11 +56,14 @@ from agent_sessions import (
     Message,
     MessageError,
     Saved,
+    SessionBusy,
     SessionExists,
     StoreError,
     TranscriptConflict,
+    lifecycle,
     validate,
 )
+from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
 
@@ -60,9 +71,16 @@ SESSIONS = "agent_sessions"
 PAGES = "agent_pages"
 COLLECTIONS = (SESSIONS, PAGES)
 
-INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = []
-"""(collection, keys, options) for each index beyond ``_id`` the store's queries use: none."""
+INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
+    (SESSIONS, [("updated", -1), ("_id", -1)], {"name": "updated_id"}),
+    (SESSIONS, [("tags", 1), ("updated", -1), ("_id", -1)], {"name": "tags_updated_id"}),
+]
+"""(collection, keys, options) for each index beyond ``_id`` the store's queries use: ``updated_id`` for
+``list_sessions`` newest first (keyset pages on ``(updated, _id)``) and for ``prune`` (oldest first, a
+range on ``updated``); ``tags_updated_id``, multikey, for a listing filtered by metadata (``where``)."""
 
+PRUNE_BATCH = 500
+"""Sessions ``prune`` picks per query; each is then deleted by its own single-document delete."""
 PAGE = 32
 """Messages a page holds at most. The tail stays under it, so an append rewrites at most this many on the
 server."""
@@ -78,14 +96,22 @@ log = logging.getLogger(__name__)
 
 _RETRIES = 1000  # each miss means another writer or taker got there first: progress, never a livelock
 _NO_STEER = {"steers.0": {"$exists": False}}
-_DROP_JOURNAL = {"$unset": {"journal": ""}}
+_TOUCH = {"updated": True}
+"""``$currentDate`` of a classic update: ``updated`` is the server's clock, as the lease's ``$$NOW``."""
+_STAMP = {"created": {"$ifNull": ["$created", "$$NOW"]}, "updated": "$$NOW"}
+"""The same in a pipeline update, which may create the session: ``created`` once, ``updated`` every time."""
+_EXISTS = {"created": {"$exists": True}}
+"""A session exists once a save, a lease, set_metadata or a fork wrote ``created``; a document holding only
+steers (``add_steer`` upserts) is one that does not exist yet."""
 _NOW = {"$divide": [{"$toLong": "$$NOW"}, 1000]}
 """Seconds since 1970 on the server's clock (an aggregation expression: filters with $expr, pipeline updates)."""
 _LIVE = {"token": {"$ne": None}, "$expr": {"$gt": ["$expires", _NOW]}}
+_NOT_LIVE = {"$or": [{"token": None}, {"$expr": {"$lte": ["$expires", _NOW]}}]}
 _LEASE = {"host": 1, "pid": 1, "token": 1, "expires": 1, "cancelled": 1, "epoch": 1}
 
 
 def create_indexes(database: Database[Any]) -> None:
+    """Create ``INDEXES`` (idempotent: an index already there is left as it is)."""
     for collection, keys, options in INDEXES:
         database[collection].create_index(keys, **options)
 
@@ -107,6 +133,22 @@ def upgrade(database: Database[Any]) -> None:
         )
     database.drop_collection("agent_journals")
     database.drop_collection("agent_runs")
+    _backfill_lifecycle(sessions)
+
+
+def _backfill_lifecycle(sessions: Collection[Any]) -> None:
+    """agent-sessions 0.2 (no lifecycle): a session's document gains ``created`` and ``updated``, both the
+    upgrade's time on the server's clock (0.2 kept no such time), and ``tags`` from its ``metadata``. A
+    document that was written (a transcript, a lease now or before, a journal) is a session; one holding
+    only steers is not, as before."""
+    written = {"$or": [{"version": {"$exists": True}}, {"epoch": {"$exists": True}},
+                       {"journal": {"$exists": True}}]}
+    sessions.update_many({"created": {"$exists": False}, **written},
+                         [{"$set": {"created": {"$ifNull": ["$updated", "$$NOW"]},
+                                    "updated": {"$ifNull": ["$updated", "$$NOW"]}}}])
+    for doc in sessions.find({"metadata": {"$type": "string"}, "tags": {"$exists": False}}, {"metadata": 1}):
+        tags = _tags(lifecycle.decode_metadata(doc["metadata"]))
+        sessions.update_one({"_id": doc["_id"], "metadata": doc["metadata"]}, {"$set": {"tags": tags}})
 
 
 class Store:
@@ -128,8 +170,8 @@ class Store:
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
         validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
         with self._failing("save", session):
-            if known is None or self._append(session, known, items, {}, _DROP_JOURNAL) is None:
-                self._rewrite(session, items, {"_id": session}, _DROP_JOURNAL)
+            if known is None or self._append(session, known, items, {}) is None:
+                self._rewrite(session, items, {"_id": session})
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -188,7 +230,7 @@ class Store:
         with self._failing("save", session):
             if known is not None and not replace and len(items) > len(known[1]):
                 guard = {**fence, "cancelled": False, **(_NO_STEER if take_steers else {})}
-                if self._append(session, known, items, guard, _DROP_JOURNAL) is not None:
+                if self._append(session, known, items, guard) is not None:
                     return Saved([], False)
             for _ in range(_RETRIES):
                 doc = self._sessions.find_one({"_id": session})
@@ -202,17 +244,16 @@ class Store:
                 done = Saved([w["text"] for w in waiting], bool(doc.get("cancelled")))
                 if not replace and stored == len(saved):
                     return done  # nothing to write
-                where, also = {**fence}, dict(_DROP_JOURNAL)
+                where: dict[str, Any] = {**fence}
+                pull = [w["id"] for w in waiting]
                 if waiting:
-                    taking, pull = _taking(session, waiting)
-                    where.update(taking)
-                    also.update(pull)
+                    where.update(_taking(session, waiting)[0])
                 if "version" in doc and not replace:
-                    if self._append(session, (doc["version"], items[:stored]), saved, where, also) is not None:
+                    if self._append(session, (doc["version"], items[:stored]), saved, where, pull) is not None:
                         return done
                 else:
                     where["version"] = doc["version"] if "version" in doc else {"$exists": False}
-                    if self._rewrite(session, saved, {**where, "_id": session}, also) is not None:
+                    if self._rewrite(session, saved, {**where, "_id": session}, pull) is not None:
                         return done
         raise StoreError(f"MongoDB store: save of session {session!r} kept racing with other takers")
 
@@ -239,12 +280,13 @@ class Store:
         known: tuple[str, tuple[Message, ...]],
         items: tuple[Message, ...],
         guard: dict[str, Any],
-        also: dict[str, Any] | None = None,
+        pull: Sequence[str] = (),
     ) -> str | None:
         """Write ``items`` as the known transcript plus what follows it; the new version, or ``None``
         when the stored transcript is no longer the known one (or ``items`` does not extend it). A page
         already taken by other messages (a writer that lost a race, was refused, or died after writing it)
-        makes it a rewrite into a new generation, under the same guard."""
+        makes it a rewrite into a new generation, under the same guard. The same update drops the journal,
+        takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step stays one write."""
         version, old = known
         length = len(old)
         if common_prefix(old, items) < length:
@@ -254,7 +296,7 @@ class Store:
         if _overflows(tail):  # the tail fills pages: write them first, as no version reaches them yet
             pages, rest = _cut(tail)
             if not self._put_pages(layout.generation, layout.pages, pages, fresh=False):
-                return self._rewrite(session, items, {**guard, "_id": session, "version": version}, also or {})
+                return self._rewrite(session, items, {**guard, "_id": session, "version": version}, pull)
             layout = Layout(layout.generation, len(items), layout.base + len(tail) - len(rest),
                             layout.pages + len(pages))
             change: dict[str, Any] = {"$set": {"tail": rest}}
@@ -263,25 +305,29 @@ class Store:
             change = {"$push": {"tail": {"$each": tail[length - layout.base:]}}}
         new_version = layout.version()
         change.setdefault("$set", {})["version"] = new_version
-        for op, fields in (also or {}).items():
-            change.setdefault(op, {}).update(fields)
+        change.update({"$unset": {"journal": ""}, "$currentDate": _TOUCH})
+        if pull:
+            change["$pull"] = {"steers": {"id": {"$in": list(pull)}}}
         if self._sessions.update_one({**guard, "_id": session, "version": version}, change).matched_count != 1:
             return None
         self._known.put(session, new_version, items)
         return new_version
 
     def _rewrite(
-        self, session: str, items: tuple[Message, ...], guard: dict[str, Any], also: dict[str, Any]
+        self, session: str, items: tuple[Message, ...], guard: dict[str, Any], pull: Sequence[str] = ()
     ) -> str | None:
         """Write ``items`` as a new generation and point the session at it, if ``guard`` still matches;
-        the new version, or ``None``."""
+        the new version, or ``None``. A pipeline update, since it may create the session (``created``
+        on the server's clock); it drops the journal and takes the steers whose ids are ``pull``."""
         version, tail = self._new_generation(_bodies(items))
-        change: dict[str, Any] = {"$set": {"version": version, "tail": tail}}
-        for op, fields in also.items():
-            change.setdefault(op, {}).update(fields)
+        fields: dict[str, Any] = {"version": {"$literal": version}, "tail": {"$literal": tail},
+                                  "journal": "$$REMOVE", **_STAMP}
+        if pull:  # mongoeco knows no $not: "not in" is $in compared with false
+            fields["steers"] = {"$filter": {"input": {"$ifNull": ["$steers", []]},
+                                            "cond": {"$eq": [{"$in": ["$$this.id", list(pull)]}, False]}}}
         upsert = guard == {"_id": session}
         before = self._sessions.find_one_and_update(
-            {**guard, "_id": session}, change, projection={"version": 1}, upsert=upsert,
+            {**guard, "_id": session}, [{"$set": fields}], projection={"version": 1}, upsert=upsert,
             return_document=ReturnDocument.BEFORE,
         )
         if before is None and not upsert:
@@ -373,7 +419,7 @@ class Store:
             try:  # the target may already hold steers, but not a transcript
                 self._sessions.update_one(
                     {"_id": target, "version": {"$exists": False}},
-                    {"$set": {"version": version, "tail": tail}},
+                    [{"$set": {"version": {"$literal": version}, "tail": {"$literal": tail}, **_STAMP}}],
                     upsert=True,
                 )
             except DuplicateKeyError:
@@ -393,11 +439,12 @@ class Store:
         fence = {"_id": session, "token": holder.token, "epoch": holder.epoch}
         with self._failing("put_journal", session):
             if self._sessions.update_one({**fence, "cancelled": {"$ne": True}},
-                                         {"$set": {"journal": journal}}).matched_count == 1:
+                                         {"$set": {"journal": journal}, "$currentDate": _TOUCH}).matched_count == 1:
                 return False
             self.check(session, holder)  # raises LeaseLost when the lease is not the run's: then it is cancelled
             if not unless_cancelled:
-                if self._sessions.update_one(fence, {"$set": {"journal": journal}}).matched_count != 1:
+                if self._sessions.update_one(
+                        fence, {"$set": {"journal": journal}, "$currentDate": _TOUCH}).matched_count != 1:
                     self.check(session, holder)  # taken over in between
             return True
 
@@ -410,6 +457,7 @@ class Store:
             "expires": {"$add": [_NOW, float(ttl)]}, "cancelled": False,
             "epoch": {"$add": [{"$ifNull": ["$epoch", 0]}, 1]},
             "taken_from": {"token": "$token", "host": "$host", "pid": "$pid"},  # the stage sees the old fields
+            **_STAMP,
         }}]
         free = {"_id": session, "$or": [{"token": None}, {"$expr": {"$lte": ["$expires", _NOW]}}]}
         with self._failing("acquire", session):
@@ -438,7 +486,7 @@ class Store:
         with self._failing("renew", session):
             renewed = self._sessions.update_one(
                 {"_id": session, "token": holder.token, "epoch": holder.epoch},
-                [{"$set": {"expires": {"$add": [_NOW, float(ttl)]}}}],
+                [{"$set": {"expires": {"$add": [_NOW, float(ttl)]}, "updated": "$$NOW"}}],
             )
             if renewed.matched_count != 1:
                 raise _lost(session, holder, self._sessions.find_one({"_id": session}, _LEASE))
@@ -448,7 +496,8 @@ class Store:
         with self._failing("release", session):
             self._sessions.update_one(
                 {"_id": session, "token": holder.token, "epoch": holder.epoch},
-                {"$set": {"token": None, "host": None, "pid": None, "expires": None, "cancelled": False}},
+                {"$set": {"token": None, "host": None, "pid": None, "expires": None, "cancelled": False},
+                 "$currentDate": _TOUCH},
             )
 
     def holder(self, session: str) -> Holder | None:
@@ -460,7 +509,8 @@ class Store:
     def cancel(self, session: str) -> bool:
         validate.session_id(session)
         with self._failing("cancel", session):  # a lapsed lease nobody took is held too
-            result = self._sessions.update_one({"_id": session, "token": {"$ne": None}}, {"$set": {"cancelled": True}})
+            result = self._sessions.update_one({"_id": session, "token": {"$ne": None}},
+                                               {"$set": {"cancelled": True}, "$currentDate": _TOUCH})
         return result.matched_count == 1
 
     def check(self, session: str, holder: Holder) -> bool:
@@ -471,12 +521,171 @@ class Store:
             raise _lost(session, holder, doc)
         return bool(doc.get("cancelled"))
 
+    # -- LifecycleStore --------------------------------------------------------------------------------
+
+    def list_sessions(
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+    ) -> SessionPage:
+        """One query on ``(updated, _id)`` descending (the ``updated_id`` index, or ``tags_updated_id``
+        with ``where``): the prefix is an anchored regex of the escaped prefix (the ``_id`` index serves
+        it), ``where`` is ``tags: {$all: ["key=<value's JSON>", ...]}`` so values compare by their JSON
+        form as in every store, and the cursor is a keyset bound, so a page costs the same deep in."""
+        wanted = lifecycle.check_listing(prefix, where, limit, after)
+        query: dict[str, Any] = dict(_EXISTS)
+        if prefix:
+            query["_id"] = {"$regex": "^" + re.escape(prefix)}
+        if wanted:
+            query["tags"] = {"$all": [f"{k}={v}" for k, v in wanted.items()]}
+        if after is not None:
+            seconds, last = lifecycle.decode_cursor(after)
+            date = _date(seconds)
+            query["$or"] = [{"updated": {"$lt": date}}, {"updated": date, "_id": {"$lt": last}}]
+        with self._failing("list_sessions"):
+            docs = list(self._sessions.find(query, _INFO).sort([("updated", -1), ("_id", -1)]).limit(limit + 1))
+        return lifecycle.page([(_seconds(doc["updated"]), _info(doc)) for doc in docs], limit)
+
+    def info(self, session: str) -> SessionInfo | None:
+        """One read of the session's document: the length is its version's, not a count of messages."""
+        validate.session_id(session)
+        with self._failing("info", session):
+            doc = self._sessions.find_one({"_id": session, **_EXISTS}, _INFO)
+        return None if doc is None else _info(doc)
+
+    def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
+        """Read the metadata, merge, and write it with one update guarded by the metadata read (its JSON
+        text, or its absence): a concurrent change makes the guard miss (or the upsert collide on
+        ``_id``), and the merge is done again on what that change stored, so no key is lost."""
+        validate.session_id(session)
+        with self._failing("set_metadata", session):
+            for _ in range(_RETRIES):
+                doc = self._sessions.find_one({"_id": session}, {"metadata": 1})
+                stored = None if doc is None else doc.get("metadata")
+                merged = lifecycle.merge_metadata(lifecycle.decode_metadata(stored), changes)
+                change = [{"$set": {"metadata": {"$literal": lifecycle.encode_metadata(merged)},
+                                    "tags": {"$literal": _tags(merged)}, **_STAMP}}]
+                try:  # "metadata": None matches a document without metadata, and none at all (upsert)
+                    result = self._sessions.update_one({"_id": session, "metadata": stored}, change,
+                                                       upsert=doc is None)
+                except DuplicateKeyError:
+                    continue  # created meanwhile, with metadata
+                if result.matched_count == 1 or result.upserted_id is not None:
+                    return merged
+        raise StoreError(f"MongoDB store: set_metadata of session {session!r} kept racing with other writers")
+
+    def delete(self, session: str, *, force: bool = False) -> bool:
+        """The atomic step is the deletion of the session's document, which holds everything but the
+        older pages: transcript version and tail, steers, journal, lease, metadata. Once it is gone no
+        version names those pages, a run's fenced writes (filtered on its token and epoch) match nothing,
+        and a save or lease starts the id again from nothing. The pages go after it (a new session's
+        pages are another generation: never these), so a crash in between leaves only unreachable pages."""
+        validate.session_id(session)
+        with self._failing("delete", session):
+            for _ in range(_RETRIES):
+                where = {"_id": session} if force else {"_id": session, **_NOT_LIVE}
+                doc = self._sessions.find_one_and_delete(where, projection={"version": 1})
+                if doc is not None:
+                    self._gone(session, doc)
+                    return True
+                live = self._sessions.find_one({"_id": session, **_LIVE}, _LEASE)
+                if live is not None:
+                    held = _holder(live)
+                    raise SessionBusy(
+                        f"session {session!r} is held by a live run ({held.host}, pid {held.pid}); "
+                        f"delete(force=True) deletes it anyway and the run fails with LeaseLost", held)
+                if self._sessions.find_one({"_id": session}, {"_id": 1}) is None:
+                    self._known.forget(session)
+                    return False
+                # the lease lapsed between the two reads: delete again
+        raise StoreError(f"MongoDB store: delete of session {session!r} kept racing with its runs")
+
+    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
+        """Batches of ``PRUNE_BATCH`` ids, oldest update first, picked on the server's clock (``hello``'s
+        ``localTime``, read per batch); each is deleted by its own ``find_one_and_delete`` whose filter
+        repeats the condition, so a session saved or leased since it was picked stays."""
+        idle = lifecycle.idle_seconds(idle_for)
+        limit = lifecycle.prune_limit(limit)
+        deleted = 0
+        with self._failing("prune"):
+            while limit is None or deleted < limit:
+                batch = PRUNE_BATCH if limit is None else min(PRUNE_BATCH, limit - deleted)
+                now = self._server_now()
+                idle_ones = {"updated": {"$lt": now - timedelta(seconds=idle)},
+                             "$or": [{"token": None}, {"expires": {"$lte": now.timestamp()}}]}
+                picked = [doc["_id"] for doc in
+                          self._sessions.find(idle_ones, {"_id": 1}).sort([("updated", 1), ("_id", 1)]).limit(batch)]
+                gone = 0
+                for session in picked:
+                    doc = self._sessions.find_one_and_delete({"_id": session, **idle_ones}, projection={"version": 1})
+                    if doc is not None:
+                        self._gone(session, doc)
+                        gone += 1
+                deleted += gone
+                if len(picked) < batch or gone == 0:
+                    break
+        return deleted
+
+    def tail(self, session: str, last: int) -> list[Message]:
+        """The document's tail, and only the pages the rest of the last ``last`` messages are in, read from
+        the newest page back."""
+        validate.session_id(session)
+        last = lifecycle.last_count(last)
+        if last == 0:
+            return []
+        with self._failing("tail", session):
+            for _ in range(_RETRIES):
+                doc = self._sessions.find_one({"_id": session}, {"version": 1, "tail": 1})
+                if doc is None or "version" not in doc:
+                    return []
+                bodies = self._last_bodies(doc, last)
+                if bodies is not None:
+                    return _messages(session, bodies)
+        raise StoreError(f"MongoDB store: tail of session {session!r} kept racing with rewrites")
+
+    def pending_steers(self, session: str) -> list[str]:
+        validate.session_id(session)
+        with self._failing("pending_steers", session):
+            return [w["text"] for w in self._waiting(session)]
+
+    def _last_bodies(self, doc: dict[str, Any], last: int) -> list[str] | None:
+        """The last ``last`` stored messages of the document's transcript; ``None`` when a rewrite removed
+        its pages meanwhile. Each page holds at most ``PAGE`` messages, so each read asks for as many of
+        the newest pages as could be needed; a page cut short by ``PAGE_BYTES`` means one more read."""
+        layout = Layout.of(doc["version"])
+        tail = list(doc.get("tail") or [])
+        need = min(last, layout.length) - len(tail)
+        pages: list[list[str]] = []
+        k = layout.pages
+        while need > 0 and k > 0:
+            ids = [f"{layout.generation}:{j}" for j in range(max(0, k - math.ceil(need / PAGE)), k)]
+            found = {p["_id"]: p["bodies"] for p in self._pages.find({"_id": {"$in": ids}})}
+            if len(found) < len(ids):
+                return None
+            pages[:0] = [found[page_id] for page_id in ids]
+            need -= sum(len(found[page_id]) for page_id in ids)
+            k -= len(ids)
+        if need > 0 or len(tail) != layout.length - layout.base:
+            raise StoreError(f"MongoDB store: session {doc['_id']!r} should hold {layout.length} messages "
+                             f"({layout.base} in {layout.pages} pages) but its pages and tail fall short")
+        bodies = [body for page in pages for body in page] + tail
+        return bodies[-last:]
+
+    def _gone(self, session: str, doc: dict[str, Any]) -> None:
+        """After the session's document was deleted: its pages, which nothing names any more."""
+        self._known.forget(session)
+        if "version" in doc:
+            self._drop_pages(doc["version"])
+
+    def _server_now(self) -> datetime:
+        """The server's clock (``hello`` reports it), the one ``updated`` and lease expiry are on."""
+        return _aware(self.database.client.admin.command("hello")["localTime"])
+
     @contextmanager
-    def _failing(self, op: str, session: str) -> Iterator[None]:
+    def _failing(self, op: str, session: str | None = None) -> Iterator[None]:
         try:
             yield
         except (PyMongoError, BSONError) as exc:  # BSONError: DocumentTooLarge, a document over 16 MB
-            raise StoreError(f"MongoDB store: {op} of session {session!r} failed: {exc}") from exc
+            of = "" if session is None else f" of session {session!r}"
+            raise StoreError(f"MongoDB store: {op}{of} failed: {exc}") from exc
 
     def __repr__(self) -> str:
         return f"mongodb.Store({self.database.name!r})"
@@ -535,6 +744,41 @@ def _cut(bodies: list[str]) -> tuple[list[list[str]], list[str]]:
 
 def _bodies(msgs: Sequence[Message]) -> list[str]:
     return [m.to_json() for m in msgs]
+
+
+def _messages(session: str, bodies: Sequence[str]) -> list[Message]:
+    try:
+        return [Message.from_json(body) for body in bodies]
+    except (MessageError, TypeError) as exc:
+        raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
+
+
+_INFO = {"created": 1, "updated": 1, "metadata": 1, "version": 1}
+
+
+def _info(doc: dict[str, Any]) -> SessionInfo:
+    length = Layout.of(doc["version"]).length if "version" in doc else 0
+    return SessionInfo(doc["_id"], _aware(doc["created"]), _aware(doc["updated"]), length,
+                       lifecycle.decode_metadata(doc.get("metadata")))
+
+
+def _tags(metadata: Mapping[str, Scalar]) -> list[str]:
+    """``"key=<the value's JSON>"`` per key: what ``where`` matches with ``$all`` (keys have no ``=``)."""
+    return [f"{k}={lifecycle.metadata_value(k, v)}" for k, v in metadata.items()]
+
+
+def _aware(value: datetime) -> datetime:
+    """pymongo returns naive UTC datetimes unless the client was made with ``tz_aware=True``."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _seconds(value: datetime) -> float:
+    """A stored date (milliseconds) as the cursor's seconds, exactly: ``_date`` gives back the same date."""
+    return round(_aware(value).timestamp() * 1000) / 1000
+
+
+def _date(seconds: float) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=round(seconds * 1000))
 
 
 def _holder(doc: dict[str, Any]) -> Holder:
