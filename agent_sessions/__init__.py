@@ -3,10 +3,12 @@ any process and resumed on any worker. Importing it loads no database driver."""
 
 import logging
 
-from . import endpoints, events, lifecycle, validate
+from . import approvals, endpoints, events, lifecycle, validate
+from .approvals import ApprovalStore, PendingApproval
 from .endpoints import Endpoint
 from .errors import (
     AgentError,
+    AlreadyDecided,
     ArgumentError,
     Conflict,
     EndpointError,
@@ -18,6 +20,7 @@ from .errors import (
     StoreError,
     ToolError,
     TranscriptConflict,
+    UnknownApproval,
     Unsupported,
 )
 from .lease import Holder
@@ -34,6 +37,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless t
 
 __all__ = [
     "AgentError",
+    "AlreadyDecided",
+    "ApprovalStore",
     "ArgumentError",
     "Conflict",
     "Content",
@@ -46,6 +51,7 @@ __all__ = [
     "Message",
     "MessageError",
     "Pattern",
+    "PendingApproval",
     "Result",
     "Role",
     "Run",
@@ -67,7 +73,9 @@ __all__ = [
     "Tool",
     "ToolError",
     "TranscriptConflict",
+    "UnknownApproval",
     "Unsupported",
+    "approvals",
     "endpoints",
     "events",
     "lifecycle",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .journal import Decision
     from .lease import Holder
 
 
@@ -95,6 +96,20 @@ class TranscriptConflict(Conflict):
             f"saved meanwhile, or the history would be lost. Reload the transcript and try again "
             f"(Spec(replace_transcript=True) replaces it on purpose)"
         )
+
+
+class AlreadyDecided(Conflict):
+    """A decision on a call that was decided already (by another person's concurrent decision, by its
+    deadline passing, or by a cancel of the turn): ``decision`` says how; nothing was written."""
+
+    def __init__(self, message: str, decision: Decision) -> None:
+        self.decision = decision
+        super().__init__(message)
+
+
+class UnknownApproval(ArgumentError):
+    """A decision on a call that does not wait for one in this session (a wrong id, or the turn it
+    belonged to has been closed)."""
 
 
 class Unsupported(AgentError, TypeError):

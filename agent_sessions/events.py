@@ -84,6 +84,26 @@ class Finished:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """A call that needs a person's decision: the run stops before it (``awaiting_approval``)."""
+
+    step: int
+    call: Content
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecided:
+    """The run found the decision on a call it had asked about, and acts on it: runs it or denies it.
+    ``by`` is ``"person"``, or ``"deadline"`` (undecided past its deadline: denied)."""
+
+    step: int
+    call: Content
+    approved: bool
+    reason: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     """The run raised ``error`` (an EndpointError, a LeaseLost, a store's error...) and re-raises it: the
     last event of a run that ends without ``Finished``, so a listener can close what it opened."""
@@ -93,7 +113,7 @@ class Failed:
 
 Event = (
     StepStarted | SteerApplied | Saved | ModelRequest | ModelResponse | ToolCalled | ToolFinished | Finished | Failed
-    | TextDelta
+    | TextDelta | ApprovalRequested | ApprovalDecided
 )
 Events = Callable[[Event], None]
 
@@ -134,6 +154,12 @@ class Sink:
     def tool_finished(self, step: int, call: Content, result: Content, started: float) -> None:
         self.events(ToolFinished(step, call, result, time.perf_counter() - started))
 
+    def approval_requested(self, step: int, call: Content) -> None:
+        self.events(ApprovalRequested(step, call))
+
+    def approval_decided(self, step: int, call: Content, approved: bool, reason: str, by: str) -> None:
+        self.events(ApprovalDecided(step, call, approved, reason, by))
+
     def finished(self, result: Result) -> None:
         self.events(Finished(result))
 
@@ -173,6 +199,12 @@ class _Silent(Sink):
         return 0.0
 
     def tool_finished(self, step: int, call: Content, result: Content, started: float) -> None:
+        pass
+
+    def approval_requested(self, step: int, call: Content) -> None:
+        pass
+
+    def approval_decided(self, step: int, call: Content, approved: bool, reason: str, by: str) -> None:
         pass
 
     def finished(self, result: Result) -> None:

@@ -14,6 +14,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import MessageError, StoreError
 from .messages import Content, Message, Role
@@ -40,6 +41,46 @@ def fingerprint(prefix: Sequence[Message]) -> str:
 
 
 @dataclass
+class Decision:
+    """A person's decision on a call that waited for approval (``by="person"``), or what stood in for one:
+    its deadline passing (``"deadline"``) or a cancel of the waiting turn (``"cancel"``)."""
+
+    approved: bool
+    reason: str
+    at: float
+    """When, in seconds since 1970, by the clock of the process that decided."""
+    by: str = "person"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"approved": self.approved, "reason": self.reason, "at": self.at, "by": self.by}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Decision:
+        return cls(bool(data["approved"]), str(data["reason"]), float(data["at"]), str(data["by"]))
+
+
+@dataclass
+class Approval:
+    """A call of the journal's reply that needs a person's decision: when it was asked for, until when it
+    may wait, and the decision once there is one."""
+
+    asked: float
+    deadline: float | None = None
+    decision: Decision | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"asked": self.asked, "deadline": self.deadline,
+                "decision": None if self.decision is None else self.decision.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Approval:
+        decision = data.get("decision")
+        deadline = data.get("deadline")
+        return cls(float(data["asked"]), None if deadline is None else float(deadline),
+                   None if decision is None else Decision.from_dict(decision))
+
+
+@dataclass
 class Journal:
     at: int
     """Where the reply stands in the transcript."""
@@ -49,21 +90,23 @@ class Journal:
     started: list[str] = field(default_factory=list)
     """Tool call ids whose tool has been entered."""
     results: dict[str, Content] = field(default_factory=dict)
+    approvals: dict[str, Approval] = field(default_factory=dict)
+    """Calls waiting for (or given) a person's decision, by call id (see agent_sessions.approvals)."""
 
     def answers(self, transcript: Sequence[Message]) -> bool:
         return len(transcript) == self.at and fingerprint(transcript) == self.digest
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "at": self.at,
-                "digest": self.digest,
-                "reply": self.reply.to_json(),
-                "started": self.started,
-                "results": Message(Role.USER, self.results.values()).to_json(),
-            },
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {
+            "at": self.at,
+            "digest": self.digest,
+            "reply": self.reply.to_json(),
+            "started": self.started,
+            "results": Message(Role.USER, self.results.values()).to_json(),
+        }
+        if self.approvals:
+            data["approvals"] = {call: a.to_dict() for call, a in self.approvals.items()}
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Journal:
@@ -76,6 +119,7 @@ class Journal:
                 reply=Message.from_json(data["reply"]),
                 started=[str(s) for s in data["started"]],
                 results={r.tool_call_id: r for r in results},
+                approvals={str(k): Approval.from_dict(v) for k, v in data.get("approvals", {}).items()},
             )
-        except (ValueError, KeyError, TypeError, MessageError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, MessageError) as exc:
             raise StoreError(f"{where}: the stored tool journal is corrupt: {exc}") from exc

@@ -11,18 +11,24 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from .errors import TranscriptConflict
-from .journal import UNKNOWN_OUTCOME, Journal, fingerprint
+from . import approvals
+from .approvals import ApprovalStore, PendingApproval
+from .errors import ArgumentError, StoreError, TranscriptConflict
+from .events import Sink
+from .journal import UNKNOWN_OUTCOME, Approval, Decision, Journal, fingerprint
 from .lease import Lease
+from .lifecycle import when
 from .messages import Content, Message, unanswered
 from .session import RunSession, Saved, Session, is_run_session
 from .spec import Spec
 from .tools import Tool
 
 _NOTHING: tuple[Sequence[str], bool] = ((), False)
+_NO_APPROVALS: tuple[list[Content], bool] = ([], False)
 
 
 class Keeping(Protocol):
@@ -42,6 +48,16 @@ class Keeping(Protocol):
 
     def begin_tools(self, transcript: Sequence[Message]) -> None:
         """The last message of ``transcript`` is a reply whose tool calls are about to run."""
+
+    def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
+        """Before any call of the reply runs: the calls still waiting for a person's decision (asking for
+        those not asked yet, and counting those past their deadline as denied), and whether the run was
+        asked to stop meanwhile."""
+
+    def approval(self, call: Content) -> Approval | None:
+        """The approval ``call`` needed, with its decision; ``None`` when it needed none."""
+
+    def pending(self, calls: Sequence[Content]) -> list[PendingApproval]: ...
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
         """The result a resumed call gets without running, or ``None`` to run it."""
@@ -72,6 +88,15 @@ class _NotKept:
 
     def begin_tools(self, transcript: Sequence[Message]) -> None:
         pass
+
+    def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
+        return _NO_APPROVALS
+
+    def approval(self, call: Content) -> Approval | None:
+        return None
+
+    def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
+        return []
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
         return None
@@ -124,6 +149,9 @@ class Leased:
         self.written = -1
         """The length of the transcript as this run last wrote it; -1 before its first write (the CAS)."""
         self.journal: Journal | None = None
+        self.journal_text: str | None = None
+        """The journal's text as stored, when this run read it (a resume): a change to its approvals is
+        a compare-and-swap against it, since people may be deciding meanwhile."""
         self.fresh: bool | None = None
         """The cancel flag a journal write just returned, with no tool run since: the next call's check."""
 
@@ -141,6 +169,7 @@ class Leased:
         journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
         if journal is not None and journal.answers(transcript) and self._is_stored(transcript):
             self.journal = journal  # the reply waits in the journal: finish it
+            self.journal_text = text
             transcript.append(journal.reply)
             return
         if not unanswered(transcript):
@@ -179,7 +208,96 @@ class Leased:
         if self.journal is not None and self.journal.at == at:
             return  # resuming it
         self.journal = Journal(at, fingerprint(transcript[:at]), transcript[at])
+        self.journal_text = None
         self.fresh = None
+
+    def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
+        journal = self.journal
+        assert journal is not None
+        needing = [c for c in journal.reply.tool_calls if c.id in journal.approvals or _asks(spec, c, journal)]
+        if not needing:
+            return _NO_APPROVALS
+        new = [c for c in needing if c.id not in journal.approvals]
+        if new:
+            now = time.time()
+            for call in new:
+                tool = spec.tool(call.name)
+                seconds = None if tool is None else spec.deadline_seconds(tool)
+                journal.approvals[call.id] = Approval(now, approvals.deadline_of(seconds, now))
+            if not self._store_approvals():
+                return self.approvals(spec, step, emit)  # decided meanwhile: look again
+            if self.fresh:
+                return [], True
+            for call in new:
+                emit.approval_requested(step, call)
+        elif any(approvals.expired(journal.approvals[c.id], time.time()) for c in needing):
+            self._expire()
+            return self.approvals(spec, step, emit)
+        waiting = [c for c in needing if self.journal.approvals[c.id].decision is None]  # type: ignore[union-attr]
+        if waiting:
+            return waiting, False
+        for call in needing:
+            decision = self.journal.approvals[call.id].decision  # type: ignore[union-attr]
+            assert decision is not None
+            emit.approval_decided(step, call, decision.approved, decision.reason, decision.by)
+        return _NO_APPROVALS
+
+    def _store_approvals(self) -> bool:
+        """Write the journal naming the calls that wait. ``False`` when a resumed journal changed under
+        it (then it is read again). Sets ``fresh`` to the cancel flag the write returned."""
+        assert self.journal is not None
+        text = self.journal.to_json()
+        if self.journal_text is None:
+            self.fresh = self.store.put_journal(self.session, self.lease.holder, text, unless_cancelled=True)
+            self.journal_text = None if self.fresh else text
+            return True
+        assert isinstance(self.store, ApprovalStore)
+        if self.store.swap_journal(self.session, self.journal_text, text):
+            self.journal_text = text
+            return True
+        self._reload()
+        return False
+
+    def _expire(self) -> None:
+        """Count the calls undecided past their deadline as denied, by compare-and-swap (a person's
+        decision stored first stands)."""
+        assert isinstance(self.store, ApprovalStore) and self.journal is not None
+        for _ in range(approvals.ATTEMPTS):
+            now = time.time()
+            for approval in self.journal.approvals.values():
+                if approvals.expired(approval, now):
+                    approval.decision = Decision(False, "the approval deadline passed", now, "deadline")
+            text = self.journal.to_json()
+            if self.journal_text is not None and self.store.swap_journal(self.session, self.journal_text, text):
+                self.journal_text = text
+                return
+            self._reload()
+        raise StoreError(f"session {self.session!r}: the journal kept changing while its expired "
+                                   f"approvals were denied")
+
+    def _reload(self) -> None:
+        assert self.journal is not None
+        text = self.store.journal(self.session)
+        journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
+        if journal is None or (journal.at, journal.digest) != (self.journal.at, self.journal.digest):
+            raise StoreError(f"session {self.session!r}: the journal of the reply being run vanished "
+                                       f"while this run held the session")
+        self.journal, self.journal_text = journal, text
+
+    def approval(self, call: Content) -> Approval | None:
+        assert self.journal is not None
+        return self.journal.approvals.get(call.id)
+
+    def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
+        if not calls:
+            return []
+        assert self.journal is not None
+        out = []
+        for call in calls:
+            approval = self.journal.approvals[call.id]
+            out.append(PendingApproval(call.id, call.name, call.arguments, when(approval.asked),
+                                       None if approval.deadline is None else when(approval.deadline)))
+        return out
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
         assert self.journal is not None
@@ -227,8 +345,24 @@ class Leased:
         return saved
 
 
+def _asks(spec: Spec, call: Content, journal: Journal) -> bool:
+    """Does ``call`` need a decision it was not asked for yet? Not once it has started or has a result."""
+    if call.id in journal.results or call.id in journal.started:
+        return False
+    tool = spec.tool(call.name)
+    return tool is not None and tool.asks_approval(call)
+
+
 def keeping(spec: Spec) -> Keeping:
     session = spec.session
+    if spec.asks_approval and not (
+        session is not None and is_run_session(session) and isinstance(session.store, ApprovalStore)
+    ):
+        raise ArgumentError(
+            "a tool of this spec needs approval, and decisions are kept in the session's store: give the spec a "
+            "session over a store implementing agent_sessions.approvals.ApprovalStore (all of the library's "
+            "stores but a plain Store do)"
+        )
     if session is None:
         return NOT_KEPT
     if is_run_session(session):

@@ -6,19 +6,22 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import validate
 from .endpoints import Endpoint
 from .errors import ArgumentError
 from .events import Events
 from .messages import Message
+
+if TYPE_CHECKING:
+    from .approvals import PendingApproval
 from .spec import Pattern, Spec
 from .steerbox import SteerBox
 
 log = logging.getLogger(__name__)
 
-StopReason = Literal["answered", "max_steps", "cancelled"]
+StopReason = Literal["answered", "max_steps", "cancelled", "awaiting_approval"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class Result:
     usage: dict[str, int] = field(default_factory=dict)
     """Token counts the provider reported, summed over this run's requests, by the provider's own field
     names (OpenAI: ``prompt_tokens``, ``completion_tokens``...; Anthropic: ``input_tokens``...)."""
+    pending_approvals: list[PendingApproval] = field(default_factory=list)
+    """With ``stop_reason == "awaiting_approval"``: the calls waiting for a person's decision. The reply
+    that made them waits beside the stored transcript (``messages`` ends before it)."""
 
 
 class Run:

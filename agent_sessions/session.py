@@ -21,6 +21,8 @@ from .lease import Holder
 from .messages import Message
 
 if TYPE_CHECKING:
+    from .approvals import ApprovalStore, PendingApproval
+    from .journal import Decision
     from .lifecycle import LifecycleStore, Scalar, SessionInfo
 
 
@@ -200,8 +202,36 @@ class StoreSession:
 
     def cancel(self) -> bool:
         """Ask the run holding this session, in whatever process, to stop before its next model request
-        or tool call. ``False`` when no run holds it (nothing is remembered for a later run)."""
-        return self._run_store("cancel").cancel(self.id)
+        or tool call. With no run holding it, a turn waiting for approvals is closed instead: its calls
+        get error results saying they were not run. ``False`` when there is neither (nothing is
+        remembered for a later run)."""
+        from .approvals import ApprovalStore, close_waiting
+
+        store = self._run_store("cancel")
+        if store.cancel(self.id):
+            return True
+        return isinstance(store, ApprovalStore) and close_waiting(store, self.id)
+
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The calls waiting for a person's decision, in the order the model made them."""
+        from .approvals import pending
+
+        return pending(self._approval_store("pending_approvals"), self.id)
+
+    def approve(self, call_id: str) -> Decision:
+        """Approve the waiting call ``call_id``; the session's next run runs it (once). Exactly one of
+        concurrent decisions on a call is stored: the others raise ``AlreadyDecided``, as does a call
+        past its deadline; an id that waits for nothing raises ``UnknownApproval``."""
+        from .approvals import decide
+
+        return decide(self._approval_store("approve"), self.id, call_id, True, "")
+
+    def deny(self, call_id: str, reason: str = "") -> Decision:
+        """Deny the waiting call ``call_id``: the next run gives it an error result carrying ``reason``,
+        and the model is asked again. Errors as ``approve``."""
+        from .approvals import decide
+
+        return decide(self._approval_store("deny"), self.id, call_id, False, reason)
 
     def _lifecycle(self, op: str) -> LifecycleStore:
         from .lifecycle import LifecycleStore
@@ -209,6 +239,16 @@ class StoreSession:
         if not isinstance(self.store, LifecycleStore):
             raise Unsupported(
                 f"Session.{op}() needs a store implementing agent_sessions.LifecycleStore; {self.store!r} does not"
+            )
+        return self.store
+
+    def _approval_store(self, op: str) -> ApprovalStore:
+        from .approvals import ApprovalStore
+
+        if not isinstance(self.store, ApprovalStore):
+            raise Unsupported(
+                f"Session.{op}() needs a store implementing agent_sessions.approvals.ApprovalStore; "
+                f"{self.store!r} does not"
             )
         return self.store
 

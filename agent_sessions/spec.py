@@ -35,6 +35,9 @@ class Spec:
     """Let the run's first save replace whatever transcript the session holds. By default (``False``) a
     run over a RunStore only ever extends the stored transcript, and fails with ``TranscriptConflict``,
     before any model request, when its messages do not start with it."""
+    approval_deadline: float | None = None
+    """Seconds a call needing approval may wait for its decision (a tool's own ``approval_deadline``
+    wins); undecided past it, it counts as denied. ``None``: no deadline."""
     toolbox: tuple[Tool, ...] = field(init=False, repr=False, compare=False)
     """``tools`` as Tool objects (plain functions wrapped by ``@agent.tool``): what the model is offered."""
     _tools_by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
@@ -56,6 +59,10 @@ class Spec:
                 raise ArgumentError(f"Spec.{name} must be a finite number of seconds >= 0, got {value!r}")
         if not self.lease_ttl > 0:
             raise ArgumentError(f"Spec.lease_ttl must be > 0, got {self.lease_ttl!r}")
+        deadline = self.approval_deadline
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                     or not 0 < deadline < math.inf):
+            raise ArgumentError(f"Spec.approval_deadline must be None or seconds > 0, got {deadline!r}")
         if not isinstance(self.replace_transcript, bool):
             raise ArgumentError(f"Spec.replace_transcript must be a bool, got {self.replace_transcript!r}")
         if not isinstance(self.system, str):
@@ -71,3 +78,12 @@ class Spec:
 
     def tool(self, name: str) -> Tool | None:
         return self._tools_by_name.get(name)
+
+    def deadline_seconds(self, tool: Tool) -> float | None:
+        """How long a call of ``tool`` may wait for its decision: the tool's deadline, else the spec's."""
+        return tool.approval_deadline if tool.approval_deadline is not None else self.approval_deadline
+
+    @property
+    def asks_approval(self) -> bool:
+        """Does any tool need approval for some call? Then the run needs a store that keeps decisions."""
+        return any(t.needs_approval is not False for t in self.toolbox)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import re
 import types
 import typing
@@ -13,6 +14,8 @@ from typing import Any, overload
 
 from .errors import ArgumentError, ToolError
 from .messages import Content
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI and Anthropic both accept as a tool name
 
@@ -28,6 +31,13 @@ class Tool:
     idempotent: bool = True
     """May the tool run twice for one call? A run that dies mid-tool re-runs an idempotent tool on resume;
     a non-idempotent one is not re-run, and the model is told its outcome is unknown."""
+    needs_approval: bool | Callable[[dict[str, Any]], bool] = field(default=False, compare=False)
+    """Must a person approve a call before it runs? Always (``True``), or as a function of the call's
+    parsed arguments says. Arguments that do not parse as a JSON object, or a function that raises, ask
+    for approval: the safe side. See docs/runs/approvals.md."""
+    approval_deadline: float | None = None
+    """Seconds a call may wait for its decision; undecided past it, it counts as denied. ``None``: the
+    spec's ``approval_deadline``, else no deadline."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -38,6 +48,30 @@ class Tool:
             raise ArgumentError(f"Tool {self.name!r}: parameters must be a JSON schema of type 'object'")
         if not isinstance(self.idempotent, bool):
             raise ArgumentError(f"Tool {self.name!r}: idempotent must be a bool, got {self.idempotent!r}")
+        if not isinstance(self.needs_approval, bool) and not callable(self.needs_approval):
+            raise ArgumentError(
+                f"Tool {self.name!r}: needs_approval must be a bool or a callable taking the arguments, "
+                f"got {self.needs_approval!r}"
+            )
+        deadline = self.approval_deadline
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                     or not 0 < deadline < float("inf")):
+            raise ArgumentError(f"Tool {self.name!r}: approval_deadline must be None or seconds > 0, got {deadline!r}")
+
+    def asks_approval(self, call: Content) -> bool:
+        """Does this call need a person's decision before it runs?"""
+        rule = self.needs_approval
+        if rule is True or rule is False:
+            return rule
+        try:
+            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+            if not isinstance(arguments, dict):
+                return True
+            return bool(rule(arguments))
+        except Exception:  # a predicate that cannot decide asks a person: the safe side
+            log.warning("tool %r: needs_approval could not decide on call %r; asking for approval",
+                        self.name, call.id, exc_info=True)
+            return True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -73,7 +107,12 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, idempotent: bool = True
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = True,
+    needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+    approval_deadline: float | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -84,6 +123,8 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     idempotent: bool = True,
+    needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+    approval_deadline: float | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a Tool from a typed function: the schema from its hints, the description from its docstring
     (first paragraph; parameter texts from a Google-style ``Args:`` section)."""
@@ -96,6 +137,8 @@ def tool(
             parameters=schema_for(f, arg_docs),
             fn=f,
             idempotent=idempotent,
+            needs_approval=needs_approval,
+            approval_deadline=approval_deadline,
         )
 
     return build(fn) if fn is not None else build

@@ -19,6 +19,9 @@ class Capability(StrEnum):
     """Other processes reach the same data: ``process_factory()`` builds the store in a spawned process."""
     RUN_STORE = "run_store"
     """It implements ``agent_sessions.RunStore``: leases and fencing, the journal, cancel, fork."""
+    APPROVALS = "approvals"
+    """It implements ``agent_sessions.approvals.ApprovalStore`` (a journal compare-and-swap): tool calls a
+    person approves from any process."""
     LIFECYCLE = "lifecycle"
     """It implements ``agent_sessions.LifecycleStore``: list, info, metadata, delete, prune, tail."""
 

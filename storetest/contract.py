@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from agent_sessions import ArgumentError, Content, Message, MessageError, Role, Store
 
 from . import strategies
+from .approvals import ApprovalContract
 from .capabilities import Capability
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
 from .fencing import FencingContract
@@ -71,7 +72,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
     return out
 
 
-class StoreContract(RunStoreContract, FencingContract, LifecycleContract):
+class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

@@ -4,7 +4,7 @@ from stores import memory
 
 class TestMemoryStoreKeepsTheContract(storetest.StoreContract):
     # Each object is its own store, living in this process: neither durable nor reachable from another.
-    capabilities = storetest.Capability.none_but(storetest.Capability.RUN_STORE, storetest.Capability.LIFECYCLE)
+    capabilities = storetest.Capability.all() - {storetest.Capability.DURABLE, storetest.Capability.PROCESSES}
 
     def make_store(self) -> memory.Store:
         return memory.Store()

@@ -52,7 +52,8 @@ def engine(backend: Backend) -> Iterator[Engine]:
 
 
 class ServerStoreContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE}  # lifecycle: being built
+    # lifecycle and approvals: being built
+    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE, storetest.Capability.APPROVALS}
     backend: Backend
 
     engine: Engine

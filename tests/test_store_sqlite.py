@@ -18,7 +18,8 @@ from tests.sql_helpers import failing, statements_of
 
 
 class TestSQLiteStoreKeepsTheContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE}  # lifecycle: being built
+    # lifecycle and approvals: being built
+    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE, storetest.Capability.APPROVALS}
     @pytest.fixture(autouse=True)
     def _file(self, tmp_path: Path) -> Iterator[None]:
         self.path = tmp_path / "sessions.db"

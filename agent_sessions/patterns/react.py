@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from functools import partial
 
+from ..approvals import CANCELLED_WAITING, result_text
 from ..endpoints import Endpoint, streaming
 from ..events import SILENT, Events, Sink, sink
 from ..messages import Content, Message, Role, unanswered
@@ -63,9 +64,10 @@ def _loop(
     usage: dict[str, int] = {}
     stop: StopReason
     streams = streaming(endpoint) if emit is not SILENT else None  # text deltas: only for someone listening
+    waiting: list[Content] = []
     if unanswered(transcript):  # a resumed run: finish the reply's tool calls before asking again
-        _run_tools(spec, steps, transcript, emit, cancelled, keep)
-    while True:
+        waiting = _run_tools(spec, steps, transcript, emit, cancelled, keep)
+    while not waiting:
         if cancelled.is_set():
             stop = "cancelled"
             break
@@ -97,7 +99,9 @@ def _loop(
         if not reply.tool_calls:
             stop = "answered"
             break
-        _run_tools(spec, step, transcript, emit, cancelled, keep)
+        waiting = _run_tools(spec, step, transcript, emit, cancelled, keep)
+    if waiting:
+        stop = "awaiting_approval"
     keep.finish(transcript)
     if keep.saves:
         emit.saved(steps, len(transcript))
@@ -108,22 +112,41 @@ def _loop(
         stop_reason=stop,
         unapplied_steers=box.close(),
         usage=usage,
+        pending_approvals=keep.pending(waiting),
     )
     return result
 
 
 def _run_tools(
     spec: Spec, step: int, transcript: list[Message], emit: Sink, cancelled: threading.Event, keep: Keeping
-) -> None:
+) -> list[Content]:
     """Answer every tool call of the last message, in one message of results: a call never stands in the
     transcript without its result, whatever stops the run. A call whose result a dead run journalled gets
     that result; a call that would run, once a cancel is seen, is skipped (with every later one) with an
-    error result saying so."""
+    error result saying so.
+
+    Calls needing a person's approval come first: while any waits for its decision, none of the reply's
+    calls runs, the reply leaves the transcript (it waits in the journal) and the calls waiting are
+    returned. A denied call gets an error result saying why."""
     keep.begin_tools(transcript)
+    if not cancelled.is_set():
+        waiting, stop_asked = keep.approvals(spec, step, emit)
+        if stop_asked:
+            cancelled.set()
+        elif waiting:
+            transcript.pop()
+            return waiting
     results: list[Content] = []
     for call in transcript[-1].tool_calls:
         tool = spec.tool(call.name)
         result = keep.replay(call, tool)
+        approval = keep.approval(call)
+        if result is None and approval is not None:
+            decision = approval.decision
+            if decision is None:  # reached only once cancelled: the call never got its decision
+                result = Content.tool_result(call.id, CANCELLED_WAITING, is_error=True)
+            elif not decision.approved:
+                result = Content.tool_result(call.id, result_text(decision), is_error=True)
         if result is None:
             if not cancelled.is_set() and not keep.may_run(call, tool):
                 cancelled.set()
@@ -134,6 +157,7 @@ def _run_tools(
                 keep.ran(call, tool, result)
         results.append(result)
     transcript.append(Message(Role.USER, results))
+    return []
 
 
 def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink) -> None:

@@ -115,6 +115,7 @@ class Store:
             if run.holder is None:
                 return False
             run.holder = replace(run.holder, cancelled=True)
+            self._touch(session)
             return True
 
     def check(self, session: str, holder: Holder) -> bool:
@@ -153,6 +154,16 @@ class Store:
                 run.journal = journal
                 self._touch(session)
             return cancelled
+
+    def swap_journal(self, session: str, expected: str, journal: str) -> bool:
+        validate.session_id(session)
+        with self._lock:
+            run = self._runs.get(session)
+            if run is None or run.journal != expected:
+                return False
+            run.journal = journal
+            self._touch(session)
+            return True
 
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         validate.session_id(source)

@@ -1,0 +1,213 @@
+"""Tool calls a person must approve: asked for by a run, decided from any process, executed at most once.
+
+A reply that calls a tool needing approval stops its run before any of the reply's calls runs
+(``stop_reason == "awaiting_approval"``): the reply waits beside the stored transcript, in the tool
+journal, with an ``Approval`` per call that needs one, and the run releases its lease. Nothing of the
+reply runs before every decision is in, so the calls run in the order the model wrote them and none runs
+on the strength of a sibling a person may yet deny.
+
+A decision is a compare-and-swap of the journal's text (``ApprovalStore.swap_journal``): of concurrent
+decisions on one call exactly one is stored and the others raise ``AlreadyDecided``. The next run of the
+session, on any worker, finds the decisions in the journal: it runs the approved calls (journalled as any
+call is, so a non-idempotent one is never run twice) and gives the denied ones an error result.
+
+Deadlines are absolute times on the clock of the process that asked; they are checked by the clocks of
+the processes that decide and resume. They are meant for hours and days, where the skew between hosts
+is noise; for seconds, use one host's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from . import validate
+from .errors import AlreadyDecided, ArgumentError, SessionBusy, StoreError, UnknownApproval
+from .journal import UNKNOWN_OUTCOME, Approval, Decision, Journal
+from .lease import Lease
+from .lifecycle import when
+from .messages import Content, Message, Role
+from .session import RunStore
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 50
+"""Compare-and-swaps a decision tries: each failure means the journal changed meanwhile (another
+decision), and the next read sees why."""
+
+DENIED = "not run: a person denied this call"
+EXPIRED = "not run: no decision was made on this call before its approval deadline"
+CANCELLED_WAITING = "not run: the turn was cancelled while this call waited for approval"
+CANCELLED_APPROVED = "not run: the turn was cancelled before this call ran"
+
+
+@runtime_checkable
+class ApprovalStore(RunStore, Protocol):
+    """A RunStore whose journal can be swapped by a process holding no lease: how decisions are stored."""
+
+    def swap_journal(self, session: str, expected: str, journal: str) -> bool:
+        """Replace the session's journal with ``journal`` if it is still exactly ``expected``, in one
+        atomic step; ``False`` (nothing written) otherwise. Not fenced by a lease: the text is the guard."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A call waiting for a decision: ``arguments`` as the model wrote them; ``asked`` and ``deadline``
+    aware UTC datetimes (``deadline`` ``None``: none)."""
+
+    call_id: str
+    tool: str
+    arguments: str
+    asked: datetime
+    deadline: datetime | None
+
+
+def result_text(decision: Decision) -> str:
+    """The result a call denied by ``decision`` gets: what the model reads."""
+    if decision.by == "deadline":
+        return EXPIRED
+    if decision.by == "cancel":
+        return CANCELLED_WAITING
+    return f"{DENIED}: {decision.reason}" if decision.reason else DENIED
+
+
+def expired(approval: Approval, now: float) -> bool:
+    return approval.decision is None and approval.deadline is not None and now >= approval.deadline
+
+
+def pending(store: ApprovalStore, session: str) -> list[PendingApproval]:
+    """The session's calls waiting for a decision, in the order the model made them."""
+    journal = _journal(store, session)
+    if journal is None:
+        return []
+    now = time.time()
+    out = []
+    for call in journal.reply.tool_calls:
+        approval = journal.approvals.get(call.id)
+        if approval is not None and approval.decision is None and not expired(approval, now):
+            out.append(PendingApproval(call.id, call.name, call.arguments, when(approval.asked),
+                                       None if approval.deadline is None else when(approval.deadline)))
+    return out
+
+
+def decide(store: ApprovalStore, session: str, call_id: str, approved: bool, reason: str) -> Decision:
+    """Record a person's decision on ``call_id``, exactly once (see the module docstring)."""
+    validate.session_id(session)
+    if not isinstance(call_id, str) or not call_id:
+        raise ArgumentError(f"the call id must be a non-empty str, got {call_id!r}")
+    if not isinstance(reason, str):
+        raise ArgumentError(f"the reason must be a str, got {type(reason).__name__}")
+    for _ in range(ATTEMPTS):
+        text = store.journal(session)
+        journal = None if text is None else _parse(text, session)
+        approval = None if journal is None else journal.approvals.get(call_id)
+        if text is None or journal is None or approval is None:
+            raise UnknownApproval(f"session {session!r}: no call {call_id!r} waits for a decision (a wrong id, or "
+                                  f"its turn was closed)")
+        if approval.decision is not None:
+            raise _already(session, call_id, approval.decision)
+        now = time.time()
+        if expired(approval, now):
+            decision = Decision(False, "the approval deadline passed", now, "deadline")
+        else:
+            decision = Decision(approved, reason, now, "person")
+        approval.decision = decision
+        if store.swap_journal(session, text, journal.to_json()):
+            if decision.by == "deadline":
+                raise _already(session, call_id, decision)
+            log.info("session %r: call %r %s", session, call_id, "approved" if approved else "denied")
+            return decision
+    raise StoreError(f"session {session!r}: the decision on call {call_id!r} could not be stored: the journal "
+                     f"changed under each of {ATTEMPTS} attempts")
+
+
+def close_waiting(store: ApprovalStore, session: str) -> bool:
+    """Cancel a turn waiting for decisions: every call without a result gets an error result saying it was
+    not run (a decision it had is kept in the record as made; the undecided ones are decided "cancel"),
+    and the reply is saved with them, closing the turn. ``False`` when no turn waits. Takes the session's
+    lease for the write, so it cannot race a run; a run holding it now is cancelled instead."""
+    if _journal(store, session) is None:
+        return False
+    lease = Lease(store, session, ttl=30.0, wait=0.0)
+    try:
+        lease.__enter__()
+    except SessionBusy:
+        return store.cancel(session)  # a run took the session meanwhile: cancel that run
+    try:
+        journal = _decide_rest(store, session)
+        if journal is None:
+            return False
+        transcript = store.messages(session)
+        if not journal.answers(transcript):
+            return False  # a stale journal, not a waiting turn: the next save drops it
+        results = [_closing_result(journal, call) for call in journal.reply.tool_calls]
+        store.save_fenced(session, lease.holder, [*transcript, journal.reply, Message(Role.USER, results)],
+                          take_steers=False)
+        log.info("session %r: the turn waiting for approval was cancelled and closed", session)
+        return True
+    finally:
+        lease.__exit__(None, None, None)
+
+
+def _decide_rest(store: ApprovalStore, session: str) -> Journal | None:
+    """Decide every undecided call "cancel", by compare-and-swap, so a concurrent person's decision is
+    either stored before (and kept) or refused after; the journal as it then stands."""
+    for _ in range(ATTEMPTS):
+        text = store.journal(session)
+        if text is None:
+            return None
+        journal = _parse(text, session)
+        waiting = [a for a in journal.approvals.values() if a.decision is None]
+        if not journal.approvals:
+            return None  # a crashed run's journal, not a turn waiting for decisions
+        if not waiting:
+            return journal
+        now = time.time()
+        for approval in waiting:
+            approval.decision = Decision(False, "the turn was cancelled", now, "cancel")
+        if store.swap_journal(session, text, journal.to_json()):
+            return journal
+    raise StoreError(f"session {session!r}: the journal changed under each of {ATTEMPTS} attempts to cancel")
+
+
+def _closing_result(journal: Journal, call: Content) -> Content:
+    done = journal.results.get(call.id)
+    if done is not None:
+        return done
+    approval = journal.approvals.get(call.id)
+    if approval is not None and approval.decision is not None and not approval.decision.approved:
+        return Content.tool_result(call.id, result_text(approval.decision), is_error=True)
+    if call.id in journal.started:
+        return Content.tool_result(call.id, UNKNOWN_OUTCOME, is_error=True)
+    return Content.tool_result(call.id, CANCELLED_APPROVED, is_error=True)
+
+
+def _already(session: str, call_id: str, decision: Decision) -> AlreadyDecided:
+    how = {"deadline": "denied: its approval deadline passed", "cancel": "denied: its turn was cancelled"}.get(
+        decision.by, ("approved" if decision.approved else "denied") + " by a person"
+        + (f" ({decision.reason})" if decision.reason else ""))
+    return AlreadyDecided(f"session {session!r}: call {call_id!r} was already decided: {how}, at "
+                          f"{when(decision.at).isoformat()}", decision)
+
+
+def _journal(store: RunStore, session: str) -> Journal | None:
+    validate.session_id(session)
+    text = store.journal(session)
+    return None if text is None else _parse(text, session)
+
+
+def _parse(text: str, session: str) -> Journal:
+    return Journal.from_json(text, f"session {session!r}")
+
+
+def deadline_of(seconds: float | None, asked: float) -> float | None:
+    return None if seconds is None else asked + seconds
+
+
+def approving(calls: Sequence[Content], journal: Journal) -> list[Content]:
+    """The calls of ``calls`` the journal holds an approval for, in order."""
+    return [c for c in calls if c.id in journal.approvals]

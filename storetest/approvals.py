@@ -1,0 +1,362 @@
+"""The ApprovalStore contract: a run stops before a call that needs a person's decision; the decision is
+taken from any process, exactly once; the next run executes it at most once. Every stored transcript of
+these tests is checked for tool calls without results."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions import Content, Message, Role, Store, Tool
+from agent_sessions.approvals import CANCELLED_WAITING, DENIED, EXPIRED, ApprovalStore
+from agent_sessions.journal import UNKNOWN_OUTCOME
+
+from .capabilities import Capability
+from .crossprocess import lines, wait_for
+
+
+def _sid() -> str:
+    return f"storetest-approval-{uuid.uuid4().hex}"
+
+
+def _no_orphans(store: Store, sid: str) -> list[Message]:
+    msgs = store.messages(sid)
+    orphans = agent.orphaned_tool_calls(msgs)
+    assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
+    return msgs
+
+
+def _counted(path: str, hang: bool = False) -> Callable[..., str]:
+    def tool(amount: int = 0) -> str:
+        """A tool that notes each run in a file (fsynced: a parent process counts them)."""
+        with open(path, "a") as f:
+            f.write("ran\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if hang:
+            time.sleep(600)  # killed here
+        return f"done {amount}"
+
+    return tool
+
+
+def refund_tool(workdir: str, hang: bool = False, **options: Any) -> Tool:
+    """A non-idempotent tool a person must approve; each run appends a line to ``workdir/refunds``."""
+    return agent.tool(name="refund", idempotent=False, needs_approval=True, **options)(
+        _counted(str(Path(workdir) / "refunds"), hang))
+
+
+def lookup_tool(workdir: str) -> Tool:
+    return agent.tool(name="lookup")(_counted(str(Path(workdir) / "lookups")))
+
+
+class RefundThenAnswer:
+    """Replies with ``calls`` once (look the order up, refund it), then answers with the results it read.
+    Counts its requests in ``log`` (a file): how a parent process sees that no request was made."""
+
+    def __init__(self, log: str, calls: Sequence[tuple[str, str]] = (("lookup", "{}"), ("refund", '{"amount": 5}'))
+                 ) -> None:
+        self.log = log
+        self.calls = list(calls)
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        with open(self.log, "a") as f:
+            f.write("request\n")
+        if not any(m.tool_calls for m in messages if m.role is Role.ASSISTANT):
+            return Message(Role.ASSISTANT, [Content.tool_call(f"call_{name}", name, args) for name, args in self.calls])
+        return Message.assistant("done: " + " | ".join(c.text for c in messages[-1].content))
+
+
+class ApprovalContract:
+    """Mixed into StoreContract; ``make_store``, ``requires`` and ``factory`` come from there."""
+
+    capabilities: frozenset[Capability]
+
+    def make_store(self) -> Any:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def factory(self) -> Any:
+        raise NotImplementedError
+
+    def another(self, store: Any) -> Any:
+        raise NotImplementedError
+
+    def approval_store(self) -> ApprovalStore:
+        self.requires(Capability.APPROVALS)
+        store = self.make_store()
+        if not isinstance(store, ApprovalStore):
+            pytest.fail(f"the store declares Capability.APPROVALS, but {type(store).__name__} does not implement "
+                        "agent_sessions.approvals.ApprovalStore (swap_journal)")
+        return store
+
+    def _stopped(self, store: ApprovalStore, workdir: Path, **refund: Any) -> tuple[str, agent.Result, agent.Spec]:
+        sid = _sid()
+        spec = agent.Spec(session=agent.open(sid, store), tools=[lookup_tool(str(workdir)),
+                                                                 refund_tool(str(workdir), **refund)])
+        result = agent.Runner().run(spec, [Message.user("refund order 7")], RefundThenAnswer(str(workdir / "requests")))
+        return sid, result, spec
+
+    # -- the journal's compare-and-swap ----------------------------------------------------------------
+
+    def test_swap_journal_replaces_only_the_expected_text(self) -> None:
+        store = self.approval_store()
+        sid = _sid()
+        assert store.swap_journal(sid, "{}", '{"a":1}') is False  # no journal: nothing to swap
+        holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
+        store.put_journal(sid, holder, '{"v":1}')
+        store.release(sid, holder)
+        assert store.swap_journal(sid, '{"v":2}', '{"v":3}') is False
+        assert store.journal(sid) == '{"v":1}'
+        assert store.swap_journal(sid, '{"v":1}', '{"v":2, "ünï":"😀"}') is True
+        assert store.journal(sid) == '{"v":2, "ünï":"😀"}'
+        assert store.swap_journal(sid, '{"v":1}', '{"v":9}') is False
+
+    # -- the stop --------------------------------------------------------------------------------------
+
+    def test_a_call_needing_approval_stops_the_run_before_any_call_of_its_reply_runs(self, tmp_path: Path) -> None:
+        store = self.approval_store()
+        sid, result, spec = self._stopped(store, tmp_path)
+        assert result.stop_reason == "awaiting_approval" and result.text == ""
+        assert [(p.call_id, p.tool, p.arguments) for p in result.pending_approvals] == [
+            ("call_refund", "refund", '{"amount": 5}')]
+        assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
+        assert _no_orphans(store, sid) == [Message.user("refund order 7")]  # the reply waits in the journal
+        assert store.holder(sid) is None  # the lease is released
+        session = agent.open(sid, store)
+        assert [p.call_id for p in session.pending_approvals()] == ["call_refund"]
+        again = agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(tmp_path / "requests")))
+        assert again.stop_reason == "awaiting_approval" and again.steps == 0
+        assert len(lines(tmp_path / "requests")) == 1, "a run started while a call waits made a model request"
+
+    def test_an_approved_call_runs_once_and_a_denied_one_gets_the_reason(self, tmp_path: Path) -> None:
+        store = self.approval_store()
+        for approve in (True, False):
+            work = tmp_path / str(approve)
+            work.mkdir()
+            sid, _, spec = self._stopped(store, work)
+            session = agent.open(sid, store)
+            decision = session.approve("call_refund") if approve else session.deny("call_refund", "over the limit")
+            assert decision.approved is approve and decision.by == "person"
+            seen: list[Any] = []
+            result = agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(work / "requests")), seen.append)
+            assert result.stop_reason == "answered" and result.steps == 1
+            assert len(lines(work / "refunds")) == (1 if approve else 0) and len(lines(work / "lookups")) == 1
+            msgs = _no_orphans(store, sid)
+            refund = next(c for c in msgs[2].content if c.tool_call_id == "call_refund")
+            if approve:
+                assert not refund.is_error and refund.text.startswith("done")
+            else:
+                assert refund.is_error and refund.text == f"{DENIED}: over the limit"
+            decided = [e for e in seen if isinstance(e, agent.events.ApprovalDecided)]
+            assert [(e.call.id, e.approved) for e in decided] == [("call_refund", approve)]
+            assert store.journal(sid) is None and session.pending_approvals() == []
+            with pytest.raises(agent.UnknownApproval):
+                session.approve("call_refund")  # its turn is closed
+
+    def test_a_decision_is_taken_once_and_an_unknown_call_is_refused(self, tmp_path: Path) -> None:
+        store = self.approval_store()
+        sid, _, _ = self._stopped(store, tmp_path)
+        session = agent.open(sid, store)
+        with pytest.raises(agent.UnknownApproval):
+            session.approve("call_nobody_made")
+        with pytest.raises(agent.UnknownApproval):
+            session.approve("call_lookup")  # a call of the reply that needs no approval
+        session.deny("call_refund", "no")
+        with pytest.raises(agent.AlreadyDecided, match="denied by a person") as info:
+            session.approve("call_refund")
+        assert info.value.decision.approved is False and info.value.decision.reason == "no"
+
+    def test_of_concurrent_decisions_exactly_one_wins(self, tmp_path: Path) -> None:
+        store = self.approval_store()
+        sid, _, _ = self._stopped(store, tmp_path)
+        barrier = threading.Barrier(8, timeout=30)
+        outcomes: list[str] = []
+
+        def decide(i: int) -> None:
+            session = agent.open(sid, self.another(store))
+            barrier.wait()
+            try:
+                session.approve("call_refund") if i % 2 else session.deny("call_refund", f"denier {i}")
+                outcomes.append(f"won {i}")
+            except agent.AlreadyDecided:
+                outcomes.append("already")
+
+        threads = [threading.Thread(target=decide, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(outcomes) == 8 and outcomes.count("already") == 7, outcomes
+
+    def test_of_eight_deciding_processes_exactly_one_wins(self, tmp_path: Path) -> None:
+        factory = self.factory()
+        store = self.approval_store()
+        sid, _, _ = self._stopped(store, tmp_path)
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        barrier = ctx.Barrier(8, timeout=120)
+        procs = [ctx.Process(target=_decider, args=(factory, sid, i, barrier, out)) for i in range(8)]
+        for p in procs:
+            p.start()
+        try:
+            outcomes = [out.get(timeout=120) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+        errors = [o for o in outcomes if o[0] == "error"]
+        assert not errors, errors[0][1]
+        winners = [o for o in outcomes if o[0] == "won"]
+        assert len(winners) == 1 and sum(o[0] == "already" for o in outcomes) == 7, outcomes
+        i = winners[0][1]
+        decision = agent.approvals._journal(store, sid).approvals["call_refund"].decision  # type: ignore[union-attr]
+        assert decision is not None and decision.approved is (i % 2 == 1)
+
+    # -- deadlines, steers, cancels --------------------------------------------------------------------
+
+    def test_a_call_undecided_past_its_deadline_counts_as_denied(self, tmp_path: Path) -> None:
+        store = self.approval_store()
+        sid, result, spec = self._stopped(store, tmp_path, approval_deadline=0.5)
+        deadline = result.pending_approvals[0].deadline
+        assert deadline is not None and 0.4 < (deadline - result.pending_approvals[0].asked).total_seconds() < 0.6
+        time.sleep(0.6)
+        session = agent.open(sid, store)
+        assert session.pending_approvals() == []
+        with pytest.raises(agent.AlreadyDecided, match="deadline"):
+            session.approve("call_refund")
+        result = agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(tmp_path / "requests")))
+        assert result.stop_reason == "answered" and lines(tmp_path / "refunds") == []
+        refund = next(c for c in _no_orphans(store, sid)[2].content if c.tool_call_id == "call_refund")
+        assert refund.is_error and refund.text == EXPIRED
+
+    def test_a_run_finds_the_deadline_passed_and_denies_the_call_itself(self, tmp_path: Path) -> None:
+        store = self.approval_store()
+        spec = agent.Spec(session=agent.open(_sid(), store), approval_deadline=0.3,
+                          tools=[lookup_tool(str(tmp_path)), refund_tool(str(tmp_path))])
+        sid = spec.session.id  # type: ignore[union-attr]
+        first = agent.Runner().run(spec, [Message.user("refund order 7")], RefundThenAnswer(str(tmp_path / "r")))
+        assert first.stop_reason == "awaiting_approval"
+        time.sleep(0.4)  # nobody decides
+        again = agent.Runner().run(spec, store.messages(sid), RefundThenAnswer(str(tmp_path / "r")))
+        assert again.stop_reason == "answered" and lines(tmp_path / "refunds") == []
+        assert len(lines(tmp_path / "lookups")) == 1
+        refund = next(c for c in _no_orphans(store, sid)[2].content if c.tool_call_id == "call_refund")
+        assert refund.is_error and refund.text == EXPIRED
+        with pytest.raises(agent.UnknownApproval):
+            agent.open(sid, store).approve("call_refund")
+
+    def test_a_steer_left_while_it_waits_lands_before_the_next_request(self, tmp_path: Path) -> None:
+        store = self.approval_store()
+        sid, _, spec = self._stopped(store, tmp_path)
+        session = agent.open(sid, store)
+        session.steer("and email the customer")
+        session.approve("call_refund")
+        agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(tmp_path / "requests")))
+        msgs = _no_orphans(store, sid)
+        assert [m.text for m in msgs][3] == "and email the customer"
+        assert msgs[2].content[0].tool_call_id == "call_lookup" and msgs[4].role is Role.ASSISTANT
+
+    def test_a_cancel_while_it_waits_closes_the_turn(self, tmp_path: Path) -> None:
+        store = self.approval_store()
+        sid, _, _spec = self._stopped(store, tmp_path)
+        session = agent.open(sid, store)
+        assert session.cancel() is True
+        msgs = _no_orphans(store, sid)
+        assert len(msgs) == 3 and store.journal(sid) is None
+        results = {c.tool_call_id: c for c in msgs[2].content}
+        assert results["call_refund"].is_error and results["call_refund"].text == CANCELLED_WAITING
+        assert results["call_lookup"].is_error
+        with pytest.raises(agent.UnknownApproval):
+            session.approve("call_refund")
+        assert session.cancel() is False
+        assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
+
+    def test_a_tool_needing_approval_without_an_approval_store_is_refused_at_once(self, tmp_path: Path) -> None:
+        with pytest.raises(agent.ArgumentError, match="needs approval"):
+            agent.Runner().run(agent.Spec(tools=[refund_tool(str(tmp_path))]), [Message.user("q")],
+                               RefundThenAnswer(str(tmp_path / "requests")))
+
+    # -- across processes ------------------------------------------------------------------------------
+
+    def test_stop_approve_resume_and_a_kill_inside_the_approved_tool_across_processes(self, tmp_path: Path) -> None:
+        """A stops; B approves; C resumes and is killed inside the approved non-idempotent tool; D resumes
+        and does not run it again: its outcome is unknown."""
+        factory = self.factory()
+        store = self.approval_store()
+        sid = _sid()
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        work = str(tmp_path)
+
+        def child(role: str, hang: bool = False) -> Any:
+            p = ctx.Process(target=_approval_child, args=(factory, sid, work, role, hang, out))
+            p.start()
+            return p
+
+        a = child("run")
+        assert out.get(timeout=120) == ("run", "awaiting_approval")
+        a.join(30)
+        b = child("approve")
+        assert out.get(timeout=120) == ("approve", "approved")
+        b.join(30)
+        c = child("run", hang=True)
+        try:
+            wait_for(lambda: len(lines(tmp_path / "refunds")) == 1, "the third process to enter the approved tool",
+                     timeout=120)
+            os.kill(c.pid or 0, signal.SIGKILL)
+            c.join(30)
+        finally:
+            if c.is_alive():
+                c.kill()
+        d = child("run")
+        assert out.get(timeout=120) == ("run", "answered")
+        d.join(30)
+        assert len(lines(tmp_path / "refunds")) == 1, "the approved non-idempotent tool ran again"
+        msgs = _no_orphans(store, sid)
+        refund = next(c for c in msgs[2].content if c.tool_call_id == "call_refund")
+        assert refund.is_error and refund.text == UNKNOWN_OUTCOME
+        assert len(lines(tmp_path / "requests")) == 2  # the first reply, and the answer after the resume
+
+
+def _decider(factory: Callable[[], Store], sid: str, i: int, barrier: Any, out: Any) -> None:
+    try:
+        session = agent.open(sid, factory())
+        barrier.wait()
+        try:
+            session.approve("call_refund") if i % 2 else session.deny("call_refund", f"denier {i}")
+            out.put(("won", i))
+        except agent.AlreadyDecided:
+            out.put(("already", i))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("error", traceback.format_exc()))
+
+
+def _approval_child(factory: Callable[[], Store], sid: str, workdir: str, role: str, hang: bool, out: Any) -> None:
+    try:
+        session = agent.open(sid, factory())
+        if role == "approve":
+            session.approve("call_refund")
+            out.put((role, "approved"))
+            return
+        spec = agent.Spec(session=session, tools=[lookup_tool(workdir), refund_tool(workdir, hang=hang)],
+                          lease_ttl=1.0, lease_wait=30.0)
+        model = RefundThenAnswer(str(Path(workdir) / "requests"))
+        msgs = session.messages() or [Message.user("refund order 7")]
+        out.put((role, agent.Runner().run(spec, msgs, model).stop_reason))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("error", traceback.format_exc()))
