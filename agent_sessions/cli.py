@@ -163,7 +163,7 @@ def _open_sql(target: Target) -> Opened:
 
     try:
         url = make_url(target.url)
-    except BadURL as exc:
+    except (BadURL, ValueError) as exc:  # ValueError: a port that is not a number
         raise Exit(USAGE, f"bad store URL {target.where!r}: {exc}") from exc
     options: dict[str, Any] = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
     if target.kind == "mysql" and "charset" not in url.query:
@@ -184,7 +184,7 @@ def _open_mongodb(target: Target) -> Opened:
                                 "connectTimeoutMS") if name.lower() not in lower}
     try:
         client: MongoClient[dict[str, Any]] = MongoClient(target.url, **timeouts)  # connects lazily
-    except (InvalidURI, ConfigurationError) as exc:
+    except (InvalidURI, ConfigurationError, ValueError) as exc:  # ValueError: a bad port
         raise Exit(USAGE, f"bad store URL {target.where!r}: {exc}") from exc
     try:
         database = client.get_default_database()
@@ -564,8 +564,8 @@ def main(argv: Sequence[str] | None = None, *, store: Store | None = None) -> in
         code, message = 130, "interrupted"
     except Exception as exc:  # noqa: BLE001 - every error ends as one line and an exit code, never a traceback
         code, message = classify(exc)
-    if args.debug:
-        traceback.print_exc()
+        if args.debug:
+            traceback.print_exc()
     print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
     return code
 
