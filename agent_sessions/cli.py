@@ -377,7 +377,7 @@ def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
     msgs = session.messages() if args.all else session.messages(last=args.last)
     if not msgs and not _exists(session):
         return _absent(session, {"id": session.id, "messages": []})
-    lines: list[str] = []
+    lines = [] if msgs else ["(no messages)"]
     for i, message in enumerate(msgs):
         lines += format_message(message, i if args.all else None)
     return Outcome({"id": session.id, "messages": [m.to_dict() for m in msgs]}, lines)
@@ -539,10 +539,8 @@ def _absent(session: StoreSession, doc: Any) -> Outcome:
 def _confirm(question: str) -> bool:
     if not sys.stdin.isatty():
         raise Exit(USAGE, "delete asks for confirmation: pass --yes when not running it from a terminal")
-    try:
-        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
-    except EOFError:
-        return False
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)  # stdout is for the answer (--json)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _one_line(text: str) -> str:
@@ -555,7 +553,10 @@ def _one_line(text: str) -> str:
 def main(argv: Sequence[str] | None = None, *, store: Store | None = None) -> int:
     """Run one command and return its exit code (``EXIT_CODES``). ``store``: use this store instead of
     opening ``--store``, for an application that builds its own (a Django project's) or a test's."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse printed --help, or the usage error; returned, for an embedding caller
+        return exc.code if isinstance(exc.code, int) else USAGE
     level = logging.DEBUG if args.debug else logging.WARNING
     logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s %(name)s: %(message)s")  # no-op if configured
     try:

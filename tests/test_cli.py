@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import pymongo
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -285,6 +287,24 @@ def test_lifecycle_prune_deletes_idle_sessions_a_run_does_not_hold(backend: Back
     assert [s.id for s in backend.store.list_sessions()] == ["held"]
 
 
+def test_mongodb_urls_name_their_database() -> None:
+    name = servers.database_name("cli")
+    url = urlunsplit(urlsplit(servers.MONGO_URL)._replace(path=f"/{name}"))
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(servers.MONGO_URL)
+    client.drop_database(name)
+    try:
+        store = mongodb.Store(client[name])
+        saved(store, "chat-1")
+        assert run_cli("fork", "chat-1", "chat-2", "--at", "1", store=url).code == 0
+        assert store.messages("chat-2") == TRANSCRIPT[:1]
+        assert run_cli("steer", "chat-2", "go on", store=url).code == 0
+        assert store.take_steers("chat-2") == ["go on"]
+        assert run_cli("holder", "chat-1", store=url).code == 1
+    finally:
+        client.drop_database(name)
+        client.close()
+
+
 # -- schema ------------------------------------------------------------------------------------------------
 
 
@@ -443,3 +463,13 @@ def test_memory_errors_are_one_line(mem: InProcess) -> None:
     assert ran.code == 2 and ran.err.count("\n") == 1 and "JSON scalar" in ran.err
     ran = mem("list", "--limit", "5000")
     assert ran.code == 2 and "from 1 to 1000" in ran.err
+    ran = mem("metadata", "s", "novalue")  # argparse's own error: returned, not raised as SystemExit
+    assert ran.code == 2 and "usage:" in ran.err and "'novalue' is not key=value" in ran.err
+
+
+def test_memory_show_of_a_session_without_messages(mem: InProcess) -> None:
+    mem.store.set_metadata("labelled", {"user": "u-1"})  # exists, with no transcript yet
+    assert (mem("show", "labelled").code, mem("show", "labelled").out) == (0, "(no messages)\n")
+    assert mem("show", "unknown").code == 1
+    ran = mem("steer", "unknown", "hi")
+    assert ran.code == 0 and "does not exist yet" in ran.out
