@@ -123,8 +123,7 @@ class Opened:
 
 def open_store(target: Target) -> Opened:
     """Open the store ``target`` names. The CLI runs no DDL on a database server and creates no SQLite
-    file: the tables are the application's (``schema`` prints them)."""
-    extra = "mysql" if target.kind == "mysql" else target.kind
+    file: the tables are the application's (``schema`` prints them). A kind is also its extra's name."""
     try:
         if target.kind == "sqlite":
             return _open_sqlite(target)
@@ -134,7 +133,7 @@ def open_store(target: Target) -> Opened:
     except ImportError as exc:
         hint = str(exc) if "pip install" in str(exc) else (
             f"the {target.kind} store cannot import its driver ({exc}); "
-            f"install it with: pip install '{DIST}[{extra}]'")
+            f"install it with: pip install '{DIST}[{target.kind}]'")
         raise Exit(MISSING_DRIVER, hint) from exc
 
 
