@@ -1,0 +1,617 @@
+"""``python -m agent_sessions --store URL <command>``: look at and manage the sessions of a store from a shell.
+
+An application on top of the library, not part of its core: it is the one module of ``agent_sessions``
+allowed to import ``stores`` (the import-linter contract in setup.cfg says so), and it imports a store,
+and so its driver, only once a command needs it, so ``import agent_sessions`` still loads no driver.
+Every command is one or two calls of ``StoreSession`` or the store's ``LifecycleStore`` methods: what the
+CLI adds is opening a store from a URL, printing, and exit codes a script can branch on (``EXIT_CODES``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from . import lifecycle
+from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, Unsupported
+from .lease import Holder
+from .lifecycle import LifecycleStore, Scalar, SessionInfo
+from .messages import ContentType, Message
+from .session import Store, StoreSession
+from .session import open as open_session
+
+PROG = "python -m agent_sessions"
+ENV_STORE = "AGENT_SESSIONS_STORE"
+CONNECT_TIMEOUT = 10
+"""Seconds to wait for a database server to answer before giving up (exit code 4)."""
+
+OK, NOTHING, USAGE, MISSING_DRIVER, STORE_FAILED, CONFLICT = 0, 1, 2, 3, 4, 5
+EXIT_CODES = {
+    OK: "ok",
+    NOTHING: "the session (or what was asked for) does not exist, or there was nothing to do",
+    USAGE: "bad usage or input: arguments, a store URL, a value the library refuses",
+    MISSING_DRIVER: "the store's driver is not installed (the message names the extra to install)",
+    STORE_FAILED: "the store failed or cannot be reached (the message says which store), or cannot do this",
+    CONFLICT: "a conflict: a live run holds the session (delete without --force), a fork's target exists",
+}
+DIST = "stored-agent-sessions"
+
+log = logging.getLogger(__name__)
+
+
+class Exit(Exception):
+    """Ends a command with an exit code and one line for stderr."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+@dataclass
+class Outcome:
+    """What a command answers: ``doc`` for --json, ``lines`` for people, and with exit code 1 a ``note``
+    for stderr saying what was not there."""
+
+    doc: Any
+    lines: list[str] = field(default_factory=list)
+    code: int = OK
+    note: str = ""
+
+
+# -- store URLs ----------------------------------------------------------------------------------------------
+
+_SQL_DRIVERS = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql"), "mariadb": ("mysql", "pymysql")}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a store URL points: ``kind`` is sqlite, postgres, mysql or mongodb; ``where`` is the URL as
+    messages show it (without its password)."""
+
+    kind: str
+    url: str
+    where: str
+
+
+def parse_target(url: str) -> Target:
+    """Read a store URL without connecting; ``Exit(2)`` for one this CLI cannot use."""
+    if "://" not in url:
+        if not url:
+            raise Exit(USAGE, "the store URL is empty")
+        return Target("sqlite", url, url)
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "sqlite":
+        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise Exit(USAGE, f"bad SQLite URL {url!r}: write sqlite:///relative/path.db or sqlite:////abs/path.db")
+        return Target("sqlite", path, path)
+    if scheme in ("mongodb", "mongodb+srv"):
+        return Target("mongodb", url, _hide(url))
+    backend, driver = scheme.partition("+")[0], scheme.partition("+")[2]
+    if backend == "postgres":
+        backend = "postgresql"
+    if backend in _SQL_DRIVERS:
+        kind, wanted = _SQL_DRIVERS[backend]
+        if driver not in ("", wanted):
+            raise Exit(USAGE, f"store URL {_hide(url)!r}: the {kind} store runs on {wanted}; "
+                              f"write {backend}+{wanted}://...")
+        return Target(kind, f"{backend}+{wanted}://{url.split('://', 1)[1]}", _hide(url))
+    raise Exit(USAGE, f"unknown store URL scheme {scheme!r} in {_hide(url)!r}: use a SQLite path or sqlite:///path, "
+                      "postgresql+psycopg://, mysql+pymysql:// or mongodb://")
+
+
+def _hide(url: str) -> str:
+    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url, count=1)
+
+
+@dataclass
+class Opened:
+    store: Store
+    close: Callable[[], None]
+    failures: tuple[type[BaseException], ...]
+    """The driver's own exceptions, which mean the store failed (exit 4) when one escapes the store."""
+
+
+def open_store(target: Target) -> Opened:
+    """Open the store ``target`` names. The CLI runs no DDL on a database server and creates no SQLite
+    file: the tables are the application's (``schema`` prints them). A kind is also its extra's name."""
+    try:
+        if target.kind == "sqlite":
+            return _open_sqlite(target)
+        if target.kind == "mongodb":
+            return _open_mongodb(target)
+        return _open_sql(target)
+    except ImportError as exc:
+        hint = str(exc) if "pip install" in str(exc) else (
+            f"the {target.kind} store cannot import its driver ({exc}); "
+            f"install it with: pip install '{DIST}[{target.kind}]'")
+        raise Exit(MISSING_DRIVER, hint) from exc
+
+
+def _open_sqlite(target: Target) -> Opened:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from stores import sqlite
+
+    if not os.path.isfile(target.url):
+        raise Exit(STORE_FAILED, f"no SQLite store at {target.where!r}: no such file (the CLI creates none; "
+                                 "the application's stores.sqlite.open(path) does)")
+    try:
+        store = sqlite.open(target.url)
+    except SQLAlchemyError as exc:
+        cause = getattr(exc, "orig", None) or exc
+        raise Exit(STORE_FAILED, f"cannot open the SQLite store {target.where!r}: {cause}") from exc
+    return Opened(store, store.close, (SQLAlchemyError,))
+
+
+def _open_sql(target: Target) -> Opened:
+    from sqlalchemy import create_engine, make_url
+    from sqlalchemy.exc import ArgumentError as BadURL
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from stores import mysql, postgres
+
+    try:
+        url = make_url(target.url)
+    except (BadURL, ValueError) as exc:  # ValueError: a port that is not a number
+        raise Exit(USAGE, f"bad store URL {target.where!r}: {exc}") from exc
+    options: dict[str, Any] = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
+    if target.kind == "mysql" and "charset" not in url.query:
+        url = url.update_query_dict({"charset": "utf8mb4"})  # the store keeps any Unicode text
+    engine = create_engine(url, connect_args=options, pool_size=1)
+    store: Store = postgres.Store(engine) if target.kind == "postgres" else mysql.Store(engine)
+    return Opened(store, engine.dispose, (SQLAlchemyError,))
+
+
+def _open_mongodb(target: Target) -> Opened:
+    from pymongo import MongoClient
+    from pymongo.errors import ConfigurationError, InvalidURI, PyMongoError
+
+    from stores import mongodb
+
+    lower = target.url.lower()
+    timeouts: dict[str, Any] = {name: CONNECT_TIMEOUT * 1000 for name in ("serverSelectionTimeoutMS",
+                                "connectTimeoutMS") if name.lower() not in lower}
+    try:
+        client: MongoClient[dict[str, Any]] = MongoClient(target.url, **timeouts)  # connects lazily
+    except (InvalidURI, ConfigurationError, ValueError) as exc:  # ValueError: a bad port
+        raise Exit(USAGE, f"bad store URL {target.where!r}: {exc}") from exc
+    try:
+        database = client.get_default_database()
+    except ConfigurationError:
+        client.close()
+        raise Exit(USAGE, f"store URL {target.where!r} names no database: write mongodb://host:27017/dbname") from None
+    return Opened(mongodb.Store(database), client.close, (PyMongoError,))
+
+
+def schema(target: Target) -> str:
+    """The DDL that creates the store's tables (or indexes), as the store exports it, for the operator's
+    migration or shell, since the CLI runs none; "" when the store needs nothing made beforehand."""
+    try:
+        if target.kind == "postgres":
+            from stores import postgres
+
+            return postgres.SCHEMA
+        if target.kind == "mysql":
+            from stores import mysql
+
+            return "".join(f"{statement};\n\n" for statement in mysql.SCHEMA)
+        if target.kind == "mongodb":
+            from stores import mongodb
+
+            return "".join(f"db.getCollection({json.dumps(collection)}).createIndex("
+                           f"{json.dumps(dict(keys))}, {json.dumps(options)});\n"
+                           for collection, keys, options in mongodb.INDEXES)
+    except ImportError as exc:
+        raise Exit(MISSING_DRIVER, str(exc)) from exc
+    return ""  # SQLite: stores.sqlite.open creates its tables
+
+
+# -- parsing arguments ----------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def duration(text: str) -> float:
+    """``30d``, ``12h``, ``15m``, ``90s`` or a sum of them (``1d12h``), in seconds."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 15m, 90s or 1d12h")
+    return sum(float(n) * _UNIT[u] for n, u in parts)
+
+
+def value(text: str) -> Scalar | None:
+    """A metadata value as typed: JSON when it parses (``17``, ``true``, ``"17"``), else the text itself."""
+    try:
+        parsed: Scalar | None = json.loads(text)
+    except ValueError:
+        return text
+    return parsed
+
+
+def pair(text: str) -> tuple[str, Scalar | None]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
+    return key, None if raw == "" else value(raw)
+
+
+def positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return number
+
+
+def count(text: str) -> int:
+    return 0 if text == "0" else positive(text)
+
+
+VALUES = ("Each VALUE is read as JSON when it parses as JSON (17, 1.5, true, \"17\") and as a plain string "
+          "otherwise (u-17), so quote it as a JSON string to keep digits or true as text: key='\"17\"'.")
+
+
+def exit_codes() -> str:
+    return "exit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
+
+
+def _common() -> argparse.ArgumentParser:
+    """The options every command takes, before or after its name. SUPPRESS keeps a subcommand from
+    overwriting what was given before its name with its default; each parser gets its own copy, since
+    set_defaults changes the actions a parent shares."""
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common.add_argument("--store", metavar="URL", help=f"the store (default: ${ENV_STORE})")
+    common.add_argument("--json", action="store_true", help="print one JSON document on stdout, for scripts")
+    common.add_argument("--debug", action="store_true", help="log at DEBUG and show tracebacks")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    epilog = (f"The store is --store URL or ${ENV_STORE}: a SQLite file (./sessions.db, sqlite:///path.db), "
+              "postgresql+psycopg://user@host/db, mysql+pymysql://user@host/db or mongodb://host:27017/db.\n\n"
+              + exit_codes() + "\n\nErrors are one line on stderr; --debug adds the traceback. See docs/cli.md.")
+    parser = argparse.ArgumentParser(
+        prog=PROG, parents=[_common()], epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Look at and manage the sessions of an agent-sessions store.",
+    )
+    parser.set_defaults(store=os.environ.get(ENV_STORE), json=False, debug=False)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "") -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[_common()], help=help, description=help,
+                                  epilog=(epilog + "\n\n" if epilog else "") + exit_codes(),
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.set_defaults(run=run)
+        return sub
+
+    sub = command("list", cmd_list, "list sessions, most recently updated first",
+                  "Prints the cursor of the next page, if any: pass it as --after. " + VALUES)
+    sub.add_argument("--prefix", default="", help="only sessions whose id starts with this")
+    sub.add_argument("--where", metavar="KEY=VALUE", type=pair, action="append", default=[],
+                     help="only sessions whose metadata has KEY set to VALUE (repeatable: all must match)")
+    sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
+    sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
+
+    sub = command("show", cmd_show, "print the end of a session's transcript (or all of it)")
+    sub.add_argument("session", metavar="SID")
+    shown = sub.add_mutually_exclusive_group()
+    shown.add_argument("--last", metavar="N", type=count, default=20, help="the last N messages (default 20)")
+    shown.add_argument("--all", action="store_true", help="the whole transcript, its messages numbered from 0")
+
+    sub = command("info", cmd_info, "when a session was created and updated, its length, metadata, run and steers")
+    sub.add_argument("session", metavar="SID")
+
+    sub = command("steer", cmd_steer, "leave a steer for the session's next model request, whichever process makes it")
+    sub.add_argument("session", metavar="SID")
+    sub.add_argument("text", metavar="TEXT")
+
+    sub = command("cancel", cmd_cancel, "ask the run holding the session to stop (exit 1 when no run holds it)")
+    sub.add_argument("session", metavar="SID")
+
+    sub = command("holder", cmd_holder, "who runs the session now, and until when (exit 1 when no live run)")
+    sub.add_argument("session", metavar="SID")
+
+    sub = command("fork", cmd_fork, "start NEW_ID from SID's transcript (all of it, or its first N messages)")
+    sub.add_argument("session", metavar="SID")
+    sub.add_argument("new_id", metavar="NEW_ID")
+    sub.add_argument("--at", metavar="N", type=count, help="keep the first N messages (show --all numbers them)")
+    sub.add_argument("--allow-unanswered", action="store_true",
+                     help="cut even after a message whose tool calls have no results yet")
+
+    sub = command("delete", cmd_delete, "delete a session and everything kept for it",
+                  "Asks for confirmation on a terminal; elsewhere pass --yes.")
+    sub.add_argument("session", metavar="SID")
+    sub.add_argument("--force", action="store_true",
+                     help="delete even while a live run holds it (its next write fails with LeaseLost)")
+    sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    sub = command("prune", cmd_prune, "delete the sessions nobody updated for a while and no live run holds",
+                  "Deletes in batches, each its own transaction. Exit 0 even when none was idle: "
+                  "schedule it as the retention job.")
+    sub.add_argument("--idle-for", metavar="DURATION", type=duration, required=True,
+                     help="not updated for this long: 30d, 12h, 15m, 90s, or a sum such as 1d12h")
+    sub.add_argument("--limit", metavar="N", type=positive, help="delete at most N sessions")
+
+    sub = command("metadata", cmd_metadata, "print a session's metadata, or change it",
+                  "KEY=VALUE sets KEY; KEY= (nothing after =) or KEY=null removes it. Setting metadata "
+                  "creates the session if it does not exist yet. " + VALUES)
+    sub.add_argument("session", metavar="SID")
+    sub.add_argument("changes", metavar="KEY=VALUE", type=pair, nargs="*")
+
+    command("schema", cmd_schema, "print the DDL that creates the store's tables (the CLI runs none)",
+            "For the operator's migration: python -m agent_sessions --store URL schema | psql ... "
+            "Exit 1 when the store needs nothing created (SQLite creates its own tables).")
+    return parser
+
+
+# -- the commands --------------------------------------------------------------------------------------------
+# Each takes the parsed arguments and the store, and returns an Outcome or raises.
+
+
+def cmd_list(args: argparse.Namespace, store: Store) -> Outcome:
+    page = _lifecycle(store, "list").list_sessions(args.prefix, dict(args.where) or None, args.limit, args.after)
+    lines = [f"{'ID':<30} {'UPDATED (UTC)':<19}  {'MESSAGES':>8}  METADATA"] if page.sessions else ["no sessions"]
+    lines += [f"{_safe(i.id):<30} {_time(i.updated)}  {i.messages:>8}  {_safe(lifecycle.encode_metadata(i.metadata))}"
+              for i in page.sessions]
+    if page.next:
+        lines.append(f"next page: --after {page.next}")
+    return Outcome({"sessions": [_info_doc(i) for i in page.sessions], "next": page.next}, lines)
+
+
+def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    msgs = session.messages() if args.all else session.messages(last=args.last)
+    if not msgs and not _exists(session):
+        return _absent(session, {"id": session.id, "messages": []})
+    lines = [] if msgs else ["(no messages)"]
+    for i, message in enumerate(msgs):
+        lines += format_message(message, i if args.all else None)
+    return Outcome({"id": session.id, "messages": [m.to_dict() for m in msgs]}, lines)
+
+
+def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    info = session.info()
+    if info is None:
+        return _absent(session, None)
+    holder, steers = session.holder(), session.pending_steers()
+    lines = [f"id:        {_safe(info.id)}", f"created:   {_time(info.created)} UTC",
+             f"updated:   {_time(info.updated)} UTC", f"messages:  {info.messages}",
+             f"metadata:  {_safe(lifecycle.encode_metadata(info.metadata))}",
+             f"run:       {'none' if holder is None else _safe(holder.describe())}",
+             f"steers:    {len(steers)} waiting"]
+    lines += [f"  {_safe(s)}" for s in steers]
+    return Outcome({**_info_doc(info), "holder": _holder_doc(holder), "pending_steers": steers}, lines)
+
+
+def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    session.steer(args.text)
+    later = "" if _exists(session) is not False else " (it does not exist yet: the steer waits for its first run)"
+    return Outcome({"id": session.id, "steered": True}, [f"steer left for session {_safe(session.id)}{later}"])
+
+
+def cmd_cancel(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    if not session.cancel():
+        return Outcome({"id": session.id, "cancelled": False}, code=NOTHING,
+                       note=f"no run holds session {session.id!r}: nothing to cancel")
+    return Outcome({"id": session.id, "cancelled": True},
+                   [f"asked the run holding session {_safe(session.id)} to stop"])
+
+
+def cmd_holder(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    holder = session.holder()
+    if holder is None:
+        return Outcome({"id": session.id, "holder": None}, code=NOTHING,
+                       note=f"no live run holds session {session.id!r}")
+    return Outcome({"id": session.id, "holder": _holder_doc(holder)}, [_safe(holder.describe())])
+
+
+def cmd_fork(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    if not session.messages(last=1):
+        return Outcome({"id": args.new_id, "source": session.id, "forked": False}, code=NOTHING,
+                       note=f"session {session.id!r} has no transcript to fork")
+    session.fork(args.new_id, args.at, allow_unanswered=args.allow_unanswered)
+    kept = "all its messages" if args.at is None else f"its first {args.at} messages"
+    return Outcome({"id": args.new_id, "source": session.id, "forked": True, "at": args.at},
+                   [f"forked session {_safe(session.id)} into {_safe(args.new_id)} with {kept}"])
+
+
+def cmd_delete(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    if not args.yes and not _confirm(f"delete session {session.id!r} and everything kept for it?"):
+        return Outcome({"id": session.id, "deleted": False}, code=NOTHING, note="not deleted")
+    try:
+        deleted = session.delete(force=args.force)
+    except SessionBusy as exc:
+        raise Exit(CONFLICT, f"session {session.id!r} is held by a live run, {exc.holder.describe()}; --force "
+                             "deletes it anyway (the run's next write then fails with LeaseLost)") from exc
+    if not deleted:
+        return _absent(session, {"id": session.id, "deleted": False})
+    return Outcome({"id": session.id, "deleted": True}, [f"deleted session {_safe(session.id)}"])
+
+
+def cmd_prune(args: argparse.Namespace, store: Store) -> Outcome:
+    deleted = _lifecycle(store, "prune").prune(args.idle_for, args.limit)
+    return Outcome({"deleted": deleted}, [f"deleted {deleted} idle session{'' if deleted == 1 else 's'}"])
+
+
+def cmd_metadata(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    if args.changes:
+        metadata: Mapping[str, Scalar] = session.set_metadata(dict(args.changes))
+    else:
+        info = session.info()
+        if info is None:
+            return _absent(session, {"id": session.id, "metadata": None})
+        metadata = info.metadata
+    return Outcome({"id": session.id, "metadata": dict(metadata)},
+                   [f"{_safe(k)}={_safe(json.dumps(v, ensure_ascii=False))}" for k, v in sorted(metadata.items())])
+
+
+def cmd_schema(args: argparse.Namespace, target: Target) -> Outcome:
+    ddl = schema(target)
+    if not ddl:
+        return Outcome({"store": target.kind, "ddl": ""}, code=NOTHING,
+                       note=f"the {target.kind} store creates what it needs itself: there is no DDL to run")
+    return Outcome({"store": target.kind, "ddl": ddl}, [ddl.rstrip("\n")])
+
+
+# -- helpers -------------------------------------------------------------------------------------------------
+
+
+def format_message(message: Message, number: int | None = None) -> list[str]:
+    """A message for a terminal: its role (and key), then one indented line or more per block; tool
+    arguments exactly as the model wrote them. Control characters are shown escaped, never sent."""
+    head = f"#{number} " if number is not None else ""
+    lines = [f"{head}{message.role.value}" + (f" (key {_safe(message.key)})" if message.key else "") + ":"]
+    for block in message.content:
+        if block.type is ContentType.TEXT:
+            text = block.text
+        elif block.type is ContentType.TOOL_CALL:
+            text = f"tool call {block.name} [{block.id}] {block.arguments}"
+        else:
+            error = " (error)" if block.is_error else ""
+            text = f"tool result [{block.tool_call_id}]{error}: {block.text}"
+        lines += [f"  {_safe(line)}" for line in (text.splitlines() or [""])]
+    return lines
+
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _safe(text: str) -> str:
+    """Text from the store (a model's output, a user's message) is untrusted: an escape sequence in it
+    must not drive the terminal, so control characters are printed as \\xNN / \\uNNNN instead."""
+    return _UNSAFE.sub(lambda m: json.dumps(m.group())[1:-1] if ord(m.group()) > 0x1f else f"\\x{ord(m.group()):02x}",
+                       text)
+
+
+def _time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _info_doc(info: SessionInfo) -> dict[str, Any]:
+    return {"id": info.id, "created": info.created.isoformat(), "updated": info.updated.isoformat(),
+            "messages": info.messages, "metadata": dict(info.metadata)}
+
+
+def _holder_doc(holder: Holder | None) -> dict[str, Any] | None:
+    """The lease without its token: the token is what a run's writes carry, not something to print."""
+    if holder is None:
+        return None
+    return {"host": holder.host, "pid": holder.pid, "epoch": holder.epoch, "cancelled": holder.cancelled,
+            "expires": lifecycle.when(holder.expires).isoformat()}
+
+
+def _lifecycle(store: Store, command: str) -> LifecycleStore:
+    if not isinstance(store, LifecycleStore):
+        raise Unsupported(f"{command} needs a store implementing agent_sessions.LifecycleStore; {store!r} does not")
+    return store
+
+
+def _exists(session: StoreSession) -> bool | None:
+    """Whether the session exists, or ``None`` when the store cannot say (it lacks LifecycleStore)."""
+    return session.info() is not None if isinstance(session.store, LifecycleStore) else None
+
+
+def _absent(session: StoreSession, doc: Any) -> Outcome:
+    return Outcome(doc, code=NOTHING, note=f"no session {session.id!r}")
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        raise Exit(USAGE, "delete asks for confirmation: pass --yes when not running it from a terminal")
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)  # stdout is for the answer (--json)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- running it ----------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None, *, store: Store | None = None) -> int:
+    """Run one command and return its exit code (``EXIT_CODES``). ``store``: use this store instead of
+    opening ``--store``, for an application that builds its own (a Django project's) or a test's."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse printed --help, or the usage error; returned, for an embedding caller
+        return exc.code if isinstance(exc.code, int) else USAGE
+    level = logging.DEBUG if args.debug else logging.WARNING
+    logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s %(name)s: %(message)s")  # no-op if configured
+    try:
+        return _emit(_run(args, store), args.json)
+    except KeyboardInterrupt:
+        code, message = 130, "interrupted"
+    except Exception as exc:  # noqa: BLE001 - every error ends as one line and an exit code, never a traceback
+        code, message = classify(exc)
+        if args.debug:
+            traceback.print_exc()
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    return code
+
+
+def classify(exc: Exception) -> tuple[int, str]:
+    """The exit code and the message for an error a command raised."""
+    if isinstance(exc, Exit):
+        return exc.code, str(exc)
+    if isinstance(exc, Conflict | SessionExists):
+        return CONFLICT, str(exc)
+    if isinstance(exc, ArgumentError):
+        return USAGE, str(exc)
+    if isinstance(exc, StoreError | Unsupported):
+        return STORE_FAILED, str(exc)
+    # Not one of ours on purpose: a driver's error the store did not wrap, or a bug (--debug shows where).
+    return STORE_FAILED, f"unexpected {type(exc).__name__}: {exc} (--debug shows the traceback)"
+
+
+def _run(args: argparse.Namespace, given: Store | None) -> Outcome:
+    if given is not None and args.command != "schema":
+        return args.run(args, given)  # type: ignore[no-any-return]
+    if not args.store:
+        raise Exit(USAGE, f"no store: pass --store URL or set ${ENV_STORE}")
+    target = parse_target(args.store)
+    if args.command == "schema":
+        return cmd_schema(args, target)
+    opened = open_store(target)
+    try:
+        return args.run(args, opened.store)  # type: ignore[no-any-return]
+    except StoreError as exc:
+        raise Exit(STORE_FAILED, f"store {target.where}: {exc}") from exc
+    except opened.failures as exc:
+        raise Exit(STORE_FAILED, f"store {target.where}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        opened.close()
+
+
+def _emit(outcome: Outcome, as_json: bool) -> int:
+    try:
+        if as_json:
+            print(json.dumps(outcome.doc))
+        elif outcome.lines:
+            print("\n".join(outcome.lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if outcome.note:
+        print(f"{PROG}: {_one_line(outcome.note)}", file=sys.stderr)
+    return outcome.code
