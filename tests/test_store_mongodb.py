@@ -39,7 +39,6 @@ def drop(db: Database[Any]) -> None:
 
 
 class TestMongoDBStoreKeepsTheContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.APPROVALS}  # approvals: being built
     examples = 15
     steers_per_adder = 10
     long_transcript = 2000

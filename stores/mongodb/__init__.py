@@ -448,6 +448,13 @@ class Store:
                     self.check(session, holder)  # taken over in between
             return True
 
+    def swap_journal(self, session: str, expected: str, journal: str) -> bool:
+        """One update whose filter holds the expected text: a decision on a waiting call (ApprovalStore)."""
+        validate.session_id(session)
+        with self._failing("swap_journal", session):
+            return self._sessions.update_one({"_id": session, "journal": expected},
+                                             {"$set": {"journal": journal}, "$currentDate": _TOUCH}).matched_count == 1
+
     def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
         """One update with the server's clock: the lease is taken if free or expired, in a pipeline that
         raises the epoch; a live one makes the upsert collide on ``_id``, and then it is read."""
