@@ -1,6 +1,12 @@
-"""A Flask front for agent sessions: leave a steer, or post a message that starts (or resumes) a turn.
+"""A Flask front for agent sessions: leave a steer, post a message that starts (or resumes) a turn, and
+approve or deny the tool calls a turn waits on.
 
     AGENT_SESSIONS_DB=sessions.db AGENT_MODEL_URL=http://127.0.0.1:8080/v1 flask --app examples.flask_app.app run
+
+A refund over 50 needs a person's approval: the turn stops (``awaiting_approval``) and lists the call;
+``GET /sessions/<id>/approvals`` shows what waits, ``POST /sessions/<id>/approvals/<call_id>`` with
+``{"decision": "approve"}`` or ``{"decision": "deny", "reason": "..."}`` decides (exactly once: a second
+decision is a 409) and resumes the turn.
 
 Bad input is a JSON 400 saying what was wrong, another run getting to the session first a 409 (nothing was
 written: reload and retry), the store failing a 503; nothing here answers with a traceback.
@@ -16,6 +22,22 @@ from werkzeug.exceptions import HTTPException
 
 import agent_sessions as agent
 from stores import sqlite
+
+
+REFUNDS = os.environ.get("REFUNDS_LOG", "refunds.log")
+
+
+@agent.tool(idempotent=False, needs_approval=lambda args: args.get("amount", 0) > 50)
+def refund(order: str, amount: int) -> str:
+    """Refund an order (not idempotent: a second call refunds twice). Over 50, a person approves it first.
+
+    Args:
+        order: the order id
+        amount: the amount to refund
+    """
+    with open(REFUNDS, "a") as f:
+        f.write(f"{order} {amount}\n")
+    return f"refunded {amount} on {order}"
 
 
 def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None = None) -> Flask:
@@ -42,12 +64,47 @@ def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None
         text = text_of_body()
         session = agent.open(session_id, store)
         msgs = [*session.messages(), agent.Message.user(text)]
-        result = agent.Runner().run(agent.Spec(session=session, max_steps=8), msgs, endpoint)
-        return jsonify(session=session_id, answer=result.text, stop_reason=result.stop_reason, steps=result.steps)
+        return answer(session, agent.Runner().run(spec_for(session), msgs, endpoint))
+
+    @app.get("/sessions/<session_id>/approvals")
+    def approvals(session_id: str) -> Any:
+        waiting = agent.open(session_id, store).pending_approvals()
+        return jsonify(session=session_id, approvals=[pending(p) for p in waiting])
+
+    @app.post("/sessions/<session_id>/approvals/<call_id>")
+    def decide(session_id: str, call_id: str) -> Any:
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict) or body.get("decision") not in ("approve", "deny"):
+            raise agent.ArgumentError('the body must be a JSON object with "decision": "approve" or "deny"')
+        reason = body.get("reason", "")
+        if not isinstance(reason, str):
+            raise agent.ArgumentError('"reason" must be a string')
+        session = agent.open(session_id, store)
+        if body["decision"] == "approve":
+            session.approve(call_id)
+        else:
+            session.deny(call_id, reason)
+        # Resume the turn now; it runs the approved call once, or waits on for the other decisions.
+        return answer(session, agent.Runner().run(spec_for(session), session.messages(), endpoint))
+
+    def spec_for(session: agent.StoreSession) -> agent.Spec:
+        return agent.Spec(session=session, tools=[refund], max_steps=8)
+
+    def answer(session: agent.StoreSession, result: agent.Result) -> Any:
+        return jsonify(session=session.id, answer=result.text, stop_reason=result.stop_reason, steps=result.steps,
+                       approvals=[pending(p) for p in result.pending_approvals])
+
+    def pending(p: agent.PendingApproval) -> dict[str, Any]:
+        return {"call_id": p.call_id, "tool": p.tool, "arguments": p.arguments, "asked": p.asked.isoformat(),
+                "deadline": None if p.deadline is None else p.deadline.isoformat()}
 
     @app.get("/sessions/<session_id>")
     def transcript(session_id: str) -> Any:
         return jsonify(session=session_id, messages=[m.to_dict() for m in agent.open(session_id, store).messages()])
+
+    @app.errorhandler(agent.UnknownApproval)
+    def no_such_approval(exc: agent.UnknownApproval) -> Any:
+        return jsonify(error=str(exc)), 404
 
     @app.errorhandler(agent.ArgumentError)
     def bad_input(exc: agent.ArgumentError) -> Any:
@@ -56,7 +113,7 @@ def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None
     @app.errorhandler(agent.Conflict)
     def conflict(exc: agent.Conflict) -> Any:
         # Another run holds the session (SessionBusy), took it over (LeaseLost), or saved first
-        # (TranscriptConflict): nothing was written; the client may reload and try again.
+        # (TranscriptConflict), or the call was decided already (AlreadyDecided): nothing was written.
         return jsonify(error=str(exc), conflict=type(exc).__name__), 409
 
     @app.errorhandler(agent.EndpointError)
