@@ -75,7 +75,8 @@ def options() -> dict[str, Any]:
     alias = conf.get("DATABASE", "default")
     if alias not in settings.DATABASES:
         raise ImproperlyConfigured(
-            f"settings.AGENT_SESSIONS['DATABASE'] is {alias!r}, which is not in DATABASES ({sorted(settings.DATABASES)})"
+            f"settings.AGENT_SESSIONS['DATABASE'] is {alias!r}, which is not in DATABASES "
+            f"({sorted(settings.DATABASES)})"
         )
     return {"DATABASE": alias, "STORE": conf.get("STORE")}
 

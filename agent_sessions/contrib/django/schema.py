@@ -90,17 +90,18 @@ def _ours(connection: Any) -> bool:
 def _unsupported(connection: Any) -> Exception:
     from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
 
-    return ImproperlyConfigured(
+    error: Exception = ImproperlyConfigured(
         f"agent-sessions has no tables for a {connection.vendor!r} database (DATABASES[{connection.alias!r}]); "
         f"it supports {', '.join(VENDORS)}"
     )
+    return error
 
 
 def _old_schema(connection: Any) -> Exception:
-    from django.db.migrations.exceptions import MigrationSchemaMissing  # type: ignore[import-untyped]
+    from agent_sessions import StoreError
 
     module = "postgres" if connection.vendor == "postgresql" else "mysql"
-    return MigrationSchemaMissing(
+    return StoreError(
         f"DATABASES[{connection.alias!r}] has agent-sessions 0.1's tables (schema 1: agent_runs exists). "
         f"Upgrade them first, with no run in flight, by running each statement of stores.{module}.MIGRATIONS[2]; "
         f"then migrate again"
@@ -122,7 +123,7 @@ def current() -> tuple[int, dict[str, list[str]]]:
 
     pg = [s.strip() for s in postgres.SCHEMA.strip().removesuffix(";").split(";\n\n")]
     assert ";\n\n".join(pg) + ";\n" == postgres.SCHEMA, "postgres.SCHEMA is no longer split by ';\\n\\n'"
-    lite = [*ddl(sqlite_dialect.dialect()), f"PRAGMA user_version = {SCHEMA_VERSION}"]  # type: ignore[no-untyped-call]
+    lite = [*ddl(sqlite_dialect.dialect()), f"PRAGMA user_version = {SCHEMA_VERSION}"]
     return SCHEMA_VERSION, {"postgresql": pg, "mysql": list(mysql.SCHEMA), "sqlite": lite}
 
 
