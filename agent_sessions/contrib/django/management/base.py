@@ -8,6 +8,7 @@ exit status 1, no traceback.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from collections.abc import Mapping
@@ -65,33 +66,48 @@ def info_dict(info: agent.SessionInfo) -> dict[str, Any]:
             "messages": info.messages, "metadata": dict(info.metadata)}
 
 
-_DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[smhdw]?)")
-_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+def holder_dict(holder: agent.Holder | None) -> dict[str, Any] | None:
+    """The lease without its token: the token is what a run's writes carry, not something to print."""
+    if holder is None:
+        return None
+    return {"host": holder.host, "pid": holder.pid, "epoch": holder.epoch, "cancelled": holder.cancelled,
+            "expires": agent.lifecycle.when(holder.expires).isoformat()}
+
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: str) -> str:
+    """Text from the store (a model's output, a user's message) is untrusted: an escape sequence in it must
+    not drive the terminal, so control characters are printed as \\xNN / \\uNNNN instead."""
+    return _UNSAFE.sub(lambda m: json.dumps(m.group())[1:-1] if ord(m.group()) > 0x1F else f"\\x{ord(m.group()):02x}",
+                       text)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
 def duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or plain seconds, for argparse (its ``type=``)."""
-    found = _DURATION.fullmatch(text.strip())
-    if found is None:
-        raise ValueError(text)
-    return timedelta(seconds=float(found["n"]) * _UNIT[found["unit"]])
-
-
-duration.__name__ = "duration (30d, 12h, 90m, 45s or seconds)"  # argparse names the type in its error
+    """``30d``, ``12h``, ``15m``, ``90s`` or a sum of them (``1d12h``), as ``python -m agent_sessions``
+    reads them; for argparse (its ``type=``)."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 15m, 90s or 1d12h")
+    return timedelta(seconds=sum(float(n) * _UNIT[u] for n, u in parts))
 
 
 def metadata_filter(text: str) -> tuple[str, Scalar]:
-    """``key=value`` for ``--where``. A value that reads as a JSON scalar is that scalar (``n=17`` is the
-    number 17, ``ok=true`` the boolean, ``n='"17"'`` the string "17"); any other is a string
+    """``key=value`` for ``--where``. A value that parses as a JSON scalar is that scalar (``n=17`` is the
+    number 17, ``ok=true`` the boolean, ``n='"17"'`` the string "17"); any other is the text itself
     (``user=u-17``). Values compare by their JSON form, as in ``list_sessions(where=)``."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
-        raise ValueError(text)
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
     try:
         value = json.loads(raw)
     except ValueError:
         return key, raw
-    return key, value if isinstance(value, (str, int, float, bool)) else raw
-
-
-metadata_filter.__name__ = "key=value"
+    if not isinstance(value, (str, int, float, bool)):
+        raise argparse.ArgumentTypeError(f"{text!r}: the value must be a JSON scalar or plain text")
+    return key, value

@@ -9,7 +9,7 @@ from django.core.management.base import CommandParser  # type: ignore[import-unt
 
 import agent_sessions as agent
 
-from ..base import StoreCommand
+from ..base import StoreCommand, safe
 
 
 class Command(StoreCommand):
@@ -21,9 +21,9 @@ class Command(StoreCommand):
 
     def run(self, store: agent.Store, options: Mapping[str, Any]) -> dict[str, Any]:
         cancelled = agent.open(options["session"], store).cancel()
-        return {"session": options["session"], "cancelled": cancelled}
+        return {"id": options["session"], "cancelled": cancelled}
 
     def lines(self, result: Mapping[str, Any]) -> list[str]:
         if result["cancelled"]:
-            return [f"cancelled {result['session']}: its run stops before its next model request or tool call"]
-        return [f"{result['session']}: no run holds it; nothing to cancel"]
+            return [f"cancelled {safe(result['id'])}: its run stops before its next model request or tool call"]
+        return [f"{safe(result['id'])}: no run holds it; nothing to cancel"]

@@ -13,17 +13,18 @@ from ..base import StoreCommand, duration, lifecycle
 
 
 class Command(StoreCommand):
-    help = ("Delete the sessions not updated for --idle-for (30d, 12h, 90m, 45s or seconds) that no live run "
+    help = ("Delete the sessions not updated for --idle-for (30d, 12h, 15m, 90s or a sum: 1d12h) that no live run "
             "holds, in bounded batches, each its own transaction; at most --limit of them.")
 
     def arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--idle-for", type=duration, required=True, help="e.g. 30d, 12h, 90m")
-        parser.add_argument("--limit", type=int, default=None, help="delete at most this many")
+        parser.add_argument("--idle-for", type=duration, required=True, metavar="DURATION",
+                            help="30d, 12h, 15m, 90s, or a sum such as 1d12h")
+        parser.add_argument("--limit", type=int, default=None, help="delete at most this many in all")
 
     def run(self, store: agent.Store, options: Mapping[str, Any]) -> dict[str, Any]:
-        pruned = lifecycle(store, "prune").prune(options["idle_for"], limit=options["limit"])
-        return {"pruned": pruned, "idle_for": options["idle_for"].total_seconds()}
+        deleted = lifecycle(store, "prune").prune(options["idle_for"], limit=options["limit"])
+        return {"deleted": deleted, "idle_for": options["idle_for"].total_seconds()}
 
     def lines(self, result: Mapping[str, Any]) -> list[str]:
-        return [f"pruned {result['pruned']} session{'' if result['pruned'] == 1 else 's'} "
-                f"idle for more than {result['idle_for']:g} s"]
+        return [f"deleted {result['deleted']} session{'' if result['deleted'] == 1 else 's'} "
+                f"not updated for {result['idle_for']:g} s"]

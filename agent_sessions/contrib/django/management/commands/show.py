@@ -10,7 +10,7 @@ from django.core.management.base import CommandError, CommandParser  # type: ign
 
 import agent_sessions as agent
 
-from ..base import StoreCommand, info_dict
+from ..base import StoreCommand, holder_dict, info_dict, safe
 
 LAST = 20
 
@@ -29,7 +29,7 @@ class Command(StoreCommand):
         session = agent.open(options["session"], store)
         info: agent.SessionInfo | None = None
         pending: list[str] | None = None
-        if isinstance(store, agent.LifecycleStore):
+        if isinstance(store, agent.LifecycleStore):  # the tail alone is read
             info = session.info()
             if info is None:
                 raise CommandError(f"no session {session.id!r}")
@@ -39,13 +39,12 @@ class Command(StoreCommand):
         else:  # a store that cannot count without reading: read it all, once
             every = session.messages()
             total = len(every)
-            msgs = every if options["all"] else every[len(every) - agent.lifecycle.last_count(options["last"]):]
+            msgs = every if options["all"] else every[total - agent.lifecycle.last_count(options["last"]):]
         holder = session.holder() if isinstance(store, agent.RunStore) else None
         return {
-            "session": session.id,
+            "id": session.id,
             "info": None if info is None else info_dict(info),
-            "holder": None if holder is None else {"host": holder.host, "pid": holder.pid, "epoch": holder.epoch,
-                                                   "expires": holder.expires, "cancelled": holder.cancelled},
+            "holder": holder_dict(holder),
             "pending_steers": pending,
             "total": total,
             "first": total - len(msgs),
@@ -53,32 +52,38 @@ class Command(StoreCommand):
         }
 
     def lines(self, result: Mapping[str, Any]) -> list[str]:
-        info = result["info"]
-        head = f"session {result['session']}: {result['total']} message{'' if result['total'] == 1 else 's'}"
+        info, total, first = result["info"], result["total"], result["first"]
+        head = f"session {safe(result['id'])}: {total} message{'' if total == 1 else 's'}"
         if info is not None:
-            head += f", created {info['created'][:19]}Z, updated {info['updated'][:19]}Z"
+            head += f", created {_time(info['created'])}, updated {_time(info['updated'])} UTC"
         out = [head]
         if info is not None and info["metadata"]:
-            out.append(f"metadata: {info['metadata']}")
+            out.append(f"metadata: {safe(str(info['metadata']))}")
         holder = result["holder"]
         if holder is not None:
-            out.append(f"running: pid {holder['pid']} on {holder['host']}, epoch {holder['epoch']}"
-                       + (", cancelled" if holder["cancelled"] else ""))
+            out.append(f"run: pid {holder['pid']} on {safe(holder['host'])}, epoch {holder['epoch']}"
+                       + (", asked to cancel" if holder["cancelled"] else ""))
         if result["pending_steers"]:
             out.append(f"steers waiting: {len(result['pending_steers'])}")
-            out.extend(f"  > {text}" for text in result["pending_steers"])
-        if result["first"]:
-            out.append(f"... {result['first']} earlier message{'' if result['first'] == 1 else 's'} (--all shows them)")
-        for n, message in enumerate(result["messages"], start=result["first"] + 1):
-            out.append(f"#{n} {message['role']}:")
-            out.extend(f"  {line}" for part in message["content"] for line in _content(part).splitlines() or [""])
+            out.extend(f"  {safe(text)}" for text in result["pending_steers"])
+        if first:
+            out.append(f"... {first} earlier message{'' if first == 1 else 's'} (--all shows them)")
+        for number, message in enumerate(result["messages"], start=first + 1):
+            key = f" (key {safe(message['key'])})" if message.get("key") else ""
+            out.append(f"#{number} {message['role']}{key}:")
+            out.extend(f"  {safe(line)}" for part in message["content"] for line in _text(part).splitlines() or [""])
         return out
 
 
-def _content(part: Mapping[str, Any]) -> str:
+def _time(iso: str) -> str:
+    return iso[:19].replace("T", " ")
+
+
+def _text(part: Mapping[str, Any]) -> str:
+    """A content block as the CLI prints it: tool arguments exactly as the model wrote them."""
     if part["type"] == "tool_call":
-        return f"-> {part['name']}({part.get('arguments', '')})  [{part['id']}]"
+        return f"tool call {part['name']} [{part['id']}] {part['arguments']}"
     if part["type"] == "tool_result":
-        error = " error" if part.get("is_error") else ""
-        return f"<- [{part['tool_call_id']}]{error} {part.get('text', '')}"
-    return str(part.get("text", ""))
+        error = " (error)" if part["is_error"] else ""
+        return f"tool result [{part['tool_call_id']}]{error}: {part['text']}"
+    return str(part["text"])

@@ -9,7 +9,7 @@ from django.core.management.base import CommandParser  # type: ignore[import-unt
 
 import agent_sessions as agent
 
-from ..base import StoreCommand
+from ..base import StoreCommand, safe
 
 
 class Command(StoreCommand):
@@ -22,7 +22,7 @@ class Command(StoreCommand):
 
     def run(self, store: agent.Store, options: Mapping[str, Any]) -> dict[str, Any]:
         agent.open(options["session"], store).steer(options["text"])
-        return {"session": options["session"], "steered": options["text"]}
+        return {"id": options["session"], "steered": True}
 
     def lines(self, result: Mapping[str, Any]) -> list[str]:
-        return [f"steered {result['session']}"]
+        return [f"steered {safe(result['id'])}"]
