@@ -24,6 +24,9 @@ if _url.scheme.startswith("postgres"):
                              "USER": _url.username or "", "PASSWORD": _url.password or "",
                              "HOST": _url.hostname or "", "PORT": str(_url.port or "")}}
 elif _url.scheme.startswith("mysql"):
+    import pymysql  # Django's MySQL backend is written for mysqlclient; PyMySQL stands in for it here
+
+    pymysql.install_as_MySQLdb()
     DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": _url.path.lstrip("/"),
                              "USER": _url.username or "", "PASSWORD": _url.password or "",
                              "HOST": _url.hostname or "", "PORT": str(_url.port or "")}}
