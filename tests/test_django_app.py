@@ -356,8 +356,9 @@ def test_the_store_is_built_from_the_databases_entry_without_formatting_a_passwo
     finally:
         pg.engine.dispose()
         my.engine.dispose()
-    with pytest.raises(ImproperlyConfigured, match=r"in memory.*TEST'\]\['NAME'\]"):
-        _from_database("default", "sqlite", {"NAME": ":memory:"})
+    for memory in (":memory:", "file:memorydb_default?mode=memory&cache=shared"):  # the second: the test runner's
+        with pytest.raises(ImproperlyConfigured, match=r"in memory.*TEST'\]\['NAME'\]"):
+            _from_database("default", "sqlite", {"NAME": memory})
     with pytest.raises(ImproperlyConfigured, match=r"'oracle' database.*AGENT_SESSIONS\['STORE'\]"):
         _from_database("default", "oracle", {"NAME": "x"})
 

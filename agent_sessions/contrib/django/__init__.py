@@ -107,16 +107,17 @@ def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> agent.Stor
     database). The URL is assembled by SQLAlchemy from the parts, so a password is never formatted into
     a string."""
     if vendor == "sqlite":
+        from django.db.backends.sqlite3.creation import DatabaseCreation  # type: ignore[import-untyped]
+
         from stores import sqlite
 
-        try:
-            return sqlite.open(str(db["NAME"]))  # the file of Django's own tables
-        except agent.ArgumentError as exc:
+        if not db.get("NAME") or DatabaseCreation.is_in_memory_db(db["NAME"]):  # Django's test database too
             raise ImproperlyConfigured(
-                f"DATABASES[{alias!r}] is an SQLite database in memory ({db['NAME']!r}); the store needs a file, "
-                f"which other processes can open too (under the test runner, set DATABASES[{alias!r}]['TEST']"
-                f"['NAME'] to a file path)"
-            ) from exc
+                f"DATABASES[{alias!r}] is an SQLite database in memory ({db.get('NAME')!r}); the store needs a "
+                f"file, which other processes can open too (under the test runner, set DATABASES[{alias!r}]"
+                f"['TEST']['NAME'] to a file path)"
+            )
+        return sqlite.open(str(db["NAME"]))  # the file of Django's own tables
     if vendor not in ("postgresql", "mysql"):
         raise ImproperlyConfigured(
             f"DATABASES[{alias!r}] is a {vendor!r} database; agent-sessions builds a store for sqlite, postgresql "
