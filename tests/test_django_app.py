@@ -1,5 +1,8 @@
-"""examples/django_app: a view starts a turn, `manage.py steer` steers it, the store comes from Django's
-own DATABASES; in-process (Django's test client, call_command) and as a real `runserver`."""
+"""The Django app (agent_sessions.contrib.django) and the example project using it (examples/django_app):
+a view starts a turn, `manage.py steer` steers it, the store comes from Django's own DATABASES; in-process
+(Django's test client, call_command) and as real processes (`runserver`, `manage.py migrate` on SQLite,
+PostgreSQL and MariaDB). Also: the app's migration is the stores' DDL, frozen, and its commands' output.
+The app installed from the built wheel into a fresh venv is tests/test_django_wheel.py."""
 
 from __future__ import annotations
 
@@ -91,9 +94,10 @@ def test_a_view_starts_a_turn_and_the_management_command_steers_it(django_state:
 
 
 def test_the_store_lives_in_djangos_own_database_file(django_state: Path) -> None:
-    from examples.django_app.turns import agent as setup
+    from agent_sessions.contrib.django import store
 
-    assert Path(setup.store().engine.url.database or "") == django_state / "django.sqlite3"
+    assert Path(store().engine.url.database or "") == django_state / "django.sqlite3"
+    assert store() is store()  # one per process
 
 
 def _free_port() -> int:
@@ -208,3 +212,333 @@ def test_migrate_creates_the_store_tables_on_postgresql(tmp_path: Path) -> None:
 
     assert postgres.Store(engine).take_steers("dj-pg") == ["from a migrated database"]
     engine.dispose()
+
+
+# -- the app's migration: the stores' DDL, frozen --------------------------------------------------------------
+
+REGENERATE = ("the stores' DDL is not the one frozen in agent_sessions/contrib/django/migrations/0001_initial.py: "
+              "regenerate it with `python -m agent_sessions.contrib.django.schema > "
+              "agent_sessions/contrib/django/migrations/0001_initial.py` (once the app is released, add a migration "
+              "running the new schema's upgrade statements instead)")
+
+
+def test_the_migration_is_the_stores_exported_ddl(django_state: Path) -> None:
+    import importlib
+
+    from agent_sessions.contrib.django import schema
+    from stores import mysql, postgres
+
+    initial = importlib.import_module("agent_sessions.contrib.django.migrations.0001_initial")
+    assert ";\n\n".join(initial.CREATE["postgresql"]) + ";\n" == postgres.SCHEMA, REGENERATE
+    assert initial.CREATE["mysql"] == mysql.SCHEMA, REGENERATE
+    assert Path(initial.__file__).read_text() == schema.migration(*schema.current()), REGENERATE
+
+
+def sqlite_objects(path: Path) -> tuple[list[tuple[str, ...]], int]:
+    """What a file holds of the store: its tables and indexes (their SQL, spaces normalised) and its
+    user_version, which stores.sqlite.open reads to decide on upgrades."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name LIKE 'agent%' "
+                            "ORDER BY name").fetchall()
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        conn.close()
+    return [(t, n, tbl, " ".join((sql or "").split())) for t, n, tbl, sql in rows], version
+
+
+def example_env(state: Path, db_url: str = "") -> dict[str, str]:
+    env = {**os.environ, "DJANGO_APP_STATE": str(state), "PYTHONPATH": str(ROOT), "DJANGO_DB_URL": db_url}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([sys.executable, str(MANAGE), *args], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"manage.py {' '.join(args)} exited {out.returncode}\n{out.stdout}{out.stderr}"
+    return out.stdout
+
+
+def test_on_sqlite_migrate_makes_the_file_stores_sqlite_would_and_zero_undoes_it(tmp_path: Path) -> None:
+    import agent_sessions as agent
+    from stores import sqlite
+
+    sqlite.open(tmp_path / "reference.db").close()
+    reference = sqlite_objects(tmp_path / "reference.db")
+    assert reference[0] and reference[1] >= 2
+    env = example_env(tmp_path)
+    manage(env, "migrate", "--noinput")
+    db = tmp_path / "django.sqlite3"
+    assert sqlite_objects(db) == reference
+    store = sqlite.open(db)  # takes the file as its own: nothing to create, nothing to upgrade
+    store.save("lite-1", [agent.Message.user("kept")])
+    store.close()
+    assert sqlite_objects(db) == reference
+    assert "#1 user:\n  kept\n" in manage(env, "show", "lite-1")
+    manage(env, "migrate", "agent_sessions", "zero")
+    assert sqlite_objects(db) == ([], 0)  # user_version 0: a later sqlite.open takes the file as new
+    manage(env, "migrate", "--noinput")
+    assert sqlite_objects(db) == reference
+
+
+def test_on_sqlite_migrate_keeps_the_tables_stores_sqlite_made_before(tmp_path: Path) -> None:
+    import agent_sessions as agent
+    from stores import sqlite
+
+    before = sqlite.open(tmp_path / "django.sqlite3")
+    before.save("made-before", [agent.Message.user("from before the app")])
+    before.close()
+    objects = sqlite_objects(tmp_path / "django.sqlite3")
+    env = example_env(tmp_path)
+    manage(env, "migrate", "--noinput")
+    assert sqlite_objects(tmp_path / "django.sqlite3") == objects
+    assert json.loads(manage(env, "show", "made-before", "--json"))["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "from before the app"}]}]
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "mysql"])
+def test_migrate_keeps_tables_that_exist_and_zero_drops_them(tmp_path: Path, vendor: str) -> None:
+    """A user who ran the exported SCHEMA before installing the app: migrate keeps the tables and what
+    they hold (MySQL has no CREATE INDEX IF NOT EXISTS: the migration looks before it creates)."""
+    from sqlalchemy import create_engine, inspect
+
+    import agent_sessions as agent
+    from stores import mysql, postgres
+
+    base = servers.POSTGRES_URL if vendor == "postgresql" else servers.MYSQL_URL
+    url = servers.database_url(base, servers.database_name("django"))
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
+                      "django_migrations"):
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+    servers.fresh_schema(engine)
+    store = (postgres if vendor == "postgresql" else mysql).Store(engine)
+    store.save("made-before", [agent.Message.user("from before the app")])
+    env = example_env(tmp_path, url.replace("+psycopg", "").replace("+pymysql", ""))
+    try:
+        manage(env, "migrate", "--noinput")
+        assert "from before the app" in manage(env, "show", "made-before")
+        manage(env, "steer", "made-before", "after migrate")
+        assert store.take_steers("made-before") == ["after migrate"]
+        manage(env, "migrate", "agent_sessions", "zero")
+        assert not {"agent_sessions", "agent_messages", "agent_steers"} & set(inspect(engine).get_table_names())
+        manage(env, "migrate", "--noinput")  # and on an empty database, creates them
+        assert {"agent_sessions", "agent_messages", "agent_steers"} <= set(inspect(engine).get_table_names())
+        assert store.messages("made-before") == []
+    finally:
+        engine.dispose()
+
+
+# -- the store built from DATABASES and AGENT_SESSIONS -------------------------------------------------------------
+
+
+def test_the_store_is_built_from_the_databases_entry_without_formatting_a_password(django_state: Path) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from agent_sessions.contrib.django import _from_database
+
+    password = "p@ss/w:rd?#%"
+    pg: Any = _from_database("default", "postgresql", {
+        "NAME": "app", "USER": "u", "PASSWORD": password, "HOST": "db.internal", "PORT": "6432",
+        "OPTIONS": {"sslmode": "require", "isolation_level": 1}})
+    my: Any = _from_database("default", "mysql", {
+        "NAME": "app", "USER": "u", "PASSWORD": password, "HOST": "/run/mysqld/mysqld.sock", "PORT": ""})
+    try:
+        assert type(pg).__module__ == "stores.postgres" and type(my).__module__ == "stores.mysql"
+        u = pg.engine.url
+        assert (u.drivername, u.username, u.password, u.host, u.port, u.database) == (
+            "postgresql+psycopg", "u", password, "db.internal", 6432, "app")
+        u = my.engine.url
+        assert (u.drivername, u.password, u.host, u.port, u.database) == ("mysql+pymysql", password, None, None, "app")
+    finally:
+        pg.engine.dispose()
+        my.engine.dispose()
+    for memory in (":memory:", "file:memorydb_default?mode=memory&cache=shared"):  # the second: the test runner's
+        with pytest.raises(ImproperlyConfigured, match=r"in memory.*TEST'\]\['NAME'\]"):
+            _from_database("default", "sqlite", {"NAME": memory})
+    with pytest.raises(ImproperlyConfigured, match=r"'oracle' database.*AGENT_SESSIONS\['STORE'\]"):
+        _from_database("default", "oracle", {"NAME": "x"})
+
+
+def test_bad_agent_sessions_settings_are_improperly_configured(django_state: Path) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import override_settings
+
+    from agent_sessions.contrib.django import store
+
+    for conf, says in (({"DATABSE": "default"}, "unknown keys ['DATABSE']"),
+                       ({"DATABASE": "other"}, "'other', which is not in DATABASES"),
+                       ({"STORE": "tests.test_django_app.not_a_store"}, "returned str, not an agent_sessions Store")):
+        with override_settings(AGENT_SESSIONS=conf), pytest.raises(ImproperlyConfigured) as raised:
+            store()
+        assert says in str(raised.value)
+
+
+def not_a_store() -> str:
+    return "sessions.db"
+
+
+# -- the management commands, in-process on the memory store (the reference LifecycleStore) -----------------------
+
+
+class PlainStore:
+    """A store with the four calls of agent_sessions.Store and nothing more: what the commands do with a
+    store that cannot list, count or prune."""
+
+    def __init__(self) -> None:
+        from stores import memory
+
+        self._inner = memory.Store()
+        self.save, self.messages = self._inner.save, self._inner.messages
+        self.add_steer, self.take_steers = self._inner.add_steer, self._inner.take_steers
+
+
+def plain_store() -> PlainStore:
+    return PlainStore()
+
+
+def memory_store() -> Any:
+    from stores import memory
+
+    return memory.Store()
+
+
+def command(*args: str) -> str:
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def as_json(*args: str) -> Any:
+    return json.loads(command(*args, "--json"))
+
+
+@pytest.fixture
+def memory(django_state: Path) -> Iterator[Any]:
+    from django.test import override_settings
+
+    from agent_sessions.contrib.django import store
+
+    with override_settings(AGENT_SESSIONS={"STORE": "tests.test_django_app.memory_store"}):
+        yield store()
+
+
+def test_steer_and_show_a_transcript_its_tail_and_what_waits(memory: Any) -> None:
+    import agent_sessions as agent
+
+    assert as_json("steer", "c-1", "first steer") == {"id": "c-1", "steered": True}
+    msgs = [agent.Message.user("review lease.go"),
+            agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("t1", "read_file", '{"path": "lease.go"}')]),
+            agent.Message(agent.Role.USER, [agent.Content.tool_result("t1", "package lease\n// line 2")]),
+            agent.Message.user("\x1b[31mred\x1b[0m text"),
+            agent.Message.assistant("the expiry uses <")]
+    memory.save("c-1", msgs)
+    memory.set_metadata("c-1", {"user": "u-17"})
+    shown = command("show", "c-1", "--last", "3")
+    assert shown.startswith("session c-1: 5 messages, created ")
+    assert "metadata: {'user': 'u-17'}" in shown and "steers waiting: 1\n  first steer\n" in shown
+    assert "... 2 earlier messages (--all shows them)\n" in shown
+    assert "#3 user:\n  tool result [t1]: package lease\n  // line 2\n#4 user:\n  \\x1b[31mred\\x1b[0m text\n" in shown
+    assert "\x1b" not in shown  # a message's escape sequence never reaches the terminal
+    assert "#1" not in shown and "#5 assistant:\n  the expiry uses <\n" in shown
+    full = as_json("show", "c-1", "--all")
+    assert [agent.Message.from_dict(m) for m in full["messages"]] == msgs
+    assert (full["first"], full["total"], full["pending_steers"], full["holder"]) == (0, 5, ["first steer"], None)
+    assert full["info"]["metadata"] == {"user": "u-17"} and full["info"]["messages"] == 5
+    assert "tool call read_file [t1] {\"path\": \"lease.go\"}" in command("show", "c-1", "--all")
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="no session 'nobody'"):
+        command("show", "nobody")
+    with pytest.raises(CommandError, match="must not be empty"):
+        command("steer", "c-1", "")
+    with pytest.raises(CommandError, match="must be an int >= 0"):
+        command("show", "c-1", "--last", "-1")
+
+
+def test_cancel_asks_the_holder_to_stop(memory: Any) -> None:
+    from agent_sessions.lease import claimant
+
+    assert as_json("cancel", "c-2") == {"id": "c-2", "cancelled": False}
+    assert "c-2: no run holds it; nothing to cancel" in command("cancel", "c-2")
+    held = memory.acquire("c-2", claimant(), 30.0)
+    assert "cancelled c-2: its run stops" in command("cancel", "c-2")
+    assert memory.check("c-2", held) is True  # the run sees it at its next check
+    holder = as_json("show", "c-2")["holder"]
+    assert holder["cancelled"] is True and holder["pid"] == os.getpid() and "token" not in holder
+
+
+def test_sessions_lists_newest_first_filters_by_metadata_and_pages(memory: Any) -> None:
+    import agent_sessions as agent
+
+    for sid, meta in (("a-1", {"user": "u-17"}), ("a-2", {"user": "u-18", "n": 17}), ("b-1", {"n": "17"})):
+        memory.save(sid, [agent.Message.user(f"hello from {sid}")])
+        memory.set_metadata(sid, meta)
+        time.sleep(0.002)  # distinct updated times
+
+    def ids(*args: str) -> list[str]:
+        return [s["id"] for s in as_json("sessions", *args)["sessions"]]
+
+    assert ids() == ["b-1", "a-2", "a-1"]
+    assert ids("--prefix", "a-") == ["a-2", "a-1"]
+    assert ids("--where", "user=u-17") == ["a-1"]
+    assert ids("--where", "n=17") == ["a-2"] and ids("--where", 'n="17"') == ["b-1"]  # values compare as JSON
+    assert ids("--where", "n=17", "--where", "user=u-18") == ["a-2"]
+    first = as_json("sessions", "--limit", "2")
+    assert [s["id"] for s in first["sessions"]] == ["b-1", "a-2"] and first["next"]
+    assert ids("--limit", "2", "--after", first["next"]) == ["a-1"]
+    text = command("sessions", "--limit", "2")
+    assert text.splitlines()[0].split() == ["ID", "UPDATED", "(UTC)", "MESSAGES", "METADATA"]
+    assert text.splitlines()[1].startswith("b-1") and '{"n": "17"}' in text.splitlines()[1]
+    assert f"next page: --after {first['next']}" in text
+    assert command("sessions", "--prefix", "zz") == "no sessions\n"
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="'novalue' is not key=value"):
+        command("sessions", "--where", "novalue")
+    with pytest.raises(CommandError, match="must be a page's next cursor"):
+        command("sessions", "--after", "garbage")
+
+
+def test_prune_deletes_idle_sessions_but_not_a_held_one(memory: Any) -> None:
+    import agent_sessions as agent
+    from agent_sessions.lease import claimant
+
+    for sid in ("p-1", "p-2", "p-3", "held"):
+        memory.save(sid, [agent.Message.user(sid)])
+    memory.acquire("held", claimant(), 30.0)
+    time.sleep(0.01)
+    assert as_json("prune", "--idle-for", "1d12h") == {"deleted": 0, "idle_for": 129600.0}
+    assert as_json("prune", "--idle-for", "0s", "--limit", "2") == {"deleted": 2, "idle_for": 0.0}
+    assert command("prune", "--idle-for", "0s") == "deleted 1 session not updated for 0 s\n"
+    assert [s.id for s in memory.list_sessions()] == ["held"]
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="'30x' is not a duration"):
+        command("prune", "--idle-for", "30x")
+    with pytest.raises(CommandError, match="the following arguments are required: --idle-for"):
+        command("prune")
+
+
+def test_on_a_store_without_the_lifecycle_show_reads_the_transcript_and_sessions_says_why_not(
+        django_state: Path) -> None:
+    from django.core.management import CommandError
+    from django.test import override_settings
+
+    import agent_sessions as agent
+    from agent_sessions.contrib.django import store
+
+    with override_settings(AGENT_SESSIONS={"STORE": "tests.test_django_app.plain_store"}):
+        store().save("p", [agent.Message.user("one"), agent.Message.assistant("two")])
+        assert as_json("show", "p", "--last", "1")["messages"] == [agent.Message.assistant("two").to_dict()]
+        assert command("show", "p", "--last", "1").startswith("session p: 2 messages\n... 1 earlier message ")
+        for args in (["sessions"], ["prune", "--idle-for", "30d"]):
+            with pytest.raises(CommandError, match=r"needs a store that manages sessions \(agent_sessions.Lifecycle"):
+                command(*args)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""python examples/django_app/manage.py runserver | steer <session> "<text>" | migrate"""
+"""python examples/django_app/manage.py migrate | runserver | steer <session> "<text>" | show <session> | sessions"""
 
 from __future__ import annotations
 

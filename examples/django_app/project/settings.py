@@ -1,5 +1,6 @@
-"""Settings of the example project. The session store is built from DATABASES below: SQLite by default,
-or PostgreSQL / MySQL when DJANGO_DB_URL names one (postgresql://... or mysql://...)."""
+"""Settings of the example project. The app agent_sessions.contrib.django builds the session store from
+DATABASES below: SQLite by default, or PostgreSQL / MySQL when DJANGO_DB_URL names one (postgresql://...
+or mysql://...); `manage.py migrate` creates its tables."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ BASE = Path(os.environ.get("DJANGO_APP_STATE", Path(__file__).resolve().parent.p
 SECRET_KEY = "example-only-not-secret"
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
-INSTALLED_APPS = ["examples.django_app.turns"]
+INSTALLED_APPS = ["agent_sessions.contrib.django", "examples.django_app.turns"]
+AGENT_SESSIONS = {"DATABASE": "default"}  # the DATABASES alias holding the store's tables (the default)
 ROOT_URLCONF = "examples.django_app.project.urls"
 MIDDLEWARE: list[str] = []
 USE_TZ = True
@@ -22,6 +24,9 @@ if _url.scheme.startswith("postgres"):
                              "USER": _url.username or "", "PASSWORD": _url.password or "",
                              "HOST": _url.hostname or "", "PORT": str(_url.port or "")}}
 elif _url.scheme.startswith("mysql"):
+    import pymysql  # Django's MySQL backend is written for mysqlclient; PyMySQL stands in for it here
+
+    pymysql.install_as_MySQLdb()
     DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": _url.path.lstrip("/"),
                              "USER": _url.username or "", "PASSWORD": _url.password or "",
                              "HOST": _url.hostname or "", "PORT": str(_url.port or "")}}

@@ -1,5 +1,6 @@
 """POST /sessions/<id>/turn starts a turn on a thread of this process and answers 202 at once; the
-transcript, read from the store, shows where it has got to. Steer it with manage.py steer."""
+transcript, read from the store, shows where it has got to. Steer it with `manage.py steer`, look at it
+with `manage.py show` (commands of the app agent_sessions.contrib.django)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 import agent_sessions as agent
+from agent_sessions.contrib.django import store
 
 from . import agent as setup
 
@@ -26,7 +28,7 @@ def turn(request: HttpRequest, session_id: str) -> JsonResponse:
         if not isinstance(text, str):
             raise agent.ArgumentError('the body must be a JSON object with a string "text"')
         spec = setup.spec(session_id)
-        msgs = [*setup.store().messages(session_id), agent.Message.user(text)]
+        msgs = [*store().messages(session_id), agent.Message.user(text)]
         run = agent.Runner().start(spec, msgs, setup.endpoint())
         run.add_done_callback(_report)  # nobody waits for it: say how it ended
     except (ValueError, agent.ArgumentError) as exc:
@@ -44,7 +46,7 @@ def _report(run: agent.Run) -> None:
 @require_GET
 def transcript(request: HttpRequest, session_id: str) -> JsonResponse:
     try:
-        session = agent.open(session_id, setup.store())
+        session = agent.open(session_id, store())
         holder = session.holder()
         messages = [m.to_dict() for m in session.messages()]
     except agent.ArgumentError as exc:

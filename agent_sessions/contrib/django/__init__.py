@@ -1,0 +1,147 @@
+"""agent-sessions as a Django app: the store's tables in Django's migration history, a store built from
+``DATABASES``, and management commands (``steer``, ``cancel``, ``show``, ``sessions``, ``prune``).
+
+    INSTALLED_APPS = [..., "agent_sessions.contrib.django"]
+    AGENT_SESSIONS = {"DATABASE": "default"}     # the DATABASES alias that holds the tables (the default)
+
+Then ``manage.py migrate`` creates the tables, and ``agent_sessions.contrib.django.store()`` is the store,
+in views, Celery tasks and commands alike.
+
+Why not hand the store Django's connection? Django keeps one DB-API connection per thread, opened and
+closed around requests, with its own autocommit and ``atomic()`` bookkeeping; the store needs connections
+it can check out from any thread (a run's lease heartbeat is a thread of its own) and transactions of its
+own. So the store gets an SQLAlchemy engine over the same database, one per process (the SQL stores drop
+an inherited pool after a fork, so prefork servers and Celery workers are safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings  # type: ignore[import-untyped]
+from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
+from django.utils.module_loading import import_string  # type: ignore[import-untyped]
+
+import agent_sessions as agent
+
+log = logging.getLogger(__name__)
+
+SETTINGS = ("DATABASE", "STORE")
+"""The keys of ``settings.AGENT_SESSIONS``: ``DATABASE``, the DATABASES alias holding the tables
+("default"); ``STORE``, the dotted path of a function of no arguments returning the store, for a store
+that is not built from DATABASES (MongoDB; ``stores.memory`` in tests). With ``STORE`` set the migration
+creates no table."""
+
+_lock = threading.Lock()
+_store: agent.Store | None = None
+
+
+def store() -> agent.Store:
+    """The process's store, built on first use from ``AGENT_SESSIONS`` and ``DATABASES``, then shared by
+    every thread: it holds a pool (a connection per thread on SQLite), so it is made once, never per
+    request."""
+    global _store
+    built = _store
+    if built is not None:
+        return built
+    with _lock:
+        if _store is None:
+            _store = _build()
+        return _store
+
+
+def reset() -> None:
+    """Forget the store, closing its connections, so the next ``store()`` builds it again from the
+    settings (a test that changes DATABASES or AGENT_SESSIONS; the app calls it on ``setting_changed``)."""
+    global _store
+    with _lock:
+        old, _store = _store, None
+    close = getattr(old, "close", None) or getattr(getattr(old, "engine", None), "dispose", None)
+    if close is not None:
+        close()
+
+
+def options() -> dict[str, Any]:
+    """``settings.AGENT_SESSIONS``, checked, with its defaults."""
+    conf = getattr(settings, "AGENT_SESSIONS", {})
+    if not isinstance(conf, Mapping):
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS must be a dict, got {type(conf).__name__}")
+    unknown = sorted(set(conf) - set(SETTINGS))
+    if unknown:
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS has unknown keys {unknown}; the keys are {list(SETTINGS)}")
+    alias = conf.get("DATABASE", "default")
+    if alias not in settings.DATABASES:
+        raise ImproperlyConfigured(
+            f"settings.AGENT_SESSIONS['DATABASE'] is {alias!r}, which is not in DATABASES "
+            f"({sorted(settings.DATABASES)})"
+        )
+    return {"DATABASE": alias, "STORE": conf.get("STORE")}
+
+
+def _build() -> agent.Store:
+    conf = options()
+    if conf["STORE"] is not None:
+        made = import_string(conf["STORE"])()
+        if not isinstance(made, agent.Store):
+            raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['STORE'] ({conf['STORE']}) returned "
+                                       f"{type(made).__name__}, not an agent_sessions Store")
+        return made
+    from django.db import connections  # type: ignore[import-untyped]
+
+    connection = connections[conf["DATABASE"]]
+    made = _from_database(conf["DATABASE"], connection.vendor, connection.settings_dict)
+    log.info("agent-sessions store for DATABASES[%r]: %r", conf["DATABASE"], made)
+    return made
+
+
+# Keys of a DATABASES entry's OPTIONS that Django's backends read themselves; the rest go to the driver,
+# as Django passes them (sslmode, connect_timeout, ssl, ...).
+_DJANGO_ONLY = {"isolation_level", "server_side_binding", "pool", "assume_role", "cursor_factory", "context"}
+
+
+def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> agent.Store:
+    """The store for one DATABASES entry (as its connection has it: under the test runner, the test
+    database). The URL is assembled by SQLAlchemy from the parts, so a password is never formatted into
+    a string."""
+    if vendor == "sqlite":
+        from django.db.backends.sqlite3.creation import DatabaseCreation  # type: ignore[import-untyped]
+
+        from stores import sqlite
+
+        if not db.get("NAME") or DatabaseCreation.is_in_memory_db(db["NAME"]):  # Django's test database too
+            raise ImproperlyConfigured(
+                f"DATABASES[{alias!r}] is an SQLite database in memory ({db.get('NAME')!r}); the store needs a "
+                f"file, which other processes can open too (under the test runner, set DATABASES[{alias!r}]"
+                f"['TEST']['NAME'] to a file path)"
+            )
+        return sqlite.open(str(db["NAME"]))  # the file of Django's own tables
+    if vendor not in ("postgresql", "mysql"):
+        raise ImproperlyConfigured(
+            f"DATABASES[{alias!r}] is a {vendor!r} database; agent-sessions builds a store for sqlite, postgresql "
+            f"and mysql (MariaDB) only. For another store set AGENT_SESSIONS['STORE'] to a function returning it"
+        )
+    from sqlalchemy import URL, create_engine
+
+    connect_args = {k: v for k, v in (db.get("OPTIONS") or {}).items() if k not in _DJANGO_ONLY}
+    host = db.get("HOST") or None
+    port = int(db["PORT"]) if db.get("PORT") else None
+    if vendor == "postgresql":
+        from stores import postgres
+
+        url = URL.create("postgresql+psycopg", db.get("USER") or None, db.get("PASSWORD") or None, host, port,
+                         db.get("NAME") or None)
+        return postgres.Store(create_engine(url, pool_size=5, connect_args=connect_args))
+    from stores import mysql
+
+    if host is not None and host.startswith("/"):  # as Django's backend reads it: a Unix socket
+        connect_args["unix_socket"], host = host, None
+    connect_args["charset"] = "utf8mb4"  # the store's text is utf8mb4, whatever Django's connections use
+    url = URL.create("mysql+pymysql", db.get("USER") or None, db.get("PASSWORD") or None, host, port,
+                     db.get("NAME") or None)
+    return mysql.Store(create_engine(url, pool_size=5, connect_args=connect_args))
+
+
+__all__ = ["SETTINGS", "options", "reset", "store"]

@@ -1,0 +1,199 @@
+"""The store's tables in Django's migrations: what a migration runs, and the generator that freezes the
+stores' exported DDL into one.
+
+A migration must do tomorrow what it did the day it was written, so the app's migrations hold the DDL as
+literal strings, per vendor, rather than reading ``stores.postgres.SCHEMA`` when they run (which changes
+with the library). They are generated from the stores, never written by hand:
+
+    python -m agent_sessions.contrib.django.schema > agent_sessions/contrib/django/migrations/0001_initial.py
+
+tests/test_django_app.py fails when the stores' DDL differs from the frozen one: a schema change then
+needs the migration regenerated (before the app's first release) or, once released, a new migration
+running the schema's exported upgrade statements.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+VENDORS = ("postgresql", "mysql", "sqlite")
+_CREATE = re.compile(r"CREATE (?:UNIQUE )?(TABLE|INDEX) (?:IF NOT EXISTS )?(\w+)(?: ON (\w+))?")
+
+Operation = Callable[[Any, Any], None]
+"""What ``migrations.RunPython`` calls: ``(apps, schema_editor)``."""
+
+
+def create(statements: Mapping[str, Sequence[str]]) -> Operation:
+    """The forward operation: run the vendor's statements on the AGENT_SESSIONS database, skipping each
+    table or index that exists already (tables made before the app was installed, from the same exported
+    DDL, are kept as they are, on every vendor: MySQL has no CREATE INDEX IF NOT EXISTS). A statement that
+    is not a CREATE (SQLite's ``PRAGMA user_version``) runs only when a table was created."""
+
+    def forward(apps: Any, schema_editor: Any) -> None:
+        connection = schema_editor.connection
+        if not _ours(connection):
+            return
+        if connection.vendor not in statements:
+            raise _unsupported(connection)
+        with connection.cursor() as cursor:
+            tables = set(connection.introspection.table_names(cursor))
+            if "agent_runs" in tables and connection.vendor != "sqlite":  # SQLite upgrades its file on open
+                raise _old_schema(connection)
+            created = False
+            for statement in statements[connection.vendor]:
+                found = _CREATE.match(statement)
+                if found is None:
+                    if not created:
+                        continue
+                elif found[1] == "TABLE":
+                    if found[2] in tables:
+                        log.info("agent-sessions: table %s exists already; kept", found[2])
+                        continue
+                    created = True
+                elif found[3] in tables and found[2] in connection.introspection.get_constraints(cursor, found[3]):
+                    continue
+                schema_editor.execute(statement, params=None)
+
+    return forward
+
+
+def drop(statements: Mapping[str, Sequence[str]]) -> Operation:
+    """The reverse operation: drop the tables (and with them every transcript they hold)."""
+
+    def backward(apps: Any, schema_editor: Any) -> None:
+        connection = schema_editor.connection
+        if not _ours(connection):
+            return
+        if connection.vendor not in statements:
+            raise _unsupported(connection)
+        for statement in statements[connection.vendor]:
+            schema_editor.execute(statement, params=None)
+
+    return backward
+
+
+def _ours(connection: Any) -> bool:
+    """Whether the tables belong in this database: the AGENT_SESSIONS alias, unless a STORE function makes
+    the store (then no table is created anywhere)."""
+    from . import options
+
+    conf = options()
+    return conf["STORE"] is None and connection.alias == conf["DATABASE"]
+
+
+def _unsupported(connection: Any) -> Exception:
+    from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
+
+    error: Exception = ImproperlyConfigured(
+        f"agent-sessions has no tables for a {connection.vendor!r} database (DATABASES[{connection.alias!r}]); "
+        f"it supports {', '.join(VENDORS)}"
+    )
+    return error
+
+
+def _old_schema(connection: Any) -> Exception:
+    from agent_sessions import StoreError
+
+    module = "postgres" if connection.vendor == "postgresql" else "mysql"
+    return StoreError(
+        f"DATABASES[{connection.alias!r}] has agent-sessions 0.1's tables (schema 1: agent_runs exists). "
+        f"Upgrade them first, with no run in flight, by running each statement of stores.{module}.MIGRATIONS[2]; "
+        f"then migrate again"
+    )
+
+
+# -- the generator ------------------------------------------------------------------------------------------
+
+
+def current() -> tuple[int, dict[str, list[str]]]:
+    """The schema version and, per vendor, the CREATE statements the stores export today: PostgreSQL's
+    ``SCHEMA`` split into its statements, MySQL's ``SCHEMA``, and for SQLite what ``stores.sqlite.open``
+    creates in a new file, with the ``PRAGMA user_version`` it stamps the file with (``open`` reads it to
+    know which upgrades the file needs)."""
+    from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+    from stores import mysql, postgres
+    from stores._sql.tables import SCHEMA_VERSION, ddl
+
+    pg = [s.strip() for s in postgres.SCHEMA.strip().removesuffix(";").split(";\n\n")]
+    assert ";\n\n".join(pg) + ";\n" == postgres.SCHEMA, "postgres.SCHEMA is no longer split by ';\\n\\n'"
+    lite = [*ddl(sqlite_dialect.dialect()), f"PRAGMA user_version = {SCHEMA_VERSION}"]
+    return SCHEMA_VERSION, {"postgresql": pg, "mysql": list(mysql.SCHEMA), "sqlite": lite}
+
+
+def drops(create: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Each vendor's DROP statements: the tables ``create`` makes, last first; on SQLite, the file's
+    ``user_version`` back to 0, so that ``stores.sqlite.open`` takes the file as new again."""
+    out: dict[str, list[str]] = {}
+    for vendor, statements in create.items():
+        tables = [m[2] for m in map(_CREATE.match, statements) if m is not None and m[1] == "TABLE"]
+        out[vendor] = [f"DROP TABLE IF EXISTS {table}" for table in reversed(tables)]
+        if vendor == "sqlite":
+            out[vendor].append("PRAGMA user_version = 0")
+    return out
+
+
+def _literal(statement: str, indent: str) -> str:
+    """A statement as Python source: one string literal per line of it, so the file stays readable."""
+    lines = statement.splitlines(keepends=True)
+    return "\n".join(f"{indent}{line!r}" for line in lines) + ","
+
+
+def _mapping(name: str, doc: str, statements: Mapping[str, Sequence[str]]) -> str:
+    out = [f"{name}: dict[str, list[str]] = {{"]
+    for vendor in VENDORS:
+        out.append(f"    {vendor!r}: [")
+        out.extend(_literal(s, " " * 8) for s in statements[vendor])
+        out.append("    ],")
+    out.append("}")
+    out.append(f'"""{doc}"""')
+    return "\n".join(out)
+
+
+def migration(version: int, statements: Mapping[str, Sequence[str]]) -> str:
+    """The source of ``0001_initial``: ``statements`` frozen, with their DROPs to reverse them."""
+    return "\n".join([
+        f'"""The store\'s tables, schema {version}: the DDL the stores exported when this was generated, per',
+        "vendor, frozen (generated by `python -m agent_sessions.contrib.django.schema`; never edit it by hand).",
+        "",
+        "Tables or indexes that exist already are kept; reversing drops the tables and every session in them.",
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from django.db import migrations  # type: ignore[import-untyped]",
+        "",
+        "from agent_sessions.contrib.django import schema",
+        "",
+        f"SCHEMA_VERSION = {version}",
+        "",
+        _mapping("CREATE", "What the stores exported: postgres.SCHEMA, mysql.SCHEMA, and what sqlite.open creates.",
+                 statements),
+        "",
+        _mapping("DROP", "The tables, last first.", drops(statements)),
+        "",
+        "",
+        "class Migration(migrations.Migration):  # type: ignore[misc]",
+        "    initial = True",
+        "    dependencies: list[tuple[str, str]] = []",
+        "    # Not in one transaction of its own: MySQL commits DDL as it goes (Django refuses DDL inside an atomic",
+        "    # block there), and a failed statement leaves the earlier tables, which the next migrate keeps. On",
+        "    # PostgreSQL and SQLite the whole migration is one transaction anyway.",
+        "    operations = [migrations.RunPython(schema.create(CREATE), schema.drop(DROP), atomic=False)]",
+        "",
+    ])
+
+
+def main() -> None:
+    version, statements = current()
+    sys.stdout.write(migration(version, statements))
+
+
+if __name__ == "__main__":
+    main()
