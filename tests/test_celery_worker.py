@@ -182,3 +182,26 @@ def test_a_task_redelivered_after_its_turn_finished_asks_the_model_nothing(
     msgs = store.messages("celery-redelivered")
     assert [m.key for m in msgs].count("msg-41") == 1 and msgs[-1].text == "filed it"
     assert agent.orphaned_tool_calls(msgs) == []
+
+
+def test_a_turn_waiting_for_approval_is_finished_by_the_task_the_decision_enqueues(
+    workers: Workers, model: ModelServer
+) -> None:
+    workers.start("w1")
+    store = sqlite.open(workers.state / "sessions.db")
+    sid = "celery-approval"
+    model.push(openai(calls=[("c1", "issue_refund", '{"order": "1182", "amount": 80}')]), openai("refunded it"))
+    producer(workers).send_task("answer", args=[sid, "refund order 1182", "msg-9"])
+    session = agent.open(sid, store)
+    wait(lambda: [p.call_id for p in session.pending_approvals()] == ["c1"], "the turn to wait for approval", workers)
+    assert store.messages(sid) == [agent.Message.user("refund order 1182", key="msg-9")]
+    refunds = workers.state / "refunds.log"
+    assert not refunds.exists()
+    producer(workers).send_task("decide", args=[sid, "c1", True])
+    wait(lambda: answered(store, sid), "the decision's task to finish the turn", workers)
+    assert len(refunds.read_text().splitlines()) == 1 and len(model.requests) == 2
+    msgs = store.messages(sid)
+    assert msgs[2].content[0].text == "refunded 80 on 1182" and msgs[-1].text == "refunded it"
+    assert agent.orphaned_tool_calls(msgs) == []
+    with pytest.raises(agent.UnknownApproval):
+        session.approve("c1")  # the turn is closed

@@ -542,3 +542,31 @@ def test_on_a_store_without_the_lifecycle_show_reads_the_transcript_and_sessions
         for args in (["sessions"], ["prune", "--idle-for", "30d"]):
             with pytest.raises(CommandError, match=r"needs a store that manages sessions \(agent_sessions.Lifecycle"):
                 command(*args)
+
+
+def test_approve_lists_the_waiting_calls_and_decides_once(memory: Any) -> None:
+    from django.core.management import CommandError
+
+    import agent_sessions as agent
+
+    @agent.tool(idempotent=False, needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        return f"refunded {order}"
+
+    class Model:
+        def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
+            return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r1", "refund", '{"order": "7"}')])
+
+    spec = agent.Spec(session=agent.open("c-9", memory), tools=[refund])
+    assert agent.Runner().run(spec, [agent.Message.user("refund 7")], Model()).stop_reason == "awaiting_approval"
+    waiting = as_json("approve", "c-9")["waiting"]
+    assert [(w["call_id"], w["tool"], w["arguments"]) for w in waiting] == [("r1", "refund", '{"order": "7"}')]
+    assert "r1  refund({\"order\": \"7\"})  asked " in command("approve", "c-9")
+    assert as_json("approve", "c-9", "r1", "--deny", "--reason", "not today") == {
+        "id": "c-9", "call_id": "r1", "approved": False, "reason": "not today"}
+    with pytest.raises(CommandError, match="already decided: denied by a person"):
+        command("approve", "c-9", "r1")
+    with pytest.raises(CommandError, match="no call 'r2' waits"):
+        command("approve", "c-9", "r2")
+    assert command("approve", "c-9") == "c-9: no call waits for a decision\n"

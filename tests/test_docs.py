@@ -192,6 +192,10 @@ SCRIPTS: dict[str, Callable[[Page], list[Script]]] = {
     "docs/runs/leases.md": lambda page: [
         openai("Line 42."),
     ],
+    "docs/runs/approvals.md": lambda page: [
+        openai(calls=[("call_1", "refund", '{"order": "1182", "amount": 80}')]),
+        openai("Refunded 80 euros on order 1182."),
+    ],
     "docs/lifecycle.md": lambda page: [
         openai("Yes: it was delivered 3 days ago, within the 30-day window."),
     ],

@@ -71,14 +71,45 @@ def file_ticket(title: str) -> str:
     return f"filed: {title}"
 
 
+@agent.tool(idempotent=False, needs_approval=True)
+def issue_refund(order: str, amount: int) -> str:
+    """Refund an order. A person approves every refund first (``decide``).
+
+    Args:
+        order: the order id
+        amount: the amount
+    """
+    with open(STATE / "refunds.log", "a") as f:
+        f.write(f"{os.getpid()} {order} {amount}\n")
+    return f"refunded {amount} on {order}"
+
+
+TOOLS = [file_ticket, issue_refund]
+
+
+@app.task(name="decide")
+def decide(session_id: str, call_id: str, approve: bool, reason: str = "") -> dict[str, Any]:
+    """A person's decision on a call the session's turn waits on (from a view, a management command),
+    recorded exactly once, then the turn resumed here: it runs the call if approved, once."""
+    session = agent.open(session_id, store)
+    if approve:
+        session.approve(call_id)
+    else:
+        session.deny(call_id, reason)
+    spec = agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=2.0, lease_wait=30.0)
+    result = agent.Runner().run(spec, session.messages(), endpoint)
+    return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason}
+
+
 @app.task(name="answer")
 def answer(session_id: str, text: str, message_id: str) -> dict[str, Any]:
     session = agent.open(session_id, store)
-    spec = agent.Spec(session=session, tools=[file_ticket], max_steps=8, lease_ttl=2.0, lease_wait=30.0)
+    spec = agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=2.0, lease_wait=30.0)
     result = agent.Runner().turn(spec, text, message_id, endpoint)
     with open(STATE / "workers.log", "a") as f:
         f.write(f"{os.getpid()} {session_id} answer steps={result.steps}\n")
-    return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason, "steps": result.steps}
+    return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason, "steps": result.steps,
+            "pending": [p.call_id for p in result.pending_approvals]}
 
 
 @app.task(name="prune_sessions")
@@ -95,7 +126,7 @@ app.conf.beat_schedule = {
 @app.task(name="run_turn")
 def run_turn(session_id: str) -> dict[str, Any]:
     session = agent.open(session_id, store)
-    spec = agent.Spec(session=session, tools=[file_ticket], max_steps=8, lease_ttl=2.0, lease_wait=30.0)
+    spec = agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=2.0, lease_wait=30.0)
     with open(STATE / "workers.log", "a") as f:
         f.write(f"{os.getpid()} {session_id}\n")
     result = agent.Runner().run(spec, session.messages(), endpoint)

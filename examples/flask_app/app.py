@@ -23,7 +23,6 @@ from werkzeug.exceptions import HTTPException
 import agent_sessions as agent
 from stores import sqlite
 
-
 REFUNDS = os.environ.get("REFUNDS_LOG", "refunds.log")
 
 
