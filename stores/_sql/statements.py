@@ -200,7 +200,7 @@ TAIL = select(M.body).where(M.session_id == SID).order_by(M.seq.desc()).limit(bi
 """The last messages, newest first, by the primary key (session_id, seq) read backwards."""
 PENDING = select(steers.c.text).where(steers.c.session_id == SID).order_by(steers.c.id)
 
-IDS: BindParameter[list[str]] = bindparam("ids", expanding=True, type_=SessionId)
+IDS: BindParameter[str] = bindparam("ids", expanding=True, type_=SessionId)
 IDLE = and_(
     S.updated < db_now() - bindparam("idle", type_=Double()),
     or_(S.token.is_(None), S.expires <= db_now()),

@@ -15,6 +15,7 @@ what it saves (a compare-and-swap) and a plain save rewrites what differs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -432,12 +433,10 @@ class SQLStore:
         validate.session_id(session)
         lifecycle.merge_metadata({}, changes)  # every key and value checked before anything is written
 
-        def write(conn: Connection) -> dict[str, Scalar]:
+        def write(conn: Connection) -> dict[str, Scalar] | None:
             row = self.run(conn, sql.LOCK_METADATA, {"sid": session}).first()
-            if row is None:  # a new session (concurrent first writers of one: one inserts, all then lock)
-                conn.execute(self.insert_session(session))
-                row = self.run(conn, sql.LOCK_METADATA, {"sid": session}).first()
-                assert row is not None
+            if row is None:
+                return None
             merged = lifecycle.merge_metadata(lifecycle.decode_metadata(row[0]), changes)
             stored = lifecycle.encode_metadata(merged) if merged else None
             self.run(conn, sql.SET_METADATA, {"sid": session, "metadata": stored})
@@ -449,7 +448,17 @@ class SQLStore:
                 ])
             return merged
 
-        return self._transaction("set_metadata", session, write)
+        for _ in range(3):
+            merged = self._transaction("set_metadata", session, write)
+            if merged is not None:
+                return merged
+            # A new session: its row first, in a statement of its own (as acquire makes it), since locking
+            # a row that is not there takes a gap lock on MySQL, and concurrent first writers would
+            # deadlock on their inserts; then the merge again, with the row to lock.
+            self._transaction("set_metadata", session, lambda conn: conn.execute(self.insert_session(session)),
+                              read_only=True)
+        raise StoreError(f"{self.backend} store: set_metadata of session {session!r}: the session was deleted "
+                         "each time its row was made; not retried further")
 
     def delete(self, session: str, *, force: bool = False) -> bool:
         """One transaction: the session row locked first (as every writer of the session does), then its
@@ -488,14 +497,14 @@ class SQLStore:
         deleted = 0
         while limit is None or deleted < limit:
             batch = PRUNE_BATCH if limit is None else min(PRUNE_BATCH, limit - deleted)
+            params = {"idle": idle, "batch": batch}
             found = self._transaction(
-                "prune", "", lambda conn: conn.execute(sql.IDLE_BATCH, {"idle": idle, "batch": batch}).all(),
-                read_only=True, reads=True,
+                "prune", "", functools.partial(_all, sql.IDLE_BATCH, params), read_only=True, reads=True
             )
             candidates = [str(row[0]) for row in found]
             if not candidates:
                 break
-            removed = self._transaction("prune", "", lambda conn: self._prune(conn, candidates, idle))
+            removed = self._transaction("prune", "", functools.partial(self._prune, candidates=candidates, idle=idle))
             deleted += removed
             if not removed or len(candidates) < batch:
                 break
@@ -503,7 +512,7 @@ class SQLStore:
             log.info("%s store: pruned %d sessions idle for over %.0f s", self.backend, deleted, idle)
         return deleted
 
-    def _prune(self, conn: Connection, candidates: list[str], idle: float) -> int:
+    def _prune(self, conn: Connection, *, candidates: list[str], idle: float) -> int:
         ids = [str(row[0]) for row in conn.execute(sql.LOCK_IDLE, {"ids": candidates, "idle": idle}).all()]
         if ids:
             for statement in sql.PRUNE:
@@ -666,6 +675,10 @@ def _holder(row: Sequence[Any]) -> Holder:
     """sql.HOLDER's or sql.CURRENT's columns as a Holder."""
     host, pid, token, expires, cancelled, epoch = row
     return Holder(host, int(pid), token, float(expires), bool(cancelled), int(epoch))
+
+
+def _all(statement: Executable, params: dict[str, Any], conn: Connection) -> Sequence[Any]:
+    return conn.execute(statement, params).all()
 
 
 def _info(session: str, row: Sequence[Any]) -> SessionInfo:
