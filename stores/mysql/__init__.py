@@ -59,7 +59,7 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
 }
 """Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[3]``, in
-order, on a database of schema 2 (agent-sessions 0.2: agent_sessions has no column ``updated``); on one
+order, on a database of schema 2 (before the session lifecycle: agent_sessions has no column ``updated``); on one
 created by agent-sessions 0.1 (schema 1: it has the table agent_runs), ``MIGRATIONS[2]`` and then
 ``MIGRATIONS[3]``. MySQL commits DDL as it goes: run it with no run in flight, and if a statement fails,
 fix the cause and run the rest."""

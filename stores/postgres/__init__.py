@@ -65,7 +65,7 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
 }
 """Upgrades, by the schema version each brings a database to, each run in order and in one transaction:
-``MIGRATIONS[3]`` on a database of schema 2 (agent-sessions 0.2: agent_sessions has no column
+``MIGRATIONS[3]`` on a database of schema 2 (before the session lifecycle: agent_sessions has no column
 ``updated``); on one created by agent-sessions 0.1 (schema 1: it has the table agent_runs),
 ``MIGRATIONS[2]`` and then ``MIGRATIONS[3]``. Each takes an ACCESS EXCLUSIVE lock on agent_sessions
 while it rewrites it."""
