@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, inspect
 
 import agent_sessions as agent
 import storetest
-from stores import mysql, postgres
+from stores import mysql, postgres, sqlite
 from stores._sql import SQLStore
 from tests import servers
 from tests.sql_helpers import failing, statements_of
@@ -52,8 +55,6 @@ def engine(backend: Backend) -> Iterator[Engine]:
 
 
 class ServerStoreContract(storetest.StoreContract):
-    # lifecycle and approvals: being built
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE, storetest.Capability.APPROVALS}
     backend: Backend
 
     engine: Engine
@@ -191,3 +192,74 @@ def test_a_tracer_listening_for_cursor_events_sees_every_statement_and_changes_n
     assert backend.store(engine).messages("traced") == [*msgs, agent.Message.user("s"), agent.Message.assistant("a")]
     assert any(s.startswith("INSERT INTO agent_messages") for s in traced)
     assert any("agent_steers" in s for s in traced) and any(s.startswith("UPDATE agent_sessions") for s in traced)
+
+
+def test_schema_can_be_run_twice_and_metadata_is_public(backend: Backend) -> None:
+    """A migration that runs SCHEMA on a database that has the tables (re-run, or its own tool's second
+    pass) succeeds: CREATE TABLE and CREATE INDEX IF NOT EXISTS, MySQL's indexes inside the CREATE TABLE."""
+    with connected(backend) as engine:  # SCHEMA once, as the caller's migration ran it
+        with engine.begin() as conn:
+            for statement in [postgres.SCHEMA] if backend is POSTGRES else mysql.SCHEMA:
+                conn.exec_driver_sql(statement)
+        found = inspect(engine)
+        assert {i["name"] for i in found.get_indexes("agent_sessions")} == {"agent_sessions_by_updated"}
+        assert {i["name"] for i in found.get_indexes("agent_session_tags")} == {"agent_session_tags_by_value"}
+        store = backend.store(engine)
+        store.set_metadata("twice", {"k": "v"})
+        assert [s.id for s in store.list_sessions(where={"k": "v"})] == ["twice"]
+    module = postgres if backend is POSTGRES else mysql
+    assert "metadata" in module.__all__
+    assert set(module.metadata.tables) == {"agent_sessions", "agent_messages", "agent_steers", "agent_session_tags"}
+    assert sqlite.metadata is module.metadata and "metadata" in sqlite.__all__
+
+
+def test_concurrent_set_metadata_never_loses_a_key(backend: Backend, engine: Engine) -> None:
+    """Read, merge and write under the row's lock: 8 threads each adding 4 keys to one new session end
+    with all 32 (a merge outside the lock loses the keys of whoever wrote in between)."""
+    sid = f"meta-race-{uuid.uuid4().hex[:8]}"
+    barrier = threading.Barrier(8, timeout=30)
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        store = backend.store(engine)
+        try:
+            barrier.wait()
+            for j in range(4):
+                store.set_metadata(sid, {f"k{i}-{j}": i})
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    info = backend.store(engine).info(sid)
+    assert info is not None and dict(info.metadata) == {f"k{i}-{j}": i for i in range(8) for j in range(4)}
+    assert [s.id for s in backend.store(engine).list_sessions(prefix=sid, where={"k5-3": 5, "k0-0": 0})] == [sid]
+
+
+def test_a_leased_runs_append_leaves_updated_and_its_renewal_moves_it(backend: Backend, engine: Engine) -> None:
+    """The usual step stays one statement, without a write of the session row for ``updated``; the
+    heartbeat's renewal (every third of the ttl) moves it on."""
+    store = backend.store(engine)
+    sid = f"step-{uuid.uuid4().hex[:8]}"
+    held = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced(sid, held, msgs, take_steers=True)
+    before = store.info(sid)
+    assert before is not None
+    with statements_of(store) as seen:
+        store.save_fenced(sid, held, [*msgs, agent.Message.assistant("a")], take_steers=True)
+    if backend is POSTGRES:  # the claim updates the row already; it does not set updated (a HOT update)
+        assert len(seen) == 1 and "updated" not in seen[0][0]
+    else:
+        assert not [q for q, _ in seen if q.startswith("UPDATE")]
+    after = store.info(sid)
+    assert after is not None and after.updated == before.updated and after.messages == 2
+    time.sleep(0.01)
+    store.renew(sid, held, 30)
+    renewed = store.info(sid)
+    assert renewed is not None and renewed.updated > before.updated
+    store.release(sid, held)

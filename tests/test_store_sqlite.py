@@ -13,13 +13,12 @@ from sqlalchemy import event
 import agent_sessions as agent
 import storetest
 from stores import sqlite
+from stores._sql import store as sql_store
 from storetest.scripted import ToolsThenAnswer
 from tests.sql_helpers import failing, statements_of
 
 
 class TestSQLiteStoreKeepsTheContract(storetest.StoreContract):
-    # lifecycle and approvals: being built
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE, storetest.Capability.APPROVALS}
     @pytest.fixture(autouse=True)
     def _file(self, tmp_path: Path) -> Iterator[None]:
         self.path = tmp_path / "sessions.db"
@@ -168,4 +167,65 @@ def test_what_a_store_remembers_of_transcripts_is_bounded_by_bytes(tmp_path: Pat
     assert grown < 3 * 8 * 2**20, f"40 MB of transcripts saved and dropped left {grown / 2**20:.0f} MB alive"
     assert store._known.bytes <= 8 * 2**20
     assert store.messages("big-39")[0].text == "x" * 2**20 and store.messages("big-0")[0].text == "x" * 2**20
+    store.close()
+
+
+def test_concurrent_set_metadata_never_loses_a_key(tmp_path: Path) -> None:
+    """8 threads, each with a store of its own on the file, adding 4 keys each to one new session."""
+    path = tmp_path / "meta.db"
+    sqlite.open(path).close()
+    barrier = threading.Barrier(8, timeout=30)
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        store = sqlite.open(path)
+        try:
+            barrier.wait()
+            for j in range(4):
+                store.set_metadata("s", {f"k{i}-{j}": i})
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    store = sqlite.open(path)
+    info = store.info("s")
+    assert info is not None and dict(info.metadata) == {f"k{i}-{j}": i for i in range(8) for j in range(4)}
+    store.close()
+
+
+def test_prune_deletes_in_batches_each_its_own_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql_store, "PRUNE_BATCH", 3)
+    store = sqlite.open(tmp_path / "prune.db")
+    for i in range(10):
+        store.save(f"s{i}", [agent.Message.user(f"m{i}")])
+        store.set_metadata(f"s{i}", {"user": "u"})
+        store.add_steer(f"s{i}", "stale")
+    assert store.prune(idle_for=0, limit=4) == 4  # batches of 3, then 1
+    with statements_of(store) as seen:
+        assert store.prune(idle_for=0) == 6
+    assert len([q for q, _ in seen if q.startswith("DELETE FROM agent_sessions")]) == 2
+    assert len([q for q, _ in seen if q == "BEGIN IMMEDIATE"]) == 2  # the reads take no write lock
+    assert list(store.list_sessions()) == [] and list(store.list_sessions(where={"user": "u"})) == []
+    with store.engine.connect() as conn:
+        for table in ("agent_messages", "agent_steers", "agent_session_tags", "agent_sessions"):
+            assert conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar() == 0, table
+    store.close()
+
+
+def test_a_prefix_is_case_sensitive_and_literal(tmp_path: Path) -> None:
+    """SQLite's LIKE ignores ASCII case, so the prefix is compared, not matched."""
+    store = sqlite.open(tmp_path / "prefix.db")
+    for sid in ("Abc", "abc", "ab%", "a_c", "b"):
+        store.save(sid, [agent.Message.user(sid)])
+    assert sorted(s.id for s in store.list_sessions(prefix="a")) == ["a_c", "ab%", "abc"]
+    assert [s.id for s in store.list_sessions(prefix="A")] == ["Abc"]
+    assert [s.id for s in store.list_sessions(prefix="ab%")] == ["ab%"]
+    assert [s.id for s in store.list_sessions(prefix="a_")] == ["a_c"]
     store.close()

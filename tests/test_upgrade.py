@@ -1,9 +1,11 @@
-"""A database of the previous schema (agent-sessions 0.1: leases in agent_runs, journals in
-agent_journals), with data in it, upgrades with the exported statements, keeps every byte, and then
-works: a crashed run's journal is replayed, a held lease is still held, waiting steers are delivered.
+"""A database of an older schema, with data in it, upgrades with the exported statements, keeps every
+byte, and then works: a crashed run's journal is replayed, a held lease is still held, waiting steers are
+delivered, and the sessions already there are listed and described. Schema 1 is agent-sessions 0.1's
+(leases in agent_runs, journals in agent_journals), which upgrades through 2 to 3; schema 2 has both on
+the session's row, and 3 adds created, updated, metadata and the tags table.
 
-The data is written as 0.1 wrote it (its rows and documents, inserted directly); the old DDL is kept in
-tests/upgrade/ as 0.1 exported it.
+The data is written as the old version wrote it (its rows and documents, inserted directly); the old DDL
+is kept in tests/upgrade/ as that version exported it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,34 @@ def _rows() -> dict[str, list[dict[str, Any]]]:
     }
 
 
+def _rows2() -> dict[str, list[dict[str, Any]]]:
+    """The same sessions as schema 2 kept them: the journal and the lease on the session's row."""
+    old = _rows()
+    run = old["agent_runs"][0]
+    return {
+        "agent_sessions": [{"session_id": "talk", "version": uuid.uuid4().hex},
+                           {"session_id": "crashed", "version": uuid.uuid4().hex, "journal": JOURNAL},
+                           {"session_id": "held", "token": run["token"], "host": run["host"], "pid": run["pid"],
+                            "expires": run["expires"], "epoch": 1, "cancelled": False}],
+        "agent_messages": old["agent_messages"],
+        "agent_steers": old["agent_steers"],
+    }
+
+
+def _check_lifecycle(store: agent.LifecycleStore) -> None:
+    """The sessions that were there are dated by the upgrade (none counts as idle before it), listed, and
+    take metadata; prune leaves them."""
+    talk = store.info("talk")
+    assert talk is not None and talk.messages == len(TALK) and dict(talk.metadata) == {}
+    assert talk.created <= talk.updated and abs(talk.created.timestamp() - time.time()) < 600
+    assert {s.id for s in store.list_sessions()} == {"talk", "crashed", "held", "new"}
+    assert store.tail("talk", 2) == TALK[-2:]
+    store.set_metadata("talk", {"user": "u-1"})
+    assert [s.id for s in store.list_sessions(where={"user": "u-1"})] == ["talk"]
+    assert store.prune(idle_for=3600) == 0
+    assert store.messages("talk") == TALK
+
+
 def _check(store: agent.RunStore) -> None:
     assert store.messages("talk") == TALK
     assert store.messages("talk")[1].tool_calls[0].arguments == ODD_JSON  # byte for byte
@@ -92,9 +122,12 @@ def _statements(path: Path) -> list[str]:
     return [s.strip() for s in path.read_text().split(";\n") if s.strip()]
 
 
-def _columns(engine: Engine) -> dict[str, list[tuple[str, str, bool, str]]]:
+def _columns(engine: Engine) -> dict[str, Any]:
+    """Each table's columns, primary key and indexes, as the database reports them."""
     found = inspect(engine)
-    return {t: [(c["name"], str(c["type"]), c["nullable"], str(c.get("default"))) for c in found.get_columns(t)]
+    return {t: ([(c["name"], str(c["type"]), c["nullable"], str(c.get("default"))) for c in found.get_columns(t)],
+                found.get_pk_constraint(t)["constrained_columns"],
+                sorted((i["name"], tuple(i["column_names"]), bool(i["unique"])) for i in found.get_indexes(t)))
             for t in sorted(found.get_table_names())}
 
 
@@ -106,7 +139,8 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str]
     def engine(database: str) -> Engine:
         made = create_engine(servers.database_url(base, database))
         with made.begin() as conn:
-            for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions"):
+            for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
+                          "agent_session_tags"):
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
         engines.append(made)
         return made
@@ -126,14 +160,37 @@ def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
         for statement in _statements(OLD / f"schema1.{name}.sql"):
             conn.exec_driver_sql(statement)
     _insert(old, _rows())
-    with old.begin() as conn:  # PostgreSQL: one transaction; MySQL commits each DDL statement as it goes
-        for statement in module.MIGRATIONS[2]:
-            conn.exec_driver_sql(statement)
+    for version in (2, 3):
+        with old.begin() as conn:  # PostgreSQL: one transaction; MySQL commits each DDL statement as it goes
+            for statement in module.MIGRATIONS[version]:
+                conn.exec_driver_sql(statement)
     with new.begin() as conn:
         for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
             conn.exec_driver_sql(statement)
     assert _columns(old) == _columns(new)  # the upgraded schema is the one SCHEMA makes
     _check(module.Store(old))
+    _check_lifecycle(module.Store(old))
+
+
+def test_a_server_database_of_schema_2_upgrades_to_3_with_the_exported_statements(
+    server: tuple[str, Callable[[str], Engine]],
+) -> None:
+    name, engine = server
+    old, new = engine(servers.database_name("upgrade")), engine(servers.database_name("fresh"))
+    module = postgres if name == "postgres" else mysql
+    with old.begin() as conn:
+        for statement in _statements(OLD / f"schema2.{name}.sql"):
+            conn.exec_driver_sql(statement)
+    _insert(old, _rows2())
+    with old.begin() as conn:
+        for statement in module.MIGRATIONS[3]:
+            conn.exec_driver_sql(statement)
+    with new.begin() as conn:
+        for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
+            conn.exec_driver_sql(statement)
+    assert _columns(old) == _columns(new)
+    _check(module.Store(old))
+    _check_lifecycle(module.Store(old))
 
 
 def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> None:
@@ -148,11 +205,34 @@ def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> No
     fresh = sqlite.open(tmp_path / "new.db")
     assert _columns(store.engine) == _columns(fresh.engine)
     _check(store)
+    _check_lifecycle(store)
     store.close()
     reopened = sqlite.open(path)  # a second open finds nothing to upgrade
     assert reopened.messages("talk") == TALK
     reopened.close()
     fresh.close()
+
+
+def test_a_sqlite_file_of_schema_2_is_upgraded_to_3_when_opened(tmp_path: Path) -> None:
+    path = tmp_path / "two.db"
+    old = create_engine(f"sqlite:///{path}")
+    with old.begin() as conn:
+        for statement in _statements(OLD / "schema2.sqlite.sql"):
+            conn.exec_driver_sql(statement)
+        conn.exec_driver_sql("PRAGMA user_version = 2")  # as schema 2's open left it
+    _insert(old, _rows2())
+    old.dispose()
+    store, fresh = sqlite.open(path), sqlite.open(tmp_path / "new.db")
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA user_version").scalar() == 3
+    assert _columns(store.engine) == _columns(fresh.engine)
+    _check(store)
+    _check_lifecycle(store)
+    store.close()
+    fresh.close()
+    reopened = sqlite.open(path)  # a second open finds nothing to upgrade
+    assert reopened.messages("talk") == TALK and reopened.info("talk") is not None
+    reopened.close()
 
 
 def test_a_mongodb_database_of_schema_1_upgrades_with_mongodb_upgrade() -> None:

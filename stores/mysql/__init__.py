@@ -17,12 +17,17 @@ except ImportError as exc:  # pragma: no cover
         "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'stored-agent-sessions[mysql]'"
     ) from exc
 
-from .._sql import SQLStore, ddl
+from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
-from .._sql.tables import sessions, steers
+from .._sql.clock import db_now
+from .._sql.tables import sessions, steers, tags
 
-SCHEMA: list[str] = ddl(mysql.dialect())
-"""The DDL, one statement per element: ``for stmt in mysql.SCHEMA: conn.exec_driver_sql(stmt)``."""
+_DIALECT = mysql.dialect()
+SCHEMA: list[str] = ddl(_DIALECT)
+"""The DDL, one statement per element: ``for stmt in mysql.SCHEMA: conn.exec_driver_sql(stmt)``. Safe to
+run again (CREATE TABLE IF NOT EXISTS, the indexes inside it: MySQL 8 has no CREATE INDEX IF NOT EXISTS);
+it does not upgrade a database of an older schema: ``MIGRATIONS`` does."""
+_NOW = str(db_now().compile(dialect=_DIALECT))
 
 MIGRATIONS: dict[int, list[str]] = {
     2: [
@@ -40,10 +45,24 @@ MIGRATIONS: dict[int, list[str]] = {
         "DROP TABLE agent_journals",
         "DROP TABLE agent_runs",
     ],
+    3: [
+        # schema 2 -> 3: when each session was made and last written (both the upgrade's time for the
+        # sessions already there: none counts as idle before the upgrade), its metadata, the tags table,
+        # and the index listing and pruning use.
+        "ALTER TABLE agent_sessions ADD COLUMN created DOUBLE NULL, ADD COLUMN updated DOUBLE NULL, "
+        "ADD COLUMN metadata LONGTEXT NULL",
+        f"UPDATE agent_sessions AS s JOIN (SELECT {_NOW} AS t) AS clock SET s.created = clock.t, s.updated = clock.t",
+        f"ALTER TABLE agent_sessions MODIFY created DOUBLE NOT NULL DEFAULT {_NOW}, "
+        f"MODIFY updated DOUBLE NOT NULL DEFAULT {_NOW}, "
+        "ADD INDEX agent_sessions_by_updated (updated, session_id)",
+        *ddl(_DIALECT, (tags,)),
+    ],
 }
-"""Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[2]``, in
-order, on a database created by agent-sessions 0.1 (schema 1: it has the table agent_runs). MySQL commits
-DDL as it goes: run it with no run in flight, and if a statement fails, fix the cause and run the rest."""
+"""Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[3]``, in
+order, on a database of schema 2 (before the session lifecycle: agent_sessions has no column ``updated``); on one
+created by agent-sessions 0.1 (schema 1: it has the table agent_runs), ``MIGRATIONS[2]`` and then
+``MIGRATIONS[3]``. MySQL commits DDL as it goes: run it with no run in flight, and if a statement fails,
+fix the cause and run the rest."""
 
 # 1213 deadlock, 1205 lock wait timeout: InnoDB has rolled back (the statement or all), so run it again.
 _TRANSIENT = {1213, 1205}
@@ -65,7 +84,7 @@ class Store(SQLStore):
 
     def upsert_session(self, session: str, version: str) -> Any:
         stmt = mysql.insert(sessions).values(session_id=session, version=version)
-        return stmt.on_duplicate_key_update(version=version, journal=None)
+        return stmt.on_duplicate_key_update(version=version, journal=None, updated=sql.NOW)
 
     def insert_session(self, session: str) -> Any:
         return mysql.insert(sessions).values(session_id=session).prefix_with("IGNORE")
@@ -100,4 +119,4 @@ class Store(SQLStore):
         return bool(args) and args[0] in _TRANSIENT
 
 
-__all__ = ["MIGRATIONS", "SCHEMA", "Store"]
+__all__ = ["MIGRATIONS", "SCHEMA", "Store", "metadata"]

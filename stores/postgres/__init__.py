@@ -13,6 +13,7 @@ try:
     from sqlalchemy import Connection, Engine, TextClause, text
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.schema import CreateIndex
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
         "stores.postgres requires SQLAlchemy and psycopg. "
@@ -22,12 +23,16 @@ except ImportError as exc:  # pragma: no cover
 from agent_sessions import validate
 
 from .._known import REMEMBER, REMEMBER_BYTES
-from .._sql import SQLStore, ddl
+from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
-from .._sql.tables import sessions
+from .._sql.clock import db_now
+from .._sql.tables import sessions, tags
 
-SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no-untyped-call]
-"""The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration."""
+_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
+SCHEMA: str = ";\n\n".join(ddl(_DIALECT)) + ";\n"
+"""The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration. Safe to run again
+(IF NOT EXISTS); it does not upgrade a database of an older schema: ``MIGRATIONS`` does."""
+_NOW = str(db_now().compile(dialect=_DIALECT))
 
 MIGRATIONS: dict[int, list[str]] = {
     2: [
@@ -46,9 +51,24 @@ MIGRATIONS: dict[int, list[str]] = {
         "DROP TABLE agent_journals",
         "DROP TABLE agent_runs",
     ],
+    3: [
+        # schema 2 -> 3: when each session was made and last written (both the upgrade's time for the
+        # sessions already there: none counts as idle before the upgrade), its metadata, the tags table,
+        # and the indexes listing and pruning use.
+        "ALTER TABLE agent_sessions ADD COLUMN created DOUBLE PRECISION, ADD COLUMN updated DOUBLE PRECISION, "
+        "ADD COLUMN metadata TEXT",
+        f"UPDATE agent_sessions SET (created, updated) = (SELECT clock.t, clock.t FROM (SELECT {_NOW} AS t) AS clock)",
+        f"ALTER TABLE agent_sessions ALTER COLUMN created SET DEFAULT {_NOW}, ALTER COLUMN created SET NOT NULL, "
+        f"ALTER COLUMN updated SET DEFAULT {_NOW}, ALTER COLUMN updated SET NOT NULL",
+        *ddl(_DIALECT, (tags,)),
+        *(str(CreateIndex(index, if_not_exists=True).compile(dialect=_DIALECT)) for index in sessions.indexes),
+    ],
 }
-"""Upgrades, by the schema version each brings a database to: run ``MIGRATIONS[2]``, in order and in one
-transaction, on a database created by agent-sessions 0.1 (schema 1: it has the table agent_runs)."""
+"""Upgrades, by the schema version each brings a database to, each run in order and in one transaction:
+``MIGRATIONS[3]`` on a database of schema 2 (before the session lifecycle: agent_sessions has no column
+``updated``); on one created by agent-sessions 0.1 (schema 1: it has the table agent_runs),
+``MIGRATIONS[2]`` and then ``MIGRATIONS[3]``. Each takes an ACCESS EXCLUSIVE lock on agent_sessions
+while it rewrites it."""
 
 @functools.lru_cache(maxsize=4 * sql.MAX_APPEND)
 def _append(count: int, unsteered: bool, fenced: bool) -> TextClause:
@@ -90,7 +110,7 @@ class Store(SQLStore):
     def upsert_session(self, session: str, version: str) -> Any:
         stmt = postgresql.insert(sessions).values(session_id=session, version=version)
         return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None}
+            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None, "updated": sql.NOW}
         )
 
     def insert_session(self, session: str) -> Any:
@@ -136,4 +156,4 @@ class Store(SQLStore):
         return 2**30 - 2**20
 
 
-__all__ = ["MIGRATIONS", "SCHEMA", "Store"]
+__all__ = ["MIGRATIONS", "SCHEMA", "Store", "metadata"]
