@@ -103,6 +103,12 @@ PUT_JOURNAL = update(sessions).where(and_(S.session_id == SID, FENCE, S.cancelle
 PUT_JOURNAL_CANCELLED = update(sessions).where(and_(S.session_id == SID, FENCE)).values(
     journal=bindparam("body", type_=LongText), updated=NOW
 )
+_EXPECTED = bindparam("expected", type_=LongText)
+SWAP_JOURNAL = update(sessions).where(
+    # The lengths too: MySQL's collations compare with PAD SPACE ('a' = 'a '), and the text is the guard.
+    and_(S.session_id == SID, S.journal == _EXPECTED, func.length(S.journal) == func.length(_EXPECTED))
+).values(journal=bindparam("body", type_=LongText), updated=NOW)
+"""A decision on a waiting call (ApprovalStore): the journal replaced only if it is still the text read."""
 
 MAX_APPEND = 100
 """Messages one append statement carries; a save adding more runs the general transaction."""

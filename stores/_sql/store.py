@@ -344,6 +344,14 @@ class SQLStore:
             self.check(session, holder)  # taken over in between
         return True
 
+    def swap_journal(self, session: str, expected: str, journal: str) -> bool:
+        """One statement whose WHERE holds the expected text (ApprovalStore): no lease, the text guards."""
+        validate.session_id(session)
+        params = {"sid": session, "expected": expected, "body": journal}
+        return self._transaction(
+            "swap_journal", session, lambda conn: self.run(conn, sql.SWAP_JOURNAL, params).rowcount, read_only=True
+        ) == 1
+
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         validate.session_id(source)
         validate.session_id(target)
