@@ -52,7 +52,6 @@ def engine(backend: Backend) -> Iterator[Engine]:
 
 
 class ServerStoreContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE}  # lifecycle: being built
     backend: Backend
 
     engine: Engine

@@ -18,7 +18,6 @@ from tests.sql_helpers import failing, statements_of
 
 
 class TestSQLiteStoreKeepsTheContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE}  # lifecycle: being built
     @pytest.fixture(autouse=True)
     def _file(self, tmp_path: Path) -> Iterator[None]:
         self.path = tmp_path / "sessions.db"

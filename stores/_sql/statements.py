@@ -24,6 +24,7 @@ from sqlalchemy import (
     func,
     insert,
     null,
+    or_,
     select,
     text,
     true,
@@ -33,13 +34,15 @@ from sqlalchemy import (
 from agent_sessions import Holder, Message
 
 from .clock import db_now
-from .tables import LongText, SessionId, messages, sessions, steers
+from .tables import LongText, SessionId, messages, sessions, steers, tags
 
 S, M = sessions.c, messages.c
 SID: BindParameter[str] = bindparam("sid", type_=SessionId)
 FENCE = and_(S.token == bindparam("lease_token"), S.epoch == bindparam("lease_epoch"))
 """The write's lease is still the stored one: the fencing check, inside every write of a leased run."""
 UNTIL = db_now() + bindparam("ttl", type_=Double())
+NOW = db_now()
+"""What every write of the session row sets ``updated`` to (a new row gets it from the column default)."""
 
 TRIM = delete(messages).where(and_(M.session_id == SID, M.seq >= bindparam("start")))
 CLEAR = delete(messages).where(M.session_id == SID)
@@ -62,8 +65,10 @@ STATE = select(
     exists().where(and_(M.session_id == SID, M.seq == bindparam("length"))).label("longer"),
 ).where(S.session_id == SID)
 """What a fenced save with nothing new to write needs to know, in one read."""
-SET_VERSION = update(sessions).where(S.session_id == SID).values(version=bindparam("version"), journal=null())
-DROP_JOURNAL = update(sessions).where(S.session_id == SID).values(journal=null())
+SET_VERSION = update(sessions).where(S.session_id == SID).values(
+    version=bindparam("version"), journal=null(), updated=NOW
+)
+DROP_JOURNAL = update(sessions).where(S.session_id == SID).values(journal=null(), updated=NOW)
 
 # -- the lease -------------------------------------------------------------------------------------------
 
@@ -72,18 +77,19 @@ TAKE_OVER = (
     update(sessions)
     .where(S.session_id == SID)
     .values(token=bindparam("lease_token"), host=bindparam("lease_host"), pid=bindparam("lease_pid"), expires=UNTIL,
-            epoch=S.epoch + 1, cancelled=false())
+            epoch=S.epoch + 1, cancelled=false(), updated=NOW)
 )
-RENEW = update(sessions).where(and_(S.session_id == SID, FENCE)).values(expires=UNTIL)
+RENEW = update(sessions).where(and_(S.session_id == SID, FENCE)).values(expires=UNTIL, updated=NOW)
 RELEASE = (
     update(sessions)
     .where(and_(S.session_id == SID, FENCE))
-    .values(token=null(), host=null(), pid=null(), expires=null(), cancelled=false())
+    .values(token=null(), host=null(), pid=null(), expires=null(), cancelled=false(), updated=NOW)
 )
 CURRENT = select(S.host, S.pid, S.token, S.expires, S.cancelled, S.epoch).where(S.session_id == SID)
 HOLDER = CURRENT.where(and_(S.token.is_not(None), S.expires > db_now()))
 """The live lease, on the database's clock."""
-CANCEL = update(sessions).where(and_(S.session_id == SID, S.token.is_not(None))).values(cancelled=true())
+CANCEL = update(sessions).where(and_(S.session_id == SID, S.token.is_not(None))).values(cancelled=true(),
+                                                                                         updated=NOW)
 """A lapsed lease nobody took is still its holder's (the run may be renewing late): it is cancelled too."""
 CHECK = select(S.token, S.epoch, S.cancelled).where(S.session_id == SID)
 
@@ -91,11 +97,11 @@ CHECK = select(S.token, S.epoch, S.cancelled).where(S.session_id == SID)
 
 JOURNAL = select(S.journal).where(S.session_id == SID)
 PUT_JOURNAL = update(sessions).where(and_(S.session_id == SID, FENCE, S.cancelled == false())).values(
-    journal=bindparam("body", type_=LongText)
+    journal=bindparam("body", type_=LongText), updated=NOW
 )
 """The usual journal write: matched only while the run is not cancelled, so a match says so too."""
 PUT_JOURNAL_CANCELLED = update(sessions).where(and_(S.session_id == SID, FENCE)).values(
-    journal=bindparam("body", type_=LongText)
+    journal=bindparam("body", type_=LongText), updated=NOW
 )
 
 MAX_APPEND = 100
@@ -168,3 +174,40 @@ TAKE_STEERS = delete(steers).where(steers.c.session_id == SID).returning(steers.
 LOCK_STEERS = (
     select(steers.c.id, steers.c.text).where(steers.c.session_id == SID).order_by(steers.c.id).with_for_update()
 )
+
+
+# -- the lifecycle (agent_sessions.LifecycleStore) ---------------------------------------------------------
+
+T = tags.c
+COUNT = select(func.count()).where(M.session_id == S.session_id).scalar_subquery()
+"""The session's message count, per row: read by the primary key of agent_messages, for a page's rows only."""
+INFO = select(S.created, S.updated, S.metadata, COUNT).where(S.session_id == SID)
+LOCK_METADATA = select(S.metadata).where(S.session_id == SID).with_for_update()
+SET_METADATA = update(sessions).where(S.session_id == SID).values(
+    metadata=bindparam("metadata", type_=LongText), updated=NOW
+)
+CLEAR_TAGS = delete(tags).where(T.session_id == SID)
+ADD_TAG = insert(tags)
+LOCK_LEASE = (
+    select(S.host, S.pid, S.token, S.expires, S.cancelled, S.epoch, (S.expires > db_now()).label("live"))
+    .where(S.session_id == SID)
+    .with_for_update()
+)
+"""The lease as ``delete`` judges it, the row locked: the columns of ``CURRENT``, and whether it is live."""
+DELETE_SESSION = delete(sessions).where(S.session_id == SID)
+DELETE_STEERS = delete(steers).where(steers.c.session_id == SID)
+TAIL = select(M.body).where(M.session_id == SID).order_by(M.seq.desc()).limit(bindparam("last", type_=Integer()))
+"""The last messages, newest first, by the primary key (session_id, seq) read backwards."""
+PENDING = select(steers.c.text).where(steers.c.session_id == SID).order_by(steers.c.id)
+
+IDS: BindParameter[list[str]] = bindparam("ids", expanding=True, type_=SessionId)
+IDLE = and_(
+    S.updated < db_now() - bindparam("idle", type_=Double()),
+    or_(S.token.is_(None), S.expires <= db_now()),
+)
+"""Not written for ``:idle`` seconds, and no live lease (a lapsed one is nobody's run any more)."""
+IDLE_BATCH = select(S.session_id).where(IDLE).order_by(S.updated).limit(bindparam("batch", type_=Integer()))
+"""The oldest idle sessions, read without locks: the candidates of one prune batch."""
+LOCK_IDLE = select(S.session_id).where(and_(S.session_id.in_(IDS), IDLE)).with_for_update()
+"""The candidates still idle, their rows locked: a save or a lease that came meanwhile keeps its session."""
+PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS)) for t in (messages, steers, tags, sessions))

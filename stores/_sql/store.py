@@ -22,11 +22,12 @@ import re
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Connection, Engine, Executable, and_, insert, literal, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Executable, and_, func, insert, literal, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from agent_sessions import (
@@ -36,22 +37,28 @@ from agent_sessions import (
     Message,
     MessageError,
     Saved,
+    SessionBusy,
     SessionExists,
     StoreError,
     TranscriptConflict,
+    lifecycle,
     validate,
 )
+from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
 from . import statements as sql
 from .driver import PARAMSTYLES, Driver, Rows
-from .tables import TABLES, messages, sessions
+from .tables import TABLES, messages, sessions, tags
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
 _RETRIES = 4
+PRUNE_BATCH = 500
+"""Sessions ``prune`` deletes per transaction: a batch holds its rows' locks for milliseconds, not the
+whole job's length."""
 
 
 class SQLStore:
@@ -359,7 +366,7 @@ class SQLStore:
             elif held[0] is not None or conn.execute(
                 update(sessions)
                 .where(and_(sessions.c.session_id == target, sessions.c.version.is_(None)))
-                .values(version=uuid.uuid4().hex)
+                .values(version=uuid.uuid4().hex, updated=sql.NOW)
             ).rowcount != 1:
                 raise exists  # (a row holding only a lease has no transcript: the fork may fill it)
             conn.execute(
@@ -384,7 +391,156 @@ class SQLStore:
                     raise SessionExists(
                         f"cannot fork {source!r} into {target!r}: {target!r} was just created") from exc
 
+    # -- LifecycleStore ----------------------------------------------------------------------------------
+
+    def list_sessions(
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+    ) -> SessionPage:
+        """One statement: the page's rows by the index (updated, session_id) read backwards, or, filtered,
+        by the tags' index (name, value); then the message counts of those rows only."""
+        wanted = lifecycle.check_listing(prefix, where, limit, after)
+        S = sessions.c
+        query = select(S.session_id, S.created, S.updated, S.metadata).select_from(sessions)
+        for name, value in sorted(wanted.items()):
+            tag = tags.alias()
+            query = query.join(tag, and_(tag.c.session_id == S.session_id, tag.c.name == name, tag.c.value == value))
+        if prefix:
+            query = query.where(self.starts_with(S.session_id, prefix))
+        if after is not None:
+            updated, last = lifecycle.decode_cursor(after)
+            query = query.where(or_(S.updated < updated, and_(S.updated == updated, S.session_id < last)))
+        chosen = query.order_by(S.updated.desc(), S.session_id.desc()).limit(limit + 1).subquery()
+        count = select(func.count()).where(messages.c.session_id == chosen.c.session_id).scalar_subquery()
+        statement = select(chosen, count).order_by(chosen.c.updated.desc(), chosen.c.session_id.desc())
+        # Built per call (its shape depends on the arguments), so run by SQLAlchemy, not the raw driver,
+        # whose cache is for the prebuilt statements.
+        rows = self._transaction("list_sessions", "", lambda conn: conn.execute(statement).all(),
+                                 read_only=True, reads=True)
+        return lifecycle.page([(float(row[2]), _info(row[0], row[1:])) for row in rows], limit)
+
+    def info(self, session: str) -> SessionInfo | None:
+        validate.session_id(session)
+        row = self._transaction(
+            "info", session, lambda conn: self.run(conn, sql.INFO, {"sid": session}).first(), read_only=True,
+            reads=True,
+        )
+        return None if row is None else _info(session, row)
+
+    def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
+        """Read, merge and write with the session row locked, so two concurrent changes never lose a key;
+        the tags are rewritten with it."""
+        validate.session_id(session)
+        lifecycle.merge_metadata({}, changes)  # every key and value checked before anything is written
+
+        def write(conn: Connection) -> dict[str, Scalar]:
+            row = self.run(conn, sql.LOCK_METADATA, {"sid": session}).first()
+            if row is None:  # a new session (concurrent first writers of one: one inserts, all then lock)
+                conn.execute(self.insert_session(session))
+                row = self.run(conn, sql.LOCK_METADATA, {"sid": session}).first()
+                assert row is not None
+            merged = lifecycle.merge_metadata(lifecycle.decode_metadata(row[0]), changes)
+            stored = lifecycle.encode_metadata(merged) if merged else None
+            self.run(conn, sql.SET_METADATA, {"sid": session, "metadata": stored})
+            self.run(conn, sql.CLEAR_TAGS, {"sid": session})
+            if merged:
+                self.run(conn, sql.ADD_TAG, [
+                    {"session_id": session, "name": k, "value": lifecycle.metadata_value(k, v)}
+                    for k, v in sorted(merged.items())
+                ])
+            return merged
+
+        return self._transaction("set_metadata", session, write)
+
+    def delete(self, session: str, *, force: bool = False) -> bool:
+        """One transaction: the session row locked first (as every writer of the session does), then its
+        messages, steers, tags and the row itself deleted. A run holding a lease finds no row at its next
+        write, which is LeaseLost, and a row-less session takes no fenced write."""
+        validate.session_id(session)
+
+        def remove(conn: Connection) -> bool:
+            row = self.run(conn, sql.LOCK_LEASE, {"sid": session}).first()
+            if row is not None and row[2] is not None and row[6] and not force:
+                held = _holder(row[:6])
+                raise SessionBusy(
+                    f"session {session!r} is held by a live run ({held.host}, pid {held.pid}); "
+                    f"delete(force=True) deletes it anyway and the run fails with LeaseLost",
+                    held,
+                )
+            self.run(conn, sql.CLEAR, {"sid": session})
+            steered = self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount
+            self.run(conn, sql.CLEAR_TAGS, {"sid": session})
+            gone = self.run(conn, sql.DELETE_SESSION, {"sid": session}).rowcount
+            return bool(gone or steered)
+
+        try:
+            return self._transaction("delete", session, remove)
+        finally:
+            self._known.forget(session)
+            self._journaled.discard(session)
+
+    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
+        """Batches of at most ``PRUNE_BATCH``: the oldest idle sessions are read without locks, then
+        deleted in a short transaction that locks their rows and checks again that each is still idle and
+        unheld (on the database's clock), so a session saved or leased meanwhile survives. Stops early when
+        a batch deletes nothing (every candidate was written meanwhile): the next run finds the rest."""
+        idle = lifecycle.idle_seconds(idle_for)
+        limit = lifecycle.prune_limit(limit)
+        deleted = 0
+        while limit is None or deleted < limit:
+            batch = PRUNE_BATCH if limit is None else min(PRUNE_BATCH, limit - deleted)
+            found = self._transaction(
+                "prune", "", lambda conn: conn.execute(sql.IDLE_BATCH, {"idle": idle, "batch": batch}).all(),
+                read_only=True, reads=True,
+            )
+            candidates = [str(row[0]) for row in found]
+            if not candidates:
+                break
+            removed = self._transaction("prune", "", lambda conn: self._prune(conn, candidates, idle))
+            deleted += removed
+            if not removed or len(candidates) < batch:
+                break
+        if deleted:
+            log.info("%s store: pruned %d sessions idle for over %.0f s", self.backend, deleted, idle)
+        return deleted
+
+    def _prune(self, conn: Connection, candidates: list[str], idle: float) -> int:
+        ids = [str(row[0]) for row in conn.execute(sql.LOCK_IDLE, {"ids": candidates, "idle": idle}).all()]
+        if ids:
+            for statement in sql.PRUNE:
+                conn.execute(statement, {"ids": ids})
+            for session in ids:
+                self._known.forget(session)
+                self._journaled.discard(session)
+        return len(ids)
+
+    def tail(self, session: str, last: int) -> list[Message]:
+        validate.session_id(session)
+        last = lifecycle.last_count(last)
+        if last == 0:
+            return []
+        rows = self._transaction(
+            "tail", session, lambda conn: self.run(conn, sql.TAIL, {"sid": session, "last": last}).all(),
+            read_only=True, reads=True,
+        )
+        try:
+            return [Message.from_json(body) for (body,) in reversed(rows)]
+        except MessageError as exc:
+            raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt message: {exc}") from exc
+
+    def pending_steers(self, session: str) -> list[str]:
+        validate.session_id(session)
+        rows = self._transaction(
+            "pending_steers", session, lambda conn: self.run(conn, sql.PENDING, {"sid": session}).all(),
+            read_only=True, reads=True,
+        )
+        return [str(text) for (text,) in rows]
+
     # -- what dialects override ----------------------------------------------------------------------
+
+    def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
+        """``column`` starts with ``prefix``: LIKE, with the prefix's own % and _ escaped (bound, never
+        spliced), which is case-sensitive on PostgreSQL and on MySQL's binary session ids."""
+        return column.startswith(prefix, autoescape=True)
 
     def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
         """Run one of ``statements``; the result has ``rowcount``, ``first()``, ``all()`` and ``scalar()``
@@ -492,14 +648,15 @@ class SQLStore:
                 raise self._error(op, session, exc) from exc
 
     def _error(self, op: str, session: str, exc: SQLAlchemyError) -> StoreError:
+        """``session`` empty: the operation is of no one session (prune)."""
         cause = str(getattr(exc, "orig", None) or exc)
+        what = f"{op} of session {session!r}" if session else op
         missing = _TABLE_NAME.search(cause) if _looks_missing(cause) else None
         if missing:
             return StoreError(
-                f"{self.backend} store: table {missing.group(0)!r} does not exist ({op} of session "
-                f"{session!r}); {self.schema_hint}"
+                f"{self.backend} store: table {missing.group(0)!r} does not exist ({what}); {self.schema_hint}"
             )
-        return StoreError(f"{self.backend} store: {op} of session {session!r} failed: {cause}")
+        return StoreError(f"{self.backend} store: {what} failed: {cause}")
 
     def __repr__(self) -> str:
         return f"{type(self).__module__}.Store({self.engine.url!r})"
@@ -509,6 +666,13 @@ def _holder(row: Sequence[Any]) -> Holder:
     """sql.HOLDER's or sql.CURRENT's columns as a Holder."""
     host, pid, token, expires, cancelled, epoch = row
     return Holder(host, int(pid), token, float(expires), bool(cancelled), int(epoch))
+
+
+def _info(session: str, row: Sequence[Any]) -> SessionInfo:
+    """``created, updated, metadata, messages`` as a SessionInfo."""
+    created, updated, metadata, count = row
+    return SessionInfo(session, lifecycle.when(float(created)), lifecycle.when(float(updated)), int(count),
+                       lifecycle.decode_metadata(metadata))
 
 
 def _lost(session: str, holder: Holder, stored: Sequence[Any] | None) -> LeaseLost:

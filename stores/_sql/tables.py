@@ -1,4 +1,4 @@
-"""The three tables every SQL store uses, defined once.
+"""The four tables every SQL store uses, defined once.
 
 Message bodies and steer texts are TEXT (LONGTEXT on MySQL), never jsonb or JSON: those types rewrite
 what they are given (reorder keys, drop duplicates, respace), and a model's tool arguments must come back
@@ -28,7 +28,11 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from .clock import db_now
+
 metadata = MetaData()
+"""The SQLAlchemy metadata of every table (public as ``stores.postgres.metadata`` and the others), so a
+migration tool such as Alembic's autogenerate sees them."""
 
 
 class _Utf8Bytes(TypeDecorator[str]):
@@ -67,6 +71,17 @@ sessions = Table(
     Column("expires", Double, nullable=True),  # seconds since 1970 on the database's clock
     Column("epoch", BigInteger, nullable=False, server_default=text("0")),
     Column("cancelled", Boolean, nullable=False, server_default=false()),
+    # When the row was made and last written, seconds since 1970 on the database's clock. Every write of
+    # the row sets updated, except a leased run's per-step append, which does not touch the row (so a
+    # step stays one statement; the heartbeat's renewal, every third of the ttl, moves it on). The
+    # defaults also date rows that code of schema 2 inserts during a rolling upgrade.
+    Column("created", Double, nullable=False, server_default=db_now()),
+    Column("updated", Double, nullable=False, server_default=db_now()),
+    # The session's metadata as agent_sessions.lifecycle.encode_metadata writes it; NULL: none. Its
+    # keys are also rows of agent_session_tags, which is what list_sessions(where=) searches.
+    Column("metadata", LongText, nullable=True),
+    # Newest first for list_sessions (read backwards), oldest first for prune.
+    Index("agent_sessions_by_updated", "updated", "session_id"),
     **_MYSQL,
 )
 
@@ -89,17 +104,53 @@ steers = Table(
     **_MYSQL,
 )
 
-TABLES = (sessions, messages, steers)
+tags = Table(
+    "agent_session_tags",
+    metadata,
+    # One row per metadata key of a session: list_sessions(where={name: value}) finds the sessions by
+    # the index (name, value) instead of reading every session's JSON. value is the value's JSON form
+    # (lifecycle.metadata_value, at most 255 bytes), so 1, 1.0, true and "1" stay four values.
+    Column("session_id", SessionId, primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("value", String(255), nullable=False),
+    Index("agent_session_tags_by_value", "name", "value", "session_id"),
+    **_MYSQL,
+)
 
-SCHEMA_VERSION = 2
+TABLES = (sessions, messages, steers, tags)
+
+SCHEMA_VERSION = 3
 """1: leases in agent_runs and journals in agent_journals (0.1); 2: both on the agent_sessions row, so
-one row lock fences every write of a run."""
+one row lock fences every write of a run; 3: created, updated and metadata on that row, the tags table
+and the indexes listing and pruning use."""
 
 
-def ddl(dialect: Dialect) -> list[str]:
-    """CREATE statements for ``dialect``, one per element: what the caller's migration runs."""
+def ddl(dialect: Dialect, tables: tuple[Table, ...] = TABLES) -> list[str]:
+    """CREATE statements for ``dialect``, one per element: what the caller's migration runs. Each may be
+    run again (IF NOT EXISTS). MySQL 8 has no CREATE INDEX IF NOT EXISTS (MariaDB has), so there the
+    indexes are declared inside their CREATE TABLE."""
     out: list[str] = []
-    for table in TABLES:
-        out.append(str(CreateTable(table).compile(dialect=dialect)).strip())
-        out.extend(str(CreateIndex(index).compile(dialect=dialect)).strip() for index in table.indexes)
+    for table in tables:
+        create = str(CreateTable(table, if_not_exists=True).compile(dialect=dialect)).strip()
+        if dialect.name in ("mysql", "mariadb"):
+            out.append(_inline_indexes(create, table, dialect))
+            continue
+        out.append(create)
+        out.extend(
+            str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)).strip()
+            for index in sorted(table.indexes, key=lambda i: str(i.name))
+        )
     return out
+
+
+def _inline_indexes(create: str, table: Table, dialect: Dialect) -> str:
+    """``create`` with ``INDEX name (columns)`` entries added after its last column or key."""
+    quote = dialect.identifier_preparer.quote
+    entries = [
+        f"INDEX {quote(str(index.name))} ({', '.join(quote(c.name) for c in index.columns)})"
+        for index in sorted(table.indexes, key=lambda i: str(i.name))
+    ]
+    if not entries:
+        return create
+    end = create.rindex("\n)")  # the close of the column list, before the table options
+    return create[:end] + "".join(f", \n\t{entry}" for entry in entries) + create[end:]

@@ -17,9 +17,9 @@ except ImportError as exc:  # pragma: no cover
         "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'stored-agent-sessions[mysql]'"
     ) from exc
 
-from .._sql import SQLStore, ddl
+from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
-from .._sql.tables import sessions, steers
+from .._sql.tables import sessions, steers, tags
 
 SCHEMA: list[str] = ddl(mysql.dialect())
 """The DDL, one statement per element: ``for stmt in mysql.SCHEMA: conn.exec_driver_sql(stmt)``."""
@@ -65,7 +65,7 @@ class Store(SQLStore):
 
     def upsert_session(self, session: str, version: str) -> Any:
         stmt = mysql.insert(sessions).values(session_id=session, version=version)
-        return stmt.on_duplicate_key_update(version=version, journal=None)
+        return stmt.on_duplicate_key_update(version=version, journal=None, updated=sql.NOW)
 
     def insert_session(self, session: str) -> Any:
         return mysql.insert(sessions).values(session_id=session).prefix_with("IGNORE")
@@ -100,4 +100,4 @@ class Store(SQLStore):
         return bool(args) and args[0] in _TRANSIENT
 
 
-__all__ = ["MIGRATIONS", "SCHEMA", "Store"]
+__all__ = ["MIGRATIONS", "SCHEMA", "Store", "metadata"]

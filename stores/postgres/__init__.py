@@ -22,9 +22,9 @@ except ImportError as exc:  # pragma: no cover
 from agent_sessions import validate
 
 from .._known import REMEMBER, REMEMBER_BYTES
-from .._sql import SQLStore, ddl
+from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
-from .._sql.tables import sessions
+from .._sql.tables import sessions, tags
 
 SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no-untyped-call]
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration."""
@@ -90,7 +90,7 @@ class Store(SQLStore):
     def upsert_session(self, session: str, version: str) -> Any:
         stmt = postgresql.insert(sessions).values(session_id=session, version=version)
         return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None}
+            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None, "updated": sql.NOW}
         )
 
     def insert_session(self, session: str) -> Any:
@@ -136,4 +136,4 @@ class Store(SQLStore):
         return 2**30 - 2**20
 
 
-__all__ = ["MIGRATIONS", "SCHEMA", "Store"]
+__all__ = ["MIGRATIONS", "SCHEMA", "Store", "metadata"]

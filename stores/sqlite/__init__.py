@@ -12,13 +12,13 @@ from contextlib import contextmanager
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, create_engine, event
+    from sqlalchemy import ColumnElement, Connection, and_, create_engine, event, func
     from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.pool import NullPool
-    from sqlalchemy.schema import CreateTable
+    from sqlalchemy.schema import CreateIndex, CreateTable
 except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundary.py in a bare venv
     raise ImportError(
         "stores.sqlite requires SQLAlchemy. Install it with: pip install 'stored-agent-sessions[sqlite]'"
@@ -41,6 +41,9 @@ def _create_sessions(name: str) -> str:
     return statement.replace("CREATE TABLE agent_sessions ", f"CREATE TABLE {name} ", 1)
 
 
+_SCHEMA_2_COLUMNS = "session_id, version, journal, token, host, pid, expires, epoch, cancelled"
+
+
 MIGRATIONS: dict[int, list[str]] = {
     2: [
         # 0.1 -> schema 2: the lease and the journal move onto the session's row. SQLite cannot drop a NOT
@@ -59,6 +62,16 @@ MIGRATIONS: dict[int, list[str]] = {
         "DROP TABLE agent_journals",
         "DROP TABLE agent_runs",
     ],
+    3: [
+        # schema 2 -> 3: created, updated (both now, for every existing session: none has been idle since
+        # the upgrade) and metadata on the session's row. SQLite cannot add a column whose default is an
+        # expression, so the row's table is rebuilt; the tags table is new, made by create_all.
+        _create_sessions("agent_sessions_new"),
+        f"INSERT INTO agent_sessions_new ({_SCHEMA_2_COLUMNS}) SELECT {_SCHEMA_2_COLUMNS} FROM agent_sessions",
+        "DROP TABLE agent_sessions",
+        "ALTER TABLE agent_sessions_new RENAME TO agent_sessions",
+        *(str(CreateIndex(index).compile(dialect=sqlite_dialect())).strip() for index in sessions.indexes),
+    ],
 }
 """What ``open`` runs, in one transaction, on a file of an older schema (the file's ``PRAGMA user_version``
 says which; a file of agent-sessions 0.1 has 0 and the table agent_sessions)."""
@@ -73,11 +86,16 @@ class Store(SQLStore):
     def upsert_session(self, session: str, version: str) -> Any:
         stmt = sqlite_insert(sessions).values(session_id=session, version=version)
         return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None}
+            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None, "updated": sql.NOW}
         )
 
     def insert_session(self, session: str) -> Any:
         return sqlite_insert(sessions).values(session_id=session).on_conflict_do_nothing()
+
+    def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
+        """SQLite's LIKE ignores ASCII case, so: the first characters equal the prefix (exact, by the
+        BINARY collation), and a lower bound the primary key's index can start from."""
+        return and_(column >= prefix, func.substr(column, 1, len(prefix)) == prefix)
 
     def __init__(
         self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
@@ -246,4 +264,4 @@ def _driver_execute(driver: sqlite3.Connection, sql: str) -> None:
         raise DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 
 
-__all__ = ["MIGRATIONS", "Store", "open"]
+__all__ = ["MIGRATIONS", "Store", "metadata", "open"]
