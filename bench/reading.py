@@ -296,7 +296,7 @@ def listing_rows(name: str, tmp: str, rounds: int) -> dict[str, Any]:
 
 
 class TransactionClock:
-    """Times every transaction of a SQL store from inside, without touching the store: SQLAlchemy's
+    """Times every transaction of a SQL store in this thread from inside, without touching the store: SQLAlchemy's
     begin/commit/rollback events (PostgreSQL, where the transaction is SQLAlchemy's), or sqlite3's trace
     callback on the store's connection of this thread (SQLite begins and commits on the driver): from
     the BEGIN statement starting to the COMMIT statement starting, which is when the lock is held."""
@@ -305,13 +305,15 @@ class TransactionClock:
         self.spans: list[float] = []
         self._began: float | None = None
         self._store = store
+        self._thread = threading.get_ident()  # prune's: the engine's events also fire for other threads
         self._detach: Callable[[], None] = lambda: None
 
     def _begin(self, *_: Any) -> None:
-        self._began = time.perf_counter()
+        if threading.get_ident() == self._thread:
+            self._began = time.perf_counter()
 
     def _end(self, *_: Any) -> None:
-        if self._began is not None:
+        if self._began is not None and threading.get_ident() == self._thread:
             self.spans.append((time.perf_counter() - self._began) * 1000)
             self._began = None
 
