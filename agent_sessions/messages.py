@@ -7,7 +7,7 @@ append only the new ones, and so a transcript handed to a store can never change
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from json.encoder import encode_basestring_ascii
@@ -198,6 +198,17 @@ class Message:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Message:
+        """Check ``data`` (the JSON form, decoded) and build the message. The usual shapes take a fast path
+        (``_decoded``); anything else, right or wrong, is left to the checks below, which say what is wrong."""
+        if type(data) is dict and cls is Message:
+            message = _decoded(data)
+            if message is not None:
+                return message
+        return cls._checked(data)
+
+    @classmethod
+    def _checked(cls, data: Mapping[str, Any]) -> Message:
+        """``from_dict`` without the fast path: every check, each failure its own ``MessageError``."""
         if not isinstance(data, Mapping):
             raise MessageError(f"a message must be a JSON object, got {type(data).__name__}")
         unknown = set(data) - {"role", "key", "content"}
@@ -222,14 +233,138 @@ class Message:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Message:
+        """The message ``to_json`` wrote. Every read of a transcript decodes each of its messages, so the
+        usual text takes a fast path (``_from_text``); any other is decoded and checked as below."""
+        if type(text) is str and cls is Message:
+            message = _from_text(text)
+            if message is not None:
+                return message
+        return cls._checked_json(text)
+
+    @classmethod
+    def _checked_json(cls, text: str | bytes) -> Message:
+        """``from_json`` without the fast path: json.loads and every check of ``_checked``."""
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise MessageError(f"stored message is not valid JSON: {exc}") from exc
-        message = cls.from_dict(data)
+        message = cls._checked(data)
         if isinstance(text, str):
             object.__setattr__(message, "_json", text)
         return message
+
+
+# -- decoding a stored message fast -------------------------------------------------------------------------
+#
+# Reading a transcript decodes every message: the checks of ``from_dict`` and the dataclass constructors
+# cost twice json.loads itself. ``_decoded`` recognises exactly the shapes ``to_json`` writes (every field of
+# a block present, each of its JSON type) and builds the objects slot by slot; on any other shape it returns
+# None and ``from_dict`` runs the full checks, so what is refused, and the error saying why, stay theirs.
+# tests/test_messages.py checks the two agree on arbitrary input.
+
+_new = object.__new__
+_ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
+# The slots' own descriptors: setting through one is a call, with no attribute lookup or frozen check.
+_set_type, _set_text, _set_id, _set_name, _set_arguments, _set_tool_call_id, _set_is_error = (
+    vars(Content)[name].__set__ for name in ("type", *_STR_FIELDS, "is_error")
+)
+_set_role, _set_content, _set_key, _set_usage, _set_json = (
+    vars(Message)[name].__set__ for name in ("role", "content", "key", "usage", "_json")
+)
+
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+"""What json.loads runs (the C scanner, the default settings), without its two Python layers and two
+whitespace matches: a fifth of json.loads on a 1 KB message."""
+
+
+def _from_text(text: str) -> Message | None:
+    """``Message.from_json(text)`` when ``text`` is one JSON value with no surrounding whitespace, as
+    ``to_json`` writes, of a shape ``_decoded`` knows; else ``None``. Where the scan succeeds and ends at the
+    end of the text, json.loads would have returned the same value; anything else (whitespace, a BOM,
+    trailing data, invalid JSON) is left to json.loads and its error."""
+    try:
+        data, end = _scan(text, 0)
+    except (StopIteration, ValueError, RecursionError):  # no value at 0, invalid, too deep: json.loads says
+        return None
+    if end != len(text) or type(data) is not dict:
+        return None
+    return _decoded(data, text)
+
+
+def _decoded(data: dict[str, Any], stored: str | None = None) -> Message | None:
+    """The message ``data`` holds if it has exactly a shape ``to_json`` writes, else ``None`` (then
+    ``Message._checked`` decides). Exact types (``type(x) is str``), so nothing a check would refuse or
+    convert gets through. ``stored``: the JSON ``data`` came from, kept as the message's stored form."""
+    size = len(data)
+    key: Any = ""
+    if size == 3:
+        key = data.get("key")
+        if type(key) is not str or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+            return None
+    elif size != 2:
+        return None
+    role_name = data.get("role")
+    blocks = data.get("content")
+    if type(role_name) is not str or type(blocks) is not list:
+        return None
+    role = _ROLES.get(role_name)
+    if role is None:
+        return None
+    items = []
+    for block in blocks:
+        if type(block) is not dict:
+            return None
+        kind = block.get("type")
+        c = _new(Content)
+        if kind == "tool_result":
+            call_id = block.get("tool_call_id")
+            text = block.get("text")
+            is_error = block.get("is_error")
+            if (len(block) != 4 or type(call_id) is not str or not call_id or type(text) is not str
+                    or type(is_error) is not bool):
+                return None
+            _set_type(c, ContentType.TOOL_RESULT)
+            _set_text(c, text)
+            _set_id(c, "")
+            _set_name(c, "")
+            _set_arguments(c, "")
+            _set_tool_call_id(c, call_id)
+            _set_is_error(c, is_error)
+        elif kind == "tool_call":
+            call_id = block.get("id")
+            name = block.get("name")
+            arguments = block.get("arguments")
+            if (len(block) != 4 or type(call_id) is not str or not call_id or type(name) is not str or not name
+                    or type(arguments) is not str):
+                return None
+            _set_type(c, ContentType.TOOL_CALL)
+            _set_text(c, "")
+            _set_id(c, call_id)
+            _set_name(c, name)
+            _set_arguments(c, arguments)
+            _set_tool_call_id(c, "")
+            _set_is_error(c, False)
+        elif kind == "text":
+            text = block.get("text")
+            if len(block) != 2 or type(text) is not str:
+                return None
+            _set_type(c, ContentType.TEXT)
+            _set_text(c, text)
+            _set_id(c, "")
+            _set_name(c, "")
+            _set_arguments(c, "")
+            _set_tool_call_id(c, "")
+            _set_is_error(c, False)
+        else:
+            return None
+        items.append(c)
+    m = _new(Message)
+    _set_role(m, role)
+    _set_content(m, tuple(items))
+    _set_key(m, key)
+    _set_usage(m, None)
+    _set_json(m, stored)
+    return m
 
 
 def unanswered(transcript: Sequence[Message]) -> bool:

@@ -2,6 +2,10 @@
 
     python -m bench [--stores memory,sqlite,postgres,mysql,mongodb] [--rounds 200] [--peer-rounds 60]
                     [--steer-procs 4] [--json bench/results/latest.json]
+    python -m bench --only reading [--stores sqlite,postgres,mysql,mongodb] [--lifecycle-stores sqlite,postgres]
+
+``--only reading`` runs the reading and managing rows alone (bench/reading.py: transcripts, tails, listing
+and prune at 100,000 sessions), into bench/results/reading.json unless ``--json`` says otherwise.
 
 scripts/bench builds the benchmark's own environment (the peers are installed only there), starts the
 servers like the tests do, and runs this. It prints the tables and writes JSON, plus the same tables as
@@ -19,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import backends, encode, ours, peers, steers
+from . import backends, encode, ours, peers, reading, steers
 from .floors import floor_for
 from .workload import SIZES
 
@@ -64,7 +68,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"... {peer.label}", flush=True)
                 rounds = args.peer_rounds if peer.slow else args.rounds
                 report["peers"][peer.label] = {n: peer.measure(tmp, floors[peer.backend], n, rounds) for n in SIZES}
+        report["reading"] = _reading(args, names, tmp)
     return report
+
+
+def _reading(args: argparse.Namespace, names: list[str], tmp: str) -> dict[str, Any]:
+    life = [s for s in args.lifecycle_stores.split(",") if s]
+    return reading.run([n for n in names if n != "mysql-noreset"], tmp, args.reading_rounds, life, args.prune_batch)
 
 
 def _cell(s: dict[str, float]) -> str:
@@ -111,6 +121,8 @@ def tables(report: dict[str, Any]) -> str:
             lines.append(f"| {name} | {s['processes']} | {s['steers']} | {s['seconds']:.2f} | "
                          f"{s['steers_per_s']:.0f} |")
     lines += ["", encode.line(report["encode"])]
+    if report.get("reading"):
+        lines += ["", reading.tables(report["reading"])]
     if not report["peers_installed"]:
         lines += ["", "(peers not installed here: run scripts/bench, which builds their environment)"]
     return "\n".join(lines)
@@ -123,10 +135,26 @@ def main() -> None:
     parser.add_argument("--peer-rounds", type=int, default=60, help="rounds for the slow peers (LangGraph)")
     parser.add_argument("--steer-procs", type=int, default=4, help="adding processes (as many take)")
     parser.add_argument("--steers-per-proc", type=int, default=250)
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "latest.json"))
+    parser.add_argument("--only", choices=["all", "reading"], default="all",
+                        help="reading: only the reading and managing rows (bench/reading.py)")
+    parser.add_argument("--lifecycle-stores", default="sqlite,postgres",
+                        help="stores of the listing and prune rows (100,000 sessions each)")
+    parser.add_argument("--reading-rounds", type=int, default=50)
+    parser.add_argument("--prune-batch", type=int, default=500, help="limit= of each call in the per-batch prune")
+    parser.add_argument("--json", default=None, help="default: bench/results/latest.json (reading.json with "
+                        "--only reading)")
     args = parser.parse_args()
-    report = run(args)
-    text = tables(report)
+    results = Path(__file__).parent / "results"
+    if args.only == "reading":
+        with tempfile.TemporaryDirectory() as tmp:
+            names = [s for s in args.stores.split(",") if s and s not in ("memory", "mysql-noreset")]
+            report = {"machine": machine(), "reading": _reading(args, names, tmp)}
+        text = reading.tables(report["reading"])
+        args.json = args.json or str(results / "reading.json")
+    else:
+        report = run(args)
+        text = tables(report)
+        args.json = args.json or str(results / "latest.json")
     print(text)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
