@@ -144,7 +144,7 @@ def test_the_core_in_the_venv_imports_neither_django_nor_a_driver(venv: Path) ->
 def test_the_app_installed_from_the_wheel_migrates_and_its_commands_run(venv: Path, project: Path) -> None:
     out = manage(venv, project, "migrate", "--noinput").stdout
     assert "Applying agent_sessions.0001_initial... OK" in out
-    assert tables(project) == ({"agent_sessions", "agent_messages", "agent_steers"}, 2)
+    assert tables(project) == ({"agent_sessions", "agent_messages", "agent_steers", "agent_session_tags"}, 3)
 
     where = run([str(venv), "save.py", "w-1", "review lease.go", "and token.go"], cwd=project, env=clean_env()).stdout
     assert Path(where.strip()).is_relative_to(venv.parent.parent)  # the installed wheel, not this tree
@@ -162,22 +162,11 @@ def test_the_app_installed_from_the_wheel_migrates_and_its_commands_run(venv: Pa
     cancelled = json.loads(manage(venv, project, "cancel", "w-1", "--json").stdout)
     assert cancelled == {"id": "w-1", "cancelled": False}
 
-    import agent_sessions as agent
-    from stores import sqlite
-
-    probe = sqlite.open(project / "probe.db")
-    lifecycle = isinstance(probe, agent.LifecycleStore)  # the same source as the wheel's
-    probe.close()
-    if lifecycle:
-        listed = json.loads(manage(venv, project, "sessions", "--where", "user=u-17", "--json").stdout)
-        assert [s["id"] for s in listed["sessions"]] == ["w-1"] and listed["sessions"][0]["messages"] == 2
-        assert json.loads(manage(venv, project, "prune", "--idle-for", "30d", "--json").stdout)["deleted"] == 0
-        assert json.loads(manage(venv, project, "prune", "--idle-for", "0s", "--json").stdout)["deleted"] == 1
-        assert manage(venv, project, "sessions").stdout == "no sessions\n"
-    else:  # the SQL stores' lifecycle is not in this tree yet: the commands say what they need, and fail
-        for args in (["sessions"], ["prune", "--idle-for", "30d"]):
-            said = manage(venv, project, *args, code=1).stderr
-            assert "needs a store that manages sessions (agent_sessions.LifecycleStore" in said, said
+    listed = json.loads(manage(venv, project, "sessions", "--where", "user=u-17", "--json").stdout)
+    assert [s["id"] for s in listed["sessions"]] == ["w-1"] and listed["sessions"][0]["messages"] == 2
+    assert json.loads(manage(venv, project, "prune", "--idle-for", "30d", "--json").stdout)["deleted"] == 0
+    assert json.loads(manage(venv, project, "prune", "--idle-for", "0s", "--json").stdout)["deleted"] == 1
+    assert manage(venv, project, "sessions").stdout == "no sessions\n"
 
     out = manage(venv, project, "migrate", "agent_sessions", "zero").stdout
     assert "Unapplying agent_sessions.0001_initial... OK" in out

@@ -60,6 +60,10 @@ _RETRIES = 4
 PRUNE_BATCH = 500
 """Sessions ``prune`` deletes per transaction: a batch holds its rows' locks for milliseconds, not the
 whole job's length."""
+PRUNE_PAUSE = 0.02
+"""Seconds prune sleeps between batches. SQLite hands its write lock to whoever asks when it is free, and a
+writer asleep in its busy handler's backoff could otherwise miss every gap of a long prune (measured: a
+save waiting 868 ms beside a 10,000-session prune)."""
 
 
 class SQLStore:
@@ -516,6 +520,7 @@ class SQLStore:
             deleted += removed
             if not removed or len(candidates) < batch:
                 break
+            time.sleep(PRUNE_PAUSE)  # a writer waiting for the lock gets it between batches
         if deleted:
             log.info("%s store: pruned %d sessions idle for over %.0f s", self.backend, deleted, idle)
         return deleted
