@@ -111,3 +111,21 @@ def test_arguments_that_are_not_plain_json_ask_for_approval(arguments: str) -> N
     # Python's json accepts them, and the docs' own predicate says NaN > 50 is False: the refund ran unasked.
     tool = agent.tool(needs_approval=lambda args: args["amount"] > 50)(refund.fn)
     assert tool.asks_approval(Content.tool_call("c", "refund", arguments))
+
+
+@pytest.mark.parametrize("raw", ['[NaN,"a"]', '[Infinity,"a"]', '[1e300,"a"]', '[-1e300,"a"]', '[1.5,"a\\u0000"]',
+                                 '[1.5,"\\ud800"]'])
+def test_a_tampered_cursor_is_an_argument_error_in_every_store(raw: str) -> None:
+    # MongoDB turned NaN into a ValueError and 1e300 into an OverflowError (from its datetime
+    # conversion), the memory store into an empty page: "every store refuses the same input the same way".
+    import base64
+
+    from agent_sessions import lifecycle
+
+    cursor = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    with pytest.raises(agent.ArgumentError):
+        lifecycle.decode_cursor(cursor)
+    store = memory.Store()
+    agent.open("a", store).set_metadata({"k": 1})
+    with pytest.raises(agent.ArgumentError):
+        store.list_sessions(after=cursor)
