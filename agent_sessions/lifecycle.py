@@ -37,6 +37,8 @@ MAX_METADATA_BYTES = 4096
 MAX_VALUE_BYTES = 255
 """One value's JSON form: it is indexed (the ``where`` filter), and index keys are bounded."""
 MAX_PAGE = 1000
+_LAST_SECOND = 253402300799
+"""9999-12-31T23:59:59Z: a cursor's time beyond it (or NaN, or before 1970) was never a store's ``updated``."""
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
@@ -200,7 +202,8 @@ def decode_cursor(cursor: object) -> tuple[float, str]:
         except (ValueError, binascii.Error):
             data = None
         if (isinstance(data, list) and len(data) == 2 and isinstance(data[0], (int, float))
-                and not isinstance(data[0], bool) and isinstance(data[1], str)):
+                and not isinstance(data[0], bool) and 0 <= data[0] <= _LAST_SECOND and isinstance(data[1], str)
+                and data[1] and "\x00" not in data[1] and _utf8(data[1])):
             return float(data[0]), data[1]
     raise ArgumentError(f"list_sessions(after=) must be a page's next cursor, got {cursor!r}")
 

@@ -174,10 +174,20 @@ class Leased:
             return
         if not unanswered(transcript):
             return
-        if (journal is not None and transcript[-1] == journal.reply and journal.answers(transcript[:-1])
-                and self._is_stored(transcript)):
-            self.journal = journal  # the reply is stored with its calls (a cut fork, a plain save): finish it
-            return
+        if journal is not None and transcript[-1] == journal.reply and journal.answers(transcript[:-1]):
+            try:
+                waits = self._is_stored(transcript[:-1])
+            except TranscriptConflict as exc:
+                if exc.stored != len(transcript):
+                    raise
+                if self._is_stored(transcript):
+                    self.journal = journal  # the reply is stored with its calls (a cut fork, a plain save): finish it
+                    return
+            else:
+                if waits:  # the caller gave back the reply that waits in the journal: as above, write nothing
+                    self.journal = journal
+                    self.journal_text = text
+                    return
         try:
             self._save(transcript[:-1], take_steers=False)
         except TranscriptConflict as exc:
@@ -235,6 +245,14 @@ class Leased:
             return self.approvals(spec, step, emit)
         waiting = [c for c in needing if self.journal.approvals[c.id].decision is None]  # type: ignore[union-attr]
         if waiting:
+            if self.fresh is None and self.store.check(self.session, self.lease.holder):
+                # A cancel reached this run (session.cancel() found it holding the lease, so did not close
+                # the turn itself): close it here, deciding the undecided calls "cancel" as close_waiting
+                # does, by compare-and-swap, so a concurrent person's decision is kept or refused.
+                assert isinstance(self.store, ApprovalStore)
+                approvals._decide_rest(self.store, self.session)
+                self._reload()
+                return [], True
             return waiting, False
         for call in needing:
             decision = self.journal.approvals[call.id].decision  # type: ignore[union-attr]

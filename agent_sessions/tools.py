@@ -64,7 +64,7 @@ class Tool:
         if rule is True or rule is False:
             return rule
         try:
-            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+            arguments = json.loads(call.arguments, parse_constant=_not_json) if call.arguments.strip() else {}
             if not isinstance(arguments, dict):
                 return True
             return bool(rule(arguments))
@@ -99,6 +99,11 @@ class Tool:
             return Content.tool_result(
                 call.id, f"the tool returned a {type(value).__name__}, which is not JSON: {exc}", is_error=True
             )
+
+
+def _not_json(constant: str) -> Any:
+    """NaN and Infinity: Python's json reads them, JSON has no such thing (and ``NaN > 50`` is False)."""
+    raise ValueError(f"{constant} is not JSON")
 
 
 @overload
