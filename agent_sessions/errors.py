@@ -107,6 +107,22 @@ class AlreadyDecided(Conflict):
         super().__init__(message)
 
 
+class AwaitingApproval(Conflict):
+    """A run was given new messages while the session's turn waits for decisions on its tool calls:
+    starting a new turn would drop the waiting reply and its decisions (an approved refund that never
+    runs). Nothing was written. Decide (or cancel) the waiting calls first, or leave the message as a
+    steer: it lands once the waiting turn goes on. ``calls`` are the waiting calls' ids."""
+
+    def __init__(self, session: str, calls: list[str]) -> None:
+        self.session = session
+        self.calls = calls
+        super().__init__(
+            f"session {session!r}: its turn waits for decisions on calls {', '.join(map(repr, calls))}; this "
+            f"run's new messages were not written. Approve or deny them (or cancel the turn) first, or leave the "
+            f"message as a steer"
+        )
+
+
 class UnknownApproval(ArgumentError):
     """A decision on a call that does not wait for one in this session (a wrong id, or the turn it
     belonged to has been closed)."""

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from . import approvals
 from .approvals import ApprovalStore, PendingApproval
-from .errors import ArgumentError, StoreError, TranscriptConflict
+from .errors import ArgumentError, AwaitingApproval, StoreError, TranscriptConflict
 from .events import Sink
 from .journal import UNKNOWN_OUTCOME, Approval, Decision, Journal, fingerprint
 from .lease import Lease
@@ -167,6 +167,9 @@ class Leased:
         writing a reply that waits for its results (the loop never stores a tool call without them)."""
         text = self.store.journal(self.session)
         journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
+        if journal is not None and journal.approvals and not self.replace and _started_anew(journal, transcript):
+            raise AwaitingApproval(self.session, [c for c, a in journal.approvals.items() if a.decision is None]
+                                   or list(journal.approvals))
         if journal is not None and journal.answers(transcript) and self._is_stored(transcript):
             self.journal = journal  # the reply waits in the journal: finish it
             self.journal_text = text
@@ -361,6 +364,13 @@ class Leased:
         saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers, replace=replace)
         self.written = len(msgs) + len(saved.steers)
         return saved
+
+
+def _started_anew(journal: Journal, transcript: Sequence[Message]) -> bool:
+    """Does ``transcript`` go on from the one the journal's reply answered with other messages than the
+    reply: a new turn, which would drop the reply waiting for decisions?"""
+    at = journal.at
+    return len(transcript) > at and transcript[at] != journal.reply and journal.answers(transcript[:at])
 
 
 def _asks(spec: Spec, call: Content, journal: Journal) -> bool:

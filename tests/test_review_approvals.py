@@ -91,18 +91,23 @@ def test_a_run_given_the_waiting_reply_back_stores_no_call_without_its_result() 
     assert result is not None and result.stop_reason == "awaiting_approval" and model.requests == 0
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a new message while a turn waits drops the waiting reply "
-                                       "and its decisions without a trace (not fixed: needs a policy)")
-def test_a_new_message_while_a_turn_waits_does_not_silently_drop_an_approved_call() -> None:
+def test_a_new_message_while_a_turn_waits_is_refused_and_nothing_is_dropped() -> None:
+    """Review finding: a new turn's first save dropped the waiting reply and its decisions, an approved
+    refund among them, without a trace. Now the run refuses (a Conflict: nothing written)."""
     store = memory.Store()
     spec, session = _waiting(store)
     assert session.approve("call_0").approved  # the person was told: approved
     model = Model()
-    agent.Runner().run(spec, [*session.messages(), Message.user("also, what is my balance?")], model)
-    msgs = store.messages("s")
-    # Either the approved call ran, or the transcript says what became of it; today neither: the reply
-    # and its approved refund are gone, and the model never hears of them.
-    assert calls == ["refund 80"] or any(c.id == "call_0" for m in msgs for c in m.tool_calls)
+    stored, journal = store.messages("s"), store.journal("s")
+    with pytest.raises(agent.AwaitingApproval) as info:
+        agent.Runner().run(spec, [*session.messages(), Message.user("also, what is my balance?")], model)
+    assert info.value.calls == ["call_0"] and model.requests == 0
+    assert store.messages("s") == stored and store.journal("s") == journal
+    session.steer("also, what is my balance?")  # what the error suggests: it lands after the waiting turn
+    agent.Runner().run(spec, session.messages(), model)  # (this model then asks for another refund: it waits)
+    assert calls == ["refund 80"]  # the approved one ran, once
+    texts = [m.text for m in store.messages("s")]
+    assert texts.index("also, what is my balance?") == 3 and agent.orphaned_tool_calls(store.messages("s")) == []
 
 
 @pytest.mark.parametrize("arguments", ['{"amount": NaN}', '{"amount": -Infinity}', '{"amount": [NaN]}'])
