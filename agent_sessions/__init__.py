@@ -3,7 +3,7 @@ any process and resumed on any worker. Importing it loads no database driver."""
 
 import logging
 
-from . import approvals, endpoints, events, lifecycle, validate
+from . import approvals, endpoints, eventlog, events, lifecycle, validate
 from .approvals import ApprovalStore, PendingApproval
 from .endpoints import Endpoint
 from .errors import (
@@ -23,6 +23,7 @@ from .errors import (
     UnknownApproval,
     Unsupported,
 )
+from .eventlog import EventStore, StoredEvent
 from .lease import Holder
 from .lifecycle import LifecycleStore, SessionInfo, SessionPage
 from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
@@ -45,6 +46,7 @@ __all__ = [
     "ContentType",
     "Endpoint",
     "EndpointError",
+    "EventStore",
     "Holder",
     "LeaseLost",
     "LifecycleStore",
@@ -70,6 +72,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreSession",
+    "StoredEvent",
     "Tool",
     "ToolError",
     "TranscriptConflict",
@@ -77,6 +80,7 @@ __all__ = [
     "Unsupported",
     "approvals",
     "endpoints",
+    "eventlog",
     "events",
     "lifecycle",
     "open",
