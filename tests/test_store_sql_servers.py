@@ -52,8 +52,9 @@ def engine(backend: Backend) -> Iterator[Engine]:
 
 
 class ServerStoreContract(storetest.StoreContract):
-    # lifecycle and approvals: being built
-    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE, storetest.Capability.APPROVALS}
+    # lifecycle, approvals and the event log (EVENTS): being built
+    capabilities = storetest.Capability.all() - {storetest.Capability.LIFECYCLE, storetest.Capability.APPROVALS,
+                                                  storetest.Capability.EVENTS}
     backend: Backend
 
     engine: Engine
