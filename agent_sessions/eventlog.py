@@ -166,13 +166,19 @@ def follow(store: EventStore, session: str, after: int = 0, timeout: float | Non
     (``None``: until the caller stops iterating). A session has many runs, so a ``finished`` event does not
     end it. Between reads it waits in the store's ``wait_for_events`` (at most ``WAKE_SECONDS`` at a time)
     or, without one, sleeps ``poll[0]`` seconds doubling up to ``poll[1]``, back to ``poll[0]`` after each
-    event. Every wait is bounded by what is left of ``timeout``."""
+    event. Every wait is bounded by what is left of ``timeout``. The arguments are checked here, at the
+    call, not at the first event."""
     after, limit = check_read(after, limit)
     first, most = _poll(poll)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not 0 <= timeout < math.inf):
         raise ArgumentError(f"follow(timeout=) must be None or finite seconds >= 0, got {timeout!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
+    return _following(store, session, after, limit, deadline, first, most)
+
+
+def _following(store: EventStore, session: str, after: int, limit: int, deadline: float | None, first: float,
+               most: float) -> Iterator[StoredEvent]:
     waiter = store if isinstance(store, EventWaiter) else None
     pause = first
     while True:
