@@ -57,6 +57,8 @@ class Store:
         self._appended = threading.Condition(self._lock)
         self._transcripts: dict[str, tuple[Message, ...]] = {}
         self._runs: dict[str, _Run] = {}
+        self._next_log = 0
+        """Above every seq this store gave: a new log starts at least here, whatever the clock did."""
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
@@ -315,11 +317,12 @@ class Store:
     def _append(self, run: _Run, records: list[str], keep: int) -> int:
         """Number ``records`` on from the log's last (a new log from the clock: ``first_seq``), drop the
         oldest beyond ``keep``, wake the followers."""
-        seq = run.last_seq or eventlog.first_seq(time.time()) - 1
+        seq = run.last_seq or max(eventlog.first_seq(time.time()), self._next_log) - 1
         for text in records:
             seq += 1
             run.events.append((seq, text))
         run.last_seq = seq
+        self._next_log = max(self._next_log, seq + 1)
         while len(run.events) > keep:
             run.events.popleft()
         self._appended.notify_all()
