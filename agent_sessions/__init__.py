@@ -3,7 +3,7 @@ any process and resumed on any worker. Importing it loads no database driver."""
 
 import logging
 
-from . import approvals, endpoints, events, lifecycle, validate
+from . import approvals, endpoints, eventlog, events, lifecycle, validate
 from .approvals import ApprovalStore, PendingApproval
 from .endpoints import Endpoint
 from .errors import (
@@ -24,6 +24,7 @@ from .errors import (
     UnknownApproval,
     Unsupported,
 )
+from .eventlog import EventStore, StoredEvent
 from .lease import Holder
 from .lifecycle import LifecycleStore, SessionInfo, SessionPage
 from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
@@ -40,13 +41,14 @@ __all__ = [
     "AgentError",
     "AlreadyDecided",
     "ApprovalStore",
-    "AwaitingApproval",
     "ArgumentError",
+    "AwaitingApproval",
     "Conflict",
     "Content",
     "ContentType",
     "Endpoint",
     "EndpointError",
+    "EventStore",
     "Holder",
     "LeaseLost",
     "LifecycleStore",
@@ -72,6 +74,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreSession",
+    "StoredEvent",
     "Tool",
     "ToolError",
     "TranscriptConflict",
@@ -79,6 +82,7 @@ __all__ = [
     "Unsupported",
     "approvals",
     "endpoints",
+    "eventlog",
     "events",
     "lifecycle",
     "open",

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import approvals
 from .approvals import ApprovalStore, PendingApproval
 from .errors import ArgumentError, AwaitingApproval, StoreError, TranscriptConflict
+from .eventlog import EventStore, Publisher
 from .events import Sink
 from .journal import UNKNOWN_OUTCOME, Approval, Decision, Journal, fingerprint
 from .lease import Lease
@@ -26,6 +27,9 @@ from .messages import Content, Message, unanswered
 from .session import RunSession, Saved, Session, is_run_session
 from .spec import Spec
 from .tools import Tool
+
+if TYPE_CHECKING:
+    from .runner import Result
 
 _NOTHING: tuple[Sequence[str], bool] = ((), False)
 _NO_APPROVALS: tuple[list[Content], bool] = ([], False)
@@ -38,6 +42,10 @@ class Keeping(Protocol):
     def __enter__(self) -> Keeping: ...
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None: ...
+
+    def publishing(self, emit: Sink) -> Sink:
+        """The sink the loop reports to: ``emit``, or with ``Spec.publish_events`` a ``Publisher`` around it
+        whose events go to the session's log."""
 
     def resume(self, transcript: list[Message]) -> None:
         """Before the loop starts: put back a reply whose tools a dead run was running."""
@@ -67,8 +75,8 @@ class Keeping(Protocol):
 
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None: ...
 
-    def finish(self, transcript: list[Message]) -> None:
-        """The run returns: save what the last request's reply (and anything since) added."""
+    def finish(self, transcript: list[Message], result: Result) -> None:
+        """The run returns ``result``: save what the last request's reply (and anything since) added."""
 
 
 class _NotKept:
@@ -79,6 +87,9 @@ class _NotKept:
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
         pass
+
+    def publishing(self, emit: Sink) -> Sink:
+        return emit
 
     def resume(self, transcript: list[Message]) -> None:
         pass
@@ -107,7 +118,7 @@ class _NotKept:
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
         pass
 
-    def finish(self, transcript: list[Message]) -> None:
+    def finish(self, transcript: list[Message], result: Result) -> None:
         pass
 
 
@@ -128,7 +139,7 @@ class Kept(_NotKept):
         self.session.save(transcript)
         return steers, False
 
-    def finish(self, transcript: list[Message]) -> None:
+    def finish(self, transcript: list[Message], result: Result) -> None:
         self.session.save(transcript)
 
 
@@ -154,13 +165,28 @@ class Leased:
         a compare-and-swap against it, since people may be deciding meanwhile."""
         self.fresh: bool | None = None
         """The cancel flag a journal write just returned, with no tool run since: the next call's check."""
+        self.publish = spec.publish_events
+        self.events_kept = spec.events_kept
+        self.publisher: Publisher | None = None
 
     def __enter__(self) -> Leased:
         self.lease.__enter__()
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if self.publisher is not None and isinstance(exc, BaseException) and self.lease.lost is None:
+            self.publisher.failing(exc)  # while the lease is still the run's: its writes are fenced by it
         self.lease.__exit__(kind, exc, tb)
+
+    def publishing(self, emit: Sink) -> Sink:
+        if not self.publish:
+            return emit
+        self.publisher = Publisher(emit, self._append_events)
+        return self.publisher
+
+    def _append_events(self, records: list[str]) -> None:
+        assert isinstance(self.store, EventStore)
+        self.store.append_events(self.session, self.lease.holder, records, keep=self.events_kept)
 
     def resume(self, transcript: list[Message]) -> None:
         """Tools may run before the first request: so the compare-and-swap comes first here, without
@@ -353,15 +379,38 @@ class Leased:
             # carries it.
             self.fresh = self.store.put_journal(self.session, self.lease.holder, self.journal.to_json())
 
-    def finish(self, transcript: list[Message]) -> None:
-        if len(transcript) != self.written:
-            self._save(transcript, take_steers=False)
+    def finish(self, transcript: list[Message], result: Result) -> None:
+        if self.publisher is None:
+            if len(transcript) != self.written:
+                self._save(transcript, take_steers=False)
+            return
+        finished = self.publisher.finishing(result)
+        try:
+            if len(transcript) != self.written:
+                self._save(transcript, take_steers=False)
+            else:
+                self.publisher.flush()
+        except BaseException:
+            self.publisher.buffer.remove(finished)  # the run fails instead: ``failed`` is its last event
+            raise
 
     def _save(self, msgs: Sequence[Message], take_steers: bool, replace: bool | None = None) -> Saved:
-        """``replace``: by default, the spec's, for the run's first write only."""
+        """``replace``: by default, the spec's, for the run's first write only. The events buffered so far
+        ride in it."""
         if replace is None:
             replace = self.replace and self.written < 0
-        saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers, replace=replace)
+        if self.publisher is None:
+            saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers,
+                                           replace=replace)
+        else:
+            assert isinstance(self.store, EventStore)
+            records = self.publisher.drain()
+            try:
+                saved = self.store.save_fenced_events(self.session, self.lease.holder, msgs, take_steers=take_steers,
+                                                      replace=replace, events=records, keep=self.events_kept)
+            except BaseException:
+                self.publisher.restore(records)
+                raise
         self.written = len(msgs) + len(saved.steers)
         return saved
 
@@ -383,6 +432,13 @@ def _asks(spec: Spec, call: Content, journal: Journal) -> bool:
 
 def keeping(spec: Spec) -> Keeping:
     session = spec.session
+    if spec.publish_events and not (
+        session is not None and is_run_session(session) and isinstance(session.store, EventStore)
+    ):
+        raise ArgumentError(
+            "Spec.publish_events writes the run's events to the session's store: give the spec a session over a "
+            "store implementing agent_sessions.EventStore"
+        )
     if spec.asks_approval and not (
         session is not None and is_run_session(session) and isinstance(session.store, ApprovalStore)
     ):

@@ -11,7 +11,7 @@ be held by one run, and two runs of one session there are not kept apart (see do
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
 
@@ -22,6 +22,7 @@ from .messages import Message
 
 if TYPE_CHECKING:
     from .approvals import ApprovalStore, PendingApproval
+    from .eventlog import EventStore, StoredEvent
     from .journal import Decision
     from .lifecycle import LifecycleStore, Scalar, SessionInfo
 
@@ -232,6 +233,34 @@ class StoreSession:
         from .approvals import decide
 
         return decide(self._approval_store("deny"), self.id, call_id, False, reason)
+
+    def events(self, after: int = 0, limit: int = 100) -> list[StoredEvent]:
+        """The events of the session's log numbered above ``after``, oldest first, at most ``limit``
+        (runs with ``Spec(publish_events=True)`` write them; see docs/runs/events.md)."""
+        from .eventlog import check_read
+
+        after, limit = check_read(after, limit)
+        return self._event_store("events").events(self.id, after, limit)
+
+    def follow(self, after: int = 0, timeout: float | None = None,
+               poll: tuple[float, float] = (0.02, 0.5)) -> Iterator[StoredEvent]:
+        """Yield the session's events above ``after`` as they arrive, from whichever process writes them,
+        for ``timeout`` seconds (``None``: until you stop iterating; a session has many runs, so a
+        ``finished`` event does not end it). Come back with the last ``seq`` you saw as ``after``: you miss
+        nothing and see nothing twice. Waits are bounded: ``poll`` is the backoff (first, most seconds)
+        for a store that cannot wake followers (see ``eventlog.follow``)."""
+        from .eventlog import follow
+
+        return follow(self._event_store("follow"), self.id, after, timeout, poll)
+
+    def _event_store(self, op: str) -> EventStore:
+        from .eventlog import EventStore
+
+        if not isinstance(self.store, EventStore):
+            raise Unsupported(
+                f"Session.{op}() needs a store implementing agent_sessions.EventStore; {self.store!r} does not"
+            )
+        return self.store
 
     def _lifecycle(self, op: str) -> LifecycleStore:
         from .lifecycle import LifecycleStore

@@ -38,6 +38,12 @@ class Spec:
     approval_deadline: float | None = None
     """Seconds a call needing approval may wait for its decision (a tool's own ``approval_deadline``
     wins); undecided past it, it counts as denied. ``None``: no deadline."""
+    publish_events: bool = False
+    """Write the run's events to the session's log (``agent_sessions.eventlog``), so any process can read
+    and follow them (``session.follow``). Needs a session over an ``EventStore``; off, it costs nothing."""
+    events_kept: int = 10_000
+    """With ``publish_events``: how many of the session's newest events its log keeps (each append drops
+    the oldest beyond them)."""
     toolbox: tuple[Tool, ...] = field(init=False, repr=False, compare=False)
     """``tools`` as Tool objects (plain functions wrapped by ``@agent.tool``): what the model is offered."""
     _tools_by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
@@ -65,6 +71,10 @@ class Spec:
             raise ArgumentError(f"Spec.approval_deadline must be None or seconds > 0, got {deadline!r}")
         if not isinstance(self.replace_transcript, bool):
             raise ArgumentError(f"Spec.replace_transcript must be a bool, got {self.replace_transcript!r}")
+        if not isinstance(self.publish_events, bool):
+            raise ArgumentError(f"Spec.publish_events must be a bool, got {self.publish_events!r}")
+        if isinstance(self.events_kept, bool) or not isinstance(self.events_kept, int) or self.events_kept < 1:
+            raise ArgumentError(f"Spec.events_kept must be an int >= 1, got {self.events_kept!r}")
         if not isinstance(self.system, str):
             raise ArgumentError(f"Spec.system must be a str, got {type(self.system).__name__}")
         tools = tuple(as_tool(t) for t in self.tools)

@@ -22,6 +22,9 @@ class Capability(StrEnum):
     APPROVALS = "approvals"
     """It implements ``agent_sessions.approvals.ApprovalStore`` (a journal compare-and-swap): tool calls a
     person approves from any process."""
+    EVENTS = "events"
+    """It implements ``agent_sessions.EventStore``: a session's event log, fenced appends, the cap, and
+    runs with ``Spec(publish_events=True)`` followed from another thread."""
     LIFECYCLE = "lifecycle"
     """It implements ``agent_sessions.LifecycleStore``: list, info, metadata, delete, prune, tail."""
 

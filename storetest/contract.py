@@ -23,6 +23,7 @@ from . import strategies
 from .approvals import ApprovalContract
 from .capabilities import Capability
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
+from .events import EventContract
 from .fencing import FencingContract
 from .lifecycle import LifecycleContract
 from .runs import RunStoreContract
@@ -72,7 +73,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
     return out
 
 
-class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract):
+class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

@@ -196,6 +196,10 @@ SCRIPTS: dict[str, Callable[[Page], list[Script]]] = {
         openai(calls=[("call_1", "refund", '{"order": "1182", "amount": 80}')]),
         openai("Refunded 80 euros on order 1182."),
     ],
+    "docs/runs/events.md": lambda page: [
+        openai(calls=[("call_1", "lookup", '{"order": "1182"}')]),
+        openai("Order 1182 was delivered 3 days ago."),
+    ],
     "docs/lifecycle.md": lambda page: [
         openai("Yes: it was delivered 3 days ago, within the 30-day window."),
     ],
@@ -242,6 +246,16 @@ def check_tracing(page: Page) -> None:
     assert isinstance(page.ns["seen"][-1], agent.events.Failed)
     assert page.ns["result"].usage == {"prompt_tokens": 290, "completion_tokens": 30}
 
+def check_events(page: Page) -> None:
+    # The follower saw the run's events as the page prints them, each once, and they are the stored log.
+    seen = page.ns["seen"]
+    assert [e.kind for e in seen] == ["step_started", "model_response", "tool_called", "tool_finished",
+                                      "step_started", "model_response", "finished"]
+    assert seen == page.ns["session"].events()
+    # The EventStore the page shows is the library's.
+    assert methods(page.ns["EventStore"]) == methods(agent.EventStore)
+
+
 def check_api(page: Page) -> None:
     # The streamed run's answer is its deltas joined, as the page says.
     assert page.ns["result"].text == "The replica's clock." and page.ns["result"].usage["completion_tokens"] == 4
@@ -252,6 +266,7 @@ CHECKS: dict[str, Callable[[Page], None]] = {
     "README.md": check_readme,
     "docs/sessions.md": check_sessions,
     "docs/runs/fork.md": check_fork,
+    "docs/runs/events.md": check_events,
     "docs/tracing.md": check_tracing,
 }
 

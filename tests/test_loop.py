@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -10,9 +11,10 @@ from collections.abc import Sequence
 import pytest
 
 import agent_sessions as agent
+from agent_sessions import eventlog
 from agent_sessions import events as ev
 from stores import memory
-from tests.model_server import ModelServer, Reply, Request, openai
+from tests.model_server import ModelServer, Reply, Request, openai, sse
 
 
 @agent.tool
@@ -167,7 +169,79 @@ def test_without_a_session_no_session_or_store_code_runs(model: ModelServer) -> 
     finally:
         sys.setprofile(None)
     assert not [f for f in ran if f.endswith("agent_sessions/session.py") or "/stores/" in f]
+    assert not [f for f in ran if f.endswith("agent_sessions/eventlog.py")]
     assert any(f.endswith("patterns/react.py") for f in ran)  # the profile did see the loop
+
+
+def test_without_publish_events_no_event_log_code_runs(model: ModelServer) -> None:
+    """A session, events listened to, but publish_events off: not one frame of eventlog.py executes."""
+    model.push(openai(calls=[("c1", "lookup", "{}")]), openai("x"))
+    spec = agent.Spec(tools=[lookup], session=agent.open("s", memory.Store()))
+    ran: set[str] = set()
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            ran.add(frame.f_code.co_filename)  # type: ignore[attr-defined]
+
+    runner, msgs, ep, seen = agent.Runner(), [agent.Message.user("go")], endpoint(model), []
+    sys.setprofile(profile)
+    try:
+        runner.run(spec, msgs, ep, seen.append)
+    finally:
+        sys.setprofile(None)
+    assert not [f for f in ran if f.endswith("agent_sessions/eventlog.py")]
+    assert any(f.endswith("stores/memory/__init__.py") for f in ran)  # the profile did see the store
+
+
+class CountingEventStore(memory.Store):
+    """Counts the event log's writes: appends on their own, and saves the events rode in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends: list[int] = []
+        self.rides: list[int] = []
+
+    def append_events(self, session: str, holder: agent.Holder, events: Sequence[str], *, keep: int) -> int:
+        self.appends.append(len(events))
+        return super().append_events(session, holder, events, keep=keep)
+
+    def save_fenced_events(self, session: str, holder: agent.Holder, msgs: Sequence[agent.Message], *,
+                           take_steers: bool, replace: bool = False, events: Sequence[str], keep: int) -> agent.Saved:
+        self.rides.append(len(events))
+        return super().save_fenced_events(session, holder, msgs, take_steers=take_steers, replace=replace,
+                                          events=events, keep=keep)
+
+
+def test_published_events_ride_in_the_saves_and_a_step_with_tools_costs_one_append(model: ModelServer) -> None:
+    model.push(openai(calls=[("c1", "lookup", "{}"), ("c2", "lookup", "{}")]), openai("done"))
+    store = CountingEventStore()
+    session = agent.open("s", store)
+    agent.Runner().run(agent.Spec(tools=[lookup], session=session, publish_events=True), [agent.Message.user("go")],
+                       endpoint(model))
+    # step 1's save: step_started; the reply with its calls: an append; step 2's save: the tools and
+    # step_started; the final save: the answer and finished.
+    assert store.appends == [1] and store.rides == [1, 5, 2]
+    assert [e.kind for e in session.events()] == [
+        "step_started", "model_response", "tool_called", "tool_finished", "tool_called", "tool_finished",
+        "step_started", "model_response", "finished"]
+
+
+def test_streamed_text_is_published_in_batches_never_a_write_per_token(model: ModelServer,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    words = ["abcd"] * 12
+    chunks = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in words]
+    model.push(sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"))
+    monkeypatch.setattr(eventlog, "TEXT_CHARS", 16)  # a batch of four pieces
+    store = CountingEventStore()
+    session = agent.open("s", store)
+    seen: list[ev.Event] = []
+    streaming = agent.endpoints.OpenAIChat(model.url + "/v1", "m", max_retries=0, stream=True)
+    result = agent.Runner().run(agent.Spec(session=session, publish_events=True), [agent.Message.user("go")],
+                                streaming, seen.append)
+    texts = [e for e in session.events() if e.kind == "text"]
+    assert [e.data["text"] for e in texts] == ["abcd" * 4] * 3 and "".join(words) == result.text
+    assert len(store.appends) == 3 and sum(isinstance(e, ev.TextDelta) for e in seen) == 12
+    assert all(e.data["step"] == 1 for e in texts)
 
 
 def test_resume_from_a_transcript_ending_in_a_tool_result(model: ModelServer) -> None:

@@ -41,6 +41,7 @@ def run(
     emit = sink(events)
     try:
         with keeping(spec) as keep:
+            emit = keep.publishing(emit)
             keep.resume(transcript)
             result = _loop(spec, transcript, endpoint, emit, box, cancelled, keep)
     except BaseException as exc:  # reported, then re-raised: a listener closes what it opened (a span)
@@ -102,9 +103,6 @@ def _loop(
         waiting = _run_tools(spec, step, transcript, emit, cancelled, keep)
     if waiting:
         stop = "awaiting_approval"
-    keep.finish(transcript)
-    if keep.saves:
-        emit.saved(steps, len(transcript))
     result = Result(
         messages=transcript,
         text=reply.text if stop == "answered" and reply is not None else "",
@@ -114,6 +112,9 @@ def _loop(
         usage=usage,
         pending_approvals=keep.pending(waiting),
     )
+    keep.finish(transcript, result)
+    if keep.saves:
+        emit.saved(steps, len(transcript))
     return result
 
 

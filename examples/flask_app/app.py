@@ -8,22 +8,34 @@ A refund over 50 needs a person's approval: the turn stops (``awaiting_approval`
 ``{"decision": "approve"}`` or ``{"decision": "deny", "reason": "..."}`` decides (exactly once: a second
 decision is a 409) and resumes the turn.
 
+With a store that keeps event logs (``agent.EventStore``), every turn publishes its events, and
+``GET /sessions/<id>/events`` streams them to a browser as server-sent events (``text/event-stream``:
+``id: <seq>``, ``event: <kind>``, ``data: <json>``), from whichever replica the browser reaches: the run
+may be on another. It starts after ``Last-Event-ID`` (what an ``EventSource`` sends when it reconnects)
+or ``?after=<seq>``, and ends after a ``finished`` or ``failed`` event or ``SSE_SECONDS``; ``retry:``
+tells the browser to come back at once for what follows. A store without event logs answers 501.
+
 Bad input is a JSON 400 saying what was wrong, another run getting to the session first a 409 (nothing was
 written: reload and retry), the store failing a 503; nothing here answers with a traceback.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 import agent_sessions as agent
 from stores import sqlite
 
 REFUNDS = os.environ.get("REFUNDS_LOG", "refunds.log")
+SSE_SECONDS = float(os.environ.get("SSE_SECONDS", "30"))
+"""How long one events stream lasts at most: a worker is not held forever by a browser that left."""
+SSE_RETRY_MS = 500
 
 
 @agent.tool(idempotent=False, needs_approval=lambda args: args.get("amount", 0) > 50)
@@ -86,8 +98,28 @@ def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None
         # Resume the turn now; it runs the approved call once, or waits on for the other decisions.
         return answer(session, agent.Runner().run(spec_for(session), session.messages(), endpoint))
 
+    @app.get("/sessions/<session_id>/events")
+    def events(session_id: str) -> Any:
+        seen = request.headers.get("Last-Event-ID") or request.args.get("after") or "0"
+        if not seen.isdigit():
+            raise agent.ArgumentError(f"Last-Event-ID and ?after= must be an event's seq, got {seen!r}")
+        # follow() checks the store and its arguments here, before the stream starts: errors are JSON.
+        following = agent.open(session_id, store).follow(after=int(seen), timeout=SSE_SECONDS)
+
+        def stream() -> Iterator[str]:
+            yield f"retry: {SSE_RETRY_MS}\n\n"
+            for event in following:
+                yield f"id: {event.seq}\nevent: {event.kind}\ndata: {json.dumps(event.to_dict())}\n\n"
+                if event.kind in agent.eventlog.ENDS:
+                    return  # the browser reconnects with this id and follows the session's next run
+
+        return Response(stream(), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
     def spec_for(session: agent.StoreSession) -> agent.Spec:
-        return agent.Spec(session=session, tools=[refund], max_steps=8)
+        # Publish the turn's events where the store keeps them, so any replica can stream them.
+        return agent.Spec(session=session, tools=[refund], max_steps=8,
+                          publish_events=isinstance(store, agent.EventStore))
 
     def answer(session: agent.StoreSession, result: agent.Result) -> Any:
         return jsonify(session=session.id, answer=result.text, stop_reason=result.stop_reason, steps=result.steps,
@@ -104,6 +136,10 @@ def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None
     @app.errorhandler(agent.UnknownApproval)
     def no_such_approval(exc: agent.UnknownApproval) -> Any:
         return jsonify(error=str(exc)), 404
+
+    @app.errorhandler(agent.Unsupported)
+    def unsupported(exc: agent.Unsupported) -> Any:
+        return jsonify(error=str(exc)), 501
 
     @app.errorhandler(agent.ArgumentError)
     def bad_input(exc: agent.ArgumentError) -> Any:

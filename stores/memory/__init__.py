@@ -18,9 +18,11 @@ from agent_sessions import (
     SessionBusy,
     SessionExists,
     TranscriptConflict,
+    eventlog,
     lifecycle,
     validate,
 )
+from agent_sessions.eventlog import StoredEvent
 from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
 
 PRUNE_BATCH = 500
@@ -39,16 +41,24 @@ class _Run:
     created: float | None = None
     updated: float = 0.0
     metadata: dict[str, Scalar] = field(default_factory=dict)
+    events: deque[tuple[int, str]] = field(default_factory=deque)
+    """The event log: (seq, the event's text), oldest first, at most the last append's ``keep``."""
+    last_seq: int = 0
+    """The last number given; 0 before the first append. Goes with the session on delete."""
 
 
 class Store:
     """Thread-safe; one lock guards everything, since every operation is a few dict and deque steps.
-    Expiry is decided by this process's clock (``time.time``): there is no other process to disagree."""
+    Expiry is decided by this process's clock (``time.time``): there is no other process to disagree.
+    Followers of a session's events wait on a condition of that lock (``wait_for_events``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._appended = threading.Condition(self._lock)
         self._transcripts: dict[str, tuple[Message, ...]] = {}
         self._runs: dict[str, _Run] = {}
+        self._next_log = 0
+        """Above every seq this store gave: a new log starts at least here, whatever the clock did."""
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
@@ -129,16 +139,7 @@ class Store:
         validate.session_id(session)
         items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
         with self._lock:
-            run = self._fenced(session, holder)
-            stored = self._transcripts.get(session, ())
-            if not replace and not validate.is_extension(stored, items):
-                raise TranscriptConflict(session, len(stored), len(items))
-            taken = self._take(session) if take_steers else []
-            if taken or items != stored or replace:
-                self._transcripts[session] = items + tuple(Message.user(t) for t in taken)
-                run.journal = None
-                self._touch(session)
-            return Saved(taken, self._cancelled(run))
+            return self._save_fenced(session, holder, items, take_steers, replace)
 
     def journal(self, session: str) -> str | None:
         validate.session_id(session)
@@ -179,6 +180,41 @@ class Store:
                 raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
             self._transcripts[target] = msgs if at is None else msgs[:at]
             self._touch(target)
+
+    # -- EventStore ------------------------------------------------------------------------------------
+
+    def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
+        validate.session_id(session)
+        records = eventlog.check_append(events, keep)
+        with self._lock:
+            return self._append(self._fenced(session, holder), records, keep)
+
+    def save_fenced_events(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        events: Sequence[str], keep: int,
+    ) -> Saved:
+        validate.session_id(session)
+        items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
+        records = eventlog.check_append(events, keep) if events else []
+        eventlog.check_keep(keep)
+        with self._lock:
+            saved = self._save_fenced(session, holder, items, take_steers, replace)
+            if records:
+                self._append(self._run(session), records, keep)
+            return saved
+
+    def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
+        validate.session_id(session)
+        after, limit = eventlog.check_read(after, limit)
+        with self._lock:
+            run = self._runs.get(session)
+            kept = [] if run is None else [e for e in run.events if e[0] > after][:limit]
+        return [eventlog.decode(seq, text) for seq, text in kept]
+
+    def wait_for_events(self, session: str, after: int, timeout: float) -> bool:
+        validate.session_id(session)
+        with self._appended:
+            return self._appended.wait_for(lambda: self._last_seq(session) > after, timeout)
 
     # -- LifecycleStore --------------------------------------------------------------------------------
 
@@ -263,6 +299,38 @@ class Store:
             return [] if run is None else list(run.steers)
 
     # -- under the lock --------------------------------------------------------------------------------
+
+    def _save_fenced(
+        self, session: str, holder: Holder, items: tuple[Message, ...], take_steers: bool, replace: bool
+    ) -> Saved:
+        run = self._fenced(session, holder)
+        stored = self._transcripts.get(session, ())
+        if not replace and not validate.is_extension(stored, items):
+            raise TranscriptConflict(session, len(stored), len(items))
+        taken = self._take(session) if take_steers else []
+        if taken or items != stored or replace:
+            self._transcripts[session] = items + tuple(Message.user(t) for t in taken)
+            run.journal = None
+            self._touch(session)
+        return Saved(taken, self._cancelled(run))
+
+    def _append(self, run: _Run, records: list[str], keep: int) -> int:
+        """Number ``records`` on from the log's last (a new log from the clock: ``first_seq``), drop the
+        oldest beyond ``keep``, wake the followers."""
+        seq = run.last_seq or max(eventlog.first_seq(time.time()), self._next_log) - 1
+        for text in records:
+            seq += 1
+            run.events.append((seq, text))
+        run.last_seq = seq
+        self._next_log = max(self._next_log, seq + 1)
+        while len(run.events) > keep:
+            run.events.popleft()
+        self._appended.notify_all()
+        return seq
+
+    def _last_seq(self, session: str) -> int:
+        run = self._runs.get(session)
+        return 0 if run is None else run.last_seq
 
     def _run(self, session: str) -> _Run:
         run = self._runs.get(session)
