@@ -251,6 +251,15 @@ class Leased:
         self.fresh = None
 
     def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
+        for _ in range(approvals.ATTEMPTS):  # each look again follows a change by someone else: bounded
+            outcome = self._approvals_once(spec, step, emit)
+            if outcome is not None:
+                return outcome
+        raise StoreError(f"session {self.session!r}: the journal changed under each of {approvals.ATTEMPTS} "
+                         f"looks at its approvals")
+
+    def _approvals_once(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool] | None:
+        """``approvals``, or ``None`` to look again (the journal changed under a write)."""
         journal = self.journal
         assert journal is not None
         needing = [c for c in journal.reply.tool_calls if c.id in journal.approvals or _asks(spec, c, journal)]
@@ -264,14 +273,14 @@ class Leased:
                 seconds = None if tool is None else spec.deadline_seconds(tool)
                 journal.approvals[call.id] = Approval(now, approvals.deadline_of(seconds, now))
             if not self._store_approvals():
-                return self.approvals(spec, step, emit)  # decided meanwhile: look again
+                return None  # decided meanwhile: look again
             if self.fresh:
                 return [], True
             for call in new:
                 emit.approval_requested(step, call)
         elif any(approvals.expired(journal.approvals[c.id], time.time()) for c in needing):
             self._expire()
-            return self.approvals(spec, step, emit)
+            return None
         waiting = [c for c in needing if self.journal.approvals[c.id].decision is None]  # type: ignore[union-attr]
         if waiting:
             if self.fresh is None and self.store.check(self.session, self.lease.holder):

@@ -37,7 +37,7 @@ def test_a_steer_left_over_http_joins_the_next_turn(model: ModelServer, store: s
     model.push(openai("bonjour"))
     reply = client.post("/sessions/s1/messages", json={"text": "say hello"})
     assert reply.status_code == 200 and reply.json == {"session": "s1", "answer": "bonjour",
-                                                        "stop_reason": "answered", "steps": 1}
+                                                        "stop_reason": "answered", "steps": 1, "approvals": []}
     sent = [m["content"] for m in model.requests[0].json["messages"]]
     assert sent == ["say hello", "answer in French"]
     model.push(openai("again"))
@@ -272,3 +272,30 @@ def test_a_browser_follows_a_run_across_three_server_processes(model: ModelServe
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def test_a_refund_waits_for_a_decision_taken_once_over_http(model: ModelServer, store: sqlite.Store,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import examples.flask_app.app as example
+
+    monkeypatch.setattr(example, "REFUNDS", str(tmp_path / "refunds.log"))
+    client = create_app(store, endpoint(model)).test_client()
+    model.push(openai(calls=[("r1", "refund", '{"order": "1182", "amount": 80}')]))
+    waiting = client.post("/sessions/a1/messages", json={"text": "refund order 1182"})
+    assert waiting.status_code == 200 and waiting.json["stop_reason"] == "awaiting_approval"
+    assert [a["call_id"] for a in waiting.json["approvals"]] == ["r1"]
+    listed = client.get("/sessions/a1/approvals").json["approvals"]
+    assert [(a["call_id"], a["tool"], a["arguments"]) for a in listed] == [
+        ("r1", "refund", '{"order": "1182", "amount": 80}')]
+    assert not (tmp_path / "refunds.log").exists()
+    busy = client.post("/sessions/a1/messages", json={"text": "and my balance?"})
+    assert busy.status_code == 409 and busy.json["conflict"] == "AwaitingApproval"
+    assert client.post("/sessions/a1/approvals/r1", json={"decision": "maybe"}).status_code == 400
+    assert client.post("/sessions/a1/approvals/nope", json={"decision": "approve"}).status_code == 404
+    model.push(openai("refunded"))
+    done = client.post("/sessions/a1/approvals/r1", json={"decision": "approve"})
+    assert done.status_code == 200 and done.json["stop_reason"] == "answered" and done.json["answer"] == "refunded"
+    assert (tmp_path / "refunds.log").read_text() == "1182 80\n"
+    again = client.post("/sessions/a1/approvals/r1", json={"decision": "deny", "reason": "late"})
+    assert again.status_code == 404  # its turn is closed: no call r1 waits any more
+    assert client.get("/sessions/a1/approvals").json["approvals"] == []

@@ -92,10 +92,13 @@ def decide(session_id: str, call_id: str, approve: bool, reason: str = "") -> di
     """A person's decision on a call the session's turn waits on (from a view, a management command),
     recorded exactly once, then the turn resumed here: it runs the call if approved, once."""
     session = agent.open(session_id, store)
-    if approve:
-        session.approve(call_id)
-    else:
-        session.deny(call_id, reason)
+    try:
+        session.approve(call_id) if approve else session.deny(call_id, reason)
+    except agent.AlreadyDecided as exc:
+        if exc.decision.by != "person" or exc.decision.approved != approve:
+            raise  # decided otherwise: by another person, its deadline, or a cancel
+        # This very decision, stored by an earlier delivery of this task that died before finishing the
+        # turn (acks_late hands it out again): go on and resume.
     spec = agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=2.0, lease_wait=30.0)
     result = agent.Runner().run(spec, session.messages(), endpoint)
     return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason}

@@ -95,8 +95,10 @@ def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None
             session.approve(call_id)
         else:
             session.deny(call_id, reason)
-        # Resume the turn now; it runs the approved call once, or waits on for the other decisions.
-        return answer(session, agent.Runner().run(spec_for(session), session.messages(), endpoint))
+        # Resume the turn now; it runs the approved call once, or waits on for the other decisions. It waits
+        # for the lease: two calls decided at once each resume, and the second must not answer 409 ("nothing
+        # written") after its decision was written; it finds the turn finished, or finishes it.
+        return answer(session, agent.Runner().run(spec_for(session, lease_wait=30.0), session.messages(), endpoint))
 
     @app.get("/sessions/<session_id>/events")
     def events(session_id: str) -> Any:
@@ -116,9 +118,9 @@ def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None
         return Response(stream(), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    def spec_for(session: agent.StoreSession) -> agent.Spec:
+    def spec_for(session: agent.StoreSession, lease_wait: float = 0.0) -> agent.Spec:
         # Publish the turn's events where the store keeps them, so any replica can stream them.
-        return agent.Spec(session=session, tools=[refund], max_steps=8,
+        return agent.Spec(session=session, tools=[refund], max_steps=8, lease_wait=lease_wait,
                           publish_events=isinstance(store, agent.EventStore))
 
     def answer(session: agent.StoreSession, result: agent.Result) -> Any:
