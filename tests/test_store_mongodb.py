@@ -39,7 +39,7 @@ def drop(db: Database[Any]) -> None:
 
 
 class TestMongoDBStoreKeepsTheContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.EVENTS}  # EVENTS: being built
+    capabilities = storetest.Capability.all()
     examples = 15
     steers_per_adder = 10
     long_transcript = 2000
