@@ -24,6 +24,13 @@ The version is ``"<generation>:<length>:<in pages>:<pages>"`` (``Layout``). A re
 generation; within one, messages only ever follow those committed, and page ``k`` is written once, so a
 version names one transcript. Pages of a generation a rewrite replaced are deleted after it commits;
 a page a writer left behind when it died before committing is harmless (no version reaches it).
+
+The event log (``EventStore``) is numbered by the same document: ``events_last``, the last number given,
+is claimed by the fenced update (the save's own, or one of its own), then the events are inserted into
+``agent_events``. The claim is the atomic step: a superseded run claims nothing, so it inserts nothing; a
+writer that dies between the two leaves a gap in the numbers, which readers skip as they skip the ones the
+cap and deletes leave. Reads take the range ``events_from``..``events_last`` from the document, so events
+outlive their session's document only unread.
 """
 
 from __future__ import annotations
@@ -138,7 +145,8 @@ def upgrade(database: Database[Any]) -> None:
     """Bring a database written by agent-sessions 0.1 up to date, for the caller's migration: leases
     (``agent_runs``) and tool journals (``agent_journals``) move onto their session's document, where one
     update both checks a run's lease and writes. Safe to run again. Run it with no run in flight: a lease
-    moves with epoch 1, which no run of the old version carries."""
+    moves with epoch 1, which no run of the old version carries. 0.3's event log needs only its index
+    (``agent_events``' ``session_seq``): a session's first claim starts its log."""
     sessions = database[SESSIONS]
     for doc in database["agent_journals"].find():
         sessions.update_one({"_id": doc["_id"]}, {"$set": {"journal": doc["body"]}}, upsert=True)
@@ -152,7 +160,7 @@ def upgrade(database: Database[Any]) -> None:
     database.drop_collection("agent_journals")
     database.drop_collection("agent_runs")
     _backfill_lifecycle(sessions)
-    for collection, keys, options in INDEXES:  # 0.3's event log: its collection and index (nothing to move)
+    for collection, keys, options in INDEXES:  # the event log's unique index, which no two seqs may break
         if collection == EVENTS:
             database[collection].create_index(keys, **options)
 
