@@ -15,6 +15,8 @@ from pymongo.database import Database
 
 import agent_sessions as agent
 import storetest
+import storetest.crossprocess
+from agent_sessions.eventlog import encode
 from stores import mongodb
 from tests import servers
 
@@ -39,7 +41,7 @@ def drop(db: Database[Any]) -> None:
 
 
 class TestMongoDBStoreKeepsTheContract(storetest.StoreContract):
-    capabilities = storetest.Capability.all() - {storetest.Capability.EVENTS}  # EVENTS: being built
+    capabilities = storetest.Capability.all()
     examples = 15
     steers_per_adder = 10
     long_transcript = 2000
@@ -356,3 +358,137 @@ def test_the_indexes_listing_and_pruning_use_exist(database: Database[Any]) -> N
     keys = {tuple(ix["key"].items()) for ix in database[mongodb.SESSIONS].list_indexes()}
     assert (("updated", -1), ("_id", -1)) in keys
     assert (("tags", 1), ("updated", -1), ("_id", -1)) in keys
+
+
+# -- the event log on MongoDB ----------------------------------------------------------------------------
+
+
+def note(tag: str, n: int = 1) -> list[str]:
+    return [encode("note", {"tag": tag, "n": i}) for i in range(n)]
+
+
+def stored_events(db: Database[Any], session: str) -> list[int]:
+    return [e["seq"] for e in db[mongodb.EVENTS].find({"session": session}).sort("seq", 1)]
+
+
+def test_a_fenced_out_holders_claim_writes_nothing(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    old = store.acquire("s", agent.Holder("h", 1, "a" * 32, 0.0), 0.2)
+    store.save_fenced("s", old, [agent.Message.user("q")], take_steers=False)
+    last = store.append_events("s", old, note("old"), keep=100)
+    storetest.crossprocess.wait_for(lambda: store.holder("s") is None, "the lease to expire")
+    store.acquire("s", agent.Holder("h", 2, "b" * 32, 0.0), 30)
+    before = database[mongodb.SESSIONS].find_one({"_id": "s"})
+    with pytest.raises(agent.LeaseLost):
+        store.append_events("s", old, note("late", 3), keep=100)
+    with pytest.raises(agent.LeaseLost):  # the cached version makes it try the one-update append first
+        store.save_fenced_events("s", old, [agent.Message.user("q"), agent.Message.assistant("late")],
+                                 take_steers=False, events=note("late"), keep=100)
+    assert database[mongodb.SESSIONS].find_one({"_id": "s"}) == before  # the counter included: nothing claimed
+    assert stored_events(database, "s") == [last]
+
+
+def test_a_gap_left_by_a_writer_that_died_between_claim_and_insert_is_skipped(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "a" * 32, 0.0), 30)
+    first = store.append_events("s", held, note("before", 2), keep=100)
+    dying = mongodb.Store(database)
+    dying._events = DiesBeforeInserting(dying._events)  # type: ignore[assignment]
+    with pytest.raises(Died):
+        dying.append_events("s", held, note("lost", 3), keep=100)
+    assert database[mongodb.SESSIONS].find_one({"_id": "s"})["events_last"] == first + 3  # type: ignore[index]
+    follower = agent.open("s", mongodb.Store(database)).follow(after=first, timeout=30)
+    later = threading.Timer(0.2, lambda: store.append_events("s", held, note("after", 2), keep=100))
+    later.start()
+    try:
+        got = [next(follower), next(follower)]  # waits across the gap for the next events
+    finally:
+        later.join()
+    assert [e.seq for e in got] == [first + 4, first + 5] and [e.data["tag"] for e in got] == ["after", "after"]
+    every = store.events("s", 0, 100)
+    assert [e.seq for e in every] == [first - 1, first, first + 4, first + 5]
+
+
+class Died(BaseException):
+    """What the test makes a writer do between its claim and its insert."""
+
+
+class DiesBeforeInserting:
+    def __init__(self, collection: Any) -> None:
+        self.collection = collection
+
+    def insert_many(self, *args: Any, **kwargs: Any) -> Any:
+        raise Died
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.collection, name)
+
+
+def test_delete_and_prune_drop_the_events_and_a_late_insert_is_never_read(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "a" * 32, 0.0), 30)
+    old = store.append_events("s", held, note("old", 3), keep=100)
+    other = store.acquire("t", agent.Holder("h", 1, "b" * 32, 0.0), 30)
+    store.append_events("t", other, note("t"), keep=100)
+    assert store.delete("s", force=True) is True
+    assert stored_events(database, "s") == [] and len(stored_events(database, "t")) == 1
+    # a writer that claimed before the delete stores its events after it: no log reads them
+    database[mongodb.EVENTS].insert_one({"session": "s", "seq": old + 1, "text": note("late")[0]})
+    again = store.acquire("s", agent.Holder("h", 2, "c" * 32, 0.0), 30)
+    assert store.events("s", 0, 100) == []
+    new = store.append_events("s", again, note("new"), keep=100)
+    assert [e.data["tag"] for e in store.events("s", 0, 100)] == ["new"] and new > old + 1
+    store.release("s", again)
+    store.release("t", other)
+    time.sleep(0.05)
+    assert store.prune(idle_for=0.01) == 2
+    assert database[mongodb.EVENTS].count_documents({}) == 0  # the late one too: below the last number given
+
+
+def test_events_ride_in_the_steps_update_and_the_cap_deletes_only_when_reached(database: Database[Any]) -> None:
+    drop(database)
+    writes = Writes()
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(MONGO_URL, event_listeners=[writes])
+    try:
+        store = mongodb.Store(client[DATABASE])
+        held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+        msgs = [agent.Message.user("go")]
+        store.save_fenced("s", held, msgs, take_steers=True)  # the session has no log yet: the first one begins it
+        msgs.append(agent.Message.assistant("step 1"))
+        store.save_fenced_events("s", held, msgs, take_steers=True, events=note("1", 2), keep=4)
+        for i in range(2, 4):
+            msgs.append(agent.Message.assistant(f"step {i}"))
+            writes.commands.clear()
+            store.save_fenced_events("s", held, msgs, take_steers=True, events=note(str(i)), keep=4)
+            assert writes.commands == ["findAndModify", "insert"]  # the cap is not reached: no delete
+        assert store.messages("s") == msgs
+        assert [e.data["tag"] for e in store.events("s", 0, 100)] == ["1", "1", "2", "3"]
+        writes.commands.clear()
+        store.save_fenced_events("s", held, msgs, take_steers=True, events=note("4"), keep=4)  # nothing to save
+        assert writes.commands == ["findAndModify", "insert", "delete"]
+        assert [e.data["tag"] for e in store.events("s", 0, 100)] == ["1", "2", "3", "4"]
+    finally:
+        client.close()
+
+
+def test_an_insert_that_fails_part_way_takes_back_what_it_stored(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "a" * 32, 0.0), 30)
+    last = store.append_events("s", held, note("a"), keep=100)
+    database[mongodb.EVENTS].insert_one({"session": "s", "seq": last + 3, "text": "in the way"})
+    with pytest.raises(agent.StoreError, match="append_events of session 's' failed"):
+        store.append_events("s", held, note("b", 4), keep=100)  # the third collides: two were stored
+    assert stored_events(database, "s") == [last]
+    again = store.append_events("s", held, note("b", 4), keep=100)
+    assert [e.seq for e in store.events("s", 0, 100)] == [last, *range(again - 3, again + 1)]
+    assert again == last + 8
+
+
+def test_the_event_index_exists_and_is_unique(database: Database[Any]) -> None:
+    drop(database)
+    index = {ix["name"]: ix for ix in database[mongodb.EVENTS].list_indexes()}["session_seq"]
+    assert list(index["key"].items()) == [("session", 1), ("seq", 1)] and index["unique"] is True

@@ -252,7 +252,7 @@ def test_a_mongodb_database_of_schema_1_upgrades_with_mongodb_upgrade() -> None:
     db.agent_runs.insert_one({"_id": "held", **{k: v for k, v in run.items() if k != "session_id"}})
     mongodb.upgrade(db)
     mongodb.upgrade(db)  # safe to run again
-    assert set(db.list_collection_names()) <= {"agent_sessions", "agent_pages"}
+    assert set(db.list_collection_names()) <= {"agent_sessions", "agent_pages", "agent_events"}
     try:
         _check(mongodb.Store(db))
     finally:
@@ -312,5 +312,41 @@ def test_a_mongodb_database_of_the_previous_shape_gains_created_updated_and_is_l
         assert [s.id for s in store.list_sessions(where={"user": "u-17"})] == ["talk"]
         assert store.list_sessions().sessions[0].id == "talk"  # the newest update
         assert store.delete("long") is True and db.agent_pages.count_documents({}) == 0
+    finally:
+        client.close()
+
+
+def test_a_mongodb_database_from_before_the_event_log_gains_its_index_and_a_held_run_publishes() -> None:
+    """0.3's documents (lifecycle fields, no event log, no agent_events): ``mongodb.upgrade`` creates the
+    events' unique index; a run leased before the upgrade (its document has no counter) appends events, the
+    first claim starting its log on the server's clock, and the one-update step then carries the claims."""
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.MONGO_URL, serverSelectionTimeoutMS=10_000)
+    db = client[servers.database_name("upgrade3")]
+    for collection in ("agent_sessions", "agent_pages", "agent_events", "agent_runs", "agent_journals"):
+        db.drop_collection(collection)
+    now = db.client.admin.command("hello")["localTime"]
+    db.agent_sessions.insert_one(
+        {"_id": "held", "version": f"{uuid.uuid4().hex}:{len(TALK)}:0:0", "tail": [m.to_json() for m in TALK],
+         "epoch": 3, "token": "f" * 32, "host": "web-3", "pid": 4121, "expires": time.time() + 3600,
+         "cancelled": False, "created": now, "updated": now})
+    try:
+        mongodb.upgrade(db)
+        mongodb.upgrade(db)  # safe to run again
+        index = {ix["name"]: ix for ix in db.agent_events.list_indexes()}["session_seq"]
+        assert list(index["key"].items()) == [("session", 1), ("seq", 1)] and index["unique"] is True
+        store = mongodb.Store(db)
+        held = store.holder("held")
+        assert held is not None and held.epoch == 3
+        msgs = store.messages("held")
+        first = store.save_fenced_events("held", held, [*msgs, agent.Message.user("more")], take_steers=False,
+                                         events=[agent.eventlog.encode("step_started", {"step": 1})], keep=100)
+        assert first.steers == []
+        last = store.append_events("held", held, [agent.eventlog.encode("finished", {})], keep=100)
+        events = store.events("held", 0, 100)
+        assert [e.kind for e in events] == ["step_started", "finished"] and events[-1].seq == last
+        assert events[0].seq == last - 1 and abs(last / 1e6 - time.time()) < 3600  # first_seq, not 1
+        assert store.messages("held") == [*TALK, agent.Message.user("more")]
+        with pytest.raises(agent.LeaseLost):  # the fence holds for the claim of an upgraded document too
+            store.append_events("held", agent.Holder("web-3", 4121, "f" * 32, 0.0, epoch=2), ["{}"], keep=100)
     finally:
         client.close()

@@ -24,6 +24,13 @@ The version is ``"<generation>:<length>:<in pages>:<pages>"`` (``Layout``). A re
 generation; within one, messages only ever follow those committed, and page ``k`` is written once, so a
 version names one transcript. Pages of a generation a rewrite replaced are deleted after it commits;
 a page a writer left behind when it died before committing is harmless (no version reaches it).
+
+The event log (``EventStore``) is numbered by the same document: ``events_last``, the last number given,
+is claimed by the fenced update (the save's own, or one of its own), then the events are inserted into
+``agent_events``. The claim is the atomic step: a superseded run claims nothing, so it inserts nothing; a
+writer that dies between the two leaves a gap in the numbers, which readers skip as they skip the ones the
+cap and deletes leave. Reads take the range ``events_from``..``events_last`` from the document, so events
+outlive their session's document only unread.
 """
 
 from __future__ import annotations
@@ -58,8 +65,10 @@ from agent_sessions import (
     Saved,
     SessionBusy,
     SessionExists,
+    StoredEvent,
     StoreError,
     TranscriptConflict,
+    eventlog,
     lifecycle,
     validate,
 )
@@ -69,15 +78,19 @@ from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
 
 SESSIONS = "agent_sessions"
 PAGES = "agent_pages"
-COLLECTIONS = (SESSIONS, PAGES)
+EVENTS = "agent_events"
+COLLECTIONS = (SESSIONS, PAGES, EVENTS)
 
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     (SESSIONS, [("updated", -1), ("_id", -1)], {"name": "updated_id"}),
     (SESSIONS, [("tags", 1), ("updated", -1), ("_id", -1)], {"name": "tags_updated_id"}),
+    (EVENTS, [("session", 1), ("seq", 1)], {"name": "session_seq", "unique": True}),
 ]
 """(collection, keys, options) for each index beyond ``_id`` the store's queries use: ``updated_id`` for
 ``list_sessions`` newest first (keyset pages on ``(updated, _id)``) and for ``prune`` (oldest first, a
-range on ``updated``); ``tags_updated_id``, multikey, for a listing filtered by metadata (``where``)."""
+range on ``updated``); ``tags_updated_id``, multikey, for a listing filtered by metadata (``where``);
+``session_seq`` for reading a session's events in order and deleting them by range, and, unique, so no two
+events of a session ever share a number."""
 
 PRUNE_BATCH = 500
 """Sessions ``prune`` picks per query; each is then deleted by its own single-document delete."""
@@ -108,6 +121,18 @@ _NOW = {"$divide": [{"$toLong": "$$NOW"}, 1000]}
 _LIVE = {"token": {"$ne": None}, "$expr": {"$gt": ["$expires", _NOW]}}
 _NOT_LIVE = {"$or": [{"token": None}, {"$expr": {"$lte": ["$expires", _NOW]}}]}
 _LEASE = {"host": 1, "pid": 1, "token": 1, "expires": 1, "cancelled": 1, "epoch": 1}
+_LOG_START = {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
+"""``eventlog.first_seq`` on the server's clock (microseconds; ``$$NOW`` counts milliseconds)."""
+_HAS_LOG = {"events_last": {"$exists": True}}
+_LOG = {"events_from": 1, "events_last": 1}
+
+
+def _claiming(n: int) -> dict[str, Any]:
+    """The fields of a pipeline ``$set`` that claim ``n`` numbers of the session's event log: ``events_last``
+    (the last number given) goes up by ``n``, and a log that has none starts at ``_LOG_START``, which
+    ``events_from`` records (both expressions see the document as it was before the stage)."""
+    return {"events_from": {"$ifNull": ["$events_from", _LOG_START]},
+            "events_last": {"$add": [{"$ifNull": ["$events_last", {"$subtract": [_LOG_START, 1]}]}, n]}}
 
 
 def create_indexes(database: Database[Any]) -> None:
@@ -120,7 +145,8 @@ def upgrade(database: Database[Any]) -> None:
     """Bring a database written by agent-sessions 0.1 up to date, for the caller's migration: leases
     (``agent_runs``) and tool journals (``agent_journals``) move onto their session's document, where one
     update both checks a run's lease and writes. Safe to run again. Run it with no run in flight: a lease
-    moves with epoch 1, which no run of the old version carries."""
+    moves with epoch 1, which no run of the old version carries. 0.3's event log needs only its index
+    (``agent_events``' ``session_seq``): a session's first claim starts its log."""
     sessions = database[SESSIONS]
     for doc in database["agent_journals"].find():
         sessions.update_one({"_id": doc["_id"]}, {"$set": {"journal": doc["body"]}}, upsert=True)
@@ -134,6 +160,9 @@ def upgrade(database: Database[Any]) -> None:
     database.drop_collection("agent_journals")
     database.drop_collection("agent_runs")
     _backfill_lifecycle(sessions)
+    for collection, keys, options in INDEXES:  # the event log's unique index, which no two seqs may break
+        if collection == EVENTS:
+            database[collection].create_index(keys, **options)
 
 
 def _backfill_lifecycle(sessions: Collection[Any]) -> None:
@@ -162,6 +191,7 @@ class Store:
         self.database = database
         self._sessions = database[SESSIONS]
         self._pages = database[PAGES]
+        self._events = database[EVENTS]
         self._known = Known(remember, remember_bytes)
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
@@ -222,39 +252,58 @@ class Store:
         cancelled, and (when taking steers) no steer waits. Otherwise the document is read, the fence and
         the stored transcript checked, and the steers pulled and the transcript holding them written in one
         update, guarded on the lease, the version and those steers still being there."""
+        return self._save_fenced(session, holder, msgs, take_steers, replace, 0)[0]
+
+    def _save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool, claim: int
+    ) -> tuple[Saved, _Log]:
+        """``save_fenced``, whose one update of the session's document also claims ``claim`` numbers of its
+        event log (``$inc`` of ``events_last``; the guard then needs the log to have begun, and the read path
+        begins it, a write that claims nothing). Returns what was saved and the log's numbers after it."""
         validate.session_id(session)
         known = self._known.get(session)
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())  # checks what is new
         validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
-        fence = {"token": holder.token, "epoch": holder.epoch}
+        fence: dict[str, Any] = {"token": holder.token, "epoch": holder.epoch, **(_HAS_LOG if claim else {})}
         with self._failing("save", session):
             if known is not None and not replace and len(items) > len(known[1]):
                 guard = {**fence, "cancelled": False, **(_NO_STEER if take_steers else {})}
-                if self._append(session, known, items, guard) is not None:
-                    return Saved([], False)
+                log_after = self._append(session, known, items, guard, claim=claim)
+                if log_after is not None:
+                    return Saved([], False), log_after
             for _ in range(_RETRIES):
                 doc = self._sessions.find_one({"_id": session})
                 if doc is None or doc.get("token") != holder.token or doc.get("epoch") != holder.epoch:
                     raise _lost(session, holder, doc)
+                if claim and "events_last" not in doc:
+                    self._sessions.update_one({"_id": session, "token": holder.token, "epoch": holder.epoch},
+                                              [{"$set": _claiming(0)}])
+                    continue  # the log begun (by this write or another): read again
                 stored = 0 if replace else self._stored_prefix(session, doc, items)
                 if stored is None:
                     continue  # a rewrite removed the pages between the two reads
                 waiting = list(doc.get("steers") or []) if take_steers else []
                 saved = items + tuple(Message.user(w["text"]) for w in waiting)
                 done = Saved([w["text"] for w in waiting], bool(doc.get("cancelled")))
-                if not replace and stored == len(saved):
-                    return done  # nothing to write
                 where: dict[str, Any] = {**fence}
+                if not replace and stored == len(saved):  # nothing to write but the claim, if any
+                    if not claim:
+                        return done, _NO_LOG
+                    where["version"] = doc["version"] if "version" in doc else {"$exists": False}
+                    log_after = self._claim({**where, "_id": session, **(_NO_STEER if take_steers else {})}, claim)
+                    if log_after is not None:
+                        return done, log_after
+                    continue  # the transcript, its steers or the lease changed since the read
                 pull = [w["id"] for w in waiting]
                 if waiting:
                     where.update(_taking(session, waiting)[0])
                 if "version" in doc and not replace:
-                    if self._append(session, (doc["version"], items[:stored]), saved, where, pull) is not None:
-                        return done
+                    log_after = self._append(session, (doc["version"], items[:stored]), saved, where, pull, claim)
                 else:
                     where["version"] = doc["version"] if "version" in doc else {"$exists": False}
-                    if self._rewrite(session, saved, {**where, "_id": session}, pull) is not None:
-                        return done
+                    log_after = self._rewrite(session, saved, {**where, "_id": session}, pull, claim)
+                if log_after is not None:
+                    return done, log_after
         raise StoreError(f"MongoDB store: save of session {session!r} kept racing with other takers")
 
     def _stored_prefix(self, session: str, doc: dict[str, Any], items: tuple[Message, ...]) -> int | None:
@@ -281,9 +330,11 @@ class Store:
         items: tuple[Message, ...],
         guard: dict[str, Any],
         pull: Sequence[str] = (),
-    ) -> str | None:
-        """Write ``items`` as the known transcript plus what follows it; the new version, or ``None``
-        when the stored transcript is no longer the known one (or ``items`` does not extend it). A page
+        claim: int = 0,
+    ) -> _Log | None:
+        """Write ``items`` as the known transcript plus what follows it; the event log's numbers after it
+        (``claim`` more taken, by ``$inc``: ``guard`` then requires ``events_last``), or ``None`` when the
+        stored transcript is no longer the known one (or ``items`` does not extend it). A page
         already taken by other messages (a writer that lost a race, was refused, or died after writing it)
         makes it a rewrite into a new generation, under the same guard. The same update drops the journal,
         takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step stays one write."""
@@ -296,7 +347,7 @@ class Store:
         if _overflows(tail):  # the tail fills pages: write them first, as no version reaches them yet
             pages, rest = _cut(tail)
             if not self._put_pages(layout.generation, layout.pages, pages, fresh=False):
-                return self._rewrite(session, items, {**guard, "_id": session, "version": version}, pull)
+                return self._rewrite(session, items, {**guard, "_id": session, "version": version}, pull, claim)
             layout = Layout(layout.generation, len(items), layout.base + len(tail) - len(rest),
                             layout.pages + len(pages))
             change: dict[str, Any] = {"$set": {"tail": rest}}
@@ -308,26 +359,40 @@ class Store:
         change.update({"$unset": {"journal": ""}, "$currentDate": _TOUCH})
         if pull:
             change["$pull"] = {"steers": {"id": {"$in": list(pull)}}}
-        if self._sessions.update_one({**guard, "_id": session, "version": version}, change).matched_count != 1:
+        where = {**guard, "_id": session, "version": version}
+        if claim:
+            change["$inc"] = {"events_last": claim}
+            after = self._sessions.find_one_and_update(where, change, projection=_LOG,
+                                                       return_document=ReturnDocument.AFTER)
+            if after is None:
+                return None
+            log_after = _Log.of(after)
+        elif self._sessions.update_one(where, change).matched_count != 1:
             return None
+        else:
+            log_after = _NO_LOG
         self._known.put(session, new_version, items)
-        return new_version
+        return log_after
 
     def _rewrite(
-        self, session: str, items: tuple[Message, ...], guard: dict[str, Any], pull: Sequence[str] = ()
-    ) -> str | None:
+        self, session: str, items: tuple[Message, ...], guard: dict[str, Any], pull: Sequence[str] = (),
+        claim: int = 0,
+    ) -> _Log | None:
         """Write ``items`` as a new generation and point the session at it, if ``guard`` still matches;
-        the new version, or ``None``. A pipeline update, since it may create the session (``created``
-        on the server's clock); it drops the journal and takes the steers whose ids are ``pull``."""
+        the event log's numbers after it (``claim`` more taken: ``guard`` then requires ``events_last``), or
+        ``None``. A pipeline update, since it may create the session (``created`` on the server's clock); it
+        drops the journal and takes the steers whose ids are ``pull``."""
         version, tail = self._new_generation(_bodies(items))
         fields: dict[str, Any] = {"version": {"$literal": version}, "tail": {"$literal": tail},
                                   "journal": "$$REMOVE", **_STAMP}
         if pull:  # mongoeco knows no $not: "not in" is $in compared with false
             fields["steers"] = {"$filter": {"input": {"$ifNull": ["$steers", []]},
                                             "cond": {"$eq": [{"$in": ["$$this.id", list(pull)]}, False]}}}
+        if claim:
+            fields["events_last"] = {"$add": ["$events_last", claim]}
         upsert = guard == {"_id": session}
         before = self._sessions.find_one_and_update(
-            {**guard, "_id": session}, [{"$set": fields}], projection={"version": 1}, upsert=upsert,
+            {**guard, "_id": session}, [{"$set": fields}], projection={"version": 1, **_LOG}, upsert=upsert,
             return_document=ReturnDocument.BEFORE,
         )
         if before is None and not upsert:
@@ -336,7 +401,7 @@ class Store:
         self._known.put(session, version, items)
         if before is not None and "version" in before:
             self._drop_pages(before["version"])
-        return version
+        return _Log.of(before, claim) if claim and before is not None else _NO_LOG
 
     def _new_generation(self, bodies: list[str]) -> tuple[str, list[str]]:
         """Write ``bodies`` as the pages of a new generation; its version and the tail left over."""
@@ -528,6 +593,90 @@ class Store:
             raise _lost(session, holder, doc)
         return bool(doc.get("cancelled"))
 
+    # -- EventStore: the claim is the atomic step --------------------------------------------------------
+
+    def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
+        """One fenced update of the session's document claims the numbers (``events_last``; the first log's
+        start on the server's clock), then one insert stores the events, then the cap deletes the oldest. A
+        superseded holder's claim matches nothing: ``LeaseLost``, and nothing is written."""
+        validate.session_id(session)
+        records = eventlog.check_append(events, keep)
+        with self._failing("append_events", session):
+            log_after = self._claim({"_id": session, "token": holder.token, "epoch": holder.epoch}, len(records),
+                                    begin=True)
+            if log_after is None:
+                raise _lost(session, holder, self._sessions.find_one({"_id": session}, _LEASE))
+            return self._insert_events(session, log_after, records, keep)
+
+    def save_fenced_events(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        events: Sequence[str], keep: int,
+    ) -> Saved:
+        """The numbers are claimed by the save's own update (its ``$inc`` beside the ``$push``, or in the
+        rewrite's pipeline), so a ``TranscriptConflict`` or ``LeaseLost`` claims none and writes nothing;
+        the events are inserted after it, as in ``append_events``."""
+        records = eventlog.check_append(events, keep) if events else []
+        eventlog.check_keep(keep)
+        saved, log_after = self._save_fenced(session, holder, msgs, take_steers, replace, len(records))
+        if records:
+            with self._failing("save_fenced_events", session):
+                self._insert_events(session, log_after, records, keep)
+        return saved
+
+    def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
+        """Two reads: the session's document says which numbers its log holds (``events_from`` to
+        ``events_last``), then the events in that range above ``after``, by the ``session_seq`` index. So
+        a deleted session's events are gone at the deletion of its document, before they are, and events a
+        writer stored after its session was deleted (it claimed before) are never read."""
+        validate.session_id(session)
+        after, limit = eventlog.check_read(after, limit)
+        with self._failing("events", session):
+            doc = self._sessions.find_one({"_id": session}, _LOG)
+            if doc is None or "events_last" not in doc:
+                return []
+            log_now = _Log.of(doc)
+            found = list(self._events.find(
+                {"session": session, "seq": {"$gt": max(after, log_now.first - 1), "$lte": log_now.last}},
+                {"_id": 0, "seq": 1, "text": 1},
+            ).sort("seq", 1).limit(limit))
+        try:
+            return [eventlog.decode(int(e["seq"]), e["text"]) for e in found]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"MongoDB store: session {session!r} holds a corrupt event: {exc}") from exc
+
+    def _claim(self, where: dict[str, Any], n: int, *, begin: bool = False) -> _Log | None:
+        """Claim ``n`` numbers by one update of the document ``where`` finds; the log's numbers after it,
+        or ``None`` when nothing matched. ``begin``: a pipeline that starts a log that has none (on the
+        server's clock); otherwise an ``$inc``, for a filter that requires the log to have begun."""
+        change: Any = [{"$set": _claiming(n)}] if begin else {"$inc": {"events_last": n}}
+        doc = self._sessions.find_one_and_update(where, change, projection=_LOG, return_document=ReturnDocument.AFTER)
+        return None if doc is None else _Log.of(doc)
+
+    def _insert_events(self, session: str, log_after: _Log, records: list[str], keep: int) -> int:
+        """Store ``records`` under the last ``len(records)`` numbers claimed, then apply the cap. A writer
+        that dies before the insert leaves those numbers unused: a gap, which readers skip. An insert that
+        fails part way takes back what it stored, so the caller may append the events again without any
+        being read twice; the cap's delete failing only leaves the log longer until the next append."""
+        first = log_after.last - len(records) + 1
+        try:
+            self._events.insert_many(
+                [{"session": session, "seq": first + i, "text": text} for i, text in enumerate(records)], ordered=True)
+        except PyMongoError:
+            try:
+                self._events.delete_many({"session": session, "seq": {"$gte": first, "$lte": log_after.last}})
+            except PyMongoError as exc:
+                log.warning("MongoDB store: events %d..%d of session %r were partly stored and could not be "
+                            "taken back: %s", first, log_after.last, session, exc)
+            raise
+        oldest_kept = log_after.last - keep + 1
+        if oldest_kept > log_after.first:
+            try:
+                self._events.delete_many({"session": session, "seq": {"$lt": oldest_kept}})
+            except PyMongoError as exc:
+                log.warning("MongoDB store: the cap of session %r's events was not applied this time: %s",
+                            session, exc)
+        return log_after.last
+
     # -- LifecycleStore --------------------------------------------------------------------------------
 
     def list_sessions(
@@ -589,7 +738,7 @@ class Store:
         with self._failing("delete", session):
             for _ in range(_RETRIES):
                 where = {"_id": session} if force else {"_id": session, **_NOT_LIVE}
-                doc = self._sessions.find_one_and_delete(where, projection={"version": 1})
+                doc = self._sessions.find_one_and_delete(where, projection={"version": 1, **_LOG})
                 if doc is not None:
                     self._gone(session, doc)
                     return True
@@ -622,7 +771,8 @@ class Store:
                           self._sessions.find(idle_ones, {"_id": 1}).sort([("updated", 1), ("_id", 1)]).limit(batch)]
                 gone = 0
                 for session in picked:
-                    doc = self._sessions.find_one_and_delete({"_id": session, **idle_ones}, projection={"version": 1})
+                    doc = self._sessions.find_one_and_delete({"_id": session, **idle_ones},
+                                                             projection={"version": 1, **_LOG})
                     if doc is not None:
                         self._gone(session, doc)
                         gone += 1
@@ -677,10 +827,13 @@ class Store:
         return bodies[-last:]
 
     def _gone(self, session: str, doc: dict[str, Any]) -> None:
-        """After the session's document was deleted: its pages, which nothing names any more."""
+        """After the session's document was deleted: its pages, which nothing names any more, and its
+        events, up to the last number its log gave (a log begun since numbers above it: never those)."""
         self._known.forget(session)
         if "version" in doc:
             self._drop_pages(doc["version"])
+        if "events_last" in doc:
+            self._events.delete_many({"session": session, "seq": {"$lte": int(doc["events_last"])}})
 
     def _server_now(self) -> datetime:
         """The server's clock (``hello`` reports it), the one ``updated`` and lease expiry are on."""
@@ -702,6 +855,23 @@ def _taking(session: str, waiting: list[dict[str, str]]) -> tuple[dict[str, Any]
     """The filter and the update that take exactly ``waiting``: matched only while all of them are there."""
     ids = [w["id"] for w in waiting]
     return {"_id": session, "steers.id": {"$all": ids}}, {"$pull": {"steers": {"id": {"$in": ids}}}}
+
+
+@dataclass(frozen=True, slots=True)
+class _Log:
+    """The numbers a session's event log has given: from ``first`` (its start) to ``last``."""
+
+    first: int
+    last: int
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any], more: int = 0) -> _Log:
+        """The log a session document records, with ``more`` numbers claimed since it was read."""
+        return cls(int(doc["events_from"]), int(doc["events_last"]) + more)
+
+
+_NO_LOG = _Log(0, 0)
+"""What a write that claimed no number returns."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -799,4 +969,4 @@ def _lost(session: str, holder: Holder, doc: dict[str, Any] | None) -> LeaseLost
     return LeaseLost.superseded(session, holder.epoch, doc.get("token"), int(doc.get("epoch", 0)))
 
 
-__all__ = ["COLLECTIONS", "INDEXES", "PAGE", "PAGES", "SESSIONS", "Store", "create_indexes", "upgrade"]
+__all__ = ["COLLECTIONS", "EVENTS", "INDEXES", "PAGE", "PAGES", "SESSIONS", "Store", "create_indexes", "upgrade"]
