@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ TEXT_SECONDS = 0.1
 """Model text is published in batches: a ``text`` event once this much has arrived, or this long after its
 first piece (checked as pieces arrive), whichever comes first; the rest with the reply."""
 FLUSH_SECONDS = 0.1
+WATCHER_JOIN = 5.0
 """Buffered events older than this are appended with the next event (a slow tool's call with its end)."""
 WAKE_SECONDS = 5.0
 """The longest ``follow`` waits in a store's ``wait_for_events`` before it reads again anyway."""
@@ -216,21 +218,25 @@ class Publisher(Sink):
     callback, or ``SILENT``) and into a buffer the log gets.
 
     The buffer goes to the store: with the save before each model request and the final save (riding in
-    them, ``Leased`` drains it), and on its own (``append``) when the run is about to wait on something
-    the follower should see first: the model request, if events came after the save (steers it took);
-    a reply with tool calls; a batch of model text (``TEXT_CHARS`` / ``TEXT_SECONDS``); and any event
-    arriving when the oldest buffered one is ``FLUSH_SECONDS`` old (slow tools)."""
+    them, ``Leased`` drains it under ``lock``), and on its own (``append``) when the run is about to wait on
+    something the follower should see first: the model request, if events came after the save (steers it
+    took); a batch of model text (``TEXT_CHARS`` / ``TEXT_SECONDS``); and, from a watcher thread (``start``),
+    whatever has waited ``FLUSH_SECONDS``: a tool that takes its time is seen being called while it runs,
+    and the usual quick tool's events ride in the next save, at no write of their own."""
 
     __slots__ = (
         "append",
         "buffer",
         "inner",
+        "lock",
         "oldest",
+        "stopping",
         "text",
         "text_at",
         "text_chars",
         "text_started",
         "text_step",
+        "watcher",
     )
 
     def __init__(self, inner: Sink, append: Callable[[list[str]], object]) -> None:
@@ -243,32 +249,67 @@ class Publisher(Sink):
         self.text_step = 0
         self.text_at = 0.0
         self.text_started = 0.0
+        self.lock = threading.RLock()
+        """Held over every change to the buffer and over each write that drains it, so events reach the
+        store in the order they happened, whichever thread writes them."""
+        self.stopping = threading.Event()
+        self.watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the watcher that writes events left waiting ``FLUSH_SECONDS`` (a slow tool's)."""
+        self.watcher = threading.Thread(target=self._watch, name="agent-events", daemon=True)
+        self.watcher.start()
+
+    def close(self) -> None:
+        """Stop the watcher; bounded, like every join of the library."""
+        self.stopping.set()
+        if self.watcher is not None:
+            self.watcher.join(WATCHER_JOIN)
+            if self.watcher.is_alive():
+                log.warning("the event watcher did not stop within %s s (a store write hangs?)", WATCHER_JOIN)
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(FLUSH_SECONDS):
+            with self.lock:
+                if (self.buffer or self.text) and time.monotonic() - self.oldest >= FLUSH_SECONDS:
+                    try:
+                        self.flush()
+                    except Exception as exc:  # noqa: BLE001 - the run's own next write says what is wrong
+                        log.warning("the run's events could not be written yet (%s: %s); they ride in its next "
+                                    "save", type(exc).__name__, exc)
 
     # What the store gets
 
     def drain(self) -> list[str]:
-        """Everything buffered, the text batch closed: what rides in a save (``restore`` if it fails)."""
-        self._close_text()
-        out, self.buffer = self.buffer, []
-        return out
+        """Everything buffered, the text batch closed: what rides in a save (``restore`` if it fails).
+        The caller holds ``lock`` until the save is done."""
+        with self.lock:
+            self._close_text()
+            out, self.buffer = self.buffer, []
+            return out
 
     def restore(self, records: list[str]) -> None:
         """Put back what a write that failed had drained, ahead of what came since."""
-        self.buffer[:0] = records
+        with self.lock:
+            self.buffer[:0] = records
 
     def flush(self) -> None:
-        records = self.drain()
-        if records:
-            try:
-                self.append(records)
-            except BaseException:
-                self.restore(records)
-                raise
+        with self.lock:
+            records = self.drain()
+            if records:
+                try:
+                    self.append(records)
+                except BaseException:
+                    self.restore(records)
+                    raise
 
     def add(self, kind: str, data: Mapping[str, Any]) -> str:
-        self._close_text()
-        record = encode(kind, data)
-        self._add(record)
+        return self.add_record(encode(kind, data))
+
+    def add_record(self, record: str) -> str:
+        with self.lock:
+            self._close_text()
+            self._add(record)
         return record
 
     def _add(self, record: str) -> None:
@@ -319,20 +360,23 @@ class Publisher(Sink):
 
     def model_response(self, step: int, message: Message, started: float) -> None:
         self.inner.model_response(step, message, started)
-        self.add("model_response", {"step": step, "message": message.to_dict(),
-                                    "seconds": round(time.perf_counter() - started, 6)})
-        if message.tool_calls:
-            self.flush()  # the calls about to run; an answer rides in the final save instead
+        seconds = round(time.perf_counter() - started, 6)
+        # The message as the save stores it (to_json, cached there): the same value as to_dict, unencoded twice.
+        self.add_record(f'{{"kind":"model_response","at":{time.time()!r},"data":{{"step":{step},'
+                        f'"message":{message.to_json()},"seconds":{seconds!r}}}}}')
 
     def text_delta(self, step: int, text: str) -> None:
         self.inner.text_delta(step, text)
         now = time.monotonic()
-        if not self.text:
-            self.text_step, self.text_at, self.text_started = step, time.time(), now
-        self.text.append(text)
-        self.text_chars += len(text)
-        if self.text_chars >= TEXT_CHARS or now - self.text_started >= TEXT_SECONDS:
-            self.flush()
+        with self.lock:
+            if not self.text:
+                self.text_step, self.text_at, self.text_started = step, time.time(), now
+                if not self.buffer:
+                    self.oldest = now
+            self.text.append(text)
+            self.text_chars += len(text)
+            if self.text_chars >= TEXT_CHARS or now - self.text_started >= TEXT_SECONDS:
+                self.flush()
 
     def tool_called(self, step: int, call: Content) -> float:
         self.inner.tool_called(step, call)

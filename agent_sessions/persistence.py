@@ -174,14 +174,17 @@ class Leased:
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        if self.publisher is not None and isinstance(exc, BaseException) and self.lease.lost is None:
-            self.publisher.failing(exc)  # while the lease is still the run's: its writes are fenced by it
+        if self.publisher is not None:
+            self.publisher.close()
+            if isinstance(exc, BaseException) and self.lease.lost is None:
+                self.publisher.failing(exc)  # while the lease is still the run's: its writes are fenced by it
         self.lease.__exit__(kind, exc, tb)
 
     def publishing(self, emit: Sink) -> Sink:
         if not self.publish:
             return emit
         self.publisher = Publisher(emit, self._append_events)
+        self.publisher.start()
         return self.publisher
 
     def _append_events(self, records: list[str]) -> None:
@@ -393,15 +396,16 @@ class Leased:
             if len(transcript) != self.written:
                 self._save(transcript, take_steers=False)
             return
-        finished = self.publisher.finishing(result)
-        try:
-            if len(transcript) != self.written:
-                self._save(transcript, take_steers=False)
-            else:
-                self.publisher.flush()
-        except BaseException:
-            self.publisher.buffer.remove(finished)  # the run fails instead: ``failed`` is its last event
-            raise
+        with self.publisher.lock:  # the watcher must not write ``finished`` before the save it rides in
+            finished = self.publisher.finishing(result)
+            try:
+                if len(transcript) != self.written:
+                    self._save(transcript, take_steers=False)
+                else:
+                    self.publisher.flush()
+            except BaseException:
+                self.publisher.buffer.remove(finished)  # the run fails instead: ``failed`` is its last event
+                raise
 
     def _save(self, msgs: Sequence[Message], take_steers: bool, replace: bool | None = None) -> Saved:
         """``replace``: by default, the spec's, for the run's first write only. The events buffered so far
@@ -413,13 +417,15 @@ class Leased:
                                            replace=replace)
         else:
             assert isinstance(self.store, EventStore)
-            records = self.publisher.drain()
-            try:
-                saved = self.store.save_fenced_events(self.session, self.lease.holder, msgs, take_steers=take_steers,
-                                                      replace=replace, events=records, keep=self.events_kept)
-            except BaseException:
-                self.publisher.restore(records)
-                raise
+            with self.publisher.lock:  # no event is written by the watcher between these and after them
+                records = self.publisher.drain()
+                try:
+                    saved = self.store.save_fenced_events(self.session, self.lease.holder, msgs,
+                                                          take_steers=take_steers, replace=replace, events=records,
+                                                          keep=self.events_kept)
+                except BaseException:
+                    self.publisher.restore(records)
+                    raise
         self.written = len(msgs) + len(saved.steers)
         return saved
 

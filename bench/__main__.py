@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import backends, encode, ours, peers, reading, steers
+from . import backends, encode, events, ours, peers, reading, steers
 from .floors import floor_for
 from .workload import SIZES
 
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rounds = args.peer_rounds if peer.slow else args.rounds
                 report["peers"][peer.label] = {n: peer.measure(tmp, floors[peer.backend], n, rounds) for n in SIZES}
         report["reading"] = _reading(args, names, tmp)
+        report["events"] = events.run([n for n in names if n != "mysql-noreset"], tmp, args.rounds)
     return report
 
 
@@ -123,6 +124,8 @@ def tables(report: dict[str, Any]) -> str:
     lines += ["", encode.line(report["encode"])]
     if report.get("reading"):
         lines += ["", reading.tables(report["reading"])]
+    if report.get("events"):
+        lines += ["", events.tables(report["events"])]
     if not report["peers_installed"]:
         lines += ["", "(peers not installed here: run scripts/bench, which builds their environment)"]
     return "\n".join(lines)
@@ -135,8 +138,9 @@ def main() -> None:
     parser.add_argument("--peer-rounds", type=int, default=60, help="rounds for the slow peers (LangGraph)")
     parser.add_argument("--steer-procs", type=int, default=4, help="adding processes (as many take)")
     parser.add_argument("--steers-per-proc", type=int, default=250)
-    parser.add_argument("--only", choices=["all", "reading"], default="all",
-                        help="reading: only the reading and managing rows (bench/reading.py)")
+    parser.add_argument("--only", choices=["all", "reading", "events"], default="all",
+                        help="reading: only the reading and managing rows (bench/reading.py); events: only the "
+                             "event log's rows (bench/events.py)")
     parser.add_argument("--lifecycle-stores", default="sqlite,postgres",
                         help="stores of the listing and prune rows (100,000 sessions each)")
     parser.add_argument("--reading-rounds", type=int, default=50)
@@ -151,6 +155,12 @@ def main() -> None:
             report = {"machine": machine(), "reading": _reading(args, names, tmp)}
         text = reading.tables(report["reading"])
         args.json = args.json or str(results / "reading.json")
+    elif args.only == "events":
+        with tempfile.TemporaryDirectory() as tmp:
+            names = [s for s in args.stores.split(",") if s and s != "mysql-noreset"]
+            report = {"machine": machine(), "events": events.run(names, tmp, args.rounds)}
+        text = events.tables(report["events"])
+        args.json = args.json or str(results / "events.json")
     else:
         report = run(args)
         text = tables(report)

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -212,15 +213,15 @@ class CountingEventStore(memory.Store):
                                           events=events, keep=keep)
 
 
-def test_published_events_ride_in_the_saves_and_a_step_with_tools_costs_one_append(model: ModelServer) -> None:
+def test_published_events_ride_in_the_saves_and_a_step_with_quick_tools_costs_no_write(model: ModelServer) -> None:
     model.push(openai(calls=[("c1", "lookup", "{}"), ("c2", "lookup", "{}")]), openai("done"))
     store = CountingEventStore()
     session = agent.open("s", store)
     agent.Runner().run(agent.Spec(tools=[lookup], session=session, publish_events=True), [agent.Message.user("go")],
                        endpoint(model))
-    # step 1's save: step_started; the reply with its calls: an append; step 2's save: the tools and
-    # step_started; the final save: the answer and finished.
-    assert store.appends == [1] and store.rides == [1, 5, 2]
+    # step 1's save: step_started; step 2's save: the reply with its calls, the tools and step_started (a
+    # quick tool's events wait for it: no write of their own); the final save: the answer and finished.
+    assert store.appends == [] and store.rides == [1, 6, 2]
     assert [e.kind for e in session.events()] == [
         "step_started", "model_response", "tool_called", "tool_finished", "tool_called", "tool_finished",
         "step_started", "model_response", "finished"]
@@ -511,3 +512,26 @@ def test_without_events_a_failing_run_raises_and_builds_no_event(model: ModelSer
     model.push(Reply({"error": {"message": "nope"}}, 401))
     with pytest.raises(agent.EndpointError, match="401: nope"):
         agent.Runner().run(agent.Spec(), [agent.Message.user("go")], endpoint(model))
+
+
+def test_a_slow_tools_call_is_published_while_it_runs(model: ModelServer) -> None:
+    """The watcher writes what has waited FLUSH_SECONDS: a follower sees the call before the tool returns."""
+    from agent_sessions import eventlog
+
+    seen_during: list[list[str]] = []
+    store = CountingEventStore()
+
+    @agent.tool
+    def slow_lookup() -> str:
+        """Takes its time."""
+        time.sleep(eventlog.FLUSH_SECONDS * 4)
+        seen_during.append([e.kind for e in store.events("s", 0, 100)])
+        return "found"
+
+    model.push(openai(calls=[("c1", "slow_lookup", "{}")]), openai("done"))
+    agent.Runner().run(agent.Spec(tools=[slow_lookup], session=agent.open("s", store), publish_events=True),
+                       [agent.Message.user("go")], endpoint(model))
+    assert seen_during and seen_during[0][-2:] == ["model_response", "tool_called"]
+    assert store.appends, "the watcher wrote the waiting events on their own"
+    kinds = [e.kind for e in store.events("s", 0, 100)]
+    assert kinds.count("tool_called") == 1 and kinds[-1] == "finished"
