@@ -19,8 +19,6 @@ from tests.sql_helpers import failing, statements_of
 
 
 class TestSQLiteStoreKeepsTheContract(storetest.StoreContract):
-    # the event log (EVENTS): being built
-    capabilities = storetest.Capability.all() - {storetest.Capability.EVENTS}
     @pytest.fixture(autouse=True)
     def _file(self, tmp_path: Path) -> Iterator[None]:
         self.path = tmp_path / "sessions.db"
