@@ -335,6 +335,10 @@ class SQLStore:
             raise _lost(session, holder, row)
         return bool(row[2])
 
+    def lease_lost(self, session: str, holder: Holder) -> LeaseLost:
+        """The ``LeaseLost`` of a fenced write that matched no row, saying whose lease is stored now."""
+        return _lost(session, holder, self._check_row(session))
+
     def _check_row(self, session: str) -> Sequence[Any] | None:
         return self._transaction(
             "check", session, lambda conn: self.run(conn, sql.CHECK, {"sid": session}).first(),
