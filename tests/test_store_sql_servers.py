@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import math
 import os
 import statistics
@@ -407,3 +408,11 @@ def test_postgres_followers_wake_on_a_write_from_another_process(engine: Engine)
     assert not thread.is_alive()
     assert store.wait_for_events(sid, 0, 1) is True  # a closed store listens again when asked
     store.close()
+    dropped = postgres.Store(engine)
+    assert dropped.wait_for_events(sid, 0, 1) is True
+    thread = dropped._listener._thread
+    del dropped  # never closed: collected all the same, and its thread stops
+    gc.collect()
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive()

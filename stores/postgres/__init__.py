@@ -89,7 +89,9 @@ def _log(count: int) -> str:
     """The rest of a statement whose CTE ``claim`` returned the session's id and its last event number:
     store ``count`` events (``:e0`` ...) under the numbers claimed, drop the log's events beyond ``:keep``
     (the new ones beyond it are not stored: a statement's DELETE sees none of its own INSERTs), notify the
-    followers when it commits, and return the last number; no row when the claim matched nothing."""
+    followers when it commits, and return the last number; no row when the claim matched nothing. An
+    append that waited on the row for a concurrent one does not see that one's events (its snapshot is
+    older), so the log may hold a few beyond ``keep`` until the next append drops them."""
     rows = ", ".join(f"({i + 1}, CAST(:e{i} AS TEXT))" for i in range(count))
     return (
         ", added AS (INSERT INTO agent_events (session_id, seq, body) "
@@ -151,6 +153,17 @@ def _append(count: int, unsteered: bool, fenced: bool) -> TextClause:
         f"SELECT claim.session_id, v.seq, v.body FROM claim, (VALUES {rows}) AS v(seq, body)"
     )
 
+def _listening_connection(engine: Engine) -> Any:
+    """A connection of the engine's own making (its URL, its connect arguments), detached from the pool:
+    the listener keeps it for as long as it listens, and closes it."""
+    pooled = engine.raw_connection()
+    conn = pooled.driver_connection
+    pooled.detach()  # the pool forgets it (and opens another in its place when needed): it is ours now
+    assert conn is not None
+    conn.rollback()  # autocommit may only be set outside a transaction
+    return conn
+
+
 def _event_params(records: Sequence[str], keep: int) -> dict[str, Any]:
     return {"keep": keep, **{f"e{i}": text for i, text in enumerate(records)}}
 
@@ -190,8 +203,10 @@ class Store(SQLStore):
     ) -> None:
         super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._listener = Listener(self._listening_connection)
-        weakref.finalize(self, self._listener.close, 0)  # a store dropped unclosed stops its thread too
+        # The listener's thread holds the engine, not the store, so a store dropped unclosed is collected,
+        # and then stops its thread too.
+        self._listener = Listener(functools.partial(_listening_connection, engine))
+        weakref.finalize(self, self._listener.close, 0)
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
@@ -261,16 +276,6 @@ class Store(SQLStore):
             read_only=True, reads=True,
         )
         return 0 if last is None else int(last)  # type: ignore[call-overload]
-
-    def _listening_connection(self) -> Any:
-        """A connection of the engine's own making (its URL, its connect arguments), detached from the
-        pool: the listener keeps it for as long as it listens, and closes it."""
-        pooled = self.engine.raw_connection()
-        conn = pooled.driver_connection
-        pooled.detach()  # the pool forgets it (and opens another in its place when needed): it is ours now
-        assert conn is not None
-        conn.rollback()  # autocommit may only be set outside a transaction
-        return conn
 
     def close(self) -> None:
         """Stop listening for events (the thread and its connection; a later wait starts them again).
