@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import gc
+import math
+import os
+import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
 
 import agent_sessions as agent
 import storetest
+from agent_sessions.eventlog import encode
 from stores import mysql, postgres, sqlite
 from stores._sql import SQLStore
+from stores._sql.tables import events, messages
 from tests import servers
 from tests.sql_helpers import failing, statements_of
 
@@ -55,8 +65,6 @@ def engine(backend: Backend) -> Iterator[Engine]:
 
 
 class ServerStoreContract(storetest.StoreContract):
-    # the event log (EVENTS): being built
-    capabilities = storetest.Capability.all() - {storetest.Capability.EVENTS}
     backend: Backend
 
     engine: Engine
@@ -211,7 +219,8 @@ def test_schema_can_be_run_twice_and_metadata_is_public(backend: Backend) -> Non
         assert [s.id for s in store.list_sessions(where={"k": "v"})] == ["twice"]
     module = postgres if backend is POSTGRES else mysql
     assert "metadata" in module.__all__
-    assert set(module.metadata.tables) == {"agent_sessions", "agent_messages", "agent_steers", "agent_session_tags"}
+    assert set(module.metadata.tables) == {"agent_sessions", "agent_messages", "agent_steers", "agent_session_tags",
+                                           "agent_events"}
     assert sqlite.metadata is module.metadata and "metadata" in sqlite.__all__
 
 
@@ -265,3 +274,145 @@ def test_a_leased_runs_append_leaves_updated_and_its_renewal_moves_it(backend: B
     renewed = store.info(sid)
     assert renewed is not None and renewed.updated > before.updated
     store.release(sid, held)
+
+
+# -- the event log ---------------------------------------------------------------------------------------
+
+
+def _notes(n: int, tag: str) -> list[str]:
+    return [encode("note", {"n": i, "tag": tag}) for i in range(n)]
+
+
+def _stored(engine: Engine, sid: str) -> tuple[int, int]:
+    """The session's rows in agent_messages and agent_events, as the database holds them."""
+    with engine.connect() as conn:
+        return tuple(  # type: ignore[return-value]
+            conn.execute(select(func.count()).select_from(t).where(t.c.session_id == sid)).scalar_one()
+            for t in (messages, events)
+        )
+
+
+def test_a_save_with_events_writes_both_or_neither(backend: Backend, engine: Engine) -> None:
+    store, other = backend.store(engine), backend.store(engine)
+    sid = f"ride-{uuid.uuid4().hex[:8]}"
+    holder = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+    q = [agent.Message.user("q")]
+    store.save_fenced(sid, holder, q, take_steers=False)
+    with statements_of(store) as seen:
+        store.save_fenced_events(sid, holder, [*q, agent.Message.assistant("a")], take_steers=False,
+                                 events=_notes(2, "ride"), keep=100)
+    if backend is POSTGRES:  # the usual step stays one statement: the events ride in the save's claim
+        assert len(seen) == 1 and seen[0][0].startswith("WITH claim AS (UPDATE agent_sessions")
+        assert "INSERT INTO agent_events" in seen[0][0] and "pg_notify" in seen[0][0]
+    assert _stored(engine, sid) == (2, 2)
+    # Another writer rewrote the transcript: the save conflicts, and its events are not written either.
+    other.save_fenced(sid, holder, [agent.Message.user("other")], take_steers=False, replace=True)
+    with pytest.raises(agent.TranscriptConflict):
+        store.save_fenced_events(sid, holder, [*q, agent.Message.assistant("a"), agent.Message.assistant("b")],
+                                 take_steers=False, events=_notes(1, "conflict"), keep=100)
+    assert _stored(engine, sid) == (1, 2)
+    # A superseded holder, with the stored transcript known (PostgreSQL tries its one statement first).
+    known = store.messages(sid)
+    stale = dataclasses.replace(holder, token=uuid.uuid4().hex)
+    with pytest.raises(agent.LeaseLost):
+        store.save_fenced_events(sid, stale, [*known, agent.Message.assistant("late")], take_steers=False,
+                                 events=_notes(1, "late"), keep=100)
+    with pytest.raises(agent.LeaseLost):
+        store.append_events(sid, stale, _notes(1, "late"), keep=100)
+    assert _stored(engine, sid) == (1, 2)
+    assert [e.data["tag"] for e in store.events(sid, 0, 100)] == ["ride", "ride"]
+
+
+def test_delete_and_prune_drop_the_events_rows(backend: Backend, engine: Engine) -> None:
+    store = backend.store(engine)
+    deleted, pruned = f"del-{uuid.uuid4().hex[:8]}", f"prune-{uuid.uuid4().hex[:8]}"
+    for sid in (deleted, pruned):
+        held = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+        store.save_fenced_events(sid, held, [agent.Message.user("q")], take_steers=False, events=_notes(3, sid),
+                                 keep=100)
+        store.append_events(sid, held, _notes(2, sid), keep=100)
+        store.release(sid, held)
+        assert _stored(engine, sid) == (1, 5)
+    assert store.delete(deleted) is True and _stored(engine, deleted) == (0, 0)
+    with engine.begin() as conn:  # the oldest idle session of the database, so prune's first pick
+        conn.execute(text("UPDATE agent_sessions SET updated = updated - 864000000 WHERE session_id = :sid"),
+                     {"sid": pruned.encode() if backend is MYSQL else pruned})
+    assert store.prune(idle_for=3600, limit=1) == 1
+    assert _stored(engine, pruned) == (0, 0) and store.info(pruned) is None
+
+
+WRITER = """
+import sys
+import agent_sessions as agent
+from agent_sessions.eventlog import encode
+from tests import servers
+
+store = servers.postgres_store(sys.argv[1])
+holder = agent.Holder("writer", 2, sys.argv[3], 0.0, epoch=int(sys.argv[4]))
+print("ready", flush=True)
+for line in sys.stdin:
+    store.append_events(sys.argv[2], holder, [encode("note", {"line": line.strip()})], keep=100)
+    print("written", flush=True)
+"""
+
+
+def test_postgres_followers_wake_on_a_write_from_another_process(engine: Engine) -> None:
+    """``wait_for_events`` returns when another process appends (LISTEN/NOTIFY), not at its timeout; with
+    nothing appended it returns False at the timeout; ``close`` stops the listening thread."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("LISTEN/NOTIFY: PostgreSQL only")
+    store = postgres.Store(engine)
+    sid = f"wake-{uuid.uuid4().hex[:8]}"
+    holder = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 120)
+    last = store.append_events(sid, holder, _notes(1, "first"), keep=100)
+    started = time.monotonic()
+    assert store.wait_for_events(sid, last, 0.3) is False
+    assert 0.25 < time.monotonic() - started < 5
+    assert store.wait_for_events(sid, last - 1, 5) is True  # one is there already: at once
+    root = Path(__file__).resolve().parent.parent
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, engine.url.render_as_string(hide_password=False), sid, holder.token,
+         str(holder.epoch)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        delays = []
+        def wait(after: int, woke: list[float]) -> None:
+            woke.append(time.monotonic() if store.wait_for_events(sid, after, 10) else math.inf)
+
+        for round_ in range(5):
+            woke: list[float] = []
+            waiter = threading.Thread(target=wait, args=(last, woke))
+            waiter.start()
+            time.sleep(0.2)  # waiting (not finding the event already there) when the other process writes
+            sent = time.monotonic()
+            writer.stdin.write(f"{round_}\n")
+            writer.stdin.flush()
+            assert writer.stdout.readline().strip() == "written"
+            waiter.join(15)
+            delays.append(woke[0] - sent)
+            got = store.events(sid, last, 100)
+            assert [e.data["line"] for e in got] == [str(round_)]
+            last = got[-1].seq
+        assert max(delays) < 0.5, f"woken after {delays} s"
+        assert statistics.median(delays) < 0.25, f"woken after {delays} s"
+    finally:
+        writer.stdin.close()
+        writer.wait(30)
+    thread = store._listener._thread
+    assert thread is not None and thread.is_alive()
+    store.close()
+    assert not thread.is_alive()
+    assert store.wait_for_events(sid, 0, 1) is True  # a closed store listens again when asked
+    store.close()
+    dropped = postgres.Store(engine)
+    assert dropped.wait_for_events(sid, 0, 1) is True
+    thread = dropped._listener._thread
+    del dropped  # never closed: collected all the same, and its thread stops
+    gc.collect()
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive()

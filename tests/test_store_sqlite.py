@@ -19,8 +19,6 @@ from tests.sql_helpers import failing, statements_of
 
 
 class TestSQLiteStoreKeepsTheContract(storetest.StoreContract):
-    # the event log (EVENTS): being built
-    capabilities = storetest.Capability.all() - {storetest.Capability.EVENTS}
     @pytest.fixture(autouse=True)
     def _file(self, tmp_path: Path) -> Iterator[None]:
         self.path = tmp_path / "sessions.db"
@@ -230,4 +228,50 @@ def test_a_prefix_is_case_sensitive_and_literal(tmp_path: Path) -> None:
     assert [s.id for s in store.list_sessions(prefix="A")] == ["Abc"]
     assert [s.id for s in store.list_sessions(prefix="ab%")] == ["ab%"]
     assert [s.id for s in store.list_sessions(prefix="a_")] == ["a_c"]
+    store.close()
+
+
+def _stored(store: sqlite.Store, sid: str) -> tuple[int, int]:
+    """The session's rows in agent_messages and agent_events, as the file holds them."""
+    with store.engine.connect() as conn:
+        return tuple(  # type: ignore[return-value]
+            conn.exec_driver_sql(f"SELECT count(*) FROM {table} WHERE session_id = ?", (sid,)).scalar()
+            for table in ("agent_messages", "agent_events")
+        )
+
+
+def test_a_save_with_events_is_one_transaction_writing_both_or_neither(tmp_path: Path) -> None:
+    store, other = sqlite.open(tmp_path / "ride.db"), sqlite.open(tmp_path / "ride.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    q = [agent.Message.user("q")]
+    store.save_fenced("s", holder, q, take_steers=False)
+    note = [agent.eventlog.encode("note", {"n": 1})]
+    with statements_of(store) as seen:
+        store.save_fenced_events("s", holder, [*q, agent.Message.assistant("a")], take_steers=False, events=note,
+                                 keep=100)
+    assert [s for s, _ in seen if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+    assert _stored(store, "s") == (2, 1)
+    other.save_fenced("s", holder, [agent.Message.user("other")], take_steers=False, replace=True)
+    with pytest.raises(agent.TranscriptConflict):
+        store.save_fenced_events("s", holder, [*q, agent.Message.assistant("a"), agent.Message.assistant("b")],
+                                 take_steers=False, events=note, keep=100)
+    assert _stored(store, "s") == (1, 1)
+    store.close()
+    other.close()
+
+
+def test_delete_and_prune_drop_the_events_rows(tmp_path: Path) -> None:
+    store = sqlite.open(tmp_path / "drop.db")
+    for sid in ("deleted", "pruned"):
+        held = store.acquire(sid, agent.Holder("h", 1, "t" * 32, 0.0), 30)
+        store.save_fenced_events(sid, held, [agent.Message.user("q")], take_steers=False,
+                                 events=[agent.eventlog.encode("note", {})] * 3, keep=100)
+        store.release(sid, held)
+        assert _stored(store, sid) == (1, 3)
+    assert store.delete("deleted") is True and _stored(store, "deleted") == (0, 0)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE agent_sessions SET updated = updated - 7200 WHERE session_id = 'pruned'")
+    assert store.prune(idle_for=3600) == 1 and _stored(store, "pruned") == (0, 0)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM agent_events").scalar() == 0
     store.close()

@@ -1,8 +1,9 @@
 """A database of an older schema, with data in it, upgrades with the exported statements, keeps every
 byte, and then works: a crashed run's journal is replayed, a held lease is still held, waiting steers are
-delivered, and the sessions already there are listed and described. Schema 1 is agent-sessions 0.1's
-(leases in agent_runs, journals in agent_journals), which upgrades through 2 to 3; schema 2 has both on
-the session's row, and 3 adds created, updated, metadata and the tags table.
+delivered, and the sessions already there are listed, described, and log their runs' events. Schema 1 is
+agent-sessions 0.1's (leases in agent_runs, journals in agent_journals), which upgrades through 2 to 3;
+schema 2 has both on the session's row, and 3 adds created, updated, metadata, the tags table and the
+event log.
 
 The data is written as the old version wrote it (its rows and documents, inserted directly); the old DDL
 is kept in tests/upgrade/ as that version exported it.
@@ -90,6 +91,21 @@ def _check_lifecycle(store: agent.LifecycleStore) -> None:
     assert store.messages("talk") == TALK
 
 
+def _check_events(store: agent.EventStore, engine: Engine) -> None:
+    """The event log came with the upgrade: its table is there, a session that was there before logs a
+    run's events, and deleting the session takes them."""
+    assert {"agent_events"} <= set(inspect(engine).get_table_names())
+    assert store.events("crashed", 0, 100) == []
+    session = agent.open("crashed", store)
+    agent.Runner().run(agent.Spec(session=session, publish_events=True),
+                       [*session.messages(), agent.Message.user("again")], ToolsThenAnswer([]))
+    logged = store.events("crashed", 0, 100)
+    assert [e.kind for e in logged] == ["step_started", "model_response", "finished"]
+    assert [e.seq for e in logged] == list(range(logged[0].seq, logged[0].seq + 3))
+    assert abs(logged[0].seq / 1e6 - time.time()) < 600  # the first number is the database's clock
+    assert session.delete() is True and store.events("crashed", 0, 100) == []
+
+
 def _check(store: agent.RunStore) -> None:
     assert store.messages("talk") == TALK
     assert store.messages("talk")[1].tool_calls[0].arguments == ODD_JSON  # byte for byte
@@ -140,7 +156,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str]
         made = create_engine(servers.database_url(base, database))
         with made.begin() as conn:
             for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
-                          "agent_session_tags"):
+                          "agent_session_tags", "agent_events"):
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
         engines.append(made)
         return made
@@ -170,6 +186,7 @@ def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
     assert _columns(old) == _columns(new)  # the upgraded schema is the one SCHEMA makes
     _check(module.Store(old))
     _check_lifecycle(module.Store(old))
+    _check_events(module.Store(old), old)
 
 
 def test_a_server_database_of_schema_2_upgrades_to_3_with_the_exported_statements(
@@ -191,6 +208,7 @@ def test_a_server_database_of_schema_2_upgrades_to_3_with_the_exported_statement
     assert _columns(old) == _columns(new)
     _check(module.Store(old))
     _check_lifecycle(module.Store(old))
+    _check_events(module.Store(old), old)
 
 
 def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> None:
@@ -206,6 +224,7 @@ def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> No
     assert _columns(store.engine) == _columns(fresh.engine)
     _check(store)
     _check_lifecycle(store)
+    _check_events(store, store.engine)
     store.close()
     reopened = sqlite.open(path)  # a second open finds nothing to upgrade
     assert reopened.messages("talk") == TALK
@@ -228,6 +247,7 @@ def test_a_sqlite_file_of_schema_2_is_upgraded_to_3_when_opened(tmp_path: Path) 
     assert _columns(store.engine) == _columns(fresh.engine)
     _check(store)
     _check_lifecycle(store)
+    _check_events(store, store.engine)
     store.close()
     fresh.close()
     reopened = sqlite.open(path)  # a second open finds nothing to upgrade

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     BindParameter,
     Double,
     Integer,
@@ -33,8 +34,8 @@ from sqlalchemy import (
 
 from agent_sessions import Holder, Message
 
-from .clock import db_now
-from .tables import LongText, SessionId, messages, sessions, steers, tags
+from .clock import db_micros, db_now
+from .tables import LongText, SessionId, events, messages, sessions, steers, tags
 
 S, M = sessions.c, messages.c
 SID: BindParameter[str] = bindparam("sid", type_=SessionId)
@@ -129,6 +130,12 @@ class Step:
     """A leased run's save: append only while the lease is still this one, and not cancelled."""
     drop_journal: bool
     """The session has a journal (this process wrote it): the append drops it too, in the same step."""
+    events: tuple[str, ...] = ()
+    """Events to append in the same step (``EventStore.save_fenced_events``); only a dialect whose append
+    can store them in its one statement takes a step with events (PostgreSQL), others leave it to the
+    transaction."""
+    keep: int = 0
+    """With ``events``: the log's cap."""
 
 
 @functools.lru_cache(maxsize=16 * MAX_APPEND)
@@ -216,4 +223,26 @@ IDLE_BATCH = select(S.session_id).where(IDLE).order_by(S.updated).limit(bindpara
 """The oldest idle sessions, read without locks: the candidates of one prune batch."""
 LOCK_IDLE = select(S.session_id).where(and_(S.session_id.in_(IDS), IDLE)).with_for_update()
 """The candidates still idle, their rows locked: a save or a lease that came meanwhile keeps its session."""
-PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS)) for t in (messages, steers, tags, sessions))
+PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS)) for t in (messages, steers, tags, events, sessions))
+
+
+# -- the event log (agent_sessions.EventStore) -------------------------------------------------------------
+
+E = events.c
+CLAIM_EVENTS = update(sessions).where(and_(S.session_id == SID, FENCE)).values(
+    event_seq=func.coalesce(S.event_seq, db_micros() - 1) + bindparam("n", type_=BigInteger())
+)
+"""Give out the session's next ``:n`` numbers (a new log's first is ``first_seq`` of the database's clock),
+fenced: no row matched means the lease is not the writer's. The row stays locked to the transaction's end,
+so the next claim of the session waits for these events to be stored."""
+LAST_EVENT = select(S.event_seq).where(S.session_id == SID)
+ADD_EVENTS = insert(events)
+DROP_EVENTS = delete(events).where(and_(E.session_id == SID, E.seq <= bindparam("cut", type_=BigInteger())))
+"""The events beyond the newest ``keep``: a log's numbers are consecutive, so those at or below ``last - keep``."""
+READ_EVENTS = (
+    select(E.seq, E.body)
+    .where(and_(E.session_id == SID, E.seq > bindparam("after", type_=BigInteger())))
+    .order_by(E.seq)
+    .limit(bindparam("limit", type_=Integer()))
+)
+DELETE_EVENTS = delete(events).where(E.session_id == SID)

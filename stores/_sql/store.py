@@ -42,9 +42,11 @@ from agent_sessions import (
     SessionExists,
     StoreError,
     TranscriptConflict,
+    eventlog,
     lifecycle,
     validate,
 )
+from agent_sessions.eventlog import StoredEvent
 from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
@@ -105,8 +107,24 @@ class SQLStore:
     ) -> Saved:
         return self._save(session, msgs, holder, take=take_steers, replace=replace)
 
-    def _save(self, session: str, msgs: Sequence[Message], holder: Holder | None, take: bool, replace: bool) -> Saved:
+    def save_fenced_events(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        events: Sequence[str], keep: int,
+    ) -> Saved:
+        """The save and the append in one step: the dialect's one-statement append where it can carry the
+        events (PostgreSQL), otherwise the save's transaction, which appends them after its write."""
         validate.session_id(session)
+        records = eventlog.check_append(events, keep) if events else []
+        eventlog.check_keep(keep)
+        return self._save(session, msgs, holder, take=take_steers, replace=replace, events=records, keep=keep)
+
+    def _save(
+        self, session: str, msgs: Sequence[Message], holder: Holder | None, take: bool, replace: bool,
+        events: list[str] | None = None, keep: int = 0,
+    ) -> Saved:
+        """``events`` (only with a ``holder``): appended in the same step, even when nothing is saved."""
+        validate.session_id(session)
+        events = events or []
         known = self._known.get(session)
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
         if known is not None and shared < len(known[1]):
@@ -116,13 +134,14 @@ class SQLStore:
         if known is not None and shared == len(known[1]) and not (holder is not None and replace):
             try:
                 if shared < len(items):
-                    step = sql.Step(session, known[0], items, shared, take, holder, session in self._journaled)
+                    step = sql.Step(session, known[0], items, shared, take, holder, session in self._journaled,
+                                    tuple(events), keep)
                     stored = self.append(step)
                     if stored is not None:
                         self._known.put(session, stored, items, after=known[1])
                         self._journaled.discard(session)
                         return Saved([], False)
-                elif holder is not None:
+                elif holder is not None and not events:
                     unchanged = self._unchanged(session, holder, known[0], len(items), take)
                     if unchanged is not None:
                         return unchanged
@@ -135,6 +154,9 @@ class SQLStore:
         def write(conn: Connection) -> None:
             outcome[:] = [self._write(conn, session, items, known if known is not None else None, shared,
                                       holder, take, replace)]
+            if events:
+                assert holder is not None
+                self._append_events(conn, session, holder, events, keep)
 
         try:
             self._transaction("save", session, write)
@@ -313,6 +335,10 @@ class SQLStore:
             raise _lost(session, holder, row)
         return bool(row[2])
 
+    def lease_lost(self, session: str, holder: Holder) -> LeaseLost:
+        """The ``LeaseLost`` of a fenced write that matched no row, saying whose lease is stored now."""
+        return _lost(session, holder, self._check_row(session))
+
     def _check_row(self, session: str) -> Sequence[Any] | None:
         return self._transaction(
             "check", session, lambda conn: self.run(conn, sql.CHECK, {"sid": session}).first(),
@@ -404,6 +430,44 @@ class SQLStore:
                     raise SessionExists(
                         f"cannot fork {source!r} into {target!r}: {target!r} was just created") from exc
 
+    # -- EventStore ------------------------------------------------------------------------------------
+
+    def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
+        validate.session_id(session)
+        records = eventlog.check_append(events, keep)
+        return self._transaction(
+            "append_events", session, lambda conn: self._append_events(conn, session, holder, records, keep)
+        )
+
+    def _append_events(self, conn: Connection, session: str, holder: Holder, records: list[str], keep: int) -> int:
+        """In the caller's transaction: claim the next numbers on the session row (fenced; the row stays
+        locked, so concurrent appenders queue), store the events under them, drop those beyond ``keep``,
+        and wake the followers (``notify``). Returns the last number given."""
+        n = len(records)
+        if self.run(conn, sql.CLAIM_EVENTS, {**sql.fence_params(session, holder), "n": n}).rowcount != 1:
+            raise _lost(session, holder, self.run(conn, sql.CHECK, {"sid": session}).first())
+        last: int = int(self.run(conn, sql.LAST_EVENT, {"sid": session}).scalar())  # type: ignore[call-overload]
+        first, cut = last - n + 1, last - keep
+        self.run(conn, sql.ADD_EVENTS, [
+            {"session_id": session, "seq": first + i, "body": text} for i, text in enumerate(records) if first + i > cut
+        ])
+        self.run(conn, sql.DROP_EVENTS, {"sid": session, "cut": cut})
+        self.notify(conn, session)
+        return last
+
+    def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
+        validate.session_id(session)
+        after, limit = eventlog.check_read(after, limit)
+        rows = self._transaction(
+            "events", session,
+            lambda conn: self.run(conn, sql.READ_EVENTS, {"sid": session, "after": after, "limit": limit}).all(),
+            read_only=True, reads=True,
+        )
+        try:
+            return [eventlog.decode(int(seq), str(body)) for seq, body in rows]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt event: {exc}") from exc
+
     # -- LifecycleStore ----------------------------------------------------------------------------------
 
     def list_sessions(
@@ -474,7 +538,7 @@ class SQLStore:
 
     def delete(self, session: str, *, force: bool = False) -> bool:
         """One transaction: the session row locked first (as every writer of the session does), then its
-        messages, steers, tags and the row itself deleted. A run holding a lease finds no row at its next
+        messages, steers, tags, events and the row itself deleted. A run holding a lease finds no row at its next
         write, which is LeaseLost, and a row-less session takes no fenced write."""
         validate.session_id(session)
 
@@ -490,6 +554,7 @@ class SQLStore:
             self.run(conn, sql.CLEAR, {"sid": session})
             steered = self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount
             self.run(conn, sql.CLEAR_TAGS, {"sid": session})
+            self.run(conn, sql.DELETE_EVENTS, {"sid": session})
             gone = self.run(conn, sql.DELETE_SESSION, {"sid": session}).rowcount
             return bool(gone or steered)
 
@@ -584,6 +649,10 @@ class SQLStore:
         limit short of memory. Checked before a save and before a steer is accepted."""
         return None
 
+    def notify(self, conn: Connection, session: str) -> None:
+        """Events of ``session`` are being written in ``conn``'s transaction: wake its followers when it
+        commits, where the database can (PostgreSQL's NOTIFY); elsewhere they poll."""
+
     share_lock: ClassVar[str] = ""
     """Appended to the append's read of the session row where that read would not lock it (MySQL)."""
 
@@ -593,7 +662,7 @@ class SQLStore:
         (the known one: an append keeps it); ``None`` when not, and the save then runs its transaction.
         When the step must drop a journal, that is a second statement of the same transaction."""
         count = len(step.items) - step.start
-        if count > sql.MAX_APPEND:
+        if count > sql.MAX_APPEND or step.events:
             return None
         params = sql.append_params(step)
         statement = sql.append_if_current(

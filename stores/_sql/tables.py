@@ -80,6 +80,10 @@ sessions = Table(
     # The session's metadata as agent_sessions.lifecycle.encode_metadata writes it; NULL: none. Its
     # keys are also rows of agent_session_tags, which is what list_sessions(where=) searches.
     Column("metadata", LongText, nullable=True),
+    # The last seq the session's event log gave out (agent_sessions.eventlog); NULL: it has no log yet, and
+    # its first append starts at first_seq of the database's clock. Claimed by the fenced UPDATE of each
+    # append, so concurrent appenders queue on this row and never share a number.
+    Column("event_seq", BigInteger, nullable=True),
     # Newest first for list_sessions (read backwards), oldest first for prune.
     Index("agent_sessions_by_updated", "updated", "session_id"),
     **_MYSQL,
@@ -117,12 +121,23 @@ tags = Table(
     **_MYSQL,
 )
 
-TABLES = (sessions, messages, steers, tags)
+events = Table(
+    "agent_events",
+    metadata,
+    # A session's event log: each event's text as eventlog.encode wrote it, kept verbatim (TEXT, not JSON),
+    # numbered by agent_sessions.event_seq. The newest ``keep`` of each append are kept.
+    Column("session_id", SessionId, primary_key=True),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("body", LongText, nullable=False),
+    **_MYSQL,
+)
+
+TABLES = (sessions, messages, steers, tags, events)
 
 SCHEMA_VERSION = 3
 """1: leases in agent_runs and journals in agent_journals (0.1); 2: both on the agent_sessions row, so
-one row lock fences every write of a run; 3: created, updated and metadata on that row, the tags table
-and the indexes listing and pruning use."""
+one row lock fences every write of a run; 3: created, updated and metadata on that row, the tags table,
+the indexes listing and pruning use, and the event log (event_seq on that row, the events table)."""
 
 
 def ddl(dialect: Dialect, tables: tuple[Table, ...] = TABLES) -> list[str]:

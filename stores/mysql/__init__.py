@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover
 from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.clock import db_now
-from .._sql.tables import sessions, steers, tags
+from .._sql.tables import events, sessions, steers, tags
 
 _DIALECT = mysql.dialect()
 SCHEMA: list[str] = ddl(_DIALECT)
@@ -48,14 +48,14 @@ MIGRATIONS: dict[int, list[str]] = {
     3: [
         # schema 2 -> 3: when each session was made and last written (both the upgrade's time for the
         # sessions already there: none counts as idle before the upgrade), its metadata, the tags table,
-        # and the index listing and pruning use.
+        # the index listing and pruning use, and the event log (its counter on the row, its table).
         "ALTER TABLE agent_sessions ADD COLUMN created DOUBLE NULL, ADD COLUMN updated DOUBLE NULL, "
-        "ADD COLUMN metadata LONGTEXT NULL",
+        "ADD COLUMN metadata LONGTEXT NULL, ADD COLUMN event_seq BIGINT NULL",
         f"UPDATE agent_sessions AS s JOIN (SELECT {_NOW} AS t) AS clock SET s.created = clock.t, s.updated = clock.t",
         f"ALTER TABLE agent_sessions MODIFY created DOUBLE NOT NULL DEFAULT {_NOW}, "
         f"MODIFY updated DOUBLE NOT NULL DEFAULT {_NOW}, "
         "ADD INDEX agent_sessions_by_updated (updated, session_id)",
-        *ddl(_DIALECT, (tags,)),
+        *ddl(_DIALECT, (tags, events)),
     ],
 }
 """Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[3]``, in

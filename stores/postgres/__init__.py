@@ -4,8 +4,10 @@ migration runs ``SCHEMA``."""
 from __future__ import annotations
 
 import functools
+import math
 import os
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,19 +22,21 @@ except ImportError as exc:  # pragma: no cover
         "Install them with: pip install 'stored-agent-sessions[postgres]'"
     ) from exc
 
-from agent_sessions import validate
+from agent_sessions import ArgumentError, Holder, eventlog, validate
 
 from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
-from .._sql.clock import db_now
-from .._sql.tables import sessions, tags
+from .._sql.clock import db_micros, db_now
+from .._sql.tables import events, sessions, tags
+from .listener import CHANNEL, Listener
 
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 SCHEMA: str = ";\n\n".join(ddl(_DIALECT)) + ";\n"
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration. Safe to run again
 (IF NOT EXISTS); it does not upgrade a database of an older schema: ``MIGRATIONS`` does."""
 _NOW = str(db_now().compile(dialect=_DIALECT))
+_FIRST = str(db_micros().compile(dialect=_DIALECT))
 
 MIGRATIONS: dict[int, list[str]] = {
     2: [
@@ -54,13 +58,13 @@ MIGRATIONS: dict[int, list[str]] = {
     3: [
         # schema 2 -> 3: when each session was made and last written (both the upgrade's time for the
         # sessions already there: none counts as idle before the upgrade), its metadata, the tags table,
-        # and the indexes listing and pruning use.
+        # the indexes listing and pruning use, and the event log (its counter on the row, its table).
         "ALTER TABLE agent_sessions ADD COLUMN created DOUBLE PRECISION, ADD COLUMN updated DOUBLE PRECISION, "
-        "ADD COLUMN metadata TEXT",
+        "ADD COLUMN metadata TEXT, ADD COLUMN event_seq BIGINT",
         f"UPDATE agent_sessions SET (created, updated) = (SELECT clock.t, clock.t FROM (SELECT {_NOW} AS t) AS clock)",
         f"ALTER TABLE agent_sessions ALTER COLUMN created SET DEFAULT {_NOW}, ALTER COLUMN created SET NOT NULL, "
         f"ALTER COLUMN updated SET DEFAULT {_NOW}, ALTER COLUMN updated SET NOT NULL",
-        *ddl(_DIALECT, (tags,)),
+        *ddl(_DIALECT, (tags, events)),
         *(str(CreateIndex(index, if_not_exists=True).compile(dialect=_DIALECT)) for index in sessions.indexes),
     ],
 }
@@ -69,6 +73,65 @@ MIGRATIONS: dict[int, list[str]] = {
 ``updated``); on one created by agent-sessions 0.1 (schema 1: it has the table agent_runs),
 ``MIGRATIONS[2]`` and then ``MIGRATIONS[3]``. Each takes an ACCESS EXCLUSIVE lock on agent_sessions
 while it rewrites it."""
+
+MAX_RIDING = 16
+"""Events a save's one statement carries (``save_fenced_events``); a step with more saves in a transaction.
+A step's save usually carries a few: its text, tool and steer events are appended as they happen."""
+
+
+def _claim_seq(count: int) -> str:
+    """The SET of a claim giving out the session's next ``count`` event numbers (a new log's first is
+    ``first_seq`` of the database's clock)."""
+    return f"event_seq = COALESCE(event_seq, {_FIRST} - 1) + {count}"
+
+
+def _log(count: int) -> str:
+    """The rest of a statement whose CTE ``claim`` returned the session's id and its last event number:
+    store ``count`` events (``:e0`` ...) under the numbers claimed, drop the log's events beyond ``:keep``
+    (the new ones beyond it are not stored: a statement's DELETE sees none of its own INSERTs), notify the
+    followers when it commits, and return the last number; no row when the claim matched nothing. An
+    append that waited on the row for a concurrent one does not see that one's events (its snapshot is
+    older), so the log may hold a few beyond ``keep`` until the next append drops them."""
+    rows = ", ".join(f"({i + 1}, CAST(:e{i} AS TEXT))" for i in range(count))
+    return (
+        ", added AS (INSERT INTO agent_events (session_id, seq, body) "
+        f"SELECT claim.session_id, claim.event_seq - {count} + v.k, v.body FROM claim, (VALUES {rows}) AS v(k, body) "
+        f"WHERE v.k > {count} - CAST(:keep AS BIGINT)), "
+        "dropped AS (DELETE FROM agent_events AS e USING claim "
+        "WHERE e.session_id = claim.session_id AND e.seq <= claim.event_seq - CAST(:keep AS BIGINT)) "
+        f"SELECT claim.event_seq FROM claim, pg_notify('{CHANNEL}', claim.session_id)"
+    )
+
+
+@functools.cache  # at most MAX_APPEND entries: never evicted, so each keeps its id
+def _append_events(count: int) -> TextClause:
+    """``append_events`` in one statement: the fenced claim of the numbers, then ``_log``."""
+    return text(
+        f"WITH claim AS (UPDATE agent_sessions SET {_claim_seq(count)} "
+        "WHERE session_id = :sid AND token = :lease_token AND epoch = :lease_epoch RETURNING session_id, event_seq)"
+        + _log(count)
+    )
+
+
+@functools.cache  # at most 2 x MAX_APPEND x MAX_RIDING entries: never evicted
+def _append_riding(count: int, unsteered: bool, events: int) -> TextClause:
+    """A leased run's usual save with its events (``save_fenced_events``), in one statement: ``_append``'s
+    claim also claims the event numbers, its INSERT becomes a CTE, and ``_log`` stores the events. The claim
+    matches or nothing is written."""
+    guard = " AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid)" if unsteered else ""
+    rows = ", ".join(f"(CAST(:q{i} AS INTEGER), CAST(:b{i} AS TEXT))" for i in range(count))
+    return text(
+        f"WITH claim AS (UPDATE agent_sessions SET version = :new_version, journal = NULL, {_claim_seq(events)} "
+        "WHERE session_id = :sid AND version = :known AND token = :lease_token AND epoch = :lease_epoch "
+        f"AND NOT cancelled{guard} RETURNING session_id, event_seq), "
+        "saved AS (INSERT INTO agent_messages (session_id, seq, body) "
+        f"SELECT claim.session_id, v.seq, v.body FROM claim, (VALUES {rows}) AS v(seq, body))"
+        + _log(events)
+    )
+
+
+_NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :sid)")
+
 
 @functools.lru_cache(maxsize=4 * sql.MAX_APPEND)
 def _append(count: int, unsteered: bool, fenced: bool) -> TextClause:
@@ -90,6 +153,21 @@ def _append(count: int, unsteered: bool, fenced: bool) -> TextClause:
         f"SELECT claim.session_id, v.seq, v.body FROM claim, (VALUES {rows}) AS v(seq, body)"
     )
 
+def _listening_connection(engine: Engine) -> Any:
+    """A connection of the engine's own making (its URL, its connect arguments), detached from the pool:
+    the listener keeps it for as long as it listens, and closes it."""
+    pooled = engine.raw_connection()
+    conn = pooled.driver_connection
+    pooled.detach()  # the pool forgets it (and opens another in its place when needed): it is ours now
+    assert conn is not None
+    conn.rollback()  # autocommit may only be set outside a transaction
+    return conn
+
+
+def _event_params(records: Sequence[str], keep: int) -> dict[str, Any]:
+    return {"keep": keep, **{f"e{i}": text for i, text in enumerate(records)}}
+
+
 # 40001 serialization_failure, 40P01 deadlock_detected: safe to run the transaction again.
 _TRANSIENT = {"40001", "40P01"}
 
@@ -99,7 +177,11 @@ class Store(SQLStore):
     round trip each instead of three (BEGIN, the statement, COMMIT). A single statement sees one
     snapshot and is atomic on its own, so a DELETE ... RETURNING still hands each steer to exactly one
     taker. Steers are never taken with the save in autocommit: when some wait, the save runs its
-    transaction, so a crash cannot hand them over without the transcript that holds them."""
+    transaction, so a crash cannot hand them over without the transcript that holds them.
+
+    Event logs: an append, and the usual save with its events, are one statement too, which notifies the
+    channel ``agent_events``; ``wait_for_events`` listens on it (see listener.py), on a connection of its
+    own that ``close`` closes."""
 
     backend = "PostgreSQL"
     raw_statements = True
@@ -121,6 +203,10 @@ class Store(SQLStore):
     ) -> None:
         super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # The listener's thread holds the engine, not the store, so a store dropped unclosed is collected,
+        # and then stops its thread too.
+        self._listener = Listener(functools.partial(_listening_connection, engine))
+        weakref.finalize(self, self._listener.close, 0)
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
@@ -134,10 +220,18 @@ class Store(SQLStore):
     def append(self, step: sql.Step) -> str | None:
         """The CTE drops the journal anyway (it updates the row), so ``step.drop_journal`` needs nothing."""
         count = len(step.items) - step.start
-        if count > sql.MAX_APPEND:
+        if count > sql.MAX_APPEND or len(step.events) > MAX_RIDING:
             return None
         params = sql.append_params(step)
         version = params["new_version"] = os.urandom(16).hex()  # this append replaces the version
+        if step.events:
+            assert step.holder is not None  # save_fenced_events
+            params.update(_event_params(step.events, step.keep))
+            riding = _append_riding(count, step.unsteered, len(step.events))
+            row = self._transaction(
+                "save", step.session, lambda conn: self.run(conn, riding, params).first(), read_only=True
+            )
+            return version if row is not None else None
         statement = _append(count, step.unsteered, step.holder is not None)
         inserted = self._transaction(
             "save", step.session, lambda conn: self.run(conn, statement, params).rowcount, read_only=True
@@ -147,6 +241,50 @@ class Store(SQLStore):
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)
         return self._transaction("take_steers", session, lambda conn: self.take(conn, session), read_only=True)
+
+    # -- the event log ---------------------------------------------------------------------------------
+
+    def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
+        """One statement in autocommit (up to ``MAX_APPEND`` events; more: the transaction)."""
+        validate.session_id(session)
+        records = eventlog.check_append(events, keep)
+        if len(records) > sql.MAX_APPEND:
+            return super().append_events(session, holder, records, keep=keep)
+        params = {**sql.fence_params(session, holder), **_event_params(records, keep)}
+        statement = _append_events(len(records))
+        row = self._transaction(
+            "append_events", session, lambda conn: self.run(conn, statement, params).first(), read_only=True
+        )
+        if row is None:
+            raise self.lease_lost(session, holder)
+        return int(row[0])
+
+    def notify(self, conn: Connection, session: str) -> None:
+        self.run(conn, _NOTIFY, {"sid": session})
+
+    def wait_for_events(self, session: str, after: int, timeout: float) -> bool:
+        """Wait for a notification of ``session`` (eventlog.EventWaiter), at most ``timeout`` seconds."""
+        validate.session_id(session)
+        after, _ = eventlog.check_read(after, 1)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
+            raise ArgumentError(f"wait_for_events(timeout=) must be finite seconds >= 0, got {timeout!r}")
+        return self._listener.wait(session, float(timeout), lambda: self._last_event(session) > after)
+
+    def _last_event(self, session: str) -> int:
+        last = self._transaction(
+            "wait_for_events", session, lambda conn: self.run(conn, sql.LAST_EVENT, {"sid": session}).scalar(),
+            read_only=True, reads=True,
+        )
+        return 0 if last is None else int(last)  # type: ignore[call-overload]
+
+    def close(self) -> None:
+        """Stop listening for events (the thread and its connection; a later wait starts them again).
+        The engine is the caller's: dispose of it yourself."""
+        self._listener.close()
+
+    def after_fork(self) -> None:
+        super().after_fork()
+        self._listener.forget()
 
     def is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in _TRANSIENT

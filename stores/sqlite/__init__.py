@@ -65,7 +65,8 @@ MIGRATIONS: dict[int, list[str]] = {
     3: [
         # schema 2 -> 3: created, updated (both now, for every existing session: none has been idle since
         # the upgrade) and metadata on the session's row. SQLite cannot add a column whose default is an
-        # expression, so the row's table is rebuilt; the tags table is new, made by create_all.
+        # expression, so the row's table is rebuilt (with event_seq, the event log's counter); the tags and
+        # events tables are new, made by create_all.
         _create_sessions("agent_sessions_new"),
         f"INSERT INTO agent_sessions_new ({_SCHEMA_2_COLUMNS}) SELECT {_SCHEMA_2_COLUMNS} FROM agent_sessions",
         "DROP TABLE agent_sessions",
@@ -115,9 +116,10 @@ class Store(SQLStore):
         SQLStore.append, without the machinery around it, which on SQLite cost as much."""
         conn, driver = self._held()
         count = len(step.items) - step.start
-        if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction or step.drop_journal:
+        if (count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction or step.drop_journal
+                or step.events):
             # listeners see it there; inside an open transaction, autocommit would not commit it; a journal
-            # to drop is a second statement, so a transaction
+            # to drop, or events to append, are more statements, so a transaction
             return super().append(step)
         params = sql.append_params(step)
         assert self._driver is not None  # raw_statements

@@ -27,6 +27,7 @@ CREATE: dict[str, list[str]] = {
         '\tcreated DOUBLE PRECISION DEFAULT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) NOT NULL, \n'
         '\tupdated DOUBLE PRECISION DEFAULT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) NOT NULL, \n'
         '\tmetadata TEXT, \n'
+        '\tevent_seq BIGINT, \n'
         '\tPRIMARY KEY (session_id)\n'
         ')',
         'CREATE INDEX IF NOT EXISTS agent_sessions_by_updated ON agent_sessions (updated, session_id)',
@@ -50,6 +51,12 @@ CREATE: dict[str, list[str]] = {
         '\tPRIMARY KEY (session_id, name)\n'
         ')',
         'CREATE INDEX IF NOT EXISTS agent_session_tags_by_value ON agent_session_tags (name, value, session_id)',
+        'CREATE TABLE IF NOT EXISTS agent_events (\n'
+        '\tsession_id VARCHAR(255) NOT NULL, \n'
+        '\tseq BIGINT NOT NULL, \n'
+        '\tbody TEXT NOT NULL, \n'
+        '\tPRIMARY KEY (session_id, seq)\n'
+        ')',
     ],
     'mysql': [
         'CREATE TABLE IF NOT EXISTS agent_sessions (\n'
@@ -65,6 +72,7 @@ CREATE: dict[str, list[str]] = {
         '\tcreated DOUBLE NOT NULL DEFAULT (UNIX_TIMESTAMP() + MICROSECOND(NOW(6)) / 1000000.0), \n'
         '\tupdated DOUBLE NOT NULL DEFAULT (UNIX_TIMESTAMP() + MICROSECOND(NOW(6)) / 1000000.0), \n'
         '\tmetadata LONGTEXT, \n'
+        '\tevent_seq BIGINT, \n'
         '\tPRIMARY KEY (session_id), \n'
         '\tINDEX agent_sessions_by_updated (updated, session_id)\n'
         ')ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin',
@@ -88,6 +96,12 @@ CREATE: dict[str, list[str]] = {
         '\tPRIMARY KEY (session_id, name), \n'
         '\tINDEX agent_session_tags_by_value (name, value, session_id)\n'
         ')ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin',
+        'CREATE TABLE IF NOT EXISTS agent_events (\n'
+        '\tsession_id VARBINARY(1020) NOT NULL, \n'
+        '\tseq BIGINT NOT NULL, \n'
+        '\tbody LONGTEXT NOT NULL, \n'
+        '\tPRIMARY KEY (session_id, seq)\n'
+        ')ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin',
     ],
     'sqlite': [
         'CREATE TABLE IF NOT EXISTS agent_sessions (\n'
@@ -103,6 +117,7 @@ CREATE: dict[str, list[str]] = {
         "\tcreated DOUBLE DEFAULT ((julianday('now') - 2440587.5) * 86400.0) NOT NULL, \n"
         "\tupdated DOUBLE DEFAULT ((julianday('now') - 2440587.5) * 86400.0) NOT NULL, \n"
         '\tmetadata TEXT, \n'
+        '\tevent_seq BIGINT, \n'
         '\tPRIMARY KEY (session_id)\n'
         ')',
         'CREATE INDEX IF NOT EXISTS agent_sessions_by_updated ON agent_sessions (updated, session_id)',
@@ -126,6 +141,12 @@ CREATE: dict[str, list[str]] = {
         '\tPRIMARY KEY (session_id, name)\n'
         ')',
         'CREATE INDEX IF NOT EXISTS agent_session_tags_by_value ON agent_session_tags (name, value, session_id)',
+        'CREATE TABLE IF NOT EXISTS agent_events (\n'
+        '\tsession_id VARCHAR(255) NOT NULL, \n'
+        '\tseq BIGINT NOT NULL, \n'
+        '\tbody TEXT NOT NULL, \n'
+        '\tPRIMARY KEY (session_id, seq)\n'
+        ')',
         'PRAGMA user_version = 3',
     ],
 }
@@ -133,18 +154,21 @@ CREATE: dict[str, list[str]] = {
 
 DROP: dict[str, list[str]] = {
     'postgresql': [
+        'DROP TABLE IF EXISTS agent_events',
         'DROP TABLE IF EXISTS agent_session_tags',
         'DROP TABLE IF EXISTS agent_steers',
         'DROP TABLE IF EXISTS agent_messages',
         'DROP TABLE IF EXISTS agent_sessions',
     ],
     'mysql': [
+        'DROP TABLE IF EXISTS agent_events',
         'DROP TABLE IF EXISTS agent_session_tags',
         'DROP TABLE IF EXISTS agent_steers',
         'DROP TABLE IF EXISTS agent_messages',
         'DROP TABLE IF EXISTS agent_sessions',
     ],
     'sqlite': [
+        'DROP TABLE IF EXISTS agent_events',
         'DROP TABLE IF EXISTS agent_session_tags',
         'DROP TABLE IF EXISTS agent_steers',
         'DROP TABLE IF EXISTS agent_messages',
