@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from . import approvals
 from .approvals import ApprovalStore, PendingApproval
@@ -183,13 +183,14 @@ class Leased:
     def publishing(self, emit: Sink) -> Sink:
         if not self.publish:
             return emit
+        # Checked once, in ``keeping``: an isinstance against a Protocol costs tens of µs, not for every step.
+        self.event_store = cast(EventStore, self.store)
         self.publisher = Publisher(emit, self._append_events)
         self.publisher.start()
         return self.publisher
 
     def _append_events(self, records: list[str]) -> None:
-        assert isinstance(self.store, EventStore)
-        self.store.append_events(self.session, self.lease.holder, records, keep=self.events_kept)
+        self.event_store.append_events(self.session, self.lease.holder, records, keep=self.events_kept)
 
     def resume(self, transcript: list[Message]) -> None:
         """Tools may run before the first request: so the compare-and-swap comes first here, without
@@ -416,11 +417,10 @@ class Leased:
             saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers,
                                            replace=replace)
         else:
-            assert isinstance(self.store, EventStore)
             with self.publisher.lock:  # no event is written by the watcher between these and after them
                 records = self.publisher.drain()
                 try:
-                    saved = self.store.save_fenced_events(self.session, self.lease.holder, msgs,
+                    saved = self.event_store.save_fenced_events(self.session, self.lease.holder, msgs,
                                                           take_steers=take_steers, replace=replace, events=records,
                                                           keep=self.events_kept)
                 except BaseException:
