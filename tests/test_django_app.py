@@ -625,10 +625,12 @@ def test_the_events_view_streams_a_turn_from_last_event_id_or_after(memory: Any,
     client = Client()
     url = reverse("agent_sessions_events", args=["e1"])
     assert url == "/sessions/e1/events"  # the app's urls, as the example project includes them
+    started = time.monotonic()
     reply = client.get(url)
     assert reply.status_code == 200
     assert reply["Cache-Control"] == "no-cache" and reply["X-Accel-Buffering"] == "no"
     blocks = streamed(reply)
+    assert time.monotonic() - started < 20  # it ended at `finished`, not after SSE_SECONDS (30)
     assert blocks[0] == {"retry": str(SSE_RETRY_MS)}
     events = [check_event(b) for b in blocks[1:]]
     assert [e["kind"] for e in events] == TURN_KINDS
