@@ -28,7 +28,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -208,6 +208,40 @@ def _poll(poll: object) -> tuple[float, float]:
             and 0 < poll[0] <= poll[1] < math.inf):
         return float(poll[0]), float(poll[1])
     raise ArgumentError(f"follow(poll=) must be (first, most) seconds with 0 < first <= most, got {poll!r}")
+
+
+# -- as server-sent events (text/event-stream) ------------------------------------------------------------
+
+SSE_RETRY_MS = 500
+"""What a stream's ``retry:`` tells the browser: come back this soon after the stream ends, for what follows."""
+
+
+def sse_after(last_event_id: str | None, after: str | None) -> int:
+    """Where a stream starts: the ``Last-Event-ID`` header (what a reconnecting ``EventSource`` sends) or
+    else the ``?after=`` parameter, each a ``seq``; 0 (the whole log) without either. Anything else is an
+    ``ArgumentError``, raised before the stream starts so that a web front can answer 400."""
+    seen = last_event_id or after or "0"
+    if not (seen.isascii() and seen.isdigit()):  # isdigit alone accepts "²" and other non-ASCII digits
+        raise ArgumentError(f"Last-Event-ID and ?after= must be an event's seq, got {seen!r}")
+    return int(seen)
+
+
+def sse_event(event: StoredEvent) -> str:
+    """One event as a ``text/event-stream`` block: ``id: <seq>``, ``event: <kind>``, ``data: <to_dict JSON>``.
+    The JSON is one line (``json.dumps`` escapes newlines), as the format needs."""
+    return f"id: {event.seq}\nevent: {event.kind}\ndata: {json.dumps(event.to_dict())}\n\n"
+
+
+def sse_stream(following: Iterable[StoredEvent], retry_ms: int = SSE_RETRY_MS) -> Iterator[str]:
+    """The body of a ``text/event-stream`` response over ``following`` (a ``session.follow(...)``, bounded by
+    its ``timeout``): ``retry:`` first, then each event, ending after a ``finished`` or ``failed`` one. The
+    browser then reconnects with that event's id and follows the session's next run, on any replica; a
+    stream that ends because ``following`` did (its timeout) is picked up the same way."""
+    yield f"retry: {retry_ms}\n\n"
+    for event in following:
+        yield sse_event(event)
+        if event.kind in ENDS:
+            return
 
 
 # -- publishing a run's events ---------------------------------------------------------------------------

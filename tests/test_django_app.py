@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -372,7 +372,10 @@ def test_bad_agent_sessions_settings_are_improperly_configured(django_state: Pat
 
     for conf, says in (({"DATABSE": "default"}, "unknown keys ['DATABSE']"),
                        ({"DATABASE": "other"}, "'other', which is not in DATABASES"),
-                       ({"STORE": "tests.test_django_app.not_a_store"}, "returned str, not an agent_sessions Store")):
+                       ({"STORE": "tests.test_django_app.not_a_store"}, "returned str, not an agent_sessions Store"),
+                       ({"SSE_SECONDS": 0}, "['SSE_SECONDS'] must be a number of seconds > 0, got 0"),
+                       ({"SSE_SECONDS": "30"}, "['SSE_SECONDS'] must be a number of seconds > 0, got '30'"),
+                       ({"SSE_SECONDS": float("nan")}, "got nan")):
         with override_settings(AGENT_SESSIONS=conf), pytest.raises(ImproperlyConfigured) as raised:
             store()
         assert says in str(raised.value)
@@ -571,3 +574,148 @@ def test_approve_lists_the_waiting_calls_and_decides_once(memory: Any) -> None:
     with pytest.raises(CommandError, match="no call 'r2' waits"):
         command("approve", "c-9", "r2")
     assert command("approve", "c-9") == "c-9: no call waits for a decision\n"
+
+
+# -- the events view: a session's event log as server-sent events ---------------------------------------------------
+
+REVIEW = [("c1", "read_file", '{"path": "lease.go"}')]
+TURN_KINDS = ["step_started", "model_response", "tool_called", "tool_finished", "step_started", "model_response",
+              "finished"]
+
+
+def sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
+    """The events of a ``text/event-stream``, each as its fields (``id``, ``event``, ``data``, ``retry``)."""
+    event: dict[str, str] = {}
+    for line in lines:
+        if line == "":
+            if event:
+                yield event
+            event = {}
+            continue
+        name, _, value = line.partition(":")
+        event[name] = value[1:] if value.startswith(" ") else value
+
+
+def check_event(event: dict[str, str]) -> dict[str, Any]:
+    data = json.loads(event["data"])
+    assert event["id"] == str(data["seq"]) and event["event"] == data["kind"]
+    return dict(data)
+
+
+def streamed(response: Any) -> list[dict[str, str]]:
+    """What a streaming response of Django's test client sends, read to its end, as SSE blocks."""
+    assert response.streaming and response["Content-Type"] == "text/event-stream"
+    return list(sse(b"".join(response.streaming_content).decode().split("\n")))
+
+
+def test_the_events_view_streams_a_turn_from_last_event_id_or_after(memory: Any, model: ModelServer) -> None:
+    from django.test import Client
+    from django.urls import reverse
+
+    import agent_sessions as agent
+    from agent_sessions.eventlog import SSE_RETRY_MS
+    from examples.django_app.turns import agent as setup
+
+    model.push(openai(calls=REVIEW), openai("the expiry is compared with <"))
+    endpoint = agent.endpoints.OpenAIChat(model.url + "/v1", "m", max_retries=0)
+    spec = setup.spec("e1")  # the example's: it publishes events, the store keeping a log
+    assert spec.publish_events
+    assert agent.Runner().run(spec, [agent.Message.user("review lease.go")], endpoint).stop_reason == "answered"
+
+    client = Client()
+    url = reverse("agent_sessions_events", args=["e1"])
+    assert url == "/sessions/e1/events"  # the app's urls, as the example project includes them
+    started = time.monotonic()
+    reply = client.get(url)
+    assert reply.status_code == 200
+    assert reply["Cache-Control"] == "no-cache" and reply["X-Accel-Buffering"] == "no"
+    blocks = streamed(reply)
+    assert time.monotonic() - started < 20  # it ended at `finished`, not after SSE_SECONDS (30)
+    assert blocks[0] == {"retry": str(SSE_RETRY_MS)}
+    events = [check_event(b) for b in blocks[1:]]
+    assert [e["kind"] for e in events] == TURN_KINDS
+    assert [e["seq"] for e in events] == [e.seq for e in agent.open("e1", memory).events()]
+    assert events[-1]["data"]["text"] == "the expiry is compared with <"
+
+    rest = streamed(client.get(url, headers={"Last-Event-ID": str(events[3]["seq"])}))
+    assert [check_event(b)["seq"] for b in rest if "id" in b] == [e["seq"] for e in events[4:]]
+    last = streamed(client.get(url, {"after": events[5]["seq"]}))
+    assert [b.get("event") for b in last] == [None, "finished"]
+    both = streamed(client.get(f"{url}?after=0", headers={"Last-Event-ID": str(events[5]["seq"])}))
+    assert [b.get("event") for b in both] == [None, "finished"]  # the browser's header wins
+
+    for headers, query in (({"Last-Event-ID": "seven"}, ""), ({}, "?after=-1"), ({}, "?after=%C2%B2"),
+                           ({"Last-Event-ID": " 7"}, "")):
+        bad = client.get(url + query, headers=headers)
+        assert bad.status_code == 400 and "Last-Event-ID and ?after=" in bad.json()["error"], (headers, query)
+    too_long = client.get(reverse("agent_sessions_events", args=["x" * 10_000]))
+    assert too_long.status_code == 400 and "characters long" in too_long.json()["error"]
+    posted = client.post(url)
+    assert posted.status_code == 405 and posted["Allow"] == "GET" and "use GET" in posted.json()["error"]
+
+
+def test_the_events_view_ends_after_sse_seconds_and_needs_an_event_log(django_state: Path) -> None:
+    from django.test import Client, override_settings
+
+    client = Client()
+    with override_settings(AGENT_SESSIONS={"STORE": "tests.test_django_app.memory_store", "SSE_SECONDS": 0.5}):
+        started = time.monotonic()
+        reply = client.get("/sessions/quiet/events")
+        assert reply.status_code == 200 and streamed(reply) == [{"retry": "500"}]  # no event came: ends anyway
+        assert 0.5 <= time.monotonic() - started < 0.5 + WAIT
+    with override_settings(AGENT_SESSIONS={"STORE": "tests.test_django_app.plain_store"}):
+        reply = client.get("/sessions/quiet/events")
+        assert reply.status_code == 501 and "EventStore" in reply.json()["error"]
+
+
+def test_runserver_streams_a_run_of_another_process_to_a_client_that_reconnects(tmp_path: Path,
+                                                                                model: ModelServer) -> None:
+    """The run is in this process, publishing to the example project's SQLite file; `runserver` (another
+    process) streams its events to a client that is cut off mid-run and comes back with Last-Event-ID."""
+    import agent_sessions as agent
+    from stores import sqlite
+
+    db = tmp_path / "django.sqlite3"  # what the example's settings name under DJANGO_APP_STATE
+    store = sqlite.open(db)  # the tables exist before runserver opens the file
+    env = example_env(tmp_path)
+    server, base = runserver(env, tmp_path / "runserver.log")
+    cut = threading.Event()
+    model.push(openai(calls=[("c1", "lookup", '{"order": "7"}')]),
+               lambda request: (cut.wait(WAIT), openai("delivered"))[1])
+    got: list[dict[str, Any]] = []
+    try:
+        with requests.get(f"{base}/sessions/live/events", stream=True, timeout=WAIT) as first:
+            assert first.status_code == 200 and first.headers["content-type"] == "text/event-stream"
+            run = agent.Runner().start(
+                agent.Spec(session=agent.open("live", store), tools=[agent.tool(lookup)], publish_events=True),
+                [agent.Message.user("where is order 7?")],
+                agent.endpoints.OpenAIChat(model.url + "/v1", "m", max_retries=0))
+            for block in sse(first.iter_lines(decode_unicode=True)):
+                if "id" in block:
+                    got.append(check_event(block))
+                    if block["event"] == "tool_finished":
+                        break  # the connection drops mid-run: the model has not answered yet
+        cut.set()
+        again = requests.get(f"{base}/sessions/live/events", headers={"Last-Event-ID": str(got[-1]["seq"])},
+                             stream=True, timeout=WAIT)
+        with again:
+            assert again.status_code == 200
+            for block in sse(again.iter_lines(decode_unicode=True)):
+                if "id" in block:
+                    got.append(check_event(block))
+        assert run.wait(WAIT).text == "delivered"
+    finally:
+        cut.set()  # a failed test leaves no run waiting on the model
+        stop(server)
+    assert [e["kind"] for e in got] == TURN_KINDS
+    assert [e["seq"] for e in got] == [e.seq for e in agent.open("live", store).events()]  # each once, in order
+    store.close()
+
+
+def lookup(order: str) -> str:
+    """Look an order up.
+
+    Args:
+        order: the order id
+    """
+    return f"order {order}: delivered 3 days ago"

@@ -78,8 +78,15 @@ SETTINGS = """\
 SECRET_KEY = "test-only"
 INSTALLED_APPS = ["agent_sessions.contrib.django"]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {db!r}}}}}
-AGENT_SESSIONS = {{"DATABASE": "default"}}
+AGENT_SESSIONS = {{"DATABASE": "default", "SSE_SECONDS": 0.2}}
+ROOT_URLCONF = "site_urls"
 USE_TZ = True
+"""
+
+URLS = """\
+from django.urls import include, path
+
+urlpatterns = [path("agent/", include("agent_sessions.contrib.django.urls"))]
 """
 
 MANAGE = """\
@@ -112,6 +119,25 @@ print(agent.__file__)
 """
 
 
+# The app's events view, routed by its urls: what a browser's GET gets (the session has no events yet).
+EVENTS = """\
+import os
+import sys
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "site_settings")
+import django
+
+django.setup()
+from django.test import RequestFactory
+from django.urls import resolve, reverse
+
+url = reverse("agent_sessions_events", args=[sys.argv[1]])
+match = resolve(url)
+response = match.func(RequestFactory().get(url, HTTP_LAST_EVENT_ID="7"), **match.kwargs)
+print(url, response.status_code, response["Content-Type"], repr(b"".join(response.streaming_content).decode()))
+"""
+
+
 @pytest.fixture(scope="module")
 def project(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new Django project beside the venv: settings with the app, a SQLite file, manage.py."""
@@ -119,6 +145,8 @@ def project(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     (home / "site_settings.py").write_text(SETTINGS.format(db=str(home / "db.sqlite3")))
     (home / "manage.py").write_text(MANAGE)
     (home / "save.py").write_text(SAVE)
+    (home / "site_urls.py").write_text(URLS)
+    (home / "events.py").write_text(EVENTS)
     return home
 
 
@@ -151,6 +179,8 @@ def test_the_app_installed_from_the_wheel_migrates_and_its_commands_run(venv: Pa
     assert Path(where.strip()).is_relative_to(venv.parent.parent)  # the installed wheel, not this tree
 
     assert manage(venv, project, "steer", "w-1", "check the expiry").stdout == "steered w-1\n"
+    streamed = run([str(venv), "events.py", "w-1"], cwd=project, env=clean_env()).stdout
+    assert streamed == "/agent/sessions/w-1/events 200 text/event-stream 'retry: 500\\n\\n'\n"
     refused = manage(venv, project, "steer", "w-1", "", code=1)
     assert "must not be empty" in refused.stderr and "Traceback" not in refused.stderr
 

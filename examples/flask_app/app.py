@@ -21,9 +21,7 @@ written: reload and retry), the store failing a 503; nothing here answers with a
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
@@ -35,7 +33,7 @@ from stores import sqlite
 REFUNDS = os.environ.get("REFUNDS_LOG", "refunds.log")
 SSE_SECONDS = float(os.environ.get("SSE_SECONDS", "30"))
 """How long one events stream lasts at most: a worker is not held forever by a browser that left."""
-SSE_RETRY_MS = 500
+SSE_RETRY_MS = agent.eventlog.SSE_RETRY_MS
 
 
 @agent.tool(idempotent=False, needs_approval=lambda args: args.get("amount", 0) > 50)
@@ -102,20 +100,10 @@ def create_app(store: agent.Store | None = None, endpoint: agent.Endpoint | None
 
     @app.get("/sessions/<session_id>/events")
     def events(session_id: str) -> Any:
-        seen = request.headers.get("Last-Event-ID") or request.args.get("after") or "0"
-        if not seen.isdigit():
-            raise agent.ArgumentError(f"Last-Event-ID and ?after= must be an event's seq, got {seen!r}")
+        after = agent.eventlog.sse_after(request.headers.get("Last-Event-ID"), request.args.get("after"))
         # follow() checks the store and its arguments here, before the stream starts: errors are JSON.
-        following = agent.open(session_id, store).follow(after=int(seen), timeout=SSE_SECONDS)
-
-        def stream() -> Iterator[str]:
-            yield f"retry: {SSE_RETRY_MS}\n\n"
-            for event in following:
-                yield f"id: {event.seq}\nevent: {event.kind}\ndata: {json.dumps(event.to_dict())}\n\n"
-                if event.kind in agent.eventlog.ENDS:
-                    return  # the browser reconnects with this id and follows the session's next run
-
-        return Response(stream(), mimetype="text/event-stream",
+        following = agent.open(session_id, store).follow(after=after, timeout=SSE_SECONDS)
+        return Response(agent.eventlog.sse_stream(following, SSE_RETRY_MS), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     def spec_for(session: agent.StoreSession, lease_wait: float = 0.0) -> agent.Spec:

@@ -5,7 +5,9 @@
     AGENT_SESSIONS = {"DATABASE": "default"}     # the DATABASES alias that holds the tables (the default)
 
 Then ``manage.py migrate`` creates the tables, and ``agent_sessions.contrib.django.store()`` is the store,
-in views, Celery tasks and commands alike.
+in views, Celery tasks and commands alike. ``views.events`` streams a session's event log as server-sent
+events; it is served only where a project ``include``s ``agent_sessions.contrib.django.urls`` (behind the
+project's own authorization: docs/django.md).
 
 Why not hand the store Django's connection? Django keeps one DB-API connection per thread, opened and
 closed around requests, with its own autocommit and ``atomic()`` bookkeeping; the store needs connections
@@ -17,6 +19,7 @@ an inherited pool after a fork, so prefork servers and Celery workers are safe).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -29,11 +32,14 @@ import agent_sessions as agent
 
 log = logging.getLogger(__name__)
 
-SETTINGS = ("DATABASE", "STORE")
+SETTINGS = ("DATABASE", "STORE", "SSE_SECONDS")
 """The keys of ``settings.AGENT_SESSIONS``: ``DATABASE``, the DATABASES alias holding the tables
 ("default"); ``STORE``, the dotted path of a function of no arguments returning the store, for a store
 that is not built from DATABASES (MongoDB; ``stores.memory`` in tests). With ``STORE`` set the migration
-creates no table."""
+creates no table. ``SSE_SECONDS`` (30): how long one response of the events view lasts at most
+(``views.events``), so a browser that left holds no worker for long."""
+
+SSE_SECONDS = 30.0
 
 _lock = threading.Lock()
 _store: agent.Store | None = None
@@ -78,7 +84,11 @@ def options() -> dict[str, Any]:
             f"settings.AGENT_SESSIONS['DATABASE'] is {alias!r}, which is not in DATABASES "
             f"({sorted(settings.DATABASES)})"
         )
-    return {"DATABASE": alias, "STORE": conf.get("STORE")}
+    seconds = conf.get("SSE_SECONDS", SSE_SECONDS)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['SSE_SECONDS'] must be a number of seconds > 0, "
+                                   f"got {seconds!r}")
+    return {"DATABASE": alias, "STORE": conf.get("STORE"), "SSE_SECONDS": float(seconds)}
 
 
 def _build() -> agent.Store:

@@ -32,5 +32,6 @@ def read_file(path: str) -> str:
 
 
 def spec(session_id: str) -> agent.Spec:
+    # Publish the turn's events where the store keeps them: GET /sessions/<id>/events streams them.
     return agent.Spec(session=agent.open(session_id, store()), max_steps=8, tools=[read_file],
-                      system="You are a code reviewer.")
+                      system="You are a code reviewer.", publish_events=isinstance(store(), agent.EventStore))

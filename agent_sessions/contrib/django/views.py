@@ -1,0 +1,56 @@
+"""The app's views: ``events``, a session's event log as server-sent events (``text/event-stream``).
+
+The app serves nothing by itself: a project that wants the view ``include``s
+``agent_sessions.contrib.django.urls``, or routes to the view through its own authorization (whose
+sessions a user may watch is the project's to say; docs/django.md shows both).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse  # type: ignore[import-untyped]
+
+import agent_sessions as agent
+from agent_sessions.eventlog import sse_after, sse_stream
+
+from . import options, store
+
+log = logging.getLogger(__name__)
+
+
+def events(request: HttpRequest, session_id: str) -> HttpResponse:
+    """``GET``: the session's events after ``Last-Event-ID`` (what a reconnecting ``EventSource`` sends) or
+    ``?after=<seq>``, as they arrive, from whichever process runs the session: ``retry:``, then per event
+    ``id: <seq>``, ``event: <kind>``, ``data: <JSON>`` (``eventlog.sse_stream``, as the Flask example).
+
+    Bounded: the response ends after a ``finished`` or ``failed`` event, or after
+    ``AGENT_SESSIONS["SSE_SECONDS"]`` (30), so a browser that left holds a worker that long at most; the
+    browser reconnects with the last id it got and misses nothing. Bad input is a JSON 400, a store without
+    an event log a JSON 501, any method but GET a JSON 405; everything is checked before the stream starts."""
+    if request.method != "GET":
+        refused = JsonResponse({"error": f"{request.method} is not allowed here; use GET"}, status=405)
+        refused["Allow"] = "GET"
+        return refused
+    try:
+        after = sse_after(request.headers.get("Last-Event-ID"), request.GET.get("after"))
+        following = agent.open(session_id, store()).follow(after=after, timeout=options()["SSE_SECONDS"])
+    except agent.ArgumentError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    except agent.Unsupported as exc:
+        return JsonResponse({"error": str(exc)}, status=501)
+    response = StreamingHttpResponse(_ending_on_store_errors(sse_stream(following), session_id),
+                                     content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes, do not buffer the body
+    return response
+
+
+def _ending_on_store_errors(stream: Iterator[str], session_id: str) -> Iterator[str]:
+    """The stream, ended rather than broken off with a traceback when the store fails mid-stream (the status
+    was sent already): the browser reconnects after ``retry`` with its last id, as after any end."""
+    try:
+        yield from stream
+    except agent.StoreError as exc:
+        log.warning("the events stream of session %r ended: the store failed (%s)", session_id, exc)
