@@ -323,6 +323,56 @@ def test_a_save_with_events_writes_both_or_neither(backend: Backend, engine: Eng
     assert [e.data["tag"] for e in store.events(sid, 0, 100)] == ["ride", "ride"]
 
 
+def test_the_usual_save_with_events_is_a_claim_the_messages_and_the_events(backend: Backend, engine: Engine) -> None:
+    """MySQL (PostgreSQL's is one statement, above): the claim returns its number through LAST_INSERT_ID, the
+    cap's DELETE runs only once the log holds something to drop, and anything the claim's guard does not
+    match (a steer waiting) goes to the save's transaction, which takes the steer and appends the events."""
+    if backend is not MYSQL:
+        pytest.skip("PostgreSQL's usual save with events is one statement (test above)")
+    store = backend.store(engine)
+    sid = f"fast-{uuid.uuid4().hex[:8]}"
+    holder = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced(sid, holder, msgs, take_steers=False)
+    msgs.append(agent.Message.assistant("a1"))
+    store.save_fenced_events(sid, holder, msgs, take_steers=True, events=_notes(2, "first"), keep=100)
+    msgs.append(agent.Message.assistant("a2"))
+    with statements_of(store) as seen:
+        store.save_fenced_events(sid, holder, msgs, take_steers=True, events=_notes(2, "second"), keep=100)
+    verbs = [q.split(" SET ")[0] if q.startswith("UPDATE") else " ".join(q.split()[:3]) for q, _ in seen]
+    assert verbs == ["UPDATE agent_sessions", "INSERT INTO agent_messages", "INSERT INTO agent_events"], seen
+    assert "last_insert_id(" in seen[0][0].lower()
+    logged = store.events(sid, 0, 100)
+    assert [e.seq for e in logged] == list(range(logged[0].seq, logged[0].seq + 4))
+    # The cap: three kept, the oldest dropped in the same step.
+    msgs.append(agent.Message.assistant("a3"))
+    with statements_of(store) as seen:
+        store.save_fenced_events(sid, holder, msgs, take_steers=True, events=_notes(1, "third"), keep=3)
+    assert any(q.startswith("DELETE FROM agent_events") for q, _ in seen)
+    assert [e.seq for e in store.events(sid, 0, 100)] == [e.seq for e in logged[2:]] + [logged[-1].seq + 1]
+    # A steer waits: the guard does not match, the transaction takes it, and the events are stored with it.
+    store.add_steer(sid, "wait")
+    msgs.append(agent.Message.assistant("a4"))
+    saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=_notes(1, "steered"), keep=100)
+    assert saved.steers == ["wait"] and store.messages(sid)[-1] == agent.Message.user("wait")
+    assert [e.data["tag"] for e in store.events(sid, 0, 100)][-1] == "steered"
+
+
+def test_the_cap_holds_when_another_store_appended_meanwhile(backend: Backend, engine: Engine) -> None:
+    """A store remembers how low a session's log goes, to skip the cap's DELETE; what another process
+    appends or drops meanwhile never makes that wrong."""
+    mine, theirs = backend.store(engine), backend.store(engine)
+    sid = f"floor-{uuid.uuid4().hex[:8]}"
+    holder = mine.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+    mine.append_events(sid, holder, _notes(3, "mine"), keep=100)
+    last = mine.append_events(sid, holder, _notes(1, "mine"), keep=2)
+    assert [e.seq for e in mine.events(sid, 0, 100)] == [last - 1, last]
+    theirs.append_events(sid, holder, _notes(5, "theirs"), keep=6)
+    last = mine.append_events(sid, holder, _notes(2, "mine again"), keep=4)
+    assert [e.seq for e in mine.events(sid, 0, 100)] == list(range(last - 3, last + 1))
+    assert _stored(engine, sid) == (0, 4)
+
+
 def test_delete_and_prune_drop_the_events_rows(backend: Backend, engine: Engine) -> None:
     store = backend.store(engine)
     deleted, pruned = f"del-{uuid.uuid4().hex[:8]}", f"prune-{uuid.uuid4().hex[:8]}"

@@ -260,6 +260,33 @@ def test_a_save_with_events_is_one_transaction_writing_both_or_neither(tmp_path:
     other.close()
 
 
+def test_the_usual_save_with_events_is_one_transaction_of_three_statements(tmp_path: Path) -> None:
+    """BEGIN IMMEDIATE, the guarded claim (UPDATE ... RETURNING the last number), the messages, the events,
+    COMMIT: no read of the row, no cap DELETE while the log holds fewer than ``keep``."""
+    store = sqlite.open(tmp_path / "fast.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced("s", holder, msgs, take_steers=False)
+    notes = [agent.eventlog.encode("note", {"n": n}) for n in range(3)]
+    msgs.append(agent.Message.assistant("a1"))
+    store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes[:1], keep=100)
+    msgs.append(agent.Message.assistant("a2"))
+    with statements_of(store) as seen:
+        store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes, keep=100)
+    verbs = [" ".join(q.split()[:3]) for q, _ in seen]
+    assert verbs == ["BEGIN IMMEDIATE", "UPDATE agent_sessions SET", "INSERT INTO agent_messages",
+                     "INSERT INTO agent_events", "INSERT INTO agent_events", "INSERT INTO agent_events", "COMMIT"]
+    assert "RETURNING" in seen[1][0]
+    assert _stored(store, "s") == (3, 4)
+    # A superseded holder: the claim matches nothing, the transaction finds the lease gone, nothing written.
+    stale = agent.Holder("h", 1, "u" * 32, 0.0, epoch=holder.epoch)
+    with pytest.raises(agent.LeaseLost):
+        store.save_fenced_events("s", stale, [*msgs, agent.Message.assistant("late")], take_steers=True,
+                                 events=notes, keep=100)
+    assert _stored(store, "s") == (3, 4)
+    store.close()
+
+
 def test_delete_and_prune_drop_the_events_rows(tmp_path: Path) -> None:
     store = sqlite.open(tmp_path / "drop.db")
     for sid in ("deleted", "pruned"):

@@ -31,6 +31,7 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.sql.dml import Update
 
 from agent_sessions import Holder, Message
 
@@ -229,13 +230,42 @@ PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS)) for t in (messages, steer
 # -- the event log (agent_sessions.EventStore) -------------------------------------------------------------
 
 E = events.c
-CLAIM_EVENTS = update(sessions).where(and_(S.session_id == SID, FENCE)).values(
-    event_seq=func.coalesce(S.event_seq, db_micros() - 1) + bindparam("n", type_=BigInteger())
-)
-"""Give out the session's next ``:n`` numbers (a new log's first is ``first_seq`` of the database's clock),
-fenced: no row matched means the lease is not the writer's. The row stays locked to the transaction's end,
-so the next claim of the session waits for these events to be stored."""
+
+
+@functools.lru_cache(maxsize=32)
+def claim_events(
+    *, save: bool = False, unsteered: bool = False, drop_journal: bool = False, returning: bool = False,
+    last_insert_id: bool = False,
+) -> Update:
+    """Give out the session's next ``:n`` numbers (a new log's first is ``first_seq`` of the database's
+    clock), fenced: no row matched means the lease is not the writer's. The row stays locked to the
+    transaction's end, so the next claim of the session waits for these events to be stored.
+
+    ``save``: the claim of a leased run's usual save with its events (``SQLStore.append``), matched only
+    under the conditions of ``append_if_current`` (the version ``:known``, not cancelled, no journal unless
+    ``drop_journal``, which drops it, no steer waiting when ``unsteered``), so a match says the messages
+    may be appended, and no match that the save runs its transaction. ``returning``: the statement returns
+    the last number given (SQLite, PostgreSQL); ``last_insert_id``: MySQL's way to the same without a
+    second statement, ``LAST_INSERT_ID(expr)``, which the server hands back in the reply's insert id."""
+    claimed = func.coalesce(S.event_seq, db_micros() - 1) + bindparam("n", type_=BigInteger())
+    values: dict[str, Any] = {"event_seq": func.last_insert_id(claimed) if last_insert_id else claimed}
+    where = [S.session_id == SID, FENCE]
+    if save:
+        where += [S.version == bindparam("known", type_=S.version.type), S.cancelled == false()]
+        if unsteered:
+            where.append(~exists().where(steers.c.session_id == SID))
+        if drop_journal:
+            values.update(journal=null(), updated=NOW)
+        else:
+            where.append(S.journal.is_(None))
+    statement = update(sessions).where(and_(*where)).values(**values)
+    return statement.returning(S.event_seq) if returning else statement
+
+
 LAST_EVENT = select(S.event_seq).where(S.session_id == SID)
+FIRST_EVENT = select(func.min(E.seq)).where(E.session_id == SID)
+"""The oldest event the session's log holds (``None``: none), by the primary key: read once per session by a
+store, which then knows when the cap has anything to drop."""
 ADD_EVENTS = insert(events)
 DROP_EVENTS = delete(events).where(and_(E.session_id == SID, E.seq <= bindparam("cut", type_=BigInteger())))
 """The events beyond the newest ``keep``: a log's numbers are consecutive, so those at or below ``last - keep``."""

@@ -79,6 +79,8 @@ class SQLStore:
     raw_statements: ClassVar[bool] = False
     """Run the prebuilt statements on the DB-API cursor (see driver.py): for drivers where SQLAlchemy's
     execution path costs as much as the statement."""
+    prepare_statements: ClassVar[bool] = False
+    """With ``raw_statements``: have the driver prepare each statement at its first use (``Driver``)."""
 
     def __init__(
         self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
@@ -92,8 +94,13 @@ class SQLStore:
         self._known = Known(remember, remember_bytes)
         self._journaled: set[str] = set()
         """Sessions this object wrote a journal for since their last save: their next append drops it."""
+        self._event_floor: dict[str, int] = {}
+        """Per session, a number at or below the oldest event its log holds (``_log_events``): the cap's
+        DELETE runs only once it could drop something. Numbers only grow (a log begun anew after a delete
+        starts above the old one's), and the cap and deletes only raise the oldest, so what another process
+        does never makes it wrong; set only once the transaction that learned it has committed."""
         raw = self.raw_statements and engine.dialect.paramstyle in PARAMSTYLES
-        self._driver = Driver(engine.dialect) if raw else None
+        self._driver = Driver(engine.dialect, self.prepare_statements) if raw else None
         _dispose_after_fork(self)
 
     # -- the Store protocol --------------------------------------------------------------------------
@@ -149,20 +156,34 @@ class SQLStore:
                 self._known.forget(session)
                 raise
         outcome: list[tuple[Saved, str | None, tuple[Message, ...]]] = []
+        refused: list[TranscriptConflict | LeaseLost] = []
         known_version = None if known is None else known[0]
 
         def write(conn: Connection) -> None:
-            outcome[:] = [self._write(conn, session, items, known if known is not None else None, shared,
-                                      holder, take, replace)]
+            try:
+                outcome[:] = [self._write(conn, session, items, known if known is not None else None, shared,
+                                          holder, take, replace)]
+            except (TranscriptConflict, LeaseLost) as exc:
+                # Refused before anything was written (``_write`` checks the lease and the stored prefix
+                # first): the transaction only read, so it commits rather than rolls back, which costs the
+                # same and keeps psycopg's prepared statements (it forgets them all at each ROLLBACK; a
+                # resumed run's first save meets this refusal by design).
+                refused[:] = [exc]
+                return
             if events:
                 assert holder is not None
-                self._append_events(conn, session, holder, events, keep)
+                logged[:] = [self._append_events(conn, session, holder, events, keep)[1]]
 
+        logged: list[int] = []
         try:
             self._transaction("save", session, write)
+            if refused:
+                raise refused[0]
         except BaseException:
             self._known.forget(session)
             raise
+        if logged:
+            self._floor(session, logged[0])
         saved, version, transcript = outcome[0]
         if version is not None:
             self._known.put(session, version, transcript)
@@ -435,24 +456,58 @@ class SQLStore:
     def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
         validate.session_id(session)
         records = eventlog.check_append(events, keep)
-        return self._transaction(
+        last, floor = self._transaction(
             "append_events", session, lambda conn: self._append_events(conn, session, holder, records, keep)
         )
+        self._floor(session, floor)
+        return last
 
-    def _append_events(self, conn: Connection, session: str, holder: Holder, records: list[str], keep: int) -> int:
+    def _append_events(
+        self, conn: Connection, session: str, holder: Holder, records: list[str], keep: int
+    ) -> tuple[int, int]:
         """In the caller's transaction: claim the next numbers on the session row (fenced; the row stays
-        locked, so concurrent appenders queue), store the events under them, drop those beyond ``keep``,
-        and wake the followers (``notify``). Returns the last number given."""
-        n = len(records)
-        if self.run(conn, sql.CLAIM_EVENTS, {**sql.fence_params(session, holder), "n": n}).rowcount != 1:
+        locked, so concurrent appenders queue), then ``_log_events``. Returns the last number given and the
+        log's floor after it (``_floor`` it once the transaction commits)."""
+        last = self.claim(conn, {**sql.fence_params(session, holder), "n": len(records)})
+        if last is None:
             raise _lost(session, holder, self.run(conn, sql.CHECK, {"sid": session}).first())
-        last: int = int(self.run(conn, sql.LAST_EVENT, {"sid": session}).scalar())  # type: ignore[call-overload]
+        return last, self._log_events(conn, session, last, records, keep)
+
+    def _log_events(self, conn: Connection, session: str, last: int, records: Sequence[str], keep: int) -> int:
+        """Store ``records`` under the numbers just claimed (up to ``last``), drop the log's events beyond the
+        newest ``keep`` (only when it holds any: ``_event_floor``), and wake the followers (``notify``).
+        Returns the log's floor after this write."""
+        n = len(records)
         first, cut = last - n + 1, last - keep
-        self.run(conn, sql.ADD_EVENTS, [
-            {"session_id": session, "seq": first + i, "body": text} for i, text in enumerate(records) if first + i > cut
-        ])
-        self.run(conn, sql.DROP_EVENTS, {"sid": session, "cut": cut})
+        floor = self._event_floor.get(session)
+        if floor is None:
+            oldest = self.run(conn, sql.FIRST_EVENT, {"sid": session}).scalar()
+            floor = first if oldest is None else int(oldest)  # type: ignore[call-overload]
+        rows = [{"session_id": session, "seq": first + i, "body": text}
+                for i, text in enumerate(records) if first + i > cut]
+        if rows:
+            self.run(conn, sql.ADD_EVENTS, rows)
+        if cut >= floor:
+            self.run(conn, sql.DROP_EVENTS, {"sid": session, "cut": cut})
+            floor = cut + 1
         self.notify(conn, session)
+        return floor
+
+    def _floor(self, session: str, floor: int) -> None:
+        """Remember the log's floor, a transaction having committed it; bounded like ``_known``."""
+        if len(self._event_floor) >= self._known.size and session not in self._event_floor:
+            self._event_floor.clear()
+        self._event_floor[session] = floor
+
+    def claim(self, conn: Connection, params: dict[str, Any], **shape: bool) -> int | None:
+        """Claim ``params["n"]`` event numbers (``sql.claim_events`` of ``shape``): the last number given, or
+        ``None`` when the row did not match. One statement where UPDATE ... RETURNING is there."""
+        if self.engine.dialect.update_returning:
+            row = self.run(conn, sql.claim_events(returning=True, **shape), params).first()
+            return None if row is None else int(row[0])
+        if self.run(conn, sql.claim_events(**shape), params).rowcount != 1:
+            return None
+        last: int = int(self.run(conn, sql.LAST_EVENT, {"sid": params["sid"]}).scalar())  # type: ignore[call-overload]
         return last
 
     def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
@@ -563,6 +618,7 @@ class SQLStore:
         finally:
             self._known.forget(session)
             self._journaled.discard(session)
+            self._event_floor.pop(session, None)
 
     def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
         """Batches of at most ``PRUNE_BATCH``: the oldest idle sessions are read without locks, then
@@ -598,6 +654,7 @@ class SQLStore:
             for session in ids:
                 self._known.forget(session)
                 self._journaled.discard(session)
+                self._event_floor.pop(session, None)
         return len(ids)
 
     def tail(self, session: str, last: int) -> list[Message]:
@@ -662,8 +719,10 @@ class SQLStore:
         (the known one: an append keeps it); ``None`` when not, and the save then runs its transaction.
         When the step must drop a journal, that is a second statement of the same transaction."""
         count = len(step.items) - step.start
-        if count > sql.MAX_APPEND or step.events:
+        if count > sql.MAX_APPEND:
             return None
+        if step.events:
+            return self._append_logged(step)
         params = sql.append_params(step)
         statement = sql.append_if_current(
             count, step.unsteered, step.holder is not None, not step.drop_journal, self.share_lock
@@ -683,6 +742,38 @@ class SQLStore:
             raise
         return step.known if inserted == count else None
 
+    def _append_logged(self, step: sql.Step) -> str | None:
+        """A leased run's usual save with its events (``save_fenced_events``), in one transaction: the claim
+        of the event numbers on the session row, guarded as ``append_if_current`` guards the append (so it
+        also locks the row, and a takeover waits for it or it for the takeover, which it then sees); if it
+        matched, the new messages and the events (``_log_events``). Three statements (SQLite: each some
+        microseconds, one BEGIN IMMEDIATE and one COMMIT), where the general path took ten. Anything the
+        claim does not match (a steer, a cancel, a lost lease, another version) writes nothing and the save
+        runs its transaction, which sorts out which, as after a plain append."""
+        holder = step.holder
+        assert holder is not None  # save_fenced_events
+        params = {**sql.fence_params(step.session, holder), "known": step.known, "n": len(step.events)}
+        rows = [{"session_id": step.session, "seq": i, "body": step.items[i].to_json()}
+                for i in range(step.start, len(step.items))]
+
+        def write(conn: Connection) -> int | None:
+            last = self.claim(conn, params, save=True, unsteered=step.unsteered, drop_journal=step.drop_journal)
+            if last is None:
+                return None
+            self.run(conn, sql.APPEND, rows)
+            return self._log_events(conn, step.session, last, step.events, step.keep)
+
+        try:
+            floor = self._transaction("save", step.session, write)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):  # another writer appended at these positions first
+                return None
+            raise
+        if floor is None:
+            return None
+        self._floor(step.session, floor)
+        return step.known
+
     def take(self, conn: Connection, session: str) -> list[str]:
         """Delete and return the session's steers, oldest first. DELETE ... RETURNING: rows another
         taker deleted first are simply not there, so each steer goes to exactly one taker."""
@@ -698,6 +789,7 @@ class SQLStore:
         self.engine.dispose(close=False)
         self._known = Known(self._known.size, self._known.max_bytes)
         self._journaled = set()
+        self._event_floor = {}
 
     # -- plumbing ------------------------------------------------------------------------------------
 

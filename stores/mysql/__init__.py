@@ -114,6 +114,13 @@ class Store(SQLStore):
             return None
         return super().append(step)
 
+    def claim(self, conn: Connection, params: dict[str, Any], **shape: bool) -> int | None:
+        """One statement, as UPDATE ... RETURNING is elsewhere: the claim sets ``event_seq`` through
+        ``LAST_INSERT_ID(expr)``, whose value the server returns as the reply's insert id (PyMySQL's
+        ``lastrowid``), on this connection only."""
+        claimed = self.run(conn, sql.claim_events(last_insert_id=True, **shape), params)
+        return int(claimed.lastrowid) if claimed.rowcount == 1 else None
+
     def is_transient(self, exc: DBAPIError) -> bool:
         args: tuple[object, ...] = getattr(exc.orig, "args", ())
         return bool(args) and args[0] in _TRANSIENT

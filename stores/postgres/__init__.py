@@ -75,7 +75,8 @@ MIGRATIONS: dict[int, list[str]] = {
 while it rewrites it."""
 
 MAX_RIDING = 16
-"""Events a save's one statement carries (``save_fenced_events``); a step with more saves in a transaction.
+"""Events a save's one statement carries (``save_fenced_events``); a step with more appends them in a
+transaction of three statements (``SQLStore.append``).
 A step's save usually carries a few: its text, tool and steer events are appended as they happen."""
 
 
@@ -185,6 +186,7 @@ class Store(SQLStore):
 
     backend = "PostgreSQL"
     raw_statements = True
+    prepare_statements = True
     schema_hint = "create the tables by running stores.postgres.SCHEMA in your migration"
     dialects = ("postgresql",)
     engine_hint = "create_engine('postgresql+psycopg://...') once and pass it"
@@ -220,8 +222,10 @@ class Store(SQLStore):
     def append(self, step: sql.Step) -> str | None:
         """The CTE drops the journal anyway (it updates the row), so ``step.drop_journal`` needs nothing."""
         count = len(step.items) - step.start
-        if count > sql.MAX_APPEND or len(step.events) > MAX_RIDING:
+        if count > sql.MAX_APPEND:
             return None
+        if len(step.events) > MAX_RIDING:
+            return super().append(step)  # the claim, the messages and the events in a transaction
         params = sql.append_params(step)
         version = params["new_version"] = os.urandom(16).hex()  # this append replaces the version
         if step.events:
