@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import requests
 
 from tests import servers
 from tests.model_server import ModelServer, Reply, Request, openai
+from tests.sse_client import TURN_KINDS, check_event, sse
 
 ROOT = Path(__file__).resolve().parents[1]
 MANAGE = ROOT / "examples" / "django_app" / "manage.py"
@@ -579,27 +580,6 @@ def test_approve_lists_the_waiting_calls_and_decides_once(memory: Any) -> None:
 # -- the events view: a session's event log as server-sent events ---------------------------------------------------
 
 REVIEW = [("c1", "read_file", '{"path": "lease.go"}')]
-TURN_KINDS = ["step_started", "model_response", "tool_called", "tool_finished", "step_started", "model_response",
-              "finished"]
-
-
-def sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
-    """The events of a ``text/event-stream``, each as its fields (``id``, ``event``, ``data``, ``retry``)."""
-    event: dict[str, str] = {}
-    for line in lines:
-        if line == "":
-            if event:
-                yield event
-            event = {}
-            continue
-        name, _, value = line.partition(":")
-        event[name] = value[1:] if value.startswith(" ") else value
-
-
-def check_event(event: dict[str, str]) -> dict[str, Any]:
-    data = json.loads(event["data"])
-    assert event["id"] == str(data["seq"]) and event["event"] == data["kind"]
-    return dict(data)
 
 
 def streamed(response: Any) -> list[dict[str, str]]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from examples.flask_app import app as flask_example
 from examples.flask_app.app import create_app
 from stores import memory, sqlite
 from tests.model_server import ModelServer, Reply, openai
+from tests.sse_client import TURN_KINDS, check_event, sse
 
 
 @pytest.fixture
@@ -122,27 +122,6 @@ def test_over_a_real_http_server(model: ModelServer, served: str) -> None:
 
 ROOT = Path(__file__).resolve().parent.parent
 REFUND = [("call_1", "refund", '{"order": "7", "amount": 5}')]
-TURN_KINDS = ["step_started", "model_response", "tool_called", "tool_finished", "step_started", "model_response",
-              "finished"]
-
-
-def sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
-    """The events of a ``text/event-stream``, each as its fields (``id``, ``event``, ``data``, ``retry``)."""
-    event: dict[str, str] = {}
-    for line in lines:
-        if line == "":
-            if event:
-                yield event
-            event = {}
-            continue
-        name, _, value = line.partition(":")
-        event[name] = value[1:] if value.startswith(" ") else value
-
-
-def check_event(event: dict[str, str]) -> dict[str, Any]:
-    data = json.loads(event["data"])
-    assert event["id"] == str(data["seq"]) and event["event"] == data["kind"]
-    return dict(data)
 
 
 @pytest.fixture
