@@ -364,11 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_list(args: argparse.Namespace, store: Store) -> Outcome:
     page = _lifecycle(store, "list").list_sessions(args.prefix, dict(args.where) or None, args.limit, args.after)
     lines = [f"{'ID':<30} {'UPDATED (UTC)':<19}  {'MESSAGES':>8}  METADATA"] if page.sessions else ["no sessions"]
-    lines += [f"{_safe(i.id):<30} {_time(i.updated)}  {i.messages:>8}  {_safe(lifecycle.encode_metadata(i.metadata))}"
+    lines += [f"{safe(i.id):<30} {_time(i.updated)}  {i.messages:>8}  {safe(lifecycle.encode_metadata(i.metadata))}"
               for i in page.sessions]
     if page.next:
         lines.append(f"next page: --after {page.next}")
-    return Outcome({"sessions": [_info_doc(i) for i in page.sessions], "next": page.next}, lines)
+    return Outcome({"sessions": [info_doc(i) for i in page.sessions], "next": page.next}, lines)
 
 
 def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
@@ -388,20 +388,20 @@ def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
     if info is None:
         return _absent(session, None)
     holder, steers = session.holder(), session.pending_steers()
-    lines = [f"id:        {_safe(info.id)}", f"created:   {_time(info.created)} UTC",
+    lines = [f"id:        {safe(info.id)}", f"created:   {_time(info.created)} UTC",
              f"updated:   {_time(info.updated)} UTC", f"messages:  {info.messages}",
-             f"metadata:  {_safe(lifecycle.encode_metadata(info.metadata))}",
-             f"run:       {'none' if holder is None else _safe(holder.describe())}",
+             f"metadata:  {safe(lifecycle.encode_metadata(info.metadata))}",
+             f"run:       {'none' if holder is None else safe(holder.describe())}",
              f"steers:    {len(steers)} waiting"]
-    lines += [f"  {_safe(s)}" for s in steers]
-    return Outcome({**_info_doc(info), "holder": _holder_doc(holder), "pending_steers": steers}, lines)
+    lines += [f"  {safe(s)}" for s in steers]
+    return Outcome({**info_doc(info), "holder": holder_doc(holder), "pending_steers": steers}, lines)
 
 
 def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
     session = open_session(args.session, store)
     session.steer(args.text)
     later = "" if _exists(session) is not False else " (it does not exist yet: the steer waits for its first run)"
-    return Outcome({"id": session.id, "steered": True}, [f"steer left for session {_safe(session.id)}{later}"])
+    return Outcome({"id": session.id, "steered": True}, [f"steer left for session {safe(session.id)}{later}"])
 
 
 def cmd_cancel(args: argparse.Namespace, store: Store) -> Outcome:
@@ -410,7 +410,7 @@ def cmd_cancel(args: argparse.Namespace, store: Store) -> Outcome:
         return Outcome({"id": session.id, "cancelled": False}, code=NOTHING,
                        note=f"no run holds session {session.id!r}: nothing to cancel")
     return Outcome({"id": session.id, "cancelled": True},
-                   [f"asked the run holding session {_safe(session.id)} to stop"])
+                   [f"asked the run holding session {safe(session.id)} to stop"])
 
 
 def cmd_holder(args: argparse.Namespace, store: Store) -> Outcome:
@@ -419,7 +419,7 @@ def cmd_holder(args: argparse.Namespace, store: Store) -> Outcome:
     if holder is None:
         return Outcome({"id": session.id, "holder": None}, code=NOTHING,
                        note=f"no live run holds session {session.id!r}")
-    return Outcome({"id": session.id, "holder": _holder_doc(holder)}, [_safe(holder.describe())])
+    return Outcome({"id": session.id, "holder": holder_doc(holder)}, [safe(holder.describe())])
 
 
 def cmd_fork(args: argparse.Namespace, store: Store) -> Outcome:
@@ -430,7 +430,7 @@ def cmd_fork(args: argparse.Namespace, store: Store) -> Outcome:
     session.fork(args.new_id, args.at, allow_unanswered=args.allow_unanswered)
     kept = "all its messages" if args.at is None else f"its first {args.at} messages"
     return Outcome({"id": args.new_id, "source": session.id, "forked": True, "at": args.at},
-                   [f"forked session {_safe(session.id)} into {_safe(args.new_id)} with {kept}"])
+                   [f"forked session {safe(session.id)} into {safe(args.new_id)} with {kept}"])
 
 
 def cmd_delete(args: argparse.Namespace, store: Store) -> Outcome:
@@ -444,7 +444,7 @@ def cmd_delete(args: argparse.Namespace, store: Store) -> Outcome:
                              "deletes it anyway (the run's next write then fails with LeaseLost)") from exc
     if not deleted:
         return _absent(session, {"id": session.id, "deleted": False})
-    return Outcome({"id": session.id, "deleted": True}, [f"deleted session {_safe(session.id)}"])
+    return Outcome({"id": session.id, "deleted": True}, [f"deleted session {safe(session.id)}"])
 
 
 def cmd_prune(args: argparse.Namespace, store: Store) -> Outcome:
@@ -462,7 +462,7 @@ def cmd_metadata(args: argparse.Namespace, store: Store) -> Outcome:
             return _absent(session, {"id": session.id, "metadata": None})
         metadata = info.metadata
     return Outcome({"id": session.id, "metadata": dict(metadata)},
-                   [f"{_safe(k)}={_safe(json.dumps(v, ensure_ascii=False))}" for k, v in sorted(metadata.items())])
+                   [f"{safe(k)}={safe(json.dumps(v, ensure_ascii=False))}" for k, v in sorted(metadata.items())])
 
 
 def cmd_schema(args: argparse.Namespace, target: Target) -> Outcome:
@@ -480,7 +480,7 @@ def format_message(message: Message, number: int | None = None) -> list[str]:
     """A message for a terminal: its role (and key), then one indented line or more per block; tool
     arguments exactly as the model wrote them. Control characters are shown escaped, never sent."""
     head = f"#{number} " if number is not None else ""
-    lines = [f"{head}{message.role.value}" + (f" (key {_safe(message.key)})" if message.key else "") + ":"]
+    lines = [f"{head}{message.role.value}" + (f" (key {safe(message.key)})" if message.key else "") + ":"]
     for block in message.content:
         if block.type is ContentType.TEXT:
             text = block.text
@@ -489,16 +489,17 @@ def format_message(message: Message, number: int | None = None) -> list[str]:
         else:
             error = " (error)" if block.is_error else ""
             text = f"tool result [{block.tool_call_id}]{error}: {block.text}"
-        lines += [f"  {_safe(line)}" for line in (text.splitlines() or [""])]
+        lines += [f"  {safe(line)}" for line in (text.splitlines() or [""])]
     return lines
 
 
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-def _safe(text: str) -> str:
+def safe(text: str) -> str:
     """Text from the store (a model's output, a user's message) is untrusted: an escape sequence in it
-    must not drive the terminal, so control characters are printed as \\xNN / \\uNNNN instead."""
+    must not drive the terminal, so control characters are printed as \\xNN / \\uNNNN instead. The
+    Django app's commands print with it too."""
     return _UNSAFE.sub(lambda m: json.dumps(m.group())[1:-1] if ord(m.group()) > 0x1f else f"\\x{ord(m.group()):02x}",
                        text)
 
@@ -507,12 +508,12 @@ def _time(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _info_doc(info: SessionInfo) -> dict[str, Any]:
+def info_doc(info: SessionInfo) -> dict[str, Any]:
     return {"id": info.id, "created": info.created.isoformat(), "updated": info.updated.isoformat(),
             "messages": info.messages, "metadata": dict(info.metadata)}
 
 
-def _holder_doc(holder: Holder | None) -> dict[str, Any] | None:
+def holder_doc(holder: Holder | None) -> dict[str, Any] | None:
     """The lease without its token: the token is what a run's writes carry, not something to print."""
     if holder is None:
         return None

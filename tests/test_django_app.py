@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from tests import servers
+from tests.four_method_store import FourMethodStore
 from tests.model_server import ModelServer, Reply, Request, openai
 from tests.sse_client import TURN_KINDS, check_event, sse
 
@@ -389,20 +390,10 @@ def not_a_store() -> str:
 # -- the management commands, in-process on the memory store (the reference LifecycleStore) -----------------------
 
 
-class PlainStore:
+def plain_store() -> FourMethodStore:
     """A store with the four calls of agent_sessions.Store and nothing more: what the commands do with a
     store that cannot list, count or prune."""
-
-    def __init__(self) -> None:
-        from stores import memory
-
-        self._inner = memory.Store()
-        self.save, self.messages = self._inner.save, self._inner.messages
-        self.add_steer, self.take_steers = self._inner.add_steer, self._inner.take_steers
-
-
-def plain_store() -> PlainStore:
-    return PlainStore()
+    return FourMethodStore()
 
 
 def memory_store() -> Any:

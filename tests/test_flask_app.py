@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import agent_sessions as agent
 from examples.flask_app import app as flask_example
 from examples.flask_app.app import create_app
 from stores import memory, sqlite
+from tests.four_method_store import FourMethodStore
 from tests.model_server import ModelServer, Reply, openai
 from tests.sse_client import TURN_KINDS, check_event, sse
 
@@ -154,27 +155,9 @@ def test_events_stream_as_sse_from_last_event_id(model: ModelServer, refunds: Pa
     assert client.get("/sessions/e1/events?after=-1").status_code == 400
 
 
-class _NoEventLog:
-    """A Store with only the four methods of ``agent.Store`` (over a memory store): no event log."""
-
-    def __init__(self) -> None:
-        self.inner = memory.Store()
-
-    def save(self, session: str, msgs: Sequence[agent.Message]) -> None:
-        self.inner.save(session, msgs)
-
-    def messages(self, session: str) -> list[agent.Message]:
-        return self.inner.messages(session)
-
-    def add_steer(self, session: str, text: str) -> None:
-        self.inner.add_steer(session, text)
-
-    def take_steers(self, session: str) -> list[str]:
-        return self.inner.take_steers(session)
-
 
 def test_a_store_without_event_logs_answers_501(model: ModelServer) -> None:
-    store = _NoEventLog()
+    store = FourMethodStore()
     assert isinstance(store, agent.Store) and not isinstance(store, agent.EventStore)
     reply = create_app(store, endpoint(model)).test_client().get("/sessions/s1/events")
     assert reply.status_code == 501 and "EventStore" in reply.json["error"]

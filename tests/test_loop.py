@@ -15,6 +15,7 @@ import agent_sessions as agent
 from agent_sessions import eventlog
 from agent_sessions import events as ev
 from stores import memory
+from tests.four_method_store import FourMethodStore
 from tests.model_server import ModelServer, Reply, Request, openai, sse
 
 
@@ -374,24 +375,6 @@ def test_bad_runner_arguments(model: ModelServer) -> None:
     with pytest.raises(agent.EndpointError):
         run.wait(10)  # the script is empty: the server says 599
 
-
-class FourMethodStore:
-    """A third-party store with only the core protocol: no fork, journal, lease or cancel."""
-
-    def __init__(self) -> None:
-        self.inner = memory.Store()
-
-    def save(self, session: str, msgs: Sequence[agent.Message]) -> None:
-        self.inner.save(session, msgs)
-
-    def messages(self, session: str) -> list[agent.Message]:
-        return self.inner.messages(session)
-
-    def add_steer(self, session: str, text: str) -> None:
-        self.inner.add_steer(session, text)
-
-    def take_steers(self, session: str) -> list[str]:
-        return self.inner.take_steers(session)
 
 
 def test_a_store_without_the_run_protocol_still_runs_and_says_what_it_lacks(model: ModelServer) -> None:

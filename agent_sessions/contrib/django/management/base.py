@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -19,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-u
 from django.core.management.base import BaseCommand, CommandError, CommandParser  # type: ignore[import-untyped]
 
 import agent_sessions as agent
+from agent_sessions import cli
 from agent_sessions.lifecycle import Scalar
 
 from .. import store
@@ -61,40 +61,10 @@ def lifecycle(store: agent.Store, command: str) -> agent.LifecycleStore:
     return store
 
 
-def info_dict(info: agent.SessionInfo) -> dict[str, Any]:
-    return {"id": info.id, "created": info.created.isoformat(), "updated": info.updated.isoformat(),
-            "messages": info.messages, "metadata": dict(info.metadata)}
-
-
-def holder_dict(holder: agent.Holder | None) -> dict[str, Any] | None:
-    """The lease without its token: the token is what a run's writes carry, not something to print."""
-    if holder is None:
-        return None
-    return {"host": holder.host, "pid": holder.pid, "epoch": holder.epoch, "cancelled": holder.cancelled,
-            "expires": agent.lifecycle.when(holder.expires).isoformat()}
-
-
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def safe(text: str) -> str:
-    """Text from the store (a model's output, a user's message) is untrusted: an escape sequence in it must
-    not drive the terminal, so control characters are printed as \\xNN / \\uNNNN instead."""
-    return _UNSAFE.sub(lambda m: json.dumps(m.group())[1:-1] if ord(m.group()) > 0x1F else f"\\x{ord(m.group()):02x}",
-                       text)
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
-_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-
-
 def duration(text: str) -> timedelta:
     """``30d``, ``12h``, ``15m``, ``90s`` or a sum of them (``1d12h``), as ``python -m agent_sessions``
     reads them; for argparse (its ``type=``)."""
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 15m, 90s or 1d12h")
-    return timedelta(seconds=sum(float(n) * _UNIT[u] for n, u in parts))
+    return timedelta(seconds=cli.duration(text))
 
 
 def metadata_filter(text: str) -> tuple[str, Scalar]:

@@ -9,8 +9,9 @@ from typing import Any
 from django.core.management.base import CommandParser  # type: ignore[import-untyped]
 
 import agent_sessions as agent
+from agent_sessions.cli import info_doc, safe
 
-from ..base import StoreCommand, info_dict, lifecycle, metadata_filter, safe
+from ..base import StoreCommand, lifecycle, metadata_filter
 
 
 class Command(StoreCommand):
@@ -29,7 +30,7 @@ class Command(StoreCommand):
         page = lifecycle(store, "sessions").list_sessions(
             prefix=options["prefix"], where=dict(options["where"]) or None, limit=options["limit"],
             after=options["after"])
-        return {"sessions": [info_dict(info) for info in page], "next": page.next}
+        return {"sessions": [info_doc(info) for info in page], "next": page.next}
 
     def lines(self, result: Mapping[str, Any]) -> list[str]:
         if not result["sessions"]:

@@ -9,8 +9,9 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser  # type: ignore[import-untyped]
 
 import agent_sessions as agent
+from agent_sessions.cli import holder_doc, info_doc, safe
 
-from ..base import StoreCommand, holder_dict, info_dict, safe
+from ..base import StoreCommand
 
 LAST = 20
 
@@ -43,8 +44,8 @@ class Command(StoreCommand):
         holder = session.holder() if isinstance(store, agent.RunStore) else None
         return {
             "id": session.id,
-            "info": None if info is None else info_dict(info),
-            "holder": holder_dict(holder),
+            "info": None if info is None else info_doc(info),
+            "holder": holder_doc(holder),
             "pending_steers": pending,
             "total": total,
             "first": total - len(msgs),

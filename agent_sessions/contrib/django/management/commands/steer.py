@@ -8,8 +8,9 @@ from typing import Any
 from django.core.management.base import CommandParser  # type: ignore[import-untyped]
 
 import agent_sessions as agent
+from agent_sessions.cli import safe
 
-from ..base import StoreCommand, safe
+from ..base import StoreCommand
 
 
 class Command(StoreCommand):
