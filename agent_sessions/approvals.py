@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -207,7 +206,3 @@ def _parse(text: str, session: str) -> Journal:
 def deadline_of(seconds: float | None, asked: float) -> float | None:
     return None if seconds is None else asked + seconds
 
-
-def approving(calls: Sequence[Content], journal: Journal) -> list[Content]:
-    """The calls of ``calls`` the journal holds an approval for, in order."""
-    return [c for c in calls if c.id in journal.approvals]
