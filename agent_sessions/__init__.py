@@ -21,6 +21,7 @@ from .errors import (
     StoreError,
     ToolError,
     TranscriptConflict,
+    TranscriptDeleted,
     UnknownApproval,
     Unsupported,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "Tool",
     "ToolError",
     "TranscriptConflict",
+    "TranscriptDeleted",
     "UnknownApproval",
     "Unsupported",
     "approvals",

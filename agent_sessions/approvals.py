@@ -19,6 +19,7 @@ is noise; for seconds, use one host's clock.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,7 +30,7 @@ from .errors import AlreadyDecided, ArgumentError, SessionBusy, StoreError, Unkn
 from .journal import UNKNOWN_OUTCOME, Approval, Decision, Journal
 from .lease import Lease
 from .lifecycle import when
-from .messages import Content, Message, Role
+from .messages import Content, ContentType, Message, Role
 from .session import RunStore
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,9 @@ def decide(store: ApprovalStore, session: str, call_id: str, approved: bool, rea
         journal = None if text is None else _parse(text, session)
         approval = None if journal is None else journal.approvals.get(call_id)
         if text is None or journal is None or approval is None:
+            closed = _closed(store, session, call_id)
+            if closed is not None:
+                raise _already(session, call_id, closed)
             raise UnknownApproval(f"session {session!r}: no call {call_id!r} waits for a decision (a wrong id, or "
                                   f"its turn was closed)")
         if approval.decision is not None:
@@ -122,6 +126,27 @@ def decide(store: ApprovalStore, session: str, call_id: str, approved: bool, rea
             return decision
     raise StoreError(f"session {session!r}: the decision on call {call_id!r} could not be stored: the journal "
                      f"changed under each of {ATTEMPTS} attempts")
+
+
+def cancel(store: RunStore, session: str) -> bool:
+    """What ``StoreSession.cancel`` does, whatever it meets, as one rule: the cancel is stored where every
+    run that could go on with the turn looks before it starts anything.
+
+    - The lease is marked (``RunStore.cancel``): its run sees the mark at its next check, and the mark
+      outlives the run: released, or left to expire by a dead worker, it is handed to whichever run takes
+      the session next (``RunStore.acquire``), which stops at once if it goes on with the same turn and
+      drops it if it begins a new one (``persistence.Leased.resume``).
+    - A turn waiting for decisions has its undecided calls decided "cancel" (by compare-and-swap, so a
+      person's decision stored first is kept and one coming after raises ``AlreadyDecided``), and when no
+      run holds the session it is closed now (``close_waiting``). A run that resumes it finds the mark.
+
+    ``True`` when a run held the session or a turn waited: no call of that turn starts afterwards."""
+    running = store.cancel(session)
+    if not isinstance(store, ApprovalStore) or _decide_rest(store, session) is None:
+        return running
+    if running:
+        return True  # the holder finds the mark and the decisions; so does whoever resumes after it
+    return close_waiting(store, session)
 
 
 def close_waiting(store: ApprovalStore, session: str) -> bool:
@@ -143,9 +168,10 @@ def close_waiting(store: ApprovalStore, session: str) -> bool:
         transcript = store.messages(session)
         if not journal.answers(transcript):
             return False  # a stale journal, not a waiting turn: the next save drops it
-        results = [_closing_result(journal, call) for call in journal.reply.tool_calls]
+        results = [closing_result(journal, call) for call in journal.reply.tool_calls]
         store.save_fenced(session, lease.holder, [*transcript, journal.reply, Message(Role.USER, results)],
                           take_steers=False)
+        store.cancel(session)  # marks this lease, which hands the cancel on: a redelivered turn stays closed
         log.info("session %r: the turn waiting for approval was cancelled and closed", session)
         return True
     finally:
@@ -173,7 +199,9 @@ def _decide_rest(store: ApprovalStore, session: str) -> Journal | None:
     raise StoreError(f"session {session!r}: the journal changed under each of {ATTEMPTS} attempts to cancel")
 
 
-def _closing_result(journal: Journal, call: Content) -> Content:
+def closing_result(journal: Journal, call: Content) -> Content:
+    """What a call of a closed turn's reply gets: its result, its denial, "outcome unknown" for a started
+    non-idempotent call, else that the turn was cancelled before it ran."""
     done = journal.results.get(call.id)
     if done is not None:
         return done
@@ -189,8 +217,27 @@ def _already(session: str, call_id: str, decision: Decision) -> AlreadyDecided:
     how = {"deadline": "denied: its approval deadline passed", "cancel": "denied: its turn was cancelled"}.get(
         decision.by, ("approved" if decision.approved else "denied") + " by a person"
         + (f" ({decision.reason})" if decision.reason else ""))
-    return AlreadyDecided(f"session {session!r}: call {call_id!r} was already decided: {how}, at "
-                          f"{when(decision.at).isoformat()}", decision)
+    at = f", at {when(decision.at).isoformat()}" if decision.at == decision.at else ""  # NaN: not known
+    return AlreadyDecided(f"session {session!r}: call {call_id!r} was already decided: {how}{at}", decision)
+
+
+def _closed(store: RunStore, session: str, call_id: str) -> Decision | None:
+    """The decision a call's stored result shows, once its turn was closed (its results saved, the journal
+    gone): a decision coming after a denial (at its deadline, by a cancel, by another person) is one too
+    late, not one on an unknown call. ``None`` when the transcript holds no such result (a call that ran
+    may or may not have waited for a decision: that is no longer kept). When it was made is not kept
+    either (``at`` is NaN)."""
+    for message in reversed(store.messages(session)):
+        for c in message.content:
+            if c.type is ContentType.TOOL_RESULT and c.tool_call_id == call_id:
+                if c.text == EXPIRED:
+                    return Decision(False, "the approval deadline passed", math.nan, "deadline")
+                if c.text in (CANCELLED_WAITING, CANCELLED_APPROVED):
+                    return Decision(False, "the turn was cancelled", math.nan, "cancel")
+                if c.is_error and c.text.startswith(DENIED):
+                    return Decision(False, c.text[len(DENIED) + 2:], math.nan, "person")
+                return None  # it ran: whether it waited for a decision is no longer kept
+    return None
 
 
 def _journal(store: RunStore, session: str) -> Journal | None:

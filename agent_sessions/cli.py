@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import unquote, unquote_plus
 
 from . import lifecycle
 from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, Unsupported
@@ -87,13 +88,14 @@ def parse_target(url: str) -> Target:
     if "://" not in url:
         if not url:
             raise Exit(USAGE, "the store URL is empty")
-        return Target("sqlite", url, url)
+        return Target("sqlite", url, _hide(url))
     scheme = url.split("://", 1)[0].lower()
     if scheme == "sqlite":
         path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
         if not path:
-            raise Exit(USAGE, f"bad SQLite URL {url!r}: write sqlite:///relative/path.db or sqlite:////abs/path.db")
-        return Target("sqlite", path, path)
+            raise Exit(USAGE, f"bad SQLite URL {_hide(url)!r}: write sqlite:///relative/path.db or "
+                              "sqlite:////abs/path.db")
+        return Target("sqlite", path, _hide(path))
     if scheme in ("mongodb", "mongodb+srv"):
         return Target("mongodb", url, _hide(url))
     backend, driver = scheme.partition("+")[0], scheme.partition("+")[2]
@@ -109,8 +111,58 @@ def parse_target(url: str) -> Target:
                       "postgresql+psycopg://, mysql+pymysql:// or mongodb://")
 
 
+_SECRET_PARAMETER = re.compile(r"pass|pwd|secret|token|authmechanismproperties", re.IGNORECASE)
+"""A query parameter whose value is a credential: ``password=``/``passwd=`` (libpq, PyMySQL), ``sslpassword``,
+``tlsCertificateKeyFilePassword``, MongoDB's ``authMechanismProperties`` (an AWS session token)."""
+
+
+def hide_credentials(url: str) -> tuple[str, list[str]]:
+    """``url`` as messages show it, with every credential it carries as ``***``, and those credentials.
+
+    Read by hand rather than with ``urlsplit`` or SQLAlchemy's ``make_url``, which end the userinfo at the
+    first ``/`` or ``@``: a password may hold both, unescaped, and the drivers take it. So the userinfo is
+    everything up to the *last* ``@`` after ``://``, and the password what follows its first ``:``;
+    when a query holds an ``@`` too, more is hidden than the password, never less. Then each query
+    parameter naming a secret (``_SECRET_PARAMETER``) has its value hidden."""
+    scheme, sep, rest = url.partition("://")
+    head, secrets = (f"{scheme}://", []) if sep else ("", [])
+    if not sep:
+        rest = url
+    at = rest.rfind("@") if sep else -1
+    if at != -1:
+        user, colon, password = rest[:at].partition(":")
+        if colon and password:
+            secrets.append(password)
+            user += ":***"
+        elif colon:
+            user += ":"
+        head, rest = f"{head}{user}@", rest[at + 1:]
+    base, question, query = rest.partition("?")
+    if question:
+        items = re.split(r"([&;])", query)  # MongoDB also separates with ;
+        for i in range(0, len(items), 2):
+            name, equals, value = items[i].partition("=")
+            if equals and value and _SECRET_PARAMETER.search(unquote_plus(name)):
+                secrets.append(value)
+                items[i] = f"{name}=***"
+        rest = f"{base}?{''.join(items)}"
+    return head + rest, secrets
+
+
 def _hide(url: str) -> str:
-    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url, count=1)
+    return hide_credentials(url)[0]
+
+
+def scrub(text: str, url: str | None) -> str:
+    """``text`` without the credentials of ``url``, as written and percent-decoded: the last line of defence
+    for a message quoting what a driver or URL parser said (SQLAlchemy quotes a URL it cannot parse)."""
+    if not url:
+        return text
+    forms = {form for secret in hide_credentials(url)[1] for form in (secret, unquote(secret), unquote_plus(secret))}
+    for form in sorted(forms, key=len, reverse=True):
+        if form:
+            text = text.replace(form, "***")
+    return text
 
 
 @dataclass
@@ -164,6 +216,11 @@ def _open_sql(target: Target) -> Opened:
         url = make_url(target.url)
     except (BadURL, ValueError) as exc:  # ValueError: a port that is not a number
         raise Exit(USAGE, f"bad store URL {target.where!r}: {exc}") from exc
+    userinfo = target.url.partition("://")[2].rpartition("@")[0]
+    if "@" in userinfo and unquote(userinfo.partition(":")[2]) != url.password:
+        # SQLAlchemy ends the password at its first @, and would send the rest to DNS as the host name.
+        raise Exit(USAGE, f"store URL {target.where!r}: escape each @ in the user name or password (and any "
+                          "in the query) as %40")
     options: dict[str, Any] = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
     if target.kind == "mysql" and "charset" not in url.query:
         url = url.update_query_dict({"charset": "utf8mb4"})  # the store keeps any Unicode text
@@ -367,7 +424,7 @@ def cmd_list(args: argparse.Namespace, store: Store) -> Outcome:
     lines += [f"{safe(i.id):<30} {_time(i.updated)}  {i.messages:>8}  {safe(lifecycle.encode_metadata(i.metadata))}"
               for i in page.sessions]
     if page.next:
-        lines.append(f"next page: --after {page.next}")
+        lines.append(f"next page: --after {safe(page.next)}")
     return Outcome({"sessions": [info_doc(i) for i in page.sessions], "next": page.next}, lines)
 
 
@@ -484,23 +541,29 @@ def format_message(message: Message, number: int | None = None) -> list[str]:
     for block in message.content:
         if block.type is ContentType.TEXT:
             text = block.text
-        elif block.type is ContentType.TOOL_CALL:
-            text = f"tool call {block.name} [{block.id}] {block.arguments}"
+        elif block.type is ContentType.TOOL_CALL:  # a name or id is one field; arguments and texts are lines
+            text = f"tool call {safe(block.name)} [{safe(block.id)}] {block.arguments}"
         else:
             error = " (error)" if block.is_error else ""
-            text = f"tool result [{block.tool_call_id}]{error}: {block.text}"
+            text = f"tool result [{safe(block.tool_call_id)}]{error}: {block.text}"
         lines += [f"  {safe(line)}" for line in (text.splitlines() or [""])]
     return lines
 
 
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                     "\ud800-\udfff]")
+"""What ``safe`` escapes: C0 controls (line feed, carriage return and tab too), DEL and C1 controls
+(U+0085, a line end to some), U+2028/U+2029 (line and paragraph separators), the bidirectional marks,
+embeddings, overrides and isolates, and surrogates (a lone one cannot even be written as UTF-8)."""
 
 
 def safe(text: str) -> str:
-    """Text from the store (a model's output, a user's message) is untrusted: an escape sequence in it
-    must not drive the terminal, so control characters are printed as \\xNN / \\uNNNN instead. The
-    Django app's commands print with it too."""
-    return _UNSAFE.sub(lambda m: json.dumps(m.group())[1:-1] if ord(m.group()) > 0x1f else f"\\x{ord(m.group()):02x}",
+    """Text from the store (an id, a steer, metadata, a model's output, a user's message) is untrusted: it
+    must print as one field on one line, never drive the terminal (an escape sequence), start a line of
+    its own (a line feed forging a row, a ``next page`` or ``run: none`` line) or reorder what follows it
+    (a bidi override). So each character of ``_UNSAFE`` is printed as ``\\xNN`` (up to U+001F) or
+    ``\\uNNNN``, and a backslash stays as it is. The Django app's commands print with it too."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) <= 0x1f else f"\\u{ord(m.group()):04x}",
                        text)
 
 
@@ -567,7 +630,7 @@ def main(argv: Sequence[str] | None = None, *, store: Store | None = None) -> in
         code, message = classify(exc)
         if args.debug:
             traceback.print_exc()
-    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    print(f"{PROG}: error: {safe(_one_line(scrub(message, getattr(args, 'store', None))))}", file=sys.stderr)
     return code
 
 
@@ -614,5 +677,5 @@ def _emit(outcome: Outcome, as_json: bool) -> int:
     except BrokenPipeError:  # `... list | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if outcome.note:
-        print(f"{PROG}: {_one_line(outcome.note)}", file=sys.stderr)
+        print(f"{PROG}: {safe(_one_line(outcome.note))}", file=sys.stderr)
     return outcome.code

@@ -98,6 +98,21 @@ class TranscriptConflict(Conflict):
         )
 
 
+class TranscriptDeleted(TranscriptConflict):
+    """A run's messages were read from a session that has been deleted or pruned since (and perhaps begun
+    anew under the same id): writing them would bring the erased conversation back. Nothing was written.
+    A new conversation under that id starts from messages made anew, not from ones read before the erasure
+    (see docs/lifecycle.md)."""
+
+    def __init__(self, session: str, stored: int, given: int) -> None:
+        super().__init__(session, stored, given)
+        self.args = (
+            f"session {session!r}: the {given} messages given were read from the session before it was deleted "
+            f"or pruned; writing them would bring the erased conversation back, so nothing was written "
+            f"(it holds {stored} messages now)",
+        )
+
+
 class AlreadyDecided(Conflict):
     """A decision on a call that was decided already (by another person's concurrent decision, by its
     deadline passing, or by a cancel of the turn): ``decision`` says how; nothing was written."""

@@ -55,6 +55,8 @@ ENDS = frozenset({"finished", "failed"})
 
 MAX_READ = 1000
 """The most events one ``events()`` call returns."""
+MAX_SEQ = 2**63 - 1
+"""The largest seq: every store keeps seqs as signed 64-bit integers (BIGINT, SQLite INTEGER, BSON int64)."""
 TEXT_CHARS = 4096
 TEXT_SECONDS = 0.1
 """Model text is published in batches: a ``text`` event once this much has arrived, or this long after its
@@ -82,9 +84,11 @@ class StoredEvent:
 
 
 def encode(kind: str, data: Mapping[str, Any], at: float | None = None) -> str:
-    """An event's stored text: compact JSON the store keeps verbatim (it never parses it)."""
+    """An event's stored text: compact JSON the store keeps verbatim (it never parses it). ASCII-only, as a
+    stored message is (``Message.to_json``): one encoding for everything stored, so whatever str a tool or a
+    person gives (a lone surrogate from ``os.listdir``, say) is an escape, not a failure inside a driver."""
     return json.dumps({"kind": kind, "at": time.time() if at is None else at, "data": data},
-                      separators=(",", ":"), ensure_ascii=False)
+                      separators=(",", ":"))
 
 
 def decode(seq: int, text: str) -> StoredEvent:
@@ -152,11 +156,20 @@ def check_keep(keep: object) -> int:
 
 
 def check_read(after: object, limit: object) -> tuple[int, int]:
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise ArgumentError(f"events(after=) must be an int >= 0 (a seq), got {after!r}")
+    """Checked before any query: an ``after`` above ``MAX_SEQ`` would overflow the store's driver (SQLite's
+    OverflowError, PostgreSQL's out-of-range error) rather than find nothing."""
+    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= MAX_SEQ:
+        raise ArgumentError(f"events(after=) must be an int from 0 to {MAX_SEQ} (a seq), got {_shown(after)}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_READ:
         raise ArgumentError(f"events(limit=) must be an int from 1 to {MAX_READ}, got {limit!r}")
     return after, limit
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message: an int too long to print (``repr`` refuses 4,300 digits) by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
 
 
 # -- reading as they arrive ------------------------------------------------------------------------------
@@ -218,12 +231,17 @@ SSE_RETRY_MS = 500
 
 def sse_after(last_event_id: str | None, after: str | None) -> int:
     """Where a stream starts: the ``Last-Event-ID`` header (what a reconnecting ``EventSource`` sends) or
-    else the ``?after=`` parameter, each a ``seq``; 0 (the whole log) without either. Anything else is an
-    ``ArgumentError``, raised before the stream starts so that a web front can answer 400."""
+    else the ``?after=`` parameter, each a ``seq`` (ASCII digits, at most ``MAX_SEQ``); 0 (the whole log)
+    without either. Anything else is an ``ArgumentError``, raised before the stream starts so that a web
+    front can answer 400."""
     seen = last_event_id or after or "0"
-    if not (seen.isascii() and seen.isdigit()):  # isdigit alone accepts "²" and other non-ASCII digits
-        raise ArgumentError(f"Last-Event-ID and ?after= must be an event's seq, got {seen!r}")
-    return int(seen)
+    # isdigit alone accepts "²" and other non-ASCII digits; the length is checked before int(), which refuses
+    # more than 4,300 digits with a ValueError, and a seq has at most 19 (MAX_SEQ), leading zeros aside.
+    digits = seen.lstrip("0") or "0"
+    if not (seen.isascii() and seen.isdigit()) or len(digits) > len(str(MAX_SEQ)) or int(digits) > MAX_SEQ:
+        shown = seen if len(seen) <= 40 else f"{seen[:20]}... ({len(seen)} characters)"
+        raise ArgumentError(f"Last-Event-ID and ?after= must be an event's seq, from 0 to {MAX_SEQ}, got {shown!r}")
+    return int(digits)
 
 
 def sse_event(event: StoredEvent) -> str:
@@ -417,11 +435,11 @@ class Publisher(Sink):
         self.add("tool_called", {"step": step, "call": _call(call)})
         return time.perf_counter()
 
-    def tool_finished(self, step: int, call: Content, result: Content, started: float) -> None:
-        self.inner.tool_finished(step, call, result, started)
+    def tool_finished(self, step: int, call: Content, result: Content, seconds: float) -> None:
+        self.inner.tool_finished(step, call, result, seconds)
         self.add("tool_finished", {"step": step, "call_id": call.id, "name": call.name,
                                    "result": {"text": result.text, "is_error": result.is_error},
-                                   "seconds": round(time.perf_counter() - started, 6)})
+                                   "seconds": round(seconds, 6)})
 
     def approval_requested(self, step: int, call: Content) -> None:
         self.inner.approval_requested(step, call)

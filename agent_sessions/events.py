@@ -151,8 +151,13 @@ class Sink:
         self.events(ToolCalled(step, call))
         return time.perf_counter()
 
-    def tool_finished(self, step: int, call: Content, result: Content, started: float) -> None:
-        self.events(ToolFinished(step, call, result, time.perf_counter() - started))
+    def tool_returned(self, started: float) -> float:
+        """The seconds the tool took, since ``started`` (what ``tool_called`` returned): read as it returns,
+        before its result is recorded, so that ``ToolFinished`` measures the tool alone."""
+        return time.perf_counter() - started
+
+    def tool_finished(self, step: int, call: Content, result: Content, seconds: float) -> None:
+        self.events(ToolFinished(step, call, result, seconds))
 
     def approval_requested(self, step: int, call: Content) -> None:
         self.events(ApprovalRequested(step, call))
@@ -198,7 +203,10 @@ class _Silent(Sink):
     def tool_called(self, step: int, call: Content) -> float:
         return 0.0
 
-    def tool_finished(self, step: int, call: Content, result: Content, started: float) -> None:
+    def tool_returned(self, started: float) -> float:
+        return 0.0
+
+    def tool_finished(self, step: int, call: Content, result: Content, seconds: float) -> None:
         pass
 
     def approval_requested(self, step: int, call: Content) -> None:

@@ -127,6 +127,9 @@ def metadata_value(key: str, value: object, where: str = "metadata") -> str:
         raise ArgumentError(
             f"{where}[{key!r}] must be a str, int, float or bool (a JSON scalar), got {type(value).__name__}"
         )
+    if isinstance(value, int) and value.bit_length() > 4 * MAX_VALUE_BYTES:  # more digits than the bytes allowed
+        raise ArgumentError(f"{where}[{key!r}] is an int of {value.bit_length()} bits; values are indexed as JSON "
+                            f"and may be at most {MAX_VALUE_BYTES} bytes")  # json.dumps would raise ValueError
     if isinstance(value, float) and not math.isfinite(value):
         raise ArgumentError(f"{where}[{key!r}] must be finite, got {value!r}")
     if isinstance(value, str) and ("\x00" in value or not _utf8(value)):

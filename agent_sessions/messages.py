@@ -7,6 +7,8 @@ append only the new ones, and so a transcript handed to a store can never change
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -14,6 +16,8 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from .errors import MessageError
+
+log = logging.getLogger(__name__)
 
 
 class Role(StrEnum):
@@ -146,6 +150,8 @@ class Message:
     """The token counts the provider reported for the request that produced this reply (its own field
     names), or ``None``. Not part of the message: not compared, not stored."""
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+    _origin: tuple[str, object] | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+    """Where a store read this message from: (session, the session's incarnation), set by ``read_from``."""
 
     def __init__(
         self,
@@ -174,6 +180,7 @@ class Message:
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "usage", usage)
         object.__setattr__(self, "_json", None)
+        object.__setattr__(self, "_origin", None)
 
     @classmethod
     def user(cls, text: str, *, key: str = "") -> Message:
@@ -268,8 +275,8 @@ _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 _set_type, _set_text, _set_id, _set_name, _set_arguments, _set_tool_call_id, _set_is_error = (
     vars(Content)[name].__set__ for name in ("type", *_STR_FIELDS, "is_error")
 )
-_set_role, _set_content, _set_key, _set_usage, _set_json = (
-    vars(Message)[name].__set__ for name in ("role", "content", "key", "usage", "_json")
+_set_role, _set_content, _set_key, _set_usage, _set_json, _set_origin = (
+    vars(Message)[name].__set__ for name in ("role", "content", "key", "usage", "_json", "_origin")
 )
 
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -364,7 +371,33 @@ def _decoded(data: dict[str, Any], stored: str | None = None) -> Message | None:
     _set_key(m, key)
     _set_usage(m, None)
     _set_json(m, stored)
+    _set_origin(m, None)
     return m
+
+
+# -- where a transcript was read from ------------------------------------------------------------------------
+#
+# A run's first write is a compare-and-swap against the stored transcript, and an empty one is a prefix of
+# anything: a run holding messages read just before a ``delete`` or ``prune`` would pass it and write the
+# erased conversation back. So a store that can delete sessions marks what ``messages()`` and ``tail()``
+# return with the session's *incarnation* (what ``info().created`` says: a session deleted and begun anew
+# has another), and a leased run checks, before it writes, that the messages it was given were read from
+# the session as it is now (``persistence``). Messages made by the caller carry no mark: a deliberate new
+# conversation under the same id is written as usual.
+
+
+def read_from(msgs: Iterable[Message], session: str, incarnation: object) -> None:
+    """Mark ``msgs`` as read from ``session`` in its incarnation ``incarnation`` (a store's read calls this
+    on the messages it returns; the mark is not part of the message: not compared, not stored)."""
+    origin = (session, incarnation)
+    for m in msgs:
+        _set_origin(m, origin)
+
+
+def incarnations_read(msgs: Iterable[Message], session: str) -> set[object]:
+    """The incarnations of ``session`` that messages of ``msgs`` were read from (empty: none was read from
+    it)."""
+    return {o[1] for m in msgs if (o := m._origin) is not None and o[0] == session}
 
 
 def unanswered(transcript: Sequence[Message]) -> bool:
@@ -384,3 +417,38 @@ def orphaned_tool_calls(msgs: Sequence[Message]) -> list[Content]:
             elif c.type is ContentType.TOOL_CALL and c.id not in answered:
                 orphans.append(c)
     return orphans[::-1]
+
+
+def made_up_call_id(index: int) -> str:
+    """An id the library gives the tool call at ``index`` of a reply: one a server sent without an id (some
+    OpenAI-compatible servers do), or one whose id an earlier call of the same reply has (``distinct_call_ids``).
+    Unique, not just its index, since results, journals and approval decisions find their call by id."""
+    return f"call_{index}_{secrets.token_hex(8)}"
+
+
+def distinct_call_ids(reply: Message) -> Message:
+    """``reply`` with every tool call's id its own: a call whose id an earlier call of the reply has gets a
+    made-up one. ``reply`` itself when the ids are distinct already (the usual case).
+
+    Results, the tool journal and approvals find a call by its id, so two calls sharing one would share one
+    result and one decision: the second would never run. The loop applies this to each reply as it arrives,
+    before anything stores, journals or matches it, so the reply kept (and sent back to the provider with
+    the results) is the one with the new id."""
+    seen: set[str] = set()
+    content: list[Content] | None = None
+    calls = 0
+    for i, c in enumerate(reply.content):
+        if c.type is not ContentType.TOOL_CALL:
+            continue
+        if c.id in seen:
+            new = made_up_call_id(calls)
+            log.warning("the model's reply holds a second tool call with id %r (%s); it gets the id %r",
+                        c.id, c.name, new)
+            if content is None:
+                content = list(reply.content)
+            content[i] = c = Content.tool_call(new, c.name, c.arguments)
+        seen.add(c.id)
+        calls += 1
+    if content is None:
+        return reply
+    return Message(reply.role, content, key=reply.key, usage=reply.usage)

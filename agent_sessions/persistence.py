@@ -11,25 +11,28 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
 from . import approvals
 from .approvals import ApprovalStore, PendingApproval
-from .errors import ArgumentError, AwaitingApproval, StoreError, TranscriptConflict
+from .errors import ArgumentError, AwaitingApproval, LeaseLost, StoreError, TranscriptConflict, TranscriptDeleted
 from .eventlog import EventStore, Publisher
 from .events import Sink
 from .journal import UNKNOWN_OUTCOME, Approval, Decision, Journal, fingerprint
 from .lease import Lease
-from .lifecycle import when
-from .messages import Content, Message, unanswered
+from .lifecycle import LifecycleStore, when
+from .messages import Content, Message, Role, incarnations_read, unanswered
 from .session import RunSession, Saved, Session, is_run_session
 from .spec import Spec
 from .tools import Tool
 
 if TYPE_CHECKING:
     from .runner import Result
+
+log = logging.getLogger(__name__)
 
 _NOTHING: tuple[Sequence[str], bool] = ((), False)
 _NO_APPROVALS: tuple[list[Content], bool] = ([], False)
@@ -163,8 +166,15 @@ class Leased:
         self.journal_text: str | None = None
         """The journal's text as stored, when this run read it (a resume): a change to its approvals is
         a compare-and-swap against it, since people may be deciding meanwhile."""
+        self.closing = False
+        """Handed a cancel with new input: the cancelled turn's reply, resumed, is closed unrun (``replay``)."""
         self.fresh: bool | None = None
         """The cancel flag a journal write just returned, with no tool run since: the next call's check."""
+        self.unwritten = False
+        """A non-idempotent tool's result is in ``journal`` but in no write yet (the reply's last call: the
+        next save carries it). A run that fails before that save journals it on its way out (``__exit__``)."""
+        self.held = True
+        """Events wait for the first write (``_append_events``) unless the run fails otherwise (``__exit__``)."""
         self.publish = spec.publish_events
         self.events_kept = spec.events_kept
         self.publisher: Publisher | None = None
@@ -174,11 +184,35 @@ class Leased:
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if isinstance(exc, BaseException) and self.unwritten and self.lease.lost is None and not isinstance(
+                exc, LeaseLost):
+            self._keep_results()
         if self.publisher is not None:
             self.publisher.close()
             if isinstance(exc, BaseException) and self.lease.lost is None:
-                self.publisher.failing(exc)  # while the lease is still the run's: its writes are fenced by it
+                if self.written < 0 and isinstance(exc, (TranscriptConflict, AwaitingApproval)):
+                    # Refused before it wrote anything (another delivery of the turn saved first, a turn
+                    # waits for decisions, the session was erased): as far as the session goes this run did
+                    # not happen, so it publishes nothing, not even ``failed`` (``_append_events``).
+                    self.publisher.buffer.clear()
+                else:
+                    # Any other failure, even before the first write (an events callback raising on the
+                    # first step, say), is the run's, which held the session: its events and ``failed`` go
+                    # to the log, while the lease is still the run's (its writes are fenced by it).
+                    self.held = False
+                    self.publisher.failing(exc)
         self.lease.__exit__(kind, exc, tb)
+
+    def _keep_results(self) -> None:
+        """The run fails (an events callback raised on ``ToolFinished``, say) after a non-idempotent tool ran
+        and before the save that would carry its result: journal the result, so a resume replays it rather
+        than call its outcome unknown. Best effort: the run's own error is the one that propagates."""
+        assert self.journal is not None
+        try:
+            self.store.put_journal(self.session, self.lease.holder, self.journal.to_json())
+        except Exception as exc:  # noqa: BLE001 - a resume then says the outcome is unknown, as after a crash
+            log.warning("session %r: the results of the failing run's tools could not be journalled (%s: %s)",
+                        self.session, type(exc).__name__, exc)
 
     def publishing(self, emit: Sink) -> Sink:
         if not self.publish:
@@ -190,13 +224,37 @@ class Leased:
         return self.publisher
 
     def _append_events(self, records: list[str]) -> None:
+        if self.held and self.written < 0:  # the run's events wait for its first write (the compare-and-swap)
+            assert self.publisher is not None
+            self.publisher.restore(records)
+            return
         self.event_store.append_events(self.session, self.lease.holder, records, keep=self.events_kept)
 
     def resume(self, transcript: list[Message]) -> None:
         """Tools may run before the first request: so the compare-and-swap comes first here, without
         writing a reply that waits for its results (the loop never stores a tool call without them)."""
+        self._read_from_now(transcript)
+        if self.lease.holder.cancelled:
+            # The lease came with a cancel (``RunStore.acquire``) of the turn that was in progress. With new
+            # input (a user's message of this run's own, or steers waiting: the next turn), that turn's calls
+            # still pending are closed unrun (``closing``) and the input is answered. Without, this run
+            # would only go on with the cancelled turn: it marks its own lease, so it stops before it
+            # starts anything and hands the cancel on in turn.
+            if self._begins_turn(transcript) or self._steers_wait():
+                self.closing = True
+                log.info("session %r: the turn in progress was cancelled; closing it before the new input",
+                         self.session)
+            else:
+                log.info("session %r: the turn this run goes on with was cancelled; stopping it", self.session)
+                self.store.cancel(self.session)
         text = self.store.journal(self.session)
         journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
+        if self.closing and journal is not None and _started_anew(journal, transcript):
+            # The cancelled turn's reply waits in the journal while the new input follows the transcript it
+            # answered: the reply goes back in its place, with its calls answered unrun, before the input.
+            closed = Message(Role.USER, [self._closing(journal, c) for c in journal.reply.tool_calls])
+            transcript[journal.at:journal.at] = [journal.reply, closed]
+            return
         if journal is not None and journal.approvals and not self.replace and _started_anew(journal, transcript):
             raise AwaitingApproval(self.session, [c for c, a in journal.approvals.items() if a.decision is None]
                                    or list(journal.approvals))
@@ -228,6 +286,45 @@ class Leased:
                 raise
             self._save(transcript, take_steers=False)  # stored with its calls already, and no journal
 
+    def _read_from_now(self, transcript: Sequence[Message]) -> None:
+        """Before the run's first write: were the messages read from this session read from it as it is now?
+        Not when it was deleted or pruned since (``messages.read_from``): then the compare-and-swap would
+        see an empty transcript, a prefix of anything, and write the erased conversation back. Checked
+        once the lease is held: from here on a delete fences this run out (``LeaseLost``) and prune passes
+        it by, so nothing can erase the session between this read and the write that follows."""
+        read = incarnations_read(transcript, self.session)
+        if not read or not isinstance(self.store, LifecycleStore):
+            return  # nothing was read from this session (a new conversation), or this store cannot erase it
+        info = self.store.info(self.session)
+        if info is None or read != {info.created}:
+            raise TranscriptDeleted(self.session, 0 if info is None else info.messages, len(transcript))
+
+    def _begins_turn(self, transcript: Sequence[Message]) -> bool:
+        """Does ``transcript`` bring a user's message of its own, one the stored transcript does not hold
+        where it stands (a new turn), rather than only what a resume adds (the waiting reply, its results)?
+        Compared from where the two part, not from the stored one's end: a history replaced on purpose
+        (``replace_transcript``, an edited question) may be no longer than the stored one. Asked only of a
+        run handed a cancel."""
+        stored = self.store.messages(self.session)
+        same = 0
+        while same < min(len(stored), len(transcript)) and stored[same] == transcript[same]:
+            same += 1
+        return any(m.role is Role.USER and m.text for m in transcript[same:])
+
+    def _steers_wait(self) -> bool:
+        """Are steers waiting (new input for the session), as a store with the lifecycle can tell without
+        taking them? Asked only of a run handed a cancel."""
+        return isinstance(self.store, LifecycleStore) and bool(self.store.pending_steers(self.session))
+
+    @staticmethod
+    def _closing(journal: Journal, call: Content) -> Content:
+        """The result a call of a cancelled turn's reply gets when the turn is closed: what it had, or that
+        it was not run (``approvals.closing_result``)."""
+        approval = journal.approvals.get(call.id)
+        if call.id not in journal.results and approval is not None and approval.decision is None:
+            return Content.tool_result(call.id, approvals.CANCELLED_WAITING, is_error=True)
+        return approvals.closing_result(journal, call)
+
     def _is_stored(self, msgs: Sequence[Message]) -> bool:
         """The compare-and-swap of a run that finishes a journalled reply: ``msgs`` must be exactly what is
         stored, so nothing is written and the journal stays until the results are saved. ``False`` when it
@@ -241,6 +338,7 @@ class Leased:
         return True
 
     def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
+        self.closing = False  # the cancelled turn's reply, if any, is answered: the new turn goes on
         saved = self._save(transcript, take_steers=True)
         transcript.extend(Message.user(t) for t in saved.steers)
         self.journal = None  # the save holds the reply and its results: the store dropped the journal
@@ -266,6 +364,8 @@ class Leased:
         """``approvals``, or ``None`` to look again (the journal changed under a write)."""
         journal = self.journal
         assert journal is not None
+        if self.closing:
+            return _NO_APPROVALS  # a cancelled turn's reply: its calls are closed unrun (``replay``)
         needing = [c for c in journal.reply.tool_calls if c.id in journal.approvals or _asks(spec, c, journal)]
         if not needing:
             return _NO_APPROVALS
@@ -361,6 +461,8 @@ class Leased:
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
         assert self.journal is not None
+        if self.closing:  # the resumed reply of a cancelled turn: nothing of it runs
+            return self._closing(self.journal, call)
         done = self.journal.results.get(call.id)
         if done is not None:
             return done
@@ -386,13 +488,22 @@ class Leased:
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
         assert self.journal is not None
         self.journal.results[result.tool_call_id] = result
-        if tool is not None and not tool.idempotent and call.id != self.journal.reply.tool_calls[-1].id:
+        if tool is None or tool.idempotent:
+            return
+        if call.id != self.journal.reply.tool_calls[-1].id:
             # Other calls run before the next save: journal this result, so a crash among them replays it
             # rather than call its outcome unknown. After the reply's last call the save comes at once and
-            # carries it.
+            # carries it (or, should the run fail first, ``__exit__`` journals it).
             self.fresh = self.store.put_journal(self.session, self.lease.holder, self.journal.to_json())
+        else:
+            self.unwritten = True
 
     def finish(self, transcript: list[Message], result: Result) -> None:
+        if result.stop_reason == "cancelled":
+            # A cancel is of the turn however it reached the run (``Run.cancel()`` sets only this process's
+            # flag): the lease is marked, and its release keeps the mark for whichever run goes on with the
+            # turn (``approvals.cancel``). One round trip, only for a run that was cancelled.
+            self.store.cancel(self.session)
         if self.publisher is None:
             if len(transcript) != self.written:
                 self._save(transcript, take_steers=False)
@@ -427,6 +538,7 @@ class Leased:
                     self.publisher.restore(records)
                     raise
         self.written = len(msgs) + len(saved.steers)
+        self.unwritten = False
         return saved
 
 

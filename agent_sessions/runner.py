@@ -174,7 +174,7 @@ class Runner:
 def _check(spec: object, msgs: object, endpoint: object, events: object) -> None:
     if not isinstance(spec, Spec):
         raise ArgumentError(f"Runner: spec must be an agent.Spec, got {type(spec).__name__}")
-    validate.messages(msgs, "Runner: msgs")
+    validate.distinct_call_ids(validate.messages(msgs, "Runner: msgs"), "Runner: msgs")
     if not callable(getattr(endpoint, "complete", None)):
         raise ArgumentError(f"Runner: endpoint needs a complete() method, got {type(endpoint).__name__}")
     if events is not None and not callable(events):

@@ -68,21 +68,27 @@ class RunStore(Store, Protocol):
     def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
         """Take the lease for ``holder`` (its host, pid and token; the rest is ignored) if it is free or
         expired, raising the session's epoch, and return it as stored (its ``expires`` = now + ``ttl`` and
-        its new ``epoch``); otherwise return the live holder, unchanged."""
+        its new ``epoch``); otherwise return the live holder, unchanged.
+
+        **A cancel is handed on.** The new lease starts without a cancel, but when the lease it replaces
+        (released, or expired) had one, the returned holder says ``cancelled=True``: the run that takes the
+        session learns that the turn it may be about to continue was cancelled (``persistence``)."""
 
     def renew(self, session: str, holder: Holder, ttl: float) -> None:
         """Extend the lease to now + ``ttl`` if it still has ``holder``'s token and epoch (even if it had
         expired meanwhile, since nobody took it); otherwise raise ``LeaseLost``."""
 
     def release(self, session: str, holder: Holder) -> None:
-        """Free the lease if it still has ``holder``'s token and epoch; the epoch is kept."""
+        """Free the lease if it still has ``holder``'s token and epoch; the epoch is kept, and so is a cancel
+        it had, for the next holder (``acquire``)."""
 
     def holder(self, session: str) -> Holder | None:
         """The live lease, or ``None`` when the session is free or its lease has expired."""
 
     def cancel(self, session: str) -> bool:
         """Mark the lease as cancelled; ``False`` when nobody holds it. A lapsed lease nobody took over is
-        still held: its run may be alive and renewing late, and a takeover clears the flag."""
+        still held: its run may be alive and renewing late. The mark stays when the lease is released or
+        taken over, for the next holder (``acquire``)."""
 
     def check(self, session: str, holder: Holder) -> bool:
         """Whether the run was asked to stop; ``LeaseLost`` if the lease is no longer ``holder``'s."""
@@ -202,16 +208,16 @@ class StoreSession:
         return self._run_store("holder").holder(self.id)
 
     def cancel(self) -> bool:
-        """Ask the run holding this session, in whatever process, to stop before its next model request
-        or tool call. With no run holding it, a turn waiting for approvals is closed instead: its calls
-        get error results saying they were not run. ``False`` when there is neither (nothing is
-        remembered for a later run)."""
-        from .approvals import ApprovalStore, close_waiting
+        """Cancel the session's turn: the run holding the session, in whatever process, stops before its
+        next model request or tool call, and no run that goes on with that turn afterwards (a resume after
+        its worker died, a redelivered ``Runner.turn``) starts one either; a turn waiting for approvals is
+        closed (its calls get error results saying they were not run, and deciding them raises
+        ``AlreadyDecided``). ``True`` when there was a run or a waiting turn to cancel: then no call of
+        that turn starts after this returns. ``False`` when there was neither; a new turn is never
+        cancelled by an earlier cancel. See ``approvals.cancel``."""
+        from .approvals import cancel
 
-        store = self._run_store("cancel")
-        if store.cancel(self.id):
-            return True
-        return isinstance(store, ApprovalStore) and close_waiting(store, self.id)
+        return cancel(self._run_store("cancel"), self.id)
 
     def pending_approvals(self) -> list[PendingApproval]:
         """The calls waiting for a person's decision, in the order the model made them."""

@@ -53,8 +53,8 @@ class Spec:
             object.__setattr__(self, "pattern", Pattern(self.pattern))
         except ValueError:
             raise ArgumentError(f"Spec.pattern must be one of {[p.value for p in Pattern]}") from None
-        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
-            raise ArgumentError(f"Spec.max_steps must be an int >= 1, got {self.max_steps!r}")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 0:
+            raise ArgumentError(f"Spec.max_steps must be an int >= 0, got {self.max_steps!r}")
         if self.session is not None and not isinstance(self.session, Session):
             raise ArgumentError(
                 f"Spec.session must be a Session (see agent.open), got {type(self.session).__name__}"

@@ -3,8 +3,10 @@
 A task queue delivers a task at least once: a Celery task with ``acks_late`` is delivered again when its
 worker dies, or when it finished but its ack was lost. Run naively, the repeat appends the user's message a
 second time and asks the model again. ``Runner.turn`` keys the message instead: the key is stored with it,
-so the repeat finds it and either continues the turn where a dead worker left it or, when the turn was
-answered, returns that answer without a model request.
+so the repeat finds it and either continues the turn where a dead worker left it or, when the turn is
+over, says how it ended without a model request: its answer; ``max_steps`` once the turn has made that
+many requests (a turn's budget is for all its deliveries); ``cancelled`` for a cancelled turn (its lease
+hands the cancel to the run continuing it: ``approvals.cancel``).
 
 Two deliveries running at once cannot both append: a leased run's first write is a compare-and-swap
 against the transcript it read, so the later one gets ``TranscriptConflict``, reads again, finds the key,
@@ -15,16 +17,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .errors import ArgumentError, TranscriptConflict
+from .errors import ArgumentError, TranscriptConflict, TranscriptDeleted
+from .events import Event, Events, Failed, SteerApplied, StepStarted
+from .journal import Journal
 from .messages import Message, Role
-from .session import is_run_session
+from .session import RunSession, is_run_session
 from .spec import Spec
 
 if TYPE_CHECKING:
     from .endpoints import Endpoint
-    from .events import Events
     from .runner import Result, Runner
 
 log = logging.getLogger(__name__)
@@ -62,15 +66,68 @@ def turn(runner: Runner, spec: Spec, text: str, key: str, endpoint: Endpoint, ev
                 log.info("session %r: turn %r was answered already; returning its answer", session.id, key)
                 return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
                               unapplied_steers=[], usage={})
+            waiting = _reply_waiting(session, stored)
+            made = replies(stored, at) + waiting
+            if made >= spec.max_steps and not waiting:
+                log.info("session %r: turn %r stopped at max_steps (%d requests) already", session.id, key, made)
+                return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
+                              usage={})
             log.info("session %r: turn %r is unfinished; continuing it", session.id, key)
             todo = stored
+            # What is left of the turn's budget: a turn makes max_steps requests in all, however often it is
+            # delivered. A turn that was cancelled stops at once: its lease hands the cancel on.
+            spec = replace(spec, max_steps=max(0, spec.max_steps - made))  # 0: only finish the waiting reply
+        attempt = _Attempt(events)
         try:
-            return runner.run(spec, todo, endpoint, events)
+            return runner.run(spec, todo, endpoint, None if events is None else attempt)
+        except TranscriptDeleted:
+            attempt.report()
+            raise  # the conversation was erased after our read: answering it would bring it back
         except TranscriptConflict as exc:  # another delivery (or run) saved after our read: read again
             log.info("session %r: turn %r: %s", session.id, key, exc)
             conflict = exc
+            last = attempt
+        except BaseException:
+            attempt.report()
+            raise
     assert conflict is not None
+    last.report()
     raise conflict
+
+
+class _Attempt:
+    """The events of one attempt of a turn. An attempt another delivery's save refuses is refused at its
+    first write, which the turn absorbs (it reads again): its listener must never hear of it, neither that
+    it began nor that it failed. So what comes before that write (``StepStarted``, the run's own steers)
+    and a ``Failed`` are held back until the write is past (the first other event: ``Saved``, a tool's,
+    ...) or the turn gives up (``report``); everything else is passed on as it comes."""
+
+    def __init__(self, events: Events | None) -> None:
+        self.events = events
+        self.held: list[Event] | None = []
+        """What came before the first write; ``None`` once it is past."""
+
+    def __call__(self, event: Event) -> None:
+        if self.events is None:
+            return
+        if self.held is not None:
+            if isinstance(event, (StepStarted, SteerApplied, Failed)):
+                self.held.append(event)
+                return
+            held, self.held = self.held, None
+            for early in held:
+                self.events(early)
+        elif isinstance(event, Failed):
+            self.held = [event]  # after the first write a failure is the turn's own: ``report`` says it
+            return
+        self.events(event)
+
+    def report(self) -> None:
+        """The turn gives up (or fails otherwise): what was held back is the listener's after all."""
+        held, self.held = self.held or [], None
+        if self.events is not None:
+            for event in held:
+                self.events(event)
 
 
 def keyed(msgs: Sequence[Message], key: str) -> int | None:
@@ -79,6 +136,20 @@ def keyed(msgs: Sequence[Message], key: str) -> int | None:
         if msgs[i].key == key:
             return i
     return None
+
+
+def _reply_waiting(session: RunSession, stored: Sequence[Message]) -> int:
+    """1 when a reply of the turn waits in the journal (for decisions, or a dead worker's tools) to follow
+    ``stored``: a request the turn made that the transcript does not hold yet."""
+    text = session.store.journal(session.id)
+    if text is None:
+        return 0
+    return int(Journal.from_json(text, f"session {session.id!r}").answers(stored))
+
+
+def replies(msgs: Sequence[Message], at: int) -> int:
+    """The model's replies to the turn starting at ``at``: the requests it has made."""
+    return sum(1 for m in msgs[at + 1:] if m.role is Role.ASSISTANT)
 
 
 def answered(msgs: Sequence[Message], at: int) -> Message | None:

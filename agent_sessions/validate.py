@@ -86,6 +86,21 @@ def _answers(results: Message, before: Message | None, where: str) -> None:
             )
 
 
+def distinct_call_ids(msgs: Sequence[Message], where: str = "messages") -> None:
+    """No message makes two tool calls with one id: their results (and approval decisions, and journal
+    entries) find their call by id, so they could not be told apart. The loop gives a model's duplicate a
+    made-up id as the reply arrives (``messages.distinct_call_ids``); a transcript handed in is refused."""
+    for i, m in enumerate(msgs):
+        seen: set[str] = set()
+        for c in m.tool_calls:
+            if c.id in seen:
+                raise MessageError(
+                    f"{where}[{i}] makes two tool calls with id {c.id!r}: their results could not be told apart "
+                    f"(give each call of a message its own id)"
+                )
+            seen.add(c.id)
+
+
 def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:
     """Does ``items`` start with ``prefix``? Tuple comparison checks identity before equality, in C:
     about 3 µs for 1,000 messages that are the very objects saved last time."""

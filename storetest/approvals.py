@@ -78,6 +78,26 @@ class RefundThenAnswer:
         return Message.assistant("done: " + " | ".join(c.text for c in messages[-1].content))
 
 
+class _ReadThen:
+    """A store whose first ``journal()`` read, once it has read, calls ``then`` before returning the text
+    (a barrier; another decision landing): a decision taken through it swaps against a text that may no
+    longer be stored. Everything else passes through."""
+
+    def __init__(self, store: Any, then: Callable[[], object]) -> None:
+        self.store = store
+        self.then: Callable[[], object] | None = then
+
+    def journal(self, session: str) -> str | None:
+        text: str | None = self.store.journal(session)
+        then, self.then = self.then, None
+        if then is not None:
+            then()
+        return text
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
 class ApprovalContract:
     """Mixed into StoreContract; ``make_store``, ``requires`` and ``factory`` come from there."""
 
@@ -164,10 +184,18 @@ class ApprovalContract:
             decided = [e for e in seen if isinstance(e, agent.events.ApprovalDecided)]
             assert [(e.call.id, e.approved) for e in decided] == [("call_refund", approve)]
             assert store.journal(sid) is None and session.pending_approvals() == []
-            with pytest.raises(agent.UnknownApproval):
-                session.approve("call_refund")  # its turn is closed
+            if approve:
+                with pytest.raises(agent.UnknownApproval):
+                    session.approve("call_refund")  # its turn is closed: it ran
+            else:
+                with pytest.raises(agent.AlreadyDecided) as denied:
+                    session.approve("call_refund")  # its result says how it was decided
+                assert (denied.value.decision.approved, denied.value.decision.by) == (False, "person")
+                assert denied.value.decision.reason == "over the limit"
 
     def test_a_decision_is_taken_once_and_an_unknown_call_is_refused(self, tmp_path: Path) -> None:
+        """The second decision reads the journal before the first lands and swaps after it, so only the
+        compare-and-swap (``swap_journal`` refusing a text that is no longer stored) can refuse it."""
         store = self.approval_store()
         sid, _, _ = self._stopped(store, tmp_path)
         session = agent.open(sid, store)
@@ -175,20 +203,26 @@ class ApprovalContract:
             session.approve("call_nobody_made")
         with pytest.raises(agent.UnknownApproval):
             session.approve("call_lookup")  # a call of the reply that needs no approval
-        session.deny("call_refund", "no")
+        first = agent.open(sid, self.another(store))
+        late = agent.open(sid, _ReadThen(store, lambda: first.deny("call_refund", "no")))
         with pytest.raises(agent.AlreadyDecided, match="denied by a person") as info:
-            session.approve("call_refund")
+            late.approve("call_refund")
         assert info.value.decision.approved is False and info.value.decision.reason == "no"
+        with pytest.raises(agent.AlreadyDecided, match="denied by a person"):
+            session.approve("call_refund")
+        decision = agent.approvals._journal(store, sid).approvals["call_refund"].decision  # type: ignore[union-attr]
+        assert decision is not None and decision.approved is False and decision.reason == "no"
 
     def test_of_concurrent_decisions_exactly_one_wins(self, tmp_path: Path) -> None:
+        """Every decider's first read of the journal waits until all have read, so all eight swaps race on
+        the same expected text (threads alone seldom interleave between a read and its swap)."""
         store = self.approval_store()
         sid, _, _ = self._stopped(store, tmp_path)
         barrier = threading.Barrier(8, timeout=30)
         outcomes: list[str] = []
 
         def decide(i: int) -> None:
-            session = agent.open(sid, self.another(store))
-            barrier.wait()
+            session = agent.open(sid, _ReadThen(self.another(store), barrier.wait))
             try:
                 session.approve("call_refund") if i % 2 else session.deny("call_refund", f"denier {i}")
                 outcomes.append(f"won {i}")
@@ -257,8 +291,9 @@ class ApprovalContract:
         assert len(lines(tmp_path / "lookups")) == 1
         refund = next(c for c in _no_orphans(store, sid)[2].content if c.tool_call_id == "call_refund")
         assert refund.is_error and refund.text == EXPIRED
-        with pytest.raises(agent.UnknownApproval):
+        with pytest.raises(agent.AlreadyDecided) as late:  # issue 29: decided at its deadline, not unknown
             agent.open(sid, store).approve("call_refund")
+        assert late.value.decision.by == "deadline"
 
     def test_a_steer_left_while_it_waits_lands_before_the_next_request(self, tmp_path: Path) -> None:
         store = self.approval_store()
@@ -281,8 +316,9 @@ class ApprovalContract:
         results = {c.tool_call_id: c for c in msgs[2].content}
         assert results["call_refund"].is_error and results["call_refund"].text == CANCELLED_WAITING
         assert results["call_lookup"].is_error
-        with pytest.raises(agent.UnknownApproval):
+        with pytest.raises(agent.AlreadyDecided) as closed:
             session.approve("call_refund")
+        assert closed.value.decision.by == "cancel"
         assert session.cancel() is False
         assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
 

@@ -22,10 +22,15 @@ from agent_sessions import ArgumentError, Content, Message, MessageError, Role, 
 from . import strategies
 from .approvals import ApprovalContract
 from .capabilities import Capability
+from .conformance_gaps import GapsContract
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
+from .edges import EdgeContract
 from .events import EventContract
 from .fencing import FencingContract
+from .identity import IdentityContract
 from .lifecycle import LifecycleContract
+from .meeting import CancelMeetsContract, MeetingContract
+from .model import ModelContract
 from .runs import RunStoreContract
 
 settings.register_profile(
@@ -73,7 +78,9 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
     return out
 
 
-class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract):
+class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
+                    IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
+                    ModelContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

@@ -63,6 +63,12 @@ def assert_no_orphans(msgs: list[Message]) -> None:
     assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
 
 
+def another_holder_sees(store: RunStore, sid: str, holder: agent.Holder) -> bool:
+    """A second store object sees ``holder`` holding, unmarked."""
+    held = store.holder(sid)
+    return held is not None and held.token == holder.token and not held.cancelled
+
+
 class RunStoreContract:
     """Mixed into StoreContract; ``make_store`` and ``process_factory`` come from there."""
 
@@ -305,25 +311,31 @@ class RunStoreContract:
         assert store.save_fenced(sid, a, [Message.user("still mine")], take_steers=True).steers == []
         assert store.messages(sid) == [Message.user("still mine")]
 
-    def test_cancel_marks_a_held_lease_a_renewal_keeps_it_and_a_new_holder_starts_without(self) -> None:
+    def test_cancel_marks_a_held_lease_a_renewal_keeps_it_and_the_next_holder_is_handed_it(self) -> None:
         store = self.run_store()
         sid = _sid()
         assert store.cancel(sid) is False
         a = store.acquire(sid, _claimant("a"), 30)
-        assert store.check(sid, a) is False
+        assert a.cancelled is False and store.check(sid, a) is False
         assert store.cancel(sid) is True
         assert store.check(sid, a) is True
         store.renew(sid, a, 30)
         assert store.check(sid, a) is True and (store.holder(sid) or a).cancelled is True
         store.release(sid, a)
-        assert store.cancel(sid) is False  # nothing is remembered for a later run
+        assert store.cancel(sid) is False  # nobody holds it now
         b = store.acquire(sid, _claimant("b"), 0.2)
-        assert b.cancelled is False and store.check(sid, b) is False
+        assert b.cancelled is True, "a released lease's cancel is handed to the next holder"
+        assert store.check(sid, b) is False  # whose own lease starts without one
+        store.release(sid, b)
+        b2 = store.acquire(sid, _claimant("b2"), 0.2)
+        assert b2.cancelled is False, "a handed cancel is handed once"
         wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
-        assert store.cancel(sid) is True  # lapsed, but nobody took it: b may be alive, renewing late
-        assert store.check(sid, b) is True
+        assert store.cancel(sid) is True  # lapsed, but nobody took it: b2 may be alive, renewing late
+        assert store.check(sid, b2) is True
         c = store.acquire(sid, _claimant("c"), 30)
-        assert c.cancelled is False and store.check(sid, c) is False  # a takeover starts without
+        assert c.cancelled is True, "a dead holder's cancel is handed to the run taking over"
+        assert store.check(sid, c) is False
+        assert another_holder_sees(self.another(store), sid, c)
 
     def test_concurrent_acquires_give_the_lease_to_one(self) -> None:
         store = self.run_store()
@@ -382,28 +394,33 @@ class RunStoreContract:
     # -- cancel --------------------------------------------------------------------------------------
 
     def test_cancel_from_another_store_object_stops_the_run_before_its_next_request(self) -> None:
+        """The cancel lands while the run is inside its third step's tool (which waits for it), so every
+        model request made after it is one the cancel should have prevented."""
         store = self.run_store()
         sid = _sid()
-        requests = threading.Semaphore(0)
+        inside, landed = threading.Event(), threading.Event()
         tool_calls: list[int] = []
 
         @agent.tool
         def step(n: int) -> str:
-            """One step of work."""
+            """One step of work; the third waits for the cancel to land."""
             tool_calls.append(n)
-            requests.release()
-            time.sleep(0.02)
+            if len(tool_calls) == 3:
+                inside.set()
+                landed.wait(30)
             return "ok"
 
+        model = ToolsThenAnswer(["step"], rounds=10**6)
         run = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[step], max_steps=500),
-                                   [Message.user("go")], ToolsThenAnswer(["step"], rounds=10**6))
-        for _ in range(3):
-            assert requests.acquire(timeout=30)
+                                   [Message.user("go")], model)
+        assert inside.wait(30)
         assert agent.open(sid, self.another(store)).cancel() is True
-        seen = len(tool_calls)
+        asked = model.requests
+        landed.set()
         result = run.wait(30)
         assert result.stop_reason == "cancelled"
-        assert len(tool_calls) <= seen + 1, "the run went on for more than one step after the cancel"
+        assert model.requests == asked, f"{model.requests - asked} model requests after the cancel landed"
+        assert len(tool_calls) == 3, "the run went on to another step after the cancel"
         stored = store.messages(sid)
         assert stored == result.messages
         assert_no_orphans(stored)

@@ -19,8 +19,11 @@ class ToolsThenAnswer:
         self.rounds = rounds
         self.log = log
         """A file to which every request appends a line: how a parent process counts requests."""
+        self.requests = 0
+        """Requests made so far (in this process)."""
 
     def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        self.requests += 1
         if self.log is not None:
             with open(self.log, "a") as f:
                 f.write("request\n")
@@ -48,3 +51,20 @@ class Answer:
         if self.before is not None:
             self.before(messages)
         return Message.assistant(self.text)
+
+
+class Replies:
+    """Replies with ``replies`` in turn, then answers with what the last results said. Which reply comes
+    next is read off the transcript (the tool-calling replies it holds), so a resumed run gets the one its
+    transcript is at. ``requests`` keeps each request's transcript: what the loop would send a provider."""
+
+    def __init__(self, *replies: Message) -> None:
+        self.replies = list(replies)
+        self.requests: list[list[Message]] = []
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        self.requests.append(list(messages))
+        made = sum(1 for m in messages if m.role is Role.ASSISTANT and m.tool_calls)
+        if made < len(self.replies):
+            return self.replies[made]
+        return Message.assistant("done: " + " | ".join(c.text for c in messages[-1].content))

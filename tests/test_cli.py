@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -473,3 +474,112 @@ def test_memory_show_of_a_session_without_messages(mem: InProcess) -> None:
     assert mem("show", "unknown").code == 1
     ran = mem("steer", "unknown", "hi")
     assert ran.code == 0 and "does not exist yet" in ran.out
+
+
+# -- credentials never printed ---------------------------------------------------------------------------------
+
+SECRET = "S3cr", "Et9"
+"""Two halves of every password below: neither may be printed, whatever stands between them."""
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound, never listening: a connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def hidden_urls() -> list[str]:
+    """Each with PORT for a closed port, chosen as the test runs (the test ids stay the same)."""
+    port = "PORT"
+    out = [f"sqlite://u:S3cr/Et9@/{port}.db", "sqlite:///missing.db?password=S3crEt9", "missing.db?password=S3crEt9"]
+    for scheme in ("postgresql+psycopg", "mysql+pymysql"):
+        out += [f"{scheme}://u:S3cr/Et9@127.0.0.1:{port}/db", f"{scheme}://u:S3cr%40Et9@127.0.0.1:{port}/db",
+                f"{scheme}://u:S3cr%2FEt9@127.0.0.1:{port}/db", f"{scheme}://u:S3cr@Et9@127.0.0.1:{port}/db",
+                f"{scheme}://u@127.0.0.1:{port}/db?password=S3cr/Et9", f"{scheme}://u:S3cr:Et9@127.0.0.1:{port}/db",
+                f"{scheme}://u:S3cr/Et9@127.0.0.1:notaport/db", f"{scheme}://u@127.0.0.1:{port}/db?passwd=S3crEt9"]
+    quick = "serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+    out += [f"mongodb://u:S3cr/Et9@127.0.0.1:{port}/db?{quick}", f"mongodb://u:S3cr%2FEt9@127.0.0.1:{port}/db?{quick}",
+            f"mongodb://u:S3cr@Et9@127.0.0.1:{port}/db?{quick}",
+            f"mongodb://u:S3cr%40Et9@127.0.0.1:{port}/db?authSource=admin&{quick}",
+            f"mongodb://127.0.0.1:{port}/db?authMechanism=MONGODB-AWS&authMechanismProperties="
+            f"AWS_SESSION_TOKEN:S3crEt9&{quick}",
+            "mongodb+srv://u:S3cr/Et9@cluster.invalid/db", "mongodb+srv://u:S3cr%40Et9@cluster.invalid/db"]
+    return out
+
+
+@pytest.mark.parametrize("url", hidden_urls())
+def test_a_store_urls_credentials_are_never_printed(url: str) -> None:
+    """The store cannot be reached (a closed port, no such file, an invalid name) or the URL is refused, so
+    the CLI prints its one error line naming the store: with every credential as ***."""
+    url = url.replace("PORT", str(_closed_port()))
+    for args in (["list"], ["--json", "info", "s1"]):
+        ran = run_cli(*args, store=url)
+        assert ran.code in (cli.USAGE, cli.MISSING_DRIVER, cli.STORE_FAILED), ran
+        assert ran.err.count("\n") == 1 and not ran.out, ran
+        assert not any(half in ran.err for half in SECRET), ran.err
+        assert "***" in ran.err or "u:" not in ran.err, ran.err
+
+
+# -- one stored value prints as one field ----------------------------------------------------------------------
+
+FORGED = "forged 2024-01-01 00:00:00         1  {}"
+"""What a hostile id or text tries to print as a line of its own: a row of ``list``."""
+HOSTILE = {  # a session id each, holding what would start a line, clear the screen or reorder the row
+    "lf": f"h-lf\n{FORGED}", "cr": f"h-cr\r{FORGED}", "cls": "h-cls\x1b[2J\x1b[H", "ls": f"h-ls\u2028{FORGED}",
+    "nel": f"h-nel\x85{FORGED}", "rlo": "h-rlo\u202eevil", "page": "h-page\nnext page: --after forged",
+    "tab": "h-tab\tx",
+}
+BARE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printed_lines(out: str) -> list[str]:
+    """stdout's lines, each checked to hold no character that would drive a terminal or end a line."""
+    lines = out.split("\n")
+    assert lines[-1] == "" and not any(BARE.search(line) for line in lines[:-1]), out
+    return lines[:-1]
+
+
+def test_hostile_ids_steers_and_metadata_print_as_one_row_each(tmp_path: Path) -> None:
+    path = tmp_path / "hostile.db"
+    store = sqlite.open(path)
+    for sid in HOSTILE.values():
+        saved(store, sid, TRANSCRIPT[:1])
+        store.set_metadata(sid, {"note": f"v\n{FORGED}\u2028\x1b[2J"})
+    store.add_steer(HOSTILE["lf"], "hurry\nrun:       none")
+    lone = saved(store, "h-lone", [agent.Message.user("lone \ud800 here\x1b[2J"),
+                                   agent.Message(agent.Role.ASSISTANT, [Content.tool_call(
+                                       "c\n#9 user:", "grep\u202e", '{"q":\n"\ud800"}')])])
+    store.close()
+
+    ran = run_cli("list", "--prefix", "h-", store=str(path))
+    assert ran.code == 0, ran
+    rows = printed_lines(ran.out)
+    assert len(rows) == 1 + len(HOSTILE) + 1, rows  # the header, one row per session, no other line
+    assert not any(row.startswith(("forged", "next page")) for row in rows), rows
+    assert sorted(row.split()[0] for row in rows[1:]) == sorted([
+        "h-lf\\x0aforged", "h-cr\\x0dforged", "h-cls\\x1b[2J\\x1b[H", "h-ls\\u2028forged", "h-nel\\u0085forged",
+        "h-rlo\\u202eevil", "h-page\\x0anext", "h-tab\\x09x", "h-lone"])
+    page = printed_lines(run_cli("list", "--prefix", "h-", "--limit", "2", store=str(path)).out)
+    assert len(page) == 4 and page[3].startswith("next page: --after "), page
+
+    doc = run_cli("list", "--prefix", "h-", "--json", store=str(path)).doc  # exact JSON: every id as stored
+    assert sorted(s["id"] for s in doc["sessions"]) == sorted([*HOSTILE.values(), lone])
+
+    info = printed_lines(run_cli("info", HOSTILE["lf"], store=str(path)).out)
+    assert [line for line in info if line.startswith("run:")] == ["run:       none"]
+    assert info[0] == "id:        h-lf\\x0a" + FORGED and info[-1] == "  hurry\\x0arun:       none"
+    assert len(info) == 8, info  # id, created, updated, messages, metadata, run, steers, the one steer
+    assert run_cli("info", HOSTILE["lf"], "--json", store=str(path)).doc["pending_steers"] == [
+        "hurry\nrun:       none"]
+    assert printed_lines(run_cli("metadata", HOSTILE["cr"], store=str(path)).out) == [
+        'note="v\\nforged 2024-01-01 00:00:00         1  {}\\u2028\\u001b[2J"']
+
+    shown = printed_lines(run_cli("show", lone, "--all", store=str(path)).out)
+    assert shown == ["#0 user:", "  lone \\ud800 here\\x1b[2J", "#1 assistant:",
+                     "  tool call grep\\u202e [c\\x0a#9 user:] {\"q\":", '  "\\ud800"}'], shown
+    assert run_cli("show", lone, "--json", store=str(path)).doc["messages"][0]["content"][0]["text"] == (
+        "lone \ud800 here\x1b[2J")
+    gone = run_cli("info", "h-nobody\x1b[2J", store=str(path))
+    assert gone.code == 1 and "\x1b" not in gone.err, gone

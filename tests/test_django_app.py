@@ -639,6 +639,21 @@ def test_the_events_view_ends_after_sse_seconds_and_needs_an_event_log(django_st
         assert reply.status_code == 501 and "EventStore" in reply.json()["error"]
 
 
+@pytest.mark.parametrize("seen", [str(2**63), str(2**64), "9" * 5000, "1" + "0" * 30],
+                         ids=["2**63", "2**64", "5000 digits", "1e30"])
+def test_the_events_view_answers_400_to_a_seq_beyond_the_largest(django_state: Path, seen: str) -> None:
+    """On the project's own store (SQLite, Django's database file), whose driver overflows above 2**63 - 1."""
+    from django.test import Client, override_settings
+
+    client = Client()
+    with override_settings(AGENT_SESSIONS={"DATABASE": "default", "SSE_SECONDS": 0.2}):
+        for reply in (client.get("/sessions/e9/events", headers={"Last-Event-ID": seen}),
+                      client.get("/sessions/e9/events", {"after": seen})):
+            assert reply.status_code == 400 and str(2**63 - 1) in reply.json()["error"]
+        largest = client.get("/sessions/e9/events", headers={"Last-Event-ID": str(2**63 - 1)})
+        assert largest.status_code == 200 and streamed(largest) == [{"retry": "500"}]
+
+
 def test_runserver_streams_a_run_of_another_process_to_a_client_that_reconnects(tmp_path: Path,
                                                                                 model: ModelServer) -> None:
     """The run is in this process, publishing to the example project's SQLite file; `runserver` (another
@@ -690,3 +705,68 @@ def lookup(order: str) -> str:
         order: the order id
     """
     return f"order {order}: delivered 3 days ago"
+
+
+# -- hostile stored values print as one field each --------------------------------------------------------------
+
+FORGED = "forged 2024-01-01 00:00:00         1  {}"
+HOSTILE_IDS = [f"h-lf\n{FORGED}", f"h-cr\r{FORGED}", "h-cls\x1b[2J", f"h-ls\u2028{FORGED}", "h-rlo\u202eevil",
+               "h-page\nnext page: --after forged"]
+BARE = "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+
+
+def printed_lines(out: str) -> list[str]:
+    import re
+
+    lines = out.split("\n")
+    assert lines[-1] == "" and not any(re.search(BARE, line) for line in lines[:-1]), out
+    return lines[:-1]
+
+
+def test_the_commands_print_each_hostile_value_as_one_field(memory: Any) -> None:
+    import agent_sessions as agent
+
+    for sid in HOSTILE_IDS:
+        memory.save(sid, [agent.Message.user("hi")])
+        memory.set_metadata(sid, {"note": f"v\n{FORGED}\u202e"})
+    rows = printed_lines(command("sessions", "--prefix", "h-"))
+    assert len(rows) == 1 + len(HOSTILE_IDS) and not any(r.startswith(("forged", "next page")) for r in rows), rows
+    assert sorted(s["id"] for s in as_json("sessions", "--prefix", "h-")["sessions"]) == sorted(HOSTILE_IDS)
+    page = printed_lines(command("sessions", "--prefix", "h-", "--limit", "2"))
+    assert len(page) == 4 and page[3].startswith("next page: --after "), page
+
+    sid = HOSTILE_IDS[0]
+    memory.add_steer(sid, "hurry\nrun: pid 1 on forged, epoch 9")
+    memory.save(sid, [agent.Message.user("lone \ud800 here"), agent.Message(agent.Role.ASSISTANT, [
+        agent.Content.tool_call("c\n#9 user:", "grep\u202e", '{"q":\n"x"}')])])
+    shown = printed_lines(command("show", sid))
+    assert shown[0].startswith("session h-lf\\x0aforged") and not any(line.startswith("run:") for line in shown)
+    assert shown[-6:] == ["  hurry\\x0arun: pid 1 on forged, epoch 9", "#1 user:", "  lone \\ud800 here",
+                          "#2 assistant:", "  tool call grep\\u202e [c\\x0a#9 user:] {\"q\":", '  "x"}'], shown
+    assert as_json("show", sid)["messages"][0]["content"][0]["text"] == "lone \ud800 here"  # exact, as JSON
+    for name in ("steer", "cancel"):
+        printed = printed_lines(command(name, sid, *(["more"] if name == "steer" else [])))
+        assert len(printed) == 1 and "h-lf\\x0aforged" in printed[0], printed
+
+
+def test_approve_prints_each_waiting_calls_arguments_on_its_own_row(memory: Any) -> None:
+    import agent_sessions as agent
+
+    @agent.tool(idempotent=False, needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        return f"refunded {order}"
+
+    hostile = '{"order":\n"7"}\nr2  refund({})  asked 2024-01-01T00:00:00+00:00\x1b[2J\u2028'
+
+    class Model:
+        def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
+            return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r1\nr3", "refund", hostile)])
+
+    spec = agent.Spec(session=agent.open("h-approve\n", memory), tools=[refund])
+    assert agent.Runner().run(spec, [agent.Message.user("refund 7")], Model()).stop_reason == "awaiting_approval"
+    rows = printed_lines(command("approve", "h-approve\n"))
+    assert len(rows) == 1 and rows[0].startswith("r1\\x0ar3  refund({\"order\":\\x0a\"7\"}\\x0ar2  refund({})"), rows
+    assert as_json("approve", "h-approve\n")["waiting"][0]["arguments"] == hostile
+    decided = printed_lines(command("approve", "h-approve\n", "r1\nr3"))
+    assert decided == ["approved r1\\x0ar3 of h-approve\\x0a; the session's next run acts on it"], decided

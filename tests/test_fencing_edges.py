@@ -327,9 +327,11 @@ def test_a_call_skipped_by_a_cancel_is_not_reported_as_outcome_unknown(stores: C
                                 store.messages(sid), ToolsThenAnswer(["first", "second"]))
     results = _results(result.messages, 2)
     assert results["call_0_0"].text == "first done"  # its result was journalled, cancel or not
-    # The call the cancel skipped was never recorded as started: the resume (a new run, which the old
-    # run's cancel does not reach) runs it, rather than tell the model its outcome is unknown.
-    assert results["call_0_1"].text == "second done" and ran == ["first", "second"]
+    # The call the cancel skipped was never recorded as started: the resume tells the model it was not
+    # run, not that its outcome is unknown. (A cancel is of the turn: the dead run's lease hands it to the
+    # resume, which goes on with that turn, so it does not run the call either.)
+    assert results["call_0_1"].text.startswith("not run") and ran == ["first"]
+    assert UNKNOWN_OUTCOME not in results["call_0_1"].text
 
 
 # -- 6. SQL fork into a new id loses to a concurrent first acquire of that id with SessionExists ---------

@@ -156,6 +156,24 @@ def test_events_stream_as_sse_from_last_event_id(model: ModelServer, refunds: Pa
 
 
 
+HOSTILE_SEQS = [str(2**63), str(2**64), "9" * 5000, "1" + "0" * 30]
+"""Seqs out of a store's range (it keeps them as signed 64-bit ints), and more digits than int() reads."""
+
+
+@pytest.mark.parametrize("seen", HOSTILE_SEQS, ids=["2**63", "2**64", "5000 digits", "1e30"])
+def test_a_seq_beyond_the_largest_is_a_400_before_the_stream_starts(model: ModelServer, store: sqlite.Store,
+                                                                   seen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flask_example, "SSE_SECONDS", 0.2)
+    client = create_app(store, endpoint(model)).test_client()
+    for reply in (client.get("/sessions/e1/events", headers={"Last-Event-ID": seen}),
+                  client.get(f"/sessions/e1/events?after={seen}")):
+        assert reply.status_code == 400 and reply.mimetype == "application/json"
+        assert "Last-Event-ID and ?after=" in reply.json["error"] and str(2**63 - 1) in reply.json["error"]
+    largest = client.get("/sessions/e1/events", headers={"Last-Event-ID": str(2**63 - 1)})
+    assert largest.status_code == 200 and largest.mimetype == "text/event-stream"
+    assert list(sse(largest.get_data(as_text=True).split("\n"))) == [{"retry": str(flask_example.SSE_RETRY_MS)}]
+
+
 def test_a_store_without_event_logs_answers_501(model: ModelServer) -> None:
     store = FourMethodStore()
     assert isinstance(store, agent.Store) and not isinstance(store, agent.EventStore)

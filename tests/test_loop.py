@@ -351,8 +351,8 @@ def test_events_tell_the_story_in_order(model: ModelServer) -> None:
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: agent.Spec(max_steps=0), "max_steps must be an int >= 1"),
-        (lambda: agent.Spec(max_steps=True), "max_steps must be an int >= 1"),
+        (lambda: agent.Spec(max_steps=-1), "max_steps must be an int >= 0"),
+        (lambda: agent.Spec(max_steps=True), "max_steps must be an int >= 0"),
         (lambda: agent.open("", memory.Store()), "must not be empty"),
         (lambda: agent.open(7, memory.Store()), "must be a str"),  # type: ignore[arg-type]
         (lambda: agent.open("s", object()), "needs a Store"),  # type: ignore[arg-type]
@@ -518,3 +518,71 @@ def test_a_slow_tools_call_is_published_while_it_runs(model: ModelServer) -> Non
     assert store.appends, "the watcher wrote the waiting events on their own"
     kinds = [e.kind for e in store.events("s", 0, 100)]
     assert kinds.count("tool_called") == 1 and kinds[-1] == "finished"
+
+
+def _refunds(ran: list[str]) -> agent.Tool:
+    def refund(order: str) -> str:
+        """Refund 60 on an order: not idempotent."""
+        ran.append(order)
+        return f"refunded 60 on {order}"
+
+    return agent.tool(idempotent=False)(refund)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_two_calls_with_one_id_without_a_session_each_run_and_go_back_with_their_own_ids(
+    model: ModelServer, provider: str
+) -> None:
+    """The loop gives the second call a made-up id as the reply arrives: the reply it keeps, and so the next
+    request, carries that id with the call and with its result (both providers require the two to match)."""
+    from tests.model_server import anthropic
+
+    ran: list[str] = []
+    if provider == "openai":
+        model.push(openai(calls=[("c1", "refund", '{"order": "A"}'), ("c1", "refund", '{"order": "B"}')]),
+                   openai("done"))
+        ep: agent.endpoints.Endpoint = endpoint(model)
+    else:
+        model.push(anthropic(calls=[("c1", "refund", {"order": "A"}), ("c1", "refund", {"order": "B"})]),
+                   anthropic("done"))
+        ep = agent.endpoints.AnthropicMessages(model.url, "test-model", max_retries=0)
+    result = agent.Runner().run(agent.Spec(tools=[_refunds(ran)]), [agent.Message.user("refund A and B")], ep)
+    assert result.text == "done" and ran == ["A", "B"]
+    calls = result.messages[1].tool_calls
+    assert calls[0].id == "c1" and calls[1].id not in ("", "c1")
+    assert [(r.tool_call_id, r.text) for r in result.messages[2].content] == [
+        (calls[0].id, "refunded 60 on A"), (calls[1].id, "refunded 60 on B")]
+    sent = model.requests[1].json["messages"]
+    if provider == "openai":
+        assert [c["id"] for c in sent[1]["tool_calls"]] == [calls[0].id, calls[1].id]
+        assert [(m["tool_call_id"], m["content"]) for m in sent[2:]] == [
+            (calls[0].id, "refunded 60 on A"), (calls[1].id, "refunded 60 on B")]
+    else:
+        assert [b["id"] for b in sent[1]["content"] if b["type"] == "tool_use"] == [calls[0].id, calls[1].id]
+        assert [(b["tool_use_id"], b["content"]) for b in sent[2]["content"]] == [
+            (calls[0].id, "refunded 60 on A"), (calls[1].id, "refunded 60 on B")]
+
+
+def test_distinct_call_ids_keeps_a_reply_whose_ids_are_distinct_and_renames_only_repeats() -> None:
+    distinct = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("a", "t", "{}"),
+                                                    agent.Content.tool_call("b", "t", "{}")], usage={"n": 1})
+    assert agent.messages.distinct_call_ids(distinct) is distinct
+    thrice = agent.Message(agent.Role.ASSISTANT, [agent.Content.from_text("x"),
+                                                  *[agent.Content.tool_call("a", "t", str(i)) for i in range(3)]],
+                           usage={"n": 1})
+    fixed = agent.messages.distinct_call_ids(thrice)
+    ids = [c.id for c in fixed.tool_calls]
+    assert ids[0] == "a" and len(set(ids)) == 3 and ids[1].startswith("call_1_") and ids[2].startswith("call_2_")
+    assert [c.arguments for c in fixed.tool_calls] == ["0", "1", "2"] and fixed.text == "x"
+    assert fixed.usage == {"n": 1}
+
+
+def test_a_transcript_handed_in_with_two_calls_of_one_id_is_refused_naming_them(model: ModelServer) -> None:
+    msgs = [agent.Message.user("refund"),
+            agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "refund", '{"order": "A"}'),
+                                                 agent.Content.tool_call("c1", "refund", '{"order": "B"}')])]
+    spec = agent.Spec(tools=[_refunds([])])
+    for start in (agent.Runner().run, agent.Runner().start):
+        with pytest.raises(agent.MessageError, match=r"msgs\[1\] makes two tool calls with id 'c1'"):
+            start(spec, msgs, endpoint(model))
+    assert model.requests == []

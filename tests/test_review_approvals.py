@@ -71,7 +71,7 @@ def test_a_cancel_reaching_a_run_that_finds_the_turn_still_waiting_closes_the_tu
     msgs = store.messages("s")
     assert len(msgs) == 3 and not agent.orphaned_tool_calls(msgs)
     assert msgs[2].content[0].text == CANCELLED_WAITING
-    with pytest.raises(agent.UnknownApproval):
+    with pytest.raises(agent.AlreadyDecided):  # decided "cancel" (issue 29): not an unknown call
         session.approve("call_0")
 
 

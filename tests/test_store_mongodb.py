@@ -492,3 +492,35 @@ def test_the_event_index_exists_and_is_unique(database: Database[Any]) -> None:
     drop(database)
     index = {ix["name"]: ix for ix in database[mongodb.EVENTS].list_indexes()}["session_seq"]
     assert list(index["key"].items()) == [("session", 1), ("seq", 1)] and index["unique"] is True
+
+
+class _LeasedAfterTheDelete:
+    """The sessions collection of a store, passed through; just after ``find_one_and_delete`` finds nothing,
+    ``then`` runs (another worker making the session and taking its lease)."""
+
+    def __init__(self, collection: Any, then: Any) -> None:
+        self._collection = collection
+        self._then = then
+
+    def find_one_and_delete(self, *args: Any, **kwargs: Any) -> Any:
+        doc = self._collection.find_one_and_delete(*args, **kwargs)
+        then, self._then = self._then, None
+        if doc is None and then is not None:
+            then()
+        return doc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._collection, name)
+
+
+def test_a_forced_delete_that_finds_nothing_is_not_refused_by_a_run_made_after_it(database: Database[Any]) -> None:
+    """Found by the model-based test (issue 29): a forced delete found no document, a run made the session
+    and took its lease before the delete's next read, and the delete raised SessionBusy (which ``force``
+    never does). It deleted nothing: False, and the new session stays."""
+    drop(database)
+    store, other = mongodb.Store(database), mongodb.Store(database)
+    holder = agent.Holder("test", 1, "t" * 32, 0.0)
+    store._sessions = _LeasedAfterTheDelete(store._sessions, lambda: other.acquire("s", holder, 30))  # type: ignore[assignment]
+    assert store.delete("s", force=True) is False
+    held = other.holder("s")
+    assert held is not None and held.token == holder.token

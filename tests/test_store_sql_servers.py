@@ -466,3 +466,70 @@ def test_postgres_followers_wake_on_a_write_from_another_process(engine: Engine)
     assert thread is not None
     thread.join(5)
     assert not thread.is_alive()
+
+
+RACER = """
+import sys, threading, uuid
+import agent_sessions as agent
+from stores._sql import statements as sql
+from tests import servers
+
+kind, url = sys.argv[1], sys.argv[2]
+make = servers.postgres_store if kind == "postgres" else servers.mysql_store
+stores = [make(url) for _ in range(4)]  # each with its own pool of 2: connections are reused at once
+errors = []
+
+def race(work):
+    barrier = threading.Barrier(len(stores))
+    def run(i):
+        try:
+            barrier.wait(30)
+            work(i, stores[i])
+        except agent.LeaseLost:
+            pass
+        except Exception as exc:
+            errors.append(repr(exc))
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+for _ in range(20):
+    sid = "racer-" + uuid.uuid4().hex
+    race(lambda i, store: store.save(sid, [agent.Message.user(f"{i}-{j}") for j in range(3)]))
+    fenced = "racer-fenced-" + uuid.uuid4().hex
+    def fenced_first(i, store):
+        held = store.acquire(fenced, agent.Holder("racer", i, uuid.uuid4().hex, 0.0), 0.05)
+        store.save_fenced(fenced, held, [agent.Message.user(f"{i}-{j}") for j in range(3)], take_steers=True,
+                          replace=True)
+    race(fenced_first)
+# A batch whose first row fails while the rest are being sent (psycopg's executemany pipeline).
+store = stores[0]
+sid = "racer-batch-" + uuid.uuid4().hex
+store.save(sid, [agent.Message.user("kept")])
+rows = [{"session_id": sid, "seq": i, "body": "{}"} for i in range(500)]
+try:
+    store._transaction("save", sid, lambda conn: store.run(conn, sql.APPEND, rows))
+    errors.append("the duplicate batch was stored")
+except agent.StoreError:
+    pass
+for n in range(10):  # the pool's connections, the failed one among them, still work
+    store.save(sid, [agent.Message.user("kept"), *[agent.Message.user(str(k)) for k in range(n)]])
+assert store.messages(sid)[-1] == agent.Message.user("8")
+print("errors", len(errors), errors[:3], flush=True)
+"""
+
+
+def test_racing_first_saves_and_a_failed_batch_leave_a_clean_exit(backend: Backend, engine: Engine) -> None:
+    """Concurrent first saves (plain and fenced) of new sessions, and a batch insert that fails on its first
+    row, in a child process: no save fails, and nothing is left for psycopg to report at exit (before,
+    each failed executemany logged "error ignored terminating <psycopg.Pipeline [INERROR]>")."""
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.run(
+        [sys.executable, "-c", RACER, backend.name, engine.url.render_as_string(hide_password=False)],
+        capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "errors 0 []", child.stdout
+    assert "error ignored" not in child.stderr and "Traceback" not in child.stderr, child.stderr

@@ -288,6 +288,31 @@ def test_one_connection_serves_stream_after_stream(model: ModelServer, name: str
     assert len({r.client_port for r in model.requests}) == 1
 
 
+HELD = 10.0
+"""Seconds the server holds a body open after its end event: far less than the client's timeout, so a
+client that reads to the end of the body returns only after the server ended it."""
+
+
+@pytest.mark.parametrize("name", ["openai_text", "anthropic_text"])
+def test_a_reply_complete_at_its_end_event_is_returned_while_the_body_is_still_open(model: ModelServer,
+                                                                                    name: str) -> None:
+    """``[DONE]`` / ``message_stop`` ends the reply: the call returns then, not when the server (a proxy
+    that keeps the connection open, say) gets round to ending the body, nor at the timeout."""
+    released, ended = threading.Event(), threading.Event()
+    held = sse(recorded(name))
+    assert held.pieces is not None
+    held.pieces += [lambda: released.wait(HELD), ended.set]  # then the chunked body's end
+    model.push(held, sse(recorded(name)))
+    ep = endpoint(model, name, timeout=6 * HELD)
+    try:
+        got = ep.complete("", [agent.Message.user("go")], [])
+        assert not ended.is_set(), "the call returned only once the server had ended the body"
+    finally:
+        released.set()
+    assert same_reply(got, unstreamed(name))
+    assert same_reply(ep.complete("", [agent.Message.user("again")], []), unstreamed(name))  # a new connection
+
+
 # Through the loop.
 
 

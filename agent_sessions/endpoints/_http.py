@@ -284,8 +284,8 @@ def _read_events(
     ``iter_lines``, which reads a CRLF split between two reads as two line ends: a blank line, which in
     SSE dispatches an event too early. UTF-8 is decoded per line; no line end falls inside a character.
 
-    After the end event the rest of the body (the chunked encoding's last chunk) is read, within the
-    deadline, so that the connection goes back to the pool for the next request."""
+    The end event ends the reply: it is returned then, whether or not the server has ended the body
+    (``_rest_of_body``)."""
     events = _Events(handle)
     received = 0
     chunks = _chunks(url, response)
@@ -305,16 +305,41 @@ def _read_events(
                     f"the stream from {url} ended after {received} bytes, before its end",
                     status=response.status_code,
                 )
-        if events.done:  # what follows (nothing, normally) only decides whether the connection is kept
-            for _ in chunks:
-                if time.monotonic() > deadline:
-                    break
+        if events.done:
+            _rest_of_body(chunks, response)
     except EndpointError:
         if not events.done:
             raise
         log.debug("after the end of the stream from %s", url, exc_info=True)
     finally:
         response.close()
+
+
+END_READ = 0.05
+"""Seconds the rest of a stream's body is waited for after its end event, so that its connection goes back
+to the pool for the next request."""
+
+
+def _rest_of_body(chunks: Iterator[bytes], response: requests.Response) -> None:
+    """What follows the end event: nothing, normally, but the chunked encoding's last chunk, sent with the
+    event or just after it. Read for ``END_READ`` at most, each read bounded by the socket's timeout set to
+    that: a server (a proxy) that holds the body open after the end then costs its connection, which
+    ``response.close()`` drops, and not the caller's time; the reply is complete, and nothing here can fail
+    it (a read that times out or breaks is an EndpointError the caller logs and drops)."""
+    connection = getattr(response.raw, "connection", None)  # urllib3 2; 1.x: no wait, the connection dropped
+    sock = getattr(connection, "sock", None)
+    if sock is None:
+        return
+    until = time.monotonic() + END_READ
+    previous = sock.gettimeout()
+    sock.settimeout(END_READ)
+    try:
+        for _ in chunks:
+            if time.monotonic() > until:
+                break
+    finally:
+        if sock.fileno() != -1:  # urllib3 closed it if a read timed out
+            sock.settimeout(previous)  # urllib3 sets its own for the connection's next request, but be sure
 
 
 class _Events:

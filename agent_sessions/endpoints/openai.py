@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import requests
 
 from ..errors import EndpointError
-from ..messages import Content, ContentType, Message, Role
+from ..messages import Content, ContentType, Message, Role, made_up_call_id
 from ..tools import Tool
 from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
 
@@ -151,7 +150,7 @@ def parse_response(data: dict[str, Any]) -> Message:
         arguments = function.get("arguments", "")
         if not isinstance(arguments, str):  # a few servers send an object; keep it as compact JSON
             arguments = json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
-        call_id = call.get("id") or made_up_id(i)
+        call_id = call.get("id") or made_up_call_id(i)
         if not isinstance(call_id, str):
             raise malformed(f"tool_calls[{i}].id is not a string", data)
         content.append(Content.tool_call(call_id, function["name"], arguments))
@@ -241,13 +240,7 @@ class _Stream:
             call_id, name, pieces = self.calls[index]
             if not name:
                 raise EndpointError(f"malformed stream: tool call {index} has no function name", status=200)
-            content.append(Content.tool_call(call_id or made_up_id(i), name, "".join(pieces)))
+            content.append(Content.tool_call(call_id or made_up_call_id(i), name, "".join(pieces)))
         if not content:
             content.append(Content.from_text(""))
         return Message(Role.ASSISTANT, content, usage=self.usage)
-
-
-def made_up_id(index: int) -> str:
-    """An id for a call a server sent without one (some OpenAI-compatible servers do): unique, not just its
-    index, since results, journals and approval decisions find their call by id across turns."""
-    return f"call_{index}_{secrets.token_hex(8)}"

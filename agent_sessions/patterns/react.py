@@ -20,7 +20,7 @@ from functools import partial
 from ..approvals import CANCELLED_WAITING, result_text
 from ..endpoints import Endpoint, streaming
 from ..events import SILENT, Events, Sink, sink
-from ..messages import Content, Message, Role, unanswered
+from ..messages import Content, Message, Role, distinct_call_ids, unanswered
 from ..persistence import Keeping, keeping
 from ..runner import Result, StopReason
 from ..spec import Spec
@@ -91,6 +91,7 @@ def _loop(
             reply = endpoint.complete(spec.system, transcript, spec.toolbox)
         else:
             reply = streams.complete(spec.system, transcript, spec.toolbox, on_text=partial(emit.text_delta, step))
+        reply = distinct_call_ids(reply)  # before anything stores, journals or matches a call by its id
         steps = step
         transcript.append(reply)
         emit.model_response(step, reply, started)
@@ -154,8 +155,11 @@ def _run_tools(
             if cancelled.is_set():
                 result = Content.tool_result(call.id, CANCELLED, is_error=True)
             else:
-                result = _call_tool(tool, step, call, emit)
-                keep.ran(call, tool, result)
+                started = emit.tool_called(step, call)
+                result = _invoke(tool, call)
+                seconds = emit.tool_returned(started)
+                keep.ran(call, tool, result)  # kept before a callback hears of it: one that raises loses nothing
+                emit.tool_finished(step, call, result, seconds)
         results.append(result)
     transcript.append(Message(Role.USER, results))
     return []
@@ -175,11 +179,7 @@ def _applied(step: int, transcript: list[Message], steers: Sequence[str], emit: 
         emit.steer_applied(step, text, first + i, "session")
 
 
-def _call_tool(tool: Tool | None, step: int, call: Content, emit: Sink) -> Content:
-    started = emit.tool_called(step, call)
+def _invoke(tool: Tool | None, call: Content) -> Content:
     if tool is None:
-        result = Content.tool_result(call.id, f"there is no tool named {call.name!r}", is_error=True)
-    else:
-        result = tool.invoke(call)
-    emit.tool_finished(step, call, result, started)
-    return result
+        return Content.tool_result(call.id, f"there is no tool named {call.name!r}", is_error=True)
+    return tool.invoke(call)

@@ -116,6 +116,8 @@ class Driver:
             raise ValueError(f"the raw driver path binds {PARAMSTYLES} parameters, not {dialect.paramstyle!r}")
         self.dialect = dialect
         self.options: dict[str, Any] = {"prepare": True} if prepare else {}
+        self.pipelined = dialect.driver == "psycopg"
+        """psycopg sends an ``executemany`` in pipeline mode (``_many``)."""
         self._compiled: dict[tuple[int, tuple[str, ...]], Compiled] = {}
 
     def compiled(self, statement: Executable, params: dict[str, Any]) -> Compiled:
@@ -134,12 +136,17 @@ class Driver:
         cursor = raw.cursor()  # type: ignore[union-attr]
         try:
             if isinstance(params, list):
-                cursor.executemany(compiled.sql, [compiled.values(p) for p in params])
+                rows = [compiled.values(p) for p in params]
+                if self.pipelined:
+                    _many(raw, cursor, compiled.sql, rows, self.dialect.loaded_dbapi.Error)
+                else:
+                    cursor.executemany(compiled.sql, rows)
             else:
                 cursor.execute(compiled.sql, compiled.values(params), **self.options)
         except self.dialect.loaded_dbapi.Error as exc:
-            # As SQLAlchemy would: a dead connection is dropped from the pool, so the next one is fresh.
-            dead = self.dialect.is_disconnect(exc, raw, cursor)
+            # As SQLAlchemy would: a dead connection is dropped from the pool, so the next one is fresh. So is
+            # one a failure left in pipeline mode (psycopg), where its next statement would not run as sent.
+            dead = self.dialect.is_disconnect(exc, raw, cursor) or _pipelining(raw)
             if dead:
                 conn.invalidate(exc)
             raise DBAPIError.instance(
@@ -151,3 +158,29 @@ class Driver:
                 dialect=self.dialect,
             ) from exc
         return Result(cursor)
+
+
+def _many(raw: Any, cursor: Any, statement: str, rows: list[Any], error: type[Exception]) -> None:
+    """psycopg's ``executemany`` in a pipeline of ours. In one of its own, a row that fails while later
+    rows are still being sent raises out of the batch, and closing the pipeline then meets those rows'
+    "pipeline aborted", which psycopg can only log ("error ignored terminating <psycopg.Pipeline
+    [INERROR]>", on stderr where logging is not set up), once per failed batch. Here the batch's error is
+    caught inside the pipeline, so it closes cleanly (its Sync collects every result) and reports the
+    aborted rows to us; the first error is the one raised."""
+    failed: Exception | None = None
+    try:
+        with raw.pipeline():
+            try:
+                cursor.executemany(statement, rows)
+            except error as exc:
+                failed = exc
+    except error as exc:
+        failed = failed or exc
+    if failed is not None:
+        raise failed
+
+
+def _pipelining(raw: Any) -> bool:
+    """Is ``raw`` (a DB-API connection) still in pipeline mode? Only psycopg's can be."""
+    pgconn = getattr(raw, "pgconn", None)
+    return bool(pgconn is not None and pgconn.pipeline_status)

@@ -52,7 +52,7 @@ APPEND = insert(messages)
 BODIES_FROM = select(M.seq, M.body).where(and_(M.session_id == SID, M.seq >= bindparam("start"))).order_by(M.seq)
 
 LOAD = (
-    select(S.version, M.body)
+    select(S.version, S.created, M.body)
     .select_from(sessions.outerjoin(messages, M.session_id == S.session_id))
     .where(S.session_id == SID)
     .order_by(M.seq)
@@ -74,7 +74,12 @@ DROP_JOURNAL = update(sessions).where(S.session_id == SID).values(journal=null()
 
 # -- the lease -------------------------------------------------------------------------------------------
 
-LEASE = select(S.token, S.epoch, (S.expires > db_now()).label("live")).where(S.session_id == SID).with_for_update()
+LEASE = (
+    select(S.token, S.epoch, (S.expires > db_now()).label("live"), S.cancelled)
+    .where(S.session_id == SID)
+    .with_for_update()
+)
+"""The lease as ``acquire`` judges it, the row locked; ``cancelled`` is a cancel the new holder is handed."""
 TAKE_OVER = (
     update(sessions)
     .where(S.session_id == SID)
@@ -85,8 +90,9 @@ RENEW = update(sessions).where(and_(S.session_id == SID, FENCE)).values(expires=
 RELEASE = (
     update(sessions)
     .where(and_(S.session_id == SID, FENCE))
-    .values(token=null(), host=null(), pid=null(), expires=null(), cancelled=false(), updated=NOW)
+    .values(token=null(), host=null(), pid=null(), expires=null(), updated=NOW)
 )
+"""Frees the lease and keeps a cancel it had: the next holder is handed it (``RunStore.acquire``)."""
 CURRENT = select(S.host, S.pid, S.token, S.expires, S.cancelled, S.epoch).where(S.session_id == SID)
 HOLDER = CURRENT.where(and_(S.token.is_not(None), S.expires > db_now()))
 """The live lease, on the database's clock."""
@@ -210,8 +216,15 @@ LOCK_LEASE = (
 """The lease as ``delete`` judges it, the row locked: the columns of ``CURRENT``, and whether it is live."""
 DELETE_SESSION = delete(sessions).where(S.session_id == SID)
 DELETE_STEERS = delete(steers).where(steers.c.session_id == SID)
-TAIL = select(M.body).where(M.session_id == SID).order_by(M.seq.desc()).limit(bindparam("last", type_=Integer()))
-"""The last messages, newest first, by the primary key (session_id, seq) read backwards."""
+TAIL = (
+    select(M.body, S.created)
+    .select_from(messages.join(sessions, S.session_id == M.session_id))
+    .where(M.session_id == SID)
+    .order_by(M.seq.desc())
+    .limit(bindparam("last", type_=Integer()))
+)
+"""The last messages, newest first, by the primary key (session_id, seq) read backwards; with the session's
+``created``, which marks what a read returns (``messages.read_from``)."""
 PENDING = select(steers.c.text).where(steers.c.session_id == SID).order_by(steers.c.id)
 
 IDS: BindParameter[str] = bindparam("ids", expanding=True, type_=SessionId)

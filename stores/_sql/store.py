@@ -25,6 +25,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
@@ -48,6 +49,7 @@ from agent_sessions import (
 )
 from agent_sessions.eventlog import StoredEvent
 from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
+from agent_sessions.messages import read_from
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
 from . import statements as sql
@@ -59,6 +61,8 @@ log = logging.getLogger(__name__)
 
 
 _RETRIES = 4
+ACQUIRE_ATTEMPTS = 5
+"""Times ``acquire`` makes the session's row and locks it, when a delete lands between the two steps."""
 PRUNE_BATCH = 500
 """Sessions ``prune`` deletes per transaction: a batch holds its rows' locks for milliseconds, not the
 whole job's length."""
@@ -202,11 +206,16 @@ class SQLStore:
         take: bool,
         replace: bool,
     ) -> tuple[Saved, str | None, tuple[Message, ...]]:
-        """The general save, inside its transaction, with the session row locked first."""
-        row = self.run(conn, sql.LOCK, {"sid": session}).first()
-        if holder is not None and (row is None or row[1] != holder.token or row[2] != holder.epoch):
-            raise _lost(session, holder, None if row is None else row[1:3])
-        stored_version = None if row is None else row[0]
+        """The general save, inside its transaction, with the session row locked first (an unfenced save
+        makes it if there is none: ``lock_session``)."""
+        if holder is None:
+            row = self.lock_session(conn, session)
+        else:
+            locked = self.run(conn, sql.LOCK, {"sid": session}).first()
+            if locked is None or locked[1] != holder.token or locked[2] != holder.epoch:
+                raise _lost(session, holder, None if locked is None else locked[1:3])
+            row = locked
+        stored_version = row[0]
         same = known is not None and stored_version is not None and stored_version == known[0]
         if holder is not None and not replace:
             start = self._stored_prefix(conn, session, items, shared if same else 0)
@@ -216,14 +225,11 @@ class SQLStore:
         waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
         taken = self.take(conn, session) if waiting else []
         saved = items + tuple(Message.user(text) for text in taken)
-        result = Saved(taken, bool(row[3]) if row is not None else False)
+        result = Saved(taken, bool(row[3]))
         if holder is not None and not replace and start == len(saved):
             return result, stored_version, saved  # nothing to write, so nothing written
         version = os.urandom(16).hex()
-        if row is None:
-            conn.execute(self.upsert_session(session, version))
-        else:
-            self.run(conn, sql.SET_VERSION, {"sid": session, "version": version})
+        self.run(conn, sql.SET_VERSION, {"sid": session, "version": version})
         if start < len(saved):
             self.run(
                 conn,
@@ -265,9 +271,10 @@ class SQLStore:
         if not rows or rows[0][0] is None:
             return []
         try:
-            items = tuple(Message.from_json(body) for _, body in rows if body is not None)
+            items = tuple(Message.from_json(body) for _, _, body in rows if body is not None)
         except MessageError as exc:
             raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt message: {exc}") from exc
+        read_from(items, session, lifecycle.when(float(rows[0][1])))
         self._known.put(session, rows[0][0], items)
         return list(items)
 
@@ -302,23 +309,32 @@ class SQLStore:
         params = {"sid": session, "lease_token": holder.token, "lease_host": holder.host, "lease_pid": holder.pid,
                   "ttl": float(ttl)}
 
-        def take(conn: Connection) -> Holder:
+        def take(conn: Connection) -> Holder | None:
             row = self.run(conn, sql.LEASE, {"sid": session}).first()
-            assert row is not None  # made just before
+            if row is None:
+                return None  # made just before, and deleted since (a forced delete between the two steps)
+            handed = False
             if row[0] is None or not row[2]:  # free, or expired on the database's clock
                 self.run(conn, sql.TAKE_OVER, params)
+                handed = bool(row[3])
                 if row[0] is not None:
                     log.info("%s store: session %r: the lease of token %s… (epoch %d) had expired; taken over "
                              "at epoch %d", self.backend, session, str(row[0])[:8], row[1], row[1] + 1)
             current = self.run(conn, sql.CURRENT, {"sid": session}).first()
             assert current is not None
-            return _holder(current)
+            got = _holder(current)
+            return replace(got, cancelled=True) if handed else got
 
         # The row first, in a statement of its own: a transaction locking a row that is not there yet
         # would take a gap lock on MySQL, and concurrent first acquires would deadlock on their inserts.
-        self._transaction("acquire", session, lambda conn: conn.execute(self.insert_session(session)),
-                          read_only=True)
-        return self._transaction("acquire", session, take)
+        for _ in range(ACQUIRE_ATTEMPTS):
+            self._transaction("acquire", session, lambda conn: conn.execute(self.insert_session(session)),
+                              read_only=True)
+            got = self._transaction("acquire", session, take)
+            if got is not None:
+                return got
+        raise StoreError(f"{self.backend} store: session {session!r} was deleted under each of {ACQUIRE_ATTEMPTS} "
+                         f"attempts to take its lease")
 
     def renew(self, session: str, holder: Holder, ttl: float) -> None:
         validate.session_id(session)
@@ -667,9 +683,12 @@ class SQLStore:
             read_only=True, reads=True,
         )
         try:
-            return [Message.from_json(body) for (body,) in reversed(rows)]
+            items = [Message.from_json(body) for body, _ in reversed(rows)]
         except MessageError as exc:
             raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt message: {exc}") from exc
+        if items:
+            read_from(items, session, lifecycle.when(float(rows[0][1])))
+        return items
 
     def pending_steers(self, session: str) -> list[str]:
         validate.session_id(session)
@@ -693,9 +712,18 @@ class SQLStore:
             return self._driver.run(conn, statement, params)
         return conn.execute(statement, params)
 
-    def upsert_session(self, session: str, version: str) -> Any:
-        """Insert the session row with ``version`` (and no journal), or set those on the existing one."""
-        raise NotImplementedError
+    lock_new: ClassVar[Executable | None] = None
+    """The dialect's ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` of ``lock_session``."""
+
+    def lock_session(self, conn: Connection, session: str) -> Sequence[Any]:
+        """The session row (``sql.LOCK``'s columns), locked to the transaction's end, made first if there is
+        none, in one statement: an unfenced save's first. ``SELECT ... FOR UPDATE`` of a row that is not
+        there locks nothing on PostgreSQL, so two first saves of a new session would both append from seq
+        0 and one fail on the primary key; an upsert waits for the other's row and then locks it."""
+        assert self.lock_new is not None, f"{type(self).__name__} sets lock_new or overrides lock_session"
+        row = self.run(conn, self.lock_new, {"sid": session}).first()
+        assert row is not None  # an upsert returns its row
+        return row
 
     def insert_session(self, session: str) -> Any:
         """Insert a bare session row (no transcript, no lease) unless there is one."""

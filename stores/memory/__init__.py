@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from agent_sessions import (
 )
 from agent_sessions.eventlog import StoredEvent
 from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
+from agent_sessions.messages import read_from
 
 PRUNE_BATCH = 500
 """Sessions deleted under one hold of the lock: other threads get a turn between batches."""
@@ -35,6 +37,8 @@ class _Run:
     ``created`` is ``None`` until something writes the session (steers alone do not make it exist)."""
 
     holder: Holder | None = None
+    handed: bool = False
+    """A cancel the lease had when it was released: the next holder is handed it (``acquire``)."""
     epoch: int = 0
     journal: str | None = None
     steers: deque[str] = field(default_factory=deque)
@@ -58,6 +62,7 @@ class Store:
         self._transcripts: dict[str, tuple[Message, ...]] = {}
         self._runs: dict[str, _Run] = {}
         self._next_log = 0
+        self._last_created = 0.0
         """Above every seq this store gave: a new log starts at least here, whatever the clock did."""
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
@@ -70,7 +75,7 @@ class Store:
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
         with self._lock:
-            return list(self._transcripts.get(session, ()))
+            return self._read(session, self._transcripts.get(session, ()))
 
     def add_steer(self, session: str, text: str) -> None:
         validate.session_id(session)
@@ -92,10 +97,12 @@ class Store:
             now = time.time()
             if run.holder is not None and run.holder.expires > now:
                 return run.holder
+            handed = run.handed or (run.holder is not None and run.holder.cancelled)
             run.epoch += 1
             run.holder = replace(holder, expires=now + ttl, cancelled=False, epoch=run.epoch)
+            run.handed = False
             self._touch(session)
-            return run.holder
+            return replace(run.holder, cancelled=True) if handed else run.holder
 
     def renew(self, session: str, holder: Holder, ttl: float) -> None:
         validate.session_id(session)
@@ -109,6 +116,7 @@ class Store:
         with self._lock:
             run = self._run(session)
             if _same(run.holder, holder):
+                run.handed = self._cancelled(run)  # kept for the next holder
                 run.holder = None
                 self._touch(session)
 
@@ -178,7 +186,9 @@ class Store:
                 validate.fork_cut(msgs[at - 1], at, source, allow_unanswered)
             if target in self._transcripts:
                 raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
-            self._transcripts[target] = msgs if at is None else msgs[:at]
+            # Copies: a message object is marked with the session it was read from (``_read``), so two
+            # sessions must not share one.
+            self._transcripts[target] = tuple(Message(m.role, m.content, key=m.key) for m in msgs[:at])
             self._touch(target)
 
     # -- EventStore ------------------------------------------------------------------------------------
@@ -290,7 +300,7 @@ class Store:
         validate.session_id(session)
         last = lifecycle.last_count(last)
         with self._lock:
-            return list(self._transcripts.get(session, ())[-last:]) if last else []
+            return self._read(session, self._transcripts.get(session, ())[-last:]) if last else []
 
     def pending_steers(self, session: str) -> list[str]:
         validate.session_id(session)
@@ -339,13 +349,28 @@ class Store:
         return run
 
     def _touch(self, session: str) -> _Run:
-        """The session was written: it exists from now, and ``updated`` moves on (never back)."""
+        """The session was written: it exists from now, and ``updated`` moves on (never back). ``created``
+        is the session's incarnation too (``_read``): no two are the same, whatever the clock did."""
         run = self._run(session)
         now = time.time()
         if run.created is None:
-            run.created = now
+            run.created = self._last_created = max(now, self._last_created + 1e-5)
         run.updated = max(run.updated, now)
         return run
+
+    def _read(self, session: str, msgs: tuple[Message, ...]) -> list[Message]:
+        """``msgs`` as a read returns them, marked with the session's incarnation (``messages.read_from``).
+
+        Copies, as the other stores' reads decode objects of their own: the stored objects are the ones
+        callers saved (an app's few-shot constants, messages copied into another session), and a mark set
+        on them would be another caller's too: their own messages refused after a delete, or a read's mark
+        overwritten by a read of another session (the erasure check then skipped)."""
+        run = self._runs.get(session)
+        if not msgs or run is None or run.created is None:
+            return list(msgs)
+        copies = [copy.copy(m) for m in msgs]
+        read_from(copies, session, lifecycle.when(run.created))
+        return copies
 
     def _info(self, session: str, run: _Run) -> SessionInfo:
         assert run.created is not None

@@ -41,7 +41,7 @@ import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -73,6 +73,7 @@ from agent_sessions import (
     validate,
 )
 from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
+from agent_sessions.messages import read_from
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
 
@@ -219,6 +220,7 @@ class Store:
             items = tuple(Message.from_json(body) for body in bodies)
         except (MessageError, TypeError) as exc:
             raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
+        _mark(items, doc)
         self._known.put(session, doc["version"], items)
         return list(items)
 
@@ -528,7 +530,8 @@ class Store:
             "token": {"$literal": holder.token}, "host": {"$literal": holder.host}, "pid": holder.pid,
             "expires": {"$add": [_NOW, float(ttl)]}, "cancelled": False,
             "epoch": {"$add": [{"$ifNull": ["$epoch", 0]}, 1]},
-            "taken_from": {"token": "$token", "host": "$host", "pid": "$pid"},  # the stage sees the old fields
+            # The stage sees the old fields: who had it, and a cancel the new holder is handed.
+            "taken_from": {"token": "$token", "host": "$host", "pid": "$pid", "cancelled": "$cancelled"},
             **_STAMP,
         }}]
         free = {"_id": session, "$or": [{"token": None}, {"$expr": {"$lte": ["$expires", _NOW]}}]}
@@ -545,7 +548,8 @@ class Store:
                             log.info("MongoDB store: session %r: the lease of pid %s on %s (token %s…) had expired; "
                                      "taken over at epoch %s", session, before.get("pid"), before.get("host"),
                                      str(before["token"])[:8], taken.get("epoch"))
-                        return _holder(taken)
+                        got = _holder(taken)
+                        return replace(got, cancelled=True) if before.get("cancelled") else got
                 except DuplicateKeyError:
                     pass
                 current = self._sessions.find_one({"_id": session}, _LEASE)
@@ -568,7 +572,7 @@ class Store:
         with self._failing("release", session):
             self._sessions.update_one(
                 {"_id": session, "token": holder.token, "epoch": holder.epoch},
-                {"$set": {"token": None, "host": None, "pid": None, "expires": None, "cancelled": False},
+                {"$set": {"token": None, "host": None, "pid": None, "expires": None},  # a cancel stays: handed on
                  "$currentDate": _TOUCH},
             )
 
@@ -742,6 +746,9 @@ class Store:
                 if doc is not None:
                     self._gone(session, doc)
                     return True
+                if force:  # nothing was there to delete; a run making the session since made a new one
+                    self._known.forget(session)
+                    return False
                 live = self._sessions.find_one({"_id": session, **_LIVE}, _LEASE)
                 if live is not None:
                     held = _holder(live)
@@ -790,12 +797,14 @@ class Store:
             return []
         with self._failing("tail", session):
             for _ in range(_RETRIES):
-                doc = self._sessions.find_one({"_id": session}, {"version": 1, "tail": 1})
+                doc = self._sessions.find_one({"_id": session}, {"version": 1, "tail": 1, "created": 1})
                 if doc is None or "version" not in doc:
                     return []
                 bodies = self._last_bodies(doc, last)
                 if bodies is not None:
-                    return _messages(session, bodies)
+                    items = _messages(session, bodies)
+                    _mark(items, doc)
+                    return items
         raise StoreError(f"MongoDB store: tail of session {session!r} kept racing with rewrites")
 
     def pending_steers(self, session: str) -> list[str]:
@@ -928,6 +937,13 @@ def _messages(session: str, bodies: Sequence[str]) -> list[Message]:
         return [Message.from_json(body) for body in bodies]
     except (MessageError, TypeError) as exc:
         raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
+
+
+def _mark(items: Sequence[Message], doc: dict[str, Any]) -> None:
+    """Mark what a read returns with the session's incarnation, its ``created`` as ``info`` shows it
+    (``messages.read_from``)."""
+    if "created" in doc:
+        read_from(items, doc["_id"], _aware(doc["created"]))
 
 
 _INFO = {"created": 1, "updated": 1, "metadata": 1, "version": 1}

@@ -6,6 +6,7 @@ Only SQL both servers accept is used: no ``DELETE ... RETURNING`` (MariaDB only)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 try:
@@ -69,6 +70,7 @@ _TRANSIENT = {1213, 1205}
 
 
 _PACKET = text("SELECT @@max_allowed_packet")
+_MAKE = mysql.insert(sessions).values(session_id=sql.SID).on_duplicate_key_update(updated=sql.NOW)
 
 
 class Store(SQLStore):
@@ -82,9 +84,13 @@ class Store(SQLStore):
     # must lock it, so that a rewrite cannot commit between the append's check and its insert.
     share_lock = " LOCK IN SHARE MODE"
 
-    def upsert_session(self, session: str, version: str) -> Any:
-        stmt = mysql.insert(sessions).values(session_id=session, version=version)
-        return stmt.on_duplicate_key_update(version=version, journal=None, updated=sql.NOW)
+    def lock_session(self, conn: Connection, session: str) -> Sequence[Any]:
+        """No RETURNING: the upsert (which takes the row's exclusive lock, not the shared one of INSERT
+        IGNORE's duplicate check, so waiters queue rather than deadlock), then the locked row read."""
+        self.run(conn, _MAKE, {"sid": session})
+        row = self.run(conn, sql.LOCK, {"sid": session}).first()
+        assert row is not None  # made just before, and locked
+        return row
 
     def insert_session(self, session: str) -> Any:
         return mysql.insert(sessions).values(session_id=session).prefix_with("IGNORE")

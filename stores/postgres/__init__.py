@@ -191,11 +191,11 @@ class Store(SQLStore):
     dialects = ("postgresql",)
     engine_hint = "create_engine('postgresql+psycopg://...') once and pass it"
 
-    def upsert_session(self, session: str, version: str) -> Any:
-        stmt = postgresql.insert(sessions).values(session_id=session, version=version)
-        return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None, "updated": sql.NOW}
-        )
+    lock_new = (
+        postgresql.insert(sessions).values(session_id=sql.SID)
+        .on_conflict_do_update(index_elements=[sessions.c.session_id], set_={"updated": sql.NOW})
+        .returning(*sql.LOCK.selected_columns)
+    )
 
     def insert_session(self, session: str) -> Any:
         return postgresql.insert(sessions).values(session_id=session).on_conflict_do_nothing()

@@ -84,11 +84,11 @@ class Store(SQLStore):
     schema_hint = "stores.sqlite.open creates the tables; was the file replaced after it was opened?"
     # Reads need no write lock: in WAL mode a deferred transaction reads beside a writer.
 
-    def upsert_session(self, session: str, version: str) -> Any:
-        stmt = sqlite_insert(sessions).values(session_id=session, version=version)
-        return stmt.on_conflict_do_update(
-            index_elements=[sessions.c.session_id], set_={"version": version, "journal": None, "updated": sql.NOW}
-        )
+    lock_new = (
+        sqlite_insert(sessions).values(session_id=sql.SID)
+        .on_conflict_do_update(index_elements=[sessions.c.session_id], set_={"updated": sql.NOW})
+        .returning(*sql.LOCK.selected_columns)
+    )
 
     def insert_session(self, session: str) -> Any:
         return sqlite_insert(sessions).values(session_id=session).on_conflict_do_nothing()

@@ -47,7 +47,7 @@ class StoreCommand(BaseCommand):  # type: ignore[misc]
         except (agent.AgentError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from exc
         if options["json"]:
-            self.stdout.write(json.dumps(result, ensure_ascii=False))
+            self.stdout.write(json.dumps(result))  # ASCII: a lone surrogate (a message may hold one) is \\udXXX
         else:
             for line in self.lines(result):
                 self.stdout.write(line)

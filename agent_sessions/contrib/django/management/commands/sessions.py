@@ -41,5 +41,5 @@ class Command(StoreCommand):
             out.append(f"{safe(info['id']):<30} {info['updated'][:19].replace('T', ' ')}  {info['messages']:>8}  "
                        f"{safe(meta)}")
         if result["next"]:
-            out.append(f"next page: --after {result['next']}")
+            out.append(f"next page: --after {safe(result['next'])}")
         return out

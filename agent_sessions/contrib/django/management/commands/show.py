@@ -82,9 +82,9 @@ def _time(iso: str) -> str:
 
 def _text(part: Mapping[str, Any]) -> str:
     """A content block as the CLI prints it: tool arguments exactly as the model wrote them."""
-    if part["type"] == "tool_call":
-        return f"tool call {part['name']} [{part['id']}] {part['arguments']}"
+    if part["type"] == "tool_call":  # a name or id is one field (escaped); arguments and texts are lines
+        return f"tool call {safe(part['name'])} [{safe(part['id'])}] {part['arguments']}"
     if part["type"] == "tool_result":
         error = " (error)" if part["is_error"] else ""
-        return f"tool result [{part['tool_call_id']}]{error}: {part['text']}"
+        return f"tool result [{safe(part['tool_call_id'])}]{error}: {part['text']}"
     return str(part["text"])

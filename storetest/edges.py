@@ -1,0 +1,83 @@
+"""The EdgeContract: hostile numbers at a store's edges. An event log's ``after`` is a seq, which every store
+keeps as a signed 64-bit integer: ``0 .. 2**63 - 1`` reads (the top of it finds nothing, it does not
+overflow a driver), anything above is an ``ArgumentError`` before any query, however many digits it has.
+A metadata value too large for its JSON form is an ``ArgumentError`` naming its key, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions import EventStore, Holder, LifecycleStore
+from agent_sessions.eventlog import MAX_SEQ, encode
+
+from .capabilities import Capability
+
+HUGE = 10**5000
+"""More digits than ``int()`` and ``str()`` accept by default (4,300): its repr alone raises ValueError."""
+
+
+def _sid(tag: str) -> str:
+    return f"storetest-edges-{tag}-{uuid.uuid4().hex}"
+
+
+class EdgeContract:
+    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
+
+    capabilities: frozenset[Capability]
+
+    def make_store(self) -> Any:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def _events_with_a_log(self) -> tuple[EventStore, str]:
+        self.requires(Capability.EVENTS)
+        store = self.make_store()
+        assert isinstance(store, EventStore)
+        sid = _sid("after")
+        holder = store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 30)
+        store.append_events(sid, holder, [encode("note", {"n": 1})], keep=10)
+        return store, sid
+
+    def test_the_largest_seq_reads_nothing_rather_than_overflowing(self) -> None:
+        store, sid = self._events_with_a_log()
+        assert MAX_SEQ == 2**63 - 1
+        assert store.events(sid, MAX_SEQ, 10) == []
+        assert store.events(_sid("none"), MAX_SEQ, 10) == []
+        session = agent.open(sid, store)
+        assert session.events(after=MAX_SEQ) == []
+        assert list(session.follow(after=MAX_SEQ, timeout=0)) == []
+        assert [e.data for e in session.events(after=0)] == [{"n": 1}]
+
+    @pytest.mark.parametrize("after", [2**63, 2**64, 10**30, HUGE, -HUGE], ids=["2**63", "2**64", "1e30", "huge",
+                                                                               "-huge"])
+    def test_an_after_beyond_a_seq_is_refused_before_any_query(self, after: int) -> None:
+        store, sid = self._events_with_a_log()
+        session = agent.open(sid, store)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            store.events(sid, after, 10)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            session.events(after=after)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            session.follow(after=after, timeout=0)
+        assert [e.data for e in session.events(after=0)] == [{"n": 1}]  # the store still answers
+
+    @pytest.mark.parametrize("value", [HUGE, -HUGE, 10**300], ids=["huge", "-huge", "1e300"])
+    def test_a_metadata_int_too_long_for_json_is_refused_naming_its_key(self, value: int) -> None:
+        self.requires(Capability.LIFECYCLE)
+        store = self.make_store()
+        assert isinstance(store, LifecycleStore)
+        sid = _sid("meta")
+        store.set_metadata(sid, {"keep": "me"})
+        with pytest.raises(agent.ArgumentError, match="'count'"):
+            store.set_metadata(sid, {"ok": 1, "count": value})
+        with pytest.raises(agent.ArgumentError, match="'count'"):
+            store.list_sessions(where={"count": value})
+        info = store.info(sid)
+        assert info is not None and dict(info.metadata) == {"keep": "me"}

@@ -1,0 +1,435 @@
+"""Where operations meet: each promise of the library, kept when another public operation lands beside it.
+
+Each capability has its own tests elsewhere; these put two side by side (a delete beside a run waiting
+for the lease, a cancel beside a resume, a redelivered turn beside a cancel) and are named after the
+scenario of issue 29 they pin down (``test_29_1_`` ...), so a third-party store is checked for the same.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions import LifecycleStore, Message, RunStore
+
+from .capabilities import Capability
+from .crossprocess import wait_for
+from .scripted import Answer
+
+SECRET = "card 4111 1111 1111 1111"
+"""What the user asked to erase: it must never be stored again once the session was deleted."""
+
+
+def _sid(tag: str) -> str:
+    return f"storetest-meet-{tag}-{uuid.uuid4().hex}"
+
+
+def _holds_secret(store: RunStore, sid: str) -> bool:
+    return any(SECRET in m.text for m in store.messages(sid))
+
+
+class MeetingContract:
+    """Mixed into StoreContract; ``run_store``, ``another`` and ``requires`` come from there."""
+
+    capabilities: frozenset[Capability]
+
+    def run_store(self) -> RunStore:
+        raise NotImplementedError
+
+    def another(self, store: RunStore) -> RunStore:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def _erasable(self) -> Any:
+        """A RunStore that is also a LifecycleStore: one whose sessions can be deleted and pruned."""
+        self.requires(Capability.LIFECYCLE)
+        store = self.run_store()
+        assert isinstance(store, LifecycleStore)
+        return store
+
+    def _conversation(self, store: RunStore, sid: str) -> None:
+        spec = agent.Spec(session=agent.open(sid, store))
+        agent.Runner().run(spec, [Message.user(f"my {SECRET}, please")], Answer("noted"))
+
+    # -- 1. a deleted conversation never comes back --------------------------------------------------
+
+    def test_29_1_a_run_waiting_for_the_lease_through_a_delete_never_writes_the_erased_transcript(self) -> None:
+        """The run read the transcript, then waited for the lease while another run held it; meanwhile the
+        user deleted the conversation (forced, so the holder is fenced out). When the waiting run gets the
+        lease the store is empty, a prefix of anything: the run must see that its messages were read
+        before the delete and write nothing."""
+        store = self._erasable()
+        sid = _sid("waiting")
+        self._conversation(store, sid)
+        msgs = [*store.messages(sid), Message.user("and the next question")]
+        gate, asking = threading.Event(), threading.Event()
+
+        def hold(_: object) -> None:
+            asking.set()
+            gate.wait(10)
+
+        holding = agent.Runner().start(agent.Spec(session=agent.open(sid, store)),
+                                       [*msgs[:-1], Message.user("held")], Answer("held", before=hold))
+        try:
+            assert asking.wait(10), "the first run never asked its model"
+            waiter: list[BaseException | agent.Result] = []
+            spec = agent.Spec(session=agent.open(sid, self.another(store)), lease_wait=20)
+
+            def wait_then_run() -> None:
+                try:
+                    waiter.append(agent.Runner().run(spec, msgs, Answer("must never be written")))
+                except BaseException as exc:  # noqa: BLE001 - the outcome is asserted below
+                    waiter.append(exc)
+
+            thread = threading.Thread(target=wait_then_run, daemon=True)
+            thread.start()
+            assert store.delete(sid, force=True)
+        finally:
+            gate.set()
+        with pytest.raises(agent.LeaseLost):
+            holding.wait(timeout=20)
+        thread.join(20)
+        assert not thread.is_alive(), "the waiting run did not return"
+        assert len(waiter) == 1 and isinstance(waiter[0], agent.TranscriptDeleted), waiter
+        assert not _holds_secret(store, sid), "the deleted conversation came back"
+        info = store.info(sid)
+        assert info is None or info.messages == 0
+
+    @pytest.mark.parametrize("erase", ["delete", "force", "prune"])
+    @pytest.mark.parametrize("read", ["messages", "tail", "another"])
+    def test_29_1_messages_read_before_an_erasure_never_recreate_the_session(self, erase: str, read: str) -> None:
+        store = self._erasable()
+        sid = _sid(erase)
+        self._conversation(store, sid)
+        reader: Any = self.another(store) if read == "another" else store
+        stored = reader.tail(sid, 2) if read == "tail" else reader.messages(sid)
+        assert any(SECRET in m.text for m in stored)
+        if erase == "prune":
+            wait_for(lambda: store.prune(0) >= 1 or store.info(sid) is None, "prune to take the session", 10)
+        else:
+            assert store.delete(sid, force=erase == "force")
+        spec = agent.Spec(session=agent.open(sid, reader))
+        with pytest.raises(agent.TranscriptDeleted):
+            agent.Runner().run(spec, [*stored, Message.user("go on")], Answer("must never be written"))
+        with pytest.raises(agent.TranscriptDeleted):  # on purpose or not, an erased transcript stays erased
+            agent.Runner().run(agent.Spec(session=agent.open(sid, reader), replace_transcript=True),
+                               [*stored, Message.user("go on")], Answer("must never be written"))
+        assert not _holds_secret(store, sid) and not _holds_secret(reader, sid)
+
+    def test_29_1_a_redelivered_turn_whose_read_preceded_a_delete_writes_nothing(self) -> None:
+        """``Runner.turn`` reads the session itself; a delete landing between that read and its run's first
+        write is refused like any other, and the turn does not read again and answer the erased
+        conversation anew: it raises ``TranscriptDeleted``."""
+        store = self._erasable()
+        sid = _sid("turn")
+        self._conversation(store, sid)
+        erasing: Any = self.another(store)  # a LifecycleStore too (_erasable)
+        landing = Landing(store, after={"messages": lambda: erasing.delete(sid, force=True)})
+        spec = agent.Spec(session=agent.open(sid, landing))
+        with pytest.raises(agent.TranscriptDeleted):
+            agent.Runner().turn(spec, f"about my {SECRET}", "msg-2", Answer("must never be written"))
+        assert store.messages(sid) == [] and not _holds_secret(store, sid)
+
+    def test_29_1_a_new_conversation_under_a_deleted_id_still_works(self) -> None:
+        store = self._erasable()
+        sid = _sid("anew")
+        self._conversation(store, sid)
+        stale = store.messages(sid)
+        assert store.delete(sid)
+        spec = agent.Spec(session=agent.open(sid, store))
+        assert agent.Runner().run(spec, [Message.user("hello again")], Answer("hi")).text == "hi"
+        after = store.messages(sid)  # read from the new conversation: it goes on as usual
+        assert [m.text for m in after] == ["hello again", "hi"]
+        assert agent.Runner().run(spec, [*after, Message.user("more")], Answer("more")).stop_reason == "answered"
+        with pytest.raises(agent.TranscriptDeleted):  # and what was read from the old one still cannot land
+            agent.Runner().run(spec, [*stale, Message.user("old")], Answer("must never be written"))
+        assert not _holds_secret(store, sid)
+        assert [m.text for m in store.messages(sid)] == ["hello again", "hi", "more", "more"]
+
+    def test_29_1_a_read_marks_messages_with_the_incarnation_info_reports(self) -> None:
+        """A store author's check: what ``messages()`` and ``tail()`` return is marked
+        (``agent_sessions.messages.read_from``) with what ``info().created`` says, and a session begun anew
+        has another incarnation."""
+        from agent_sessions.messages import incarnations_read
+
+        store = self._erasable()
+        sid = _sid("mark")
+        self._conversation(store, sid)
+        info = store.info(sid)
+        assert info is not None
+        assert incarnations_read(store.messages(sid), sid) == {info.created}
+        assert incarnations_read(store.tail(sid, 1), sid) == {info.created}
+        store.delete(sid)
+        self._conversation(store, sid)
+        again = store.info(sid)
+        assert again is not None and again.created != info.created
+        assert incarnations_read(store.messages(sid), sid) == {again.created}
+
+
+class Landing:
+    """A store through which a run works, landing another operation at a chosen point of it: ``before`` maps
+    a method name to what runs (once) just before the run's call of it, ``after`` to what runs just after.
+    Everything passes through to ``store``, which does all the work."""
+
+    def __init__(self, store: Any, before: dict[str, Callable[[], object]] | None = None,
+                 after: dict[str, Callable[[], object]] | None = None) -> None:
+        self._store = store
+        self._before = dict(before or {})
+        self._after = dict(after or {})
+        self._lock = threading.Lock()
+
+    def _once(self, hooks: dict[str, Callable[[], object]], name: str) -> None:
+        with self._lock:
+            hook = hooks.pop(name, None)
+        if hook is not None:
+            hook()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if (name not in self._before and name not in self._after) or not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._once(self._before, name)
+            out = attr(*args, **kwargs)
+            self._once(self._after, name)
+            return out
+
+        return call
+
+
+def _refund(ran: list[str], **options: Any) -> agent.Tool:
+    @agent.tool(name="refund", idempotent=False, needs_approval=True, **options)
+    def refund(order: str) -> str:
+        """Refund an order: not idempotent, and a person approves it."""
+        ran.append(order)
+        return f"refunded {order}"
+
+    return refund
+
+
+def _email(sent: list[str]) -> agent.Tool:
+    @agent.tool(name="email", idempotent=False)
+    def email(to: str) -> str:
+        """Send an email: not idempotent."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    return email
+
+
+class _CallsThenAnswer:
+    """Calls ``name`` with ``arguments`` on every request until ``rounds`` replies were made, then answers;
+    ``before`` runs inside each request (where a test lands an operation while the run waits on its model).
+    Counts its requests."""
+
+    def __init__(self, name: str, arguments: str, rounds: int,
+                 before: Callable[[int], object] | None = None) -> None:
+        self.name, self.arguments, self.rounds, self.before = name, arguments, rounds, before
+        self.requests = 0
+
+    def complete(self, system: str, messages: Any, tools: Any) -> Message:
+        self.requests += 1
+        if self.before is not None:
+            self.before(self.requests)
+        made = sum(1 for m in messages if m.role is agent.Role.ASSISTANT and m.tool_calls)
+        if made >= self.rounds:
+            return Message.assistant("all done")
+        return Message(agent.Role.ASSISTANT, [agent.Content.tool_call(f"call_{made}", self.name, self.arguments)])
+
+
+class _Died(BaseException):
+    """A worker dying inside a model request: nothing in the loop catches it."""
+
+
+class CancelMeetsContract:
+    """Mixed into StoreContract: scenarios 2 and 3 of issue 29, a cancel beside a redelivered turn and beside
+    a resume. ``run_store``, ``another`` and ``requires`` come from there."""
+
+    capabilities: frozenset[Capability]
+
+    def run_store(self) -> RunStore:
+        raise NotImplementedError
+
+    def another(self, store: RunStore) -> RunStore:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    # -- 2. a redelivered turn does not undo how the turn ended ----------------------------------------
+
+    @pytest.mark.parametrize("how", ["returned", "died"])
+    def test_29_2_a_redelivered_turn_that_was_cancelled_stays_cancelled(self, how: str) -> None:
+        """The user cancels the turn while it waits on the model (the email the next reply calls must not
+        go). The worker either returns, cancelled, or dies before it sees the cancel; either way the task is
+        delivered again, and the repeat reports the cancel without a model request or a tool."""
+        store = self.run_store()
+        sid = _sid("turn-cancel")
+        sent: list[str] = []
+        other = agent.open(sid, self.another(store))
+
+        def cancel_then(request: int) -> None:
+            if request == 2:
+                assert other.cancel() is True
+                if how == "died":
+                    raise _Died()
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=8, lease_ttl=0.6)
+        first = _CallsThenAnswer("email", '{"to": "a@example.com"}', rounds=3, before=cancel_then)
+        if how == "died":
+            with pytest.raises(_Died):
+                agent.Runner().turn(spec, "email everyone", "msg-1", first)
+            wait_for(lambda: store.holder(sid) is None, "the dead worker's lease to expire", 20)
+        else:
+            assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "cancelled"
+        assert sent == ["a@example.com"], "the cancel landed after one email and before the second reply"
+        again = _CallsThenAnswer("email", '{"to": "b@example.com"}', rounds=3)
+        repeat = agent.Runner().turn(spec, "email everyone", "msg-1", again)
+        assert (repeat.stop_reason, again.requests, sent) == ("cancelled", 0, ["a@example.com"])
+        third = agent.Runner().turn(spec, "email everyone", "msg-1", again)  # and every delivery after it
+        assert (third.stop_reason, again.requests, sent) == ("cancelled", 0, ["a@example.com"])
+        assert not agent.orphaned_tool_calls(store.messages(sid))
+        later = agent.Runner().turn(spec, "a new question", "msg-2", Answer("a new answer"))
+        assert later.stop_reason == "answered", "a new turn is not cancelled by the cancel of an earlier one"
+
+    def test_29_2_a_redelivered_turn_that_stopped_at_max_steps_stays_stopped(self) -> None:
+        store = self.run_store()
+        sid = _sid("turn-steps")
+        sent: list[str] = []
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=2)
+        first = _CallsThenAnswer("email", '{"to": "a@example.com"}', rounds=5)
+        assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "max_steps"
+        assert (first.requests, len(sent)) == (2, 2)
+        again = _CallsThenAnswer("email", '{"to": "b@example.com"}', rounds=5)
+        repeat = agent.Runner().turn(spec, "email everyone", "msg-1", again)
+        assert (repeat.stop_reason, repeat.steps, again.requests, len(sent)) == ("max_steps", 0, 0, 2)
+
+    def test_29_2_a_turn_whose_worker_died_gets_what_is_left_of_its_budget(self) -> None:
+        store = self.run_store()
+        sid = _sid("turn-budget")
+        sent: list[str] = []
+
+        def die(request: int) -> None:
+            if request == 2:
+                raise _Died()
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=3, lease_ttl=0.6)
+        with pytest.raises(_Died):
+            agent.Runner().turn(spec, "email everyone", "msg-1", _CallsThenAnswer("email", '{"to": "a"}', 9, die))
+        wait_for(lambda: store.holder(sid) is None, "the dead worker's lease to expire", 20)
+        again = _CallsThenAnswer("email", '{"to": "b"}', rounds=9)
+        repeat = agent.Runner().turn(spec, "email everyone", "msg-1", again)
+        assert (repeat.stop_reason, again.requests) == ("max_steps", 2), "3 requests in all, not 1 + 3"
+
+    # -- 3. a cancel of a waiting turn is never lost to a resume ---------------------------------------
+
+    @pytest.mark.parametrize("point", [("after", "acquire"), ("before", "journal"), ("after", "journal"),
+                                       ("before", "release"), ("after", "release")])
+    @pytest.mark.parametrize("decided", [False, True])
+    def test_29_3_a_cancel_landing_anywhere_in_a_resume_stops_every_call_of_the_turn(
+        self, point: tuple[str, str], decided: bool
+    ) -> None:
+        """The turn waits for a person's approval of a refund (``decided``: approved already, the resume
+        about to run it). A resume holds the session when the cancel lands, at ``point`` of it. The cancel
+        returns True, so no call of that turn may start afterwards: neither in this resume, nor in one after
+        a decision that comes later (which is refused), nor in a redelivery."""
+        self.requires(Capability.APPROVALS)
+        store = self.run_store()
+        sid = _sid("waiting-cancel")
+        ran: list[str] = []
+        endpoint = _CallsThenAnswer("refund", '{"order": "B"}', rounds=1)
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran)])
+        assert agent.Runner().run(spec, [Message.user("refund B")], endpoint).stop_reason == "awaiting_approval"
+        other = agent.open(sid, self.another(store))
+        if decided:
+            other.approve("call_0")
+        outcome: list[tuple[bool, int]] = []  # what cancel() returned, and how many refunds had started then
+        hooks: dict[str, Callable[[], object]] = {point[1]: lambda: outcome.append((other.cancel(), len(ran)))}
+        landing = Landing(store, **{point[0]: hooks})
+        resumed = agent.Spec(session=agent.open(sid, landing), tools=[_refund(ran)])
+        first = agent.Runner().run(resumed, store.messages(sid), endpoint)
+        assert len(outcome) == 1, "the cancel never landed"
+        cancelled, started = outcome[0]
+        if not cancelled:  # only once the resume had finished the turn, the refund run, and let go
+            assert (decided, point[1], first.stop_reason, ran) == (True, "release", "answered", ["B"]), outcome
+        try:
+            other.approve("call_0")
+        except (agent.AlreadyDecided, agent.UnknownApproval):
+            pass
+        else:
+            raise AssertionError("a decision after the cancel was stored")
+        for _ in range(2):  # a resume after it, and a redelivery of that
+            agent.Runner().run(spec, store.messages(sid), endpoint)
+        if cancelled:
+            assert len(ran) == started, "a call of the cancelled turn started after cancel() returned True"
+        assert len(ran) <= 1 and ran in ([], ["B"]) and (decided or ran == [])
+        assert not agent.orphaned_tool_calls(store.messages(sid))
+        assert agent.open(sid, store).pending_approvals() == []
+
+    # -- 7. a repeat that was absorbed reports no failure ----------------------------------------------
+
+    def test_29_7_a_redelivery_absorbed_by_runner_turn_writes_no_failed_event(self) -> None:
+        """Two deliveries of one turn: the first asks the model; the second read the session meanwhile,
+        waits for the lease, is refused at its first write (the answer was saved) and returns that answer.
+        The log ends with the first's ``finished``: a follower is never told the turn failed."""
+        self.requires(Capability.EVENTS)
+        store = self.run_store()
+        sid = _sid("absorbed")
+        read = threading.Event()
+
+        def after_the_other_read(_: object) -> None:
+            assert read.wait(20), "the second delivery never read the session"
+
+        first = agent.Spec(session=agent.open(sid, store), publish_events=True)
+        delivered = agent.Runner().start(first, [Message.user("q", key="msg-1")], Answer("a", after_the_other_read))
+        wait_for(lambda: store.holder(sid) is not None, "the first delivery to hold the session", 20)
+        second_store = Landing(self.another(store), after={"messages": read.set})
+        second = agent.Spec(session=agent.open(sid, second_store), publish_events=True, lease_wait=20)
+        heard: list[object] = []
+        repeat = agent.Runner().turn(second, "q", "msg-1", Answer("must not be asked"), heard.append)
+        assert delivered.wait(timeout=20).text == "a"
+        assert (repeat.stop_reason, repeat.text) == ("answered", "a")
+        # Its listener hears nothing of the attempt the other's save refused: it returned the stored answer.
+        assert heard == [], heard
+        kinds = [e.kind for e in agent.open(sid, store).events(limit=1000)]
+        assert kinds.count("finished") == 1 and "failed" not in kinds, kinds
+        assert kinds[-1] == "finished", kinds
+
+    # -- 12. a decision just after a resume denied the call at its deadline ----------------------------
+
+    @pytest.mark.parametrize("point", [("after", "swap_journal"), ("after", "release")])
+    def test_29_12_a_decision_just_after_a_deadline_denial_is_already_decided(self, point: tuple[str, str]) -> None:
+        """A resume finds the refund undecided past its deadline and denies it (a swap of the journal), then
+        closes the turn. A person deciding just after, whether the journal still holds the denial or the
+        turn's results do, is told it was decided at its deadline: not that the call is unknown."""
+        self.requires(Capability.APPROVALS)
+        store = self.run_store()
+        sid = _sid("deadline")
+        ran: list[str] = []
+        endpoint = _CallsThenAnswer("refund", '{"order": "B"}', rounds=1)
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran, approval_deadline=0.05)])
+        assert agent.Runner().run(spec, [Message.user("refund B")], endpoint).stop_reason == "awaiting_approval"
+        wait_for(lambda: not agent.open(sid, store).pending_approvals(), "the approval deadline to pass", 10)
+        other = agent.open(sid, self.another(store))
+        late: list[BaseException] = []
+
+        def decide() -> None:
+            try:
+                other.approve("call_0")
+            except agent.AgentError as exc:
+                late.append(exc)
+
+        hooks: dict[str, Callable[[], object]] = {point[1]: decide}
+        landing = Landing(store, **{point[0]: hooks})
+        resumed = agent.Spec(session=agent.open(sid, landing), tools=[_refund(ran, approval_deadline=0.05)])
+        assert agent.Runner().run(resumed, store.messages(sid), endpoint).stop_reason == "answered"
+        assert len(late) == 1 and isinstance(late[0], agent.AlreadyDecided), late
+        assert late[0].decision.by == "deadline" and ran == []

@@ -1,0 +1,974 @@
+"""The model-based concurrency machine's parts: the operations it issues (all public API), the reference
+model of what may have happened, and the invariants checked against it (``storetest.model`` runs it per
+store; ``tests/soak.py`` loops it for hours).
+
+A *program* is drawn from ``random.Random(seed)`` one *round* at a time: 1 to 3 operations on 2 to 5
+sessions, each on its own worker thread with its own store object (for a durable store), started
+together. The first operation of a round may be *held* at a chosen point (inside the model request, or
+inside its first tool), so the others land "while the run waits for the model" or "inside the tool";
+it is let go once each other operation has ended or is waiting for the lease. A round ends when all its
+operations have ended (every wait is bounded); then every invariant is checked against the store, so a
+round is one step. Rounds are drawn from the seed and what the store showed at the round's start, so a
+seed replays the same program as long as the store answers the same (threads make the interleaving
+within a round likely, not certain: a held operation makes the interesting one near certain).
+
+What a run did is seen from outside the library: the scripted model and the tools append to a *ledger*
+file (one ``os.write`` per line, so threads and child processes can share it), a thin proxy around the
+store notes on each thread when the run last asked whether it was cancelled, and each operation's events
+are collected from its ``events`` callable. Texts are unique per operation, so a text showing up where it
+must not (a deleted session's message coming back, a steer twice) is seen.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import agent_sessions as agent
+from agent_sessions import Content, Message, Role, Store, Tool
+from agent_sessions.approvals import ApprovalStore
+from agent_sessions.eventlog import EventStore
+from agent_sessions.journal import Journal
+from agent_sessions.lifecycle import LifecycleStore
+from agent_sessions.session import RunStore
+
+from .capabilities import Capability
+
+HOLD = 20.0
+"""Seconds a held operation waits to be let go, and the scheduler waits for it to reach its point."""
+ROUND = 120.0
+"""Seconds a round's operations have, all together, to end; past it the program stops with a violation."""
+CHILD = 90.0
+"""Seconds a child process has to reach its tool, and then to report."""
+
+RUNS = ("run", "turn", "redeliver", "resume", "crash", "kill", "freeze")
+"""The kinds that run the loop (and so take the lease)."""
+KINDS = (*RUNS, "steer", "cancel", "approve", "deny", "delete", "delete_force", "prune", "fork")
+
+KNOWN: dict[str, str] = {
+    "delete_near_run": "issue 29 #1: a delete (forced or not) or a prune in a round with a run of the same session "
+                       "(any session, for prune): a run that read or waited for the lease before it saves the "
+                       "pre-delete transcript back. The same rounds meet two NEW bugs: the SQL stores' acquire "
+                       "AssertionError (see delete_near_cancel), and MongoDB's delete(force=True) raising "
+                       "SessionBusy when a run takes the lease of a session that did not exist a moment before",
+    "redeliver_after_cancel": "issue 29 #2: a redelivery (Runner.turn, same key) of a turn that was cancelled, "
+                              "stopped at max_steps, or shares a round with a cancel: it continues that turn",
+    "cancel_near_approval": "issue 29 #3: a cancel in a round with a run of a session whose turn waits for approval "
+                            "(or that asks for one): cancel() returns True and is lost with the lease",
+    "duplicate_call_ids": "issue 29 #4: a reply with two tool calls of one id: the second never runs",
+    "surrogate_events": "issue 29 #5: a lone surrogate in a message of a run with publish_events",
+    "absorbed_conflict": "issue 29 #7: a Runner.turn that meets another run's save reports `failed` and then "
+                         "`finished`: the check accepts failed(TranscriptConflict) events before the last one",
+    "delete_near_cancel": "NEW (found by this machine): a delete or prune in a round with a cancel() of the same "
+                          "session (any, for prune): on the SQL stores, acquire makes the session's row in one "
+                          "transaction and asserts it in the next; a delete between them is an AssertionError "
+                          "(stores/_sql/store.py, acquire), not a typed error. cancel() takes the lease to close a "
+                          "turn waiting for approval (a run does too: those rounds are delete_near_run's)",
+    "concurrent_first_save": "issue 29 #11: two operations writing a session that does not exist yet, in one "
+                             "round (PostgreSQL: duplicate-key StoreError)",
+}
+"""The operation mixes that meet a known bug on main today, by name: what ``ModelContract.model_skip`` may
+leave out (each with the issue's bug number)."""
+
+INVARIANTS = ("pay_at_most_once", "approved_before_paid", "one_result_per_call", "steer_once",
+              "no_reappearance", "cancel_stops_turn", "events_end_once", "typed_errors", "usable", "bounded")
+
+
+class Crash(BaseException):
+    """Stands in for a worker dying inside the model request or a tool: nothing in the loop catches it."""
+
+
+# -- the ledger: what the model and the tools did, from any thread or process ------------------------------
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, **record: Any) -> None:
+        line = (json.dumps(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)  # one write(2) of a short line in O_APPEND: never interleaved with another
+        finally:
+            os.close(fd)
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line]
+
+
+def now() -> int:
+    """The machine's clock: CLOCK_MONOTONIC, one for every process of the host, so child processes' ledger
+    lines compare with the parent's."""
+    return time.monotonic_ns()
+
+
+# -- the store, watched ------------------------------------------------------------------------------------
+
+
+_PROTOCOLS: tuple[type, ...] = (Store, RunStore, ApprovalStore, LifecycleStore, EventStore)
+_METHODS = sorted({n for p in _PROTOCOLS for n, v in vars(p).items() if callable(v) and not n.startswith("_")})
+
+
+class _Watched:
+    """Every call goes to the store under test. Noted on the calling thread: when the run last asked the
+    store whether it was cancelled (``check`` and ``put_journal``: a tool starts after one of them), and
+    whether the current operation was refused the lease (it waits for it, or fails with SessionBusy)."""
+
+    def __init__(self, store: Store, holds: list[Hold] | None = None) -> None:
+        self._store = store
+        self._local = threading.local()
+        self.holds: list[Hold] = [] if holds is None else holds
+        """Every lease an operation took through this proxy, in order."""
+
+    def begin(self, op: Op | None) -> None:
+        self._local.op = op
+        self._local.checked = None
+
+    def checked(self) -> int | None:
+        value: int | None = getattr(self._local, "checked", None)
+        return value
+
+    def acquire(self, session: str, holder: agent.Holder, ttl: float) -> agent.Holder:
+        got: agent.Holder = self._store.acquire(session, holder, ttl)  # type: ignore[attr-defined]
+        op: Op | None = getattr(self._local, "op", None)
+        if op is not None:
+            (op.refused if got.token != holder.token else op.acquired).set()
+            if got.token == holder.token:
+                self.holds.append(Hold(session, op.n, got.token, now()))
+                op.pause("acquire")  # "between acquire and the first save"
+        return got
+
+    def release(self, session: str, holder: agent.Holder) -> None:
+        for hold in self.holds:
+            if hold.token == holder.token and hold.released is None:
+                hold.released = now()
+        self._store.release(session, holder)  # type: ignore[attr-defined]
+
+    def check(self, session: str, holder: agent.Holder) -> bool:
+        self._local.checked = now()
+        return bool(self._store.check(session, holder))  # type: ignore[attr-defined]
+
+    def put_journal(self, session: str, holder: agent.Holder, journal: str, *, unless_cancelled: bool = False
+                    ) -> bool:
+        self._local.checked = now()
+        return bool(self._store.put_journal(session, holder, journal,  # type: ignore[attr-defined]
+                                            unless_cancelled=unless_cancelled))
+
+    def __repr__(self) -> str:
+        return f"watched({self._store!r})"
+
+
+def _passing(name: str) -> Callable[..., Any]:
+    def method(self: _Watched, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._store, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def watched(store: Store, holds: list[Hold] | None = None) -> _Watched:
+    """``store`` behind a ``_Watched`` offering exactly the protocol methods ``store`` has (so the library's
+    isinstance checks answer as they would for the store itself)."""
+    own = {"acquire", "check", "put_journal", "release"}
+    names = [n for n in _METHODS if callable(getattr(store, n, None))]
+    cls = type("Watched", (_Watched,), {n: _passing(n) for n in names if n not in own})
+    for name in own - set(names):
+        setattr(cls, name, None)  # the store lacks it: so must the proxy  # pragma: no cover
+    made: _Watched = cls(store, holds)
+    return made
+
+
+@dataclass
+class Hold:
+    """A lease an operation held: taken (the time noted just after), released (just before; ``None``: it
+    was lost, or the run died holding it)."""
+
+    sid: str
+    op: int
+    token: str
+    acquired: int
+    released: int | None = None
+
+
+# -- operations --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Op:
+    n: int
+    kind: str
+    sid: str
+    worker: int
+    script: str = "answer"
+    hold: str | None = None
+    """"acquire" (just after the lease is taken), "model" or "tool" (inside the first): the operation
+    stops there until the scheduler lets it go."""
+    crash: str | None = None
+    lease_wait: float = 0.0
+    text: str = ""
+    key: str = ""
+    publish: bool = False
+    max_steps: int = 0
+    """The spec's budget (0: not drawn yet). A redelivery has its turn's: the task is the same."""
+    target: str = ""
+    at: int | None = None
+    began: int = 0
+    ended: int = 0
+    outcome: str = ""
+    """"ok: <what>" or "error: <type>: <message>"."""
+    error: BaseException | None = None
+    stop_reason: str = ""
+    steps: int = -1
+    events: list[tuple[str, str]] = field(default_factory=list)
+    """(event class, its stop reason or error type): what the op's events callable received."""
+    reached: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+    refused: threading.Event = field(default_factory=threading.Event)
+    acquired: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def describe(self) -> str:
+        extra = [f"script={self.script}" if self.kind in RUNS else "",
+                 f"hold={self.hold}" if self.hold else "", f"crash={self.crash}" if self.crash else "",
+                 f"lease_wait={self.lease_wait}" if self.lease_wait else "", f"key={self.key}" if self.key else "",
+                 "publish_events" if self.publish else "", f"target={self.target} at={self.at}" if self.target else ""]
+        return (f"op {self.n} [{self.kind} {self.sid[-2:]} w{self.worker}] " + " ".join(e for e in extra if e)
+                + f" -> {self.outcome}")
+
+    def pause(self, where: str) -> None:
+        if self.hold == where and not self.reached.is_set():
+            self.reached.set()
+            self.go.wait(HOLD)
+
+
+SCRIPTS: dict[str, tuple[int, list[tuple[str, bool]]]] = {
+    "answer": (0, []),
+    "pay": (1, [("pay", False)]),
+    "lookup_pay": (1, [("lookup", False), ("pay", False)]),
+    "pay_twice": (2, [("pay", False)]),
+    "approve_pay": (1, [("lookup", False), ("pay", True)]),
+    "duplicate_ids": (1, [("pay", False), ("pay", False)]),
+}
+"""Per script: how many replies of a turn call tools, and the calls of each (tool, needs approval)."""
+
+
+def turn_of(messages: Sequence[Message]) -> tuple[str | None, int]:
+    """The turn the transcript is in (the tag of the last message the test itself gave: ``u-`` from a run,
+    ``t-`` from Runner.turn; steers are ``s-``) and how many replies with tool calls it has had."""
+    made = 0
+    for m in reversed(messages):
+        if m.role is Role.ASSISTANT and m.tool_calls:
+            made += 1
+        elif m.role is Role.USER and m.text.startswith(("u-", "t-")):
+            return m.text.split()[0], made
+    return None, made
+
+
+class Scripted:
+    """The model of one operation. Picklable (a child process gets one)."""
+
+    def __init__(self, op: Op | None, ledger: Ledger, sid: str, n: int, script: str, crash: str | None) -> None:
+        self.op = op
+        self.ledger = ledger
+        self.sid = sid
+        self.n = n
+        self.script = script
+        self.crash = crash
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "op": None}
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        if self.op is not None:
+            self.op.pause("model")
+        if self.crash == "model":
+            raise Crash("killed while waiting for the model")
+        tag, made = turn_of(messages)
+        rounds, calls = SCRIPTS[self.script]
+        if tag is None or made >= rounds:
+            odd = " lone \ud800 surrogate" if self.op is not None and "\ud800" in self.op.text else ""
+            return Message.assistant(f"a-{self.n}-{made} {tag}{odd}")  # the surrogate mix: in the reply too
+        content = []
+        for i, (name, ask) in enumerate(calls):
+            order = f"c{self.n}-{made}-{i}"  # what the call is for: its own, even where two calls share an id
+            call_id = f"c{self.n}-{made}-0" if self.script == "duplicate_ids" else order
+            self.ledger.write(t="reply", sid=self.sid, call=order, turn=tag, op=self.n, at=now())
+            content.append(Content.tool_call(call_id, name, json.dumps(
+                {"sid": self.sid, "turn": tag, "order": order, "ask": ask})))
+        return Message(Role.ASSISTANT, content)
+
+
+def _order(arguments: str) -> str:
+    """What a call of the scripted model is for (its ``order`` argument): the ledger's name of the call,
+    which stays its own where the library gave a call of a repeated id an id of its own."""
+    return str(json.loads(arguments)["order"])
+
+
+def tools_of(store: _Watched, ledger: Ledger, op: Op | None, n: int, kind: str, crash: str | None,
+             hang: str | None = None, workdir: str = "") -> list[Tool]:
+    """``pay`` (not idempotent; needs approval when its call says ``ask``) and ``lookup`` (idempotent):
+    each start goes to the ledger with the time the run last checked for a cancel before it."""
+
+    def started(tool: str, sid: str, turn: str, order: str, ask: bool) -> None:
+        ledger.write(t="start", tool=tool, sid=sid, call=order, turn=turn, ask=ask, op=n, kind=kind,
+                     checked=store.checked(), at=now())
+        if op is not None:
+            op.pause("tool")
+        if crash == "tool":
+            raise Crash("killed inside a tool")
+        if hang == "kill":
+            time.sleep(CHILD)  # SIGKILLed in here
+        elif hang == "freeze":
+            go = Path(workdir) / f"go-{n}"
+            deadline = time.monotonic() + CHILD
+            while not go.exists() and time.monotonic() < deadline:  # SIGSTOPped in here, then let go
+                time.sleep(0.01)
+
+    def pay(sid: str, turn: str, order: str, ask: bool = False) -> str:
+        started("pay", sid, turn, order, ask)
+        return f"paid {order}"
+
+    def lookup(sid: str, turn: str, order: str, ask: bool = False) -> str:
+        started("lookup", sid, turn, order, ask)
+        return f"found {order}"
+
+    return [agent.tool(name="pay", idempotent=False, needs_approval=lambda a: bool(a.get("ask")))(pay),
+            agent.tool(name="lookup")(lookup)]
+
+
+def _summary(event: object) -> tuple[str, str]:
+    if isinstance(event, agent.events.Finished):
+        return "Finished", event.result.stop_reason
+    if isinstance(event, agent.events.Failed):
+        return "Failed", type(event.error).__name__
+    return type(event).__name__, ""
+
+
+# -- a child process: the run that is killed or frozen inside its tool ---------------------------------------
+
+
+def child_run(factory: Callable[[], Store], sid: str, workdir: str, n: int, kind: str, text: str, out: Any) -> None:
+    events: list[tuple[str, str]] = []
+    try:
+        store = watched(factory())
+        ledger = Ledger(Path(workdir) / "ledger")
+        spec = agent.Spec(session=agent.open(sid, store), max_steps=4, lease_ttl=1.0, lease_wait=3.0,  # type: ignore[arg-type]
+                          tools=tools_of(store, ledger, None, n, kind, None, hang=kind, workdir=workdir))
+        msgs = [*store.messages(sid), Message.user(text)]  # type: ignore[attr-defined]
+        result = agent.Runner().run(spec, msgs, Scripted(None, ledger, sid, n, "pay", None),
+                                    lambda e: events.append(_summary(e)))
+        out.put(("ok", result.stop_reason, result.steps, "", events))
+    except agent.AgentError as exc:
+        out.put(("error", type(exc).__name__, -1, str(exc), events))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which counts it a violation
+        out.put(("error", type(exc).__name__, -1, traceback.format_exc(), events))
+
+
+# -- the machine ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Violation:
+    invariant: str
+    detail: str
+
+
+@dataclass
+class Report:
+    """What programs tried and checked; ``merge`` adds another's."""
+
+    programs: int = 0
+    tried: Counter[str] = field(default_factory=Counter)
+    checks: Counter[str] = field(default_factory=Counter)
+    left_out: Counter[str] = field(default_factory=Counter)
+    violations: list[tuple[int, str, str]] = field(default_factory=list)
+    """(seed, invariant, detail)."""
+
+    def merge(self, other: Report) -> None:
+        self.programs += other.programs
+        self.tried.update(other.tried)
+        self.checks.update(other.checks)
+        self.left_out.update(other.left_out)
+        self.violations.extend(other.violations)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"programs": self.programs, "tried": dict(sorted(self.tried.items())),
+                "checks": dict(sorted(self.checks.items())), "left_out": dict(sorted(self.left_out.items())),
+                "violations": [{"seed": s, "invariant": i, "detail": d} for s, i, d in self.violations]}
+
+
+_EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
+    # Conflict: SessionBusy, LeaseLost, TranscriptConflict, AwaitingApproval: each says why the run did not go on.
+    **{k: (agent.Conflict,) for k in ("run", "turn", "redeliver", "resume", "kill", "freeze")},
+    "crash": (agent.Conflict, Crash),
+    "steer": (),
+    "cancel": (),
+    "approve": (agent.AlreadyDecided, agent.UnknownApproval),
+    "deny": (agent.AlreadyDecided, agent.UnknownApproval),
+    "delete": (agent.SessionBusy,),
+    "delete_force": (),
+    "prune": (),
+    "fork": (agent.ArgumentError, agent.SessionExists),  # the source was deleted meanwhile
+}
+
+
+class Machine:
+    """One program: ``run()`` draws and runs ``ops`` operations from ``seed`` and returns its Report."""
+
+    def __init__(self, seed: int, make_store: Callable[[], Store], capabilities: frozenset[Capability],
+                 process_factory: Callable[[], Store] | None, workdir: Path, ops: int, skip: frozenset[str]) -> None:
+        unknown = skip - set(KNOWN)
+        if unknown:
+            raise agent.ArgumentError(f"model_skip names no known mix: {sorted(unknown)} (known: {sorted(KNOWN)})")
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.caps = capabilities
+        self.factory = process_factory if Capability.PROCESSES in capabilities else None
+        self.workdir = workdir
+        self.ops = ops
+        self.skip = skip
+        self.ledger = Ledger(workdir / "ledger")
+        durable = Capability.DURABLE in capabilities
+        first = make_store()
+        self.workers = 3
+        self.holds: list[Hold] = []
+        self.stores = [watched(first, self.holds)] + [watched(make_store() if durable else first, self.holds)
+                                                      for _ in range(self.workers - 1)]
+        self.checker: Any = self.stores[0]
+        self.lifecycle = Capability.LIFECYCLE in capabilities and isinstance(first, LifecycleStore)
+        self.approvals = Capability.APPROVALS in capabilities and isinstance(first, ApprovalStore)
+        self.events = Capability.EVENTS in capabilities and isinstance(first, EventStore)
+        tag = uuid.uuid4().hex[:8]
+        self.tag = tag
+        self.sessions = [f"model-{tag}-{i}" for i in range(self.rng.choice([2, 2, 3]))]
+        self.report = Report(programs=1)
+        self.log: list[str] = []
+        self.count = 0
+        # the reference model
+        self.steers: dict[str, list[tuple[str, int]]] = {}
+        self.steers_gone: dict[str, int] = {}
+        """When each session was last deleted (or may have been pruned): steers posted before may be gone."""
+        self.turn_began: dict[tuple[str, str], int] = {}
+        self.keys: dict[str, list[Op]] = {}
+        self.cancels: list[tuple[str, int, int, frozenset[str]]] = []
+        """cancel() calls that returned True: session, called, returned, the calls of a turn waiting for
+        approval then (which that cancel closed)."""
+        self.cancel_rounds: dict[str, list[int]] = {}
+        self.dead: dict[str, list[tuple[set[str], int]]] = {}
+        self.stopped_turns: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+        """Per turn, the ops whose run it stopped short of an answer: (op, ended, stop reason)."""
+        self.given: dict[tuple[str, str], list[int]] = {}
+        self.decisions: dict[tuple[str, str], tuple[bool, int]] = {}
+        self.done: list[Op] = []
+        self.stopped = False
+        self.seen: set[tuple[str, object]] = set()
+
+    # -- drawing ---------------------------------------------------------------------------------------
+
+    def _kinds(self) -> list[tuple[str, float]]:
+        kinds = [("run", 4), ("turn", 3), ("redeliver", 2), ("resume", 2), ("crash", 1.5), ("steer", 3),
+                 ("cancel", 2.5), ("fork", 1)]
+        if self.approvals:
+            kinds += [("approve", 2.5), ("deny", 1)]
+        if self.lifecycle:
+            kinds += [("delete", 1), ("delete_force", 1), ("prune", 0.7)]
+        if self.factory is not None:
+            kinds += [("kill", 0.4), ("freeze", 0.4)]
+        return kinds
+
+    def _draw_op(self, worker: int, near: str | None) -> Op:
+        kinds = self._kinds()
+        kind = self.rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
+        self.count += 1
+        n = self.count
+        # the round's later ops mostly meet its first one's session: that is where the races are
+        sid = near if near is not None and self.rng.random() < 0.6 else self.rng.choice(self.sessions)
+        op = Op(n, kind, sid, worker)
+        if kind in ("run", "turn", "resume", "crash", "redeliver"):
+            scripts = [("answer", 2), ("pay", 3), ("lookup_pay", 2), ("pay_twice", 1)]
+            if self.approvals:
+                scripts.append(("approve_pay", 3))
+            if "duplicate_call_ids" not in self.skip:
+                scripts.append(("duplicate_ids", 1))
+            op.script = self.rng.choices([s for s, _ in scripts], [w for _, w in scripts])[0]
+            op.lease_wait = self.rng.choice([0.0, 3.0])
+            op.publish = self.events and self.rng.random() < 0.3
+        if kind == "crash":
+            op.crash = self.rng.choice(["model", "tool"])
+        if kind in ("run", "kill", "freeze"):
+            op.text = f"u-{self.tag}-{n}"
+            if kind == "run" and op.publish and "surrogate_events" not in self.skip and self.rng.random() < 0.3:
+                op.text += " lone \ud800 surrogate"
+        if kind in ("turn", "crash"):
+            op.text, op.key = f"t-{self.tag}-{n}", f"k-{self.tag}-{n}"
+        if kind == "fork":
+            op.target = f"model-{self.tag}-f{n}"
+            op.at = self.rng.choice([None, None, 1, 3])
+        return op
+
+    def _pick_redelivery(self, op: Op, round_ops: list[Op], index: int) -> bool:
+        """Point a redelivery at an earlier turn of its session (drawn at the round's start); False when
+        there is none it may use."""
+        turns = self.keys.get(op.sid, [])
+        if "redeliver_after_cancel" in self.skip:
+            if any(o.kind == "cancel" and o.sid == op.sid for o in round_ops):
+                return False
+            cancelled_since = self.cancel_rounds.get(op.sid, [])
+            turns = [t for t in turns if t.stop_reason not in ("cancelled", "max_steps")
+                     and not any(c >= t.began for c in cancelled_since)]
+        if not turns:
+            return False
+        turns = sorted(turns, key=lambda t: t.n)  # stopped turns more often: what a redelivery must not go on with
+        first = self.rng.choices(turns, [3 if t.stop_reason in ("cancelled", "max_steps") else 1 for t in turns])[0]
+        op.text, op.key, op.max_steps = first.text, first.key, first.max_steps
+        return True
+
+    def _mix(self, ops: list[Op], journals: dict[str, bool], empty: dict[str, bool]) -> str | None:
+        """The known mix (in ``self.skip``) this round would meet, or None."""
+        runs = [o for o in ops if o.kind in RUNS]
+        if "delete_near_run" in self.skip:
+            if any(o.kind == "prune" for o in ops) and runs:
+                return "delete_near_run"
+            if any(o.kind in ("delete", "delete_force") and any(r.sid == o.sid for r in runs) for o in ops):
+                return "delete_near_run"
+        if "delete_near_cancel" in self.skip:
+            cancels = [o for o in ops if o.kind == "cancel"]
+            if any(o.kind == "prune" for o in ops) and cancels:
+                return "delete_near_cancel"
+            if any(o.kind in ("delete", "delete_force") and any(c.sid == o.sid for c in cancels) for o in ops):
+                return "delete_near_cancel"
+        if "cancel_near_approval" in self.skip:
+            for c in (o for o in ops if o.kind == "cancel"):
+                near = [r for r in runs if r.sid == c.sid]
+                if near and (journals.get(c.sid) or any(r.script == "approve_pay" for r in near)):
+                    return "cancel_near_approval"
+        if "concurrent_first_save" in self.skip:
+            writers = Counter(o.sid for o in ops if o.kind in (*RUNS, "steer"))
+            if any(n > 1 and empty.get(sid, True) for sid, n in writers.items()):
+                return "concurrent_first_save"
+        return None
+
+    def _draw_round(self) -> list[Op]:
+        journals = {s: self.checker.journal(s) is not None for s in self.sessions}
+        empty = {s: not self.checker.messages(s) for s in self.sessions}
+        size = self.rng.choice([1, 2, 2, 3, 3])
+        ops: list[Op] = []
+        for worker in range(size):
+            for _ in range(20):
+                op = self._draw_op(worker, ops[0].sid if ops else None)
+                candidate = [*ops, op]
+                if op.kind == "redeliver" and not self._pick_redelivery(op, candidate, worker):
+                    self.report.left_out["redeliver: no turn to redeliver"] += 1
+                    continue
+                mix = self._mix(candidate, journals, empty)
+                if mix is None:
+                    ops.append(op)
+                    break
+                self.report.left_out[mix] += 1
+        children = [o for o in ops if o.kind in ("kill", "freeze")]
+        if children:  # one child process per round, first: the others land while it is in its tool
+            ops = [children[0], *(o for o in ops if o.kind not in ("kill", "freeze"))]
+            for i, o in enumerate(ops):
+                o.worker = i
+        if len(ops) > 1 and ops[0].kind in ("run", "turn", "redeliver", "resume") and self.rng.random() < 0.7:
+            ops[0].hold = self.rng.choice(["acquire", "model", "tool"])
+        return ops
+
+    # -- running -----------------------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        try:
+            done = 0
+            while done < self.ops and not self.stopped:
+                ops = self._draw_round()
+                done += len(ops)
+                self._run_round(ops)
+                self.check_all()
+            if not self.stopped:
+                self.check_usable()
+                self.check_all()
+        except Exception:  # noqa: BLE001 - the machine's own failure is a violation with its seed, not a crash
+            self.violate("bounded", "the machine itself raised:\n" + traceback.format_exc())
+        return self.report
+
+    def violate(self, invariant: str, detail: str, key: object = None) -> None:
+        """Record a violation once: a later round seeing the same one again (``key``) adds nothing."""
+        if key is not None:
+            if (invariant, key) in self.seen:
+                return
+            self.seen.add((invariant, key))
+        self.report.violations.append((self.seed, invariant, detail))
+
+    def _run_round(self, ops: list[Op]) -> None:
+        for op in ops:
+            self.report.tried[op.kind] += 1
+            if op.hold:
+                self.report.tried[f"{op.kind} held in {op.hold}"] += 1
+        threads = [threading.Thread(target=self._execute, args=(op,), name=f"model-op-{op.n}", daemon=True)
+                   for op in ops]
+        held, others = ops[0], ops[1:]
+        deadline = time.monotonic() + ROUND
+        threads[0].start()
+        if held.hold or held.kind in ("kill", "freeze"):
+            _wait(lambda: held.reached.is_set() or held.done.is_set(), HOLD if held.hold else CHILD)
+        for t in threads[1:]:
+            t.start()
+        # let the held one go once every other op has ended or waits for the lease it holds
+        _wait(lambda: all(o.done.is_set() or (o.refused.is_set() and not o.acquired.is_set()) for o in others),
+              HOLD)
+        held.go.set()
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [op for op, t in zip(ops, threads, strict=True) if t.is_alive()]
+        for op in ops:
+            self.log.append(op.describe())
+            self._absorb(op)
+        if stuck:
+            self.violate("bounded", f"ops {[o.n for o in stuck]} did not end within {ROUND} s")
+            self.stopped = True
+        self.report.checks["bounded"] += 1
+
+    def _spec(self, op: Op, store: _Watched) -> agent.Spec:
+        # a turn stopped at max_steps, which its redelivery (the same task: the same spec) must not go on with
+        if not op.max_steps:
+            op.max_steps = 1 if op.kind == "turn" and op.script != "answer" and op.n % 4 == 1 else 4
+        return agent.Spec(session=agent.open(op.sid, store),  # type: ignore[arg-type]
+                          tools=tools_of(store, self.ledger, op, op.n, op.kind, op.crash),
+                          max_steps=op.max_steps, lease_ttl=5.0, lease_wait=op.lease_wait, publish_events=op.publish)
+
+    def _execute(self, op: Op) -> None:
+        store = self.stores[op.worker]
+        store.begin(op)
+        op.began = now()
+        session = agent.open(op.sid, store)  # type: ignore[arg-type]
+        try:
+            op.outcome = "ok: " + self._perform(op, store, session)
+        except BaseException as exc:  # noqa: BLE001 - judged by typed_errors
+            op.error = exc
+            op.outcome = f"error: {type(exc).__name__}: {str(exc)[:300]}"
+            if not isinstance(exc, _EXPECTED[op.kind]):
+                op.outcome += "\n" + traceback.format_exc()
+        finally:
+            op.ended = now()
+            op.reached.set()
+            op.done.set()
+            store.begin(None)
+
+    def _perform(self, op: Op, store: _Watched, session: agent.StoreSession) -> str:
+        events: Callable[[object], None] = lambda e: op.events.append(_summary(e))  # noqa: E731
+        endpoint = Scripted(op, self.ledger, op.sid, op.n, op.script, op.crash)
+        if op.kind == "run":
+            result = agent.Runner().run(self._spec(op, store), [*session.messages(), Message.user(op.text)],
+                                        endpoint, events)
+        elif op.kind in ("turn", "redeliver", "crash"):
+            result = agent.Runner().turn(self._spec(op, store), op.text, op.key, endpoint, events)
+        elif op.kind == "resume":
+            msgs = session.messages()
+            if not msgs:
+                return "nothing to resume"
+            result = agent.Runner().run(self._spec(op, store), msgs, endpoint, events)
+        elif op.kind in ("kill", "freeze"):
+            return self._child(op, session)
+        elif op.kind == "steer":
+            op.text = f"s-{self.tag}-{op.n}"
+            self.steers.setdefault(op.sid, []).append((op.text, now()))  # before: a delete may come between
+            session.steer(op.text)
+            return op.text
+        elif op.kind == "cancel":
+            closing = frozenset(self._waiting_calls(op.sid))
+            a = now()
+            got = session.cancel()
+            if got:
+                self.cancels.append((op.sid, a, now(), closing))
+            return str(got)
+        elif op.kind in ("approve", "deny"):
+            waiting = session.pending_approvals()
+            if not waiting:
+                return "nothing waits"
+            call = waiting[0].call_id
+            began = now()
+            decision = session.approve(call) if op.kind == "approve" else session.deny(call, "model says no")
+            self.decisions[(op.sid, _order(waiting[0].arguments))] = (decision.approved, began)
+            return f"{op.kind}d {call}"
+        elif op.kind in ("delete", "delete_force", "prune"):
+            victims = [op.sid] if op.kind != "prune" else list(self.sessions)
+            before = {s: texts(self.checker.messages(s)) for s in victims}
+            if op.kind == "prune":
+                pruned = session.store.prune(idle_for=self.rng.choice([0.0, 0.0, 0.2]))  # type: ignore[attr-defined]
+                gone = [s for s in victims if before[s] and not self.checker.messages(s)]
+                outcome = f"pruned {pruned}: {[s[-2:] for s in gone]}"
+            else:
+                deleted = session.delete(force=op.kind == "delete_force")
+                gone = [op.sid] if deleted else []
+                outcome = f"deleted {deleted}"
+            for s in gone:
+                self.dead.setdefault(s, []).append((before[s], now()))
+            for s in victims if op.kind == "prune" else gone:
+                self.steers_gone[s] = now()  # the steers waiting then may have gone with the session
+            return outcome
+        elif op.kind == "fork":
+            session.fork(op.target, op.at, allow_unanswered=False)
+            if op.target not in self.sessions and len(self.sessions) < 5:
+                self.sessions.append(op.target)
+            return f"forked to {op.target[-3:]}"
+        else:  # pragma: no cover
+            raise AssertionError(op.kind)
+        op.stop_reason, op.steps = result.stop_reason, result.steps
+        return f"{result.stop_reason} after {result.steps} steps"
+
+    def _waiting_calls(self, sid: str) -> list[str]:
+        """The calls of the reply waiting in the journal for decisions, if one waits."""
+        text = self.checker.journal(sid)
+        if text is None:
+            return []
+        journal = Journal.from_json(text, sid)
+        return [_order(c.arguments) for c in journal.reply.tool_calls] if journal.approvals else []
+
+    def _child(self, op: Op, session: agent.StoreSession) -> str:
+        assert self.factory is not None
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        child = ctx.Process(target=child_run, args=(self.factory, op.sid, str(self.workdir), op.n, op.kind, op.text,
+                                                    out), daemon=True)
+        child.start()
+        try:
+            in_tool = _wait(lambda: any(r["t"] == "start" and r["op"] == op.n for r in self.ledger.read())
+                            or not child.is_alive(), CHILD)
+            if not in_tool or not child.is_alive():
+                return self._reported(op, out, "ended before its tool")
+            if op.kind == "kill":
+                os.kill(child.pid or 0, signal.SIGKILL)
+                child.join(10)
+                op.reached.set()
+                return "killed in its tool"
+            os.kill(child.pid or 0, signal.SIGSTOP)
+            _wait(lambda: session.holder() is None, 15)  # its 1 s lease lapses on the store's clock
+            op.reached.set()
+            op.go.wait(HOLD)  # the round's other ops run now
+            (self.workdir / f"go-{op.n}").touch()
+            os.kill(child.pid or 0, signal.SIGCONT)
+            return "frozen, continued: " + self._reported(op, out, "")
+        finally:
+            if child.is_alive():
+                os.kill(child.pid or 0, signal.SIGCONT)
+                child.join(CHILD)
+            if child.is_alive():
+                child.kill()
+                child.join(10)
+
+    def _reported(self, op: Op, out: Any, how: str) -> str:
+        try:
+            kind, what, steps, detail, events = out.get(timeout=CHILD)
+        except Exception:  # noqa: BLE001 - queue.Empty, or the child died before it could say
+            return f"{how}: no report"
+        op.events = [(str(a), str(b)) for a, b in events]
+        if kind == "ok":
+            op.stop_reason, op.steps = what, steps
+            return f"{how} {what}"
+        if what not in ("SessionBusy", "LeaseLost", "TranscriptConflict", "AwaitingApproval"):
+            op.error = RuntimeError(f"{what}: {detail}")
+        else:
+            op.error = agent.Conflict(f"{what}: {detail}")
+        return f"{how} error {what}"
+
+    def _absorb(self, op: Op) -> None:
+        """Fold what the finished op did into the reference model, and judge its own outcome."""
+        if op.kind in ("run", "turn", "redeliver", "crash", "kill", "freeze") and op.text:
+            tag = op.text.split()[0]
+            self.turn_began.setdefault((op.sid, tag), op.began)
+            self.given.setdefault((op.sid, op.text), []).append(op.began)
+        if op.kind in ("turn", "crash"):
+            self.keys.setdefault(op.sid, []).append(op)
+        if op.kind == "redeliver":
+            for t in self.keys.get(op.sid, []):
+                if t.key == op.key and op.stop_reason:
+                    t.stop_reason = op.stop_reason
+        if op.stop_reason in ("cancelled", "max_steps") and op.text:
+            self.stopped_turns.setdefault((op.sid, op.text.split()[0]), []).append((op.n, op.ended, op.stop_reason))
+        if op.kind == "cancel" and op.outcome == "ok: True":
+            self.cancel_rounds.setdefault(op.sid, []).append(op.began)
+        if op.kind == "fork" and op.error is None:
+            self.turn_began.update({(op.target, tag): t for (s, tag), t in list(self.turn_began.items())
+                                    if s == op.sid})
+        self.report.checks["typed_errors"] += 1
+        if op.error is not None and not isinstance(op.error, _EXPECTED[op.kind]):
+            self.violate("typed_errors", f"{op.describe()}")
+        self._check_events(op)
+
+    def _check_events(self, op: Op) -> None:
+        if op.kind not in RUNS or op.outcome == "ok: nothing to resume" or op.outcome.startswith("ok: killed"):
+            return
+        self.report.checks["events_end_once"] += 1
+        events = op.events
+        terminals = [e for e in events if e[0] in ("Finished", "Failed")]
+        turn = op.kind in ("turn", "redeliver", "crash")
+        if turn and not events and (op.steps == 0 or op.error is not None):
+            return  # Runner.turn returned the stored answer, or refused before any run: no run, no events
+        if "absorbed_conflict" in self.skip and turn and terminals and terminals[0] == ("Failed", "TranscriptConflict"):
+            # the turn's own runs that met another delivery's save: drop their events, judge what is left
+            self.report.left_out["absorbed_conflict (check relaxed)"] += 1
+            last = max(i for i, e in enumerate(events) if e == ("Failed", "TranscriptConflict"))
+            events = events[last + 1:]
+            terminals = [e for e in events if e[0] in ("Finished", "Failed")]
+            if not events and op.steps == 0:
+                return
+        ok = (len(terminals) == 1 and events[-1] == terminals[0]
+              and (terminals[0] == ("Finished", op.stop_reason) if op.error is None
+                   else terminals[0][0] == "Failed"))
+        if not ok:
+            self.violate("events_end_once", f"{op.describe()}: events {events}")
+
+    # -- checking ------------------------------------------------------------------------------------------
+
+    def check_all(self) -> None:
+        ledger = self.ledger.read()
+        transcripts = {s: self.checker.messages(s) for s in self.sessions}
+        self._check_ledger(ledger)
+        for sid, msgs in transcripts.items():
+            self._check_transcript(sid, msgs)
+
+    def _check_ledger(self, ledger: list[dict[str, Any]]) -> None:
+        starts = [r for r in ledger if r["t"] == "start"]
+        pays = Counter((r["sid"], r["call"]) for r in starts if r["tool"] == "pay")
+        self.report.checks["pay_at_most_once"] += 1
+        for (sid, call), n in pays.items():
+            if n > 1:
+                self.violate("pay_at_most_once", f"session {sid}: pay for call {call} ran {n} times", (sid, call))
+        self.report.checks["approved_before_paid"] += 1
+        for r in starts:
+            if r["tool"] == "pay" and r["ask"]:
+                decided = self.decisions.get((r["sid"], r["call"]))
+                if decided is None or not decided[0] or decided[1] > r["at"]:
+                    self.violate("approved_before_paid", f"session {r['sid']}: pay {r['call']} (needs approval) ran "
+                                 f"by op {r['op']} with decision {decided}", (r["sid"], r["call"]))
+        self.report.checks["cancel_stops_turn"] += 1
+        for r in starts:
+            checked = r["checked"] if r["checked"] is not None else r["at"]
+            why = self._cancelled(r, checked)
+            if why:
+                self.violate("cancel_stops_turn", f"session {r['sid']}: {why}, then {r['tool']} {r['call']} of turn "
+                             f"{r['turn']} started (op {r['op']}, {r['kind']})", (r["sid"], r["call"]))
+
+    def _cancelled(self, start: dict[str, Any], checked: int) -> str:
+        """Why the tool start ``start`` (its run last checked for a cancel at ``checked``) must not have
+        happened, or "". Three ways: a cancel() returned True while the run held the lease throughout; it
+        returned True closing the turn waiting for approval that the call belongs to; or the turn was
+        stopped by a cancel or max_steps, and a redelivery (not a resume the person asked for) went on."""
+        sid = start["sid"]
+        for csid, called, returned, waiting in self.cancels:
+            if csid != sid or checked <= returned:
+                continue
+            if start["call"] in waiting:
+                return "cancel() returned True while this call's turn waited for approval"
+            for hold in self.holds:
+                if (hold.sid == sid and hold.op == start["op"] and hold.acquired < called
+                        and (hold.released is None or hold.released > returned)):
+                    return "cancel() returned True while this run held the lease"
+        if start["kind"] in ("turn", "redeliver", "crash"):
+            erased = [at for _, at in self.dead.get(sid, [])]
+            for n, ended, reason in self.stopped_turns.get((sid, start["turn"]), []):
+                # A turn erased since (delete, prune) is gone with its session: a redelivery begins it anew.
+                if checked > ended and n != start["op"] and not any(ended < at < checked for at in erased):
+                    return f"op {n} had stopped the turn ({reason})"
+        return ""
+
+    def _check_transcript(self, sid: str, msgs: list[Message]) -> None:
+        self.report.checks["one_result_per_call"] += 1
+        calls = [c.id for m in msgs for c in m.tool_calls]
+        results = [c.tool_call_id for m in msgs for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
+        orphans = agent.orphaned_tool_calls(msgs)
+        if orphans or len(calls) != len(set(calls)) or len(results) != len(set(results)):
+            twice = tuple(sorted({c for c in calls if calls.count(c) > 1}))
+            self.violate("one_result_per_call", f"session {sid}: calls {calls}, results {results}, "
+                         f"orphans {[c.id for c in orphans]}", (sid, twice, tuple(c.id for c in orphans)))
+        have = Counter(m.text for m in msgs if m.role is Role.USER)
+        pending: list[str] | None = None
+        if self.lifecycle:
+            pending = self.checker.pending_steers(sid)
+        self.report.checks["steer_once"] += 1
+        gone = self.steers_gone.get(sid, -1)
+        for text, posted in self.steers.get(sid, []):
+            n = have[text] + (pending.count(text) if pending is not None else 0)
+            if n > 1 or (pending is not None and n != 1 and posted > gone):
+                self.violate("steer_once", f"session {sid}: steer {text} is {have[text]} times in the transcript and "
+                             f"{'?' if pending is None else pending.count(text)} times waiting", (sid, text))
+        self.report.checks["no_reappearance"] += 1
+        now_texts = texts(msgs)
+        for dead, at in self.dead.get(sid, []):
+            back = [t for t in now_texts & dead if not any(b > at for b in self.given.get((sid, t), []))]
+            if back:
+                self.violate("no_reappearance", f"session {sid}: deleted or pruned, and then {sorted(back)} "
+                             "came back", (sid, at))
+
+    def check_usable(self) -> None:
+        """Every session takes a new run: at once, or after what its typed error asks for (decide the
+        waiting calls, then resume the waiting turn)."""
+        for sid in list(self.sessions):
+            self.count += 1
+            op = Op(self.count, "run", sid, 0, lease_wait=10.0, text=f"u-{self.tag}-{self.count} last")
+            store = self.stores[0]
+            store.begin(op)
+            session = agent.open(sid, store)  # type: ignore[arg-type]
+            self.report.checks["usable"] += 1
+            endpoint = Scripted(None, self.ledger, sid, op.n, "answer", None)
+            try:
+                try:
+                    result = agent.Runner().run(self._spec(op, store), [*session.messages(), Message.user(op.text)],
+                                                endpoint)
+                except agent.AwaitingApproval:
+                    for waiting in session.pending_approvals():
+                        try:
+                            session.deny(waiting.call_id, "the model's last check")
+                        except agent.AlreadyDecided:
+                            pass
+                    agent.Runner().run(self._spec(op, store), session.messages(), endpoint)
+                    result = agent.Runner().run(self._spec(op, store), [*session.messages(), Message.user(op.text)],
+                                                endpoint)
+                if result.stop_reason != "answered":
+                    self.violate("usable", f"session {sid}: a last run stopped with {result.stop_reason}")
+            except Exception as exc:  # noqa: BLE001 - that is the violation
+                self.violate("usable", f"session {sid}: a last run failed: {type(exc).__name__}: {exc}")
+            finally:
+                store.begin(None)
+
+
+def texts(msgs: Sequence[Message]) -> set[str]:
+    """What makes a transcript recognisable: its non-empty message texts and its tool call ids (all unique
+    to the operation that made them)."""
+    return {m.text for m in msgs if m.text} | {c.id for m in msgs for c in m.tool_calls}
+
+
+def _wait(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def run_program(seed: int, make_store: Callable[[], Store], capabilities: frozenset[Capability],
+                process_factory: Callable[[], Store] | None, workdir: Path, ops: int,
+                skip: frozenset[str]) -> tuple[Report, list[str]]:
+    """Run one program; its Report and its op log (what to read when it failed)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    machine = Machine(seed, make_store, capabilities, process_factory, workdir, ops, skip)
+    report = machine.run()
+    return report, machine.log
