@@ -3,8 +3,16 @@ any process and resumed on any worker. Importing it loads no database driver."""
 
 import logging
 
-from . import approvals, endpoints, eventlog, events, lifecycle, validate
-from .approvals import ApprovalStore, PendingApproval
+from . import approvals, contract, endpoints, eventlog, events, lifecycle, validate
+from .contract import (
+    ApprovalStore,
+    EventStore,
+    LifecycleStore,
+    RunSession,
+    RunStore,
+    Session,
+    Store,
+)
 from .endpoints import Endpoint
 from .errors import (
     AgentError,
@@ -25,14 +33,13 @@ from .errors import (
     UnknownApproval,
     Unsupported,
 )
-from .eventlog import EventStore, StoredEvent
-from .lease import Holder
-from .lifecycle import LifecycleStore, SessionInfo, SessionPage
 from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
-from .runner import Result, Run, Runner, StopReason
-from .session import RunSession, RunStore, Saved, Session, Store, StoreSession, open
+from .result import Result, StopReason
+from .run.runner import Run, Runner
+from .session import StoreSession, open
 from .spec import Pattern, Spec
 from .tools import Tool, tool
+from .values import Holder, PendingApproval, Saved, SessionInfo, SessionPage, StoredEvent
 
 __version__ = "0.1.0"
 
@@ -83,6 +90,7 @@ __all__ = [
     "UnknownApproval",
     "Unsupported",
     "approvals",
+    "contract",
     "endpoints",
     "eventlog",
     "events",

@@ -21,17 +21,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol, runtime_checkable
 
 from . import validate
-from .errors import AlreadyDecided, ArgumentError, SessionBusy, StoreError, UnknownApproval
-from .journal import UNKNOWN_OUTCOME, Approval, Decision, Journal
+from .contract import ApprovalStore, RunStore
+from .errors import AlreadyDecided, ArgumentError, LeaseLost, SessionBusy, StoreError, UnknownApproval
+from .journal import UNKNOWN_OUTCOME, Approval, Journal
 from .lease import Lease
-from .lifecycle import when
 from .messages import Content, ContentType, Message, Role
-from .session import RunStore
+from .values import Decision, PendingApproval, when
 
 log = logging.getLogger(__name__)
 
@@ -43,27 +40,6 @@ DENIED = "not run: a person denied this call"
 EXPIRED = "not run: no decision was made on this call before its approval deadline"
 CANCELLED_WAITING = "not run: the turn was cancelled while this call waited for approval"
 CANCELLED_APPROVED = "not run: the turn was cancelled before this call ran"
-
-
-@runtime_checkable
-class ApprovalStore(RunStore, Protocol):
-    """A RunStore whose journal can be swapped by a process holding no lease: how decisions are stored."""
-
-    def swap_journal(self, session: str, expected: str, journal: str) -> bool:
-        """Replace the session's journal with ``journal`` if it is still exactly ``expected``, in one
-        atomic step; ``False`` (nothing written) otherwise. Not fenced by a lease: the text is the guard."""
-
-
-@dataclass(frozen=True, slots=True)
-class PendingApproval:
-    """A call waiting for a decision: ``arguments`` as the model wrote them; ``asked`` and ``deadline``
-    aware UTC datetimes (``deadline`` ``None``: none)."""
-
-    call_id: str
-    tool: str
-    arguments: str
-    asked: datetime
-    deadline: datetime | None
 
 
 def result_text(decision: Decision) -> str:
@@ -161,6 +137,7 @@ def close_waiting(store: ApprovalStore, session: str) -> bool:
         lease.__enter__()
     except SessionBusy:
         return store.cancel(session)  # a run took the session meanwhile: cancel that run
+    lost: LeaseLost | None = None
     try:
         journal = _decide_rest(store, session)
         if journal is None:
@@ -169,13 +146,22 @@ def close_waiting(store: ApprovalStore, session: str) -> bool:
         if not journal.answers(transcript):
             return False  # a stale journal, not a waiting turn: the next save drops it
         results = [closing_result(journal, call) for call in journal.reply.tool_calls]
-        store.save_fenced(session, lease.holder, [*transcript, journal.reply, Message(Role.USER, results)],
-                          take_steers=False)
+        try:
+            store.save_fenced(session, lease.holder, [*transcript, journal.reply, Message(Role.USER, results)],
+                              take_steers=False)
+        except LeaseLost as exc:
+            # A forced delete (or a prune) took the session meanwhile, journal and all: nothing of the turn
+            # is left to start. Or a run took the lease over (this stalled past its ttl): it is marked, and
+            # stops before its next call.
+            lost = exc
+            log.info("session %r: the turn waiting for approval was gone before it could be closed (%s)",
+                     session, exc)
+            return store.cancel(session) or store.journal(session) is None
         store.cancel(session)  # marks this lease, which hands the cancel on: a redelivered turn stays closed
         log.info("session %r: the turn waiting for approval was cancelled and closed", session)
         return True
     finally:
-        lease.__exit__(None, None, None)
+        lease.__exit__(None if lost is None else LeaseLost, lost, None)
 
 
 def _decide_rest(store: ApprovalStore, session: str) -> Journal | None:

@@ -23,11 +23,10 @@ from typing import Any
 from urllib.parse import unquote, unquote_plus
 
 from . import lifecycle
+from .contract import Holder, LifecycleStore, Scalar, SessionInfo, Store, when
 from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, Unsupported
-from .lease import Holder
-from .lifecycle import LifecycleStore, Scalar, SessionInfo
 from .messages import ContentType, Message
-from .session import Store, StoreSession
+from .session import StoreSession
 from .session import open as open_session
 
 PROG = "python -m agent_sessions"
@@ -581,7 +580,7 @@ def holder_doc(holder: Holder | None) -> dict[str, Any] | None:
     if holder is None:
         return None
     return {"host": holder.host, "pid": holder.pid, "epoch": holder.epoch, "cancelled": holder.cancelled,
-            "expires": lifecycle.when(holder.expires).isoformat()}
+            "expires": when(holder.expires).isoformat()}
 
 
 def _lifecycle(store: Store, command: str) -> LifecycleStore:

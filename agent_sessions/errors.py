@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .journal import Decision
-    from .lease import Holder
+from .values import Decision, Holder
 
 
 class AgentError(Exception):

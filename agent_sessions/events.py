@@ -7,12 +7,10 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from .messages import Content, Message
-
-if TYPE_CHECKING:
-    from .runner import Result
+from .result import Result
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import MessageError, StoreError
 from .messages import Content, Message, Role
+from .values import Decision
 
 UNKNOWN_OUTCOME = (
     "the outcome of this call is unknown: the run that made it stopped while the tool ran, and the tool "
@@ -38,25 +39,6 @@ def fingerprint(prefix: Sequence[Message]) -> str:
         h.update(m.to_json().encode())
         h.update(b"\n")
     return h.hexdigest()
-
-
-@dataclass
-class Decision:
-    """A person's decision on a call that waited for approval (``by="person"``), or what stood in for one:
-    its deadline passing (``"deadline"``) or a cancel of the waiting turn (``"cancel"``)."""
-
-    approved: bool
-    reason: str
-    at: float
-    """When, in seconds since 1970, by the clock of the process that decided."""
-    by: str = "person"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"approved": self.approved, "reason": self.reason, "at": self.at, "by": self.by}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Decision:
-        return cls(bool(data["approved"]), str(data["reason"]), float(data["at"]), str(data["by"]))
 
 
 @dataclass

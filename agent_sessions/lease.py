@@ -20,38 +20,16 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .contract import RunStore
 from .errors import LeaseLost, SessionBusy, StoreError
-
-if TYPE_CHECKING:
-    from .session import RunStore
+from .values import Holder
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_JOIN = 5.0
 """Seconds a returning run waits for its heartbeat thread, which may be inside a slow store call; after
 that the (daemon) thread is left to finish on its own, and its late renewal is refused by the fence."""
-
-
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """A lease as stored: who took it (host, pid, a random token), until when (epoch seconds on the
-    store's clock), whether somebody asked that run to stop, and the session's epoch when it was taken."""
-
-    host: str
-    pid: int
-    token: str
-    expires: float
-    cancelled: bool = False
-    epoch: int = 0
-    """Raised by the store each time the lease passes to a new holder; with ``token``, what every write of
-    the run carries and the store checks."""
-
-    def describe(self) -> str:
-        until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.expires))
-        return f"pid {self.pid} on {self.host} (epoch {self.epoch}, token {self.token[:8]}…, until {until} UTC)"
 
 
 def claimant() -> Holder:

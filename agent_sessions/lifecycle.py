@@ -1,9 +1,9 @@
 """Managing conversations rather than running them: list, inspect, label, delete and retain sessions.
 
-``LifecycleStore`` is the third store protocol, optional like ``RunStore``: a store offering it lets an
+``contract.LifecycleStore`` is the optional store protocol behind it: a store offering it lets an
 application list one user's conversations (by a metadata key), show the tail of a long one, delete one on
-request, and expire idle ones. Each of its writes is one atomic step; the argument checks and the cursor
-format live here, once, so every store refuses the same input the same way.
+request, and expire idle ones. Each of its writes is one atomic step; the argument checks, the metadata's
+stored form and the cursor format live here, once, so every store refuses the same input the same way.
 
 ``updated`` is when the session was last written through its row: a plain save, a run taking, renewing
 (its heartbeat, every third of its ttl) or releasing its lease, a journal write, a metadata change. A
@@ -18,18 +18,11 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 
 from .errors import ArgumentError
-from .messages import Message
-from .session import Store
-
-Scalar = str | int | float | bool
-"""A metadata value: a JSON scalar. Values compare by their JSON form, so ``1``, ``1.0``, ``True`` and
-``"1"`` are four different values to ``where``."""
+from .values import Scalar, SessionInfo, SessionPage
 
 MAX_METADATA_KEYS = 32
 MAX_METADATA_BYTES = 4096
@@ -40,74 +33,6 @@ MAX_PAGE = 1000
 _LAST_SECOND = 253402300799
 """9999-12-31T23:59:59Z: a cursor's time beyond it (or NaN, or before 1970) was never a store's ``updated``."""
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """One session as ``list_sessions`` and ``info`` describe it. ``created`` and ``updated`` are aware
-    UTC datetimes from the store's clock (the database's where it has one)."""
-
-    id: str
-    created: datetime
-    updated: datetime
-    messages: int
-    metadata: Mapping[str, Scalar] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionPage:
-    """A page of ``list_sessions``, newest update first. ``next`` is the cursor to pass as ``after=`` for
-    the following page, ``None`` on the last one."""
-
-    sessions: list[SessionInfo]
-    next: str | None
-
-    def __iter__(self) -> Iterator[SessionInfo]:
-        return iter(self.sessions)
-
-    def __len__(self) -> int:
-        return len(self.sessions)
-
-
-@runtime_checkable
-class LifecycleStore(Store, Protocol):
-    """What a store adds so conversations can be managed: listed, inspected, labelled, deleted, retained.
-
-    A session exists once something wrote its row: a save, a run's lease, ``set_metadata`` or a fork.
-    Steers left for a session that does not exist yet wait for it, as always, and do not make it exist.
-    """
-
-    def list_sessions(
-        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
-    ) -> SessionPage:
-        """Sessions whose id starts with ``prefix`` and whose metadata has every ``where`` key with that
-        value, ordered by ``updated`` then id, newest first; at most ``limit``, after the cursor ``after``
-        (a page's ``next``). Use ``check_listing`` for the arguments and ``encode_cursor``/``decode_cursor``."""
-
-    def info(self, session: str) -> SessionInfo | None:
-        """The session as ``list_sessions`` would show it, or ``None`` when it does not exist."""
-
-    def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
-        """Merge ``changes`` into the session's metadata (a ``None`` value removes its key), creating the
-        session if it does not exist, in one atomic step; return the metadata as stored. Use
-        ``merge_metadata``, which checks the changes and the merged result."""
-
-    def delete(self, session: str, *, force: bool = False) -> bool:
-        """Remove everything kept for the session (transcript, steers, journal, lease, metadata) in one
-        atomic step; ``False`` when there was nothing. While a live run holds the lease this raises
-        ``SessionBusy`` unless ``force``: then the run's next write fails with ``LeaseLost`` (its lease is
-        gone with the session), and nothing it writes afterwards brings the session back."""
-
-    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
-        """Delete sessions whose ``updated`` is more than ``idle_for`` (seconds, or a timedelta) ago and
-        that no live run holds, in batches each of its own transaction (never one huge one), at most ``limit`` in all;
-        return how many were deleted."""
-
-    def tail(self, session: str, last: int) -> list[Message]:
-        """The last ``last`` messages of the transcript (all of it when shorter), without reading the rest."""
-
-    def pending_steers(self, session: str) -> list[str]:
-        """The steers waiting for the session's next model request, oldest first, left where they are."""
 
 
 # -- the checks every LifecycleStore makes ------------------------------------------------------------------
@@ -238,11 +163,6 @@ def last_count(last: object) -> int:
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise ArgumentError(f"messages(last=) must be an int >= 0, got {last!r}")
     return last
-
-
-def when(seconds: float) -> datetime:
-    """A stored time (seconds since 1970 on the store's clock) as ``SessionInfo`` shows it."""
-    return datetime.fromtimestamp(seconds, UTC)
 
 
 def _utf8(value: str) -> bool:

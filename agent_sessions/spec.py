@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from .contract import Session
 from .errors import ArgumentError
-from .session import Session
 from .tools import Tool, as_tool
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import agent_sessions as agent
-from agent_sessions import eventlog
+from agent_sessions import contract, eventlog
 
 from . import backends
 from .ours import InstantModel, StepClock, grep
@@ -54,7 +54,7 @@ def _run(store: agent.Store, publish: bool) -> list[float]:
 
 def _writer(factory: Callable[[], agent.Store], sid: str, ready: Any, go: Any, n: int, gap: float) -> None:
     store = factory()
-    assert isinstance(store, eventlog.EventStore)
+    assert isinstance(store, contract.EventStore)
     holder = store.acquire(sid, agent.Holder("bench", 1, uuid.uuid4().hex, 0.0), 60.0)
     ready.set()
     go.wait(60)
@@ -101,7 +101,7 @@ def run(names: list[str], tmp: str, rounds: int) -> dict[str, Any]:
     report: dict[str, Any] = {"loop": {}, "latency": {}}
     for name in names:
         store = backends.open_store(name, tmp)
-        if not isinstance(store, eventlog.EventStore):
+        if not isinstance(store, contract.EventStore):
             print(f"... events: {name} keeps no event log; skipped", flush=True)
             continue
         print(f"... events: {name}", flush=True)

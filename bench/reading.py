@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import agent_sessions as agent
-from agent_sessions import lifecycle
+from agent_sessions import contract, lifecycle
 
 from .workload import clock, summary, transcript
 
@@ -135,13 +135,13 @@ def transcript_rows(name: str, tmp: str, rounds: int) -> dict[str, Any] | None:
         samples["tail"].append(clock(lambda: tail_session.messages(last=TAIL_LAST)))
         samples["short"].append(clock(lambda: short_session.messages()))
     return {k: summary(v) for k, v in samples.items()} | {
-        "tail_native": isinstance(store, lifecycle.LifecycleStore)}
+        "tail_native": isinstance(store, contract.LifecycleStore)}
 
 
 # -- (c) and (d): many sessions ------------------------------------------------------------------------------
 
 
-def session_meta(i: int, n: int) -> dict[str, lifecycle.Scalar]:
+def session_meta(i: int, n: int) -> dict[str, contract.Scalar]:
     return {"user": f"u-{i // PER_USER}", "tenant": f"t-{i % TENANTS}"}
 
 
@@ -181,7 +181,7 @@ class Lifecycle:
             self.metadata = getattr(postgres, "metadata", None)
         else:
             raise SystemExit(f"lifecycle rows: {name!r} is not measured (sqlite, postgres, memory)")
-        if not isinstance(self.store, lifecycle.LifecycleStore):
+        if not isinstance(self.store, contract.LifecycleStore):
             self.close()
             raise NotReady(f"{name} store does not implement LifecycleStore on this branch")
 

@@ -19,7 +19,8 @@ import pytest
 
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, Store, Tool
-from agent_sessions.approvals import CANCELLED_WAITING, DENIED, EXPIRED, ApprovalStore
+from agent_sessions.approvals import CANCELLED_WAITING, DENIED, EXPIRED
+from agent_sessions.contract import ApprovalStore
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
@@ -120,7 +121,7 @@ class ApprovalContract:
         store = self.make_store()
         if not isinstance(store, ApprovalStore):
             pytest.fail(f"the store declares Capability.APPROVALS, but {type(store).__name__} does not implement "
-                        "agent_sessions.approvals.ApprovalStore (swap_journal)")
+                        "agent_sessions.ApprovalStore (swap_journal)")
         return store
 
     def _stopped(self, store: ApprovalStore, workdir: Path, **refund: Any) -> tuple[str, agent.Result, agent.Spec]:

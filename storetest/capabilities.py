@@ -20,7 +20,7 @@ class Capability(StrEnum):
     RUN_STORE = "run_store"
     """It implements ``agent_sessions.RunStore``: leases and fencing, the journal, cancel, fork."""
     APPROVALS = "approvals"
-    """It implements ``agent_sessions.approvals.ApprovalStore`` (a journal compare-and-swap): tool calls a
+    """It implements ``agent_sessions.ApprovalStore`` (a journal compare-and-swap): tool calls a
     person approves from any process."""
     EVENTS = "events"
     """It implements ``agent_sessions.EventStore``: a session's event log, fenced appends, the cap, and

@@ -32,6 +32,7 @@ from .lifecycle import LifecycleContract
 from .meeting import CancelMeetsContract, MeetingContract
 from .model import ModelContract
 from .runs import RunStoreContract
+from .strategies import VERBATIM_ARGUMENTS
 
 settings.register_profile(
     "storetest",
@@ -40,22 +41,6 @@ settings.register_profile(
 )
 SETTINGS = settings.get_profile("storetest")
 
-ODD_JSON = '{"z":1,"a":[1, 2],"z":3}'
-
-VERBATIM_ARGUMENTS = [
-    ODD_JSON,  # duplicate key, unsorted, inner spacing: jsonb and MySQL JSON rewrite all three
-    '  {  "a" :  1 ,"b":\t[ ]\n}  ',
-    '{"text":"日本語 ünïcödé","emoji":"😀"}',
-    '{"esc":"\\u00e9\\n\\t\\"quoted\\" \\\\ \\/"}',
-    '{"astral":"\\ud83d\\ude00 𝄞 \U0001f9ea"}',
-    '{"lone":"\\ud800"}',
-    '{"big":1e400,"neg0":-0.0,"long":1.00000000000000000000001,"int":123456789012345678901234567890}',
-    '{"truncated": [1, 2',
-    "not json at all",
-    "",
-    "[1, 2, 3]",
-    '{"nul":"\\u0000","raw_nul":"\x00"}',
-]
 
 
 def _ids(n: int) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 import agent_sessions as agent
 from agent_sessions import Content, Holder, Message, RunStore
 from agent_sessions.journal import UNKNOWN_OUTCOME
-from agent_sessions.patterns.react import CANCELLED
+from agent_sessions.run.react import CANCELLED
 
 from .crossprocess import wait_for
 from .scripted import Answer, ToolsThenAnswer

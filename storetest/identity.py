@@ -22,12 +22,14 @@ import pytest
 
 import agent_sessions as agent
 from agent_sessions import Content, LifecycleStore, Message, Role, Tool
-from agent_sessions.approvals import DENIED, ApprovalStore
+from agent_sessions.approvals import DENIED
+from agent_sessions.contract import ApprovalStore
 from agent_sessions.events import Event, StepStarted, ToolFinished
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
 from .scripted import Answer, Replies, ToolsThenAnswer
+from .strategies import VERBATIM_ARGUMENTS
 
 LONE = "\udcff"
 """What ``os.listdir`` gives for a file name byte that is not UTF-8 (``surrogateescape``)."""
@@ -217,8 +219,6 @@ class IdentityContract:
         assert again.stop_reason == "answered" and session.events()[-1].kind == "finished"
 
     def test_published_tool_calls_keep_their_arguments_byte_for_byte(self) -> None:
-        from .contract import VERBATIM_ARGUMENTS  # the contract imports this module
-
         store = self._store(Capability.EVENTS)
         session = agent.open(_sid("verbatim-"), store)
 

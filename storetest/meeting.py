@@ -374,6 +374,32 @@ class CancelMeetsContract:
         assert not agent.orphaned_tool_calls(store.messages(sid))
         assert agent.open(sid, store).pending_approvals() == []
 
+    def test_29_3_a_cancel_closing_a_waiting_turn_beside_a_forced_delete_is_true_and_writes_nothing(self) -> None:
+        """A cancel closes a turn waiting for approval: it takes the session's lease, decides the waiting
+        call "cancel" and saves the turn closed. A ``delete(force=True)`` lands just before that save: the save is
+        refused, as every write after a forced delete is.
+        The cancel still says True (nothing of the turn is left to start) rather than raise ``LeaseLost``,
+        and writes nothing: the session stays deleted. (Found by the model-based test's soak: seed
+        2806997264 on SQLite.)"""
+        self.requires(Capability.APPROVALS)
+        self.requires(Capability.LIFECYCLE)
+        store = self.run_store()
+        assert isinstance(store, LifecycleStore)
+        sid = _sid("cancel-delete")
+        ran: list[str] = []
+        endpoint = _CallsThenAnswer("refund", '{"order": "B"}', rounds=1)
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran)])
+        assert agent.Runner().run(spec, [Message.user("refund B")], endpoint).stop_reason == "awaiting_approval"
+        eraser = self.another(store)
+        assert isinstance(eraser, LifecycleStore)
+        deleted: list[bool] = []
+        landing = Landing(store, before={"save_fenced": lambda: deleted.append(eraser.delete(sid, force=True))})
+        assert agent.open(sid, landing).cancel() is True
+        assert deleted == [True]
+        assert store.messages(sid) == [] and store.info(sid) is None and store.journal(sid) is None
+        again = agent.Runner().run(spec, [Message.user("a new question")], Answer("a new answer"))
+        assert again.text == "a new answer" and ran == []
+
     # -- 7. a repeat that was absorbed reports no failure ----------------------------------------------
 
     def test_29_7_a_redelivery_absorbed_by_runner_turn_writes_no_failed_event(self) -> None:

@@ -38,11 +38,8 @@ from typing import Any
 
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, Store, Tool
-from agent_sessions.approvals import ApprovalStore
-from agent_sessions.eventlog import EventStore
+from agent_sessions.contract import ApprovalStore, EventStore, LifecycleStore, RunStore
 from agent_sessions.journal import Journal
-from agent_sessions.lifecycle import LifecycleStore
-from agent_sessions.session import RunStore
 
 from .capabilities import Capability
 

@@ -96,3 +96,22 @@ hostile_values = st.one_of(
     st.none(), st.integers(), st.floats(allow_nan=True), st.binary(max_size=8), st.booleans(),
     st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=1),
 )
+
+
+# Tool-call arguments a store must keep byte for byte, and which a JSON column type would rewrite.
+ODD_JSON = '{"z":1,"a":[1, 2],"z":3}'
+
+VERBATIM_ARGUMENTS = [
+    ODD_JSON,  # duplicate key, unsorted, inner spacing: jsonb and MySQL JSON rewrite all three
+    '  {  "a" :  1 ,"b":\t[ ]\n}  ',
+    '{"text":"日本語 ünïcödé","emoji":"😀"}',
+    '{"esc":"\\u00e9\\n\\t\\"quoted\\" \\\\ \\/"}',
+    '{"astral":"\\ud83d\\ude00 𝄞 \U0001f9ea"}',
+    '{"lone":"\\ud800"}',
+    '{"big":1e400,"neg0":-0.0,"long":1.00000000000000000000001,"int":123456789012345678901234567890}',
+    '{"truncated": [1, 2',
+    "not json at all",
+    "",
+    "[1, 2, 3]",
+    '{"nul":"\\u0000","raw_nul":"\x00"}',
+]

@@ -23,7 +23,7 @@ def loaded_after(statement: str) -> list[str]:
 
 
 def test_importing_the_core_loads_no_driver() -> None:
-    loaded = loaded_after("import agent_sessions, agent_sessions.endpoints, agent_sessions.patterns.react")
+    loaded = loaded_after("import agent_sessions, agent_sessions.endpoints, agent_sessions.run.react")
     assert "agent_sessions" in loaded
     assert [m for m in (*DRIVERS, *EXTRAS) if m in loaded] == []
 

@@ -104,7 +104,7 @@ class MySession:
 def test_any_session_over_a_run_store_is_leased_and_fenced() -> None:
     store = memory.Store()
     session = MySession("mine", store)
-    assert agent.session.is_run_session(session)
+    assert agent.contract.is_run_session(session)
     entered, go = threading.Event(), threading.Event()
 
     @agent.tool

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import pytest
 
 import agent_sessions as agent
-from agent_sessions import eventlog
 from agent_sessions import events as ev
+from agent_sessions.run import publisher
 from stores import memory
 from tests.four_method_store import FourMethodStore
 from tests.model_server import ModelServer, Reply, Request, openai, sse
@@ -155,7 +155,8 @@ def test_without_a_session_nothing_changes(model: ModelServer) -> None:
 
 
 def test_without_a_session_no_session_or_store_code_runs(model: ModelServer) -> None:
-    """No call: not one frame of agent_sessions/session.py or of any store executes during the run."""
+    """No call: not one frame of agent_sessions/session.py, of the contract or of any store executes during the
+    run."""
     model.push(openai(calls=[("c1", "lookup", "{}")]), openai("x"))
     spec = agent.Spec(tools=[lookup])
     ran: set[str] = set()
@@ -170,13 +171,15 @@ def test_without_a_session_no_session_or_store_code_runs(model: ModelServer) -> 
         runner.run(spec, msgs, ep)
     finally:
         sys.setprofile(None)
-    assert not [f for f in ran if f.endswith("agent_sessions/session.py") or "/stores/" in f]
-    assert not [f for f in ran if f.endswith("agent_sessions/eventlog.py")]
-    assert any(f.endswith("patterns/react.py") for f in ran)  # the profile did see the loop
+    assert not [f for f in ran if f.endswith(("agent_sessions/session.py", "agent_sessions/contract.py"))
+                or "/stores/" in f]
+    assert not [f for f in ran if f.endswith(("agent_sessions/eventlog.py", "agent_sessions/run/publisher.py"))]
+    assert any(f.endswith("run/react.py") for f in ran)  # the profile did see the loop
 
 
 def test_without_publish_events_no_event_log_code_runs(model: ModelServer) -> None:
-    """A session, events listened to, but publish_events off: not one frame of eventlog.py executes."""
+    """A session, events listened to, but publish_events off: not one frame of the event log's code (eventlog.py,
+    run/publisher.py) executes."""
     model.push(openai(calls=[("c1", "lookup", "{}")]), openai("x"))
     spec = agent.Spec(tools=[lookup], session=agent.open("s", memory.Store()))
     ran: set[str] = set()
@@ -191,7 +194,7 @@ def test_without_publish_events_no_event_log_code_runs(model: ModelServer) -> No
         runner.run(spec, msgs, ep, seen.append)
     finally:
         sys.setprofile(None)
-    assert not [f for f in ran if f.endswith("agent_sessions/eventlog.py")]
+    assert not [f for f in ran if f.endswith(("agent_sessions/eventlog.py", "agent_sessions/run/publisher.py"))]
     assert any(f.endswith("stores/memory/__init__.py") for f in ran)  # the profile did see the store
 
 
@@ -233,7 +236,7 @@ def test_streamed_text_is_published_in_batches_never_a_write_per_token(model: Mo
     words = ["abcd"] * 12
     chunks = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in words]
     model.push(sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"))
-    monkeypatch.setattr(eventlog, "TEXT_CHARS", 16)  # a batch of four pieces
+    monkeypatch.setattr(publisher, "TEXT_CHARS", 16)  # a batch of four pieces
     store = CountingEventStore()
     session = agent.open("s", store)
     seen: list[ev.Event] = []
@@ -416,7 +419,7 @@ def test_a_tool_is_idempotent_unless_declared_otherwise() -> None:
 def test_a_started_run_tells_its_done_callbacks_and_logs_a_failure_nobody_waits_for(
     model: ModelServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="agent_sessions.runner")
+    caplog.set_level(logging.ERROR, logger="agent_sessions.run.runner")
     model.push(Reply({"error": {"message": "overloaded"}}, 503))
     told: list[agent.Run] = []
     watched = agent.Runner().start(agent.Spec(session=agent.open("s", memory.Store())),
@@ -499,15 +502,13 @@ def test_without_events_a_failing_run_raises_and_builds_no_event(model: ModelSer
 
 def test_a_slow_tools_call_is_published_while_it_runs(model: ModelServer) -> None:
     """The watcher writes what has waited FLUSH_SECONDS: a follower sees the call before the tool returns."""
-    from agent_sessions import eventlog
-
     seen_during: list[list[str]] = []
     store = CountingEventStore()
 
     @agent.tool
     def slow_lookup() -> str:
         """Takes its time."""
-        time.sleep(eventlog.FLUSH_SECONDS * 4)
+        time.sleep(publisher.FLUSH_SECONDS * 4)
         seen_during.append([e.kind for e in store.events("s", 0, 100)])
         return "found"
 

@@ -66,7 +66,7 @@ def test_the_store_takes_a_database_not_a_url() -> None:
 def test_tool_arguments_are_stored_as_strings_not_documents(database: Database[Any]) -> None:
     drop(database)
     store = mongodb.Store(database)
-    call = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c", "f", storetest.contract.ODD_JSON)])
+    call = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c", "f", storetest.strategies.ODD_JSON)])
     store.save("s", [call])
     doc = database[mongodb.SESSIONS].find_one({"_id": "s"})
     assert doc is not None and doc["tail"] == [call.to_json()]

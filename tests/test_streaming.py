@@ -398,7 +398,7 @@ def test_a_cut_stream_leaves_no_half_reply_in_a_leased_session(model: ModelServe
     model.push(sse(recorded(name)), sse(answer, size=50, cut_at=len(answer) // 2))
     store = memory.Store()
     session = agent.open("s", store)
-    assert agent.session.is_run_session(session)
+    assert agent.contract.is_run_session(session)
     seen: list[ev.Event] = []
     with pytest.raises(agent.EndpointError, match="broke off"):
         agent.Runner().run(agent.Spec(tools=[lookup, now], session=session), [agent.Message.user("go")],

@@ -24,8 +24,8 @@ from sqlalchemy import Engine, create_engine, inspect, text
 import agent_sessions as agent
 from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
 from stores import mongodb, mysql, postgres, sqlite
-from storetest.contract import ODD_JSON
 from storetest.scripted import ToolsThenAnswer
+from storetest.strategies import ODD_JSON
 from tests import servers
 
 OLD = Path(__file__).parent / "upgrade"

@@ -47,8 +47,7 @@ from agent_sessions import (
     lifecycle,
     validate,
 )
-from agent_sessions.eventlog import StoredEvent
-from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
+from agent_sessions.contract import Scalar, SessionInfo, SessionPage, StoredEvent, when
 from agent_sessions.messages import read_from
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix
@@ -274,7 +273,7 @@ class SQLStore:
             items = tuple(Message.from_json(body) for _, _, body in rows if body is not None)
         except MessageError as exc:
             raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt message: {exc}") from exc
-        read_from(items, session, lifecycle.when(float(rows[0][1])))
+        read_from(items, session, when(float(rows[0][1])))
         self._known.put(session, rows[0][0], items)
         return list(items)
 
@@ -687,7 +686,7 @@ class SQLStore:
         except MessageError as exc:
             raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt message: {exc}") from exc
         if items:
-            read_from(items, session, lifecycle.when(float(rows[0][1])))
+            read_from(items, session, when(float(rows[0][1])))
         return items
 
     def pending_steers(self, session: str) -> list[str]:
@@ -886,7 +885,7 @@ def _all(statement: Executable, params: dict[str, Any], conn: Connection) -> Seq
 def _info(session: str, row: Sequence[Any]) -> SessionInfo:
     """``created, updated, metadata, messages`` as a SessionInfo."""
     created, updated, metadata, count = row
-    return SessionInfo(session, lifecycle.when(float(created)), lifecycle.when(float(updated)), int(count),
+    return SessionInfo(session, when(float(created)), when(float(updated)), int(count),
                        lifecycle.decode_metadata(metadata))
 
 

@@ -23,8 +23,7 @@ from agent_sessions import (
     lifecycle,
     validate,
 )
-from agent_sessions.eventlog import StoredEvent
-from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
+from agent_sessions.contract import Scalar, SessionInfo, SessionPage, StoredEvent, when
 from agent_sessions.messages import read_from
 
 PRUNE_BATCH = 500
@@ -369,12 +368,12 @@ class Store:
         if not msgs or run is None or run.created is None:
             return list(msgs)
         copies = [copy.copy(m) for m in msgs]
-        read_from(copies, session, lifecycle.when(run.created))
+        read_from(copies, session, when(run.created))
         return copies
 
     def _info(self, session: str, run: _Run) -> SessionInfo:
         assert run.created is not None
-        return SessionInfo(session, lifecycle.when(run.created), lifecycle.when(run.updated),
+        return SessionInfo(session, when(run.created), when(run.updated),
                            len(self._transcripts.get(session, ())), dict(run.metadata))
 
     def _take(self, session: str) -> list[str]:

@@ -72,7 +72,7 @@ from agent_sessions import (
     lifecycle,
     validate,
 )
-from agent_sessions.lifecycle import Scalar, SessionInfo, SessionPage
+from agent_sessions.contract import Scalar, SessionInfo, SessionPage
 from agent_sessions.messages import read_from
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known, common_prefix

@@ -267,7 +267,7 @@ class Store(SQLStore):
         self.run(conn, _NOTIFY, {"sid": session})
 
     def wait_for_events(self, session: str, after: int, timeout: float) -> bool:
-        """Wait for a notification of ``session`` (eventlog.EventWaiter), at most ``timeout`` seconds."""
+        """Wait for a notification of ``session`` (contract.EventWaiter), at most ``timeout`` seconds."""
         validate.session_id(session)
         after, _ = eventlog.check_read(after, 1)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:

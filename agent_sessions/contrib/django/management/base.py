@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import agent_sessions as agent
 from agent_sessions import cli
-from agent_sessions.lifecycle import Scalar
+from agent_sessions.contract import Scalar
 
 from .. import store
 

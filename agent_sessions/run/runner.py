@@ -1,47 +1,22 @@
-"""Runner starts runs; a Run is the handle of one in flight; a Result is what it returns."""
+"""Runner starts runs; a Run is the handle of one in flight; a ``Result`` (``result``) is what it returns."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
 
-from . import validate
-from .endpoints import Endpoint
-from .errors import ArgumentError
-from .events import Events
-from .messages import Message
-
-if TYPE_CHECKING:
-    from .approvals import PendingApproval
-from .spec import Pattern, Spec
+from .. import validate
+from ..endpoints import Endpoint
+from ..errors import ArgumentError
+from ..events import Events
+from ..messages import Message
+from ..result import Result
+from ..spec import Pattern, Spec
+from . import react, turns
 from .steerbox import SteerBox
 
 log = logging.getLogger(__name__)
-
-StopReason = Literal["answered", "max_steps", "cancelled", "awaiting_approval"]
-
-
-@dataclass(frozen=True)
-class Result:
-    messages: list[Message]
-    """The whole transcript, the final answer included."""
-    text: str
-    """The final answer; empty when the run stopped without one."""
-    steps: int
-    """Model requests made."""
-    stop_reason: StopReason
-    unapplied_steers: list[str]
-    """Steers that reached this run's in-memory box and never made it onto a request. A steer still in
-    the store was never taken: it stays there for the next run."""
-    usage: dict[str, int] = field(default_factory=dict)
-    """Token counts the provider reported, summed over this run's requests, by the provider's own field
-    names (OpenAI: ``prompt_tokens``, ``completion_tokens``...; Anthropic: ``input_tokens``...)."""
-    pending_approvals: list[PendingApproval] = field(default_factory=list)
-    """With ``stop_reason == "awaiting_approval"``: the calls waiting for a person's decision. The reply
-    that made them waits beside the stored transcript (``messages`` ends before it)."""
 
 
 class Run:
@@ -139,12 +114,10 @@ class Runner:
         key; a turn left unfinished is continued; an answered one is returned as it is stored, with no
         model request (``steps == 0``). Reads the transcript from ``spec.session``, which must be over a
         RunStore. See agent_sessions.turns."""
-        from .turns import turn
-
         _check(spec, [], endpoint, events)
         if not isinstance(text, str) or not text:
             raise ArgumentError(f"Runner.turn(text=) must be a non-empty str, got {text!r}")
-        return turn(self, spec, text, key, endpoint, events)
+        return turns.turn(self.run, spec, text, key, endpoint, events)
 
     def start(
         self,
@@ -184,8 +157,6 @@ def _check(spec: object, msgs: object, endpoint: object, events: object) -> None
 def _execute(
     run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None
 ) -> Result:
-    from .patterns import react  # the pattern needs Result from here: imported late to break the cycle
-
     assert spec.pattern is Pattern.REACT
     try:
         return react.run(spec, list(msgs), endpoint, events, run._box, run._cancel)

@@ -14,23 +14,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import Protocol, cast
 
-from . import approvals
-from .approvals import ApprovalStore, PendingApproval
-from .errors import ArgumentError, AwaitingApproval, LeaseLost, StoreError, TranscriptConflict, TranscriptDeleted
-from .eventlog import EventStore, Publisher
-from .events import Sink
-from .journal import UNKNOWN_OUTCOME, Approval, Decision, Journal, fingerprint
-from .lease import Lease
-from .lifecycle import LifecycleStore, when
-from .messages import Content, Message, Role, incarnations_read, unanswered
-from .session import RunSession, Saved, Session, is_run_session
-from .spec import Spec
-from .tools import Tool
-
-if TYPE_CHECKING:
-    from .runner import Result
+from .. import approvals
+from ..contract import (
+    ApprovalStore,
+    EventStore,
+    LifecycleStore,
+    PendingApproval,
+    RunSession,
+    Saved,
+    Session,
+    is_run_session,
+)
+from ..errors import ArgumentError, AwaitingApproval, LeaseLost, StoreError, TranscriptConflict, TranscriptDeleted
+from ..events import Sink
+from ..journal import UNKNOWN_OUTCOME, Approval, Journal, fingerprint
+from ..lease import Lease
+from ..messages import Content, Message, Role, incarnations_read, unanswered
+from ..result import Result
+from ..spec import Spec
+from ..tools import Tool
+from ..values import Decision, when
+from .publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -571,7 +577,7 @@ def keeping(spec: Spec) -> Keeping:
     ):
         raise ArgumentError(
             "a tool of this spec needs approval, and decisions are kept in the session's store: give the spec a "
-            "session over a store implementing agent_sessions.approvals.ApprovalStore (all of the library's "
+            "session over a store implementing agent_sessions.ApprovalStore (all of the library's "
             "stores but a plain Store do)"
         )
     if session is None:

@@ -16,20 +16,20 @@ and waits for (or returns) the other's turn. That is why a turn needs a session 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from .errors import ArgumentError, TranscriptConflict, TranscriptDeleted
-from .events import Event, Events, Failed, SteerApplied, StepStarted
-from .journal import Journal
-from .messages import Message, Role
-from .session import RunSession, is_run_session
-from .spec import Spec
+from ..contract import RunSession, is_run_session
+from ..endpoints import Endpoint
+from ..errors import ArgumentError, TranscriptConflict, TranscriptDeleted
+from ..events import Event, Events, Failed, SteerApplied, StepStarted
+from ..journal import Journal
+from ..messages import Message, Role
+from ..result import Result
+from ..spec import Spec
 
-if TYPE_CHECKING:
-    from .endpoints import Endpoint
-    from .runner import Result, Runner
+Run = Callable[[Spec, list[Message], Endpoint, Events | None], Result]
+"""How a turn runs its messages: ``Runner.run``."""
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,7 @@ ATTEMPTS = 5
 """Reads of the transcript a turn makes at most: each conflict means another delivery saved meanwhile."""
 
 
-def turn(runner: Runner, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None) -> Result:
-    from .runner import Result
-
+def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None) -> Result:
     session = spec.session
     if session is None or not is_run_session(session):
         raise ArgumentError(
@@ -79,7 +77,7 @@ def turn(runner: Runner, spec: Spec, text: str, key: str, endpoint: Endpoint, ev
             spec = replace(spec, max_steps=max(0, spec.max_steps - made))  # 0: only finish the waiting reply
         attempt = _Attempt(events)
         try:
-            return runner.run(spec, todo, endpoint, None if events is None else attempt)
+            return run(spec, todo, endpoint, None if events is None else attempt)
         except TranscriptDeleted:
             attempt.report()
             raise  # the conversation was erased after our read: answering it would bring it back

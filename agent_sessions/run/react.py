@@ -21,11 +21,11 @@ from ..approvals import CANCELLED_WAITING, result_text
 from ..endpoints import Endpoint, streaming
 from ..events import SILENT, Events, Sink, sink
 from ..messages import Content, Message, Role, distinct_call_ids, unanswered
-from ..persistence import Keeping, keeping
-from ..runner import Result, StopReason
+from ..result import Result, StopReason
 from ..spec import Spec
-from ..steerbox import SteerBox
 from ..tools import Tool
+from .persistence import Keeping, keeping
+from .steerbox import SteerBox
 
 CANCELLED = "not run: the run was cancelled before this tool call"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from . import validate
-from .errors import RunFinished
+from .. import validate
+from ..errors import RunFinished
 
 
 class SteerBox:

@@ -1,0 +1,265 @@
+"""The contract: what a store must do, in one place. A store author reads this file and ``storetest``.
+
+A Store is a backend holding many conversations. ``Store`` is the one required protocol: four methods.
+Every other protocol is an optional capability a store may add, each a sub-protocol checked once with
+``isinstance`` (they are ``runtime_checkable``), never by a store's class:
+
+- ``RunStore``: the run lease and its fenced writes, the tool journal, cancel and fork. A store that lacks
+  it keeps working; its sessions just cannot fork, be cancelled from afar, or be held by one run, and two
+  runs of one session there are not kept apart (see docs/runs/leases.md).
+- ``LifecycleStore``: list, inspect, label, delete and retain sessions (docs/lifecycle.md).
+- ``ApprovalStore``: a journal a process holding no lease can swap, which is how decisions on tool calls
+  are stored (docs/runs/approvals.md).
+- ``EventStore`` (and the optional ``EventWaiter``): a durable log of each session's events
+  (docs/runs/events.md).
+
+Each method is one atomic step; the logic around them (when to take a lease, what a journal means, the
+checks every store makes on its arguments) lives in the library, once, in the module of its capability
+(``lease``, ``journal``, ``lifecycle``, ``approvals``, ``eventlog``), so every store behaves alike. The
+value types the protocols exchange are in ``values`` and re-exported here. A Session is one conversation
+of a store, already addressed, so nothing in the loop threads an id around: ``Session`` and ``RunSession``
+are what a run needs of it (``agent.open`` makes one).
+
+This module imports only the messages, the errors' values and nothing above them: everything else of the
+library builds on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Protocol, TypeGuard, runtime_checkable
+
+from .messages import Message
+from .values import Decision, Holder, PendingApproval, Saved, Scalar, SessionInfo, SessionPage, StoredEvent, when
+
+__all__ = [
+    "ApprovalStore",
+    "Decision",
+    "EventStore",
+    "EventWaiter",
+    "Holder",
+    "LifecycleStore",
+    "PendingApproval",
+    "RunSession",
+    "RunStore",
+    "Saved",
+    "Scalar",
+    "Session",
+    "SessionInfo",
+    "SessionPage",
+    "Store",
+    "StoredEvent",
+    "is_run_session",
+    "when",
+]
+
+# -- the one required protocol ---------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Store(Protocol):
+    def save(self, session: str, msgs: Sequence[Message]) -> None:
+        """Replace the stored transcript of ``session`` with ``msgs``, atomically."""
+
+    def messages(self, session: str) -> list[Message]:
+        """The stored transcript, or ``[]`` for a session never saved."""
+
+    def add_steer(self, session: str, text: str) -> None:
+        """Leave a steer for the session's next model request, whichever process makes it."""
+
+    def take_steers(self, session: str) -> list[str]:
+        """Remove and return the waiting steers, oldest first; each is handed over exactly once."""
+
+
+# -- runs: leases, fenced writes, the journal, cancel, fork ----------------------------------------------------
+
+
+@runtime_checkable
+class RunStore(Store, Protocol):
+    """What a store adds so runs can be leased, fenced, journalled, cancelled and forked across processes.
+
+    Each method is one atomic step; the logic around them (when to take a lease, what a journal means)
+    lives in the library, once, so every store behaves alike.
+
+    **The fencing rule.** ``holder`` in a write is the run's lease as ``acquire`` returned it. The store
+    applies the write only if the session's stored lease still has ``holder.token`` and ``holder.epoch``,
+    checked inside the write's own atomic step; otherwise it writes nothing and raises ``LeaseLost``.
+    Expiry does not enter into it: a lapsed lease that nobody took over is still its holder's. Expiry is
+    decided by the store's own clock (the database's, where it has one).
+    """
+
+    def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
+        """Take the lease for ``holder`` (its host, pid and token; the rest is ignored) if it is free or
+        expired, raising the session's epoch, and return it as stored (its ``expires`` = now + ``ttl`` and
+        its new ``epoch``); otherwise return the live holder, unchanged.
+
+        **A cancel is handed on.** The new lease starts without a cancel, but when the lease it replaces
+        (released, or expired) had one, the returned holder says ``cancelled=True``: the run that takes the
+        session learns that the turn it may be about to continue was cancelled (``persistence``)."""
+
+    def renew(self, session: str, holder: Holder, ttl: float) -> None:
+        """Extend the lease to now + ``ttl`` if it still has ``holder``'s token and epoch (even if it had
+        expired meanwhile, since nobody took it); otherwise raise ``LeaseLost``."""
+
+    def release(self, session: str, holder: Holder) -> None:
+        """Free the lease if it still has ``holder``'s token and epoch; the epoch is kept, and so is a cancel
+        it had, for the next holder (``acquire``)."""
+
+    def holder(self, session: str) -> Holder | None:
+        """The live lease, or ``None`` when the session is free or its lease has expired."""
+
+    def cancel(self, session: str) -> bool:
+        """Mark the lease as cancelled; ``False`` when nobody holds it. A lapsed lease nobody took over is
+        still held: its run may be alive and renewing late. The mark stays when the lease is released or
+        taken over, for the next holder (``acquire``)."""
+
+    def check(self, session: str, holder: Holder) -> bool:
+        """Whether the run was asked to stop; ``LeaseLost`` if the lease is no longer ``holder``'s."""
+
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+    ) -> Saved:
+        """A leased run's save, in one atomic step, fenced by ``holder``. Unless ``replace``, the stored
+        transcript must be a prefix of ``msgs`` (``TranscriptConflict`` otherwise, naming both lengths):
+        the new messages are appended. With ``take_steers`` the waiting steers are taken and appended after
+        ``msgs`` as user messages, in the same step. A save that writes anything also deletes the journal
+        (the save holds the reply and its results now); one with nothing to write writes nothing."""
+
+    def journal(self, session: str) -> str | None:
+        """The session's tool journal as stored, or ``None``."""
+
+    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
+        """Store the tool journal, fenced by ``holder``; return whether the run was asked to stop. With
+        ``unless_cancelled`` nothing is written once it was: a call about to start, which then will not,
+        must not be recorded as started."""
+
+    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
+        """Copy the transcript of ``source`` (whole, or its first ``at`` messages) to the new session
+        ``target``, atomically; steers, journal and lease stay behind. ``ArgumentError`` when ``source`` has
+        no transcript, ``at`` is outside ``0..len``, or (unless ``allow_unanswered``) message ``at - 1`` has
+        tool calls (``validate.fork_cut``); ``SessionExists`` when ``target`` has one."""
+
+
+# -- a session: one conversation of a store --------------------------------------------------------------------
+
+
+@runtime_checkable
+class Session(Protocol):
+    def save(self, msgs: Sequence[Message]) -> None: ...
+
+    def messages(self) -> list[Message]: ...
+
+    def steer(self, text: str) -> None: ...
+
+    def take_steers(self) -> list[str]: ...
+
+
+@runtime_checkable
+class RunSession(Session, Protocol):
+    """A session over a RunStore: what a run needs to hold a lease on it and fence its writes. Any class
+    with these attributes qualifies, not only ``StoreSession``."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def store(self) -> RunStore: ...
+
+
+def is_run_session(session: Session) -> TypeGuard[RunSession]:
+    """Checked once per run: is this session addressed in a RunStore, so the run is leased and fenced?"""
+    return isinstance(getattr(session, "id", None), str) and isinstance(getattr(session, "store", None), RunStore)
+
+
+# -- the lifecycle ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class LifecycleStore(Store, Protocol):
+    """What a store adds so conversations can be managed: listed, inspected, labelled, deleted, retained.
+
+    A session exists once something wrote its row: a save, a run's lease, ``set_metadata`` or a fork.
+    Steers left for a session that does not exist yet wait for it, as always, and do not make it exist.
+    """
+
+    def list_sessions(
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+    ) -> SessionPage:
+        """Sessions whose id starts with ``prefix`` and whose metadata has every ``where`` key with that
+        value, ordered by ``updated`` then id, newest first; at most ``limit``, after the cursor ``after``
+        (a page's ``next``). Use ``check_listing`` for the arguments and ``encode_cursor``/``decode_cursor``."""
+
+    def info(self, session: str) -> SessionInfo | None:
+        """The session as ``list_sessions`` would show it, or ``None`` when it does not exist."""
+
+    def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
+        """Merge ``changes`` into the session's metadata (a ``None`` value removes its key), creating the
+        session if it does not exist, in one atomic step; return the metadata as stored. Use
+        ``merge_metadata``, which checks the changes and the merged result."""
+
+    def delete(self, session: str, *, force: bool = False) -> bool:
+        """Remove everything kept for the session (transcript, steers, journal, lease, metadata) in one
+        atomic step; ``False`` when there was nothing. While a live run holds the lease this raises
+        ``SessionBusy`` unless ``force``: then the run's next write fails with ``LeaseLost`` (its lease is
+        gone with the session), and nothing it writes afterwards brings the session back."""
+
+    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
+        """Delete sessions whose ``updated`` is more than ``idle_for`` (seconds, or a timedelta) ago and
+        that no live run holds, in batches each of its own transaction (never one huge one), at most ``limit`` in all;
+        return how many were deleted."""
+
+    def tail(self, session: str, last: int) -> list[Message]:
+        """The last ``last`` messages of the transcript (all of it when shorter), without reading the rest."""
+
+    def pending_steers(self, session: str) -> list[str]:
+        """The steers waiting for the session's next model request, oldest first, left where they are."""
+
+
+# -- approvals -------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class ApprovalStore(RunStore, Protocol):
+    """A RunStore whose journal can be swapped by a process holding no lease: how decisions are stored."""
+
+    def swap_journal(self, session: str, expected: str, journal: str) -> bool:
+        """Replace the session's journal with ``journal`` if it is still exactly ``expected``, in one
+        atomic step; ``False`` (nothing written) otherwise. Not fenced by a lease: the text is the guard."""
+
+
+# -- the event log ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class EventStore(RunStore, Protocol):
+    """A RunStore that keeps a log of events per session. Each method is one atomic step.
+
+    Retention: a session's ``delete`` (and ``prune``) removes its log with it; ``keep`` bounds it."""
+
+    def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
+        """Append ``events`` (non-empty; each an ``encode``d text, stored verbatim) to the session's log,
+        fenced by ``holder`` (``LeaseLost`` otherwise, writing nothing), giving them the next consecutive
+        numbers (``first_seq`` of the store's clock for a log that has none yet); drop the oldest events
+        beyond the newest ``keep``, in the same step. Returns the last number given."""
+
+    def save_fenced_events(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        events: Sequence[str], keep: int,
+    ) -> Saved:
+        """``save_fenced`` and ``append_events`` in one atomic step (the events may be empty): how a step's
+        events ride in the save it makes anyway. The events are appended even when the save has nothing to
+        write; a ``TranscriptConflict`` or ``LeaseLost`` writes neither."""
+
+    def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
+        """The session's events numbered above ``after``, oldest first, at most ``limit`` (``decode``)."""
+
+
+@runtime_checkable
+class EventWaiter(Protocol):
+    """What a store offers so followers wake when an event is appended rather than poll (PostgreSQL:
+    LISTEN/NOTIFY). Optional: ``follow`` polls with backoff without it."""
+
+    def wait_for_events(self, session: str, after: int, timeout: float) -> bool:
+        """Return once the session may have an event numbered above ``after`` (``True``), or after
+        ``timeout`` seconds (``False``). Waking without one is allowed: the follower reads again."""

@@ -1,0 +1,31 @@
+"""What a run returns: its ``Result``, and why it stopped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .messages import Message
+from .values import PendingApproval
+
+StopReason = Literal["answered", "max_steps", "cancelled", "awaiting_approval"]
+
+
+@dataclass(frozen=True)
+class Result:
+    messages: list[Message]
+    """The whole transcript, the final answer included."""
+    text: str
+    """The final answer; empty when the run stopped without one."""
+    steps: int
+    """Model requests made."""
+    stop_reason: StopReason
+    unapplied_steers: list[str]
+    """Steers that reached this run's in-memory box and never made it onto a request. A steer still in
+    the store was never taken: it stays there for the next run."""
+    usage: dict[str, int] = field(default_factory=dict)
+    """Token counts the provider reported, summed over this run's requests, by the provider's own field
+    names (OpenAI: ``prompt_tokens``, ``completion_tokens``...; Anthropic: ``input_tokens``...)."""
+    pending_approvals: list[PendingApproval] = field(default_factory=list)
+    """With ``stop_reason == "awaiting_approval"``: the calls waiting for a person's decision. The reply
+    that made them waits beside the stored transcript (``messages`` ends before it)."""

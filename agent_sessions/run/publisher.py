@@ -1,0 +1,223 @@
+"""Publishing a run's events to its session's log (``Spec(publish_events=True)``; ``eventlog`` has the log).
+
+With ``publish_events=False`` (the default) none of this module runs: no object is built, nothing written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from ..eventlog import encode
+from ..events import Sink
+from ..messages import Content, Message
+from ..result import Result
+
+log = logging.getLogger(__name__)
+
+TEXT_CHARS = 4096
+TEXT_SECONDS = 0.1
+"""Model text is published in batches: a ``text`` event once this much has arrived, or this long after its
+first piece (checked as pieces arrive), whichever comes first; the rest with the reply."""
+FLUSH_SECONDS = 0.1
+WATCHER_JOIN = 5.0
+"""Buffered events older than this are appended with the next event (a slow tool's call with its end)."""
+
+
+class Publisher(Sink):
+    """The sink of a run with ``publish_events``: each event goes to the run's own sink (the user's
+    callback, or ``SILENT``) and into a buffer the log gets.
+
+    The buffer goes to the store: with the save before each model request and the final save (riding in
+    them, ``Leased`` drains it under ``lock``), and on its own (``append``) when the run is about to wait on
+    something the follower should see first: the model request, if events came after the save (steers it
+    took); a batch of model text (``TEXT_CHARS`` / ``TEXT_SECONDS``); and, from a watcher thread (``start``),
+    whatever has waited ``FLUSH_SECONDS``: a tool that takes its time is seen being called while it runs,
+    and the usual quick tool's events ride in the next save, at no write of their own."""
+
+    __slots__ = (
+        "append",
+        "buffer",
+        "inner",
+        "lock",
+        "oldest",
+        "stopping",
+        "text",
+        "text_at",
+        "text_chars",
+        "text_started",
+        "text_step",
+        "watcher",
+    )
+
+    def __init__(self, inner: Sink, append: Callable[[list[str]], object]) -> None:
+        self.inner = inner
+        self.append = append
+        self.buffer: list[str] = []
+        self.oldest = 0.0
+        self.text: list[str] = []
+        self.text_chars = 0
+        self.text_step = 0
+        self.text_at = 0.0
+        self.text_started = 0.0
+        self.lock = threading.RLock()
+        """Held over every change to the buffer and over each write that drains it, so events reach the
+        store in the order they happened, whichever thread writes them."""
+        self.stopping = threading.Event()
+        self.watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the watcher that writes events left waiting ``FLUSH_SECONDS`` (a slow tool's)."""
+        self.watcher = threading.Thread(target=self._watch, name="agent-events", daemon=True)
+        self.watcher.start()
+
+    def close(self) -> None:
+        """Stop the watcher; bounded, like every join of the library."""
+        self.stopping.set()
+        if self.watcher is not None:
+            self.watcher.join(WATCHER_JOIN)
+            if self.watcher.is_alive():
+                log.warning("the event watcher did not stop within %s s (a store write hangs?)", WATCHER_JOIN)
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(FLUSH_SECONDS):
+            with self.lock:
+                if (self.buffer or self.text) and time.monotonic() - self.oldest >= FLUSH_SECONDS:
+                    try:
+                        self.flush()
+                    except Exception as exc:  # noqa: BLE001 - the run's own next write says what is wrong
+                        log.warning("the run's events could not be written yet (%s: %s); they ride in its next "
+                                    "save", type(exc).__name__, exc)
+
+    # What the store gets
+
+    def drain(self) -> list[str]:
+        """Everything buffered, the text batch closed: what rides in a save (``restore`` if it fails).
+        The caller holds ``lock`` until the save is done."""
+        with self.lock:
+            self._close_text()
+            out, self.buffer = self.buffer, []
+            return out
+
+    def restore(self, records: list[str]) -> None:
+        """Put back what a write that failed had drained, ahead of what came since."""
+        with self.lock:
+            self.buffer[:0] = records
+
+    def flush(self) -> None:
+        with self.lock:
+            records = self.drain()
+            if records:
+                try:
+                    self.append(records)
+                except BaseException:
+                    self.restore(records)
+                    raise
+
+    def add(self, kind: str, data: Mapping[str, Any]) -> str:
+        return self.add_record(encode(kind, data))
+
+    def add_record(self, record: str) -> str:
+        with self.lock:
+            self._close_text()
+            self._add(record)
+        return record
+
+    def _add(self, record: str) -> None:
+        now = time.monotonic()
+        if not self.buffer:
+            self.oldest = now
+        self.buffer.append(record)
+        if now - self.oldest >= FLUSH_SECONDS:
+            self.flush()
+
+    def _close_text(self) -> None:
+        if self.text:
+            text, self.text, self.text_chars = "".join(self.text), [], 0
+            self._add(encode("text", {"step": self.text_step, "text": text}, self.text_at))
+
+    def finishing(self, result: Result) -> str:
+        """The run returns ``result``: its ``finished`` event (returned), which rides in the final save."""
+        return self.add("finished", {
+            "stop_reason": result.stop_reason, "steps": result.steps, "text": result.text,
+            "usage": dict(result.usage), "pending_approvals": [p.call_id for p in result.pending_approvals],
+        })
+
+    def failing(self, error: BaseException) -> None:
+        """Best effort, before the lease is released: a run whose lease was lost cannot write it."""
+        self.add("failed", {"type": f"{type(error).__module__}.{type(error).__qualname__}", "message": str(error)})
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 - the run's own error is the one that propagates
+            log.warning("the failed event could not be published (%s: %s)", type(exc).__name__, exc)
+
+    # The Sink
+
+    def step_started(self, step: int) -> None:
+        self.inner.step_started(step)
+        self.add("step_started", {"step": step})
+
+    def steer_applied(self, step: int, text: str, index: int, source: Literal["run", "session"]) -> None:
+        self.inner.steer_applied(step, text, index, source)
+        self.add("steer_applied", {"step": step, "text": text, "index": index, "source": source})
+
+    def saved(self, step: int, messages: int) -> None:
+        self.inner.saved(step, messages)
+
+    def model_request(self, step: int, messages: int) -> float:
+        self.inner.model_request(step, messages)
+        self.flush()  # a follower sees what led to the request while the model thinks
+        return time.perf_counter()
+
+    def model_response(self, step: int, message: Message, started: float) -> None:
+        self.inner.model_response(step, message, started)
+        seconds = round(time.perf_counter() - started, 6)
+        # The message as the save stores it (to_json, cached there): the same value as to_dict, unencoded twice.
+        self.add_record(f'{{"kind":"model_response","at":{time.time()!r},"data":{{"step":{step},'
+                        f'"message":{message.to_json()},"seconds":{seconds!r}}}}}')
+
+    def text_delta(self, step: int, text: str) -> None:
+        self.inner.text_delta(step, text)
+        now = time.monotonic()
+        with self.lock:
+            if not self.text:
+                self.text_step, self.text_at, self.text_started = step, time.time(), now
+                if not self.buffer:
+                    self.oldest = now
+            self.text.append(text)
+            self.text_chars += len(text)
+            if self.text_chars >= TEXT_CHARS or now - self.text_started >= TEXT_SECONDS:
+                self.flush()
+
+    def tool_called(self, step: int, call: Content) -> float:
+        self.inner.tool_called(step, call)
+        self.add("tool_called", {"step": step, "call": _call(call)})
+        return time.perf_counter()
+
+    def tool_finished(self, step: int, call: Content, result: Content, seconds: float) -> None:
+        self.inner.tool_finished(step, call, result, seconds)
+        self.add("tool_finished", {"step": step, "call_id": call.id, "name": call.name,
+                                   "result": {"text": result.text, "is_error": result.is_error},
+                                   "seconds": round(seconds, 6)})
+
+    def approval_requested(self, step: int, call: Content) -> None:
+        self.inner.approval_requested(step, call)
+        self.add("approval_requested", {"step": step, "call": _call(call)})
+
+    def approval_decided(self, step: int, call: Content, approved: bool, reason: str, by: str) -> None:
+        self.inner.approval_decided(step, call, approved, reason, by)
+        self.add("approval_decided", {"step": step, "call": _call(call), "approved": approved, "reason": reason,
+                                      "by": by})
+
+    def finished(self, result: Result) -> None:
+        self.inner.finished(result)  # the log's own was written with the final save (``finishing``)
+
+    def failed(self, error: BaseException) -> None:
+        self.inner.failed(error)  # the log's own was written before the lease went (``failing``)
+
+
+def _call(call: Content) -> dict[str, str]:
+    return {"id": call.id, "name": call.name, "arguments": call.arguments}

@@ -1,0 +1,136 @@
+"""The values the library and its stores exchange: plain records, each documented field by field.
+
+They sit below everything else of the core (they import none of it), so that an error can carry one
+(``SessionBusy.holder``, ``AlreadyDecided.decision``) and every layer above can name them. The store
+protocols that exchange them are in ``contract``, which re-exports them: a store author reads that.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+# -- a run's lease and writes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A lease as stored: who took it (host, pid, a random token), until when (epoch seconds on the
+    store's clock), whether somebody asked that run to stop, and the session's epoch when it was taken."""
+
+    host: str
+    pid: int
+    token: str
+    expires: float
+    cancelled: bool = False
+    epoch: int = 0
+    """Raised by the store each time the lease passes to a new holder; with ``token``, what every write of
+    the run carries and the store checks."""
+
+    def describe(self) -> str:
+        until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.expires))
+        return f"pid {self.pid} on {self.host} (epoch {self.epoch}, token {self.token[:8]}…, until {until} UTC)"
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What a fenced save did beside saving: the steers it took (appended to the transcript, in order) and
+    whether somebody asked the run to stop."""
+
+    steers: list[str]
+    cancelled: bool
+
+
+# -- the lifecycle ---------------------------------------------------------------------------------------------
+
+
+Scalar = str | int | float | bool
+"""A metadata value: a JSON scalar. Values compare by their JSON form, so ``1``, ``1.0``, ``True`` and
+``"1"`` are four different values to ``where``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """One session as ``list_sessions`` and ``info`` describe it. ``created`` and ``updated`` are aware
+    UTC datetimes from the store's clock (the database's where it has one)."""
+
+    id: str
+    created: datetime
+    updated: datetime
+    messages: int
+    metadata: Mapping[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """A page of ``list_sessions``, newest update first. ``next`` is the cursor to pass as ``after=`` for
+    the following page, ``None`` on the last one."""
+
+    sessions: list[SessionInfo]
+    next: str | None
+
+    def __iter__(self) -> Iterator[SessionInfo]:
+        return iter(self.sessions)
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+
+def when(seconds: float) -> datetime:
+    """A stored time (seconds since 1970 on the store's clock) as ``SessionInfo`` shows it."""
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+# -- approvals ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Decision:
+    """A person's decision on a call that waited for approval (``by="person"``), or what stood in for one:
+    its deadline passing (``"deadline"``) or a cancel of the waiting turn (``"cancel"``)."""
+
+    approved: bool
+    reason: str
+    at: float
+    """When, in seconds since 1970, by the clock of the process that decided."""
+    by: str = "person"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"approved": self.approved, "reason": self.reason, "at": self.at, "by": self.by}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Decision:
+        return cls(bool(data["approved"]), str(data["reason"]), float(data["at"]), str(data["by"]))
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A call waiting for a decision: ``arguments`` as the model wrote them; ``asked`` and ``deadline``
+    aware UTC datetimes (``deadline`` ``None``: none)."""
+
+    call_id: str
+    tool: str
+    arguments: str
+    asked: datetime
+    deadline: datetime | None
+
+
+# -- the event log -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """An event as its log holds it: ``seq`` given by the store, ``at`` when the run reported it (its
+    host's clock, an aware UTC datetime), ``data`` the kind's JSON object (docs/runs/events.md)."""
+
+    seq: int
+    kind: str
+    at: datetime
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON form: what the SSE route sends as ``data``."""
+        return {"seq": self.seq, "kind": self.kind, "at": self.at.isoformat(), "data": dict(self.data)}
