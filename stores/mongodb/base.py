@@ -1,0 +1,63 @@
+"""What every part of the MongoDB store stands on: the caller's ``Database`` and the store's three
+collections, what this process last knew of each transcript (``Known``), the server's clock, and the one
+way a driver's error becomes a ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from bson.errors import BSONError
+from pymongo.database import Database
+from pymongo.errors import PyMongoError
+
+from agent_sessions import ArgumentError, StoreError
+
+from .._known import REMEMBER, REMEMBER_BYTES, Known
+from .document import aware
+from .schema import EVENTS, PAGES, SESSIONS
+
+log = logging.getLogger("stores.mongodb")
+"""One logger for all of the store's modules, named after the package (as when it was one module)."""
+
+RETRIES = 1000  # each miss means another writer or taker got there first: progress, never a livelock
+
+
+class StoreBase:
+    """The collections and the plumbing that the store's parts (store.py, lease.py, pages.py, events.py,
+    lifecycle.py, approvals.py) share."""
+
+    def __init__(
+        self, database: Database[Any], *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
+    ) -> None:
+        if not isinstance(database, Database):
+            raise ArgumentError(
+                f"mongodb.Store needs a pymongo Database (client['name']), got {type(database).__name__}"
+            )
+        self.database = database
+        self._sessions = database[SESSIONS]
+        self._pages = database[PAGES]
+        self._events = database[EVENTS]
+        self._known = Known(remember, remember_bytes)
+
+    def _waiting(self, session: str) -> list[dict[str, str]]:
+        """The steers waiting in the session's document, oldest first (``take_steers`` takes them,
+        ``pending_steers`` shows them)."""
+        doc = self._sessions.find_one({"_id": session}, {"steers": 1})
+        return list(doc.get("steers") or []) if doc is not None else []
+
+    def _server_now(self) -> datetime:
+        """The server's clock (``hello`` reports it), the one ``updated`` and lease expiry are on."""
+        return aware(self.database.client.admin.command("hello")["localTime"])
+
+    @contextmanager
+    def _failing(self, op: str, session: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except (PyMongoError, BSONError) as exc:  # BSONError: DocumentTooLarge, a document over 16 MB
+            of = "" if session is None else f" of session {session!r}"
+            raise StoreError(f"MongoDB store: {op}{of} failed: {exc}") from exc

@@ -1,0 +1,40 @@
+"""The session's document, the store's commit point: one per session in ``agent_sessions``, holding the
+steers waiting for it, its transcript's version and tail, its tool journal, its run lease, its lifecycle
+fields and its event log's numbers. So every step of a run is one update of one document, atomic without
+transactions.
+
+Here is what every part of the store writes on it and reads back from it alike: the times of its updates
+on the server's clock, the mark a read puts on the messages it returns, the metadata's tags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from agent_sessions import Message, lifecycle
+from agent_sessions.contract import Scalar
+from agent_sessions.messages import read_from
+
+TOUCH = {"updated": True}
+"""``$currentDate`` of a classic update: ``updated`` is the server's clock, as the lease's ``$$NOW``."""
+STAMP = {"created": {"$ifNull": ["$created", "$$NOW"]}, "updated": "$$NOW"}
+"""The same in a pipeline update, which may create the session: ``created`` once, ``updated`` every time."""
+
+
+def mark(items: Sequence[Message], doc: dict[str, Any]) -> None:
+    """Mark what a read returns with the session's incarnation, its ``created`` as ``info`` shows it
+    (``messages.read_from``)."""
+    if "created" in doc:
+        read_from(items, doc["_id"], aware(doc["created"]))
+
+
+def tags_of(metadata: Mapping[str, Scalar]) -> list[str]:
+    """``"key=<the value's JSON>"`` per key: what ``where`` matches with ``$all`` (keys have no ``=``)."""
+    return [f"{k}={lifecycle.metadata_value(k, v)}" for k, v in metadata.items()]
+
+
+def aware(value: datetime) -> datetime:
+    """pymongo returns naive UTC datetimes unless the client was made with ``tz_aware=True``."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -1,0 +1,170 @@
+"""A transcript's storage: the tail in the session's document and the pages beside it (what lies where:
+layout.py), read whole, and written by an append (a ``$push`` onto the tail, the pages it fills written
+first) or by a rewrite into a new generation, each only while the caller's guard still matches the
+document. Messages are kept as JSON strings, not sub-documents, so a model's tool arguments come back
+byte for byte.
+
+An append costs the same at 10 messages as at 10,000: it rewrites at most the tail. The update that writes
+also drops the journal, takes the steers it is told to, sets ``updated``, and may claim numbers of the
+event log (events.py).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import BulkWriteError
+
+from agent_sessions import Message, StoreError
+
+from .._known import common_prefix
+from .base import StoreBase
+from .document import STAMP, TOUCH
+from .events import LOG, NO_LOG, Log
+from .layout import Layout, cut, overflows
+
+
+class Pages(StoreBase):
+    """The transcript's reads and writes, under a guard the caller gives (store.py's saves and fork)."""
+
+    def _append(
+        self,
+        session: str,
+        known: tuple[str, tuple[Message, ...]],
+        items: tuple[Message, ...],
+        guard: dict[str, Any],
+        pull: Sequence[str] = (),
+        claim: int = 0,
+    ) -> Log | None:
+        """Write ``items`` as the known transcript plus what follows it; the event log's numbers after it
+        (``claim`` more taken, by ``$inc``: ``guard`` then requires ``events_last``), or ``None`` when the
+        stored transcript is no longer the known one (or ``items`` does not extend it). A page
+        already taken by other messages (a writer that lost a race, was refused, or died after writing it)
+        makes it a rewrite into a new generation, under the same guard. The same update drops the journal,
+        takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step stays one write."""
+        version, old = known
+        length = len(old)
+        if common_prefix(old, items) < length:
+            return None
+        layout = Layout.of(version)
+        tail = _bodies(items[layout.base:])
+        if overflows(tail):  # the tail fills pages: write them first, as no version reaches them yet
+            pages, rest = cut(tail)
+            if not self._put_pages(layout.generation, layout.pages, pages, fresh=False):
+                return self._rewrite(session, items, {**guard, "_id": session, "version": version}, pull, claim)
+            layout = Layout(layout.generation, len(items), layout.base + len(tail) - len(rest),
+                            layout.pages + len(pages))
+            change: dict[str, Any] = {"$set": {"tail": rest}}
+        else:
+            layout = Layout(layout.generation, len(items), layout.base, layout.pages)
+            change = {"$push": {"tail": {"$each": tail[length - layout.base:]}}}
+        new_version = layout.version()
+        change.setdefault("$set", {})["version"] = new_version
+        change.update({"$unset": {"journal": ""}, "$currentDate": TOUCH})
+        if pull:
+            change["$pull"] = {"steers": {"id": {"$in": list(pull)}}}
+        where = {**guard, "_id": session, "version": version}
+        if claim:
+            change["$inc"] = {"events_last": claim}
+            after = self._sessions.find_one_and_update(where, change, projection=LOG,
+                                                       return_document=ReturnDocument.AFTER)
+            if after is None:
+                return None
+            log_after = Log.of(after)
+        elif self._sessions.update_one(where, change).matched_count != 1:
+            return None
+        else:
+            log_after = NO_LOG
+        self._known.put(session, new_version, items)
+        return log_after
+
+    def _rewrite(
+        self, session: str, items: tuple[Message, ...], guard: dict[str, Any], pull: Sequence[str] = (),
+        claim: int = 0,
+    ) -> Log | None:
+        """Write ``items`` as a new generation and point the session at it, if ``guard`` still matches;
+        the event log's numbers after it (``claim`` more taken: ``guard`` then requires ``events_last``), or
+        ``None``. A pipeline update, since it may create the session (``created`` on the server's clock); it
+        drops the journal and takes the steers whose ids are ``pull``."""
+        version, tail = self._new_generation(_bodies(items))
+        fields: dict[str, Any] = {"version": {"$literal": version}, "tail": {"$literal": tail},
+                                  "journal": "$$REMOVE", **STAMP}
+        if pull:  # mongoeco knows no $not: "not in" is $in compared with false
+            fields["steers"] = {"$filter": {"input": {"$ifNull": ["$steers", []]},
+                                            "cond": {"$eq": [{"$in": ["$$this.id", list(pull)]}, False]}}}
+        if claim:
+            fields["events_last"] = {"$add": ["$events_last", claim]}
+        upsert = guard == {"_id": session}
+        before = self._sessions.find_one_and_update(
+            {**guard, "_id": session}, [{"$set": fields}], projection={"version": 1, **LOG}, upsert=upsert,
+            return_document=ReturnDocument.BEFORE,
+        )
+        if before is None and not upsert:
+            self._drop_pages(version)
+            return None
+        self._known.put(session, version, items)
+        if before is not None and "version" in before:
+            self._drop_pages(before["version"])
+        return Log.of(before, claim) if claim and before is not None else NO_LOG
+
+    def _new_generation(self, bodies: list[str]) -> tuple[str, list[str]]:
+        """Write ``bodies`` as the pages of a new generation; its version and the tail left over."""
+        pages, tail = cut(bodies) if overflows(bodies) else ([], bodies)
+        generation = uuid.uuid4().hex
+        self._put_pages(generation, 0, pages, fresh=True)
+        return Layout(generation, len(bodies), len(bodies) - len(tail), len(pages)).version(), tail
+
+    def _put_pages(self, generation: str, first: int, contents: list[list[str]], *, fresh: bool) -> bool:
+        """Insert ``contents`` as the pages numbered from ``first``. A page already there is a writer's that
+        lost a race or died: usable only when it holds the same messages."""
+        pages = [{"_id": f"{generation}:{first + k}", "bodies": bodies} for k, bodies in enumerate(contents)]
+        if not pages:
+            return True
+        try:
+            self._pages.insert_many(pages, ordered=True)
+            return True
+        except BulkWriteError as exc:
+            if fresh or any(e.get("code") != 11000 for e in exc.details.get("writeErrors", [])):
+                raise
+            done = exc.details.get("nInserted", 0)
+        rest = pages[done:]
+        found = {p["_id"]: p.get("bodies") for p in self._pages.find({"_id": {"$in": [p["_id"] for p in rest]}})}
+        missing = [p for p in rest if p["_id"] not in found]
+        if any(found[p["_id"]] != p["bodies"] for p in rest if p["_id"] in found):
+            return False
+        if missing:
+            try:
+                self._pages.insert_many(missing, ordered=True)
+            except BulkWriteError:
+                return False
+        return True
+
+    def _bodies(self, doc: dict[str, Any]) -> list[str] | None:
+        """The stored transcript of a session document, or ``None`` when a rewrite removed its pages
+        between the two reads (read the document again)."""
+        layout = Layout.of(doc["version"])
+        ids = [f"{layout.generation}:{k}" for k in range(layout.pages)]
+        pages = {p["_id"]: p["bodies"] for p in self._pages.find({"_id": {"$in": ids}})} if ids else {}
+        if len(pages) < layout.pages:
+            return None
+        bodies = [body for page_id in ids for body in pages[page_id]]
+        if len(bodies) != layout.base or len(bodies) + len(doc.get("tail") or []) != layout.length:
+            raise StoreError(f"MongoDB store: session {doc['_id']!r} should hold {layout.length} messages "
+                             f"({layout.base} in {layout.pages} pages) but holds {len(bodies)} in pages and "
+                             f"{len(doc.get('tail') or [])} in its tail")
+        bodies.extend(doc.get("tail") or [])
+        return bodies
+
+    def _drop_pages(self, version: str) -> None:
+        """Every page of the version's generation, a dead or stale writer's too (an anchored prefix of
+        ``_id``: the index finds them)."""
+        generation = Layout.of(version).generation
+        self._pages.delete_many({"_id": {"$regex": f"^{re.escape(generation)}:"}})
+
+
+def _bodies(msgs: Sequence[Message]) -> list[str]:
+    return [m.to_json() for m in msgs]

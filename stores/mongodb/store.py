@@ -1,0 +1,236 @@
+"""The MongoDB store: a session's transcript (save, messages, fork), its steers, a leased run's fenced
+save and its tool journal; the other capabilities joined in as mixins of their own modules.
+
+It relies only on what a standalone mongod gives: single-document atomicity, no transactions. A session's
+document is its commit point (document.py): it holds the steers waiting for it, the transcript's version
+and its last few messages (the tail; the older ones in pages: pages.py, layout.py), the tool journal, and
+the run lease (lease.py). So every write of a leased run is one update of that document whose filter
+carries the run's token and epoch: the fencing check and the write are one atomic step. The usual step
+(append a few messages, take no steer) is one ``$push`` onto the tail, guarded by the version this process
+knows and by no steer waiting, and it costs the same at 10 messages as at 10,000; taking steers and saving
+the transcript they join is still one update of one document.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pymongo.errors import DuplicateKeyError
+
+from agent_sessions import (
+    ArgumentError,
+    Holder,
+    Message,
+    MessageError,
+    Saved,
+    SessionExists,
+    StoreError,
+    TranscriptConflict,
+    validate,
+)
+
+from .._known import common_prefix
+from .approvals import Approvals
+from .base import RETRIES
+from .document import STAMP, TOUCH, mark
+from .events import HAS_LOG, NO_LOG, EventLog, Log, claiming
+from .layout import MAX_MESSAGE_BYTES
+from .lease import Lease, lost
+from .lifecycle import Lifecycle
+from .pages import Pages
+
+_NO_STEER = {"steers.0": {"$exists": False}}
+
+
+class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
+    """A store in MongoDB, over the caller's pymongo ``Database``: ``Store``, ``RunStore``, ``EventStore``
+    (events.py), ``LifecycleStore`` (lifecycle.py) and ``ApprovalStore`` (approvals.py)."""
+
+    def save(self, session: str, msgs: Sequence[Message]) -> None:
+        validate.session_id(session)
+        known = self._known.get(session)
+        items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
+        validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
+        with self._failing("save", session):
+            if known is None or self._append(session, known, items, {}) is None:
+                self._rewrite(session, items, {"_id": session})
+
+    def messages(self, session: str) -> list[Message]:
+        validate.session_id(session)
+        with self._failing("messages", session):
+            for _ in range(RETRIES):
+                doc = self._sessions.find_one({"_id": session}, {"steers": 0})
+                if doc is None or "version" not in doc:  # never saved (a document may hold only steers)
+                    return []
+                bodies = self._bodies(doc)
+                if bodies is not None:
+                    break
+            else:
+                raise StoreError(f"MongoDB store: messages of session {session!r} kept racing with rewrites")
+        try:
+            items = tuple(Message.from_json(body) for body in bodies)
+        except (MessageError, TypeError) as exc:
+            raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
+        mark(items, doc)
+        self._known.put(session, doc["version"], items)
+        return list(items)
+
+    def add_steer(self, session: str, text: str) -> None:
+        """A ``$push`` onto the session's document: pushes onto one document apply one after another,
+        so steers keep the order they arrived in, whichever process sent them."""
+        validate.session_id(session)
+        validate.steer_text(text)
+        validate.deliverable_steer(text, MAX_MESSAGE_BYTES, "MongoDB store")
+        with self._failing("add_steer", session):
+            self._sessions.update_one(
+                {"_id": session}, {"$push": {"steers": {"id": uuid.uuid4().hex, "text": text}}}, upsert=True
+            )
+
+    def take_steers(self, session: str) -> list[str]:
+        validate.session_id(session)
+        with self._failing("take_steers", session):
+            for _ in range(RETRIES):
+                waiting = self._waiting(session)
+                if not waiting:
+                    return []
+                where, pull = _taking(session, waiting)
+                if self._sessions.update_one(where, pull).modified_count == 1:
+                    return [w["text"] for w in waiting]
+        raise StoreError(f"MongoDB store: take_steers of session {session!r} kept racing with other takers")
+
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+    ) -> Saved:
+        """The usual step is one update: the append, matched only while the lease is the run's and not
+        cancelled, and (when taking steers) no steer waits. Otherwise the document is read, the fence and
+        the stored transcript checked, and the steers pulled and the transcript holding them written in one
+        update, guarded on the lease, the version and those steers still being there."""
+        return self._save_fenced(session, holder, msgs, take_steers, replace, 0)[0]
+
+    def _save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool, claim: int
+    ) -> tuple[Saved, Log]:
+        """``save_fenced``, whose one update of the session's document also claims ``claim`` numbers of its
+        event log (``$inc`` of ``events_last``; the guard then needs the log to have begun, and the read path
+        begins it, a write that claims nothing). Returns what was saved and the log's numbers after it."""
+        validate.session_id(session)
+        known = self._known.get(session)
+        items, shared = validate.messages_after(msgs, known[1] if known is not None else ())  # checks what is new
+        validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
+        fence: dict[str, Any] = {"token": holder.token, "epoch": holder.epoch, **(HAS_LOG if claim else {})}
+        with self._failing("save", session):
+            if known is not None and not replace and len(items) > len(known[1]):
+                guard = {**fence, "cancelled": False, **(_NO_STEER if take_steers else {})}
+                log_after = self._append(session, known, items, guard, claim=claim)
+                if log_after is not None:
+                    return Saved([], False), log_after
+            for _ in range(RETRIES):
+                doc = self._sessions.find_one({"_id": session})
+                if doc is None or doc.get("token") != holder.token or doc.get("epoch") != holder.epoch:
+                    raise lost(session, holder, doc)
+                if claim and "events_last" not in doc:
+                    self._sessions.update_one({"_id": session, "token": holder.token, "epoch": holder.epoch},
+                                              [{"$set": claiming(0)}])
+                    continue  # the log begun (by this write or another): read again
+                stored = 0 if replace else self._stored_prefix(session, doc, items)
+                if stored is None:
+                    continue  # a rewrite removed the pages between the two reads
+                waiting = list(doc.get("steers") or []) if take_steers else []
+                saved = items + tuple(Message.user(w["text"]) for w in waiting)
+                done = Saved([w["text"] for w in waiting], bool(doc.get("cancelled")))
+                where: dict[str, Any] = {**fence}
+                if not replace and stored == len(saved):  # nothing to write but the claim, if any
+                    if not claim:
+                        return done, NO_LOG
+                    where["version"] = doc["version"] if "version" in doc else {"$exists": False}
+                    log_after = self._claim({**where, "_id": session, **(_NO_STEER if take_steers else {})}, claim)
+                    if log_after is not None:
+                        return done, log_after
+                    continue  # the transcript, its steers or the lease changed since the read
+                pull = [w["id"] for w in waiting]
+                if waiting:
+                    where.update(_taking(session, waiting)[0])
+                if "version" in doc and not replace:
+                    log_after = self._append(session, (doc["version"], items[:stored]), saved, where, pull, claim)
+                else:
+                    where["version"] = doc["version"] if "version" in doc else {"$exists": False}
+                    log_after = self._rewrite(session, saved, {**where, "_id": session}, pull, claim)
+                if log_after is not None:
+                    return done, log_after
+        raise StoreError(f"MongoDB store: save of session {session!r} kept racing with other takers")
+
+    def _stored_prefix(self, session: str, doc: dict[str, Any], items: tuple[Message, ...]) -> int | None:
+        """How many messages the document holds, checking they are the first ones of ``items``
+        (``TranscriptConflict`` if not); ``None`` when its pages went meanwhile (read it again)."""
+        if "version" not in doc:
+            return 0
+        known = self._known.get(session)
+        if known is not None and doc["version"] == known[0] and common_prefix(known[1], items) == len(known[1]):
+            return len(known[1])  # a version names one transcript: the one this process knows
+        bodies = self._bodies(doc)
+        if bodies is None:
+            return None
+        if len(bodies) > len(items) or any(items[i].to_json() != body for i, body in enumerate(bodies)):
+            raise TranscriptConflict(session, len(bodies), len(items))
+        return len(bodies)
+
+    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
+        validate.session_id(source)
+        validate.session_id(target)
+        with self._failing("fork", source):
+            bodies = None
+            for _ in range(RETRIES):
+                doc = self._sessions.find_one({"_id": source}, {"steers": 0})
+                if doc is None or "version" not in doc:
+                    raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
+                bodies = self._bodies(doc)
+                if bodies is not None:
+                    break
+            if bodies is None:
+                raise StoreError(f"MongoDB store: fork of session {source!r} kept racing with rewrites")
+            validate.fork_index(at, len(bodies), source)
+            if at:
+                validate.fork_cut(Message.from_json(bodies[at - 1]), at, source, allow_unanswered)
+            version, tail = self._new_generation(bodies if at is None else bodies[:at])
+            try:  # the target may already hold steers, but not a transcript
+                self._sessions.update_one(
+                    {"_id": target, "version": {"$exists": False}},
+                    [{"$set": {"version": {"$literal": version}, "tail": {"$literal": tail}, **STAMP}}],
+                    upsert=True,
+                )
+            except DuplicateKeyError:
+                self._drop_pages(version)
+                raise SessionExists(
+                    f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript"
+                ) from None
+
+    def journal(self, session: str) -> str | None:
+        validate.session_id(session)
+        with self._failing("journal", session):
+            doc = self._sessions.find_one({"_id": session}, {"journal": 1})
+        return None if doc is None or doc.get("journal") is None else str(doc["journal"])
+
+    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
+        validate.session_id(session)
+        fence = {"_id": session, "token": holder.token, "epoch": holder.epoch}
+        with self._failing("put_journal", session):
+            if self._sessions.update_one({**fence, "cancelled": {"$ne": True}},
+                                         {"$set": {"journal": journal}, "$currentDate": TOUCH}).matched_count == 1:
+                return False
+            self.check(session, holder)  # raises LeaseLost when the lease is not the run's: then it is cancelled
+            if not unless_cancelled:
+                if self._sessions.update_one(
+                        fence, {"$set": {"journal": journal}, "$currentDate": TOUCH}).matched_count != 1:
+                    self.check(session, holder)  # taken over in between
+            return True
+
+    def __repr__(self) -> str:
+        return f"mongodb.Store({self.database.name!r})"
+
+
+def _taking(session: str, waiting: list[dict[str, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The filter and the update that take exactly ``waiting``: matched only while all of them are there."""
+    ids = [w["id"] for w in waiting]
+    return {"_id": session, "steers.id": {"$all": ids}}, {"$pull": {"steers": {"id": {"$in": ids}}}}
