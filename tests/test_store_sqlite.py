@@ -13,7 +13,7 @@ from sqlalchemy import event
 import agent_sessions as agent
 import storetest
 from stores import sqlite
-from stores._sql import store as sql_store
+from stores._sql import lifecycle as sql_lifecycle
 from storetest.scripted import ToolsThenAnswer
 from tests.sql_helpers import failing, statements_of
 
@@ -201,7 +201,7 @@ def test_concurrent_set_metadata_never_loses_a_key(tmp_path: Path) -> None:
 
 
 def test_prune_deletes_in_batches_each_its_own_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sql_store, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(sql_lifecycle, "PRUNE_BATCH", 3)
     store = sqlite.open(tmp_path / "prune.db")
     for i in range(10):
         store.save(f"s{i}", [agent.Message.user(f"m{i}")])

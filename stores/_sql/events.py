@@ -1,0 +1,151 @@
+"""The event log (``EventStore``), in ``agent_events``, numbered on the session's row.
+
+An append claims the next numbers on the session row, fenced by the lease (the row stays locked to the
+transaction's end, so concurrent appenders queue), then stores the events and drops those beyond the newest
+``keep``. ``save_fenced_events`` is the store's save (store.py) carrying the append in the same step: the
+claim rides the usual append's transaction (``_append_logged``), or the save's general transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
+
+from agent_sessions import Holder, Message, Saved, StoreError, eventlog, validate
+from agent_sessions.contract import StoredEvent
+
+from . import statements as sql
+from .base import SQLBase
+from .lease import lost
+
+
+class EventLog(SQLBase):
+    """``EventStore``, and the hooks a dialect overrides for it: ``claim`` and ``notify``."""
+
+    if TYPE_CHECKING:
+        def _save(
+            self, session: str, msgs: Sequence[Message], holder: Holder | None, take: bool, replace: bool,
+            events: list[str] | None = None, keep: int = 0,
+        ) -> Saved:
+            """The store's save, appending ``events`` in the same step (store.py)."""
+            ...
+
+    def save_fenced_events(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        events: Sequence[str], keep: int,
+    ) -> Saved:
+        """The save and the append in one step: the dialect's one-statement append where it can carry the
+        events (PostgreSQL), otherwise the save's transaction, which appends them after its write."""
+        validate.session_id(session)
+        records = eventlog.check_append(events, keep) if events else []
+        eventlog.check_keep(keep)
+        return self._save(session, msgs, holder, take=take_steers, replace=replace, events=records, keep=keep)
+
+    def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
+        validate.session_id(session)
+        records = eventlog.check_append(events, keep)
+        last, floor = self._transaction(
+            "append_events", session, lambda conn: self._append_events(conn, session, holder, records, keep)
+        )
+        self._floor(session, floor)
+        return last
+
+    def _append_events(
+        self, conn: Connection, session: str, holder: Holder, records: list[str], keep: int
+    ) -> tuple[int, int]:
+        """In the caller's transaction: claim the next numbers on the session row (fenced; the row stays
+        locked, so concurrent appenders queue), then ``_log_events``. Returns the last number given and the
+        log's floor after it (``_floor`` it once the transaction commits)."""
+        last = self.claim(conn, {**sql.fence_params(session, holder), "n": len(records)})
+        if last is None:
+            raise lost(session, holder, self.run(conn, sql.CHECK, {"sid": session}).first())
+        return last, self._log_events(conn, session, last, records, keep)
+
+    def _log_events(self, conn: Connection, session: str, last: int, records: Sequence[str], keep: int) -> int:
+        """Store ``records`` under the numbers just claimed (up to ``last``), drop the log's events beyond the
+        newest ``keep`` (only when it holds any: ``_event_floor``), and wake the followers (``notify``).
+        Returns the log's floor after this write."""
+        n = len(records)
+        first, cut = last - n + 1, last - keep
+        floor = self._event_floor.get(session)
+        if floor is None:
+            oldest = self.run(conn, sql.FIRST_EVENT, {"sid": session}).scalar()
+            floor = first if oldest is None else int(oldest)  # type: ignore[call-overload]
+        rows = [{"session_id": session, "seq": first + i, "body": text}
+                for i, text in enumerate(records) if first + i > cut]
+        if rows:
+            self.run(conn, sql.ADD_EVENTS, rows)
+        if cut >= floor:
+            self.run(conn, sql.DROP_EVENTS, {"sid": session, "cut": cut})
+            floor = cut + 1
+        self.notify(conn, session)
+        return floor
+
+    def _floor(self, session: str, floor: int) -> None:
+        """Remember the log's floor, a transaction having committed it; bounded like ``_known``."""
+        if len(self._event_floor) >= self._known.size and session not in self._event_floor:
+            self._event_floor.clear()
+        self._event_floor[session] = floor
+
+    def claim(self, conn: Connection, params: dict[str, Any], **shape: bool) -> int | None:
+        """Claim ``params["n"]`` event numbers (``sql.claim_events`` of ``shape``): the last number given, or
+        ``None`` when the row did not match. One statement where UPDATE ... RETURNING is there."""
+        if self.engine.dialect.update_returning:
+            row = self.run(conn, sql.claim_events(returning=True, **shape), params).first()
+            return None if row is None else int(row[0])
+        if self.run(conn, sql.claim_events(**shape), params).rowcount != 1:
+            return None
+        last: int = int(self.run(conn, sql.LAST_EVENT, {"sid": params["sid"]}).scalar())  # type: ignore[call-overload]
+        return last
+
+    def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
+        validate.session_id(session)
+        after, limit = eventlog.check_read(after, limit)
+        rows = self._transaction(
+            "events", session,
+            lambda conn: self.run(conn, sql.READ_EVENTS, {"sid": session, "after": after, "limit": limit}).all(),
+            read_only=True, reads=True,
+        )
+        try:
+            return [eventlog.decode(int(seq), str(body)) for seq, body in rows]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt event: {exc}") from exc
+
+    def notify(self, conn: Connection, session: str) -> None:
+        """Events of ``session`` are being written in ``conn``'s transaction: wake its followers when it
+        commits, where the database can (PostgreSQL's NOTIFY); elsewhere they poll."""
+
+    def _append_logged(self, step: sql.Step) -> str | None:
+        """A leased run's usual save with its events (``save_fenced_events``), in one transaction: the claim
+        of the event numbers on the session row, guarded as ``append_if_current`` guards the append (so it
+        also locks the row, and a takeover waits for it or it for the takeover, which it then sees); if it
+        matched, the new messages and the events (``_log_events``). Three statements (SQLite: each some
+        microseconds, one BEGIN IMMEDIATE and one COMMIT), where the general path took ten. Anything the
+        claim does not match (a steer, a cancel, a lost lease, another version) writes nothing and the save
+        runs its transaction, which sorts out which, as after a plain append."""
+        holder = step.holder
+        assert holder is not None  # save_fenced_events
+        params = {**sql.fence_params(step.session, holder), "known": step.known, "n": len(step.events)}
+        rows = [{"session_id": step.session, "seq": i, "body": step.items[i].to_json()}
+                for i in range(step.start, len(step.items))]
+
+        def write(conn: Connection) -> int | None:
+            last = self.claim(conn, params, save=True, unsteered=step.unsteered, drop_journal=step.drop_journal)
+            if last is None:
+                return None
+            self.run(conn, sql.APPEND, rows)
+            return self._log_events(conn, step.session, last, step.events, step.keep)
+
+        try:
+            floor = self._transaction("save", step.session, write)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):  # another writer appended at these positions first
+                return None
+            raise
+        if floor is None:
+            return None
+        self._floor(step.session, floor)
+        return step.known

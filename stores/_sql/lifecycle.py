@@ -1,0 +1,208 @@
+"""``LifecycleStore``, on the session's row (``created``, ``updated`` on the database's clock, ``metadata``) and
+its tags (one row per metadata key, which ``where`` joins): sessions listed, inspected, labelled, deleted
+and pruned; a transcript's last messages; the steers waiting.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Executable, and_, func, or_, select
+
+from agent_sessions import Message, MessageError, SessionBusy, StoreError, lifecycle, validate
+from agent_sessions.contract import Scalar, SessionInfo, SessionPage, when
+from agent_sessions.messages import read_from
+
+from . import statements as sql
+from .base import SQLBase, log
+from .lease import holder_of
+from .tables import messages, sessions, tags
+
+PRUNE_BATCH = 500
+"""Sessions ``prune`` deletes per transaction: a batch holds its rows' locks for milliseconds, not the
+whole job's length."""
+PRUNE_PAUSE = 0.02
+"""Seconds prune sleeps between batches. SQLite hands its write lock to whoever asks when it is free, and a
+writer asleep in its busy handler's backoff could otherwise miss every gap of a long prune (measured: a
+save waiting 868 ms beside a 10,000-session prune)."""
+
+
+class Lifecycle(SQLBase):
+    """``LifecycleStore``, and the hook a dialect overrides for it: ``starts_with``."""
+
+    def list_sessions(
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+    ) -> SessionPage:
+        """One statement: the page's rows by the index (updated, session_id) read backwards, or, filtered,
+        by the tags' index (name, value); then the message counts of those rows only."""
+        wanted = lifecycle.check_listing(prefix, where, limit, after)
+        S = sessions.c
+        query = select(S.session_id, S.created, S.updated, S.metadata).select_from(sessions)
+        for name, value in sorted(wanted.items()):
+            tag = tags.alias()
+            query = query.join(tag, and_(tag.c.session_id == S.session_id, tag.c.name == name, tag.c.value == value))
+        if prefix:
+            query = query.where(self.starts_with(S.session_id, prefix))
+        if after is not None:
+            updated, last = lifecycle.decode_cursor(after)
+            query = query.where(or_(S.updated < updated, and_(S.updated == updated, S.session_id < last)))
+        chosen = query.order_by(S.updated.desc(), S.session_id.desc()).limit(limit + 1).subquery()
+        count = select(func.count()).where(messages.c.session_id == chosen.c.session_id).scalar_subquery()
+        statement = select(chosen, count).order_by(chosen.c.updated.desc(), chosen.c.session_id.desc())
+        # Built per call (its shape depends on the arguments), so run by SQLAlchemy, not the raw driver,
+        # whose cache is for the prebuilt statements.
+        rows = self._transaction("list_sessions", "", lambda conn: conn.execute(statement).all(),
+                                 read_only=True, reads=True)
+        return lifecycle.page([(float(row[2]), _info(row[0], row[1:])) for row in rows], limit)
+
+    def info(self, session: str) -> SessionInfo | None:
+        validate.session_id(session)
+        row = self._transaction(
+            "info", session, lambda conn: self.run(conn, sql.INFO, {"sid": session}).first(), read_only=True,
+            reads=True,
+        )
+        return None if row is None else _info(session, row)
+
+    def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
+        """Read, merge and write with the session row locked, so two concurrent changes never lose a key;
+        the tags are rewritten with it."""
+        validate.session_id(session)
+        lifecycle.merge_metadata({}, changes)  # every key and value checked before anything is written
+
+        def write(conn: Connection) -> dict[str, Scalar] | None:
+            row = self.run(conn, sql.LOCK_METADATA, {"sid": session}).first()
+            if row is None:
+                return None
+            merged = lifecycle.merge_metadata(lifecycle.decode_metadata(row[0]), changes)
+            stored = lifecycle.encode_metadata(merged) if merged else None
+            self.run(conn, sql.SET_METADATA, {"sid": session, "metadata": stored})
+            self.run(conn, sql.CLEAR_TAGS, {"sid": session})
+            if merged:
+                self.run(conn, sql.ADD_TAG, [
+                    {"session_id": session, "name": k, "value": lifecycle.metadata_value(k, v)}
+                    for k, v in sorted(merged.items())
+                ])
+            return merged
+
+        for _ in range(3):
+            merged = self._transaction("set_metadata", session, write)
+            if merged is not None:
+                return merged
+            # A new session: its row first, in a statement of its own (as acquire makes it), since locking
+            # a row that is not there takes a gap lock on MySQL, and concurrent first writers would
+            # deadlock on their inserts; then the merge again, with the row to lock.
+            self._transaction("set_metadata", session, lambda conn: conn.execute(self.insert_session(session)),
+                              read_only=True)
+        raise StoreError(f"{self.backend} store: set_metadata of session {session!r}: the session was deleted "
+                         "each time its row was made; not retried further")
+
+    def delete(self, session: str, *, force: bool = False) -> bool:
+        """One transaction: the session row locked first (as every writer of the session does), then its
+        messages, steers, tags, events and the row itself deleted. A run holding a lease finds no row at its next
+        write, which is LeaseLost, and a row-less session takes no fenced write."""
+        validate.session_id(session)
+
+        def remove(conn: Connection) -> bool:
+            row = self.run(conn, sql.LOCK_LEASE, {"sid": session}).first()
+            if row is not None and row[2] is not None and row[6] and not force:
+                held = holder_of(row[:6])
+                raise SessionBusy(
+                    f"session {session!r} is held by a live run ({held.host}, pid {held.pid}); "
+                    f"delete(force=True) deletes it anyway and the run fails with LeaseLost",
+                    held,
+                )
+            self.run(conn, sql.CLEAR, {"sid": session})
+            steered = self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount
+            self.run(conn, sql.CLEAR_TAGS, {"sid": session})
+            self.run(conn, sql.DELETE_EVENTS, {"sid": session})
+            gone = self.run(conn, sql.DELETE_SESSION, {"sid": session}).rowcount
+            return bool(gone or steered)
+
+        try:
+            return self._transaction("delete", session, remove)
+        finally:
+            self._known.forget(session)
+            self._journaled.discard(session)
+            self._event_floor.pop(session, None)
+
+    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
+        """Batches of at most ``PRUNE_BATCH``: the oldest idle sessions are read without locks, then
+        deleted in a short transaction that locks their rows and checks again that each is still idle and
+        unheld (on the database's clock), so a session saved or leased meanwhile survives. Stops early when
+        a batch deletes nothing (every candidate was written meanwhile): the next run finds the rest."""
+        idle = lifecycle.idle_seconds(idle_for)
+        limit = lifecycle.prune_limit(limit)
+        deleted = 0
+        while limit is None or deleted < limit:
+            batch = PRUNE_BATCH if limit is None else min(PRUNE_BATCH, limit - deleted)
+            params = {"idle": idle, "batch": batch}
+            found = self._transaction(
+                "prune", "", functools.partial(_all, sql.IDLE_BATCH, params), read_only=True, reads=True
+            )
+            candidates = [str(row[0]) for row in found]
+            if not candidates:
+                break
+            removed = self._transaction("prune", "", functools.partial(self._prune, candidates=candidates, idle=idle))
+            deleted += removed
+            if not removed or len(candidates) < batch:
+                break
+            time.sleep(PRUNE_PAUSE)  # a writer waiting for the lock gets it between batches
+        if deleted:
+            log.info("%s store: pruned %d sessions idle for over %.0f s", self.backend, deleted, idle)
+        return deleted
+
+    def _prune(self, conn: Connection, *, candidates: list[str], idle: float) -> int:
+        ids = [str(row[0]) for row in conn.execute(sql.LOCK_IDLE, {"ids": candidates, "idle": idle}).all()]
+        if ids:
+            for statement in sql.PRUNE:
+                conn.execute(statement, {"ids": ids})
+            for session in ids:
+                self._known.forget(session)
+                self._journaled.discard(session)
+                self._event_floor.pop(session, None)
+        return len(ids)
+
+    def tail(self, session: str, last: int) -> list[Message]:
+        validate.session_id(session)
+        last = lifecycle.last_count(last)
+        if last == 0:
+            return []
+        rows = self._transaction(
+            "tail", session, lambda conn: self.run(conn, sql.TAIL, {"sid": session, "last": last}).all(),
+            read_only=True, reads=True,
+        )
+        try:
+            items = [Message.from_json(body) for body, _ in reversed(rows)]
+        except MessageError as exc:
+            raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt message: {exc}") from exc
+        if items:
+            read_from(items, session, when(float(rows[0][1])))
+        return items
+
+    def pending_steers(self, session: str) -> list[str]:
+        validate.session_id(session)
+        rows = self._transaction(
+            "pending_steers", session, lambda conn: self.run(conn, sql.PENDING, {"sid": session}).all(),
+            read_only=True, reads=True,
+        )
+        return [str(text) for (text,) in rows]
+
+    def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
+        """``column`` starts with ``prefix``: LIKE, with the prefix's own % and _ escaped (bound, never
+        spliced), which is case-sensitive on PostgreSQL and on MySQL's binary session ids."""
+        return column.startswith(prefix, autoescape=True)
+
+
+def _all(statement: Executable, params: dict[str, Any], conn: Connection) -> Sequence[Any]:
+    return conn.execute(statement, params).all()
+
+
+def _info(session: str, row: Sequence[Any]) -> SessionInfo:
+    """``created, updated, metadata, messages`` as a SessionInfo."""
+    created, updated, metadata, count = row
+    return SessionInfo(session, when(float(created)), when(float(updated)), int(count),
+                       lifecycle.decode_metadata(metadata))
