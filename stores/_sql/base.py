@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import Connection, Engine, Executable
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from agent_sessions import ArgumentError, StoreError
 
@@ -127,6 +127,16 @@ class SQLBase:
                 raise self._error(op, session, exc) from exc
             except SQLAlchemyError as exc:
                 raise self._error(op, session, exc) from exc
+
+    def _append_transaction(self, session: str, work: Callable[[Connection], T]) -> T | None:
+        """``work``, a save's append of messages at the positions after the known transcript, in one
+        transaction; ``None`` when another writer appended at these positions first."""
+        try:
+            return self._transaction("save", session, work)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):  # another writer appended at these positions first
+                return None
+            raise
 
     def _error(self, op: str, session: str, exc: SQLAlchemyError) -> StoreError:
         """``session`` empty: the operation is of no one session (prune)."""

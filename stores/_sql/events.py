@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError
 
 from agent_sessions import Holder, Message, Saved, StoreError, eventlog, validate
 from agent_sessions.contract import StoredEvent
@@ -139,12 +138,7 @@ class EventLog(SQLBase):
             self.run(conn, sql.APPEND, rows)
             return self._log_events(conn, step.session, last, step.events, step.keep)
 
-        try:
-            floor = self._transaction("save", step.session, write)
-        except StoreError as exc:
-            if isinstance(exc.__cause__, IntegrityError):  # another writer appended at these positions first
-                return None
-            raise
+        floor = self._append_transaction(step.session, write)
         if floor is None:
             return None
         self._floor(step.session, floor)

@@ -360,12 +360,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
                 self.run(conn, sql.DROP_JOURNAL, {"sid": step.session})
             return inserted
 
-        try:
-            inserted = self._transaction("save", step.session, write)
-        except StoreError as exc:
-            if isinstance(exc.__cause__, IntegrityError):  # another writer appended at these positions first
-                return None
-            raise
+        inserted = self._append_transaction(step.session, write)
         return step.known if inserted == count else None
 
     def take(self, conn: Connection, session: str) -> list[str]:
