@@ -24,7 +24,7 @@ from .lease import lost
 class EventLog(SQLBase):
     """``EventStore``, and the hooks a dialect overrides for it: ``claim`` and ``notify``."""
 
-    if TYPE_CHECKING:
+    if TYPE_CHECKING:  # what this part needs of the store that joins it, for the type checker only
         def _save(
             self, session: str, msgs: Sequence[Message], holder: Holder | None, take: bool, replace: bool,
             events: list[str] | None = None, keep: int = 0,

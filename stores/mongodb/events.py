@@ -57,7 +57,7 @@ NO_LOG = Log(0, 0)
 class EventLog(StoreBase):
     """``EventStore``: the claim is the atomic step."""
 
-    if TYPE_CHECKING:
+    if TYPE_CHECKING:  # what this part needs of the store that joins it, for the type checker only
         def _save_fenced(
             self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool, claim: int
         ) -> tuple[Saved, Log]:
