@@ -8,7 +8,9 @@ from typing import Literal
 from .messages import Message
 from .values import PendingApproval
 
-StopReason = Literal["answered", "max_steps", "cancelled", "awaiting_approval"]
+StopReason = Literal["answered", "max_steps", "cancelled", "awaiting_approval", "superseded"]
+"""Why a run stopped. ``"superseded"`` only from ``Runner.turn``: the turn's message was followed by a later
+turn's before it was answered, so that turn takes it up (see ``run.turns``)."""
 
 
 @dataclass(frozen=True)

@@ -329,6 +329,33 @@ class CancelMeetsContract:
         repeat = agent.Runner().turn(spec, "email everyone", "msg-1", again)
         assert (repeat.stop_reason, again.requests) == ("max_steps", 2), "3 requests in all, not 1 + 3"
 
+    def test_29_2_a_redelivered_turn_that_a_later_turn_took_up_runs_nothing(self) -> None:
+        """Turn msg-1's worker dies waiting on the model, its message stored; the next message (turn msg-2,
+        max_steps=1) comes, the model reads both, calls a tool, and msg-2 stops at max_steps. msg-1 is
+        redelivered: it must not go on with msg-2's work under its own budget (a request, a second email). It
+        says it was superseded; once msg-2 is answered, a repeat returns that answer. (Found by the soak:
+        seed 3494613216 on SQLite.)"""
+        store = self.run_store()
+        sid = _sid("turn-superseded")
+        sent: list[str] = []
+
+        def die(request: int) -> None:
+            raise _Died()
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=4)
+        with pytest.raises(_Died):
+            agent.Runner().turn(spec, "email a", "msg-1", _CallsThenAnswer("email", '{"to": "a"}', 9, die))
+        one_step = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=1)
+        second = agent.Runner().turn(one_step, "and email b", "msg-2", _CallsThenAnswer("email", '{"to": "b"}', 9))
+        assert (second.stop_reason, sent) == ("max_steps", ["b"])
+        again = _CallsThenAnswer("email", '{"to": "a"}', rounds=9)
+        repeat = agent.Runner().turn(spec, "email a", "msg-1", again)
+        assert (repeat.stop_reason, repeat.steps, again.requests, sent) == ("superseded", 0, 0, ["b"])
+        answered = agent.Runner().turn(spec, "and email b", "msg-2", Answer("done: b"))  # msg-2 redelivered
+        assert answered.text == "done: b"
+        assert agent.Runner().turn(spec, "email a", "msg-1", again).text == "done: b"
+        assert again.requests == 0 and sent == ["b"]
+
     # -- 3. a cancel of a waiting turn is never lost to a resume ---------------------------------------
 
     @pytest.mark.parametrize("point", [("after", "acquire"), ("before", "journal"), ("after", "journal"),

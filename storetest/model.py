@@ -50,6 +50,9 @@ REGRESSION_SEEDS: list[Any] = [
     # listener the refused attempt's StepStarted, and then nothing
     pytest.param(IN_PROCESS, "all", 3323551233, 20, id="soak-a-listener-heard-an-absorbed-attempt"),
     pytest.param(PROCESSES, "all", 1794979959, 20, id="soak-a-listener-heard-an-absorbed-attempt-p"),
+    # found by the hour's soak after the fixes: a redelivery of a turn a later turn had taken up went on with
+    # that turn's work (a request, a tool) under its own budget, after the later turn stopped at max_steps
+    pytest.param(PROCESSES, "all", 3494613216, 20, id="soak-a-redelivery-goes-on-with-a-later-turn-p"),
 ]
 """Programs the machine failed while it was built (``pytest.param(stores, mix, seed, ops)``), replayed with
 every known mix left out but their own: each met one of issue 29's bugs (its number first in the id; "new":

@@ -472,6 +472,10 @@ class Machine:
         self.stopped_turns: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
         """Per turn, the ops whose run it stopped short of an answer: (op, ended, stop reason)."""
         self.given: dict[tuple[str, str], list[int]] = {}
+        """Per (session, user text), when each op that gave it ended. A text of a deleted session may come back
+        with an op still in flight at the delete (or begun after it): a delivery reading the session after the
+        delete, or one whose read found it empty, begins the conversation anew with its own message, which it
+        never read from the erased session. Everything else of the erased session it cannot bring back."""
         self.decisions: dict[tuple[str, str], tuple[bool, int]] = {}
         self.done: list[Op] = []
         self.stopped = False
@@ -790,7 +794,7 @@ class Machine:
         if op.kind in ("run", "turn", "redeliver", "crash", "kill", "freeze") and op.text:
             tag = op.text.split()[0]
             self.turn_began.setdefault((op.sid, tag), op.began)
-            self.given.setdefault((op.sid, op.text), []).append(op.began)
+            self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind in ("turn", "crash"):
             self.keys.setdefault(op.sid, []).append(op)
         if op.kind == "redeliver":
@@ -909,7 +913,7 @@ class Machine:
         self.report.checks["no_reappearance"] += 1
         now_texts = texts(msgs)
         for dead, at in self.dead.get(sid, []):
-            back = [t for t in now_texts & dead if not any(b > at for b in self.given.get((sid, t), []))]
+            back = [t for t in now_texts & dead if not any(e > at for e in self.given.get((sid, t), []))]
             if back:
                 self.violate("no_reappearance", f"session {sid}: deleted or pruned, and then {sorted(back)} "
                              "came back", (sid, at))

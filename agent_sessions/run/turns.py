@@ -6,7 +6,8 @@ second time and asks the model again. ``Runner.turn`` keys the message instead: 
 so the repeat finds it and either continues the turn where a dead worker left it or, when the turn is
 over, says how it ended without a model request: its answer; ``max_steps`` once the turn has made that
 many requests (a turn's budget is for all its deliveries); ``cancelled`` for a cancelled turn (its lease
-hands the cancel to the run continuing it: ``approvals.cancel``).
+hands the cancel to the run continuing it: ``approvals.cancel``); ``superseded`` when another turn's
+message followed it before it was answered (that turn takes it up: the model reads both).
 
 Two deliveries running at once cannot both append: a leased run's first write is a compare-and-swap
 against the transcript it read, so the later one gets ``TranscriptConflict``, reads again, finds the key,
@@ -64,6 +65,15 @@ def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: 
                 log.info("session %r: turn %r was answered already; returning its answer", session.id, key)
                 return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
                               unapplied_steers=[], usage={})
+            later = _later_turn(stored, at)
+            if later is not None:
+                # Another turn's message followed this one's before it was answered (its worker died, and the
+                # next message came): the model takes both up in that turn, whose budget and outcome are its
+                # own. Going on here would run that turn's work under this turn's budget.
+                log.info("session %r: turn %r was taken up by the later turn %r before it was answered", session.id,
+                         key, stored[later].key)
+                return Result(messages=stored, text="", steps=0, stop_reason="superseded", unapplied_steers=[],
+                              usage={})
             waiting = _reply_waiting(session, stored)
             made = replies(stored, at) + waiting
             if made >= spec.max_steps and not waiting:
@@ -143,6 +153,15 @@ def _reply_waiting(session: RunSession, stored: Sequence[Message]) -> int:
     if text is None:
         return 0
     return int(Journal.from_json(text, f"session {session.id!r}").answers(stored))
+
+
+def _later_turn(msgs: Sequence[Message], at: int) -> int | None:
+    """The index of the first message after ``at`` that begins another turn (a user message with a key of its
+    own), or ``None``. Steers and a plain run's messages carry no key: they are not turns."""
+    for i in range(at + 1, len(msgs)):
+        if msgs[i].key and msgs[i].role is Role.USER:
+            return i
+    return None
 
 
 def replies(msgs: Sequence[Message], at: int) -> int:
