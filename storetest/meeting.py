@@ -266,11 +266,14 @@ class CancelMeetsContract:
 
     # -- 2. a redelivered turn does not undo how the turn ended ----------------------------------------
 
+    @pytest.mark.parametrize("steered", [False, True])
     @pytest.mark.parametrize("how", ["returned", "died"])
-    def test_29_2_a_redelivered_turn_that_was_cancelled_stays_cancelled(self, how: str) -> None:
+    def test_29_2_a_redelivered_turn_that_was_cancelled_stays_cancelled(self, how: str, steered: bool) -> None:
         """The user cancels the turn while it waits on the model (the email the next reply calls must not
         go). The worker either returns, cancelled, or dies before it sees the cancel; either way the task is
-        delivered again, and the repeat reports the cancel without a model request or a tool."""
+        delivered again, and the repeat reports the cancel without a model request or a tool. ``steered``:
+        a steer waits by then; it is not new input for the cancelled turn's repeat, which stops all the
+        same; it waits for the next turn, which takes it. (Found by the soak: seed 2713294601 on MariaDB.)"""
         store = self.run_store()
         sid = _sid("turn-cancel")
         sent: list[str] = []
@@ -291,14 +294,19 @@ class CancelMeetsContract:
         else:
             assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "cancelled"
         assert sent == ["a@example.com"], "the cancel landed after one email and before the second reply"
+        if steered:
+            other.steer("and cc the team")
         again = _CallsThenAnswer("email", '{"to": "b@example.com"}', rounds=3)
         repeat = agent.Runner().turn(spec, "email everyone", "msg-1", again)
         assert (repeat.stop_reason, again.requests, sent) == ("cancelled", 0, ["a@example.com"])
         third = agent.Runner().turn(spec, "email everyone", "msg-1", again)  # and every delivery after it
         assert (third.stop_reason, again.requests, sent) == ("cancelled", 0, ["a@example.com"])
         assert not agent.orphaned_tool_calls(store.messages(sid))
+        if steered:
+            assert other.pending_steers() == ["and cc the team"] if isinstance(other.store, LifecycleStore) else True
         later = agent.Runner().turn(spec, "a new question", "msg-2", Answer("a new answer"))
         assert later.stop_reason == "answered", "a new turn is not cancelled by the cancel of an earlier one"
+        assert ("and cc the team" in [m.text for m in later.messages]) == steered
 
     def test_29_2_a_redelivered_turn_that_stopped_at_max_steps_stays_stopped(self) -> None:
         store = self.run_store()

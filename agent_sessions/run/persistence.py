@@ -47,6 +47,9 @@ _NO_APPROVALS: tuple[list[Content], bool] = ([], False)
 class Keeping(Protocol):
     saves: bool
     """Whether ``before_request`` and ``finish`` write anything (for the Saved events)."""
+    stopped: bool
+    """Set by ``resume``: the turn this run goes on with was cancelled before it, so it starts nothing (not
+    even the save before its first request, which would take the steers waiting for the next turn)."""
 
     def __enter__(self) -> Keeping: ...
 
@@ -90,6 +93,7 @@ class Keeping(Protocol):
 
 class _NotKept:
     saves = False
+    stopped = False
 
     def __enter__(self) -> _NotKept:
         return self
@@ -161,9 +165,13 @@ class Leased:
 
     saves = True
 
-    def __init__(self, session: RunSession, spec: Spec) -> None:
+    def __init__(self, session: RunSession, spec: Spec, *, continuing: bool = False) -> None:
         self.store = session.store
         self.session = session.id
+        self.continuing = continuing
+        """The run goes on with a turn already begun (``Runner.turn`` delivered again): a cancel handed with
+        the lease is of that turn, whatever input waits."""
+        self.stopped = False
         self.lease = Lease(self.store, self.session, spec.lease_ttl, spec.lease_wait)
         self.replace = spec.replace_transcript
         self.written = -1
@@ -245,14 +253,16 @@ class Leased:
             # input (a user's message of this run's own, or steers waiting: the next turn), that turn's calls
             # still pending are closed unrun (``closing``) and the input is answered. Without, this run
             # would only go on with the cancelled turn: it marks its own lease, so it stops before it
-            # starts anything and hands the cancel on in turn.
-            if self._begins_turn(transcript) or self._steers_wait():
+            # starts anything and hands the cancel on in turn. A run that continues a turn (``continuing``:
+            # a redelivered ``Runner.turn``) is that turn's: it stops, and the steers wait for the next one.
+            if not self.continuing and (self._begins_turn(transcript) or self._steers_wait()):
                 self.closing = True
                 log.info("session %r: the turn in progress was cancelled; closing it before the new input",
                          self.session)
             else:
                 log.info("session %r: the turn this run goes on with was cancelled; stopping it", self.session)
-                self.store.cancel(self.session)
+                self.store.cancel(self.session)  # its own lease, whose release hands the cancel on again
+                self.stopped = True
         text = self.store.journal(self.session)
         journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
         if self.closing and journal is not None and _started_anew(journal, transcript):
@@ -563,7 +573,9 @@ def _asks(spec: Spec, call: Content, journal: Journal) -> bool:
     return tool is not None and tool.asks_approval(call)
 
 
-def keeping(spec: Spec) -> Keeping:
+def keeping(spec: Spec, *, continuing: bool = False) -> Keeping:
+    """How the run of ``spec`` keeps its transcript. ``continuing``: the run goes on with a turn already begun
+    (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``)."""
     session = spec.session
     if spec.publish_events and not (
         session is not None and is_run_session(session) and isinstance(session.store, EventStore)
@@ -583,6 +595,6 @@ def keeping(spec: Spec) -> Keeping:
     if session is None:
         return NOT_KEPT
     if is_run_session(session):
-        return Leased(session, spec)
+        return Leased(session, spec, continuing=continuing)
     return Kept(session)
 

@@ -37,12 +37,16 @@ def run(
     events: Events | None,
     box: SteerBox,
     cancelled: threading.Event,
+    continuing: bool = False,
 ) -> Result:
+    """Run the loop on ``transcript``; ``continuing``: it goes on with a turn already begun (``keeping``)."""
     emit = sink(events)
     try:
-        with keeping(spec) as keep:
+        with keeping(spec, continuing=continuing) as keep:
             emit = keep.publishing(emit)
             keep.resume(transcript)
+            if keep.stopped:  # its turn was cancelled before it: it starts nothing
+                cancelled.set()
             result = _loop(spec, transcript, endpoint, emit, box, cancelled, keep)
     except BaseException as exc:  # reported, then re-raised: a listener closes what it opened (a span)
         emit.failed(exc)

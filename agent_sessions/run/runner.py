@@ -117,7 +117,13 @@ class Runner:
         _check(spec, [], endpoint, events)
         if not isinstance(text, str) or not text:
             raise ArgumentError(f"Runner.turn(text=) must be a non-empty str, got {text!r}")
-        return turns.turn(self.run, spec, text, key, endpoint, events)
+        return turns.turn(self._turn_run, spec, text, key, endpoint, events)
+
+    def _turn_run(self, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None,
+                  continuing: bool) -> Result:
+        """``run``, for ``turns``: ``continuing`` when it goes on with the turn rather than begin it."""
+        _check(spec, msgs, endpoint, events)
+        return _execute(Run(), spec, msgs, endpoint, events, continuing)
 
     def start(
         self,
@@ -155,10 +161,11 @@ def _check(spec: object, msgs: object, endpoint: object, events: object) -> None
 
 
 def _execute(
-    run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None
+    run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None,
+    continuing: bool = False,
 ) -> Result:
     assert spec.pattern is Pattern.REACT
     try:
-        return react.run(spec, list(msgs), endpoint, events, run._box, run._cancel)
+        return react.run(spec, list(msgs), endpoint, events, run._box, run._cancel, continuing)
     finally:
         run._box.close()

@@ -29,8 +29,9 @@ from ..messages import Message, Role
 from ..result import Result
 from ..spec import Spec
 
-Run = Callable[[Spec, list[Message], Endpoint, Events | None], Result]
-"""How a turn runs its messages: ``Runner.run``."""
+Run = Callable[[Spec, list[Message], Endpoint, Events | None, bool], Result]
+"""How a turn runs its messages: ``Runner.run``, told whether it goes on with the turn (``True``) or begins it:
+a cancel handed with the lease stops a run going on with its turn, whatever input waits (``persistence``)."""
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: 
     for _ in range(ATTEMPTS):
         stored = session.messages()
         at = keyed(stored, key)
+        continuing = at is not None
         if at is None:
             todo = [*stored, message]
         elif stored[at] != message:
@@ -87,7 +89,7 @@ def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: 
             spec = replace(spec, max_steps=max(0, spec.max_steps - made))  # 0: only finish the waiting reply
         attempt = _Attempt(events)
         try:
-            return run(spec, todo, endpoint, None if events is None else attempt)
+            return run(spec, todo, endpoint, None if events is None else attempt, continuing)
         except TranscriptDeleted:
             attempt.report()
             raise  # the conversation was erased after our read: answering it would bring it back
