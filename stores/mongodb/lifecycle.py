@@ -191,8 +191,8 @@ class Lifecycle(Pages):
     def _gone(self, session: str, doc: dict[str, Any]) -> None:
         """After the session's document was deleted: its pages, which nothing names any more, and its event
         log's pages, every one whose id starts with the log's (those no update named too; a log begun since
-        is another). A log of the earlier layout: its events in ``agent_events``, up to the last number it gave (a log
-        begun since numbers above it: never those)."""
+        is another). A log of the earlier layout, or one moved out of it: its documents in ``agent_events``,
+        up to the last number it gave there (a log begun since numbers above it: never those)."""
         self._known.forget(session)
         if "version" in doc:
             self._drop_pages(doc["version"])
@@ -201,6 +201,7 @@ class Lifecycle(Pages):
         legacy = doc["events_last"] if is_legacy(doc) else doc.get("events_legacy")
         if legacy is not None:
             self._events.delete_many({"session": session, "seq": {"$lte": int(legacy)}})
+
 
 def _messages(session: str, bodies: Sequence[str]) -> list[Message]:
     try:
