@@ -1,10 +1,17 @@
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
+import itertools
+import json
+import multiprocessing
+import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import bson
@@ -18,7 +25,7 @@ import storetest
 import storetest.crossprocess
 from agent_sessions.eventlog import encode
 from stores import mongodb
-from tests import servers
+from tests import mongo_events_children, servers
 
 MONGO_URL = servers.MONGO_URL
 DATABASE = servers.MONGO_DATABASE
@@ -190,12 +197,20 @@ class Writes(monitoring.CommandListener):
         pass
 
 
-def test_a_runs_usual_step_is_still_one_update_and_it_sets_updated(database: Database[Any]) -> None:
+@contextlib.contextmanager
+def counting_writes(database: Database[Any]) -> Iterator[tuple[mongodb.Store, Writes]]:
+    """A store on emptied collections, over a client of its own whose write commands are counted."""
     drop(database)
     writes = Writes()
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(MONGO_URL, event_listeners=[writes])
     try:
-        store = mongodb.Store(client[DATABASE])
+        yield mongodb.Store(client[DATABASE]), writes
+    finally:
+        client.close()
+
+
+def test_a_runs_usual_step_is_still_one_update_and_it_sets_updated(database: Database[Any]) -> None:
+    with counting_writes(database) as (store, writes):
         held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
         msgs = [agent.Message.user("go")]
         store.save_fenced("s", held, msgs, take_steers=True)
@@ -209,8 +224,6 @@ def test_a_runs_usual_step_is_still_one_update_and_it_sets_updated(database: Dat
         after = store.info("s")
         assert before is not None and after is not None and after.updated > before.updated
         assert after.messages == 6 and after.created == before.created
-    finally:
-        client.close()
 
 
 def test_every_write_to_the_session_document_moves_updated_on(database: Database[Any]) -> None:
@@ -367,131 +380,345 @@ def note(tag: str, n: int = 1) -> list[str]:
     return [encode("note", {"tag": tag, "n": i}) for i in range(n)]
 
 
-def stored_events(db: Database[Any], session: str) -> list[int]:
-    return [e["seq"] for e in db[mongodb.EVENTS].find({"session": session}).sort("seq", 1)]
+def event_pages(db: Database[Any]) -> list[str]:
+    return sorted(p["_id"] for p in db[mongodb.EVENT_PAGES].find({}, {"_id": 1}))
 
 
-def test_a_fenced_out_holders_claim_writes_nothing(database: Database[Any]) -> None:
+def the_log(db: Database[Any], session: str) -> dict[str, Any]:
+    """The session document's event log: its numbers, its tail and the pages it names."""
+    doc = db[mongodb.SESSIONS].find_one({"_id": session}, {"_id": 0, "events_from": 1, "events_last": 1,
+                                                           "events_tail": 1, "events_pages": 1, "events_log": 1})
+    assert doc is not None
+    return dict(doc)
+
+
+def named_pages(db: Database[Any], session: str) -> list[str]:
+    """The ids of the pages the session's document names, oldest first."""
+    log = the_log(db, session)
+    return [f"{log['events_log']}:{key}" for _, key in log["events_pages"]]
+
+
+def consecutive(events: list[agent.StoredEvent]) -> list[int]:
+    seqs = [e.seq for e in events]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"not consecutive: {seqs}"
+    return seqs
+
+
+def full_tail(store: mongodb.Store, session: str, held: agent.Holder) -> int:
+    """Append single events until the document's tail holds ``EVENT_PAGE - 1``: the next append overflows it."""
+    last = 0
+    for i in range(mongodb.EVENT_PAGE - 1):
+        last = store.append_events(session, held, note(f"fill{i}"), keep=10_000)
+    return last
+
+
+class Paused:
+    """A collection, passed through, whose ``method`` runs (``after`` it, or before) and then waits until
+    ``go`` is set, having set ``there``: the test does something at that moment of a writer's write."""
+
+    def __init__(self, collection: Any, method: str, *, after: bool = True) -> None:
+        self.collection, self.method, self.after = collection, method, after
+        self.there, self.go = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.collection, name)
+        if name != self.method:
+            return real
+
+        def paused(*args: Any, **kwargs: Any) -> Any:
+            done = real(*args, **kwargs) if self.after else None
+            self.there.set()
+            assert self.go.wait(60), "the test never let the writer go on"
+            return done if self.after else real(*args, **kwargs)
+
+        return paused
+
+
+class Outcome:
+    """What a call run in a thread returned or raised."""
+
+    def __init__(self, call: Any) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(call,))
+        self.thread.start()
+
+    def _run(self, call: Any) -> None:
+        try:
+            self.value = call()
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            self.error = exc
+
+    def join(self) -> Outcome:
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        return self
+
+
+def test_a_steps_events_ride_in_its_one_update_and_a_page_is_written_every_few_dozen(database: Database[Any]) -> None:
+    with counting_writes(database) as (store, writes):
+        held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+        msgs = [agent.Message.user("go")]
+        store.save_fenced("s", held, msgs, take_steers=True)
+        per_step = []
+        for i in range(25):
+            msgs.append(agent.Message.assistant(f"step {i}"))
+            writes.commands.clear()
+            store.save_fenced_events("s", held, msgs, take_steers=True, events=note(str(i), 3), keep=10_000)
+            per_step.append(list(writes.commands))
+        # the usual step: one update, which claims the numbers and stores the events (no insert, no read);
+        # when the document's tail would reach EVENT_PAGE events: that update misses, the document is
+        # read, a page is inserted and the update that names it commits
+        assert per_step.count(["update"]) == 23
+        assert per_step.count(["update", "insert", "update"]) == 2  # 75 events: two pages of 32
+        assert len(event_pages(database)) == 2 and sorted(named_pages(database, "s")) == event_pages(database)
+        assert len(the_log(database, "s")["events_tail"]) == 75 - 2 * mongodb.EVENT_PAGE
+        events = mongodb.Store(database).events("s", 0, 1000)
+        consecutive(events)
+        assert [e.data["tag"] for e in events] == [str(i) for i in range(25) for _ in range(3)]
+        assert mongodb.Store(database).messages("s") == msgs
+
+
+def test_an_event_larger_than_the_tail_gets_a_page_of_its_own_counted_in_bytes(database: Database[Any]) -> None:
     drop(database)
     store = mongodb.Store(database)
-    old = store.acquire("s", agent.Holder("h", 1, "a" * 32, 0.0), 0.2)
-    store.save_fenced("s", old, [agent.Message.user("q")], take_steers=False)
-    last = store.append_events("s", old, note("old"), keep=100)
-    storetest.crossprocess.wait_for(lambda: store.holder("s") is None, "the lease to expire")
-    store.acquire("s", agent.Holder("h", 2, "b" * 32, 0.0), 30)
-    before = database[mongodb.SESSIONS].find_one({"_id": "s"})
-    with pytest.raises(agent.LeaseLost):
-        store.append_events("s", old, note("late", 3), keep=100)
-    with pytest.raises(agent.LeaseLost):  # the cached version makes it try the one-update append first
-        store.save_fenced_events("s", old, [agent.Message.user("q"), agent.Message.assistant("late")],
-                                 take_steers=False, events=note("late"), keep=100)
-    assert database[mongodb.SESSIONS].find_one({"_id": "s"}) == before  # the counter included: nothing claimed
-    assert stored_events(database, "s") == [last]
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    small = store.append_events("s", held, note("small"), keep=100)
+    text = "é" * (mongodb.EVENT_TAIL_BYTES // 2 + 10)
+    # the store keeps an event's text as it is given, not necessarily ASCII: this one has fewer chars than bytes
+    big = json.dumps({"kind": "note", "at": time.time(), "data": {"tag": "big", "text": text}}, ensure_ascii=False)
+    assert len(big) < mongodb.EVENT_TAIL_BYTES < len(big.encode())
+    last = store.append_events("s", held, [big, *note("after")], keep=100)
+    log = the_log(database, "s")
+    assert log["events_tail"] == [] and len(log["events_pages"]) == 1  # the small one, the big one and the last
+    assert len(bson.encode(database[mongodb.SESSIONS].find_one({"_id": "s"}) or {})) < 10_000
+    got = mongodb.Store(database).events("s", 0, 100)
+    assert [e.seq for e in got] == [small, small + 1, last] and got[1].data["text"] == text
 
 
-def test_a_gap_left_by_a_writer_that_died_between_claim_and_insert_is_skipped(database: Database[Any]) -> None:
+def test_a_writer_fenced_out_mid_append_writes_nothing_readable(database: Database[Any]) -> None:
+    """Two writers: A has written its page (the tail was full) when its lease lapses and B takes the session
+    and appends; A's update, fenced by its token and epoch, matches nothing: LeaseLost, and its page goes."""
     drop(database)
     store = mongodb.Store(database)
-    held = store.acquire("s", agent.Holder("h", 1, "a" * 32, 0.0), 30)
-    first = store.append_events("s", held, note("before", 2), keep=100)
-    dying = mongodb.Store(database)
-    dying._events = DiesBeforeInserting(dying._events)  # type: ignore[assignment]
-    with pytest.raises(Died):
-        dying.append_events("s", held, note("lost", 3), keep=100)
-    assert database[mongodb.SESSIONS].find_one({"_id": "s"})["events_last"] == first + 3  # type: ignore[index]
-    follower = agent.open("s", mongodb.Store(database)).follow(after=first, timeout=30)
-    later = threading.Timer(0.2, lambda: store.append_events("s", held, note("after", 2), keep=100))
-    later.start()
+    a = store.acquire("s", agent.Holder("a", 1, "a" * 32, 0.0), 0.3)
+    store.save_fenced("s", a, [agent.Message.user("q")], take_steers=False)
+    filled = full_tail(store, "s", a)
+    writer_a = mongodb.Store(database)
+    writer_a._event_pages = paused = Paused(writer_a._event_pages, "insert_many")  # type: ignore[assignment]
+    appending = Outcome(lambda: writer_a.append_events("s", a, note("late a", 3), keep=10_000))
+    assert paused.there.wait(30)
+    assert len(event_pages(database)) == 1 and named_pages(database, "s") == []  # written, named by nothing
+    storetest.crossprocess.wait_for(lambda: store.holder("s") is None, "A's lease to lapse")
+    b = mongodb.Store(database).acquire("s", agent.Holder("b", 2, "b" * 32, 0.0), 30)
+    by_b = store.append_events("s", b, note("b", 2), keep=10_000)  # B's own page
+    paused.go.set()
+    assert isinstance(appending.join().error, agent.LeaseLost)
+    with pytest.raises(agent.LeaseLost):  # the save path too, its events with it
+        writer_a.save_fenced_events("s", a, [agent.Message.user("q"), agent.Message.assistant("late")],
+                                    take_steers=False, events=note("late a"), keep=10_000)
+    every = mongodb.Store(database).events("s", 0, 1000)
+    assert consecutive(every)[-1] == by_b == filled + 2
+    assert [e.data["tag"] for e in every] == [f"fill{i}" for i in range(mongodb.EVENT_PAGE - 1)] + ["b", "b"]
+    assert event_pages(database) == sorted(named_pages(database, "s"))  # A took its page back
+    assert mongodb.Store(database).messages("s") == [agent.Message.user("q")]
+
+
+def test_a_writer_killed_between_its_page_and_its_update_leaves_no_gap(database: Database[Any]) -> None:
+    """A process writes its page, then is killed (SIGKILL) before the update that would claim its numbers and
+    name the page. Nothing was claimed: the next append takes the next number, a follower that was waiting
+    sees no gap and nothing of the dead writer's, and the session's deletion takes the page it left."""
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 60)
+    filled = full_tail(store, "s", held)
+    seen: list[agent.StoredEvent] = []
+    follower = threading.Thread(target=lambda: seen.extend(itertools.islice(
+        agent.open("s", mongodb.Store(database)).follow(after=0, timeout=60), mongodb.EVENT_PAGE + 1)))
+    follower.start()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=mongo_events_children.dies_after_its_page, args=("s", held, 2, out))
+    child.start()
     try:
-        got = [next(follower), next(follower)]  # waits across the gap for the next events
+        written = out.get(timeout=60)
+        assert isinstance(written, list), written
+        assert event_pages(database) == written and named_pages(database, "s") == []
     finally:
-        later.join()
-    assert [e.seq for e in got] == [first + 4, first + 5] and [e.data["tag"] for e in got] == ["after", "after"]
-    every = store.events("s", 0, 100)
-    assert [e.seq for e in every] == [first - 1, first, first + 4, first + 5]
+        child.kill()
+        child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    assert the_log(database, "s")["events_last"] == filled  # it claimed nothing
+    last = store.append_events("s", held, note("after", 2), keep=10_000)
+    follower.join(60)
+    assert last == filled + 2
+    assert consecutive(seen)[-1] == last and "dead" not in {e.data["tag"] for e in seen}
+    assert seen == mongodb.Store(database).events("s", 0, 1000)
+    assert written[0] in event_pages(database) and written[0] not in named_pages(database, "s")
+    assert store.delete("s", force=True) and event_pages(database) == []  # the dead writer's page with the log
 
 
-class Died(BaseException):
-    """What the test makes a writer do between its claim and its insert."""
+@pytest.mark.parametrize("deleted", ["after its page", "before its page"])
+def test_a_delete_racing_an_append_leaves_nothing_readable_and_no_page(database: Database[Any], deleted: str) -> None:
+    """The session is deleted while a writer appends across a page boundary: after it wrote its page (the
+    delete takes the page with the log), or before it did (the writer's page lands after the delete). Its
+    update matches no document: LeaseLost; it takes its page back; the id started again reads only its own."""
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 60)
+    old = full_tail(store, "s", held)
+    old_log = the_log(database, "s")["events_log"]
+    writer = mongodb.Store(database)
+    writer._event_pages = paused = Paused(  # type: ignore[assignment]
+        writer._event_pages, "insert_many", after=deleted == "after its page")
+    appending = Outcome(lambda: writer.append_events("s", held, note("late", 2), keep=10_000))
+    assert paused.there.wait(30)
+    assert store.delete("s", force=True) is True
+    paused.go.set()
+    assert isinstance(appending.join().error, agent.LeaseLost)
+    assert event_pages(database) == [] and store.events("s", 0, 100) == []
+    # a writer that died with its page just written after the delete leaves it: the new log never reads it
+    database[mongodb.EVENT_PAGES].insert_one({"_id": f"{old_log}:dead", "session": "s", "first": old + 1,
+                                              "texts": note("late")})
+    again = store.acquire("s", agent.Holder("h", 2, "u" * 32, 0.0), 30)
+    new = store.append_events("s", again, note("new"), keep=100)
+    assert new > old + 1 and [e.data["tag"] for e in store.events("s", 0, 100)] == ["new"]
+    assert [e.data["tag"] for e in store.events("s", old, 100)] == ["new"]
 
 
-class DiesBeforeInserting:
+def test_deletes_racing_free_running_appenders_leave_no_page(database: Database[Any]) -> None:
+    """Real threads, no pause: appenders writing pages (batches of 5, keep 40: the cap drops pages as they
+    go) while the session is deleted under them, ten times over."""
+    drop(database)
+    store = mongodb.Store(database)
+    for round_ in range(10):
+        held = store.acquire("s", agent.Holder("h", round_, uuid.uuid4().hex, 0.0), 60)
+        store.append_events("s", held, note("first"), keep=40)
+        runs = [Outcome(functools.partial(append_until_lost, mongodb.Store(database), held)) for _ in range(2)]
+        time.sleep(0.05 + 0.02 * round_)
+        assert store.delete("s", force=True) is True
+        for run in runs:
+            assert isinstance(run.join().error, agent.LeaseLost), run.error
+        assert store.events("s", 0, 100) == [] and event_pages(database) == []
+
+
+def append_until_lost(store: mongodb.Store, held: agent.Holder) -> None:
+    while True:
+        store.append_events("s", held, note("go", 5), keep=40)
+
+
+def test_the_cap_drops_whole_pages_in_the_same_write(database: Database[Any]) -> None:
+    with counting_writes(database) as (store, writes):
+        held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+        for i in range(10):
+            last = store.append_events("s", held, note(f"a{i}", 10), keep=1000)
+        before = named_pages(database, "s")
+        assert len(before) == 3 and len(the_log(database, "s")["events_tail"]) == 4
+        writes.commands.clear()
+        last = store.append_events("s", held, note("b", 31), keep=40)  # overflows: a planned write
+        assert writes.commands == ["findAndModify", "insert", "findAndModify", "delete"]
+        log = the_log(database, "s")
+        assert log["events_from"] == last - 39 and log["events_last"] == last
+        after = named_pages(database, "s")
+        assert after[0] == before[2] and len(after) == 2  # the two wholly below the cap are gone
+        assert event_pages(database) == sorted(after)
+        kept = store.events("s", 0, 1000)
+        assert consecutive(kept) == list(range(last - 39, last + 1))
+        writes.commands.clear()
+        last = store.append_events("s", held, note("c", 2), keep=5)  # the tail has room: one update, capped
+        assert writes.commands == ["findAndModify"]
+        assert [e.seq for e in store.events("s", 0, 1000)] == list(range(last - 4, last + 1))
+
+
+def test_a_reader_racing_the_cap_reads_again_and_never_sees_a_hole(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 60)
+    store.append_events("s", held, note("first"), keep=50)
+    writing = Outcome(lambda: [store.append_events("s", held, note(f"w{i}", 7), keep=50) for i in range(120)])
+    reader = mongodb.Store(database)
+    reads = 0
+    while writing.thread.is_alive():
+        got = reader.events("s", 0, 1000)
+        assert 1 <= len(got) <= 50
+        consecutive(got)
+        reads += 1
+    assert writing.join().error is None and reads > 5
+    assert len(reader.events("s", 0, 1000)) == 50 and len(event_pages(database)) <= 3
+
+
+def test_processes_appending_across_page_boundaries_never_share_a_number(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 120)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, ProcessPoolExecutor(3, mp_context=ctx) as pool:
+        barrier = manager.Barrier(3)
+        reports = list(pool.map(mongo_events_children.appender, ["s"] * 3, [held] * 3, range(3), [15] * 3,
+                                [barrier] * 3, timeout=180))
+    every = store.events("s", 0, 1000)
+    consecutive(every)
+    sizes = {f"{w}-{b}": 1 + (w * 7 + b * 5) % 13 for w in range(3) for b in range(15)}
+    assert len(every) == sum(sizes.values())
+    returned = [n for _, numbers in reports for n in numbers]
+    assert len(set(returned)) == len(returned)
+    for tag, size in sizes.items():  # each batch whole, in one run of numbers, ending at the number returned
+        mine = [e for e in every if e.data["tag"] == tag]
+        assert [e.data["n"] for e in mine] == list(range(size)) and consecutive(mine)[-1] in returned
+    assert event_pages(database) == sorted(named_pages(database, "s"))  # every loser took its page back
+
+
+def test_a_page_that_could_not_be_written_claims_nothing(database: Database[Any]) -> None:
+    drop(database)
+    store = mongodb.Store(database)
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    filled = full_tail(store, "s", held)
+    failing = mongodb.Store(database)
+    failing._event_pages = FailsToInsert(failing._event_pages)  # type: ignore[assignment]
+    with pytest.raises(agent.StoreError, match="append_events of session 's' failed"):
+        failing.append_events("s", held, note("lost", 2), keep=100)
+    assert the_log(database, "s")["events_last"] == filled and event_pages(database) == []
+    again = failing.append_events("s", held, note("again", 2), keep=100)  # the next try goes through
+    assert again == filled + 2 and consecutive(store.events("s", 0, 100))[-1] == again
+
+
+class FailsToInsert:
     def __init__(self, collection: Any) -> None:
-        self.collection = collection
+        self.collection, self.failed = collection, False
 
     def insert_many(self, *args: Any, **kwargs: Any) -> Any:
-        raise Died
+        if not self.failed:
+            self.failed = True
+            raise pymongo.errors.AutoReconnect("the connection dropped")
+        return self.collection.insert_many(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.collection, name)
 
 
-def test_delete_and_prune_drop_the_events_and_a_late_insert_is_never_read(database: Database[Any]) -> None:
+def test_delete_and_prune_take_the_log_and_its_pages(database: Database[Any]) -> None:
     drop(database)
     store = mongodb.Store(database)
     held = store.acquire("s", agent.Holder("h", 1, "a" * 32, 0.0), 30)
-    old = store.append_events("s", held, note("old", 3), keep=100)
+    store.append_events("s", held, note("s", 20), keep=1000)
+    store.append_events("s", held, note("s", 20), keep=1000)
     other = store.acquire("t", agent.Holder("h", 1, "b" * 32, 0.0), 30)
-    store.append_events("t", other, note("t"), keep=100)
+    store.append_events("t", other, note("t", 20), keep=1000)
+    store.append_events("t", other, note("t", 20), keep=1000)
+    assert len(event_pages(database)) == 2
+    t_pages = named_pages(database, "t")
     assert store.delete("s", force=True) is True
-    assert stored_events(database, "s") == [] and len(stored_events(database, "t")) == 1
-    # a writer that claimed before the delete stores its events after it: no log reads them
-    database[mongodb.EVENTS].insert_one({"session": "s", "seq": old + 1, "text": note("late")[0]})
-    again = store.acquire("s", agent.Holder("h", 2, "c" * 32, 0.0), 30)
-    assert store.events("s", 0, 100) == []
-    new = store.append_events("s", again, note("new"), keep=100)
-    assert [e.data["tag"] for e in store.events("s", 0, 100)] == ["new"] and new > old + 1
-    store.release("s", again)
+    assert event_pages(database) == sorted(t_pages) and store.events("s", 0, 100) == []
     store.release("t", other)
     time.sleep(0.05)
-    assert store.prune(idle_for=0.01) == 2
-    assert database[mongodb.EVENTS].count_documents({}) == 0  # the late one too: below the last number given
+    assert store.prune(idle_for=0.01) == 1
+    assert event_pages(database) == []
 
 
-def test_events_ride_in_the_steps_update_and_the_cap_deletes_only_when_reached(database: Database[Any]) -> None:
+def test_the_event_log_needs_no_index_beyond_id(database: Database[Any]) -> None:
     drop(database)
-    writes = Writes()
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(MONGO_URL, event_listeners=[writes])
-    try:
-        store = mongodb.Store(client[DATABASE])
-        held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
-        msgs = [agent.Message.user("go")]
-        store.save_fenced("s", held, msgs, take_steers=True)  # the session has no log yet: the first one begins it
-        msgs.append(agent.Message.assistant("step 1"))
-        store.save_fenced_events("s", held, msgs, take_steers=True, events=note("1", 2), keep=4)
-        for i in range(2, 4):
-            msgs.append(agent.Message.assistant(f"step {i}"))
-            writes.commands.clear()
-            store.save_fenced_events("s", held, msgs, take_steers=True, events=note(str(i)), keep=4)
-            assert writes.commands == ["findAndModify", "insert"]  # the cap is not reached: no delete
-        assert store.messages("s") == msgs
-        assert [e.data["tag"] for e in store.events("s", 0, 100)] == ["1", "1", "2", "3"]
-        writes.commands.clear()
-        store.save_fenced_events("s", held, msgs, take_steers=True, events=note("4"), keep=4)  # nothing to save
-        assert writes.commands == ["findAndModify", "insert", "delete"]
-        assert [e.data["tag"] for e in store.events("s", 0, 100)] == ["1", "2", "3", "4"]
-    finally:
-        client.close()
-
-
-def test_an_insert_that_fails_part_way_takes_back_what_it_stored(database: Database[Any]) -> None:
-    drop(database)
-    store = mongodb.Store(database)
-    held = store.acquire("s", agent.Holder("h", 1, "a" * 32, 0.0), 30)
-    last = store.append_events("s", held, note("a"), keep=100)
-    database[mongodb.EVENTS].insert_one({"session": "s", "seq": last + 3, "text": "in the way"})
-    with pytest.raises(agent.StoreError, match="append_events of session 's' failed"):
-        store.append_events("s", held, note("b", 4), keep=100)  # the third collides: two were stored
-    assert stored_events(database, "s") == [last]
-    again = store.append_events("s", held, note("b", 4), keep=100)
-    assert [e.seq for e in store.events("s", 0, 100)] == [last, *range(again - 3, again + 1)]
-    assert again == last + 8
-
-
-def test_the_event_index_exists_and_is_unique(database: Database[Any]) -> None:
-    drop(database)
-    index = {ix["name"]: ix for ix in database[mongodb.EVENTS].list_indexes()}["session_seq"]
-    assert list(index["key"].items()) == [("session", 1), ("seq", 1)] and index["unique"] is True
+    assert [ix["name"] for ix in database[mongodb.EVENT_PAGES].list_indexes()] in ([], ["_id_"])
+    assert all(collection != mongodb.EVENTS for collection, _, _ in mongodb.INDEXES)
 
 
 class _LeasedAfterTheDelete:

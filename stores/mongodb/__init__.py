@@ -12,7 +12,8 @@ One module per part, read in this order:
 - ``lease.py``: the run lease (acquire, renew, release, holder, cancel, check);
 - ``pages.py``: a transcript's reads and writes, the tail in the session's document and the pages beside
   it; ``layout.py``: what lies where (``Layout``, ``PAGE``), and the version that names it;
-- ``events.py``: the event log (``EventStore``), numbered by the session's document;
+- ``events.py``: the event log (``EventStore``): its events and their numbers in the session's document, the
+  older ones in pages it names; ``eventlayout.py``: what lies where, and the update that claims numbers;
 - ``lifecycle.py``: ``LifecycleStore`` (list, info, metadata, delete, prune, tail, pending steers);
 - ``approvals.py``: ``ApprovalStore``'s journal swap;
 - ``document.py``: what every part writes on the session's document alike; ``base.py``: the collections,
@@ -29,13 +30,17 @@ except ImportError as exc:  # pragma: no cover
         "stores.mongodb requires pymongo. Install it with: pip install 'stored-agent-sessions[mongodb]'"
     ) from exc
 
+from .layout import EVENT_PAGE as EVENT_PAGE
+from .layout import EVENT_PAGE_BYTES as EVENT_PAGE_BYTES
+from .layout import EVENT_TAIL_BYTES as EVENT_TAIL_BYTES
 from .layout import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
 from .layout import PAGE
 from .layout import PAGE_BYTES as PAGE_BYTES
 from .layout import TAIL_BYTES as TAIL_BYTES
 from .layout import Layout as Layout
 from .lifecycle import PRUNE_BATCH as PRUNE_BATCH
-from .schema import COLLECTIONS, EVENTS, INDEXES, PAGES, SESSIONS, create_indexes, upgrade
+from .schema import COLLECTIONS, EVENT_PAGES, EVENTS, INDEXES, PAGES, SESSIONS, create_indexes, upgrade
 from .store import Store
 
-__all__ = ["COLLECTIONS", "EVENTS", "INDEXES", "PAGE", "PAGES", "SESSIONS", "Store", "create_indexes", "upgrade"]
+__all__ = ["COLLECTIONS", "EVENTS", "EVENT_PAGES", "INDEXES", "PAGE", "PAGES", "SESSIONS", "Store", "create_indexes",
+           "upgrade"]

@@ -1,4 +1,4 @@
-"""What every part of the MongoDB store stands on: the caller's ``Database`` and the store's three
+"""What every part of the MongoDB store stands on: the caller's ``Database`` and the store's
 collections, what this process last knew of each transcript (``Known``), the server's clock, and the one
 way a driver's error becomes a ``StoreError``.
 """
@@ -6,10 +6,10 @@ way a driver's error becomes a ``StoreError``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from bson.errors import BSONError
 from pymongo.database import Database
@@ -19,12 +19,14 @@ from agent_sessions import ArgumentError, StoreError
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known
 from .document import aware
-from .schema import EVENTS, PAGES, SESSIONS
+from .eventlayout import Claim
+from .schema import EVENT_PAGES, EVENTS, PAGES, SESSIONS
 
 log = logging.getLogger("stores.mongodb")
 """One logger for all of the store's modules, named after the package (as when it was one module)."""
 
 RETRIES = 1000  # each miss means another writer or taker got there first: progress, never a livelock
+_T = TypeVar("_T")
 
 
 class StoreBase:
@@ -41,7 +43,8 @@ class StoreBase:
         self.database = database
         self._sessions = database[SESSIONS]
         self._pages = database[PAGES]
-        self._events = database[EVENTS]
+        self._events = database[EVENTS]  # the earlier event log, a document per event: read until moved
+        self._event_pages = database[EVENT_PAGES]
         self._known = Known(remember, remember_bytes)
 
     def _waiting(self, session: str) -> list[dict[str, str]]:
@@ -53,6 +56,26 @@ class StoreBase:
     def _server_now(self) -> datetime:
         """The server's clock (``hello`` reports it), the one ``updated`` and lease expiry are on."""
         return aware(self.database.client.admin.command("hello")["localTime"])
+
+    def _committing(
+        self, claim: Claim | None, write: Callable[[], _T], matched: Callable[[_T], bool] = bool
+    ) -> _T:
+        """``write``, the update that commits ``claim`` (when ``matched`` says it did): the event pages it
+        names are inserted first, as nothing reads a page before an update names it; after it, the pages
+        the cap dropped from the list are deleted, or, when it matched nothing, its own pages. Best effort:
+        a page no update names, or that the list no longer names, is never read, and goes with its log."""
+        if claim is None or not (claim.pages or claim.dropped):
+            return write()
+        if claim.pages:
+            self._event_pages.insert_many(claim.pages, ordered=True)
+        done = write()
+        gone = claim.dropped if matched(done) else [p["_id"] for p in claim.pages]
+        if gone:
+            try:
+                self._event_pages.delete_many({"_id": {"$in": gone}})
+            except PyMongoError as exc:
+                log.warning("MongoDB store: event pages %s were not deleted: %s", gone, exc)
+        return done
 
     @contextmanager
     def _failing(self, op: str, session: str | None = None) -> Iterator[None]:

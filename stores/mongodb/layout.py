@@ -1,6 +1,7 @@
 """How a transcript lies in MongoDB: its last few messages in the session's document (the tail, under
 ``PAGE``), the older ones in pages of up to ``PAGE`` messages and ``PAGE_BYTES`` in ``agent_pages``, and the
-version, in the document, that names them (``Layout``).
+version, in the document, that names them (``Layout``). An event log lies the same way (``EVENT_LIMITS``: its
+tail in the document, its pages in ``agent_event_pages``; events.py).
 
 The version is ``"<generation>:<length>:<in pages>:<pages>"``. A rewrite starts a new generation; within one,
 messages only ever follow those committed, and page ``k`` is written once, so a version names one transcript.
@@ -12,6 +13,7 @@ Only what lies where: reading and writing it is ``pages.py``'s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 PAGE = 32
@@ -51,21 +53,48 @@ class Layout:
         return f"{self.generation}:{self.length}:{self.base}:{self.pages}"
 
 
-def overflows(tail: list[str]) -> bool:
-    """Would the document's tail hold too much: ``PAGE`` messages, or more than ``TAIL_BYTES``?"""
-    return len(tail) >= PAGE or sum(len(b) for b in tail) > TAIL_BYTES
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How many items, and bytes, a page and a document's tail hold: the tail stays under ``page`` items and
+    at most ``tail_bytes``; a page holds up to ``page`` items and ``page_bytes`` (or one larger item alone)."""
+
+    page: int
+    page_bytes: int
+    tail_bytes: int
+    size: Callable[[str], int] = len
+
+    def overflows(self, tail: list[str]) -> bool:
+        """Would the tail hold too much: ``page`` items, or more than ``tail_bytes``?"""
+        return len(tail) >= self.page or sum(self.size(b) for b in tail) > self.tail_bytes
+
+    def cut(self, bodies: list[str]) -> tuple[list[list[str]], list[str]]:
+        """Pages from the front of ``bodies`` until what is left fits the tail."""
+        pages: list[list[str]] = []
+        rest = bodies
+        while self.overflows(rest):
+            size, n = 0, 0
+            while n < len(rest) and n < self.page and (n == 0 or size + self.size(rest[n]) <= self.page_bytes):
+                size += self.size(rest[n])
+                n += 1
+            pages.append(rest[:n])
+            rest = rest[n:]
+        return pages, rest
 
 
-def cut(bodies: list[str]) -> tuple[list[list[str]], list[str]]:
-    """Pages from the front of ``bodies`` (each up to ``PAGE`` messages and ``PAGE_BYTES``, or one larger
-    message alone) until what is left fits the tail."""
-    pages: list[list[str]] = []
-    rest = bodies
-    while overflows(rest):
-        size, n = 0, 0
-        while n < len(rest) and n < PAGE and (n == 0 or size + len(rest[n]) <= PAGE_BYTES):
-            size += len(rest[n])
-            n += 1
-        pages.append(rest[:n])
-        rest = rest[n:]
-    return pages, rest
+def utf8_size(text: str) -> int:
+    """The bytes ``text`` takes in BSON (UTF-8): an event is opaque text, not necessarily ASCII."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+MESSAGE_LIMITS = Limits(PAGE, PAGE_BYTES, TAIL_BYTES)
+"""The transcript's: its messages are ASCII JSON, so a character is a byte."""
+
+EVENT_PAGE = 32
+"""Events an event page holds at most; the session document's events tail stays under it."""
+EVENT_PAGE_BYTES = 4 * 2**20
+"""Bytes of event text an event page holds at most (a larger event gets a page of its own)."""
+EVENT_TAIL_BYTES = 256 * 2**10
+"""Bytes of event text the session document's events tail holds at most: every update of the document
+rewrites it (on mongoeco, and in WiredTiger), so it stays small beside the transcript's tail."""
+EVENT_LIMITS = Limits(EVENT_PAGE, EVENT_PAGE_BYTES, EVENT_TAIL_BYTES, utf8_size)
+

@@ -1,7 +1,8 @@
 """``LifecycleStore``, on the session's document: ``created`` and ``updated`` (dates on the server's clock,
 set by the very update that writes the document, so a run's usual step is still one write), ``metadata``
 (its JSON text) and ``tags`` (``"key=<value's JSON>"``, which ``where`` matches, so values compare by their
-JSON form). Deleting the document is the one step that ends a session: its pages and events go after it.
+JSON form). Deleting the document is the one step that ends a session: its pages and its event log's go
+after it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from agent_sessions.contract import Scalar, SessionInfo, SessionPage
 
 from .base import RETRIES
 from .document import STAMP, aware, mark, tags_of
-from .events import LOG
+from .eventlayout import GONE, is_legacy
 from .layout import PAGE, Layout
 from .lease import LEASE, LIVE, NOT_LIVE, holder_of
 from .pages import Pages
@@ -94,7 +95,7 @@ class Lifecycle(Pages):
         with self._failing("delete", session):
             for _ in range(RETRIES):
                 where = {"_id": session} if force else {"_id": session, **NOT_LIVE}
-                doc = self._sessions.find_one_and_delete(where, projection={"version": 1, **LOG})
+                doc = self._sessions.find_one_and_delete(where, projection={"version": 1, **GONE})
                 if doc is not None:
                     self._gone(session, doc)
                     return True
@@ -131,7 +132,7 @@ class Lifecycle(Pages):
                 gone = 0
                 for session in picked:
                     doc = self._sessions.find_one_and_delete({"_id": session, **idle_ones},
-                                                             projection={"version": 1, **LOG})
+                                                             projection={"version": 1, **GONE})
                     if doc is not None:
                         self._gone(session, doc)
                         gone += 1
@@ -188,13 +189,18 @@ class Lifecycle(Pages):
         return bodies[-last:]
 
     def _gone(self, session: str, doc: dict[str, Any]) -> None:
-        """After the session's document was deleted: its pages, which nothing names any more, and its
-        events, up to the last number its log gave (a log begun since numbers above it: never those)."""
+        """After the session's document was deleted: its pages, which nothing names any more, and its event
+        log's pages, every one whose id starts with the log's (those no update named too; a log begun since
+        is another). A log of the earlier layout, or one moved out of it: its documents in ``agent_events``,
+        up to the last number it gave there (a log begun since numbers above it: never those)."""
         self._known.forget(session)
         if "version" in doc:
             self._drop_pages(doc["version"])
-        if "events_last" in doc:
-            self._events.delete_many({"session": session, "seq": {"$lte": int(doc["events_last"])}})
+        if "events_log" in doc:
+            self._event_pages.delete_many({"_id": {"$regex": f"^{re.escape(doc['events_log'])}:"}})
+        legacy = doc["events_last"] if is_legacy(doc) else doc.get("events_legacy")
+        if legacy is not None:
+            self._events.delete_many({"session": session, "seq": {"$lte": int(legacy)}})
 
 
 def _messages(session: str, bodies: Sequence[str]) -> list[Message]:

@@ -5,8 +5,8 @@ document. Messages are kept as JSON strings, not sub-documents, so a model's too
 byte for byte.
 
 An append costs the same at 10 messages as at 10,000: it rewrites at most the tail. The update that writes
-also drops the journal, takes the steers it is told to, sets ``updated``, and may claim numbers of the
-event log (events.py).
+also drops the journal, takes the steers it is told to, sets ``updated``, and may store events of the
+event log with their numbers (a ``Claim``: eventlayout.py, events.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from agent_sessions import Message, StoreError
 from .._known import common_prefix
 from .base import StoreBase
 from .document import STAMP, TOUCH
-from .events import LOG, NO_LOG, Log
-from .layout import Layout, cut, overflows
+from .eventlayout import Claim, guarded
+from .layout import MESSAGE_LIMITS, Layout
 
 
 class Pages(StoreBase):
@@ -38,82 +38,84 @@ class Pages(StoreBase):
         items: tuple[Message, ...],
         guard: dict[str, Any],
         pull: Sequence[str] = (),
-        claim: int = 0,
-    ) -> Log | None:
-        """Write ``items`` as the known transcript plus what follows it; the event log's numbers after it
-        (``claim`` more taken, by ``$inc``: ``guard`` then requires ``events_last``), or ``None`` when the
-        stored transcript is no longer the known one (or ``items`` does not extend it). A page
-        already taken by other messages (a writer that lost a race, was refused, or died after writing it)
-        makes it a rewrite into a new generation, under the same guard. The same update drops the journal,
-        takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step stays one write."""
+        claim: Claim | None = None,
+    ) -> bool:
+        """Write ``items`` as the known transcript plus what follows it, and the events of ``claim``; ``False``
+        when the stored transcript is no longer the known one (or ``items`` does not extend it), or the guards
+        no longer match. A page already taken by other messages (a writer that lost a race, was refused, or
+        died after writing it) makes it a rewrite into a new generation, under the same guard. The same update
+        drops the journal, takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step
+        stays one write (a pipeline's when it claims events: the cap is an expression)."""
         version, old = known
         length = len(old)
         if common_prefix(old, items) < length:
-            return None
+            return False
         layout = Layout.of(version)
         tail = _bodies(items[layout.base:])
-        if overflows(tail):  # the tail fills pages: write them first, as no version reaches them yet
-            pages, rest = cut(tail)
+        pushed: list[str] | None = None  # onto the tail, or the tail replaced by ``rest``
+        rest: list[str] = []
+        if MESSAGE_LIMITS.overflows(tail):  # the tail fills pages: write them first, as no version reaches them yet
+            pages, rest = MESSAGE_LIMITS.cut(tail)
             if not self._put_pages(layout.generation, layout.pages, pages, fresh=False):
                 return self._rewrite(session, items, {**guard, "_id": session, "version": version}, pull, claim)
             layout = Layout(layout.generation, len(items), layout.base + len(tail) - len(rest),
                             layout.pages + len(pages))
-            change: dict[str, Any] = {"$set": {"tail": rest}}
         else:
             layout = Layout(layout.generation, len(items), layout.base, layout.pages)
-            change = {"$push": {"tail": {"$each": tail[length - layout.base:]}}}
+            pushed = tail[length - layout.base:]
         new_version = layout.version()
-        change.setdefault("$set", {})["version"] = new_version
-        change.update({"$unset": {"journal": ""}, "$currentDate": TOUCH})
-        if pull:
-            change["$pull"] = {"steers": {"id": {"$in": list(pull)}}}
         where = {**guard, "_id": session, "version": version}
-        if claim:
-            change["$inc"] = {"events_last": claim}
-            after = self._sessions.find_one_and_update(where, change, projection=LOG,
-                                                       return_document=ReturnDocument.AFTER)
-            if after is None:
-                return None
-            log_after = Log.of(after)
-        elif self._sessions.update_one(where, change).matched_count != 1:
-            return None
+        if claim is None:
+            change: dict[str, Any] = {"$set": {"version": new_version}, "$unset": {"journal": ""},
+                                      "$currentDate": TOUCH}
+            if pushed is None:
+                change["$set"]["tail"] = rest
+            else:
+                change["$push"] = {"tail": {"$each": pushed}}
+            if pull:
+                change["$pull"] = {"steers": {"id": {"$in": list(pull)}}}
+            written = self._sessions.update_one(where, change).matched_count == 1
         else:
-            log_after = NO_LOG
-        self._known.put(session, new_version, items)
-        return log_after
+            fields: dict[str, Any] = {
+                "tail": {"$literal": rest} if pushed is None else
+                {"$concatArrays": [{"$ifNull": ["$tail", []]}, {"$literal": pushed}]},
+                "version": {"$literal": new_version}, "journal": "$$REMOVE", "updated": "$$NOW", **claim.fields}
+            if pull:
+                fields["steers"] = _without(pull)
+            written = self._committing(
+                claim, lambda: self._sessions.update_one(guarded(where, claim), [{"$set": fields}]).matched_count == 1)
+        if written:
+            self._known.put(session, new_version, items)
+        return written
 
     def _rewrite(
         self, session: str, items: tuple[Message, ...], guard: dict[str, Any], pull: Sequence[str] = (),
-        claim: int = 0,
-    ) -> Log | None:
-        """Write ``items`` as a new generation and point the session at it, if ``guard`` still matches;
-        the event log's numbers after it (``claim`` more taken: ``guard`` then requires ``events_last``), or
-        ``None``. A pipeline update, since it may create the session (``created`` on the server's clock); it
-        drops the journal and takes the steers whose ids are ``pull``."""
+        claim: Claim | None = None,
+    ) -> bool:
+        """Write ``items`` as a new generation and point the session at it, with the events of ``claim``, if
+        ``guard`` still matches. A pipeline update, since it may create the session (``created`` on the
+        server's clock); it drops the journal and takes the steers whose ids are ``pull``."""
         version, tail = self._new_generation(_bodies(items))
         fields: dict[str, Any] = {"version": {"$literal": version}, "tail": {"$literal": tail},
-                                  "journal": "$$REMOVE", **STAMP}
-        if pull:  # mongoeco knows no $not: "not in" is $in compared with false
-            fields["steers"] = {"$filter": {"input": {"$ifNull": ["$steers", []]},
-                                            "cond": {"$eq": [{"$in": ["$$this.id", list(pull)]}, False]}}}
-        if claim:
-            fields["events_last"] = {"$add": ["$events_last", claim]}
+                                  "journal": "$$REMOVE", **STAMP, **(claim.fields if claim else {})}
+        if pull:
+            fields["steers"] = _without(pull)
         upsert = guard == {"_id": session}
-        before = self._sessions.find_one_and_update(
-            {**guard, "_id": session}, [{"$set": fields}], projection={"version": 1, **LOG}, upsert=upsert,
+        before = self._committing(claim, lambda: self._sessions.find_one_and_update(
+            guarded({**guard, "_id": session}, claim), [{"$set": fields}], projection={"version": 1}, upsert=upsert,
             return_document=ReturnDocument.BEFORE,
-        )
+        ), lambda found: found is not None or upsert)
         if before is None and not upsert:
             self._drop_pages(version)
-            return None
+            return False
         self._known.put(session, version, items)
         if before is not None and "version" in before:
             self._drop_pages(before["version"])
-        return Log.of(before, claim) if claim and before is not None else NO_LOG
+        return True
 
     def _new_generation(self, bodies: list[str]) -> tuple[str, list[str]]:
         """Write ``bodies`` as the pages of a new generation; its version and the tail left over."""
-        pages, tail = cut(bodies) if overflows(bodies) else ([], bodies)
+        pages, tail = MESSAGE_LIMITS.cut(bodies) if MESSAGE_LIMITS.overflows(bodies) else ([], bodies)
         generation = uuid.uuid4().hex
         self._put_pages(generation, 0, pages, fresh=True)
         return Layout(generation, len(bodies), len(bodies) - len(tail), len(pages)).version(), tail
@@ -168,3 +170,10 @@ class Pages(StoreBase):
 
 def _bodies(msgs: Sequence[Message]) -> list[str]:
     return [m.to_json() for m in msgs]
+
+
+def _without(pull: Sequence[str]) -> dict[str, Any]:
+    """The steers but those whose ids are ``pull``, in a pipeline (mongoeco knows no $not: "not in" is $in
+    compared with false)."""
+    return {"$filter": {"input": {"$ifNull": ["$steers", []]},
+                        "cond": {"$eq": [{"$in": ["$$this.id", list(pull)]}, False]}}}

@@ -1,8 +1,8 @@
 """The collections, and what the caller's migration runs: ``create_indexes`` (the indexes beyond ``_id``
 that the store's queries use) and, for a database written by an older version, ``upgrade``.
 
-Every query of a run is by ``_id``; listing and pruning walk ``(updated, _id)``; the event log reads and
-deletes by ``(session, seq)``.
+Every query of a run is by ``_id`` (the event log's pages too: the session's document names them);
+listing and pruning walk ``(updated, _id)``.
 """
 
 from __future__ import annotations
@@ -12,25 +12,28 @@ from typing import Any
 from pymongo.collection import Collection
 from pymongo.database import Database
 
-from agent_sessions import lifecycle
+from agent_sessions import StoreError, lifecycle
 
 from .document import tags_of
+from .eventlayout import upgrade_log
 
 SESSIONS = "agent_sessions"
 PAGES = "agent_pages"
+EVENT_PAGES = "agent_event_pages"
 EVENTS = "agent_events"
-COLLECTIONS = (SESSIONS, PAGES, EVENTS)
+"""The earlier event log, one document per event: read until ``upgrade`` (or the session's next write of events)
+moves a log into pages, and dropped by ``upgrade``."""
+COLLECTIONS = (SESSIONS, PAGES, EVENT_PAGES, EVENTS)
+_TRIES = 100
 
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     (SESSIONS, [("updated", -1), ("_id", -1)], {"name": "updated_id"}),
     (SESSIONS, [("tags", 1), ("updated", -1), ("_id", -1)], {"name": "tags_updated_id"}),
-    (EVENTS, [("session", 1), ("seq", 1)], {"name": "session_seq", "unique": True}),
 ]
 """(collection, keys, options) for each index beyond ``_id`` the store's queries use: ``updated_id`` for
 ``list_sessions`` newest first (keyset pages on ``(updated, _id)``) and for ``prune`` (oldest first, a
-range on ``updated``); ``tags_updated_id``, multikey, for a listing filtered by metadata (``where``);
-``session_seq`` for reading a session's events in order and deleting them by range, and, unique, so no two
-events of a session ever share a number."""
+range on ``updated``); ``tags_updated_id``, multikey, for a listing filtered by metadata (``where``). The
+event log needs none: its pages are read and deleted by ``_id``."""
 
 
 def create_indexes(database: Database[Any]) -> None:
@@ -40,11 +43,15 @@ def create_indexes(database: Database[Any]) -> None:
 
 
 def upgrade(database: Database[Any]) -> None:
-    """Bring a database written by agent-sessions 0.1 up to date, for the caller's migration: leases
-    (``agent_runs``) and tool journals (``agent_journals``) move onto their session's document, where one
-    update both checks a run's lease and writes. Safe to run again. Run it with no run in flight: a lease
-    moves with epoch 1, which no run of the old version carries. 0.3's event log needs only its index
-    (``agent_events``' ``session_seq``): a session's first claim starts its log."""
+    """Bring a database written by an older agent-sessions up to date, for the caller's migration. Safe to
+    run again. Run it with no run in flight: a lease moves with epoch 1, which no run of the old version
+    carries, and a log moves as it was read.
+
+    - 0.1: leases (``agent_runs``) and tool journals (``agent_journals``) move onto their session's
+      document, where one update both checks a run's lease and writes;
+    - 0.2: the lifecycle's fields (``_backfill_lifecycle``);
+    - the earlier event log, one document per event in ``agent_events``: each session's log moves into pages
+      (``eventlayout.upgrade_log``, numbers kept), then ``agent_events`` is dropped."""
     sessions = database[SESSIONS]
     for doc in database["agent_journals"].find():
         sessions.update_one({"_id": doc["_id"]}, {"$set": {"journal": doc["body"]}}, upsert=True)
@@ -58,9 +65,17 @@ def upgrade(database: Database[Any]) -> None:
     database.drop_collection("agent_journals")
     database.drop_collection("agent_runs")
     _backfill_lifecycle(sessions)
-    for collection, keys, options in INDEXES:  # the event log's unique index, which no two seqs may break
-        if collection == EVENTS:
-            database[collection].create_index(keys, **options)
+    old_logs = [doc["_id"] for doc in sessions.find({"events_last": {"$exists": True},
+                                                     "events_log": {"$exists": False}}, {"_id": 1})]
+    for session in old_logs:
+        for _ in range(_TRIES):
+            if upgrade_log(sessions, database[EVENT_PAGES], database[EVENTS], session):
+                break
+        else:  # something keeps appending to it the old way: its events would be lost with agent_events
+            raise StoreError(f"MongoDB upgrade: the event log of session {session!r} kept changing while it "
+                             "was moved: is a run of the older version still writing?")
+    database.drop_collection(EVENTS)  # what is left there no log reads: moved, capped, or of a deleted session
+    sessions.update_many({"events_legacy": {"$exists": True}}, {"$unset": {"events_legacy": ""}})
 
 
 def _backfill_lifecycle(sessions: Collection[Any]) -> None:

@@ -35,7 +35,8 @@ from .._known import common_prefix
 from .approvals import Approvals
 from .base import RETRIES
 from .document import STAMP, TOUCH, mark
-from .events import HAS_LOG, NO_LOG, EventLog, Log, claiming
+from .eventlayout import NOT_THE_LOG, blind
+from .events import EventLog
 from .layout import MAX_MESSAGE_BYTES
 from .lease import Lease, lost
 from .lifecycle import Lifecycle
@@ -54,14 +55,14 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
         validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
         with self._failing("save", session):
-            if known is None or self._append(session, known, items, {}) is None:
+            if known is None or not self._append(session, known, items, {}):
                 self._rewrite(session, items, {"_id": session})
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
         with self._failing("messages", session):
             for _ in range(RETRIES):
-                doc = self._sessions.find_one({"_id": session}, {"steers": 0})
+                doc = self._sessions.find_one({"_id": session}, {"steers": 0, **NOT_THE_LOG})
                 if doc is None or "version" not in doc:  # never saved (a document may hold only steers)
                     return []
                 bodies = self._bodies(doc)
@@ -107,33 +108,34 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         cancelled, and (when taking steers) no steer waits. Otherwise the document is read, the fence and
         the stored transcript checked, and the steers pulled and the transcript holding them written in one
         update, guarded on the lease, the version and those steers still being there."""
-        return self._save_fenced(session, holder, msgs, take_steers, replace, 0)[0]
+        return self._save_fenced(session, holder, msgs, take_steers, replace)
 
     def _save_fenced(
-        self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool, claim: int
-    ) -> tuple[Saved, Log]:
-        """``save_fenced``, whose one update of the session's document also claims ``claim`` numbers of its
-        event log (``$inc`` of ``events_last``; the guard then needs the log to have begun, and the read path
-        begins it, a write that claims nothing). Returns what was saved and the log's numbers after it."""
+        self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool,
+        events: Sequence[str] = (), keep: int = 0,
+    ) -> Saved:
+        """``save_fenced``, whose one update of the session's document also stores ``events`` in its event
+        log and claims their numbers, the cap ``keep`` applied (a ``Claim``: pushed onto the log's tail in
+        the usual step, planned on the document read when the tail is full)."""
         validate.session_id(session)
         known = self._known.get(session)
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())  # checks what is new
         validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
-        fence: dict[str, Any] = {"token": holder.token, "epoch": holder.epoch, **(HAS_LOG if claim else {})}
+        fence: dict[str, Any] = {"token": holder.token, "epoch": holder.epoch}
         with self._failing("save", session):
-            if known is not None and not replace and len(items) > len(known[1]):
+            claim = blind(events, keep) if events else None
+            if known is not None and not replace and len(items) > len(known[1]) and (claim or not events):
                 guard = {**fence, "cancelled": False, **(_NO_STEER if take_steers else {})}
-                log_after = self._append(session, known, items, guard, claim=claim)
-                if log_after is not None:
-                    return Saved([], False), log_after
+                if self._append(session, known, items, guard, claim=claim):
+                    return Saved([], False)
             for _ in range(RETRIES):
-                doc = self._sessions.find_one({"_id": session})
+                doc = self._sessions.find_one({"_id": session}, None if events else NOT_THE_LOG)
                 if doc is None or doc.get("token") != holder.token or doc.get("epoch") != holder.epoch:
                     raise lost(session, holder, doc)
-                if claim and "events_last" not in doc:
-                    self._sessions.update_one({"_id": session, "token": holder.token, "epoch": holder.epoch},
-                                              [{"$set": claiming(0)}])
-                    continue  # the log begun (by this write or another): read again
+                if events:
+                    claim = self._log_claim(session, {"_id": session, **fence}, doc, events, keep)
+                    if claim is None:
+                        continue  # the log begun, or moved out of agent_events (by this write or another): read again
                 stored = 0 if replace else self._stored_prefix(session, doc, items)
                 if stored is None:
                     continue  # a rewrite removed the pages between the two reads
@@ -141,24 +143,23 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
                 saved = items + tuple(Message.user(w["text"]) for w in waiting)
                 done = Saved([w["text"] for w in waiting], bool(doc.get("cancelled")))
                 where: dict[str, Any] = {**fence}
-                if not replace and stored == len(saved):  # nothing to write but the claim, if any
-                    if not claim:
-                        return done, NO_LOG
+                if not replace and stored == len(saved):  # nothing to write but the events, if any
+                    if claim is None:
+                        return done
                     where["version"] = doc["version"] if "version" in doc else {"$exists": False}
-                    log_after = self._claim({**where, "_id": session, **(_NO_STEER if take_steers else {})}, claim)
-                    if log_after is not None:
-                        return done, log_after
-                    continue  # the transcript, its steers or the lease changed since the read
+                    if self._claim({**where, "_id": session, **(_NO_STEER if take_steers else {})}, claim) is not None:
+                        return done
+                    continue  # the transcript, its steers, the log or the lease changed since the read
                 pull = [w["id"] for w in waiting]
                 if waiting:
                     where.update(_taking(session, waiting)[0])
                 if "version" in doc and not replace:
-                    log_after = self._append(session, (doc["version"], items[:stored]), saved, where, pull, claim)
+                    written = self._append(session, (doc["version"], items[:stored]), saved, where, pull, claim)
                 else:
                     where["version"] = doc["version"] if "version" in doc else {"$exists": False}
-                    log_after = self._rewrite(session, saved, {**where, "_id": session}, pull, claim)
-                if log_after is not None:
-                    return done, log_after
+                    written = self._rewrite(session, saved, {**where, "_id": session}, pull, claim)
+                if written:
+                    return done
         raise StoreError(f"MongoDB store: save of session {session!r} kept racing with other takers")
 
     def _stored_prefix(self, session: str, doc: dict[str, Any], items: tuple[Message, ...]) -> int | None:
@@ -182,7 +183,7 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         with self._failing("fork", source):
             bodies = None
             for _ in range(RETRIES):
-                doc = self._sessions.find_one({"_id": source}, {"steers": 0})
+                doc = self._sessions.find_one({"_id": source}, {"steers": 0, **NOT_THE_LOG})
                 if doc is None or "version" not in doc:
                     raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
                 bodies = self._bodies(doc)
