@@ -12,6 +12,8 @@ Every other protocol is an optional capability a store may add, each a sub-proto
   are stored (docs/runs/approvals.md).
 - ``EventStore`` (and the optional ``EventWaiter``): a durable log of each session's events
   (docs/runs/events.md).
+- ``CancelWatcher``: a RunStore that pushes a cancel to the process holding the lease, so a run checks
+  before an idempotent tool without a round trip (docs/runs/leases.md).
 
 Each method is one atomic step; the logic around them (when to take a lease, what a journal means, the
 checks every store makes on its arguments) lives in the library, once, in the module of its capability
@@ -35,6 +37,8 @@ from .values import Decision, Holder, PendingApproval, Saved, Scalar, SessionInf
 
 __all__ = [
     "ApprovalStore",
+    "CancelWatch",
+    "CancelWatcher",
     "Decision",
     "EventStore",
     "EventWaiter",
@@ -139,6 +143,48 @@ class RunStore(Store, Protocol):
         ``target``, atomically; steers, journal and lease stay behind. ``ArgumentError`` when ``source`` has
         no transcript, ``at`` is outside ``0..len``, or (unless ``allow_unanswered``) message ``at - 1`` has
         tool calls (``validate.fork_cut``); ``SessionExists`` when ``target`` has one."""
+
+
+# -- cancels pushed to the holder ------------------------------------------------------------------------------
+
+
+class CancelWatch(Protocol):
+    """One run's watch of its lease for cancels (``CancelWatcher.watch_cancel``), asked by that run alone."""
+
+    def listening(self) -> object | None:
+        """Asked immediately before each read the run makes of its cancel flag (a fenced save, a journal
+        write, ``check``): a value naming the store's listening as it is now, equal for as long as it goes
+        on without a break and never again after one (a new connection, say); ``None`` while the store
+        does not listen. Whatever it names must have been listening already: every cancel of the session
+        committed from now on is pushed to it."""
+
+    def cancelled(self, since: object | None) -> bool | None:
+        """``True`` when a cancel of this lease (its session and epoch) was pushed to this process since
+        the watch began. ``False`` when none was, ``since`` (a value of ``listening``) is not ``None`` and
+        the listening it names goes on, and nothing else heard asks for a read (a cancel of a later
+        lease of the session: this one passed on). ``None`` otherwise: the run reads the flag."""
+
+    def close(self) -> None:
+        """The run returns: forget the watch."""
+
+
+@runtime_checkable
+class CancelWatcher(RunStore, Protocol):
+    """A RunStore that pushes a cancel to the process whose run holds the lease (PostgreSQL: NOTIFY on the
+    cancel's commit, heard by the store's LISTEN connection), so the check before an idempotent tool reads
+    a flag in this process instead of the lease. Optional, checked once per run: without it the run reads
+    the lease (``check``) before each idempotent tool. It never stands in for a write's own check: the
+    journal write before a non-idempotent tool still reads the flag atomically with its write.
+
+    The run relies on this (``persistence.Leased``): it reads nothing before an idempotent tool when the
+    last read of its flag found none, and the watch then answers ``False`` with the ``listening()`` taken
+    just before that read. So every ``cancel`` (and whatever else sets the flag) must push to the
+    listeners after it commits, never before; a cancel that could not be pushed must leave the listening
+    broken, so the run reads."""
+
+    def watch_cancel(self, session: str, holder: Holder) -> CancelWatch:
+        """Begin keeping, in this process, whether a cancel of ``holder``'s lease of ``session`` was
+        pushed here (and start listening, if the store is not yet); the run closes it when it returns."""
 
 
 # -- a session: one conversation of a store --------------------------------------------------------------------

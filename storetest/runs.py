@@ -11,13 +11,16 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 import agent_sessions as agent
 from agent_sessions import Content, Holder, Message, Role, RunStore, Store
+from agent_sessions.contract import CancelWatcher
 from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.run.react import CANCELLED
 
@@ -61,6 +64,27 @@ def _join(threads: list[threading.Thread], timeout: float = 120) -> None:
 def assert_no_orphans(msgs: list[Message]) -> None:
     orphans = agent.orphaned_tool_calls(msgs)
     assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
+
+
+@contextmanager
+def _hearing(store: RunStore, sid: str) -> Iterator[None]:
+    """Around a cancel of ``sid``'s run made from elsewhere: where ``store`` pushes cancels to this process
+    (``CancelWatcher``) and listens, wait (bounded) until the cancel has been heard here, which is when the
+    check before an idempotent tool is promised to see it (docs/runs/leases.md). A store that does not
+    listen yet leaves the run to read its flag: nothing to wait for."""
+    holder = store.holder(sid) if isinstance(store, CancelWatcher) else None
+    if holder is None:
+        yield
+        return
+    watch = cast(CancelWatcher, store).watch_cancel(sid, holder)
+    try:
+        listening = watch.listening()
+        yield
+        if listening is not None:
+            wait_for(lambda: watch.cancelled(None) is True or watch.listening() != listening,
+                     "the cancel to be heard in this process", 30)
+    finally:
+        watch.close()
 
 
 def another_holder_sees(store: RunStore, sid: str, holder: agent.Holder) -> bool:
@@ -433,9 +457,11 @@ class RunStoreContract:
 
         @agent.tool
         def first(n: int) -> str:
-            """Runs, then cancels its own run from elsewhere."""
+            """Runs, then cancels its own run from elsewhere (and, where the store pushes the cancel, returns
+            once this process has heard it: the bound of the check before an idempotent tool)."""
             ran.append("first")
-            assert agent.open(sid, self.another(store)).cancel() is True
+            with _hearing(store, sid):
+                assert agent.open(sid, self.another(store)).cancel() is True
             return "first done"
 
         @agent.tool
@@ -453,6 +479,29 @@ class RunStoreContract:
         results = {c.tool_call_id: c for c in stored[-1].content}
         assert results["call_0_0"].text == "first done" and not results["call_0_0"].is_error
         assert results["call_0_1"].is_error and results["call_0_1"].text == CANCELLED
+
+    def test_a_store_that_pushes_cancels_tells_the_watch_of_the_cancelled_lease_alone(self) -> None:
+        """``contract.CancelWatcher``: a watch answers ``False`` while it listens and heard nothing, ``None``
+        with nothing to go by, and ``True`` once a cancel of its lease (from another store object) was
+        pushed; a cancel of another session's lease leaves it as it was."""
+        store = self.run_store()
+        if not isinstance(store, CancelWatcher):
+            pytest.skip("the store does not push cancels (agent_sessions.contract.CancelWatcher)")
+        sid, other = _sid("push-"), _sid("push-other-")
+        mine = store.watch_cancel(sid, store.acquire(sid, _claimant(), 30))
+        theirs = store.watch_cancel(other, store.acquire(other, _claimant(), 30))
+        try:
+            wait_for(lambda: mine.listening() is not None, "the store to listen", 30)
+            since = mine.listening()
+            assert mine.cancelled(since) is False and mine.cancelled(None) is None
+            assert self.another(store).cancel(other) is True
+            wait_for(lambda: theirs.cancelled(None) is True, "the other session's cancel to be pushed", 30)
+            assert mine.cancelled(since) is False
+            assert self.another(store).cancel(sid) is True
+            wait_for(lambda: mine.cancelled(since) is True, "the cancel to be pushed", 30)
+        finally:
+            mine.close()
+            theirs.close()
 
     # -- journal and orphans ---------------------------------------------------------------------------
 

@@ -19,6 +19,8 @@ from typing import Protocol, cast
 from .. import approvals
 from ..contract import (
     ApprovalStore,
+    CancelWatch,
+    CancelWatcher,
     EventStore,
     LifecycleStore,
     PendingApproval,
@@ -159,9 +161,9 @@ class Kept(_NotKept):
 class Leased:
     """A session over a RunStore. Per step: one fenced save before the request (which takes the steers and
     reports a cancel); before each tool call a cancel check, which for a non-idempotent tool is the journal
-    write recording that it started (and carrying the results so far); after a non-idempotent tool that is
-    not the reply's last call, a journal write of its result. Every other result rides with the next
-    write."""
+    write recording that it started (and carrying the results so far), and for an idempotent one a read of
+    the lease, unless the store pushes cancels (``_cancelled``); after a non-idempotent tool that is not the
+    reply's last call, a journal write of its result. Every other result rides with the next write."""
 
     saves = True
 
@@ -192,12 +194,26 @@ class Leased:
         self.publish = spec.publish_events
         self.events_kept = spec.events_kept
         self.publisher: Publisher | None = None
+        self.pushes = isinstance(self.store, CancelWatcher)
+        """Checked once per run: the store pushes cancels to this process (``_cancelled``)."""
+        self.watch: CancelWatch | None = None
+        self.since: object | None = None
+        """What ``watch.listening()`` said immediately before the run's last read of its cancel flag, if that
+        read found none; ``None`` otherwise (no watch, no such read yet, or the read found a cancel)."""
 
     def __enter__(self) -> Leased:
         self.lease.__enter__()
+        if self.pushes:  # the watch is of this lease: taken once the lease is
+            try:
+                self.watch = cast(CancelWatcher, self.store).watch_cancel(self.session, self.lease.holder)
+            except BaseException as exc:
+                self.lease.__exit__(type(exc), exc, exc.__traceback__)
+                raise
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if self.watch is not None:
+            self.watch.close()  # no tool starts from here on
         if isinstance(exc, BaseException) and self.unwritten and self.lease.lost is None and not isinstance(
                 exc, LeaseLost):
             self._keep_results()
@@ -403,7 +419,7 @@ class Leased:
             return None
         waiting = [c for c in needing if self.journal.approvals[c.id].decision is None]  # type: ignore[union-attr]
         if waiting:
-            if self.fresh is None and self.store.check(self.session, self.lease.holder):
+            if self.fresh is None and self._check():
                 # A cancel reached this run (session.cancel() found it holding the lease, so did not close
                 # the turn itself): close it here, deciding the undecided calls "cancel" as close_waiting
                 # does, by compare-and-swap, so a concurrent person's decision is kept or refused.
@@ -424,7 +440,7 @@ class Leased:
         assert self.journal is not None
         text = self.journal.to_json()
         if self.journal_text is None:
-            self.fresh = self.store.put_journal(self.session, self.lease.holder, text, unless_cancelled=True)
+            self.fresh = self._put_journal(text, unless_cancelled=True)
             self.journal_text = None if self.fresh else text
             return True
         assert isinstance(self.store, ApprovalStore)
@@ -490,16 +506,44 @@ class Leased:
         assert self.journal is not None
         if tool is not None and not tool.idempotent:
             self.journal.started.append(call.id)
-            cancelled = self.store.put_journal(self.session, self.lease.holder, self.journal.to_json(),
-                                               unless_cancelled=True)
+            cancelled = self._put_journal(self.journal.to_json(), unless_cancelled=True)
             if cancelled:  # nothing was written: the call never starts, and the journal never says it did
                 self.journal.started.pop()
         elif self.fresh is not None:
             cancelled = self.fresh
         else:
-            cancelled = self.store.check(self.session, self.lease.holder)
+            cancelled = self._cancelled()
         self.fresh = None
         return not cancelled
+
+    def _cancelled(self) -> bool:
+        """The check before an idempotent tool. Where the store pushes cancels, what it pushed, when that
+        answers: a cancel of this lease was heard, or none can have been committed since the run's last
+        read of the flag without being heard by the time of asking (``CancelWatcher``, docs/runs/leases.md).
+        Otherwise (a plain RunStore, or the store not listening since before that read) a read of the
+        lease."""
+        if self.watch is not None:
+            pushed = self.watch.cancelled(self.since)
+            if pushed is not None:
+                return pushed
+        return self._check()
+
+    # The run's reads of its cancel flag: each notes what the watch said just before it, for ``_cancelled``.
+
+    def _listening(self) -> object | None:
+        return None if self.watch is None else self.watch.listening()
+
+    def _check(self) -> bool:
+        since = self._listening()
+        cancelled = self.store.check(self.session, self.lease.holder)
+        self.since = None if cancelled else since
+        return cancelled
+
+    def _put_journal(self, text: str, *, unless_cancelled: bool = False) -> bool:
+        since = self._listening()
+        cancelled = self.store.put_journal(self.session, self.lease.holder, text, unless_cancelled=unless_cancelled)
+        self.since = None if cancelled else since
+        return cancelled
 
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
         assert self.journal is not None
@@ -510,7 +554,7 @@ class Leased:
             # Other calls run before the next save: journal this result, so a crash among them replays it
             # rather than call its outcome unknown. After the reply's last call the save comes at once and
             # carries it (or, should the run fail first, ``__exit__`` journals it).
-            self.fresh = self.store.put_journal(self.session, self.lease.holder, self.journal.to_json())
+            self.fresh = self._put_journal(self.journal.to_json())
         else:
             self.unwritten = True
 
@@ -540,6 +584,7 @@ class Leased:
         ride in it."""
         if replace is None:
             replace = self.replace and self.written < 0
+        since = self._listening()
         if self.publisher is None:
             saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers,
                                            replace=replace)
@@ -553,6 +598,7 @@ class Leased:
                 except BaseException:
                     self.publisher.restore(records)
                     raise
+        self.since = None if saved.cancelled else since
         self.written = len(msgs) + len(saved.steers)
         self.unwritten = False
         return saved

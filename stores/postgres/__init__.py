@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, Engine, TextClause, text
+    from sqlalchemy import Connection, Engine, Text, TextClause, cast, func, select, text
     from sqlalchemy.dialects import postgresql
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.schema import CreateIndex
@@ -29,7 +29,7 @@ from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.clock import db_micros, db_now
 from .._sql.tables import events, sessions, tags
-from .listener import CHANNEL, Listener
+from .listener import CANCEL_CHANNEL, CHANNEL, NOT_LISTENING, Listener, NotListening, Watch
 
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 SCHEMA: str = ";\n\n".join(ddl(_DIALECT)) + ";\n"
@@ -132,6 +132,12 @@ def _append_riding(count: int, unsteered: bool, events: int) -> TextClause:
 
 
 _NOTIFY = text(f"SELECT pg_notify('{CHANNEL}', :sid)")
+_MARKED = sql.CANCEL.returning(sessions.c.session_id, sessions.c.epoch).cte("marked")
+_CANCEL = select(
+    func.pg_notify(CANCEL_CHANNEL, cast(_MARKED.c.epoch, Text) + " " + _MARKED.c.session_id)
+).select_from(_MARKED)
+"""``sql.CANCEL`` notifying the holder's process as it commits (``Store.watch_cancel``), in one statement:
+a row when it marked a lease."""
 
 
 @functools.lru_cache(maxsize=4 * sql.MAX_APPEND)
@@ -182,7 +188,11 @@ class Store(SQLStore):
 
     Event logs: an append, and the usual save with its events, are one statement too, which notifies the
     channel ``agent_events``; ``wait_for_events`` listens on it (see listener.py), on a connection of its
-    own that ``close`` closes."""
+    own that ``close`` closes.
+
+    Cancels: ``cancel`` notifies the channel ``agent_cancels`` as it commits, and a leased run of this
+    store watches it on the same connection (``watch_cancel``, ``contract.CancelWatcher``), so its check
+    before an idempotent tool needs no round trip while that connection listens."""
 
     backend = "PostgreSQL"
     raw_statements = True
@@ -201,9 +211,14 @@ class Store(SQLStore):
         return postgresql.insert(sessions).values(session_id=session).on_conflict_do_nothing()
 
     def __init__(
-        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
+        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES,
+        push_cancels: bool = True,
     ) -> None:
+        """``push_cancels=False``: a run reads its cancel flag before each idempotent tool, and never
+        relies on a notification (for an engine whose connections cannot LISTEN: PgBouncer in transaction
+        mode)."""
         super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
+        self._push_cancels = push_cancels
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         # The listener's thread holds the engine, not the store, so a store dropped unclosed is collected,
         # and then stops its thread too.
@@ -266,6 +281,24 @@ class Store(SQLStore):
     def notify(self, conn: Connection, session: str) -> None:
         self.run(conn, _NOTIFY, {"sid": session})
 
+    # -- cancels, pushed to the holder -----------------------------------------------------------------
+
+    def cancel(self, session: str) -> bool:
+        """Mark the lease and, as that commits, notify every process listening (``watch_cancel``)."""
+        validate.session_id(session)
+        marked = self._transaction(
+            "cancel", session, lambda conn: self.run(conn, _CANCEL, {"sid": session}).first(), read_only=True
+        )
+        return marked is not None
+
+    def watch_cancel(self, session: str, holder: Holder) -> Watch | NotListening:
+        """Keep whether a cancel of ``holder``'s lease is heard here (contract.CancelWatcher); starts the
+        listening connection if it is not running (listener.py), which ``close`` stops."""
+        validate.session_id(session)
+        if not self._push_cancels:
+            return NOT_LISTENING
+        return self._listener.watch(session, holder.epoch)
+
     def wait_for_events(self, session: str, after: int, timeout: float) -> bool:
         """Wait for a notification of ``session`` (contract.EventWaiter), at most ``timeout`` seconds."""
         validate.session_id(session)
@@ -282,8 +315,9 @@ class Store(SQLStore):
         return 0 if last is None else int(last)  # type: ignore[call-overload]
 
     def close(self) -> None:
-        """Stop listening for events (the thread and its connection; a later wait starts them again).
-        The engine is the caller's: dispose of it yourself."""
+        """Stop listening for events and cancels (the thread and its connection; a later wait or run starts
+        them again; a run in flight meanwhile reads its cancel flag). The engine is the caller's: dispose of
+        it yourself."""
         self._listener.close()
 
     def after_fork(self) -> None:

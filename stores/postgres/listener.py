@@ -1,10 +1,17 @@
-"""Waking followers of PostgreSQL event logs: one LISTEN connection per store, fanned out to its waiters.
+"""Waking followers of PostgreSQL event logs, and hearing cancels: one LISTEN connection per store, fanned
+out to its waiters and its runs' watches.
 
 Every write of events runs ``pg_notify('agent_events', <session id>)`` in its transaction, so PostgreSQL
 delivers the notification when the events are committed, to every connection listening on the channel.
 A store that has followers keeps one such connection, in one thread, and wakes the threads waiting on the
 notified session (``Store.wait_for_events``). Waits are bounded, and a waiter re-reads the session's last
 number once it knows the listener is live, so a notification sent before it began waiting is not missed.
+
+A cancel runs ``pg_notify('agent_cancels', '<epoch> <session id>')`` in its statement, and the same
+connection listens for it: a run of this process holding that lease (a ``Watch``, ``Store.watch_cancel``)
+then knows without a round trip. What the run may conclude from hearing nothing depends on the connection
+having listened, unbroken, since before its last read of the flag: each connection that LISTENs gets a new
+number (``Watch.listening``), and the number is withdrawn as soon as the connection is known lost.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "agent_events"
 """The channel every event write notifies, its payload the session id."""
+CANCEL_CHANNEL = "agent_cancels"
+"""The channel every cancel notifies, its payload the cancelled lease's epoch, a space and the session id."""
 POLL_SECONDS = 0.5
 """How long the listener thread waits for notifications before it checks whether it should stop."""
 PING_SECONDS = 30.0
@@ -29,8 +38,52 @@ RETRY_MOST = 5.0
 """The longest pause between attempts to reconnect."""
 
 
+class Watch:
+    """One run's watch of its lease (``contract.CancelWatch``): set by the listening thread, read by the run.
+    Single attributes, each read or written whole, so the run's questions take no lock."""
+
+    def __init__(self, listener: Listener, session: str, epoch: int) -> None:
+        self._listener = listener
+        self.session = session
+        self.epoch = epoch
+        self.heard = False
+        """A cancel of this lease was heard."""
+        self.passed = False
+        """A cancel of a later lease of the session was heard: this one passed on (the run reads, and learns
+        it lost the lease)."""
+
+    def listening(self) -> int | None:
+        return self._listener.live
+
+    def cancelled(self, since: object | None) -> bool | None:
+        if self.heard:
+            return True
+        if self.passed or since is None or since != self._listener.live:
+            return None
+        return False
+
+    def close(self) -> None:
+        self._listener.unwatch(self)
+
+
+class NotListening:
+    """The watch of a store made with ``push_cancels=False``: it never listens, so the run always reads."""
+
+    def listening(self) -> None:
+        return None
+
+    def cancelled(self, since: object | None) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+NOT_LISTENING = NotListening()
+
+
 class Listener:
-    """Started by the first wait and stopped by ``close``; a later wait starts it again. ``connect``
+    """Started by the first wait or watch and stopped by ``close``; a later one starts it again. ``connect``
     returns an open psycopg connection this object owns and closes (one the engine made, detached from
     its pool: the engine's connect arguments, not a pooled slot)."""
 
@@ -43,8 +96,14 @@ class Listener:
         """Notifications heard for each session with waiters: a waiter wakes when its count moves."""
         self._outages = 0
         """Connections lost (or closed): every waiter wakes and reads again."""
-        self._listening = False
-        """The current thread's connection LISTENs."""
+        self.live: int | None = None
+        """The number of the current thread's connection while it LISTENs (each gets a new one), unbroken
+        since it began; ``None`` while none does, or from the moment one is known lost."""
+        self.pid: int | None = None
+        """The server process of the connection that listens (``pg_stat_activity.pid``), while ``live``."""
+        self._connections = 0
+        self._watches: dict[str, set[Watch]] = {}
+        """Runs of this process watching their lease, by session."""
         self._stop: threading.Event | None = None
         """Set to stop the current thread; ``None``: no thread (never started, or closed)."""
         self._thread: threading.Thread | None = None
@@ -59,7 +118,7 @@ class Listener:
             seen = (self._woken.get(session, 0), self._outages)
         try:
             with self._cond:
-                live = self._cond.wait_for(lambda: self._listening, min(timeout, OUTAGE_POLL))
+                live = self._cond.wait_for(lambda: self.live is not None, min(timeout, OUTAGE_POLL))
             if arrived():
                 return True
             with self._cond:
@@ -78,11 +137,27 @@ class Listener:
                     del self._waiting[session]
                     self._woken.pop(session, None)
 
+    def watch(self, session: str, epoch: int) -> Watch:
+        """Keep, for a run of this process, whether a cancel of its lease (``epoch``) of ``session`` is heard."""
+        watch = Watch(self, session, epoch)
+        with self._cond:
+            self._start()
+            self._watches.setdefault(session, set()).add(watch)
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        with self._cond:
+            watches = self._watches.get(watch.session)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._watches[watch.session]
+
     def close(self, wait: float = 2.0) -> None:
         """Stop the thread and close its connection (within ``POLL_SECONDS``; joined at most ``wait``)."""
         with self._cond:
             stop, thread, self._stop, self._thread = self._stop, self._thread, None, None
-            self._listening = False
+            self.live = None
             self._cond.notify_all()
         if stop is not None:
             stop.set()
@@ -92,7 +167,8 @@ class Listener:
     def forget(self) -> None:
         """In a forked child: the parent's thread is not here and its connection is the parent's."""
         self._cond = threading.Condition()
-        self._waiting, self._woken, self._listening, self._stop, self._thread = {}, {}, False, None, None
+        self._waiting, self._woken, self._watches, self._stop, self._thread = {}, {}, {}, None, None
+        self.live = None
 
     # -- the thread --------------------------------------------------------------------------------------
 
@@ -111,19 +187,25 @@ class Listener:
                 conn = self._connect()
                 conn.autocommit = True
                 conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute(f"LISTEN {CANCEL_CHANNEL}")
                 with self._cond:
-                    self._listening = self._stop is stop  # a closed listener's thread speaks for nobody
+                    self._connections += 1
+                    if self._stop is stop:  # a closed listener's thread speaks for nobody
+                        self.live, self.pid = self._connections, conn.info.backend_pid
                     self._cond.notify_all()
                 pause = 0.1
                 self._hear(conn, stop)
             except Exception as exc:  # noqa: BLE001 - logged; the thread reconnects
+                if self._stop is stop:
+                    self.live = None  # at once, before anything else: no run relies on a connection known lost
                 if not stop.is_set():
-                    log.warning("PostgreSQL store: listening for events failed (%s: %s); followers poll until it "
-                                "reconnects, in %.1f s", type(exc).__name__, exc, pause)
+                    log.warning("PostgreSQL store: listening for events and cancels failed (%s: %s); followers "
+                                "poll and runs read their cancel flag until it reconnects, in %.1f s",
+                                type(exc).__name__, exc, pause)
             finally:
                 with self._cond:
                     if self._stop is stop:
-                        self._listening = False
+                        self.live = None
                     self._outages += 1
                     self._cond.notify_all()
                 if conn is not None:
@@ -141,7 +223,9 @@ class Listener:
             for note in conn.notifies(timeout=POLL_SECONDS):
                 heard = True
                 with self._cond:
-                    if note.payload in self._waiting:
+                    if note.channel == CANCEL_CHANNEL:
+                        self._cancelled(note.payload)
+                    elif note.payload in self._waiting:
                         self._woken[note.payload] = self._woken.get(note.payload, 0) + 1
                         self._cond.notify_all()
             now = time.monotonic()
@@ -150,3 +234,15 @@ class Listener:
             elif now - quiet_since > PING_SECONDS:
                 conn.execute("SELECT 1")  # raises on a dead line; notifications meanwhile are kept
                 quiet_since = now
+
+    def _cancelled(self, payload: str) -> None:
+        """A cancel was committed: mark the watches of its lease, and those of earlier leases of its session."""
+        epoch, _, session = payload.partition(" ")
+        watches = self._watches.get(session)
+        if not watches or not epoch.isdigit():
+            return
+        for watch in watches:
+            if int(epoch) == watch.epoch:
+                watch.heard = True
+            elif int(epoch) > watch.epoch:
+                watch.passed = True
