@@ -38,7 +38,7 @@ from typing import Any
 
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, Store, Tool
-from agent_sessions.contract import ApprovalStore, EventStore, LifecycleStore, RunStore
+from agent_sessions.contract import ApprovalStore, CancelWatcher, EventStore, LifecycleStore, RunStore
 from agent_sessions.journal import Journal
 
 from .capabilities import Capability
@@ -119,14 +119,16 @@ def now() -> int:
 # -- the store, watched ------------------------------------------------------------------------------------
 
 
-_PROTOCOLS: tuple[type, ...] = (Store, RunStore, ApprovalStore, LifecycleStore, EventStore)
+_PROTOCOLS: tuple[type, ...] = (Store, RunStore, ApprovalStore, LifecycleStore, EventStore, CancelWatcher)
 _METHODS = sorted({n for p in _PROTOCOLS for n, v in vars(p).items() if callable(v) and not n.startswith("_")})
 
 
 class _Watched:
     """Every call goes to the store under test. Noted on the calling thread: when the run last asked the
-    store whether it was cancelled (``check`` and ``put_journal``: a tool starts after one of them), and
-    whether the current operation was refused the lease (it waits for it, or fails with SessionBusy)."""
+    store whether it was cancelled (``check``, ``put_journal`` and the fenced saves, which return the flag:
+    a tool starts after one of them; where the store pushes cancels, ``CancelWatcher``, after the last one
+    with nothing pushed since), and whether the current operation was refused the lease (it waits for it,
+    or fails with SessionBusy)."""
 
     def __init__(self, store: Store, holds: list[Hold] | None = None) -> None:
         self._store = store
@@ -168,6 +170,14 @@ class _Watched:
         return bool(self._store.put_journal(session, holder, journal,  # type: ignore[attr-defined]
                                             unless_cancelled=unless_cancelled))
 
+    def save_fenced(self, session: str, holder: agent.Holder, msgs: Any, **options: Any) -> Any:
+        self._local.checked = now()
+        return self._store.save_fenced(session, holder, msgs, **options)  # type: ignore[attr-defined]
+
+    def save_fenced_events(self, session: str, holder: agent.Holder, msgs: Any, **options: Any) -> Any:
+        self._local.checked = now()
+        return self._store.save_fenced_events(session, holder, msgs, **options)  # type: ignore[attr-defined]
+
     def __repr__(self) -> str:
         return f"watched({self._store!r})"
 
@@ -183,7 +193,7 @@ def _passing(name: str) -> Callable[..., Any]:
 def watched(store: Store, holds: list[Hold] | None = None) -> _Watched:
     """``store`` behind a ``_Watched`` offering exactly the protocol methods ``store`` has (so the library's
     isinstance checks answer as they would for the store itself)."""
-    own = {"acquire", "check", "put_journal", "release"}
+    own = {"acquire", "check", "put_journal", "release", "save_fenced", "save_fenced_events"}
     names = [n for n in _METHODS if callable(getattr(store, n, None))]
     cls = type("Watched", (_Watched,), {n: _passing(n) for n in names if n not in own})
     for name in own - set(names):
