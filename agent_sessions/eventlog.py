@@ -79,9 +79,9 @@ def decode(seq: int, text: str) -> StoredEvent:
 
 
 def digest(message: Message) -> str:
-    """What a pointer checks its message by: a 128-bit BLAKE2b of the message's stored JSON (``to_json``,
-    ASCII), as hex."""
-    return hashlib.blake2b(message.to_json().encode("ascii"), digest_size=16).hexdigest()
+    """What a pointer checks its message by: a 128-bit BLAKE2b of the message's stored JSON (``to_json``;
+    ASCII as this library writes it, anything as a store may hand it back), as hex."""
+    return hashlib.blake2b(message.to_json().encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def pointer(index: int, message: Message) -> dict[str, Any]:

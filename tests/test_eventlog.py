@@ -70,25 +70,37 @@ def test_a_transcript_growing_between_the_two_reads_is_read_again_in_one() -> No
     assert moved == still and _joined(moved)[0] == transcript[1].to_dict()
 
 
+def trouve(n: int) -> str:
+    """Look something up, in French."""
+    return f"trouvé {n}"
+
+
+def _rewritten(message: Message) -> Message:
+    return Message.from_json(json.dumps(message.to_dict(), indent=1, ensure_ascii=False))
+
+
 class ReformattingStore(memory.Store):
-    """Hands back messages whose JSON is not the text written (pretty-printed), as a store keeping them in a
-    JSON column that rewrites them would."""
+    """Hands back messages whose JSON is not the text written (pretty-printed, not ASCII), as a store keeping
+    them in a JSON column that rewrites them would."""
 
     def messages(self, session: str) -> list[Message]:
-        return [Message.from_json(json.dumps(m.to_dict(), indent=1)) for m in super().messages(session)]
+        return [_rewritten(m) for m in super().messages(session)]
 
     def tail(self, session: str, last: int) -> list[Message]:
-        return [Message.from_json(json.dumps(m.to_dict(), indent=1)) for m in super().tail(session, last)]
+        return [_rewritten(m) for m in super().tail(session, last)]
 
 
 def test_a_store_that_does_not_keep_the_json_verbatim_still_joins() -> None:
     store = ReformattingStore()
-    transcript = _run(store)
-    assert store.messages("s")[1].to_json() != transcript[1].to_json()
+    accented = agent.tool(name="grep")(trouve)
+    spec = agent.Spec(session=agent.open("s", store), tools=[accented], publish_events=True)
+    transcript = agent.Runner().run(spec, [Message.user("q")], ToolsThenAnswer(["grep", "grep"])).messages
+    handed = store.messages("s")[2].to_json()
+    assert handed != transcript[2].to_json() and not handed.isascii()
     events = agent.open("s", store).events()
     calls = [eventlog.part(c) for c in transcript[1].tool_calls]
-    assert _joined(events) == [transcript[1].to_dict(), calls[0], {"text": "found 0", "is_error": False}, calls[1],
-                               {"text": "found 1", "is_error": False}, transcript[3].to_dict()]
+    assert _joined(events) == [transcript[1].to_dict(), calls[0], {"text": "trouvé 0", "is_error": False}, calls[1],
+                               {"text": "trouvé 1", "is_error": False}, transcript[3].to_dict()]
 
 
 class NoLifecycle:
