@@ -39,6 +39,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from .contract import EventStore, EventWaiter, LifecycleStore
@@ -84,10 +85,20 @@ def digest(message: Message) -> str:
     return hashlib.blake2b(message.to_json().encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def pointer(index: int, message: Message) -> dict[str, Any]:
-    """An event's ``ref``: the message at ``index`` of the transcript, as the save writing it stores it (a
-    pointer at a call or a result of it adds ``id``, the call's)."""
-    return {"index": index, "digest": digest(message)}
+def pointer(index: int, digested: str, call: str = "") -> str:
+    """An event's ``ref``, as JSON text: ``{"index", "digest"}`` of the message at ``index`` of the transcript
+    (its ``digest``, ``digested``), and ``"id"``, ``call``, for an event about a call of it or its result."""
+    ref = f'{{"index":{index},"digest":"{digested}"'
+    return ref + ',"id":' + encode_basestring_ascii(call) + "}" if call else ref + "}"
+
+
+def encode_pointing(kind: str, data: Mapping[str, Any], ref: str, at: float) -> str:
+    """``encode(kind, data, at)`` with ``data["ref"]`` the ``pointer`` text ``ref``, written directly: a step
+    writes a few of these on the run's path, and ``json.dumps`` cost three times the text. ``data``'s other
+    values are str, int or float, as those of the ``POINTING`` kinds are."""
+    fields = ",".join(f'"{k}":' + (ref if k == "ref" else encode_basestring_ascii(v) if type(v) is str else repr(v))
+                      for k, v in data.items())
+    return f'{{"kind":"{kind}","at":{at!r},"data":{{{fields}}}}}'
 
 
 def part(item: Message | Content) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, StoredEvent, eventlog
 from agent_sessions.contract import EventStore, LifecycleStore, when
@@ -148,11 +150,12 @@ def test_the_publisher_points_only_at_a_message_the_write_stores_and_near_its_en
     finished = Pointing("tool_finished", {"step": 1, "call_id": "c1", "name": "grep", "ref": None, "seconds": 0.25},
                         result)
     msgs = [Message.user("q"), reply, results]
-    refs: dict[int, dict[str, Any]] = {}
-    assert json.loads(event.render(msgs, refs))["data"] == {"step": 1, "ref": eventlog.pointer(1, reply),
-                                                            "seconds": 0.5}
-    assert json.loads(called.render(msgs, refs))["data"]["ref"] == {**refs[1], "id": "c1"}
-    assert json.loads(finished.render(msgs, refs))["data"]["ref"] == {**eventlog.pointer(2, results), "id": "c1"}
+    digests: dict[int, str] = {}
+    assert json.loads(event.render(msgs, digests))["data"] == {
+        "step": 1, "ref": {"index": 1, "digest": eventlog.digest(reply)}, "seconds": 0.5}
+    assert json.loads(called.render(msgs, digests))["data"]["ref"] == {"index": 1, "digest": digests[1], "id": "c1"}
+    assert json.loads(finished.render(msgs, digests))["data"]["ref"] == {
+        "index": 2, "digest": eventlog.digest(results), "id": "c1"}
     # Equal is not enough: only the very message the loop reported (an equal one may be another turn's).
     assert "message" in json.loads(event.render([Message.user("q"), Message(reply.role, reply.content)], {}))["data"]
     assert json.loads(event.render(None, {}))["data"] == {"step": 1, "message": reply.to_dict(), "seconds": 0.5}
@@ -163,3 +166,12 @@ def test_the_publisher_points_only_at_a_message_the_write_stores_and_near_its_en
                                                              "seconds": 0.25}
     far = [Message.user("q"), reply, *[Message.user(str(i)) for i in range(LOOKBACK)]]
     assert "message" in json.loads(event.render(far, {}))["data"]
+
+
+@pytest.mark.parametrize("text", ["c1", 'a "quoted" \\ id', "\ud800 \x00 é 😀", ""])
+def test_a_pointing_event_is_written_as_json_dumps_would(text: str) -> None:
+    data = {"step": 3, "call_id": text, "name": text, "ref": None, "seconds": 1e-06}
+    written = eventlog.encode_pointing("tool_finished", data, eventlog.pointer(7, "ab" * 16, text), 1.5)
+    assert written.isascii()
+    assert json.loads(written) == json.loads(eventlog.encode("tool_finished", {
+        **data, "ref": {"index": 7, "digest": "ab" * 16, **({"id": text} if text else {})}}, 1.5))

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from ..eventlog import POINTING, encode, part, pointer
+from ..eventlog import POINTING, digest, encode, encode_pointing, part, pointer
 from ..events import Sink
 from ..messages import Content, Message
 from ..result import Result
@@ -41,21 +41,20 @@ class Pointing:
         self.kind, self.data, self.target, self.at = kind, data, target, time.time()
         """``data`` holds ``ref`` (``None`` here) where the pointer, or ``target`` whole, goes."""
 
-    def render(self, msgs: Sequence[Message] | None, refs: dict[int, dict[str, Any]]) -> str:
-        """The event's text for a write that stores ``msgs`` (``None``: no message); ``refs`` the pointers
-        made for this write so far, by place."""
+    def render(self, msgs: Sequence[Message] | None, digests: dict[int, str]) -> str:
+        """The event's text for a write that stores ``msgs`` (``None``: no message); ``digests`` those of the
+        messages pointed at in this write so far, by place."""
         target = self.target
         index = None if msgs is None else _place(target, msgs)
         if msgs is None or index is None:
             field = POINTING[self.kind]
             return encode(self.kind, {(field if k == "ref" else k): (part(target) if k == "ref" else v)
                                       for k, v in self.data.items()}, self.at)
-        ref = refs.get(index)
-        if ref is None:
-            ref = refs[index] = pointer(index, msgs[index])
-        if isinstance(target, Content):
-            ref = {**ref, "id": target.id or target.tool_call_id}
-        return encode(self.kind, {**self.data, "ref": ref}, self.at)
+        digested = digests.get(index)
+        if digested is None:
+            digested = digests[index] = digest(msgs[index])
+        call = "" if isinstance(target, Message) else target.id or target.tool_call_id
+        return encode_pointing(self.kind, self.data, pointer(index, digested, call), self.at)
 
 
 def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
@@ -151,8 +150,8 @@ class Publisher(Sink):
     def render(records: Sequence[str | Pointing], msgs: Sequence[Message] | None = None) -> list[str]:
         """The texts of ``records`` for a write storing ``msgs``: an event whose message is among them points
         at it, any other carries its message whole (so does every event of a write storing none)."""
-        refs: dict[int, dict[str, Any]] = {}
-        return [r if isinstance(r, str) else r.render(msgs, refs) for r in records]
+        digests: dict[int, str] = {}
+        return [r if isinstance(r, str) else r.render(msgs, digests) for r in records]
 
     def restore(self, records: Sequence[str | Pointing]) -> None:
         """Put back what a write that failed had taken, ahead of what came since."""
