@@ -298,7 +298,8 @@ class EventStore(RunStore, Protocol):
         write; a ``TranscriptConflict`` or ``LeaseLost`` writes neither."""
 
     def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
-        """The session's events numbered above ``after``, oldest first, at most ``limit`` (``decode``)."""
+        """The session's events numbered above ``after``, oldest first, at most ``limit`` (``decode``), as
+        stored: the library joins the events that point at a message with it (``eventlog.resolve``)."""
 
 
 @runtime_checkable

@@ -20,20 +20,31 @@ each model request, the final save: ``EventStore.save_fenced_events``); otherwis
 token. This module is the log's format, its checks, reading and following it, and serving it as
 server-sent events.
 
+**Events that point.** A ``model_response``, ``tool_called`` or ``tool_finished`` event that rides in the
+save writing its message does not repeat it: it holds ``ref``, the message's place in the transcript and a
+digest of it (``pointer``), and ``resolve`` puts the message (the call, the result) back when the log is
+read (``Session.events``, ``follow``, and so the SSE helpers). A pointer whose place no longer holds that
+message (the transcript replaced or cut since, the session deleted) is never joined to another: the event
+says so (``unresolved``). Events written in any other write (a slow tool's, before the save) carry the
+message whole, as every event did before; both shapes read alike.
+
 With ``publish_events=False`` (the default) none of this module runs: no object is built, nothing written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from .contract import EventStore, EventWaiter
+from .contract import EventStore, EventWaiter, LifecycleStore
 from .errors import ArgumentError
+from .messages import Content, ContentType, Message
 from .values import StoredEvent, when
 
 log = logging.getLogger(__name__)
@@ -66,6 +77,38 @@ def decode(seq: int, text: str) -> StoredEvent:
     """The event stored as ``text`` under ``seq``: what a store's ``events`` returns."""
     raw = json.loads(text)
     return StoredEvent(seq, raw["kind"], when(raw["at"]), raw["data"])
+
+
+def digest(message: Message) -> str:
+    """What a pointer checks its message by: a 128-bit BLAKE2b of the message's stored JSON (``to_json``;
+    ASCII as this library writes it, anything as a store may hand it back), as hex."""
+    return hashlib.blake2b(message.to_json().encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def pointer(index: int, digested: str, call: str = "") -> str:
+    """An event's ``ref``, as JSON text: ``{"index", "digest"}`` of the message at ``index`` of the transcript
+    (its ``digest``, ``digested``), and ``"id"``, ``call``, for an event about a call of it or its result."""
+    ref = f'{{"index":{index},"digest":"{digested}"'
+    return ref + ',"id":' + encode_basestring_ascii(call) + "}" if call else ref + "}"
+
+
+def encode_pointing(kind: str, data: Mapping[str, Any], ref: str, at: float) -> str:
+    """``encode(kind, data, at)`` with ``data["ref"]`` the ``pointer`` text ``ref``, written directly: a step
+    writes a few of these on the run's path, and ``json.dumps`` cost three times the text. ``data``'s other
+    values are str, int or float, as those of the ``POINTING`` kinds are."""
+    fields = ",".join(f'"{k}":' + (ref if k == "ref" else encode_basestring_ascii(v) if type(v) is str else repr(v))
+                      for k, v in data.items())
+    return f'{{"kind":"{kind}","at":{at!r},"data":{{{fields}}}}}'
+
+
+def part(item: Message | Content) -> dict[str, Any]:
+    """What an event carries of ``item``: a message's ``to_dict()``; a tool call's ``{id, name, arguments}``;
+    a tool result's ``{text, is_error}``."""
+    if isinstance(item, Message):
+        return item.to_dict()
+    if item.type is ContentType.TOOL_CALL:
+        return {"id": item.id, "name": item.name, "arguments": item.arguments}
+    return {"text": item.text, "is_error": item.is_error}
 
 
 def first_seq(now: float) -> int:
@@ -109,6 +152,86 @@ def _shown(value: object) -> str:
     return repr(value)
 
 
+# -- joining the events that point at a message ---------------------------------------------------------
+
+POINTING = {"model_response": "message", "tool_called": "call", "tool_finished": "result"}
+"""The kinds whose ``data`` may hold a ``ref`` where the field named here goes, and that field."""
+GONE = "gone"
+"""``unresolved`` reason: the transcript no longer reaches the message (deleted, pruned, cut short)."""
+REPLACED = "replaced"
+"""``unresolved`` reason: another message stands where the event's was (the transcript was replaced)."""
+
+
+def resolve(store: EventStore, session: str, events: list[StoredEvent]) -> list[StoredEvent]:
+    """``events`` (as ``store.events`` returned them) with each pointer joined: a ``model_response``'s
+    ``message``, a ``tool_called``'s ``call``, a ``tool_finished``'s ``result`` (``part``) read from the
+    transcript where the event's ``ref`` says, and checked against its digest. One that cannot be joined gets
+    ``None`` there and ``unresolved: {index, reason}`` (``GONE``, ``REPLACED``). Events without a pointer
+    (every other kind, and events stored whole) come back as they are.
+
+    The messages are read after the events: with a ``LifecycleStore``, its length (``info``) and the
+    ``tail`` from the lowest place pointed at; should any digest not match there (the transcript changed
+    between the two reads, or since the event was written), the whole transcript in one read, which
+    decides."""
+    refs = {e.seq: ref for e in events if e.kind in POINTING and (ref := _ref(e.data)) is not None}
+    if not refs:
+        return events
+    wanted = {ref[:2] for ref in refs.values()}
+    found = _tail(store, session, min(index for index, _ in wanted)) if isinstance(store, LifecycleStore) else {}
+    good = {ref for ref in wanted if _matches(found.get(ref[0]), ref[1])}
+    if good != wanted:
+        found = dict(enumerate(store.messages(session)))
+        good = {ref for ref in wanted if _matches(found.get(ref[0]), ref[1])}
+    return [e if (ref := refs.get(e.seq)) is None else _joined(e, ref, found.get(ref[0]), ref[:2] in good)
+            for e in events]
+
+
+def _ref(data: Mapping[str, Any]) -> tuple[int, str, str] | None:
+    """The event's pointer: (index, digest, the call's id or "")."""
+    ref = data.get("ref")
+    if not isinstance(ref, Mapping):
+        return None
+    index, want, call = ref.get("index"), ref.get("digest"), ref.get("id", "")
+    if (isinstance(index, bool) or not isinstance(index, int) or index < 0 or not isinstance(want, str)
+            or not isinstance(call, str)):
+        return None
+    return index, want, call
+
+
+def _tail(store: LifecycleStore, session: str, lowest: int) -> dict[int, Message]:
+    """The messages from ``lowest`` on, by their place, as far as two reads (not one atomic step) can say."""
+    info = store.info(session)
+    if info is None or info.messages <= lowest:
+        return {}
+    tail = store.tail(session, info.messages - lowest)
+    return {lowest + i: m for i, m in enumerate(tail)} if len(tail) == info.messages - lowest else {}
+
+
+def _matches(message: Message | None, want: str) -> bool:
+    """Its stored JSON as the pointer's digest says; for a store that does not keep a message's text verbatim,
+    its JSON as this library writes it."""
+    if message is None:
+        return False
+    return digest(message) == want or digest(Message(message.role, message.content, key=message.key)) == want
+
+
+def _joined(event: StoredEvent, ref: tuple[int, str, str], message: Message | None, good: bool) -> StoredEvent:
+    field = POINTING[event.kind]
+    value: dict[str, Any] | None = None
+    if message is not None and good:
+        item: Message | Content | None = message
+        if field == "call":
+            item = next((c for c in message.tool_calls if c.id == ref[2]), None)
+        elif field == "result":
+            item = next((c for c in message.content if c.type is ContentType.TOOL_RESULT and c.tool_call_id == ref[2]),
+                        None)
+        value = None if item is None else part(item)
+    data = {(field if k == "ref" else k): (value if k == "ref" else v) for k, v in event.data.items()}
+    if value is None:
+        data["unresolved"] = {"index": ref[0], "reason": GONE if message is None else REPLACED}
+    return StoredEvent(event.seq, event.kind, event.at, data)
+
+
 # -- reading as they arrive ------------------------------------------------------------------------------
 
 
@@ -134,7 +257,7 @@ def _following(store: EventStore, session: str, after: int, limit: int, deadline
     waiter = store if isinstance(store, EventWaiter) else None
     pause = first
     while True:
-        batch = store.events(session, after, limit)
+        batch = resolve(store, session, store.events(session, after, limit))
         for event in batch:
             yield event
             after = event.seq

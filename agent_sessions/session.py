@@ -103,9 +103,11 @@ class StoreSession:
 
     def events(self, after: int = 0, limit: int = 100) -> list[StoredEvent]:
         """The events of the session's log numbered above ``after``, oldest first, at most ``limit``
-        (runs with ``Spec(publish_events=True)`` write them; see docs/runs/events.md)."""
+        (runs with ``Spec(publish_events=True)`` write them; see docs/runs/events.md), each whole: the
+        messages events point at are read and joined in (``eventlog.resolve``)."""
         after, limit = eventlog.check_read(after, limit)
-        return self._event_store("events").events(self.id, after, limit)
+        store = self._event_store("events")
+        return eventlog.resolve(store, self.id, store.events(self.id, after, limit))
 
     def follow(self, after: int = 0, timeout: float | None = None,
                poll: tuple[float, float] = (0.02, 0.5)) -> Iterator[StoredEvent]:

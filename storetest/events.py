@@ -3,10 +3,17 @@ fenced by the run's lease; the cap keeps the newest; the log goes with its sessi
 never share a number; a run with ``publish_events`` publishes the documented kinds in order, each once;
 and a follower in another thread sees a live run's events in order, and after reconnecting with the last
 number it saw misses nothing and sees nothing twice.
+
+Events that point: a step's ``model_response`` and ``tool_finished`` ride in the save that writes their
+message and point at it (``ref``) rather than repeat it; a reader gets them whole. Here on every store: the
+pointers as stored, events stored whole (before pointers, or written before their message) reading as
+they did, and a pointer never joined to another message than its own, whatever happened to the transcript
+since (replaced, forked, deleted or pruned, the log capped).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -16,8 +23,9 @@ from typing import Any
 import pytest
 
 import agent_sessions as agent
-from agent_sessions import EventStore, Holder, Message, StoredEvent
-from agent_sessions.eventlog import decode, encode
+from agent_sessions import Content, EventStore, Holder, Message, Role, StoredEvent
+from agent_sessions.eventlog import GONE, POINTING, REPLACED, decode, encode, part, resolve
+from agent_sessions.run import publisher
 
 from .capabilities import Capability
 from .crossprocess import wait_for
@@ -53,6 +61,59 @@ RUN_KINDS = [
     "tool_finished", "step_started", "model_response", "finished",
 ]
 """A run with a waiting steer and a reply calling two tools, then an answer (ToolsThenAnswer)."""
+
+
+def _shapes(events: Sequence[StoredEvent]) -> list[str]:
+    """How each pointing event is stored: ``ref`` (a pointer) or ``whole``."""
+    return ["ref" if "ref" in e.data else "whole" for e in events if e.kind in POINTING]
+
+
+def _whole(event: StoredEvent, transcript: Sequence[Message], index: int) -> bool:
+    """Does ``event`` (read through a session) carry message ``index`` of ``transcript`` (the message, a call
+    of it, its result for the event's call)?"""
+    message = transcript[index]
+    field = POINTING[event.kind]
+    if field == "message":
+        return Message.from_dict(event.data["message"]) == message
+    if field == "call":
+        return event.data["call"] in [part(c) for c in message.tool_calls]
+    return event.data["result"] in [part(c) for c in message.content if c.tool_call_id == event.data["call_id"]]
+
+
+def _unresolved(events: Sequence[StoredEvent]) -> list[tuple[str, int, str] | None]:
+    """Each pointing event's ``(kind, index, reason)`` when it could not be joined, else ``None``."""
+    out: list[tuple[str, int, str] | None] = []
+    for e in events:
+        if e.kind in POINTING:
+            gone = e.data.get("unresolved")
+            assert (gone is None) == (e.data[POINTING[e.kind]] is not None), e.data
+            out.append(None if gone is None else (e.kind, gone["index"], gone["reason"]))
+    return out
+
+
+def _joined_as_stored(store: EventStore, sid: str) -> list[int]:
+    """Check that every pointer of the session's log joins to the message now at its place; return the places."""
+    raw, transcript = store.events(sid, 0, 1000), store.messages(sid)
+    joined = agent.open(sid, store).events(limit=1000)
+    places = []
+    for stored, event in zip(raw, joined, strict=True):
+        if stored.kind in POINTING and "ref" in stored.data:
+            places.append(stored.data["ref"]["index"])
+            assert "unresolved" not in event.data and _whole(event, transcript, places[-1]), event
+    return places
+
+
+def _riding(spec: agent.Spec, msgs: list[Message], model: Any) -> agent.Result:
+    """``Runner().run``, each event riding in the save that stores its message however slow this machine is:
+    no watcher write (``FLUSH_SECONDS``), so the shapes checked are the usual step's, not a stalled one's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(publisher, "FLUSH_SECONDS", 60.0)
+        return agent.Runner().run(spec, msgs, model)
+
+
+def _old_shape(kind: str, data: dict[str, Any]) -> str:
+    """An event as the library stored it before events pointed: its message or result whole."""
+    return json.dumps({"kind": kind, "at": 1_800_000_000.5, "data": data}, separators=(",", ":"))
 
 
 class EventContract:
@@ -290,6 +351,175 @@ class EventContract:
         assert [e.kind for e in [*first, *second]] == [
             "step_started", "model_response", "tool_called", "tool_finished", "step_started", "model_response",
             "finished"]
+
+    # -- events that point at the messages their save wrote ----------------------------------------------
+
+    def test_a_steps_events_point_at_the_messages_its_save_wrote_and_read_whole(self) -> None:
+        store = self.event_store()
+        session = agent.open(_sid("point-"), store)
+        _riding(agent.Spec(session=session, tools=[GREP], publish_events=True), [Message.user("q")],
+                ToolsThenAnswer(["grep", "grep"]))
+        raw = store.events(session.id, 0, 100)
+        assert _shapes(raw) == ["ref"] * 6, "a quick step's reply, calls and results ride in its save: pointers"
+        assert [e.data["ref"]["index"] for e in raw if e.kind in POINTING] == [1, 1, 2, 1, 2, 3]
+        assert not [e for e in raw if {"message", "call", "result"} & set(e.data)]
+        events = session.events()
+        assert [e.seq for e in events] == [e.seq for e in raw] and _unresolved(events) == [None] * 6
+        assert _joined_as_stored(store, session.id) == [1, 1, 2, 1, 2, 3]
+        pointing = [e for e in events if e.kind in POINTING]
+        assert pointing[3].data == {"step": 1, "call": {"id": "call_0_1", "name": "grep", "arguments": '{"n": 1}'}}
+        assert pointing[4].data == {"step": 1, "call_id": "call_0_1", "name": "grep",
+                                    "result": {"text": "found 1", "is_error": False},
+                                    "seconds": pointing[4].data["seconds"]}
+        assert list(agent.open(session.id, self.another(store)).follow(timeout=0.2)) == events
+        assert resolve(store, session.id, raw) == events
+
+    def test_events_stored_whole_read_as_they_always_did(self) -> None:
+        """Events of the shape every event had before pointers (the message, the result inside), as a log
+        written by an earlier version holds them, beside a new run's pointers."""
+        store = self.event_store()
+        sid = _sid("old-")
+        reply = Message(Role.ASSISTANT, [Content.tool_call("c1", "grep", '{"n": 0}')])
+        old = [
+            _old_shape("step_started", {"step": 1}),
+            _old_shape("model_response", {"step": 1, "message": reply.to_dict(), "seconds": 0.25}),
+            _old_shape("tool_called", {"step": 1, "call": {"id": "c1", "name": "grep", "arguments": '{"n": 0}'}}),
+            _old_shape("tool_finished", {"step": 1, "call_id": "c1", "name": "grep",
+                                         "result": {"text": "found 0 \u00e9 \ud800", "is_error": False},
+                                         "seconds": 0.001}),
+            _old_shape("finished", {"stop_reason": "answered", "steps": 1, "text": "", "usage": {},
+                                    "pending_approvals": []}),
+        ]
+        holder = store.acquire(sid, _claimant(), 30)
+        store.append_events(sid, holder, old, keep=100)  # no transcript at all: nothing to join, nothing needed
+        store.release(sid, holder)
+        session = agent.open(sid, store)
+        read = session.events()
+        assert [(e.kind, e.data) for e in read] == [(e.kind, e.data) for e in (decode(1, t) for t in old)]
+        assert read[3].data["result"]["text"] == "found 0 \u00e9 \ud800" and "unresolved" not in read[1].data
+        assert list(agent.open(sid, self.another(store)).follow(timeout=0.2)) == read
+        _riding(agent.Spec(session=session, tools=[GREP], publish_events=True), [Message.user("q")],
+                ToolsThenAnswer(["grep"]))
+        every = session.events()
+        assert every[:5] == read and _shapes(store.events(sid, 0, 100)) == ["whole"] * 3 + ["ref"] * 4
+        assert _unresolved(every) == [None] * 7
+
+    def test_a_replaced_transcript_never_joins_an_earlier_pointer_to_another_message(self) -> None:
+        store = self.event_store()
+        session = agent.open(_sid("replace-"), store)
+        first = _riding(agent.Spec(session=session, tools=[GREP], publish_events=True), [Message.user("q")],
+                        ToolsThenAnswer(["grep"])).messages
+        assert len(first) == 4  # q, the call, its result, the answer
+        cut = len(session.events())
+        # A run that replaces the history on purpose (a summary of it, say): shorter, other messages.
+        second = _riding(
+            agent.Spec(session=session, publish_events=True, replace_transcript=True),
+            [Message.user("summary"), Message.user("go on")], Answer("fresh")).messages
+        assert store.messages(session.id) == second and len(second) == 3
+        events = session.events()
+        assert _unresolved(events[:cut]) == [("model_response", 1, REPLACED), ("tool_called", 1, REPLACED),
+                                             ("tool_finished", 2, REPLACED), ("model_response", 3, GONE)]
+        assert events[1].data["message"] is None and events[3].data["result"] is None
+        assert _unresolved(events[cut:]) == [None] and _whole(events[cut + 1], second, 2)
+        # The first history written back as it was (a plain save): its pointers join again, the second's not.
+        store.save(session.id, first)
+        again = session.events()
+        assert _unresolved(again[:cut]) == [None] * 4 and _whole(again[1], first, 1) and _whole(again[3], first, 2)
+        assert _unresolved(again[cut:]) == [("model_response", 2, REPLACED)]
+
+    def test_a_fork_leaves_each_logs_pointers_to_its_own_session(self) -> None:
+        store = self.event_store()
+        source = agent.open(_sid("fork-"), store)
+        _riding(agent.Spec(session=source, tools=[GREP], publish_events=True), [Message.user("q")],
+                ToolsThenAnswer(["grep"]))
+        target = source.fork(_sid("forked-"), at=1)
+        _riding(agent.Spec(session=target, publish_events=True), target.messages(), Answer("other"))
+        assert store.messages(target.id)[1] != store.messages(source.id)[1]
+        assert _joined_as_stored(store, source.id) == [1, 1, 2, 3]
+        assert _joined_as_stored(store, target.id)[-1:] == [1]
+
+    @pytest.mark.parametrize("erase", ["delete", "prune"])
+    def test_pointers_read_after_their_session_was_erased_say_gone(self, erase: str) -> None:
+        """The log goes with its session; a reader that had read the events just before sees what it then
+        reads of the messages: nothing, and says so, never an error."""
+        self.requires(Capability.LIFECYCLE)
+        store = self.event_store()
+        session = agent.open(_sid(erase + "-"), store)
+        _riding(agent.Spec(session=session, tools=[GREP], publish_events=True), [Message.user("q")],
+                ToolsThenAnswer(["grep"]))
+        raw = store.events(session.id, 0, 100)
+        if erase == "prune":
+            assert isinstance(store, agent.LifecycleStore)
+            life = store
+            wait_for(lambda: life.prune(0) >= 1 or life.info(session.id) is None, "prune to take the session", 10)
+        else:
+            assert session.delete()
+        assert session.events() == []
+        joined = resolve(self.another(store), session.id, raw)
+        assert _unresolved(joined) == [("model_response", 1, GONE), ("tool_called", 1, GONE),
+                                       ("tool_finished", 2, GONE), ("model_response", 3, GONE)]
+        assert [(e.seq, e.kind) for e in joined] == [(e.seq, e.kind) for e in raw]
+        assert [e.data for e in joined if e.kind not in POINTING] == [e.data for e in raw if e.kind not in POINTING]
+
+    def test_the_cap_drops_events_and_the_kept_ones_still_join(self) -> None:
+        store = self.event_store()
+        session = agent.open(_sid("capped-"), store)
+        spec = agent.Spec(session=session, tools=[GREP], publish_events=True, events_kept=4)
+        _riding(spec, [Message.user("q")], ToolsThenAnswer(["grep", "grep"], rounds=2))
+        events, transcript = session.events(), store.messages(session.id)
+        assert [e.kind for e in events] == ["tool_finished", "step_started", "model_response", "finished"]
+        assert _shapes(store.events(session.id, 0, 100)) == ["ref", "ref"] and _unresolved(events) == [None, None]
+        assert _whole(events[0], transcript, 4) and _whole(events[2], transcript, 5)
+
+    def test_events_written_before_their_message_is_stored_carry_it_whole(self) -> None:
+        """The watcher writes what waited ``FLUSH_SECONDS`` while a slow tool runs: the reply, its calls and
+        the first tool's result are not stored yet (the save comes after the reply's last call), so those
+        events carry them whole; the slow tool's own result rides in the next save."""
+        store = self.event_store()
+        sid = _sid("early-")
+        reader = agent.open(sid, self.another(store))
+        during: list[StoredEvent] = []
+
+        def slow(n: int) -> str:
+            """Take a while."""
+            wait_for(lambda: [e.kind for e in reader.events()][-1:] == ["tool_called"]
+                     and len(reader.events()) == 5, "the watcher to write the waiting events", 30)
+            during.extend(reader.events())
+            time.sleep(publisher.FLUSH_SECONDS)
+            return f"slow {n}"
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[GREP, agent.tool(name="slow")(slow)],
+                          publish_events=True)
+        agent.Runner().run(spec, [Message.user("q")], ToolsThenAnswer(["grep", "slow"]))
+        transcript = store.messages(sid)
+        assert [e.kind for e in during] == ["step_started", "model_response", "tool_called", "tool_finished",
+                                            "tool_called"]
+        assert len(store.messages(sid)) == 4 and _unresolved(during) == [None] * 4
+        assert _whole(during[1], transcript, 1) and _whole(during[3], transcript, 2)
+        assert _shapes(store.events(sid, 0, 100))[:4] == ["whole"] * 4  # then pointers, unless a stall flushed them
+        events = agent.open(sid, store).events()
+        assert events[:5] == during and _unresolved(events) == [None] * 6
+        assert _whole(events[5], transcript, 2) and events[5].data["result"]["text"] == "slow 1"
+
+    def test_a_reply_waiting_for_approval_is_published_whole(self) -> None:
+        """Its reply waits in the journal, not the transcript: no save writes it, so its event carries it."""
+        self.requires(Capability.APPROVALS)
+        store = self.event_store()
+        session = agent.open(_sid("approve-"), store)
+        ask = agent.tool(name="grep", needs_approval=True)(_grep)
+        spec = agent.Spec(session=session, tools=[ask], publish_events=True)
+        model = ToolsThenAnswer(["grep"])
+        waiting = _riding(spec, [Message.user("q")], model)
+        assert waiting.stop_reason == "awaiting_approval" and len(store.messages(session.id)) == 1
+        session.approve("call_0_0")
+        _riding(spec, store.messages(session.id), model)
+        events, transcript = session.events(), store.messages(session.id)
+        assert [e.kind for e in events] == [
+            "step_started", "model_response", "approval_requested", "finished", "approval_decided",
+            "tool_called", "tool_finished", "step_started", "model_response", "finished"]
+        assert _shapes(store.events(session.id, 0, 100)) == ["whole", "ref", "ref", "ref"]
+        assert _unresolved(events) == [None] * 4 and _whole(events[1], transcript, 1)
+        assert _joined_as_stored(store, session.id) == [1, 2, 3]
 
     def test_follow_ends_at_its_timeout(self) -> None:
         store = self.event_store()

@@ -581,7 +581,7 @@ class Leased:
 
     def _save(self, msgs: Sequence[Message], take_steers: bool, replace: bool | None = None) -> Saved:
         """``replace``: by default, the spec's, for the run's first write only. The events buffered so far
-        ride in it."""
+        ride in it, pointing at the messages it writes (``Publisher.render``)."""
         if replace is None:
             replace = self.replace and self.written < 0
         since = self._listening()
@@ -590,10 +590,11 @@ class Leased:
                                            replace=replace)
         else:
             with self.publisher.lock:  # no event is written by the watcher between these and after them
-                records = self.publisher.drain()
+                records = self.publisher.take()
                 try:
                     saved = self.event_store.save_fenced_events(self.session, self.lease.holder, msgs,
-                                                          take_steers=take_steers, replace=replace, events=records,
+                                                          take_steers=take_steers, replace=replace,
+                                                          events=self.publisher.render(records, msgs),
                                                           keep=self.events_kept)
                 except BaseException:
                     self.publisher.restore(records)

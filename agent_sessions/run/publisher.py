@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from ..eventlog import encode
+from ..eventlog import POINTING, digest, encode, encode_pointing, part, pointer
 from ..events import Sink
 from ..messages import Content, Message
 from ..result import Result
@@ -25,6 +25,46 @@ first piece (checked as pieces arrive), whichever comes first; the rest with the
 FLUSH_SECONDS = 0.1
 WATCHER_JOIN = 5.0
 """Buffered events older than this are appended with the next event (a slow tool's call with its end)."""
+LOOKBACK = 64
+"""How far from the end of a save's messages a pointing event's message is looked for; beyond it (it never
+is, in a run) the event is written whole."""
+
+
+class Pointing:
+    """An event about a message (``eventlog.POINTING``: the model's reply, a call of it, a result) not yet
+    written: in a write that stores the message it points at it (``eventlog.pointer``), in any other it
+    carries it whole (``eventlog.part``), as ``render`` decides."""
+
+    __slots__ = ("at", "data", "kind", "target")
+
+    def __init__(self, kind: str, data: dict[str, Any], target: Message | Content) -> None:
+        self.kind, self.data, self.target, self.at = kind, data, target, time.time()
+        """``data`` holds ``ref`` (``None`` here) where the pointer, or ``target`` whole, goes."""
+
+    def render(self, msgs: Sequence[Message] | None, digests: dict[int, str]) -> str:
+        """The event's text for a write that stores ``msgs`` (``None``: no message); ``digests`` those of the
+        messages pointed at in this write so far, by place."""
+        target = self.target
+        index = None if msgs is None else _place(target, msgs)
+        if msgs is None or index is None:
+            field = POINTING[self.kind]
+            return encode(self.kind, {(field if k == "ref" else k): (part(target) if k == "ref" else v)
+                                      for k, v in self.data.items()}, self.at)
+        digested = digests.get(index)
+        if digested is None:
+            digested = digests[index] = digest(msgs[index])
+        call = "" if isinstance(target, Message) else target.id or target.tool_call_id
+        return encode_pointing(self.kind, self.data, pointer(index, digested, call), self.at)
+
+
+def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
+    """Where ``target`` is among the last ``LOOKBACK`` of ``msgs`` (by identity: the very object the loop
+    reported, which the transcript holds), or ``None``."""
+    for index in range(len(msgs) - 1, max(len(msgs) - 1 - LOOKBACK, -1), -1):
+        message = msgs[index]
+        if message is target or any(c is target for c in message.content):
+            return index
+    return None
 
 
 class Publisher(Sink):
@@ -32,11 +72,15 @@ class Publisher(Sink):
     callback, or ``SILENT``) and into a buffer the log gets.
 
     The buffer goes to the store: with the save before each model request and the final save (riding in
-    them, ``Leased`` drains it under ``lock``), and on its own (``append``) when the run is about to wait on
+    them, ``Leased`` takes it under ``lock``), and on its own (``append``) when the run is about to wait on
     something the follower should see first: the model request, if events came after the save (steers it
     took); a batch of model text (``TEXT_CHARS`` / ``TEXT_SECONDS``); and, from a watcher thread (``start``),
     whatever has waited ``FLUSH_SECONDS``: a tool that takes its time is seen being called while it runs,
-    and the usual quick tool's events ride in the next save, at no write of their own."""
+    and the usual quick tool's events ride in the next save, at no write of their own.
+
+    The events about a message (``Pointing``) stay objects in the buffer until a write takes them
+    (``take``): one riding in the save that stores their message points at it, any other carries it whole
+    (``render``); a write that fails puts the objects back (``restore``), to be rendered for the next."""
 
     __slots__ = (
         "append",
@@ -56,7 +100,7 @@ class Publisher(Sink):
     def __init__(self, inner: Sink, append: Callable[[list[str]], object]) -> None:
         self.inner = inner
         self.append = append
-        self.buffer: list[str] = []
+        self.buffer: list[str | Pointing] = []
         self.oldest = 0.0
         self.text: list[str] = []
         self.text_chars = 0
@@ -94,39 +138,47 @@ class Publisher(Sink):
 
     # What the store gets
 
-    def drain(self) -> list[str]:
-        """Everything buffered, the text batch closed: what rides in a save (``restore`` if it fails).
-        The caller holds ``lock`` until the save is done."""
+    def take(self) -> list[str | Pointing]:
+        """Everything buffered, the text batch closed: what rides in a save (``render`` it for the save's
+        messages; ``restore`` it if the save fails). The caller holds ``lock`` until the save is done."""
         with self.lock:
             self._close_text()
             out, self.buffer = self.buffer, []
             return out
 
-    def restore(self, records: list[str]) -> None:
-        """Put back what a write that failed had drained, ahead of what came since."""
+    @staticmethod
+    def render(records: Sequence[str | Pointing], msgs: Sequence[Message] | None = None) -> list[str]:
+        """The texts of ``records`` for a write storing ``msgs``: an event whose message is among them points
+        at it, any other carries its message whole (so does every event of a write storing none)."""
+        digests: dict[int, str] = {}
+        return [r if isinstance(r, str) else r.render(msgs, digests) for r in records]
+
+    def restore(self, records: Sequence[str | Pointing]) -> None:
+        """Put back what a write that failed had taken, ahead of what came since."""
         with self.lock:
             self.buffer[:0] = records
 
     def flush(self) -> None:
         with self.lock:
-            records = self.drain()
+            records = self.take()
             if records:
                 try:
-                    self.append(records)
+                    self.append(self.render(records))
                 except BaseException:
                     self.restore(records)
                     raise
 
     def add(self, kind: str, data: Mapping[str, Any]) -> str:
-        return self.add_record(encode(kind, data))
+        record = encode(kind, data)
+        self.add_record(record)
+        return record
 
-    def add_record(self, record: str) -> str:
+    def add_record(self, record: str | Pointing) -> None:
         with self.lock:
             self._close_text()
             self._add(record)
-        return record
 
-    def _add(self, record: str) -> None:
+    def _add(self, record: str | Pointing) -> None:
         now = time.monotonic()
         if not self.buffer:
             self.oldest = now
@@ -175,9 +227,7 @@ class Publisher(Sink):
     def model_response(self, step: int, message: Message, started: float) -> None:
         self.inner.model_response(step, message, started)
         seconds = round(time.perf_counter() - started, 6)
-        # The message as the save stores it (to_json, cached there): the same value as to_dict, unencoded twice.
-        self.add_record(f'{{"kind":"model_response","at":{time.time()!r},"data":{{"step":{step},'
-                        f'"message":{message.to_json()},"seconds":{seconds!r}}}}}')
+        self.add_record(Pointing("model_response", {"step": step, "ref": None, "seconds": seconds}, message))
 
     def text_delta(self, step: int, text: str) -> None:
         self.inner.text_delta(step, text)
@@ -194,22 +244,21 @@ class Publisher(Sink):
 
     def tool_called(self, step: int, call: Content) -> float:
         self.inner.tool_called(step, call)
-        self.add("tool_called", {"step": step, "call": _call(call)})
+        self.add_record(Pointing("tool_called", {"step": step, "ref": None}, call))
         return time.perf_counter()
 
     def tool_finished(self, step: int, call: Content, result: Content, seconds: float) -> None:
         self.inner.tool_finished(step, call, result, seconds)
-        self.add("tool_finished", {"step": step, "call_id": call.id, "name": call.name,
-                                   "result": {"text": result.text, "is_error": result.is_error},
-                                   "seconds": round(seconds, 6)})
+        self.add_record(Pointing("tool_finished", {"step": step, "call_id": call.id, "name": call.name, "ref": None,
+                                                   "seconds": round(seconds, 6)}, result))
 
     def approval_requested(self, step: int, call: Content) -> None:
         self.inner.approval_requested(step, call)
-        self.add("approval_requested", {"step": step, "call": _call(call)})
+        self.add("approval_requested", {"step": step, "call": part(call)})
 
     def approval_decided(self, step: int, call: Content, approved: bool, reason: str, by: str) -> None:
         self.inner.approval_decided(step, call, approved, reason, by)
-        self.add("approval_decided", {"step": step, "call": _call(call), "approved": approved, "reason": reason,
+        self.add("approval_decided", {"step": step, "call": part(call), "approved": approved, "reason": reason,
                                       "by": by})
 
     def finished(self, result: Result) -> None:
@@ -217,7 +266,3 @@ class Publisher(Sink):
 
     def failed(self, error: BaseException) -> None:
         self.inner.failed(error)  # the log's own was written before the lease went (``failing``)
-
-
-def _call(call: Content) -> dict[str, str]:
-    return {"id": call.id, "name": call.name, "arguments": call.arguments}
