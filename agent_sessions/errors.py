@@ -18,7 +18,15 @@ class MessageError(ArgumentError):
 
 
 class StoreError(AgentError):
-    """A store could not do what was asked; the driver's exception is chained as ``__cause__``."""
+    """A store could not do what was asked: the write did not happen (or, for ``OutcomeUnknown``, may
+    have). The driver's exception is chained as ``__cause__``."""
+
+
+class OutcomeUnknown(StoreError):
+    """A write was sent but its answer never came: the connection dropped while the database committed
+    it (or ran it, for a write of one statement), so it **may have happened**. A plain ``StoreError``
+    means it did not. Read back to know, or retry only a call that is safe to repeat: docs/reliability.md
+    lists which are."""
 
 
 class EndpointError(AgentError):

@@ -22,7 +22,7 @@ import threading
 import time
 
 from .contract import RunStore
-from .errors import LeaseLost, SessionBusy, StoreError
+from .errors import LeaseLost, OutcomeUnknown, SessionBusy, StoreError
 from .values import Holder
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 HEARTBEAT_JOIN = 5.0
 """Seconds a returning run waits for its heartbeat thread, which may be inside a slow store call; after
 that the (daemon) thread is left to finish on its own, and its late renewal is refused by the fence."""
+
+ACQUIRE_RETRIES = 2
+"""Times an acquisition whose answer was lost is asked again, with its own token, before its error is raised."""
 
 
 def claimant() -> Holder:
@@ -56,8 +59,20 @@ class Lease:
     def __enter__(self) -> Lease:
         deadline = time.monotonic() + self.wait
         pause = 0.02
+        unanswered = 0
         while True:
-            got = self.store.acquire(self.session, self.holder, self.ttl)
+            try:
+                got = self.store.acquire(self.session, self.holder, self.ttl)
+            except OutcomeUnknown as exc:
+                # It may have taken the lease: the same acquisition again (same token) finds it ours, where
+                # a new one would find the session held, by this very process, for the whole ttl.
+                unanswered += 1
+                if unanswered > ACQUIRE_RETRIES:
+                    raise
+                log.warning("session %r: acquiring the lease went unanswered (%s); asking again with the same "
+                            "token (%d of %d)", self.session, exc, unanswered, ACQUIRE_RETRIES)
+                time.sleep(min(pause, 0.1))
+                continue
             if got.token == self.holder.token:
                 self.holder = got
                 break
@@ -82,13 +97,25 @@ class Lease:
         if self.lost is not None or isinstance(exc, LeaseLost):
             return  # not ours any more: nothing to release
         try:
-            self.store.release(self.session, self.holder)
+            self._release()
         except StoreError:
             if kind is None:
                 raise
             # The run is failing already (often because the store is down): that error is the one to
             # report. The lease is left to expire.
             log.warning("session %r: could not release the lease; it will expire", self.session, exc_info=True)
+
+    def _release(self) -> None:
+        """Release; when its answer was lost, once more: finding the lease no longer ours then means the
+        first one released it (the run's turn is over either way, so it must not fail for that)."""
+        try:
+            self.store.release(self.session, self.holder)
+        except OutcomeUnknown as exc:
+            log.warning("session %r: releasing the lease went unanswered (%s); releasing again", self.session, exc)
+            try:
+                self.store.release(self.session, self.holder)
+            except LeaseLost:
+                pass
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl / 3):

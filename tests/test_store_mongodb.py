@@ -675,7 +675,7 @@ def test_a_page_that_could_not_be_written_claims_nothing(database: Database[Any]
     filled = full_tail(store, "s", held)
     failing = mongodb.Store(database)
     failing._event_pages = FailsToInsert(failing._event_pages)  # type: ignore[assignment]
-    with pytest.raises(agent.StoreError, match="append_events of session 's' failed"):
+    with pytest.raises(agent.StoreError, match="append_events of session 's' (failed|may have happened)"):
         failing.append_events("s", held, note("lost", 2), keep=100)
     assert the_log(database, "s")["events_last"] == filled and event_pages(database) == []
     again = failing.append_events("s", held, note("again", 2), keep=100)  # the next try goes through

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from agent_sessions import ArgumentError, StoreError
+from agent_sessions import ArgumentError, OutcomeUnknown, StoreError
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known
 from .driver import PARAMSTYLES, Driver, Rows
@@ -108,9 +108,12 @@ class SQLBase:
         attempt = 0
         reconnected = False
         while True:
+            committing = False
             try:
                 with self._connection(read_only) as conn:
-                    return work(conn)
+                    result = work(conn)
+                    committing = True  # what is left is the COMMIT, as the block ends
+                return result
             except DBAPIError as exc:
                 if self.is_transient(exc) and attempt < _RETRIES:
                     attempt += 1
@@ -124,7 +127,10 @@ class SQLBase:
                     log.warning("%s store: %s of session %r met a dead connection (%s); reading again on a "
                                 "new one", self.backend, op, session, getattr(exc, "orig", exc))
                     continue
-                raise self._error(op, session, exc) from exc
+                # The line dropped while the database had the COMMIT (or the one autocommitted statement that
+                # writes): it may have committed. Before that, it rolled the transaction back.
+                unknown = exc.connection_invalidated and not reads and (committing or self.autocommits(read_only))
+                raise self._error(op, session, exc, unknown=unknown) from exc
             except SQLAlchemyError as exc:
                 raise self._error(op, session, exc) from exc
 
@@ -138,10 +144,19 @@ class SQLBase:
                 return None
             raise
 
-    def _error(self, op: str, session: str, exc: SQLAlchemyError) -> StoreError:
-        """``session`` empty: the operation is of no one session (prune)."""
+    def autocommits(self, read_only: bool) -> bool:
+        """Does ``_connection(read_only)`` run its statement in autocommit (so a write is committed by the
+        statement itself)? PostgreSQL's read-only connections do."""
+        return False
+
+    def _error(self, op: str, session: str, exc: SQLAlchemyError, unknown: bool = False) -> StoreError:
+        """``session`` empty: the operation is of no one session (prune). ``unknown``: the write may have
+        happened (``OutcomeUnknown``)."""
         cause = str(getattr(exc, "orig", None) or exc)
         what = f"{op} of session {session!r}" if session else op
+        if unknown:
+            return OutcomeUnknown(f"{self.backend} store: {what} may have happened: the connection dropped before "
+                                  f"the database answered ({cause.strip()})")
         missing = _TABLE_NAME.search(cause) if _looks_missing(cause) else None
         if missing:
             return StoreError(

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 from bson.errors import BSONError
 from pymongo.database import Database
-from pymongo.errors import PyMongoError
+from pymongo.errors import AutoReconnect, PyMongoError, ServerSelectionTimeoutError
 
-from agent_sessions import ArgumentError, StoreError
+from agent_sessions import ArgumentError, OutcomeUnknown, StoreError
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known
 from .document import aware
@@ -83,4 +83,18 @@ class StoreBase:
             yield
         except (PyMongoError, BSONError) as exc:  # BSONError: DocumentTooLarge, a document over 16 MB
             of = "" if session is None else f" of session {session!r}"
+            if _may_have_written(op, exc):
+                raise OutcomeUnknown(f"MongoDB store: {op}{of} may have happened: the connection failed before "
+                                     f"the server answered ({exc})") from exc
             raise StoreError(f"MongoDB store: {op}{of} failed: {exc}") from exc
+
+
+_READS = frozenset({"events", "holder", "check", "list_sessions", "info", "tail", "pending_steers", "messages",
+                    "journal"})
+"""The operations that only read: a network failure during one of them changed nothing."""
+
+
+def _may_have_written(op: str, exc: BaseException) -> bool:
+    """A write whose request may have reached the server: the connection failed after it was chosen (not
+    a server that could not be selected, which means nothing was sent)."""
+    return op not in _READS and isinstance(exc, AutoReconnect) and not isinstance(exc, ServerSelectionTimeoutError)

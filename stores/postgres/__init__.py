@@ -225,6 +225,9 @@ class Store(SQLStore):
         self._listener = Listener(functools.partial(_listening_connection, engine))
         weakref.finalize(self, self._listener.close, 0)
 
+    def autocommits(self, read_only: bool) -> bool:
+        return read_only
+
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
         if not read_only:

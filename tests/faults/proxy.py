@@ -211,17 +211,17 @@ class _Conn:
         recv = self.recv_from(self.server)
         answer: list[bytes] = []
         while True:
+            first = recv(1)  # read before deciding: the server says nothing before the request it answers
             with self.lock:
                 single = self.expect_byte > 0
                 if single:
                     self.expect_byte -= 1
             if single:
-                byte = recv(1)
-                if byte != b"N":
-                    raise _Cut(f"server offered encryption ({byte!r}): the proxy speaks plain text only")
-                self.send(self.client, byte)
+                if first != b"N":
+                    raise _Cut(f"server offered encryption ({first!r}): the proxy speaks plain text only")
+                self.send(self.client, first)
                 continue
-            kind, message = wire.pg_typed(recv)
+            kind, message = wire.pg_typed(recv, first)
             if not self.handshaken.is_set():
                 if kind == b"K":
                     self.backend_id = wire.pg_backend_pid(message)

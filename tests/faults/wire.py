@@ -46,9 +46,9 @@ def pg_untyped(recv: Recv) -> tuple[bytes, int]:
     return head + recv(length - 8), code
 
 
-def pg_typed(recv: Recv) -> tuple[bytes, bytes]:
-    """A typed message: (its type byte, its whole bytes)."""
-    head = recv(5)
+def pg_typed(recv: Recv, first: bytes = b"") -> tuple[bytes, bytes]:
+    """A typed message: (its type byte, its whole bytes). ``first``: its type byte, if already read."""
+    head = first + recv(5 - len(first))
     kind, length = head[:1], struct.unpack("!i", head[1:])[0]
     return kind, head + recv(length - 4)
 

@@ -199,7 +199,9 @@ def test_connections_killed_mid_run(server: Backend, proxy: Proxy) -> None:
             proxy.start()
             _count(server, "connections reset")
     message = _run_through_fault(server, store, inject, lambda: None)
-    assert "session 'fault-" in message and " failed: " in message
+    # A write on a killed connection failed, or, when the line went while it was answering, may have
+    # happened (OutcomeUnknown); either way the transcript is the last one saved (checked inside).
+    assert "session 'fault-" in message and (" failed: " in message or " may have happened: " in message)
     SAID.setdefault(server.name, {})["connections killed"] = message
 
 

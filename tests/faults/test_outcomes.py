@@ -1,0 +1,133 @@
+"""Issue #25, items 4 and 6, through the fault proxy on PostgreSQL and MariaDB: a write whose answer was
+lost raises ``OutcomeUnknown`` (it may have happened), one cut before the database saw it raises a plain
+``StoreError`` (it did not); and an acquisition whose commit lost its answer is asked again with its own
+token, so the run gets the lease it took instead of finding it held by itself."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url
+
+import agent_sessions as agent
+from agent_sessions.lease import Lease
+from tests import servers
+
+from .proxy import FaultProxy, Rule
+
+
+@pytest.fixture(scope="module", params=["postgres", "mysql"])
+def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Engine]]:
+    name = request.param
+    base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
+    url = servers.database_url(base, servers.database_name("faultoutcome"))
+    direct = create_engine(url)
+    servers.fresh_schema(direct)
+    yield name, url, direct
+    direct.dispose()
+
+
+@pytest.fixture
+def proxy(database: tuple[str, str, Engine]) -> Iterator[FaultProxy]:
+    with FaultProxy(database[0], int(make_url(database[1]).port or 0)) as p:
+        yield p
+
+
+@pytest.fixture
+def via(database: tuple[str, str, Engine], proxy: FaultProxy) -> Iterator[agent.Store]:
+    """A store reaching the database through the proxy; and ``direct``, one that does not."""
+    url = make_url(database[1]).set(port=proxy.port).render_as_string(hide_password=False)
+    store = servers.postgres_store(url) if database[0] == "postgres" else servers.mysql_store(url)
+    warm = f"warm-{uuid.uuid4().hex}"  # what a store does once (read its limits) is done before a rule is armed
+    store.save(warm, _transcript(1))
+    assert store.messages(warm) == _transcript(1)
+    proxy.statements.clear()
+    yield store
+    store.engine.dispose()
+
+
+@pytest.fixture
+def direct(database: tuple[str, str, Engine]) -> Iterator[agent.Store]:
+    store = servers.postgres_store(database[1]) if database[0] == "postgres" else servers.mysql_store(database[1])
+    yield store
+    store.engine.dispose()
+
+
+def _transcript(n: int) -> list[agent.Message]:
+    return [agent.Message.user(f"question {i}") if i % 2 == 0 else agent.Message.assistant(f"answer {i}")
+            for i in range(n)]
+
+
+def test_a_save_whose_commit_lost_its_answer_may_have_happened_and_did(
+    via: agent.Store, direct: agent.Store, proxy: FaultProxy
+) -> None:
+    sid = f"lost-{uuid.uuid4().hex}"
+    msgs = _transcript(3)
+    rule = proxy.arm(Rule("lose_ack", r"^\s*COMMIT"))
+    with pytest.raises(agent.OutcomeUnknown, match="may have happened"):
+        via.save(sid, msgs)
+    assert rule.fired
+    assert direct.messages(sid) == msgs  # it did happen
+    via.save(sid, msgs)  # and saving the same transcript again is safe: nothing is added twice
+    assert direct.messages(sid) == msgs
+
+
+@pytest.mark.parametrize("fault", ["cut_before", "cut_inside"])
+def test_a_save_cut_before_the_database_saw_it_did_not_happen(
+    via: agent.Store, direct: agent.Store, proxy: FaultProxy, fault: str
+) -> None:
+    sid = f"cut-{uuid.uuid4().hex}"
+    rule = proxy.arm(Rule(fault, "INSERT INTO agent_messages"))
+    with pytest.raises(agent.StoreError) as raised:
+        via.save(sid, _transcript(3))
+    assert rule.fired and not isinstance(raised.value, agent.OutcomeUnknown), raised.value
+    assert direct.messages(sid) == []
+
+
+def test_a_fenced_step_whose_answer_was_lost_may_have_happened(
+    via: agent.RunStore, direct: agent.Store, proxy: FaultProxy
+) -> None:
+    """The usual step: one autocommitted statement on PostgreSQL, a statement and a COMMIT on MySQL."""
+    sid = f"step-{uuid.uuid4().hex}"
+    msgs = _transcript(3)
+    via.save(sid, msgs)
+    holder = via.acquire(sid, agent.Holder("h", 1, "a" * 32, 0.0), 60)
+    via.save_fenced(sid, holder, msgs, take_steers=True)  # the store now knows the transcript: the next is an append
+    msgs = [*msgs, agent.Message.user("one more")]
+    pattern = r"INSERT INTO agent_messages" if proxy.protocol == "postgres" else r"^\s*COMMIT"
+    rule = proxy.arm(Rule("lose_ack", pattern))
+    with pytest.raises(agent.OutcomeUnknown):
+        via.save_fenced(sid, holder, msgs, take_steers=True)
+    assert rule.fired and direct.messages(sid) == msgs
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_an_acquisition_whose_commit_lost_its_answer_gets_the_lease_it_took(
+    via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy, nth: int
+) -> None:
+    sid = f"acq-{uuid.uuid4().hex}"
+    via.save(sid, _transcript(1))
+    rule = proxy.arm(Rule("lose_ack", r"^\s*COMMIT", nth=nth))
+    with Lease(via, sid, ttl=30, wait=0) as lease:
+        held = direct.holder(sid)
+        assert held is not None and held.token == lease.holder.token and held.epoch == lease.holder.epoch
+        with pytest.raises(agent.SessionBusy):  # anyone else finds it held: it is this run's
+            with Lease(direct, sid, ttl=30, wait=0):
+                pass
+    if not rule.fired:
+        pytest.skip(f"the acquisition commits fewer than {nth} times on {proxy.protocol}")
+    assert direct.holder(sid) is None  # released at the end, as usual
+
+
+def test_a_release_whose_answer_was_lost_does_not_fail_the_finished_turn(
+    via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy
+) -> None:
+    """Item 7: the turn is over; the release is asked again, and the lease ends free."""
+    sid = f"rel-{uuid.uuid4().hex}"
+    via.save(sid, _transcript(1))
+    with Lease(via, sid, ttl=30, wait=0):
+        pattern = r"UPDATE agent_sessions SET token\s*=\s*NULL" if proxy.protocol == "postgres" else r"^\s*COMMIT"
+        rule = proxy.arm(Rule("lose_ack", pattern))
+    assert rule.fired and direct.holder(sid) is None
