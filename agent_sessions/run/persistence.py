@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 from .. import approvals
@@ -29,7 +29,15 @@ from ..contract import (
     Session,
     is_run_session,
 )
-from ..errors import ArgumentError, AwaitingApproval, LeaseLost, StoreError, TranscriptConflict, TranscriptDeleted
+from ..errors import (
+    AgentError,
+    ArgumentError,
+    AwaitingApproval,
+    LeaseLost,
+    StoreError,
+    TranscriptConflict,
+    TranscriptDeleted,
+)
 from ..events import Sink
 from ..journal import UNKNOWN_OUTCOME, Approval, Journal, fingerprint
 from ..lease import Lease
@@ -89,6 +97,16 @@ class Keeping(Protocol):
 
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None: ...
 
+    def store_steers(self, steers: Sequence[str]) -> list[str]:
+        """Store ``steers`` (given to this run, in no stored transcript) as the session's waiting steers, so
+        the next run takes them; return those it could not store."""
+        ...
+
+    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
+        """After a save that went unanswered: is ``transcript`` what the session holds? ``None``: unknown
+        (no session, or the read failed)."""
+        ...
+
     def finish(self, transcript: list[Message], result: Result) -> None:
         """The run returns ``result``: save what the last request's reply (and anything since) added."""
 
@@ -96,6 +114,12 @@ class Keeping(Protocol):
 class _NotKept:
     saves = False
     stopped = False
+
+    def store_steers(self, steers: Sequence[str]) -> list[str]:
+        return list(steers)  # no session to keep them in
+
+    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
+        return None
 
     def __enter__(self) -> _NotKept:
         return self
@@ -156,6 +180,12 @@ class Kept(_NotKept):
 
     def finish(self, transcript: list[Message], result: Result) -> None:
         self.session.save(transcript)
+
+    def store_steers(self, steers: Sequence[str]) -> list[str]:
+        return _store_steers(self.session.steer, str(getattr(self.session, "id", "?")), steers)
+
+    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
+        return _stored_as(self.session.messages, transcript)
 
 
 class Leased:
@@ -232,6 +262,12 @@ class Leased:
                     self.held = False
                     self.publisher.failing(exc)
         self.lease.__exit__(kind, exc, tb)
+
+    def store_steers(self, steers: Sequence[str]) -> list[str]:
+        return _store_steers(lambda text: self.store.add_steer(self.session, text), self.session, steers)
+
+    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
+        return _stored_as(lambda: self.store.messages(self.session), transcript)
 
     def _keep_results(self) -> None:
         """The run fails (an events callback raised on ``ToolFinished``, say) after a non-idempotent tool ran
@@ -645,3 +681,25 @@ def keeping(spec: Spec, *, continuing: bool = False) -> Keeping:
         return Leased(session, spec, continuing=continuing)
     return Kept(session)
 
+
+def _store_steers(add: Callable[[str], None], session: str, steers: Sequence[str]) -> list[str]:
+    """Add each of ``steers``, in order, until one fails; return the rest (that one included)."""
+    for i, text in enumerate(steers):
+        try:
+            add(text)
+        except AgentError as exc:
+            log.warning("session %r: %d steer(s) given to the failed run could not be kept as waiting steers "
+                        "(%s); they are handed back on its exception", session, len(steers) - i, exc)
+            return list(steers[i:])
+    if steers:
+        log.info("session %r: %d steer(s) given to the failed run kept as waiting steers", session, len(steers))
+    return []
+
+
+def _stored_as(read: Callable[[], list[Message]], transcript: Sequence[Message]) -> bool | None:
+    try:
+        stored = read()
+    except AgentError as exc:
+        log.warning("could not read the session back after a save that went unanswered: %s", exc)
+        return None
+    return len(stored) == len(transcript) and stored[-1:] == list(transcript[-1:])

@@ -13,12 +13,14 @@ with exactly one of ``Finished`` and ``Failed``.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from functools import partial
 
 from ..approvals import CANCELLED_WAITING, result_text
 from ..endpoints import Endpoint, streaming
+from ..errors import OutcomeUnknown, TranscriptDeleted
 from ..events import SILENT, Events, Sink, sink
 from ..messages import Content, Message, Role, distinct_call_ids, unanswered
 from ..result import Result, StopReason
@@ -26,6 +28,8 @@ from ..spec import Spec
 from ..tools import Tool
 from .persistence import Keeping, keeping
 from .steerbox import SteerBox
+
+log = logging.getLogger(__name__)
 
 CANCELLED = "not run: the run was cancelled before this tool call"
 
@@ -41,13 +45,18 @@ def run(
 ) -> Result:
     """Run the loop on ``transcript``; ``continuing``: it goes on with a turn already begun (``keeping``)."""
     emit = sink(events)
+    taken: list[str] = []  # steers of the box in the transcript, in no stored transcript yet
     try:
         with keeping(spec, continuing=continuing) as keep:
-            emit = keep.publishing(emit)
-            keep.resume(transcript)
-            if keep.stopped:  # its turn was cancelled before it: it starts nothing
-                cancelled.set()
-            result = _loop(spec, transcript, endpoint, emit, box, cancelled, keep)
+            try:
+                emit = keep.publishing(emit)
+                keep.resume(transcript)
+                if keep.stopped:  # its turn was cancelled before it: it starts nothing
+                    cancelled.set()
+                result = _loop(spec, transcript, endpoint, emit, box, cancelled, keep, taken)
+            except BaseException as exc:
+                _give_back(keep, exc, transcript, taken, box.close())
+                raise
     except BaseException as exc:  # reported, then re-raised: a listener closes what it opened (a span)
         emit.failed(exc)
         raise
@@ -63,6 +72,7 @@ def _loop(
     box: SteerBox,
     cancelled: threading.Event,
     keep: Keeping,
+    taken: list[str],
 ) -> Result:
     steps = 0
     reply: Message | None = None
@@ -81,8 +91,10 @@ def _loop(
             break
         step = steps + 1
         emit.step_started(step)
-        _collect(step, transcript, box.drain(), emit)
+        taken += _collect(step, transcript, box.drain(), emit)
         steers, stop_asked = keep.before_request(transcript)  # steers taken and saved in one step
+        if keep.saves:
+            taken.clear()  # stored: a resume has them
         _applied(step, transcript, steers, emit)
         if keep.saves:
             emit.saved(step, len(transcript))
@@ -96,6 +108,7 @@ def _loop(
         else:
             reply = streams.complete(spec.system, transcript, spec.toolbox, on_text=partial(emit.text_delta, step))
         reply = distinct_call_ids(reply)  # before anything stores, journals or matches a call by its id
+        taken.clear()  # the model has read them
         steps = step
         transcript.append(reply)
         emit.model_response(step, reply, started)
@@ -169,11 +182,40 @@ def _run_tools(
     return []
 
 
-def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink) -> None:
-    """Append the steers of the run's own box."""
+def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink) -> list[str]:
+    """Append the steers of the run's own box; return them."""
     for text in steers:
         transcript.append(Message.user(text))
         emit.steer_applied(step, text, len(transcript) - 1, "run")
+    return steers
+
+
+def _give_back(
+    keep: Keeping, exc: BaseException, transcript: list[Message], taken: list[str], left: list[str]
+) -> None:
+    """A failing run keeps what it was given (``Run.steer``) and no stored transcript holds: the steers
+    the failed step took from the box (the end of ``transcript``), and those still in it. They become the
+    session's waiting steers, which the documented resume takes. When the save that carried them went
+    unanswered (``OutcomeUnknown``) the stored transcript is read to tell whether it landed. What cannot be
+    stored (no session, the store failing, a session erased meanwhile) or checked is handed back on the
+    exception, as ``exc.unapplied_steers``, in the order given."""
+    if not taken and not left:
+        return
+    maybe: list[str] = []
+    if taken and isinstance(exc, OutcomeUnknown):
+        landed = keep.stored_as(transcript)
+        if landed is None:
+            maybe = taken  # cannot tell: the caller decides
+        elif landed:
+            taken = []  # the save landed: a resume has them
+    sure = [*taken, *left] if not maybe else list(left)
+    unstored = sure if isinstance(exc, TranscriptDeleted) else keep.store_steers(sure)
+    back = [*maybe, *unstored]
+    if back:
+        try:
+            exc.unapplied_steers = back  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type that takes no attributes: say so, at least
+            log.error("%d steer(s) given to the failed run are lost: %r", len(back), back)
 
 
 def _applied(step: int, transcript: list[Message], steers: Sequence[str], emit: Sink) -> None:

@@ -46,6 +46,8 @@ class Rule:
     pattern: str = ".*"
     nth: int = 1
     seconds: float = 0.0
+    after: str | None = None
+    """Only a unit that follows, on its connection, one matching this (the COMMIT of an INSERT, say)."""
     seen: int = 0
     fired: list[str] = field(default_factory=list)
     """The text of the unit it fired at (empty until it fires)."""
@@ -54,9 +56,12 @@ class Rule:
         if self.fault not in FAULTS:
             raise ValueError(f"unknown fault {self.fault!r}: one of {FAULTS}")
         self._re = re.compile(self.pattern, re.IGNORECASE | re.DOTALL)
+        self._after = None if self.after is None else re.compile(self.after, re.IGNORECASE | re.DOTALL)
 
-    def matches(self, text: str) -> bool:
+    def matches(self, text: str, previous: str) -> bool:
         if self.fired or not self._re.search(text):
+            return False
+        if self._after is not None and not self._after.search(previous):
             return False
         self.seen += 1
         return self.seen == self.nth
@@ -83,6 +88,7 @@ class _Conn:
         self.commands: list[int] = []  # MySQL: commands awaiting their answer
         self.deprecate_eof = False
         self.handshaken = threading.Event()
+        self.previous = ""  # the text of the unit before, on this connection
 
     # -- plumbing ---------------------------------------------------------------------------------------
 
@@ -145,7 +151,8 @@ class _Conn:
 
     def apply(self, unit: wire.Unit) -> None:
         """Forward ``unit`` upstream, doing what an armed rule says on the way."""
-        rule = self.proxy.rule_for(unit.text)
+        rule = self.proxy.rule_for(unit.text, self.previous)
+        self.previous = unit.text
         fault = rule.fault if rule is not None else None
         if rule is not None:
             rule.fired.append(unit.text)
@@ -326,11 +333,11 @@ class FaultProxy:
             self.rules.append(rule)
         return rule
 
-    def rule_for(self, text: str) -> Rule | None:
+    def rule_for(self, text: str, previous: str = "") -> Rule | None:
         with self._lock:
             self.statements.append(text)
             for rule in self.rules:
-                if rule.matches(text):
+                if rule.matches(text, previous):
                     return rule
         return None
 

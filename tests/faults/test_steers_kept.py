@@ -1,0 +1,171 @@
+"""Issue #25, item 2: a run that fails keeps what it was given. Steers given with ``Run.steer`` that no
+stored transcript holds become the session's waiting steers, which the documented resume takes once; what
+cannot be stored there, or may be stored already, comes back on the exception as ``unapplied_steers``.
+Through the fault proxy on PostgreSQL and MariaDB, with the model over real HTTP."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url
+
+import agent_sessions as agent
+from tests import servers
+from tests.model_server import ModelServer, Reply, Request, openai
+
+from .proxy import FaultProxy, Rule
+
+WAIT = 10.0
+
+
+@agent.tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"value of {key}"
+
+
+@pytest.fixture(scope="module", params=["postgres", "mysql"])
+def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Engine]]:
+    name = request.param
+    base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
+    url = servers.database_url(base, servers.database_name("faultsteers"))
+    direct = create_engine(url)
+    servers.fresh_schema(direct)
+    yield name, url, direct
+    direct.dispose()
+
+
+@pytest.fixture
+def proxy(database: tuple[str, str, Engine]) -> Iterator[FaultProxy]:
+    with FaultProxy(database[0], int(make_url(database[1]).port or 0)) as p:
+        yield p
+
+
+def _store(database: tuple[str, str, Engine], port: int | None = None) -> agent.RunStore:
+    url = database[1] if port is None else make_url(database[1]).set(port=port).render_as_string(hide_password=False)
+    return servers.postgres_store(url) if database[0] == "postgres" else servers.mysql_store(url)
+
+
+@pytest.fixture
+def model() -> Iterator[ModelServer]:
+    server = ModelServer()
+    yield server
+    server.close()
+
+
+def _endpoint(model: ModelServer) -> agent.endpoints.OpenAIChat:
+    return agent.endpoints.OpenAIChat(model.url + "/v1", "test-model", max_retries=0)
+
+
+def _held(entered: threading.Event, release: threading.Event, reply: Reply) -> object:
+    """A scripted reply that first lets the test act while its request is in flight."""
+
+    def step(_: Request) -> Reply:
+        entered.set()
+        release.wait(WAIT)
+        return reply
+
+    return step
+
+
+def _failed_run(
+    spec: agent.Spec, model: ModelServer, steer: str, first: Reply, arm: object = None
+) -> BaseException:
+    """Start a run whose first request is held while ``steer`` is given to it; ``first`` answers it."""
+    entered, release = threading.Event(), threading.Event()
+    model.push(_held(entered, release, first))
+    run = agent.Runner().start(spec, [agent.Message.user("go")], _endpoint(model))
+    assert entered.wait(WAIT)
+    run.steer(steer)
+    if callable(arm):
+        arm()
+    release.set()
+    with pytest.raises(agent.AgentError) as raised:
+        run.wait(WAIT * 3)
+    return raised.value
+
+
+def _resume(database: tuple[str, str, Engine], sid: str, model: ModelServer) -> list[agent.Message]:
+    """The documented resume, on a worker that reaches the database directly: a run from the stored
+    transcript. Returns the messages of its one request."""
+    model.push(openai("done"))
+    store = _store(database)
+    try:
+        session = agent.open(sid, store)
+        result = agent.Runner().run(agent.Spec(session=session, tools=[lookup]), session.messages(), _endpoint(model))
+        assert result.stop_reason == "answered"
+        assert store.messages(sid) == result.messages
+        return result.messages
+    finally:
+        store.engine.dispose()  # type: ignore[attr-defined]
+
+
+def _count(messages: list[agent.Message], text: str) -> int:
+    return sum(m.text == text for m in messages)
+
+
+def test_a_steer_given_during_a_request_that_fails_is_kept_for_the_resume(
+    database: tuple[str, str, Engine], proxy: FaultProxy, model: ModelServer
+) -> None:
+    sid = f"s503-{uuid.uuid4().hex[:12]}"
+    store = _store(database, proxy.port)
+    spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
+    failed = _failed_run(spec, model, "and look at b", Reply({"error": {"message": "overloaded"}}, status=503))
+    assert isinstance(failed, agent.EndpointError) and failed.status == 503
+    assert not getattr(failed, "unapplied_steers", [])  # kept in the store: nothing to hand back
+    assert _store(database).pending_steers(sid) == ["and look at b"]  # type: ignore[attr-defined]
+    resumed = _resume(database, sid, model)
+    assert _count(resumed, "and look at b") == 1
+    assert model.requests[-1].json["messages"][-1]["content"] == "and look at b"
+
+
+def test_a_steer_whose_save_was_cut_is_kept_for_the_resume(
+    database: tuple[str, str, Engine], proxy: FaultProxy, model: ModelServer
+) -> None:
+    """The steer is taken into the step-2 transcript; that save is cut before the database sees it."""
+    sid = f"scut-{uuid.uuid4().hex[:12]}"
+    store = _store(database, proxy.port)
+    spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
+    rule = Rule("cut_before", "INSERT INTO agent_messages")
+    failed = _failed_run(spec, model, "and look at c", openai(calls=[("c1", "lookup", '{"key": "a"}')]),
+                         arm=lambda: proxy.arm(rule))
+    # On PostgreSQL the step is one autocommitted statement, so a cut line leaves its outcome unknown, and
+    # the run reads the session back to find it did not land; on MySQL the COMMIT was never sent.
+    assert rule.fired and isinstance(failed, agent.StoreError)
+    assert not getattr(failed, "unapplied_steers", [])
+    direct = _store(database)
+    assert _count(direct.messages(sid), "and look at c") == 0
+    assert direct.pending_steers(sid) == ["and look at c"]  # type: ignore[attr-defined]
+    resumed = _resume(database, sid, model)
+    assert _count(resumed, "and look at c") == 1
+    assert model.requests[-1].json["messages"][-1]["content"] == "and look at c"
+
+
+def test_a_steer_whose_save_went_unanswered_but_landed_is_not_doubled(
+    database: tuple[str, str, Engine], proxy: FaultProxy, model: ModelServer
+) -> None:
+    sid = f"sack-{uuid.uuid4().hex[:12]}"
+    store = _store(database, proxy.port)
+    spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
+    if database[0] == "postgres":  # the step's one autocommitted statement
+        rule = Rule("lose_ack", "INSERT INTO agent_messages")
+    else:  # the COMMIT of the step's INSERT
+        rule = Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_messages")
+    failed = _failed_run(spec, model, "and look at d", openai(calls=[("c1", "lookup", '{"key": "a"}')]),
+                         arm=lambda: proxy.arm(rule))
+    assert rule.fired and isinstance(failed, agent.OutcomeUnknown)
+    assert not getattr(failed, "unapplied_steers", [])  # read back: it landed
+    direct = _store(database)
+    assert _count(direct.messages(sid), "and look at d") == 1  # it did land, once
+    assert direct.pending_steers(sid) == []  # type: ignore[attr-defined]
+    assert _count(_resume(database, sid, model), "and look at d") == 1
+
+
+def test_without_a_session_the_steers_come_back_on_the_exception(model: ModelServer) -> None:
+    failed = _failed_run(agent.Spec(tools=[lookup]), model, "and look at e",
+                         Reply({"error": {"message": "overloaded"}}, status=503))
+    assert isinstance(failed, agent.EndpointError)
+    assert failed.unapplied_steers == ["and look at e"]  # type: ignore[attr-defined]
