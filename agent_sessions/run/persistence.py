@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
-from .. import approvals
+from .. import approvals, eventlog
 from ..contract import (
     ApprovalStore,
     CancelWatch,
@@ -34,6 +34,7 @@ from ..errors import (
     ArgumentError,
     AwaitingApproval,
     LeaseLost,
+    OutcomeUnknown,
     StoreError,
     TranscriptConflict,
     TranscriptDeleted,
@@ -45,7 +46,7 @@ from ..messages import Content, Message, Role, incarnations_read, unanswered
 from ..result import Result
 from ..spec import Spec
 from ..tools import Tool
-from ..values import Decision, when
+from ..values import Decision, StoredEvent, when
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,8 @@ class Leased:
         self.held = True
         """Events wait for the first write (``_append_events``) unless the run fails otherwise (``__exit__``)."""
         self.publish = spec.publish_events
+        self.seq_floor = 0
+        """The number the log gave this run's last append of events alone: where a read-back starts."""
         self.events_kept = spec.events_kept
         self.publisher: Publisher | None = None
         self.pushes = isinstance(self.store, CancelWatcher)
@@ -294,7 +297,32 @@ class Leased:
             assert self.publisher is not None
             self.publisher.restore(records)
             return
-        self.event_store.append_events(self.session, self.lease.holder, records, keep=self.events_kept)
+        try:
+            self.seq_floor = self.event_store.append_events(self.session, self.lease.holder, records,
+                                                            keep=self.events_kept)
+        except OutcomeUnknown as exc:
+            if not self._logged(records):
+                raise
+            log.warning("session %r: an append of %d event(s) went unanswered (%s); read back, it had landed",
+                        self.session, len(records), exc)
+
+    def _logged(self, records: list[str]) -> bool:
+        """After an append of ``records`` went unanswered: are they the log's last events? (Read from the
+        last number this run was given on, so at most the log's ``events_kept``; ``False`` when the read
+        fails too, and the caller writes them again rather than lose them.)"""
+        tail: list[StoredEvent] = []
+        after = self.seq_floor
+        try:
+            while True:
+                page = self.event_store.events(self.session, after, eventlog.MAX_READ)
+                tail = [*tail, *page][-len(records):]
+                if len(page) < eventlog.MAX_READ:
+                    break
+                after = page[-1].seq
+        except AgentError:
+            return False
+        wanted = [eventlog.decode(0, record) for record in records]
+        return [(e.kind, e.at) for e in tail] == [(w.kind, w.at) for w in wanted]
 
     def resume(self, transcript: list[Message]) -> None:
         """Tools may run before the first request: so the compare-and-swap comes first here, without
@@ -622,23 +650,53 @@ class Leased:
             replace = self.replace and self.written < 0
         since = self._listening()
         if self.publisher is None:
-            saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers,
-                                           replace=replace)
+            try:
+                saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers,
+                                               replace=replace)
+            except OutcomeUnknown as exc:
+                saved = self._landed(msgs, exc)
         else:
             with self.publisher.lock:  # no event is written by the watcher between these and after them
                 records = self.publisher.take()
                 try:
-                    saved = self.event_store.save_fenced_events(self.session, self.lease.holder, msgs,
-                                                          take_steers=take_steers, replace=replace,
-                                                          events=self.publisher.render(records, msgs),
-                                                          keep=self.events_kept)
+                    try:
+                        saved = self.event_store.save_fenced_events(
+                            self.session, self.lease.holder, msgs, take_steers=take_steers, replace=replace,
+                            events=self.publisher.render(records, msgs), keep=self.events_kept)
+                    except OutcomeUnknown as exc:
+                        saved = self._landed(msgs, exc)  # landed: its events are in the log, with its messages
                 except BaseException:
-                    self.publisher.restore(records)
+                    self.publisher.restore(records)  # not written: the next write (or ``failed``'s) takes them
                     raise
         self.since = None if saved.cancelled else since
         self.written = len(msgs) + len(saved.steers)
         self.unwritten = False
         return saved
+
+
+    def _landed(self, msgs: Sequence[Message], exc: OutcomeUnknown) -> Saved:
+        """A save that went unanswered: read the session back. If it landed (the session holds ``msgs``, and
+        after them the steers it took), the run goes on as if the answer had come: nothing is written twice
+        (its events, its steers). If it did not, or the read fails too, ``exc`` fails the run. (The cancel
+        flag the answer carried is lost; the next check of the flag sees it.)"""
+        try:
+            stored = self.store.messages(self.session)
+        except AgentError as again:
+            log.warning("session %r: a save went unanswered (%s), and reading it back failed too (%s)",
+                        self.session, exc, again)
+            raise exc from None
+        if not _holds(stored, msgs):
+            raise exc
+        steers = [m.text for m in stored[len(msgs):]]
+        log.warning("session %r: a save went unanswered (%s); read back, it had landed (%d steer(s) taken): "
+                    "the run goes on", self.session, exc, len(steers))
+        return Saved(steers, False)
+
+
+def _holds(stored: Sequence[Message], msgs: Sequence[Message]) -> bool:
+    """Does ``stored`` begin with ``msgs`` (as far as a save that may have landed can tell: its length and its
+    last message; before the save the session held fewer)?"""
+    return bool(msgs) and len(stored) >= len(msgs) and stored[len(msgs) - 1] == msgs[-1]
 
 
 def _started_anew(journal: Journal, transcript: Sequence[Message]) -> bool:
@@ -702,4 +760,4 @@ def _stored_as(read: Callable[[], list[Message]], transcript: Sequence[Message])
     except AgentError as exc:
         log.warning("could not read the session back after a save that went unanswered: %s", exc)
         return None
-    return len(stored) == len(transcript) and stored[-1:] == list(transcript[-1:])
+    return _holds(stored, transcript)

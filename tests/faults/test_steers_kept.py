@@ -6,6 +6,7 @@ Through the fault proxy on PostgreSQL and MariaDB, with the model over real HTTP
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -27,6 +28,13 @@ def lookup(key: str) -> str:
     return f"value of {key}"
 
 
+@agent.tool
+def slow_lookup(key: str) -> str:
+    """Look a key up, slowly: its events are written while it runs (the publisher's watcher)."""
+    time.sleep(0.4)
+    return f"value of {key}"
+
+
 @pytest.fixture(scope="module", params=["postgres", "mysql"])
 def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Engine]]:
     name = request.param
@@ -44,9 +52,23 @@ def proxy(database: tuple[str, str, Engine]) -> Iterator[FaultProxy]:
         yield p
 
 
+OPENED: list[agent.RunStore] = []
+
+
 def _store(database: tuple[str, str, Engine], port: int | None = None) -> agent.RunStore:
     url = database[1] if port is None else make_url(database[1]).set(port=port).render_as_string(hide_password=False)
-    return servers.postgres_store(url) if database[0] == "postgres" else servers.mysql_store(url)
+    store = servers.postgres_store(url) if database[0] == "postgres" else servers.mysql_store(url)
+    OPENED.append(store)
+    return store
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    """Each test's stores closed after it (PostgreSQL's listener would go on reconnecting to its proxy)."""
+    yield
+    while OPENED:
+        store = OPENED.pop()
+        getattr(store, "close", store.engine.dispose)()  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -144,24 +166,56 @@ def test_a_steer_whose_save_was_cut_is_kept_for_the_resume(
     assert model.requests[-1].json["messages"][-1]["content"] == "and look at c"
 
 
-def test_a_steer_whose_save_went_unanswered_but_landed_is_not_doubled(
-    database: tuple[str, str, Engine], proxy: FaultProxy, model: ModelServer
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_a_save_that_went_unanswered_but_landed_goes_on_and_doubles_nothing(
+    database: tuple[str, str, Engine], proxy: FaultProxy, model: ModelServer, nth: int
 ) -> None:
+    """Items 2 and 3: the run reads the session back, finds its save there, and goes on as if the answer
+    had come: the steer it carried is stored once, its events are in the log once, and the run finishes."""
     sid = f"sack-{uuid.uuid4().hex[:12]}"
     store = _store(database, proxy.port)
-    spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
-    if database[0] == "postgres":  # the step's one autocommitted statement
-        rule = Rule("lose_ack", "INSERT INTO agent_messages")
-    else:  # the COMMIT of the step's INSERT
-        rule = Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_messages")
-    failed = _failed_run(spec, model, "and look at d", openai(calls=[("c1", "lookup", '{"key": "a"}')]),
-                         arm=lambda: proxy.arm(rule))
-    assert rule.fired and isinstance(failed, agent.OutcomeUnknown)
-    assert not getattr(failed, "unapplied_steers", [])  # read back: it landed
+    session = agent.open(sid, store)
+    spec = agent.Spec(session=session, tools=[slow_lookup], publish_events=True)
+    # The nth write that carries events: a step's save (its messages and events in one statement on
+    # PostgreSQL), or events written alone (a flush before a request, a slow tool's).
+    if database[0] == "postgres":
+        rule = Rule("lose_ack", "INSERT INTO agent_events", nth=nth)
+    else:  # the COMMIT after the events' INSERT
+        rule = Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_events", nth=nth)
+    entered, release = threading.Event(), threading.Event()
+    model.push(_held(entered, release, openai(calls=[("c1", "slow_lookup", '{"key": "a"}')])), openai("done"))
+    run = agent.Runner().start(spec, [agent.Message.user("go")], _endpoint(model))
+    assert entered.wait(WAIT)
+    run.steer("and look at d")
+    proxy.arm(rule)
+    release.set()
+    result = run.wait(WAIT * 3)
+    assert result.stop_reason == "answered" and result.text == "done"
+    if not rule.fired:
+        pytest.skip(f"fewer than {nth} writes carried events")
     direct = _store(database)
-    assert _count(direct.messages(sid), "and look at d") == 1  # it did land, once
+    assert direct.messages(sid) == result.messages and _count(result.messages, "and look at d") == 1
     assert direct.pending_steers(sid) == []  # type: ignore[attr-defined]
-    assert _count(_resume(database, sid, model), "and look at d") == 1
+    kinds = [(e.kind, e.data.get("step"), e.data.get("text"), e.data.get("call_id")) for e in
+             agent.open(sid, direct).events(limit=1000)]
+    assert len(kinds) == len(set(kinds)), kinds  # nothing written twice
+    assert [k for k, *_ in kinds].count("finished") == 1 and "failed" not in [k for k, *_ in kinds]
+
+
+def test_events_of_a_save_cut_before_it_landed_are_written_once_with_failed(
+    database: tuple[str, str, Engine], proxy: FaultProxy, model: ModelServer
+) -> None:
+    sid = f"sevc-{uuid.uuid4().hex[:12]}"
+    store = _store(database, proxy.port)
+    spec = agent.Spec(session=agent.open(sid, store), tools=[lookup], publish_events=True)
+    rule = Rule("cut_before", "INSERT INTO agent_messages")
+    failed = _failed_run(spec, model, "and look at f", openai(calls=[("c1", "lookup", '{"key": "a"}')]),
+                         arm=lambda: proxy.arm(rule))
+    assert rule.fired and isinstance(failed, agent.StoreError)
+    events = agent.open(sid, _store(database)).events(limit=1000)
+    kinds = [(e.kind, e.data.get("step"), e.data.get("text"), e.data.get("call_id")) for e in events]
+    assert len(kinds) == len(set(kinds)), kinds
+    assert [e.kind for e in events][-1] == "failed" and "finished" not in [e.kind for e in events]
 
 
 def test_without_a_session_the_steers_come_back_on_the_exception(model: ModelServer) -> None:
