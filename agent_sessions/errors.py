@@ -68,6 +68,13 @@ class SessionBusy(Conflict):
         super().__init__(message)
 
 
+class SessionLocked(Conflict):
+    """Another worker is inside a transaction on the session and kept its row locked longer than the store
+    waits (its ``lock_wait``): a worker stalled mid-transaction (a paused VM, a stopped process, a
+    partition), or a slow one. Nothing was written. The store ends such a transaction once it has sat idle
+    for its ``transaction_timeout`` (PostgreSQL), so a later try gets through."""
+
+
 class LeaseLost(Conflict):
     """Another run took this run's lease over (it had stalled past its expiry, or its renewals failed):
     the store refused the write, and the run stopped without writing anything more."""

@@ -22,7 +22,7 @@ import threading
 import time
 
 from .contract import RunStore
-from .errors import LeaseLost, OutcomeUnknown, SessionBusy, StoreError
+from .errors import LeaseLost, OutcomeUnknown, SessionBusy, SessionLocked, StoreError
 from .values import Holder
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,15 @@ class Lease:
         while True:
             try:
                 got = self.store.acquire(self.session, self.holder, self.ttl)
+            except SessionLocked:
+                # Another worker is inside a transaction on the session (taking it, say): busy, as a held
+                # lease is, for as long as the run may wait; then that is the error.
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.5)
+                continue
             except OutcomeUnknown as exc:
                 # It may have taken the lease: the same acquisition again (same token) finds it ours, where
                 # a new one would find the session held, by this very process, for the whole ttl.

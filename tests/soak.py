@@ -1,6 +1,7 @@
 """The model-based concurrency machine (storetest.model_ops) for as long as asked: ``scripts/soak``.
 
     python -m tests.soak --hours 1 --store all          # or --minutes 10; --seed S replays one program
+    python -m tests.soak --faults 2000 --store all      # the fault trials instead (tests/faults/trials.py)
 
 Programs run with fresh seeds, round-robin over the stores, until the time is up; then a table per store
 (programs, operations tried per kind, invariant checks per invariant, violations) is printed and written
@@ -94,6 +95,13 @@ def table(reports: dict[str, Report], seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_ = sys.argv[1:] if argv is None else argv
+    if args_[:1] == ["--faults"]:  # scripts/soak --faults N [--store postgres|mysql|all] [--json PATH]
+        from tests.faults import trials
+
+        if len(args_) < 2 or not args_[1].isdigit():
+            raise SystemExit("scripts/soak --faults N: N, the number of fault trials per store")
+        return trials.main(["--trials", args_[1], *args_[2:]])
     parser = argparse.ArgumentParser(prog="scripts/soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, default=0.0)
     parser.add_argument("--minutes", type=float, default=0.0)

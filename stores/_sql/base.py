@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from agent_sessions import ArgumentError, OutcomeUnknown, StoreError
+from agent_sessions import ArgumentError, OutcomeUnknown, SessionLocked, StoreError
 
 from .._known import REMEMBER, REMEMBER_BYTES, Known
 from .driver import PARAMSTYLES, Driver, Rows
@@ -31,6 +31,14 @@ log = logging.getLogger("stores._sql.store")
 
 
 _RETRIES = 4
+
+LOCK_WAIT = 2.0
+"""Seconds a statement of the store waits for a row lock another transaction holds before it gives up with
+``SessionLocked`` (PostgreSQL's ``lock_timeout``; MySQL's ``innodb_lock_wait_timeout``, whole seconds)."""
+TRANSACTION_TIMEOUT = 10.0
+"""Seconds a transaction the store opened may sit idle (its worker stalled between two statements) before
+PostgreSQL ends it and frees its locks (``idle_in_transaction_session_timeout``): well inside a lease's
+ttl (30 s by default), so a frozen worker cannot wedge a session past what its lease could hold it for."""
 
 
 class SQLBase:
@@ -49,8 +57,15 @@ class SQLBase:
     """With ``raw_statements``: have the driver prepare each statement at its first use (``Driver``)."""
 
     def __init__(
-        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
+        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES,
+        lock_wait: float = LOCK_WAIT, transaction_timeout: float = TRANSACTION_TIMEOUT,
     ) -> None:
+        for name, value in (("lock_wait", lock_wait), ("transaction_timeout", transaction_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86_400:
+                raise ArgumentError(f"{type(self).__module__}.Store: {name} must be seconds in (0, 86400], got "
+                                    f"{value!r}")
+        self.lock_wait = float(lock_wait)
+        self.transaction_timeout = float(transaction_timeout)
         if not isinstance(engine, Engine) or (self.dialects and engine.dialect.name not in self.dialects):
             raise ArgumentError(
                 f"{type(self).__module__}.Store needs a SQLAlchemy Engine for {self.backend}, got {engine!r}; "
@@ -66,7 +81,7 @@ class SQLBase:
         starts above the old one's), and the cap and deletes only raise the oldest, so what another process
         does never makes it wrong; set only once the transaction that learned it has committed."""
         raw = self.raw_statements and engine.dialect.paramstyle in PARAMSTYLES
-        self._driver = Driver(engine.dialect, self.prepare_statements) if raw else None
+        self._driver = Driver(engine.dialect, self.prepare_statements, self.bound_locks) if raw else None
         _dispose_after_fork(self)
 
     def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:
@@ -75,6 +90,15 @@ class SQLBase:
         if self._driver is not None:
             return self._driver.run(conn, statement, params)
         return conn.execute(statement, params)
+
+    def bound_locks(self, statement: str) -> str:
+        """``statement`` (compiled SQL) made to wait at most ``lock_wait`` for a row lock, where the dialect
+        does that per statement (MySQL); as it is elsewhere."""
+        return statement
+
+    def is_lock_timeout(self, exc: DBAPIError) -> bool:
+        """Did the statement give up waiting for a lock (``lock_wait``)?"""
+        return False
 
     def insert_session(self, session: str) -> Any:
         """Insert a bare session row (no transcript, no lease) unless there is one."""
@@ -115,6 +139,14 @@ class SQLBase:
                     committing = True  # what is left is the COMMIT, as the block ends
                 return result
             except DBAPIError as exc:
+                if self.is_lock_timeout(exc):
+                    log.info("%s store: %s of session %r waited %.1f s for a row lock and gave up", self.backend,
+                             op, session, self.lock_wait)
+                    raise SessionLocked(
+                        f"{self.backend} store: {op} of session {session!r} waited {self.lock_wait:g} s (lock_wait) "
+                        "for a lock another worker holds inside a transaction on the session (stalled, or slow); "
+                        "nothing was written"
+                    ) from exc
                 if self.is_transient(exc) and attempt < _RETRIES:
                     attempt += 1
                     pause = 0.005 * (2**attempt) * random.random()

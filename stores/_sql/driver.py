@@ -105,7 +105,7 @@ class Result:
 
 
 class Driver:
-    def __init__(self, dialect: Dialect, prepare: bool = False) -> None:
+    def __init__(self, dialect: Dialect, prepare: bool = False, rewrite: Callable[[str], str] | None = None) -> None:
         """``prepare``: ask the driver to prepare each statement on the server at its first use (psycopg's
         ``execute(prepare=True)``), rather than after its fifth: psycopg forgets every prepared statement at
         each ROLLBACK (a save that raised ``TranscriptConflict``, once per resumed run), and a statement
@@ -115,6 +115,8 @@ class Driver:
         if dialect.paramstyle not in PARAMSTYLES:
             raise ValueError(f"the raw driver path binds {PARAMSTYLES} parameters, not {dialect.paramstyle!r}")
         self.dialect = dialect
+        self.rewrite = rewrite
+        """Applied to each statement's SQL once, as it is compiled (``SQLBase.bound_locks``)."""
         self.options: dict[str, Any] = {"prepare": True} if prepare else {}
         self.pipelined = dialect.driver == "psycopg"
         """psycopg sends an ``executemany`` in pipeline mode (``_many``)."""
@@ -126,6 +128,8 @@ class Driver:
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self._compiled[key] = Compiled(statement, self.dialect, key[1])
+            if self.rewrite is not None:
+                compiled.sql = self.rewrite(compiled.sql)
         return compiled
 
     def run(self, conn: Connection, statement: Executable, params: dict[str, Any] | list[dict[str, Any]]) -> Rows:

@@ -32,7 +32,7 @@ class Lease(SQLBase):
         def take(conn: Connection) -> Holder | None:
             row = self.run(conn, sql.LEASE, {"sid": session}).first()
             if row is None:
-                return None  # made just before, and deleted since (a forced delete between the two steps)
+                return None  # not made yet (or made just before, and deleted since by a forced delete)
             handed = False
             if row[0] is None or not row[2]:  # free, or expired on the database's clock
                 self.run(conn, sql.TAKE_OVER, params)
@@ -45,14 +45,16 @@ class Lease(SQLBase):
             got = holder_of(current)
             return replace(got, cancelled=True) if handed else got
 
-        # The row first, in a statement of its own: a transaction locking a row that is not there yet
+        # The row locked and read first: its one transaction bounds how long it waits for a lock (another
+        # worker inside a transaction on the session: ``SessionLocked``). Only when there is no row yet is it
+        # made, in a statement of its own, and taken again: a transaction locking a row that is not there
         # would take a gap lock on MySQL, and concurrent first acquires would deadlock on their inserts.
         for _ in range(ACQUIRE_ATTEMPTS):
-            self._transaction("acquire", session, lambda conn: conn.execute(self.insert_session(session)),
-                              read_only=True)
             got = self._transaction("acquire", session, take)
             if got is not None:
                 return got
+            self._transaction("acquire", session, lambda conn: conn.execute(self.insert_session(session)),
+                              read_only=True)
         raise StoreError(f"{self.backend} store: session {session!r} was deleted under each of {ACQUIRE_ATTEMPTS} "
                          f"attempts to take its lease")
 

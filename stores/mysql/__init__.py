@@ -6,6 +6,8 @@ Only SQL both servers accept is used: no ``DELETE ... RETURNING`` (MariaDB only)
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,8 +67,11 @@ created by agent-sessions 0.1 (schema 1: it has the table agent_runs), ``MIGRATI
 ``MIGRATIONS[3]``. MySQL commits DDL as it goes: run it with no run in flight, and if a statement fails,
 fix the cause and run the rest."""
 
-# 1213 deadlock, 1205 lock wait timeout: InnoDB has rolled back (the statement or all), so run it again.
-_TRANSIENT = {1213, 1205}
+# 1213 deadlock: InnoDB has rolled the transaction back, so run it again. (1205, a lock wait that passed
+# ``lock_wait``, is a session another worker holds inside a transaction: ``SessionLocked``, not retried.)
+_TRANSIENT = {1213}
+_LOCK_WAIT_TIMEOUT = 1205
+_FIRST_WORD = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNORECASE)
 
 
 _PACKET = text("SELECT @@max_allowed_packet")
@@ -126,6 +131,20 @@ class Store(SQLStore):
         ``lastrowid``), on this connection only."""
         claimed = self.run(conn, sql.claim_events(last_insert_id=True, **shape), params)
         return int(claimed.lastrowid) if claimed.rowcount == 1 else None
+
+    def bound_locks(self, statement: str) -> str:
+        """Each statement waits at most ``lock_wait`` (whole seconds, at least 1) for a row lock, set for that
+        statement alone, so the engine's connections keep their own setting: MariaDB's ``SET STATEMENT ...
+        FOR``, MySQL's ``SET_VAR`` hint. (A transaction a stalled worker left open lasts until the server
+        drops its connection: docs/stores/mysql.md says what to set on the server.)"""
+        seconds = max(1, math.ceil(self.lock_wait))
+        if getattr(self.engine.dialect, "is_mariadb", False):
+            return f"SET STATEMENT innodb_lock_wait_timeout={seconds} FOR {statement}"
+        return _FIRST_WORD.sub(rf"\1 /*+ SET_VAR(innodb_lock_wait_timeout={seconds}) */", statement, count=1)
+
+    def is_lock_timeout(self, exc: DBAPIError) -> bool:
+        args: tuple[object, ...] = getattr(exc.orig, "args", ())
+        return bool(args) and args[0] == _LOCK_WAIT_TIMEOUT
 
     def is_transient(self, exc: DBAPIError) -> bool:
         args: tuple[object, ...] = getattr(exc.orig, "args", ())

@@ -27,6 +27,7 @@ from agent_sessions import ArgumentError, Holder, eventlog, validate
 from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
+from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
 from .._sql.clock import db_micros, db_now
 from .._sql.tables import events, sessions, tags
 from .listener import CANCEL_CHANNEL, CHANNEL, NOT_LISTENING, Listener, NotListening, Watch
@@ -178,6 +179,11 @@ def _event_params(records: Sequence[str], keep: int) -> dict[str, Any]:
 # 40001 serialization_failure, 40P01 deadlock_detected: safe to run the transaction again.
 _TRANSIENT = {"40001", "40P01"}
 
+_BOUNDS = text(
+    "SELECT set_config('lock_timeout', :lock, true), set_config('idle_in_transaction_session_timeout', :idle, true)"
+)
+"""``SET LOCAL`` of both, in one round trip: they end with the transaction."""
+
 
 class Store(SQLStore):
     """Reads, taking steers, and the usual step's save are single statements run in autocommit: one
@@ -212,12 +218,18 @@ class Store(SQLStore):
 
     def __init__(
         self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES,
-        push_cancels: bool = True,
+        push_cancels: bool = True, lock_wait: float = LOCK_WAIT, transaction_timeout: float = TRANSACTION_TIMEOUT,
     ) -> None:
         """``push_cancels=False``: a run reads its cancel flag before each idempotent tool, and never
         relies on a notification (for an engine whose connections cannot LISTEN: PgBouncer in transaction
-        mode)."""
-        super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
+        mode). ``lock_wait``: seconds a statement waits for a row lock before ``SessionLocked``;
+        ``transaction_timeout``: seconds a transaction of the store may sit idle (its worker stalled) before
+        the server ends it and frees its locks. Both are set in each transaction the store opens (``SET
+        LOCAL``), never on the engine's connections."""
+        super().__init__(engine, remember=remember, remember_bytes=remember_bytes, lock_wait=lock_wait,
+                         transaction_timeout=transaction_timeout)
+        self._bounds = {"lock": f"{round(self.lock_wait * 1000)}ms",
+                        "idle": f"{round(self.transaction_timeout * 1000)}ms"}
         self._push_cancels = push_cancels
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         # The listener's thread holds the engine, not the store, so a store dropped unclosed is collected,
@@ -228,10 +240,17 @@ class Store(SQLStore):
     def autocommits(self, read_only: bool) -> bool:
         return read_only
 
+    def is_lock_timeout(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "sqlstate", None) == "55P03"  # lock_not_available
+
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
+        """A write transaction begins by bounding itself: how long its statements wait for a lock, and how
+        long it may sit idle (a worker stalled inside it) before the server ends it. A single statement in
+        autocommit has no idle time of its own, and waits at most for such a transaction to end."""
         if not read_only:
             with super()._connection(read_only) as conn:
+                self.run(conn, _BOUNDS, self._bounds)
                 yield conn
             return
         with self._autocommit.connect() as conn:

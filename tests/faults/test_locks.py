@@ -1,0 +1,126 @@
+"""Issue #25, item 1: a worker that goes silent inside a transaction holding the session's row lock (here:
+frozen by the fault proxy just before the COMMIT of its lease acquisition, no FIN, no RST) wedges nobody.
+Another worker's acquisition and cancel wait at most ``lock_wait`` and say why (``SessionLocked``); on
+PostgreSQL the server ends the silent transaction after ``transaction_timeout`` and the session is free
+again; on MySQL, once the connection goes."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url
+
+import agent_sessions as agent
+from agent_sessions.lease import Lease
+from stores import mysql, postgres
+from tests import servers
+
+from .proxy import FaultProxy, Rule
+
+LOCK_WAIT = 1.0
+IDLE = 3.0
+
+
+@pytest.fixture(scope="module", params=["postgres", "mysql"])
+def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Engine]]:
+    name = request.param
+    base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
+    url = servers.database_url(base, servers.database_name("faultlocks"))
+    direct = create_engine(url)
+    servers.fresh_schema(direct)
+    yield name, url, direct
+    direct.dispose()
+
+
+def _store(database: tuple[str, str, Engine], port: int | None = None) -> agent.RunStore:
+    url = make_url(database[1])
+    engine = create_engine(url if port is None else url.set(port=port), pool_size=2)
+    if database[0] == "postgres":
+        return postgres.Store(engine, lock_wait=LOCK_WAIT, transaction_timeout=IDLE)
+    return mysql.Store(engine, lock_wait=LOCK_WAIT, transaction_timeout=IDLE)
+
+
+def _close(store: agent.RunStore) -> None:
+    getattr(store, "close", store.engine.dispose)()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def frozen(database: tuple[str, str, Engine]) -> Iterator[tuple[str, FaultProxy, threading.Thread]]:
+    """A session whose row a worker has locked (its acquisition, frozen before its COMMIT)."""
+    sid = f"lock-{uuid.uuid4().hex[:12]}"
+    proxy = FaultProxy(database[0], int(make_url(database[1]).port or 0)).start()
+    silent = _store(database, proxy.port)
+    silent.save(sid, [agent.Message.user("hi")])
+    rule = proxy.arm(Rule("freeze", r"^\s*COMMIT", after="FROM agent_sessions"))
+    outcome: list[BaseException | agent.Holder] = []
+
+    def acquire() -> None:
+        try:
+            outcome.append(silent.acquire(sid, agent.Holder("silent", 1, "s" * 32, 0.0), 30))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the test
+            outcome.append(exc)
+
+    worker = threading.Thread(target=acquire, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not rule.fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rule.fired, proxy.statements
+    try:
+        yield sid, proxy, worker
+    finally:
+        proxy.close()  # the silent worker's connection goes: its thread ends with an error
+        worker.join(10)
+        assert not worker.is_alive()
+        _close(silent)
+
+
+def test_another_acquisition_waits_at_most_lock_wait_and_says_why(
+    database: tuple[str, str, Engine], frozen: tuple[str, FaultProxy, threading.Thread]
+) -> None:
+    sid = frozen[0]
+    other = _store(database)
+    try:
+        started = time.monotonic()
+        with pytest.raises(agent.SessionLocked, match="lock_wait"):
+            with Lease(other, sid, ttl=30, wait=0.5):
+                pass
+        assert time.monotonic() - started < LOCK_WAIT + 0.5 + 2.5
+    finally:
+        _close(other)
+
+
+def test_a_cancel_beside_the_silent_worker_is_bounded(
+    database: tuple[str, str, Engine], frozen: tuple[str, FaultProxy, threading.Thread]
+) -> None:
+    sid = frozen[0]
+    other = _store(database)
+    try:
+        started = time.monotonic()
+        try:
+            other.cancel(sid)  # PostgreSQL: once the server has ended the silent transaction
+        except agent.SessionLocked:
+            assert database[0] == "mysql"  # its cancel gives up at lock_wait
+        assert time.monotonic() - started < IDLE + 2.5
+    finally:
+        _close(other)
+
+
+def test_the_session_is_free_again_once_the_silent_transaction_is_ended(
+    database: tuple[str, str, Engine], frozen: tuple[str, FaultProxy, threading.Thread]
+) -> None:
+    sid, proxy, _ = frozen
+    other = _store(database)
+    try:
+        if database[0] == "mysql":  # no idle-transaction bound of its own: the connection has to go
+            proxy.cut_all()
+        started = time.monotonic()
+        with Lease(other, sid, ttl=30, wait=IDLE + 5) as lease:
+            assert lease.holder.token != "s" * 32
+        assert time.monotonic() - started < IDLE + 5
+    finally:
+        _close(other)

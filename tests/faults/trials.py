@@ -1,0 +1,283 @@
+"""Randomised fault trials (issue #25): a conversation's operations (a steer before a turn, the turn, a
+steer after it, the next turn, sometimes a delete) reach PostgreSQL or MariaDB through the fault proxy,
+which fires one or two faults of random kinds at random statements. Each operation that fails is then
+resumed or retried the way docs/reliability.md prescribes (a turn by ``Runner.turn`` with its key, on a
+worker that reaches the database directly; a steer retried unless it may have happened, which is read
+back first), and the invariants are checked:
+
+- each steer, each user message, lands exactly once; the transcript is valid (no call without its result);
+- a non-idempotent tool ran at most once per call;
+- the event log holds no event twice, and no run both ``finished`` and ``failed``;
+- nothing is wedged: every resume got the session within ``lease_wait`` + ``lease_ttl``;
+- a delete, once it returned, left nothing behind.
+
+A trial is its seed: ``python -m tests.faults.trials --store postgres --seed S`` replays one, ``--trials N``
+runs N (the soak: ``scripts/soak --faults N``), printing what fired, the resumes and the checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import create_engine, make_url, text
+
+import agent_sessions as agent
+from stores import mysql, postgres
+from tests import servers
+from tests.model_server import ModelServer, Reply, Request, openai
+
+from .proxy import FaultProxy, Rule
+
+KINDS = ("lose_ack", "cut_before", "cut_inside", "cut_after", "terminate", "delay")
+LEASE_TTL = 1.5
+RESUME_WAIT = LEASE_TTL + 1.0
+"""A resume waits this long for the lease a failed run may have left held (it expires after the ttl)."""
+CALLS = 2
+"""The model asks for this many payments, one at a time, before it answers."""
+STATEMENTS = 40
+"""Faults fire at a random statement among the first this many a trial sends through the proxy."""
+
+
+@dataclass
+class Outcome:
+    seed: int
+    store: str
+    fired: list[str] = field(default_factory=list)
+    failed_ops: list[str] = field(default_factory=list)
+    resumes: int = 0
+    checks: int = 0
+    violations: list[str] = field(default_factory=list)
+
+
+class Backend:
+    """One database, reached directly and through a fresh fault proxy per trial."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
+        self.url = servers.database_url(base, servers.database_name("faulttrials"))
+        self.admin = create_engine(self.url)
+        servers.fresh_schema(self.admin)
+        self.direct = self.store(None)
+        self.model = ModelServer()
+        self.paid: collections.Counter[tuple[str, int]] = collections.Counter()
+        paid = self.paid
+
+        @agent.tool(idempotent=False)
+        def pay(session: str, n: int) -> str:
+            """Pay bill n of the session (not idempotent: it must run at most once per call)."""
+            paid[(session, n)] += 1
+            return f"paid {n}"
+
+        self.pay = pay
+
+    def store(self, port: int | None) -> agent.EventStore:
+        url = make_url(self.url)
+        engine = create_engine(url if port is None else url.set(port=port), pool_size=2, pool_timeout=10)
+        if self.name == "postgres":
+            return postgres.Store(engine, lock_wait=1.0, transaction_timeout=3.0)
+        return mysql.Store(engine, lock_wait=1.0)
+
+    def terminate(self, backend_id: int) -> None:
+        with self.admin.connect() as conn:
+            if self.name == "postgres":
+                conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": backend_id})
+            else:
+                conn.exec_driver_sql(f"KILL CONNECTION {int(backend_id)}")
+
+    def close(self) -> None:
+        self.model.close()
+        _close(self.direct)
+        self.admin.dispose()
+
+
+def _close(store: Any) -> None:
+    getattr(store, "close", store.engine.dispose)()
+
+
+def _policy(session: str) -> Callable[[Request], Reply]:
+    """The model, as a function of what it is sent (so a resume on another worker meets the same one):
+    a payment per call until ``CALLS`` results are in, then an answer."""
+
+    def reply(request: Request) -> Reply:
+        results = sum(1 for m in request.json["messages"] if m["role"] == "tool")
+        if results < CALLS:
+            return openai(calls=[(f"pay-{session}-{results}", "pay", json.dumps({"session": session, "n": results}))])
+        return openai("done")
+
+    return reply
+
+
+def trial(backend: Backend, seed: int) -> Outcome:
+    rng = random.Random(seed)
+    out = Outcome(seed, backend.name)
+    sid = f"t{seed}-{uuid.uuid4().hex[:8]}"
+    proxy = FaultProxy(backend.name, int(make_url(backend.url).port or 0), backend.terminate).start()
+    rules = [proxy.arm(Rule(kind, nth=rng.randint(1, STATEMENTS), seconds=rng.uniform(0.05, 0.4)))
+             for kind in rng.sample(KINDS, rng.choice((1, 2)))]
+    faulty = backend.store(proxy.port)
+    endpoint = agent.endpoints.OpenAIChat(backend.model.url + "/v1", "test-model", max_retries=0)
+    backend.model._script.clear()
+    backend.model.push(*[_policy(sid)] * 200)
+    steers = [f"steer {i} of {seed}" for i in range(2)]
+    turns = [(f"question {i} of {seed}", f"key-{seed}-{i}") for i in range(2)]
+    try:
+        _steer(out, faulty, backend.direct, sid, steers[0])
+        _turn(out, backend, faulty, sid, *turns[0], endpoint)
+        _steer(out, faulty, backend.direct, sid, steers[1])
+        _turn(out, backend, faulty, sid, *turns[1], endpoint)  # takes steer 1 before its first request
+        _check(out, backend, sid, steers, [t for t, _ in turns])
+        if rng.random() < 0.3:
+            _delete(out, faulty, backend.direct, sid)
+    finally:
+        out.fired = [f"{r.fault}@{r.nth}" for r in rules if r.fired]
+        proxy.close()
+        _close(faulty)
+        backend.model._script.clear()
+    return out
+
+
+def _steer(out: Outcome, faulty: agent.Store, direct: agent.LifecycleStore, sid: str, text_: str) -> None:
+    try:
+        faulty.add_steer(sid, text_)
+    except agent.OutcomeUnknown:
+        out.failed_ops.append("steer: outcome unknown")
+        # read back first (docs/reliability.md): a steer has no key yet, so a blind retry could double it
+        if text_ not in direct.pending_steers(sid) and all(m.text != text_ for m in direct.messages(sid)):
+            direct.add_steer(sid, text_)
+    except agent.StoreError:
+        out.failed_ops.append("steer: failed")
+        direct.add_steer(sid, text_)
+
+
+def _turn(out: Outcome, backend: Backend, faulty: agent.EventStore, sid: str, question: str, key: str,
+          endpoint: agent.endpoints.OpenAIChat) -> None:
+    def spec(store: agent.EventStore, wait: float) -> agent.Spec:
+        return agent.Spec(session=agent.open(sid, store), tools=[backend.pay], lease_ttl=LEASE_TTL,
+                          lease_wait=wait, publish_events=True)
+
+    try:
+        result = agent.Runner().turn(spec(faulty, 0.0), question, key, endpoint)
+        if result.stop_reason == "answered":
+            return
+        out.violations.append(f"turn {key!r} ended {result.stop_reason!r} with no fault to explain it")
+    except agent.AgentError as exc:
+        out.failed_ops.append(f"turn: {type(exc).__name__}")
+    out.resumes += 1
+    started = time.monotonic()
+    result = agent.Runner().turn(spec(backend.direct, RESUME_WAIT), question, key, endpoint)
+    waited = time.monotonic() - started
+    out.checks += 2
+    if result.stop_reason != "answered":
+        out.violations.append(f"the resume of {key!r} ended {result.stop_reason!r}")
+    if waited > RESUME_WAIT + LEASE_TTL + 5:
+        out.violations.append(f"the resume of {key!r} took {waited:.1f} s: the session was wedged")
+
+
+def _check(out: Outcome, backend: Backend, sid: str, steers: list[str], questions: list[str]) -> None:
+    msgs = backend.direct.messages(sid)
+    texts = [m.text for m in msgs if m.role == agent.Role.USER]
+    for t in [*steers, *questions]:
+        out.checks += 1
+        if texts.count(t) != 1:
+            out.violations.append(f"{t!r} is in the transcript {texts.count(t)} times")
+    out.checks += 1
+    if agent.orphaned_tool_calls(msgs):
+        out.violations.append(f"calls without results: {agent.orphaned_tool_calls(msgs)}")
+    for n in range(CALLS * len(questions)):
+        out.checks += 1
+        if backend.paid[(sid, n)] > 1:
+            out.violations.append(f"pay({n}) ran {backend.paid[(sid, n)]} times")
+    events = agent.open(sid, backend.direct).events(limit=1000)
+    seen = [(e.kind, e.at) for e in events]
+    out.checks += 2
+    if len(seen) != len(set(seen)):
+        out.violations.append(f"events written twice: {[k for k in seen if seen.count(k) > 1][:4]}")
+    kinds = [e.kind for e in events]
+    for i, kind in enumerate(kinds):  # a run's last event is one of these, so they never follow each other
+        if kind in ("finished", "failed") and i + 1 < len(kinds) and kinds[i + 1] in ("finished", "failed"):
+            out.violations.append(f"a run both {kind} and {kinds[i + 1]} (events {i}, {i + 1})")
+
+
+def _delete(out: Outcome, faulty: agent.LifecycleStore, direct: agent.LifecycleStore, sid: str) -> None:
+    try:
+        faulty.delete(sid)
+    except agent.AgentError as exc:
+        out.failed_ops.append(f"delete: {type(exc).__name__}")
+        direct.delete(sid)  # idempotent: safe to repeat as it is
+    out.checks += 1
+    if direct.messages(sid) or direct.info(sid) is not None:
+        out.violations.append("the session outlived its delete")
+
+
+def run(store: str, seeds: list[int], report: Callable[[Outcome], None] | None = None) -> dict[str, Any]:
+    """Run the trials of ``seeds`` on ``store``; the counts (faults fired per kind, resumes, checks) and the
+    violations with their seeds."""
+    backend = Backend(store)
+    fired: collections.Counter[str] = collections.Counter()
+    failed: collections.Counter[str] = collections.Counter()
+    totals = {"trials": 0, "faults_fired": 0, "resumes": 0, "checks": 0}
+    violations: list[dict[str, Any]] = []
+    try:
+        for seed in seeds:
+            try:
+                out = trial(backend, seed)
+            except Exception as exc:  # noqa: BLE001 - an error the resume could not absorb is a violation
+                out = Outcome(seed, store, violations=[f"{type(exc).__name__}: {exc}"])
+            totals["trials"] += 1
+            totals["faults_fired"] += len(out.fired)
+            totals["resumes"] += out.resumes
+            totals["checks"] += out.checks
+            fired.update(f.split("@")[0] for f in out.fired)
+            failed.update(out.failed_ops)
+            if out.violations:
+                violations.append({"seed": seed, "fired": out.fired, "violations": out.violations})
+            if report is not None:
+                report(out)
+    finally:
+        backend.close()
+    return {"store": store, **totals, "fired": dict(fired), "failed_ops": dict(failed), "violations": violations}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", choices=("postgres", "mysql", "all"), default="all")
+    parser.add_argument("--seed", type=int, help="replay this one trial")
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=None, help="seeds from here on (default: random)")
+    parser.add_argument("--json", help="write the counts here")
+    args = parser.parse_args(argv)
+    first = args.first_seed if args.first_seed is not None else random.SystemRandom().randrange(2**31)
+    seeds = [args.seed] if args.seed is not None else list(range(first, first + args.trials))
+    stores = ["postgres", "mysql"] if args.store == "all" else [args.store]
+
+    def report(out: Outcome) -> None:
+        if out.violations or args.seed is not None:
+            print(f"seed {out.seed} on {out.store}: fired {out.fired}, failed {out.failed_ops}, "
+                  f"resumes {out.resumes}, violations {out.violations}", flush=True)
+
+    results = []
+    for store in stores:
+        started = time.monotonic()
+        result = run(store, seeds, report)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        results.append(result)
+        print(json.dumps({k: v for k, v in result.items() if k != "violations"}), flush=True)
+        print(f"{store}: {len(result['violations'])} trial(s) with violations", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 1 if any(r["violations"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
