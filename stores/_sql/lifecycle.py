@@ -11,16 +11,16 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Executable, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Executable
 
 from agent_sessions import Message, MessageError, SessionBusy, StoreError, lifecycle, validate
 from agent_sessions.contract import Scalar, SessionInfo, SessionPage, when
 from agent_sessions.messages import read_from
 
+from . import listing
 from . import statements as sql
 from .base import SQLBase, log
 from .lease import holder_of
-from .tables import messages, sessions, tags
 
 PRUNE_BATCH = 500
 """Sessions ``prune`` deletes per transaction: a batch holds its rows' locks for milliseconds, not the
@@ -37,27 +37,45 @@ class Lifecycle(SQLBase):
     def list_sessions(
         self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
     ) -> SessionPage:
-        """One statement: the page's rows by the index (updated, session_id) read backwards, or, filtered,
-        by the tags' index (name, value); then the message counts of those rows only."""
+        """Unfiltered: the index (updated, session_id) read backwards. Filtered: the plan ``listing``
+        chooses by a capped count of each wanted value, all in one read transaction; then the message
+        counts of the page's rows only."""
         wanted = lifecycle.check_listing(prefix, where, limit, after)
-        S = sessions.c
-        query = select(S.session_id, S.created, S.updated, S.metadata).select_from(sessions)
-        for name, value in sorted(wanted.items()):
-            tag = tags.alias()
-            query = query.join(tag, and_(tag.c.session_id == S.session_id, tag.c.name == name, tag.c.value == value))
-        if prefix:
-            query = query.where(self.starts_with(S.session_id, prefix))
-        if after is not None:
-            updated, last = lifecycle.decode_cursor(after)
-            query = query.where(or_(S.updated < updated, and_(S.updated == updated, S.session_id < last)))
-        chosen = query.order_by(S.updated.desc(), S.session_id.desc()).limit(limit + 1).subquery()
-        count = select(func.count()).where(messages.c.session_id == chosen.c.session_id).scalar_subquery()
-        statement = select(chosen, count).order_by(chosen.c.updated.desc(), chosen.c.session_id.desc())
-        # Built per call (its shape depends on the arguments), so run by SQLAlchemy, not the raw driver,
+        cursor = None if after is None else lifecycle.decode_cursor(after)
+        # Built per call (their shape depends on the arguments), so run by SQLAlchemy, not the raw driver,
         # whose cache is for the prebuilt statements.
-        rows = self._transaction("list_sessions", "", lambda conn: conn.execute(statement).all(),
-                                 read_only=True, reads=True)
+        rows = self._transaction("list_sessions", "", functools.partial(
+            self._listing, wanted=wanted, prefix=prefix, cursor=cursor, limit=limit), read_only=True, reads=True)
         return lifecycle.page([(float(row[2]), _info(row[0], row[1:])) for row in rows], limit)
+
+    def _listing(self, conn: Connection, *, wanted: dict[str, str], prefix: str, cursor: listing.Cursor | None,
+                 limit: int) -> list[Any]:
+        """``limit + 1`` rows (the extra one says a next page exists): by the walk when every wanted value
+        is common and the walk's window holds them, else by the tags plan (see ``listing``)."""
+        rows = limit + 1
+        rare = None
+        if wanted:
+            common = listing.COMMON_PER_ROW * rows
+            counted = dict(zip(sorted(wanted), conn.execute(listing.counts(wanted, common)).one(), strict=True))
+            rarest = min(counted, key=counted.__getitem__)
+            if counted[rarest] < common:
+                rare = rarest
+            else:
+                found = self.walk_page(conn, wanted, prefix, cursor, rows)
+                if found is not None:
+                    return found
+        return list(conn.execute(listing.by_tags(wanted, rare, prefix, self.starts_with, cursor, rows)).all())
+
+    def walk_page(self, conn: Connection, wanted: dict[str, str], prefix: str, cursor: listing.Cursor | None,
+                  rows: int) -> list[Any] | None:
+        """The page's ``rows`` by the walk through the window of the newest ``WALK_PER_ROW * rows``
+        sessions past the cursor, or ``None`` when the window holds fewer (then the tags plan gives the
+        page). The window's last row first, then the walk down to it: two statements, which this read
+        transaction sees at one snapshot. A dialect may walk otherwise (PostgreSQL: ``walk_window``)."""
+        end = conn.execute(listing.window_end(cursor, listing.WALK_PER_ROW * rows)).first()
+        bound = None if end is None else (float(end[0]), str(end[1]))
+        found = list(conn.execute(listing.walk(wanted, prefix, self.starts_with, cursor, bound, rows)).all())
+        return found if len(found) == rows or bound is None else None
 
     def info(self, session: str) -> SessionInfo | None:
         validate.session_id(session)
