@@ -58,7 +58,7 @@ def _transcript(n: int) -> list[Message]:
 LISTED = 200
 """Sessions of the listing property, made oldest first. A store may plan a filtered page by how many
 sessions share the wanted value (the SQL stores walk the sessions newest first when there are at least
-20 per row of the page, through at most 40 rows per row of the page: stores/_sql/listing.py): with pages
+10 per row of the page, through at most 20 rows per row of the page: stores/_sql/listing.py): with pages
 of 2 to 5, the values below (25 to 100 sessions each) fall on both sides of that, and ``old`` (the
 oldest 70) is common but out of reach of a walk from the newest."""
 

@@ -32,14 +32,17 @@ save waiting 868 ms beside a 10,000-session prune)."""
 
 
 class Lifecycle(SQLBase):
-    """``LifecycleStore``, and the hook a dialect overrides for it: ``starts_with``."""
+    """``LifecycleStore``, and the hooks a dialect overrides for it: ``starts_with``, ``row_values``."""
+
+    row_values = True
+    """A listing's keyset bounds are row values, ``(updated, session_id) < (:u, :id)`` (see
+    ``listing.Dialect``); False: MySQL, whose optimizer reads no index range for them."""
 
     def list_sessions(
         self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
     ) -> SessionPage:
-        """Unfiltered: the index (updated, session_id) read backwards. Filtered: the plan ``listing``
-        chooses by a capped count of each wanted value, all in one read transaction; then the message
-        counts of the page's rows only."""
+        """Unfiltered: the index (updated, session_id) read backwards. Filtered: the tags plan, or for a
+        common value the walk (see ``listing``). Then the message counts of the page's rows only."""
         wanted = lifecycle.check_listing(prefix, where, limit, after)
         cursor = None if after is None else lifecycle.decode_cursor(after)
         # Built per call (their shape depends on the arguments), so run by SQLAlchemy, not the raw driver,
@@ -50,8 +53,10 @@ class Lifecycle(SQLBase):
 
     def _listing(self, conn: Connection, *, wanted: dict[str, str], prefix: str, cursor: listing.Cursor | None,
                  limit: int) -> list[Any]:
-        """``limit + 1`` rows (the extra one says a next page exists): by the walk when every wanted value
-        is common and the walk's window holds them, else by the tags plan (see ``listing``)."""
+        """``limit + 1`` rows (the extra one says a next page exists): when every wanted value is common,
+        by the walk through the window of the newest ``WALK_PER_ROW * (limit + 1)`` sessions past the
+        cursor, if that holds them; else by the tags plan, driven by the rarest value if it is not common."""
+        dialect = listing.Dialect(self.starts_with, self.row_values)
         rows = limit + 1
         rare = None
         if wanted:
@@ -61,21 +66,12 @@ class Lifecycle(SQLBase):
             if counted[rarest] < common:
                 rare = rarest
             else:
-                found = self.walk_page(conn, wanted, prefix, cursor, rows)
-                if found is not None:
+                end = conn.execute(listing.window_end(dialect, cursor, listing.WALK_PER_ROW * rows)).first()
+                bound = None if end is None else (float(end[0]), str(end[1]))
+                found = list(conn.execute(listing.walk(dialect, wanted, prefix, cursor, bound, rows)).all())
+                if len(found) == rows or bound is None:
                     return found
-        return list(conn.execute(listing.by_tags(wanted, rare, prefix, self.starts_with, cursor, rows)).all())
-
-    def walk_page(self, conn: Connection, wanted: dict[str, str], prefix: str, cursor: listing.Cursor | None,
-                  rows: int) -> list[Any] | None:
-        """The page's ``rows`` by the walk through the window of the newest ``WALK_PER_ROW * rows``
-        sessions past the cursor, or ``None`` when the window holds fewer (then the tags plan gives the
-        page). The window's last row first, then the walk down to it: two statements, which this read
-        transaction sees at one snapshot. A dialect may walk otherwise (PostgreSQL: ``walk_window``)."""
-        end = conn.execute(listing.window_end(cursor, listing.WALK_PER_ROW * rows)).first()
-        bound = None if end is None else (float(end[0]), str(end[1]))
-        found = list(conn.execute(listing.walk(wanted, prefix, self.starts_with, cursor, bound, rows)).all())
-        return found if len(found) == rows or bound is None else None
+        return list(conn.execute(listing.by_tags(dialect, wanted, rare, prefix, cursor, rows)).all())
 
     def info(self, session: str) -> SessionInfo | None:
         validate.session_id(session)

@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover
 from agent_sessions import ArgumentError, Holder, eventlog, validate
 
 from .._known import REMEMBER, REMEMBER_BYTES
-from .._sql import SQLStore, ddl, listing, metadata
+from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.clock import db_micros, db_now
 from .._sql.tables import events, sessions, tags
@@ -224,15 +224,6 @@ class Store(SQLStore):
         # and then stops its thread too.
         self._listener = Listener(functools.partial(_listening_connection, engine))
         weakref.finalize(self, self._listener.close, 0)
-
-    def walk_page(self, conn: Connection, wanted: dict[str, str], prefix: str, cursor: listing.Cursor | None,
-                  rows: int) -> list[Any] | None:
-        """One statement (a listing reads in autocommit: two would see two snapshots): the window is a
-        derived table, ``listing.walk_window``, which PostgreSQL walks lazily. A page short of ``rows``
-        may be the last one or a window too small; the tags plan tells, as it does without the walk."""
-        found = list(conn.execute(listing.walk_window(wanted, prefix, self.starts_with, cursor,
-                                                      listing.WALK_PER_ROW * rows, rows)).all())
-        return found if len(found) == rows else None
 
     @contextmanager
     def _connection(self, read_only: bool) -> Iterator[Connection]:
