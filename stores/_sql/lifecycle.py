@@ -36,7 +36,7 @@ class Lifecycle(SQLBase):
 
     row_values = True
     """A listing's keyset bounds are row values, ``(updated, session_id) < (:u, :id)`` (see
-    ``listing.Dialect``); False: MySQL, whose optimizer reads no index range for them."""
+    ``listing.Statements``); False: MySQL, whose optimizer reads no index range for them."""
 
     def list_sessions(
         self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
@@ -56,22 +56,32 @@ class Lifecycle(SQLBase):
         """``limit + 1`` rows (the extra one says a next page exists): when every wanted value is common,
         by the walk through the window of the newest ``WALK_PER_ROW * (limit + 1)`` sessions past the
         cursor, if that holds them; else by the tags plan, driven by the rarest value if it is not common."""
-        dialect = listing.Dialect(self.starts_with, self.row_values)
+        statements = self._listing_statements
         rows = limit + 1
+        keys = len(wanted)
+        after = listing.cursor_params("after", cursor)
         rare = None
         if wanted:
             common = listing.COMMON_PER_ROW * rows
-            counted = dict(zip(sorted(wanted), conn.execute(listing.counts(wanted, common)).one(), strict=True))
-            rarest = min(counted, key=counted.__getitem__)
+            counted = conn.execute(statements.counts(keys), listing.params(wanted, cap=common)).one()
+            rarest = min(range(keys), key=counted.__getitem__)
             if counted[rarest] < common:
                 rare = rarest
             else:
-                end = conn.execute(listing.window_end(dialect, cursor, listing.WALK_PER_ROW * rows)).first()
+                end = conn.execute(statements.window_end(cursor is not None),
+                                   {"skip": listing.WALK_PER_ROW * rows - 1, **after}).first()
                 bound = None if end is None else (float(end[0]), str(end[1]))
-                found = list(conn.execute(listing.walk(dialect, wanted, prefix, cursor, bound, rows)).all())
+                found = conn.execute(statements.walk(keys, prefix, cursor is not None, bound is not None),
+                                     listing.params(wanted, rows=rows, **after,
+                                                    **listing.cursor_params("end", bound))).all()
                 if len(found) == rows or bound is None:
-                    return found
-        return list(conn.execute(listing.by_tags(dialect, wanted, rare, prefix, cursor, rows)).all())
+                    return list(found)
+        return list(conn.execute(statements.by_tags(keys, rare, prefix, cursor is not None),
+                                 listing.params(wanted, rows=rows, **after)).all())
+
+    @functools.cached_property
+    def _listing_statements(self) -> listing.Statements:
+        return listing.Statements(self.starts_with, self.row_values)
 
     def info(self, session: str) -> SessionInfo | None:
         validate.session_id(session)
