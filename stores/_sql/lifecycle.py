@@ -45,8 +45,9 @@ class Lifecycle(SQLBase):
         common value the walk (see ``listing``). Then the message counts of the page's rows only."""
         wanted = lifecycle.check_listing(prefix, where, limit, after)
         cursor = None if after is None else lifecycle.decode_cursor(after)
-        # Built per call (their shape depends on the arguments), so run by SQLAlchemy, not the raw driver,
-        # whose cache is for the prebuilt statements.
+        # Run by SQLAlchemy, not the raw driver: the driver keeps what it compiles for good, by the
+        # statement's identity, while a listing's shapes are many (a prefix is part of one) and the least
+        # used are dropped.
         rows = self._transaction("list_sessions", "", functools.partial(
             self._listing, wanted=wanted, prefix=prefix, cursor=cursor, limit=limit), read_only=True, reads=True)
         return lifecycle.page([(float(row[2]), _info(row[0], row[1:])) for row in rows], limit)
@@ -81,6 +82,7 @@ class Lifecycle(SQLBase):
 
     @functools.cached_property
     def _listing_statements(self) -> listing.Statements:
+        """This store's listing statements, each shape built at its first use."""
         return listing.Statements(self.starts_with, self.row_values)
 
     def info(self, session: str) -> SessionInfo | None:

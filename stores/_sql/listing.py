@@ -15,11 +15,12 @@ reads at most a window of ``WALK_PER_ROW`` sessions per row of the page, down to
 (``window_end``, read first from the same index); when the window holds too few, the tags plan gives the
 page. So a page is always exactly the tags plan's, and costs at most that plus one window.
 
-The walk's result is used only when it is a full page, or when the window was all that was left: either
-way it is, by itself, the newest matching rows past the cursor, so it is right even when the window's end
-was read at another snapshot (PostgreSQL's reads run in autocommit).
+The walk's result is used only when it is a full page, or when no window end was found (fewer sessions
+are left past the cursor than a window holds, so the walk had no bound): either way it is, by itself, the
+newest matching rows past the cursor, so it is right even when the window's end was read at another
+snapshot (PostgreSQL's reads run in autocommit).
 
-Every value is a bound parameter (``Params``): a statement's shape depends only on how many keys are
+Every value is a bound parameter (``params``): a statement's shape depends only on how many keys are
 wanted, which of them drives the tags plan, whether a cursor or a window's end is given, and the prefix,
 so each shape is built once per store (``Statements``: building one took SQLAlchemy 0.1-0.25 ms).
 """
