@@ -148,15 +148,33 @@ def _check_the_walk(store: SQLStore, cursor: bool) -> None:
         assert derived and "agent_sessions_by_updated" in derived[0] and "filesort" not in derived[0], plan
 
 
-def test_the_window_end_and_the_counts_read_indexes_only_as_far_as_their_cap(store: SQLStore) -> None:
+def test_the_window_end_and_the_counts_read_indexes_in_order_up_to_their_cap(store: SQLStore) -> None:
     if store.engine.dialect.name == "postgresql":
-        pytest.skip("PostgreSQL walks one statement: no window end")
-    sent = _sent(store, where={"tenant": "t-3"})
-    for statement, parameters in sent:
-        if _kind(statement) in ("count", "window end"):
+        # Never analyzed, PostgreSQL reckons these 20,000 rows are 1,660 (from the columns' declared
+        # widths), so a window end 1,020 rows in looks cheaper by a sequential scan and a sort: 5-10 ms,
+        # measured. At 100,000 it reads the index even so (bench/reading.py), and with statistics always:
+        # the last test checks that.
+        pytest.skip("PostgreSQL without statistics: checked with them, below")
+    _check_counts_and_window_end(store)
+
+
+def _check_counts_and_window_end(store: SQLStore) -> None:
+    """The count reads the value's range of the tags' index, never the table (PostgreSQL, knowing the value
+    has 2,000 entries, may read them all into a bitmap rather than stop at 510: its choice, bounded by the
+    value's range); the window end reads the index (updated, session_id) in order, no sort, no bitmap."""
+    kinds = []
+    for statement, parameters in _sent(store, where={"tenant": "t-3"}):
+        kind = _kind(statement)
+        if kind == "count":
             plan = _explain(store, statement, parameters)
-            assert re.search(r"agent_session_tags_by_value|agent_sessions_by_updated", plan), plan
-            assert "TEMP B-TREE" not in plan and "filesort" not in plan, plan
+            assert "agent_session_tags_by_value" in plan, plan
+            assert not re.search(r"Seq Scan|SCAN agent_session_tags\b|agent_session_tags \| ALL", plan), plan
+        elif kind == "window end":
+            plan = _explain(store, statement, parameters)
+            assert "agent_sessions_by_updated" in plan, plan
+            assert not re.search(r"TEMP B-TREE|filesort|Sort|Bitmap|Seq Scan", plan), plan
+        kinds.append(kind)
+    assert kinds == ["count", "window end", "walk"]
 
 
 @pytest.mark.parametrize("cursor", [False, True], ids=["first page", "a page deep in"])
@@ -170,4 +188,4 @@ def test_the_walk_is_the_plan_with_statistics_too(store: SQLStore, cursor: bool)
         if result.returns_rows:  # MySQL's: a row per table
             result.all()
     _check_the_walk(store, cursor)
-    assert [_kind(s) for s, _ in _sent(store, where={"tenant": "t-3"})] == ["count", "window end", "walk"]
+    _check_counts_and_window_end(store)
