@@ -13,9 +13,23 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import agent_sessions as agent
-from agent_sessions import ArgumentError, Content, Holder, LeaseLost, LifecycleStore, Message, Role, SessionBusy
+from agent_sessions import (
+    ArgumentError,
+    Content,
+    Holder,
+    LeaseLost,
+    LifecycleStore,
+    Message,
+    Role,
+    SessionBusy,
+    SessionInfo,
+    lifecycle,
+)
+from agent_sessions.contract import Scalar
 
 from .capabilities import Capability
 from .scripted import Answer, ToolsThenAnswer
@@ -41,6 +55,43 @@ def _transcript(n: int) -> list[Message]:
     return out
 
 
+LISTED = 200
+"""Sessions of the listing property, made oldest first. A store may plan a filtered page by how many
+sessions share the wanted value (the SQL stores walk the sessions newest first when there are at least
+10 per row of the page, through at most 20 rows per row of the page: stores/_sql/listing.py): with pages
+of 2 to 5, the values below (25 to 100 sessions each) fall on both sides of that, and ``old`` (the
+oldest 70) is common but out of reach of a walk from the newest."""
+
+
+def _listed_metadata(i: int) -> dict[str, Scalar]:
+    meta: dict[str, Scalar] = {"tenant": f"t{i % 3}", "user": f"u{i // 25}", "even": i % 2 == 0}
+    if i < 70:
+        meta["old"] = True
+    return meta
+
+
+_WANTED = st.dictionaries(
+    st.sampled_from(["tenant", "user", "even", "old", "absent"]),
+    st.sampled_from(["t0", "t1", "t2", "t9", "u0", "u3", "u7", "u99", True, False, 1, "x"]),
+    min_size=1, max_size=2,
+)
+
+
+def _paged(store: LifecycleStore, prefix: str, where: dict[str, Any], limit: int) -> list[SessionInfo]:
+    """Every page of the listing, each checked: full but the last, which alone has no ``next``."""
+    seen: list[SessionInfo] = []
+    after = None
+    for _ in range(LISTED + 1):
+        page = store.list_sessions(prefix=prefix, where=where, limit=limit, after=after)
+        seen.extend(page.sessions)
+        if page.next is None:
+            assert len(page) <= limit and (page.sessions or not seen), (prefix, where, limit, len(seen))
+            return seen
+        assert len(page) == limit, (prefix, where, limit, len(seen))
+        after = page.next
+    pytest.fail(f"list_sessions(prefix={prefix!r}, where={where!r}, limit={limit}) gave more pages than sessions")
+
+
 def _gone(store: LifecycleStore, sid: str) -> None:
     assert store.info(sid) is None
     assert store.messages(sid) == []
@@ -51,11 +102,15 @@ class LifecycleContract:
     """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
 
     capabilities: frozenset[Capability]
+    examples: int
 
     def make_store(self) -> Any:
         raise NotImplementedError
 
     def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def hypothesis(self, **overrides: Any) -> settings:
         raise NotImplementedError
 
     def lifecycle_store(self) -> LifecycleStore:
@@ -177,6 +232,35 @@ class LifecycleContract:
         assert [s.id for s in store.list_sessions(prefix=prefix + "_lain")] == []
         assert [s.id for s in store.list_sessions(prefix=prefix, where={"q": odd})] == [prefix + odd]
         assert [s.id for s in store.list_sessions(prefix=prefix + odd)] == [prefix + odd]
+
+    def test_property_filtered_pages_are_the_filter_of_all_sessions(self) -> None:
+        """Paging by a common value, a rare one, two keys, a prefix, a value of only the oldest sessions,
+        or one nobody has, gives exactly the whole listing filtered, in its order, once each."""
+        store = self.lifecycle_store()
+        prefix = _prefix()
+        for i in range(LISTED):
+            store.set_metadata(f"{prefix}{'abcd'[i % 4]}{i:03d}", _listed_metadata(i))
+        everything = list(store.list_sessions(prefix=prefix, limit=lifecycle.MAX_PAGE))
+        assert len(everything) == LISTED
+
+        def wanted(info: SessionInfo, where: dict[str, Any]) -> bool:
+            return all(k in info.metadata and lifecycle.metadata_value(k, info.metadata[k])
+                       == lifecycle.metadata_value(k, v) for k, v in where.items())
+
+        @self.hypothesis(max_examples=min(self.examples, 20))
+        @given(_WANTED, st.sampled_from(["", "a", "b", "c0", "d1", "zz"]), st.sampled_from([2, 3, 5]))
+        @example({"tenant": "t1"}, "", 2)  # common: 67 sessions
+        @example({"user": "u3"}, "", 2)  # rare: 25
+        @example({"old": True}, "", 2)  # common, and only the oldest 70 have it
+        @example({"tenant": "t0", "even": True}, "", 2)  # two common keys, a sixth of all sessions
+        @example({"user": "u2", "even": False}, "", 2)  # a rare key and a common one
+        @example({"even": True}, "c", 3)  # a common value within a prefix
+        @example({"old": True, "tenant": "t2"}, "b", 2)
+        def check(where: dict[str, Any], sub: str, limit: int) -> None:
+            expected = [s for s in everything if s.id.startswith(prefix + sub) and wanted(s, where)]
+            assert _paged(store, prefix + sub, where, limit) == expected
+
+        check()
 
     # -- the tail and the waiting steers -----------------------------------------------------------------
 

@@ -11,16 +11,16 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Executable, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Executable
 
 from agent_sessions import Message, MessageError, SessionBusy, StoreError, lifecycle, validate
 from agent_sessions.contract import Scalar, SessionInfo, SessionPage, when
 from agent_sessions.messages import read_from
 
+from . import listing
 from . import statements as sql
 from .base import SQLBase, log
 from .lease import holder_of
-from .tables import messages, sessions, tags
 
 PRUNE_BATCH = 500
 """Sessions ``prune`` deletes per transaction: a batch holds its rows' locks for milliseconds, not the
@@ -32,32 +32,58 @@ save waiting 868 ms beside a 10,000-session prune)."""
 
 
 class Lifecycle(SQLBase):
-    """``LifecycleStore``, and the hook a dialect overrides for it: ``starts_with``."""
+    """``LifecycleStore``, and the hooks a dialect overrides for it: ``starts_with``, ``row_values``."""
+
+    row_values = True
+    """A listing's keyset bounds are row values, ``(updated, session_id) < (:u, :id)`` (see
+    ``listing.Statements``); False: MySQL, whose optimizer reads no index range for them."""
 
     def list_sessions(
         self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
     ) -> SessionPage:
-        """One statement: the page's rows by the index (updated, session_id) read backwards, or, filtered,
-        by the tags' index (name, value); then the message counts of those rows only."""
+        """Unfiltered: the index (updated, session_id) read backwards. Filtered: the tags plan, or for a
+        common value the walk (see ``listing``). Then the message counts of the page's rows only."""
         wanted = lifecycle.check_listing(prefix, where, limit, after)
-        S = sessions.c
-        query = select(S.session_id, S.created, S.updated, S.metadata).select_from(sessions)
-        for name, value in sorted(wanted.items()):
-            tag = tags.alias()
-            query = query.join(tag, and_(tag.c.session_id == S.session_id, tag.c.name == name, tag.c.value == value))
-        if prefix:
-            query = query.where(self.starts_with(S.session_id, prefix))
-        if after is not None:
-            updated, last = lifecycle.decode_cursor(after)
-            query = query.where(or_(S.updated < updated, and_(S.updated == updated, S.session_id < last)))
-        chosen = query.order_by(S.updated.desc(), S.session_id.desc()).limit(limit + 1).subquery()
-        count = select(func.count()).where(messages.c.session_id == chosen.c.session_id).scalar_subquery()
-        statement = select(chosen, count).order_by(chosen.c.updated.desc(), chosen.c.session_id.desc())
-        # Built per call (its shape depends on the arguments), so run by SQLAlchemy, not the raw driver,
-        # whose cache is for the prebuilt statements.
-        rows = self._transaction("list_sessions", "", lambda conn: conn.execute(statement).all(),
-                                 read_only=True, reads=True)
+        cursor = None if after is None else lifecycle.decode_cursor(after)
+        # Run by SQLAlchemy, not the raw driver: the driver keeps what it compiles for good, by the
+        # statement's identity, while a listing's shapes are many (a prefix is part of one) and the least
+        # used are dropped.
+        rows = self._transaction("list_sessions", "", functools.partial(
+            self._listing, wanted=wanted, prefix=prefix, cursor=cursor, limit=limit), read_only=True, reads=True)
         return lifecycle.page([(float(row[2]), _info(row[0], row[1:])) for row in rows], limit)
+
+    def _listing(self, conn: Connection, *, wanted: dict[str, str], prefix: str, cursor: listing.Cursor | None,
+                 limit: int) -> list[Any]:
+        """``limit + 1`` rows (the extra one says a next page exists): when every wanted value is common,
+        by the walk through the window of the newest ``WALK_PER_ROW * (limit + 1)`` sessions past the
+        cursor, if that holds them; else by the tags plan, driven by the rarest value if it is not common."""
+        statements = self._listing_statements
+        rows = limit + 1
+        keys = len(wanted)
+        after = listing.cursor_params("after", cursor)
+        rare = None
+        if wanted:
+            common = listing.COMMON_PER_ROW * rows
+            counted = conn.execute(statements.counts(keys), listing.params(wanted, cap=common)).one()
+            rarest = min(range(keys), key=counted.__getitem__)
+            if counted[rarest] < common:
+                rare = rarest
+            else:
+                end = conn.execute(statements.window_end(cursor is not None),
+                                   {"skip": listing.WALK_PER_ROW * rows - 1, **after}).first()
+                bound = None if end is None else (float(end[0]), str(end[1]))
+                found = conn.execute(statements.walk(keys, prefix, cursor is not None, bound is not None),
+                                     listing.params(wanted, rows=rows, **after,
+                                                    **listing.cursor_params("end", bound))).all()
+                if len(found) == rows or bound is None:
+                    return list(found)
+        return list(conn.execute(statements.by_tags(keys, rare, prefix, cursor is not None),
+                                 listing.params(wanted, rows=rows, **after)).all())
+
+    @functools.cached_property
+    def _listing_statements(self) -> listing.Statements:
+        """This store's listing statements, each shape built at its first use."""
+        return listing.Statements(self.starts_with, self.row_values)
 
     def info(self, session: str) -> SessionInfo | None:
         validate.session_id(session)

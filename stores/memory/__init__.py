@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import heapq
 import threading
 import time
 from collections import deque
@@ -230,20 +231,22 @@ class Store:
     def list_sessions(
         self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
     ) -> SessionPage:
+        """Every session tested, the newest ``limit + 1`` of those kept by a heap (not all sorted),
+        and only they described."""
         wanted = lifecycle.check_listing(prefix, where, limit, after)
         cut = None if after is None else lifecycle.decode_cursor(after)
         with self._lock:
-            rows = [
-                (run.updated, self._info(sid, run))
+            keys = heapq.nlargest(limit + 1, (
+                (run.updated, sid)
                 for sid, run in self._runs.items()
                 if run.created is not None
                 and sid.startswith(prefix)
                 and (cut is None or (run.updated, sid) < cut)
                 and all(k in run.metadata and lifecycle.metadata_value(k, run.metadata[k]) == v
                         for k, v in wanted.items())
-            ]
-        rows.sort(key=lambda row: (row[0], row[1].id), reverse=True)
-        return lifecycle.page(rows[: limit + 1], limit)
+            ))
+            rows = [(updated, self._info(sid, self._runs[sid])) for updated, sid in keys]
+        return lifecycle.page(rows, limit)
 
     def info(self, session: str) -> SessionInfo | None:
         validate.session_id(session)

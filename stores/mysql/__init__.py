@@ -88,6 +88,9 @@ class Store(SQLStore):
     # Under READ COMMITTED an INSERT ... SELECT reads without locks; the append's read of the session row
     # must lock it, so that a rewrite cannot commit between the append's check and its insert.
     share_lock = " LOCK IN SHARE MODE"
+    # MariaDB reads no index range for (updated, session_id) < (:u, :id): a listing's keyset bounds are
+    # written out (stores/_sql/listing.py).
+    row_values = False
 
     def lock_session(self, conn: Connection, session: str) -> Sequence[Any]:
         """No RETURNING: the upsert (which takes the row's exclusive lock, not the shared one of INSERT
