@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import random
 import sys
 import time
@@ -43,8 +44,11 @@ RESUME_WAIT = LEASE_TTL + 1.0
 """A resume waits this long for the lease a failed run may have left held (it expires after the ttl)."""
 CALLS = 2
 """The model asks for this many payments, one at a time, before it answers."""
-STATEMENTS = 40
-"""Faults fire at a random statement among the first this many a trial sends through the proxy."""
+TRANSFER = -1
+"""The key of the transfer (a call that waits for approval) among the counts of tools run."""
+STATEMENTS = 160
+"""Faults fire at a random statement among the first this many a trial sends through the proxy (a trial
+sends 30 to 180: a fault past its end does not fire, and is not counted)."""
 
 
 @dataclass
@@ -55,6 +59,7 @@ class Outcome:
     failed_ops: list[str] = field(default_factory=list)
     resumes: int = 0
     checks: int = 0
+    statements: int = 0
     violations: list[str] = field(default_factory=list)
 
 
@@ -78,7 +83,14 @@ class Backend:
             paid[(session, n)] += 1
             return f"paid {n}"
 
+        @agent.tool(idempotent=False, needs_approval=True)
+        def transfer(session: str) -> str:
+            """Transfer the session's money (a person approves it first; it must run at most once)."""
+            paid[(session, TRANSFER)] += 1
+            return "transferred"
+
         self.pay = pay
+        self.transfer = transfer
 
     def store(self, port: int | None) -> agent.EventStore:
         url = make_url(self.url)
@@ -109,7 +121,12 @@ def _policy(session: str) -> Callable[[Request], Reply]:
     a payment per call until ``CALLS`` results are in, then an answer."""
 
     def reply(request: Request) -> Reply:
-        results = sum(1 for m in request.json["messages"] if m["role"] == "tool")
+        messages = request.json["messages"]
+        results = sum(1 for m in messages if m["role"] == "tool")
+        if any("transfer" in (m.get("content") or "") for m in messages if m["role"] == "user") and not any(
+                m.get("tool_calls") and m["tool_calls"][0]["function"]["name"] == "transfer"
+                for m in messages if m["role"] == "assistant"):
+            return openai(calls=[(f"transfer-{session}", "transfer", json.dumps({"session": session}))])
         if results < CALLS:
             return openai(calls=[(f"pay-{session}-{results}", "pay", json.dumps({"session": session, "n": results}))])
         return openai("done")
@@ -129,17 +146,27 @@ def trial(backend: Backend, seed: int) -> Outcome:
     backend.model._script.clear()
     backend.model.push(*[_policy(sid)] * 200)
     steers = [f"steer {i} of {seed}" for i in range(2)]
-    turns = [(f"question {i} of {seed}", f"key-{seed}-{i}") for i in range(2)]
+    approving = rng.random() < 0.4  # the first turn asks for a transfer, which waits for approval
+    turns = [(f"question {i} of {seed}" + (" (transfer)" if approving and i == 0 else ""), f"key-{seed}-{i}")
+             for i in range(2)]
     try:
         _steer(out, faulty, backend.direct, sid, steers[0])
-        _turn(out, backend, faulty, sid, *turns[0], endpoint)
+        _turn(out, backend, faulty, sid, *turns[0], endpoint, waits=approving)
+        if approving:
+            _approve(out, backend, faulty, sid)
+            _turn(out, backend, faulty, sid, *turns[0], endpoint)  # the approved call runs, the turn answers
         _steer(out, faulty, backend.direct, sid, steers[1])
         _turn(out, backend, faulty, sid, *turns[1], endpoint)  # takes steer 1 before its first request
         _check(out, backend, sid, steers, [t for t, _ in turns])
+        if approving:
+            out.checks += 1
+            if backend.paid[(sid, TRANSFER)] != 1:
+                out.violations.append(f"the approved transfer ran {backend.paid[(sid, TRANSFER)]} times")
         if rng.random() < 0.3:
             _delete(out, faulty, backend.direct, sid)
     finally:
         out.fired = [f"{r.fault}@{r.nth}" for r in rules if r.fired]
+        out.statements = len(proxy.statements)
         proxy.close()
         _close(faulty)
         backend.model._script.clear()
@@ -160,27 +187,57 @@ def _steer(out: Outcome, faulty: agent.Store, direct: agent.LifecycleStore, sid:
 
 
 def _turn(out: Outcome, backend: Backend, faulty: agent.EventStore, sid: str, question: str, key: str,
-          endpoint: agent.endpoints.OpenAIChat) -> None:
+          endpoint: agent.endpoints.OpenAIChat, waits: bool = False) -> None:
+    """The turn, then (when it failed) its resume: ``Runner.turn`` with the same key on a worker that
+    reaches the database directly. ``waits``: it ends waiting for an approval."""
+    expected = "awaiting_approval" if waits else "answered"
+
     def spec(store: agent.EventStore, wait: float) -> agent.Spec:
-        return agent.Spec(session=agent.open(sid, store), tools=[backend.pay], lease_ttl=LEASE_TTL,
-                          lease_wait=wait, publish_events=True)
+        return agent.Spec(session=agent.open(sid, store), tools=[backend.pay, backend.transfer],
+                          lease_ttl=LEASE_TTL, lease_wait=wait, publish_events=True)
 
     try:
         result = agent.Runner().turn(spec(faulty, 0.0), question, key, endpoint)
-        if result.stop_reason == "answered":
+        if result.stop_reason == expected:
             return
         out.violations.append(f"turn {key!r} ended {result.stop_reason!r} with no fault to explain it")
+    except agent.AwaitingApproval:
+        if waits:
+            return  # its call waits for a decision: what it was to end with
+        out.violations.append(f"turn {key!r} found a call waiting that was decided")
     except agent.AgentError as exc:
         out.failed_ops.append(f"turn: {type(exc).__name__}")
     out.resumes += 1
     started = time.monotonic()
-    result = agent.Runner().turn(spec(backend.direct, RESUME_WAIT), question, key, endpoint)
+    try:
+        result = agent.Runner().turn(spec(backend.direct, RESUME_WAIT), question, key, endpoint)
+        stop = result.stop_reason
+    except agent.AwaitingApproval:
+        stop = "awaiting_approval"
     waited = time.monotonic() - started
     out.checks += 2
-    if result.stop_reason != "answered":
-        out.violations.append(f"the resume of {key!r} ended {result.stop_reason!r}")
+    if stop != expected:
+        out.violations.append(f"the resume of {key!r} ended {stop!r}")
     if waited > RESUME_WAIT + LEASE_TTL + 5:
         out.violations.append(f"the resume of {key!r} took {waited:.1f} s: the session was wedged")
+
+
+def _approve(out: Outcome, backend: Backend, faulty: agent.EventStore, sid: str) -> None:
+    """A person approves the waiting transfer; on a failure, again (safe to repeat: ``AlreadyDecided``
+    then means the first landed)."""
+    call = f"transfer-{sid}"
+    try:
+        agent.open(sid, faulty).approve(call)
+        return
+    except agent.AgentError as exc:
+        out.failed_ops.append(f"approve: {type(exc).__name__}")
+    try:
+        agent.open(sid, backend.direct).approve(call)
+    except agent.AlreadyDecided:
+        pass
+    out.checks += 1
+    if agent.open(sid, backend.direct).pending_approvals():
+        out.violations.append("the transfer still waits after its approval")
 
 
 def _check(out: Outcome, backend: Backend, sid: str, steers: list[str], questions: list[str]) -> None:
@@ -203,9 +260,19 @@ def _check(out: Outcome, backend: Backend, sid: str, steers: list[str], question
     if len(seen) != len(set(seen)):
         out.violations.append(f"events written twice: {[k for k in seen if seen.count(k) > 1][:4]}")
     kinds = [e.kind for e in events]
-    for i, kind in enumerate(kinds):  # a run's last event is one of these, so they never follow each other
-        if kind in ("finished", "failed") and i + 1 < len(kinds) and kinds[i + 1] in ("finished", "failed"):
-            out.violations.append(f"a run both {kind} and {kinds[i + 1]} (events {i}, {i + 1})")
+    # A run ends with one of finished and failed. The log does not mark where a run begins, so: after a
+    # ``finished``, a ``failed`` with no step begun between them is the same run's (the issue's "finished,
+    # model_response, failed"). (The other way round is two runs: a resume that had nothing left to do
+    # finishes with no step after the run that failed.)
+    for i, kind in enumerate(kinds):
+        if kind != "finished":
+            continue
+        for j in range(i + 1, len(kinds)):
+            if kinds[j] == "step_started" or kinds[j] == "finished":
+                break
+            if kinds[j] == "failed":
+                out.violations.append(f"a run both finished and failed (events {i}, {j})")
+                break
 
 
 def _delete(out: Outcome, faulty: agent.LifecycleStore, direct: agent.LifecycleStore, sid: str) -> None:
@@ -256,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=None, help="seeds from here on (default: random)")
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args(argv)
+    # SQLAlchemy's pool logs, at ERROR, each ROLLBACK it could not send on a connection the proxy cut: here
+    # that is the point, and thousands of tracebacks would hide the report.
+    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
     first = args.first_seed if args.first_seed is not None else random.SystemRandom().randrange(2**31)
     seeds = [args.seed] if args.seed is not None else list(range(first, first + args.trials))
     stores = ["postgres", "mysql"] if args.store == "all" else [args.store]
