@@ -57,6 +57,10 @@ class Keeping(Protocol):
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None: ...
 
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the lease the run holds (for its log lines); ``None`` when it holds none."""
+
     def publishing(self, emit: Sink) -> Sink:
         """The sink the loop reports to: ``emit``, or with ``Spec.publish_events`` a ``Publisher`` around it
         whose events go to the session's log."""
@@ -96,6 +100,10 @@ class Keeping(Protocol):
 class _NotKept:
     saves = False
     stopped = False
+
+    @property
+    def epoch(self) -> int | None:
+        return None
 
     def __enter__(self) -> _NotKept:
         return self
@@ -200,6 +208,10 @@ class Leased:
         self.since: object | None = None
         """What ``watch.listening()`` said immediately before the run's last read of its cancel flag, if that
         read found none; ``None`` otherwise (no watch, no such read yet, or the read found a cancel)."""
+
+    @property
+    def epoch(self) -> int | None:
+        return self.lease.holder.epoch
 
     def __enter__(self) -> Leased:
         self.lease.__enter__()
