@@ -10,6 +10,7 @@ CLI adds is opening a store from a URL, printing, and exit codes a script can br
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -752,7 +753,8 @@ def main(argv: Sequence[str] | None = None, *, store: Store | None = None,
     ``stderr`` are where it prints (``sys.stdout`` and ``sys.stderr`` when ``None``)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
-        args = build_parser(prog).parse_args(argv)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # argparse prints to sys.*
+            args = build_parser(prog).parse_args(argv)
     except SystemExit as exc:  # argparse printed --help, or the usage error; returned, for an embedding caller
         return exc.code if isinstance(exc.code, int) else USAGE
     level = logging.DEBUG if args.debug else logging.WARNING

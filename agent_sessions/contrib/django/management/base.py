@@ -9,6 +9,7 @@ each command, the CLI's, and a difference between the two doors would be a bug o
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -81,7 +82,11 @@ class CliCommand(BaseCommand):  # type: ignore[misc]
         cli.build_parser(f"{prog_name} {subcommand}").print_help()
 
     def handle(self, *args: str, **options: Any) -> None:
-        code = self.run_cli(args, self.stdout, self.stderr)
+        """``call_command``: what the CLI says on stderr is also the ``CommandError``'s message."""
+        err = io.StringIO()
+        code = self.run_cli(args, self.stdout, err)
+        if err.getvalue():
+            self.stderr.write(err.getvalue())
         if code != cli.OK:
-            raise CommandError(f"{self.prog()} {' '.join(args)}: exit {code} ({cli.EXIT_CODES.get(code, '?')})",
+            raise CommandError(err.getvalue().strip() or f"exit {code}: {cli.EXIT_CODES.get(code, '?')}",
                                returncode=code)
