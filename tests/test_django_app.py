@@ -659,6 +659,31 @@ def test_the_events_view_ends_after_sse_seconds_and_needs_an_event_log(django_st
         assert reply.status_code == 501 and "EventStore" in reply.json()["error"]
 
 
+def test_the_events_view_says_why_a_stream_is_silent_and_refuses_a_post_with_json_under_csrf(
+        django_state: Path) -> None:
+    """A session whose log is empty (its run has no publish_events=True) gets a comment line saying so; a
+    POST meets CsrfViewMiddleware, as in any project, and still gets the documented JSON 405."""
+    from django.test import Client, override_settings
+
+    from agent_sessions.contrib.django import store
+    from agent_sessions.lease import claimant
+
+    settings = {"STORE": "tests.test_django_app.memory_store", "SSE_SECONDS": 0.2}
+    with override_settings(AGENT_SESSIONS=settings, MIDDLEWARE=["django.middleware.csrf.CsrfViewMiddleware"]):
+        client = Client(enforce_csrf_checks=True)
+        body = b"".join(client.get("/sessions/quiet/events").streaming_content).decode()
+        assert body.startswith("retry: 500\n\n: this session's event log is empty; only a run with "
+                               "Spec(publish_events=True) writes events here."), body
+        assert "ends after 0.2 s" in body and list(sse(body.split("\n"))) == [{"retry": "500"}]
+        store().acquire("held", claimant(), 30.0)  # a run holds it, and has written no event
+        body = b"".join(client.get("/sessions/held/events").streaming_content).decode()
+        assert ": a run holds this session and has written no event: it runs without " in body, body
+        assert b"".join(client.get("/sessions/quiet/events?after=3").streaming_content) == b"retry: 500\n\n"
+        posted = client.post("/sessions/quiet/events")
+        assert posted.status_code == 405 and posted["Content-Type"] == "application/json", posted.content[:200]
+        assert posted["Allow"] == "GET" and "use GET" in posted.json()["error"]
+
+
 @pytest.mark.parametrize("seen", [str(2**63), str(2**64), "9" * 5000, "1" + "0" * 30],
                          ids=["2**63", "2**64", "5000 digits", "1e30"])
 def test_the_events_view_answers_400_to_a_seq_beyond_the_largest(django_state: Path, seen: str) -> None:
