@@ -760,6 +760,8 @@ def main(argv: Sequence[str] | None = None, *, store: Store | None = None,
     level = logging.DEBUG if args.debug else logging.WARNING
     logging.basicConfig(level=level, format=f"{prog}: %(levelname)s %(name)s: %(message)s")  # no-op if configured
     try:
+        if make_store is not None and any(a == "--store" or a.startswith("--store=") for a in argv or ()):
+            raise Exit(USAGE, f"{prog} works on the application's own store: --store is not for it")
         given = store if store is not None or make_store is None or args.command == "schema" else make_store()
         return _emit(_run(args, given), args.json, prog, out, err)
     except KeyboardInterrupt:
