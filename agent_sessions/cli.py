@@ -43,7 +43,8 @@ EXIT_CODES = {
     USAGE: "bad usage or input: arguments, a store URL, a value the library refuses",
     MISSING_DRIVER: "the store's driver is not installed (the message names the extra to install)",
     STORE_FAILED: "the store failed or cannot be reached (the message says which store), or cannot do this",
-    CONFLICT: "a conflict: a live run holds the session (delete without --force), a fork's target exists",
+    CONFLICT: "a conflict: a live run holds the session (delete without --force), a fork's target exists, "
+              "a call decided already",
 }
 DIST = "stored-agent-sessions"
 
@@ -326,30 +327,35 @@ def exit_codes() -> str:
     return "exit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
 
 
-def _common() -> argparse.ArgumentParser:
+def _common(store_option: bool = True) -> argparse.ArgumentParser:
     """The options every command takes, before or after its name. SUPPRESS keeps a subcommand from
     overwriting what was given before its name with its default; each parser gets its own copy, since
     set_defaults changes the actions a parent shares."""
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    common.add_argument("--store", metavar="URL", help=f"the store (default: ${ENV_STORE})")
+    if store_option:  # not where the application gives the store (manage.py agent_sessions)
+        common.add_argument("--store", metavar="URL", help=f"the store (default: ${ENV_STORE})")
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout, for scripts")
     common.add_argument("--debug", action="store_true", help="log at DEBUG and show tracebacks")
     return common
 
 
-def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    epilog = (f"The store is --store URL or ${ENV_STORE}: a SQLite file (./sessions.db, sqlite:///path.db), "
-              "postgresql+psycopg://user@host/db, mysql+pymysql://user@host/db or mongodb://host:27017/db.\n\n"
-              + exit_codes() + "\n\nErrors are one line on stderr; --debug adds the traceback. See docs/cli.md.")
+def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.ArgumentParser:
+    where = (f"The store is --store URL or ${ENV_STORE}: a SQLite file (./sessions.db, sqlite:///path.db), "
+             "postgresql+psycopg://user@host/db, mysql+pymysql://user@host/db or mongodb://host:27017/db."
+             if store_option else "The store is the application's (in Django, the one settings.AGENT_SESSIONS "
+             "and DATABASES give agent_sessions.contrib.django.store()).")
+    epilog = (where + "\n\n" + exit_codes()
+              + "\n\nErrors are one line on stderr; --debug adds the traceback. See docs/cli.md.")
     parser = argparse.ArgumentParser(
-        prog=prog, parents=[_common()], epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, parents=[_common(store_option)], epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Look at and manage the sessions of an agent-sessions store.",
     )
     parser.set_defaults(store=os.environ.get(ENV_STORE), json=False, debug=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "") -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[_common()], help=help, description=help,
+        sub = commands.add_parser(name, parents=[_common(store_option)], help=help, description=help,
                                   epilog=(epilog + "\n\n" if epilog else "") + exit_codes(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.set_defaults(run=run)
@@ -754,14 +760,12 @@ def main(argv: Sequence[str] | None = None, *, store: Store | None = None,
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # argparse prints to sys.*
-            args = build_parser(prog).parse_args(argv)
+            args = build_parser(prog, store_option=make_store is None).parse_args(argv)
     except SystemExit as exc:  # argparse printed --help, or the usage error; returned, for an embedding caller
         return exc.code if isinstance(exc.code, int) else USAGE
     level = logging.DEBUG if args.debug else logging.WARNING
     logging.basicConfig(level=level, format=f"{prog}: %(levelname)s %(name)s: %(message)s")  # no-op if configured
     try:
-        if make_store is not None and any(a == "--store" or a.startswith("--store=") for a in argv or ()):
-            raise Exit(USAGE, f"{prog} works on the application's own store: --store is not for it")
         given = store if store is not None or make_store is None or args.command == "schema" else make_store()
         return _emit(_run(args, given), args.json, prog, out, err)
     except KeyboardInterrupt:

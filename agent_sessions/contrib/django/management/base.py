@@ -79,7 +79,7 @@ class CliCommand(BaseCommand):  # type: ignore[misc]
         sys.exit(code)
 
     def print_help(self, prog_name: str, subcommand: str) -> None:
-        cli.build_parser(f"{prog_name} {subcommand}").print_help()
+        cli.build_parser(f"{prog_name} {subcommand}", store_option=False).print_help()
 
     def handle(self, *args: str, **options: Any) -> None:
         """``call_command``: what the CLI says on stderr is also the ``CommandError``'s message."""
