@@ -10,6 +10,7 @@ CLI adds is opening a store from a URL, printing, and exit codes a script can br
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -19,15 +20,16 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import unquote, unquote_plus
 
 from . import lifecycle
-from .contract import Holder, LifecycleStore, Scalar, SessionInfo, Store, when
-from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, Unsupported
+from .contract import ApprovalStore, Holder, LifecycleStore, RunStore, Scalar, SessionInfo, Store, when
+from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, UnknownApproval, Unsupported
 from .messages import ContentType, Message
 from .session import StoreSession
 from .session import open as open_session
+from .values import PendingApproval
 
 PROG = "python -m agent_sessions"
 ENV_STORE = "AGENT_SESSIONS_STORE"
@@ -37,11 +39,12 @@ CONNECT_TIMEOUT = 10
 OK, NOTHING, USAGE, MISSING_DRIVER, STORE_FAILED, CONFLICT = 0, 1, 2, 3, 4, 5
 EXIT_CODES = {
     OK: "ok",
-    NOTHING: "the session (or what was asked for) does not exist, or there was nothing to do",
+    NOTHING: "the session (or what was asked for: a run, a call waiting) does not exist, or there was nothing to do",
     USAGE: "bad usage or input: arguments, a store URL, a value the library refuses",
     MISSING_DRIVER: "the store's driver is not installed (the message names the extra to install)",
     STORE_FAILED: "the store failed or cannot be reached (the message says which store), or cannot do this",
-    CONFLICT: "a conflict: a live run holds the session (delete without --force), a fork's target exists",
+    CONFLICT: "a conflict: a live run holds the session (delete without --force), a fork's target exists, "
+              "a call decided already",
 }
 DIST = "stored-agent-sessions"
 
@@ -324,30 +327,35 @@ def exit_codes() -> str:
     return "exit codes:\n" + "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
 
 
-def _common() -> argparse.ArgumentParser:
+def _common(store_option: bool = True) -> argparse.ArgumentParser:
     """The options every command takes, before or after its name. SUPPRESS keeps a subcommand from
     overwriting what was given before its name with its default; each parser gets its own copy, since
     set_defaults changes the actions a parent shares."""
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    common.add_argument("--store", metavar="URL", help=f"the store (default: ${ENV_STORE})")
+    if store_option:  # not where the application gives the store (manage.py agent_sessions)
+        common.add_argument("--store", metavar="URL", help=f"the store (default: ${ENV_STORE})")
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout, for scripts")
     common.add_argument("--debug", action="store_true", help="log at DEBUG and show tracebacks")
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
-    epilog = (f"The store is --store URL or ${ENV_STORE}: a SQLite file (./sessions.db, sqlite:///path.db), "
-              "postgresql+psycopg://user@host/db, mysql+pymysql://user@host/db or mongodb://host:27017/db.\n\n"
-              + exit_codes() + "\n\nErrors are one line on stderr; --debug adds the traceback. See docs/cli.md.")
+def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.ArgumentParser:
+    where = (f"The store is --store URL or ${ENV_STORE}: a SQLite file (./sessions.db, sqlite:///path.db), "
+             "postgresql+psycopg://user@host/db, mysql+pymysql://user@host/db or mongodb://host:27017/db."
+             if store_option else "The store is the application's (in Django, the one settings.AGENT_SESSIONS "
+             "and DATABASES give agent_sessions.contrib.django.store()).")
+    epilog = (where + "\n\n" + exit_codes()
+              + "\n\nErrors are one line on stderr; --debug adds the traceback. See docs/cli.md.")
     parser = argparse.ArgumentParser(
-        prog=PROG, parents=[_common()], epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, parents=[_common(store_option)], epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Look at and manage the sessions of an agent-sessions store.",
     )
     parser.set_defaults(store=os.environ.get(ENV_STORE), json=False, debug=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "") -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[_common()], help=help, description=help,
+        sub = commands.add_parser(name, parents=[_common(store_option)], help=help, description=help,
                                   epilog=(epilog + "\n\n" if epilog else "") + exit_codes(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.set_defaults(run=run)
@@ -361,21 +369,40 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
     sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
 
-    sub = command("show", cmd_show, "print the end of a session's transcript (or all of it)")
+    sub = command("show", cmd_show, "print a session: the end of its transcript (or all of it), its run, "
+                  "the steers and the calls waiting", "Messages are numbered from #1, as they stand in the "
+                  "transcript (fork --at N keeps #1 to #N).")
     sub.add_argument("session", metavar="SID")
     shown = sub.add_mutually_exclusive_group()
     shown.add_argument("--last", metavar="N", type=count, default=20, help="the last N messages (default 20)")
-    shown.add_argument("--all", action="store_true", help="the whole transcript, its messages numbered from 0")
+    shown.add_argument("--all", action="store_true", help="the whole transcript")
 
-    sub = command("info", cmd_info, "when a session was created and updated, its length, metadata, run and steers")
+    sub = command("info", cmd_info, "when a session was created and updated, its length, metadata, run, and the "
+                                    "steers and calls waiting")
     sub.add_argument("session", metavar="SID")
 
     sub = command("steer", cmd_steer, "leave a steer for the session's next model request, whichever process makes it")
     sub.add_argument("session", metavar="SID")
     sub.add_argument("text", metavar="TEXT")
 
-    sub = command("cancel", cmd_cancel, "ask the run holding the session to stop (exit 1 when no run holds it)")
+    sub = command("cancel", cmd_cancel, "cancel the session's turn: its run stops, or the turn waiting for "
+                                        "approval is closed (exit 1 when there is neither)")
     sub.add_argument("session", metavar="SID")
+
+    sub = command("approvals", cmd_approvals, "list the tool calls the session's turn waits to have decided "
+                                              "(exit 1 when none waits)")
+    sub.add_argument("session", metavar="SID")
+
+    sub = command("approve", cmd_approve, "approve a call the session's turn waits for: its next run runs it",
+                  "A decision is taken once: a call decided already exits 5; one that waits for nothing, 1.")
+    sub.add_argument("session", metavar="SID")
+    sub.add_argument("call_id", metavar="CALL_ID", help="as `approvals` lists it")
+
+    sub = command("deny", cmd_deny, "deny a call the session's turn waits for: its next run gives the model "
+                                    "the reason instead", "Exit codes as approve.")
+    sub.add_argument("session", metavar="SID")
+    sub.add_argument("call_id", metavar="CALL_ID", help="as `approvals` lists it")
+    sub.add_argument("--reason", metavar="TEXT", default="", help="why: the model reads it with the call's result")
 
     sub = command("holder", cmd_holder, "who runs the session now, and until when (exit 1 when no live run)")
     sub.add_argument("session", metavar="SID")
@@ -383,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("fork", cmd_fork, "start NEW_ID from SID's transcript (all of it, or its first N messages)")
     sub.add_argument("session", metavar="SID")
     sub.add_argument("new_id", metavar="NEW_ID")
-    sub.add_argument("--at", metavar="N", type=count, help="keep the first N messages (show --all numbers them)")
+    sub.add_argument("--at", metavar="N", type=count, help="keep the first N messages: #1 to #N as show numbers them")
     sub.add_argument("--allow-unanswered", action="store_true",
                      help="cut even after a message whose tool calls have no results yet")
 
@@ -429,13 +456,38 @@ def cmd_list(args: argparse.Namespace, store: Store) -> Outcome:
 
 def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
     session = open_session(args.session, store)
-    msgs = session.messages() if args.all else session.messages(last=args.last)
-    if not msgs and not _exists(session):
-        return _absent(session, {"id": session.id, "messages": []})
-    lines = [] if msgs else ["(no messages)"]
-    for i, message in enumerate(msgs):
-        lines += format_message(message, i if args.all else None)
-    return Outcome({"id": session.id, "messages": [m.to_dict() for m in msgs]}, lines)
+    info: SessionInfo | None = None
+    if isinstance(store, LifecycleStore):  # the tail alone is read, and the length counted
+        info = session.info()
+        if info is None:
+            return _absent(session, {"id": session.id, "messages": []})
+        total = info.messages
+        msgs = session.messages() if args.all else session.messages(last=args.last)
+    else:  # a store that cannot count without reading: read it all, once
+        every = session.messages()
+        total = len(every)
+        msgs = every if args.all else every[total - lifecycle.last_count(args.last):]
+    holder = session.holder() if isinstance(store, RunStore) else None
+    steers = session.pending_steers() if info is not None else []
+    waiting = session.pending_approvals() if isinstance(store, ApprovalStore) else []
+    first = total - len(msgs)
+    head = f"session {safe(session.id)}: {total} message{'' if total == 1 else 's'}"
+    if info is not None:
+        head += f", created {_time(info.created)}, updated {_time(info.updated)} UTC"
+    lines = [head]
+    if info is not None and info.metadata:
+        lines.append(f"metadata: {safe(lifecycle.encode_metadata(info.metadata))}")
+    if holder is not None:
+        lines.append(f"run: {safe(holder.describe())}" + (", asked to cancel" if holder.cancelled else ""))
+    lines += _waiting_lines(steers, waiting)
+    if first:
+        lines.append(f"... {first} earlier message{'' if first == 1 else 's'} (--all shows them)")
+    for number, message in enumerate(msgs, start=first + 1):
+        lines += format_message(message, number)
+    return Outcome({"id": session.id, "info": None if info is None else info_doc(info),
+                    "holder": holder_doc(holder), "pending_steers": steers,
+                    "pending_approvals": [approval_doc(p) for p in waiting], "total": total, "first": first,
+                    "messages": [m.to_dict() for m in msgs]}, lines)
 
 
 def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
@@ -444,13 +496,18 @@ def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
     if info is None:
         return _absent(session, None)
     holder, steers = session.holder(), session.pending_steers()
+    waiting = session.pending_approvals() if isinstance(store, ApprovalStore) else []
     lines = [f"id:        {safe(info.id)}", f"created:   {_time(info.created)} UTC",
              f"updated:   {_time(info.updated)} UTC", f"messages:  {info.messages}",
              f"metadata:  {safe(lifecycle.encode_metadata(info.metadata))}",
              f"run:       {'none' if holder is None else safe(holder.describe())}",
              f"steers:    {len(steers)} waiting"]
     lines += [f"  {safe(s)}" for s in steers]
-    return Outcome({**info_doc(info), "holder": holder_doc(holder), "pending_steers": steers}, lines)
+    lines.append(f"approvals: {len(waiting)} waiting" + (f" (approve or deny: {PROG} approve SID CALL_ID)"
+                                                          if waiting else ""))
+    lines += [f"  {approval_line(p)}" for p in waiting]
+    return Outcome({**info_doc(info), "holder": holder_doc(holder), "pending_steers": steers,
+                    "pending_approvals": [approval_doc(p) for p in waiting]}, lines)
 
 
 def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
@@ -461,12 +518,52 @@ def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
 
 
 def cmd_cancel(args: argparse.Namespace, store: Store) -> Outcome:
+    """What was cancelled is looked at first, so the line says which: a run asked to stop, or a turn
+    waiting for approval closed (a run that starts between the look and the cancel is still cancelled)."""
     session = open_session(args.session, store)
+    running = session.holder() is not None
+    waiting = len(session.pending_approvals()) if isinstance(store, ApprovalStore) and not running else 0
     if not session.cancel():
-        return Outcome({"id": session.id, "cancelled": False}, code=NOTHING,
-                       note=f"no run holds session {session.id!r}: nothing to cancel")
-    return Outcome({"id": session.id, "cancelled": True},
-                   [f"asked the run holding session {safe(session.id)} to stop"])
+        return Outcome({"id": session.id, "cancelled": False, "closed": False}, code=NOTHING,
+                       note=f"no run holds session {session.id!r} and no turn of it waits for approval: "
+                            "nothing to cancel")
+    if running or not waiting:
+        line = (f"asked the run holding session {safe(session.id)} to stop before its next model request or "
+                "tool call")
+    else:
+        line = (f"closed the turn of session {safe(session.id)} that waited for approval: its "
+                f"{waiting} call{'' if waiting == 1 else 's'} waiting will not run")
+    return Outcome({"id": session.id, "cancelled": True, "closed": bool(waiting) and not running}, [line])
+
+
+def cmd_approvals(args: argparse.Namespace, store: Store) -> Outcome:
+    session = open_session(args.session, store)
+    waiting = session.pending_approvals()
+    doc = {"id": session.id, "pending_approvals": [approval_doc(p) for p in waiting]}
+    if not waiting:
+        return Outcome(doc, code=NOTHING, note=f"no call of session {session.id!r} waits for a decision")
+    return Outcome(doc, [approval_line(p) for p in waiting])
+
+
+def cmd_approve(args: argparse.Namespace, store: Store) -> Outcome:
+    return _decide(args, store, approved=True)
+
+
+def cmd_deny(args: argparse.Namespace, store: Store) -> Outcome:
+    return _decide(args, store, approved=False)
+
+
+def _decide(args: argparse.Namespace, store: Store, approved: bool) -> Outcome:
+    session = open_session(args.session, store)
+    doc = {"id": session.id, "call_id": args.call_id, "decided": False}
+    try:
+        decision = session.approve(args.call_id) if approved else session.deny(args.call_id, args.reason)
+    except UnknownApproval as exc:
+        return Outcome(doc, code=NOTHING, note=str(exc))
+    verb = "approved" if decision.approved else "denied"
+    return Outcome({**doc, "decided": True, "approved": decision.approved, "reason": decision.reason},
+                   [f"{verb} call {safe(args.call_id)} of session {safe(session.id)}: the session's next run "
+                    f"{'runs it' if decision.approved else 'gives the model the reason'}"])
 
 
 def cmd_holder(args: argparse.Namespace, store: Store) -> Outcome:
@@ -505,7 +602,8 @@ def cmd_delete(args: argparse.Namespace, store: Store) -> Outcome:
 
 def cmd_prune(args: argparse.Namespace, store: Store) -> Outcome:
     deleted = _lifecycle(store, "prune").prune(args.idle_for, args.limit)
-    return Outcome({"deleted": deleted}, [f"deleted {deleted} idle session{'' if deleted == 1 else 's'}"])
+    return Outcome({"deleted": deleted, "idle_for": args.idle_for},
+                   [f"deleted {deleted} session{'' if deleted == 1 else 's'} not updated for {span(args.idle_for)}"])
 
 
 def cmd_metadata(args: argparse.Namespace, store: Store) -> Outcome:
@@ -583,6 +681,45 @@ def holder_doc(holder: Holder | None) -> dict[str, Any] | None:
             "expires": when(holder.expires).isoformat()}
 
 
+def approval_doc(pending: PendingApproval) -> dict[str, Any]:
+    return {"call_id": pending.call_id, "tool": pending.tool, "arguments": pending.arguments,
+            "asked": pending.asked.isoformat(),
+            "deadline": None if pending.deadline is None else pending.deadline.isoformat()}
+
+
+def approval_line(pending: PendingApproval) -> str:
+    """One waiting call on one line: its id (what ``approve`` takes), the tool and its arguments as the
+    model wrote them (escaped: a line feed in them cannot forge a row), when it was asked."""
+    deadline = "" if pending.deadline is None else f", deadline {_time(pending.deadline)} UTC"
+    return (f"{safe(pending.call_id)}  {safe(pending.tool)}({safe(pending.arguments)})  "
+            f"asked {_time(pending.asked)} UTC{deadline}")
+
+
+def _waiting_lines(steers: Sequence[str], waiting: Sequence[PendingApproval]) -> list[str]:
+    lines = []
+    if steers:
+        lines.append(f"steers waiting: {len(steers)}")
+        lines += [f"  {safe(text)}" for text in steers]
+    if waiting:
+        lines.append(f"calls waiting for a decision: {len(waiting)} (approve SID CALL_ID, or deny)")
+        lines += [f"  {approval_line(p)}" for p in waiting]
+    return lines
+
+
+def span(seconds: float) -> str:
+    """Seconds as ``duration`` reads them back: 31536000.0 is ``365d``, 129600.0 ``1d12h``."""
+    whole, rest = divmod(seconds, 1)
+    parts, left = [], int(whole)
+    for unit, size in _UNIT.items():
+        amount, left = divmod(left, size)
+        if amount:
+            parts.append(f"{amount}{unit}")
+    if rest:
+        parts = parts[:-1] if parts and parts[-1].endswith("s") else parts
+        parts.append(f"{(seconds % 60):g}s")
+    return "".join(parts) or "0s"
+
+
 def _lifecycle(store: Store, command: str) -> LifecycleStore:
     if not isinstance(store, LifecycleStore):
         raise Unsupported(f"{command} needs a store implementing agent_sessions.LifecycleStore; {store!r} does not")
@@ -612,25 +749,39 @@ def _one_line(text: str) -> str:
 # -- running it ----------------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None, *, store: Store | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, store: Store | None = None,
+         make_store: Callable[[], Store] | None = None, prog: str = PROG,
+         stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Run one command and return its exit code (``EXIT_CODES``). ``store``: use this store instead of
-    opening ``--store``, for an application that builds its own (a Django project's) or a test's."""
+    opening ``--store``, for an application that builds its own or a test's; ``make_store``: the same,
+    built only once a command needs it (the Django app's ``manage.py agent_sessions``, whose store() may be
+    misconfigured: it raises ``Exit``). ``prog`` names the front door in help and messages; ``stdout`` and
+    ``stderr`` are where it prints (``sys.stdout`` and ``sys.stderr`` when ``None``)."""
+    out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
-        args = build_parser().parse_args(argv)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # argparse prints to sys.*
+            args = build_parser(prog, store_option=make_store is None).parse_args(argv)
     except SystemExit as exc:  # argparse printed --help, or the usage error; returned, for an embedding caller
         return exc.code if isinstance(exc.code, int) else USAGE
     level = logging.DEBUG if args.debug else logging.WARNING
-    logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s %(name)s: %(message)s")  # no-op if configured
+    logging.basicConfig(level=level, format=f"{prog}: %(levelname)s %(name)s: %(message)s")  # no-op if configured
     try:
-        return _emit(_run(args, store), args.json)
+        given = store if store is not None or make_store is None or args.command == "schema" else make_store()
+        return _emit(_run(args, given), args.json, prog, out, err)
     except KeyboardInterrupt:
         code, message = 130, "interrupted"
     except Exception as exc:  # noqa: BLE001 - every error ends as one line and an exit code, never a traceback
         code, message = classify(exc)
         if args.debug:
-            traceback.print_exc()
-    print(f"{PROG}: error: {safe(_one_line(scrub(message, getattr(args, 'store', None))))}", file=sys.stderr)
+            traceback.print_exc(file=err)
+    _say(err, f"{prog}: error: {safe(_one_line(scrub(message, getattr(args, 'store', None))))}")
     return code
+
+
+def _say(stream: TextIO, text: str) -> None:
+    """One write per line, its line end included: a stream that ends lines itself (Django's
+    ``OutputWrapper``) adds none more."""
+    stream.write(text + "\n")
 
 
 def classify(exc: Exception) -> tuple[int, str]:
@@ -666,15 +817,16 @@ def _run(args: argparse.Namespace, given: Store | None) -> Outcome:
         opened.close()
 
 
-def _emit(outcome: Outcome, as_json: bool) -> int:
+def _emit(outcome: Outcome, as_json: bool, prog: str, out: TextIO, err: TextIO) -> int:
     try:
         if as_json:
-            print(json.dumps(outcome.doc))
+            _say(out, json.dumps(outcome.doc))
         elif outcome.lines:
-            print("\n".join(outcome.lines))
-        sys.stdout.flush()
+            _say(out, "\n".join(outcome.lines))
+        out.flush()
     except BrokenPipeError:  # `... list | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if outcome.note:
-        print(f"{PROG}: {safe(_one_line(outcome.note))}", file=sys.stderr)
+        _say(err, f"{prog}: {safe(_one_line(outcome.note))}")
     return outcome.code

@@ -31,3 +31,11 @@ class Result:
     pending_approvals: list[PendingApproval] = field(default_factory=list)
     """With ``stop_reason == "awaiting_approval"``: the calls waiting for a person's decision. The reply
     that made them waits beside the stored transcript (``messages`` ends before it)."""
+
+    def __repr__(self) -> str:
+        """A summary: a run's ``Finished`` event holds its Result, and a log line or a debugger printing the
+        event must not print the whole transcript (anyone's words, and megabytes of it)."""
+        return (f"Result(stop_reason={self.stop_reason!r}, steps={self.steps}, text=<{len(self.text)} chars>, "
+                f"messages=<{len(self.messages)}>, usage={self.usage!r}, "
+                f"unapplied_steers=<{len(self.unapplied_steers)}>, "
+                f"pending_approvals={[p.call_id for p in self.pending_approvals]!r})")

@@ -20,6 +20,8 @@ def sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
                 yield event
             event = {}
             continue
+        if line.startswith(":"):  # a comment: no field of any event (the Django view explains a silence so)
+            continue
         name, _, value = line.partition(":")
         event[name] = value[1:] if value.startswith(" ") else value
 

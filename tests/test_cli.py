@@ -112,11 +112,13 @@ def test_show_prints_the_transcript_with_tool_calls_as_written(backend: Backend)
     saved(backend.store, "chat-1")
     ran = run_cli("show", "chat-1", "--all", store=backend.url)
     assert ran.code == 0, ran
-    assert ran.out.splitlines() == [
-        "#0 user:", "  What's the weather?",
-        "#1 assistant:", "  Let me look.", '  tool call get_weather [call_1] {"city": "Paris",  "city": "Lyon"}',
-        "#2 user:", "  tool result [call_1]: 18°C", "  sunny",
-        "#3 assistant:", "  It is 18°C and sunny.",
+    lines = ran.out.splitlines()
+    assert lines[0].startswith("session chat-1: 4 messages, created ") and lines[0].endswith(" UTC"), lines
+    assert lines[1:] == [  # numbered from #1, as fork --at counts: --at 2 keeps #1 and #2
+        "#1 user:", "  What's the weather?",
+        "#2 assistant:", "  Let me look.", '  tool call get_weather [call_1] {"city": "Paris",  "city": "Lyon"}',
+        "#3 user:", "  tool result [call_1]: 18°C", "  sunny",
+        "#4 assistant:", "  It is 18°C and sunny.",
     ]
     doc = run_cli("show", "chat-1", "--all", "--json", store=backend.url).doc
     assert [agent.Message.from_dict(m) for m in doc["messages"]] == TRANSCRIPT
@@ -127,7 +129,8 @@ def test_show_defaults_to_the_tail(backend: Backend) -> None:
     doc = run_cli("--json", "show", "long", store=backend.url).doc
     assert [m["content"][0]["text"] for m in doc["messages"]] == [f"m{i}" for i in range(5, 25)]
     ran = run_cli("show", "long", "--last", "2", store=backend.url)
-    assert ran.out.splitlines() == ["user:", "  m23", "user:", "  m24"]
+    assert ran.out.splitlines()[1:] == ["... 23 earlier messages (--all shows them)", "#24 user:", "  m23",
+                                        "#25 user:", "  m24"]
 
 
 def test_text_from_the_store_cannot_drive_the_terminal(backend: Backend) -> None:
@@ -160,7 +163,7 @@ def test_holder_and_cancel_see_the_run_of_another_process(backend: Backend) -> N
     assert (doc["pid"], doc["epoch"], doc["cancelled"]) == (os.getpid(), held.epoch, False)
 
     ran = run_cli("cancel", "chat-1", "--json", store=backend.url)
-    assert (ran.code, ran.doc) == (0, {"id": "chat-1", "cancelled": True})
+    assert (ran.code, ran.doc) == (0, {"id": "chat-1", "cancelled": True, "closed": False})
     assert backend.store.check("chat-1", held) is True  # the run sees it at its next step
 
 
@@ -281,10 +284,10 @@ def test_lifecycle_prune_deletes_idle_sessions_a_run_does_not_hold(backend: Back
     for name in ("a", "b", "c", "held"):
         saved(backend.store, name, TRANSCRIPT[:1])
     backend.store.acquire("held", claimant(), 60)
-    assert run_cli("prune", "--idle-for", "1d", "--json", store=backend.url).doc == {"deleted": 0}
+    assert run_cli("prune", "--idle-for", "1d", "--json", store=backend.url).doc == {"deleted": 0, "idle_for": 86400}
     ran = run_cli("prune", "--idle-for", "0s", "--limit", "2", store=backend.url)
-    assert (ran.code, ran.out) == (0, "deleted 2 idle sessions\n")
-    assert run_cli("prune", "--idle-for", "0s", "--json", store=backend.url).doc == {"deleted": 1}
+    assert (ran.code, ran.out) == (0, "deleted 2 sessions not updated for 0s\n")
+    assert run_cli("prune", "--idle-for", "0s", "--json", store=backend.url).doc == {"deleted": 1, "idle_for": 0}
     assert [s.id for s in backend.store.list_sessions()] == ["held"]
 
 
@@ -451,7 +454,7 @@ def test_memory_delete_prune_and_info(mem: InProcess) -> None:
     mem.store.acquire("busy", claimant(), 60)
     ran = mem("delete", "busy", "--yes")
     assert ran.code == 5 and "--force" in ran.err
-    assert mem("prune", "--idle-for", "0s", "--json").doc == {"deleted": 1}
+    assert mem("prune", "--idle-for", "0s", "--json").doc == {"deleted": 1, "idle_for": 0}
     assert mem("info", "idle").code == 1
     info = mem("info", "busy", "--json").doc
     assert info["holder"]["pid"] == os.getpid() and info["messages"] == 4
@@ -470,7 +473,9 @@ def test_memory_errors_are_one_line(mem: InProcess) -> None:
 
 def test_memory_show_of_a_session_without_messages(mem: InProcess) -> None:
     mem.store.set_metadata("labelled", {"user": "u-1"})  # exists, with no transcript yet
-    assert (mem("show", "labelled").code, mem("show", "labelled").out) == (0, "(no messages)\n")
+    shown = mem("show", "labelled")
+    assert shown.code == 0 and shown.out.startswith("session labelled: 0 messages, created "), shown
+    assert shown.out.endswith(' UTC\nmetadata: {"user":"u-1"}\n'), shown
     assert mem("show", "unknown").code == 1
     ran = mem("steer", "unknown", "hi")
     assert ran.code == 0 and "does not exist yet" in ran.out
@@ -569,15 +574,16 @@ def test_hostile_ids_steers_and_metadata_print_as_one_row_each(tmp_path: Path) -
 
     info = printed_lines(run_cli("info", HOSTILE["lf"], store=str(path)).out)
     assert [line for line in info if line.startswith("run:")] == ["run:       none"]
-    assert info[0] == "id:        h-lf\\x0a" + FORGED and info[-1] == "  hurry\\x0arun:       none"
-    assert len(info) == 8, info  # id, created, updated, messages, metadata, run, steers, the one steer
+    assert info[0] == "id:        h-lf\\x0a" + FORGED and info[-2] == "  hurry\\x0arun:       none"
+    assert info[-1] == "approvals: 0 waiting"
+    assert len(info) == 9, info  # id, created, updated, messages, metadata, run, steers, the one steer, approvals
     assert run_cli("info", HOSTILE["lf"], "--json", store=str(path)).doc["pending_steers"] == [
         "hurry\nrun:       none"]
     assert printed_lines(run_cli("metadata", HOSTILE["cr"], store=str(path)).out) == [
         'note="v\\nforged 2024-01-01 00:00:00         1  {}\\u2028\\u001b[2J"']
 
     shown = printed_lines(run_cli("show", lone, "--all", store=str(path)).out)
-    assert shown == ["#0 user:", "  lone \\ud800 here\\x1b[2J", "#1 assistant:",
+    assert shown[1:] == ["#1 user:", "  lone \\ud800 here\\x1b[2J", "#2 assistant:",
                      "  tool call grep\\u202e [c\\x0a#9 user:] {\"q\":", '  "\\ud800"}'], shown
     assert run_cli("show", lone, "--json", store=str(path)).doc["messages"][0]["content"][0]["text"] == (
         "lone \ud800 here\x1b[2J")

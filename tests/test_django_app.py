@@ -84,7 +84,7 @@ def test_a_view_starts_a_turn_and_the_management_command_steers_it(django_state:
                           content_type="application/json")
     assert started.status_code == 202
     wait_for_request(model)  # the run is inside its first request: the steer must wait for the next
-    call_command("steer", "dj-1", "check the expiry, not the token")
+    call_command("agent_sessions", "steer", "dj-1", "check the expiry, not the token")
     steered.set()
     state = wait_for_answer(lambda: client.get("/sessions/dj-1").json())
     texts = [m["content"][0].get("text", "") for m in state["messages"]]
@@ -181,15 +181,16 @@ def test_a_real_runserver_and_a_steer_from_another_process(tmp_path: Path, model
         assert requests.post(f"{base}/sessions/dj-real/turn", json={"text": "review token.go"},
                              timeout=30).status_code == 202
         wait_for_request(model)
-        out = subprocess.run([sys.executable, str(MANAGE), "steer", "dj-real", "look at the renewal path"],
+        out = subprocess.run([sys.executable, str(MANAGE), "agent_sessions", "steer", "dj-real",
+                              "look at the renewal path"],
                              env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0 and "steered dj-real" in out.stdout, out.stderr
+        assert out.returncode == 0 and "steer left for session dj-real" in out.stdout, out.stderr
         steered.set()
         state = wait_for_answer(lambda: requests.get(f"{base}/sessions/dj-real", timeout=30).json())
         assert [m["content"][0].get("text") for m in state["messages"]][3] == "look at the renewal path"
-        refused = subprocess.run([sys.executable, str(MANAGE), "steer", "dj-real", ""], env=env,
+        refused = subprocess.run([sys.executable, str(MANAGE), "agent_sessions", "steer", "dj-real", ""], env=env,
                                  capture_output=True, text=True, timeout=120)
-        assert refused.returncode != 0 and "must not be empty" in refused.stderr
+        assert refused.returncode == 2 and "must not be empty" in refused.stderr  # the CLI's code for bad input
     finally:
         stop(server)
 
@@ -206,7 +207,7 @@ def test_migrate_creates_the_store_tables_on_postgresql(tmp_path: Path) -> None:
     env = {**os.environ, "DJANGO_DB_URL": url.replace("postgresql+psycopg", "postgresql"),
            "DJANGO_APP_STATE": str(tmp_path), "PYTHONPATH": str(ROOT)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    for args in (["migrate", "--noinput"], ["steer", "dj-pg", "from a migrated database"]):
+    for args in (["migrate", "--noinput"], ["agent_sessions", "steer", "dj-pg", "from a migrated database"]):
         out = subprocess.run([sys.executable, str(MANAGE), *args], env=env, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -278,7 +279,7 @@ def test_on_sqlite_migrate_makes_the_file_stores_sqlite_would_and_zero_undoes_it
     store.save("lite-1", [agent.Message.user("kept")])
     store.close()
     assert sqlite_objects(db) == reference
-    assert "#1 user:\n  kept\n" in manage(env, "show", "lite-1")
+    assert "#1 user:\n  kept\n" in manage(env, "agent_sessions", "show", "lite-1")
     manage(env, "migrate", "agent_sessions", "zero")
     assert sqlite_objects(db) == ([], 0)  # user_version 0: a later sqlite.open takes the file as new
     manage(env, "migrate", "--noinput")
@@ -296,7 +297,7 @@ def test_on_sqlite_migrate_keeps_the_tables_stores_sqlite_made_before(tmp_path: 
     env = example_env(tmp_path)
     manage(env, "migrate", "--noinput")
     assert sqlite_objects(tmp_path / "django.sqlite3") == objects
-    assert json.loads(manage(env, "show", "made-before", "--json"))["messages"] == [
+    assert json.loads(manage(env, "agent_sessions", "show", "made-before", "--json"))["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "from before the app"}]}]
 
 
@@ -322,8 +323,8 @@ def test_migrate_keeps_tables_that_exist_and_zero_drops_them(tmp_path: Path, ven
     env = example_env(tmp_path, url.replace("+psycopg", "").replace("+pymysql", ""))
     try:
         manage(env, "migrate", "--noinput")
-        assert "from before the app" in manage(env, "show", "made-before")
-        manage(env, "steer", "made-before", "after migrate")
+        assert "from before the app" in manage(env, "agent_sessions", "show", "made-before")
+        manage(env, "agent_sessions", "steer", "made-before", "after migrate")
         assert store.take_steers("made-before") == ["after migrate"]
         manage(env, "migrate", "agent_sessions", "zero")
         ours = {"agent_sessions", "agent_messages", "agent_steers", "agent_events"}
@@ -403,13 +404,27 @@ def memory_store() -> Any:
 
 
 def command(*args: str) -> str:
+    """``manage.py agent_sessions ARGS`` in this process (call_command): what it printed; a CommandError
+    (carrying the exit code) when it exits with another code than 0."""
     import io
 
     from django.core.management import call_command
 
     out = io.StringIO()
-    call_command(*args, stdout=out)
+    call_command("agent_sessions", *args, stdout=out, stderr=io.StringIO())
     return out.getvalue()
+
+
+def failed(*args: str) -> tuple[int, str, str]:
+    """The exit code, stdout and the error of a command that exits with another code than 0."""
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    out = io.StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command("agent_sessions", *args, stdout=out, stderr=io.StringIO())
+    return caught.value.returncode, out.getvalue(), str(caught.value)
 
 
 def as_json(*args: str) -> Any:
@@ -439,7 +454,7 @@ def test_steer_and_show_a_transcript_its_tail_and_what_waits(memory: Any) -> Non
     memory.set_metadata("c-1", {"user": "u-17"})
     shown = command("show", "c-1", "--last", "3")
     assert shown.startswith("session c-1: 5 messages, created ")
-    assert "metadata: {'user': 'u-17'}" in shown and "steers waiting: 1\n  first steer\n" in shown
+    assert 'metadata: {"user":"u-17"}' in shown and "steers waiting: 1\n  first steer\n" in shown
     assert "... 2 earlier messages (--all shows them)\n" in shown
     assert "#3 user:\n  tool result [t1]: package lease\n  // line 2\n#4 user:\n  \\x1b[31mred\\x1b[0m text\n" in shown
     assert "\x1b" not in shown  # a message's escape sequence never reaches the terminal
@@ -455,17 +470,18 @@ def test_steer_and_show_a_transcript_its_tail_and_what_waits(memory: Any) -> Non
         command("show", "nobody")
     with pytest.raises(CommandError, match="must not be empty"):
         command("steer", "c-1", "")
-    with pytest.raises(CommandError, match="must be an int >= 0"):
+    with pytest.raises(CommandError, match="'-1' is not a whole number"):
         command("show", "c-1", "--last", "-1")
 
 
 def test_cancel_asks_the_holder_to_stop(memory: Any) -> None:
     from agent_sessions.lease import claimant
 
-    assert as_json("cancel", "c-2") == {"id": "c-2", "cancelled": False}
-    assert "c-2: no run holds it; nothing to cancel" in command("cancel", "c-2")
+    code, out, error = failed("cancel", "c-2", "--json")  # exit 1, as from python -m agent_sessions
+    assert (code, json.loads(out)) == (1, {"id": "c-2", "cancelled": False, "closed": False})
+    assert "no run holds session 'c-2'" in error and "nothing to cancel" in error
     held = memory.acquire("c-2", claimant(), 30.0)
-    assert "cancelled c-2: its run stops" in command("cancel", "c-2")
+    assert "asked the run holding session c-2 to stop" in command("cancel", "c-2")
     assert memory.check("c-2", held) is True  # the run sees it at its next check
     holder = as_json("show", "c-2")["holder"]
     assert holder["cancelled"] is True and holder["pid"] == os.getpid() and "token" not in holder
@@ -480,27 +496,27 @@ def test_sessions_lists_newest_first_filters_by_metadata_and_pages(memory: Any) 
         time.sleep(0.002)  # distinct updated times
 
     def ids(*args: str) -> list[str]:
-        return [s["id"] for s in as_json("sessions", *args)["sessions"]]
+        return [s["id"] for s in as_json("list", *args)["sessions"]]
 
     assert ids() == ["b-1", "a-2", "a-1"]
     assert ids("--prefix", "a-") == ["a-2", "a-1"]
     assert ids("--where", "user=u-17") == ["a-1"]
     assert ids("--where", "n=17") == ["a-2"] and ids("--where", 'n="17"') == ["b-1"]  # values compare as JSON
     assert ids("--where", "n=17", "--where", "user=u-18") == ["a-2"]
-    first = as_json("sessions", "--limit", "2")
+    first = as_json("list", "--limit", "2")
     assert [s["id"] for s in first["sessions"]] == ["b-1", "a-2"] and first["next"]
     assert ids("--limit", "2", "--after", first["next"]) == ["a-1"]
-    text = command("sessions", "--limit", "2")
+    text = command("list", "--limit", "2")
     assert text.splitlines()[0].split() == ["ID", "UPDATED", "(UTC)", "MESSAGES", "METADATA"]
-    assert text.splitlines()[1].startswith("b-1") and '{"n": "17"}' in text.splitlines()[1]
+    assert text.splitlines()[1].startswith("b-1") and '{"n":"17"}' in text.splitlines()[1]
     assert f"next page: --after {first['next']}" in text
-    assert command("sessions", "--prefix", "zz") == "no sessions\n"
+    assert command("list", "--prefix", "zz") == "no sessions\n"
     from django.core.management import CommandError
 
     with pytest.raises(CommandError, match="'novalue' is not key=value"):
-        command("sessions", "--where", "novalue")
+        command("list", "--where", "novalue")
     with pytest.raises(CommandError, match="must be a page's next cursor"):
-        command("sessions", "--after", "garbage")
+        command("list", "--after", "garbage")
 
 
 def test_prune_deletes_idle_sessions_but_not_a_held_one(memory: Any) -> None:
@@ -513,7 +529,8 @@ def test_prune_deletes_idle_sessions_but_not_a_held_one(memory: Any) -> None:
     time.sleep(0.01)
     assert as_json("prune", "--idle-for", "1d12h") == {"deleted": 0, "idle_for": 129600.0}
     assert as_json("prune", "--idle-for", "0s", "--limit", "2") == {"deleted": 2, "idle_for": 0.0}
-    assert command("prune", "--idle-for", "0s") == "deleted 1 session not updated for 0 s\n"
+    assert command("prune", "--idle-for", "0s") == "deleted 1 session not updated for 0s\n"
+    assert command("prune", "--idle-for", "365d") == "deleted 0 sessions not updated for 365d\n"
     assert [s.id for s in memory.list_sessions()] == ["held"]
     from django.core.management import CommandError
 
@@ -535,8 +552,8 @@ def test_on_a_store_without_the_lifecycle_show_reads_the_transcript_and_sessions
         store().save("p", [agent.Message.user("one"), agent.Message.assistant("two")])
         assert as_json("show", "p", "--last", "1")["messages"] == [agent.Message.assistant("two").to_dict()]
         assert command("show", "p", "--last", "1").startswith("session p: 2 messages\n... 1 earlier message ")
-        for args in (["sessions"], ["prune", "--idle-for", "30d"]):
-            with pytest.raises(CommandError, match=r"needs a store that manages sessions \(agent_sessions.Lifecycle"):
+        for args in (["list"], ["prune", "--idle-for", "30d"]):
+            with pytest.raises(CommandError, match=r"needs a store implementing agent_sessions.LifecycleStore"):
                 command(*args)
 
 
@@ -556,16 +573,19 @@ def test_approve_lists_the_waiting_calls_and_decides_once(memory: Any) -> None:
 
     spec = agent.Spec(session=agent.open("c-9", memory), tools=[refund])
     assert agent.Runner().run(spec, [agent.Message.user("refund 7")], Model()).stop_reason == "awaiting_approval"
-    waiting = as_json("approve", "c-9")["waiting"]
+    waiting = as_json("approvals", "c-9")["pending_approvals"]
     assert [(w["call_id"], w["tool"], w["arguments"]) for w in waiting] == [("r1", "refund", '{"order": "7"}')]
-    assert "r1  refund({\"order\": \"7\"})  asked " in command("approve", "c-9")
-    assert as_json("approve", "c-9", "r1", "--deny", "--reason", "not today") == {
-        "id": "c-9", "call_id": "r1", "approved": False, "reason": "not today"}
-    with pytest.raises(CommandError, match="already decided: denied by a person"):
+    assert "r1  refund({\"order\": \"7\"})  asked " in command("approvals", "c-9")
+    assert "calls waiting for a decision: 1" in command("show", "c-9")
+    assert as_json("deny", "c-9", "r1", "--reason", "not today") == {
+        "id": "c-9", "call_id": "r1", "decided": True, "approved": False, "reason": "not today"}
+    with pytest.raises(CommandError, match="already decided: denied by a person") as caught:
         command("approve", "c-9", "r1")
-    with pytest.raises(CommandError, match="no call 'r2' waits"):
-        command("approve", "c-9", "r2")
-    assert command("approve", "c-9") == "c-9: no call waits for a decision\n"
+    assert caught.value.returncode == 5  # a conflict, as from python -m agent_sessions
+    code, _, error = failed("approve", "c-9", "r2")
+    assert code == 1 and "no call 'r2' waits" in error
+    code, _, error = failed("approvals", "c-9")
+    assert code == 1 and "no call of session 'c-9' waits for a decision" in error
 
 
 # -- the events view: a session's event log as server-sent events ---------------------------------------------------
@@ -637,6 +657,31 @@ def test_the_events_view_ends_after_sse_seconds_and_needs_an_event_log(django_st
     with override_settings(AGENT_SESSIONS={"STORE": "tests.test_django_app.plain_store"}):
         reply = client.get("/sessions/quiet/events")
         assert reply.status_code == 501 and "EventStore" in reply.json()["error"]
+
+
+def test_the_events_view_says_why_a_stream_is_silent_and_refuses_a_post_with_json_under_csrf(
+        django_state: Path) -> None:
+    """A session whose log is empty (its run has no publish_events=True) gets a comment line saying so; a
+    POST meets CsrfViewMiddleware, as in any project, and still gets the documented JSON 405."""
+    from django.test import Client, override_settings
+
+    from agent_sessions.contrib.django import store
+    from agent_sessions.lease import claimant
+
+    settings = {"STORE": "tests.test_django_app.memory_store", "SSE_SECONDS": 0.2}
+    with override_settings(AGENT_SESSIONS=settings, MIDDLEWARE=["django.middleware.csrf.CsrfViewMiddleware"]):
+        client = Client(enforce_csrf_checks=True)
+        body = b"".join(client.get("/sessions/quiet/events").streaming_content).decode()
+        assert body.startswith("retry: 500\n\n: this session's event log is empty; only a run with "
+                               "Spec(publish_events=True) writes events here."), body
+        assert "ends after 0.2 s" in body and list(sse(body.split("\n"))) == [{"retry": "500"}]
+        store().acquire("held", claimant(), 30.0)  # a run holds it, and has written no event
+        body = b"".join(client.get("/sessions/held/events").streaming_content).decode()
+        assert ": a run holds this session and has written no event: it runs without " in body, body
+        assert b"".join(client.get("/sessions/quiet/events?after=3").streaming_content) == b"retry: 500\n\n"
+        posted = client.post("/sessions/quiet/events")
+        assert posted.status_code == 405 and posted["Content-Type"] == "application/json", posted.content[:200]
+        assert posted["Allow"] == "GET" and "use GET" in posted.json()["error"]
 
 
 @pytest.mark.parametrize("seen", [str(2**63), str(2**64), "9" * 5000, "1" + "0" * 30],
@@ -729,10 +774,10 @@ def test_the_commands_print_each_hostile_value_as_one_field(memory: Any) -> None
     for sid in HOSTILE_IDS:
         memory.save(sid, [agent.Message.user("hi")])
         memory.set_metadata(sid, {"note": f"v\n{FORGED}\u202e"})
-    rows = printed_lines(command("sessions", "--prefix", "h-"))
+    rows = printed_lines(command("list", "--prefix", "h-"))
     assert len(rows) == 1 + len(HOSTILE_IDS) and not any(r.startswith(("forged", "next page")) for r in rows), rows
-    assert sorted(s["id"] for s in as_json("sessions", "--prefix", "h-")["sessions"]) == sorted(HOSTILE_IDS)
-    page = printed_lines(command("sessions", "--prefix", "h-", "--limit", "2"))
+    assert sorted(s["id"] for s in as_json("list", "--prefix", "h-")["sessions"]) == sorted(HOSTILE_IDS)
+    page = printed_lines(command("list", "--prefix", "h-", "--limit", "2"))
     assert len(page) == 4 and page[3].startswith("next page: --after "), page
 
     sid = HOSTILE_IDS[0]
@@ -744,9 +789,10 @@ def test_the_commands_print_each_hostile_value_as_one_field(memory: Any) -> None
     assert shown[-6:] == ["  hurry\\x0arun: pid 1 on forged, epoch 9", "#1 user:", "  lone \\ud800 here",
                           "#2 assistant:", "  tool call grep\\u202e [c\\x0a#9 user:] {\"q\":", '  "x"}'], shown
     assert as_json("show", sid)["messages"][0]["content"][0]["text"] == "lone \ud800 here"  # exact, as JSON
-    for name in ("steer", "cancel"):
-        printed = printed_lines(command(name, sid, *(["more"] if name == "steer" else [])))
-        assert len(printed) == 1 and "h-lf\\x0aforged" in printed[0], printed
+    printed = printed_lines(command("steer", sid, "more"))
+    assert len(printed) == 1 and "h-lf\\x0aforged" in printed[0], printed
+    error = failed("cancel", sid)[2]
+    assert "\n" not in error and "h-lf\\nforged" in error, error  # the id as Python's repr escapes it
 
 
 def test_approve_prints_each_waiting_calls_arguments_on_its_own_row(memory: Any) -> None:
@@ -765,8 +811,8 @@ def test_approve_prints_each_waiting_calls_arguments_on_its_own_row(memory: Any)
 
     spec = agent.Spec(session=agent.open("h-approve\n", memory), tools=[refund])
     assert agent.Runner().run(spec, [agent.Message.user("refund 7")], Model()).stop_reason == "awaiting_approval"
-    rows = printed_lines(command("approve", "h-approve\n"))
+    rows = printed_lines(command("approvals", "h-approve\n"))
     assert len(rows) == 1 and rows[0].startswith("r1\\x0ar3  refund({\"order\":\\x0a\"7\"}\\x0ar2  refund({})"), rows
-    assert as_json("approve", "h-approve\n")["waiting"][0]["arguments"] == hostile
+    assert as_json("approvals", "h-approve\n")["pending_approvals"][0]["arguments"] == hostile
     decided = printed_lines(command("approve", "h-approve\n", "r1\nr3"))
-    assert decided == ["approved r1\\x0ar3 of h-approve\\x0a; the session's next run acts on it"], decided
+    assert decided == ["approved call r1\\x0ar3 of session h-approve\\x0a: the session's next run runs it"], decided

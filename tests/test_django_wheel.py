@@ -178,26 +178,29 @@ def test_the_app_installed_from_the_wheel_migrates_and_its_commands_run(venv: Pa
     where = run([str(venv), "save.py", "w-1", "review lease.go", "and token.go"], cwd=project, env=clean_env()).stdout
     assert Path(where.strip()).is_relative_to(venv.parent.parent)  # the installed wheel, not this tree
 
-    assert manage(venv, project, "steer", "w-1", "check the expiry").stdout == "steered w-1\n"
+    assert manage(venv, project, "agent_sessions", "steer", "w-1", "check the expiry").stdout == \
+        "steer left for session w-1\n"
     streamed = run([str(venv), "events.py", "w-1"], cwd=project, env=clean_env()).stdout
     assert streamed == "/agent/sessions/w-1/events 200 text/event-stream 'retry: 500\\n\\n'\n"
-    refused = manage(venv, project, "steer", "w-1", "", code=1)
+    refused = manage(venv, project, "agent_sessions", "steer", "w-1", "", code=2)
     assert "must not be empty" in refused.stderr and "Traceback" not in refused.stderr
 
-    shown = manage(venv, project, "show", "w-1", "--last", "1").stdout
+    shown = manage(venv, project, "agent_sessions", "show", "w-1", "--last", "1").stdout
     assert shown.startswith("session w-1: 2 messages")
     assert "... 1 earlier message (--all shows them)\n#2 user:\n  and token.go\n" in shown
-    full = json.loads(manage(venv, project, "show", "w-1", "--all", "--json").stdout)
+    full = json.loads(manage(venv, project, "agent_sessions", "show", "w-1", "--all", "--json").stdout)
     assert [m["content"][0]["text"] for m in full["messages"]] == ["review lease.go", "and token.go"]
 
-    cancelled = json.loads(manage(venv, project, "cancel", "w-1", "--json").stdout)
-    assert cancelled == {"id": "w-1", "cancelled": False}
+    cancelled = json.loads(manage(venv, project, "agent_sessions", "cancel", "w-1", "--json", code=1).stdout)
+    assert cancelled == {"id": "w-1", "cancelled": False, "closed": False}
 
-    listed = json.loads(manage(venv, project, "sessions", "--where", "user=u-17", "--json").stdout)
+    listed = json.loads(manage(venv, project, "agent_sessions", "list", "--where", "user=u-17", "--json").stdout)
     assert [s["id"] for s in listed["sessions"]] == ["w-1"] and listed["sessions"][0]["messages"] == 2
-    assert json.loads(manage(venv, project, "prune", "--idle-for", "30d", "--json").stdout)["deleted"] == 0
-    assert json.loads(manage(venv, project, "prune", "--idle-for", "0s", "--json").stdout)["deleted"] == 1
-    assert manage(venv, project, "sessions").stdout == "no sessions\n"
+    assert json.loads(manage(venv, project, "agent_sessions", "prune", "--idle-for", "30d", "--json").stdout)[
+        "deleted"] == 0
+    assert json.loads(manage(venv, project, "agent_sessions", "prune", "--idle-for", "0s", "--json").stdout)[
+        "deleted"] == 1
+    assert manage(venv, project, "agent_sessions", "list").stdout == "no sessions\n"
 
     out = manage(venv, project, "migrate", "agent_sessions", "zero").stdout
     assert "Unapplying agent_sessions.0001_initial... OK" in out

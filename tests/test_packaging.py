@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tarfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -198,3 +201,61 @@ def test_scripts_example_installs_only_the_sqlite_extra_and_prints_only_the_stor
     again = run([str(tree / "scripts" / "example")], timeout=300, cwd=tree, env=env)
     assert again.stderr == ""
     assert again.stdout.startswith("model       a scripted OpenAI-compatible server")
+
+
+def readme_block(section: str, language: str) -> str:
+    """The first ```language block under README.md's ``## section``, as the page has it."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    found = re.search(rf"^```{language}\n(.*?)^```$", text[start:end], re.MULTILINE | re.DOTALL)
+    assert found, f"README.md's {section} has no ```{language} block"
+    return found.group(1)
+
+
+def test_the_readme_quick_start_runs_twice_in_a_fresh_venv_with_the_bundled_model_server(
+        wheel: Path, wheelhouse: Path, tmp_path: Path) -> None:
+    """What a new user does: install the wheel with its sqlite extra into a new venv, start the model server
+    the README's quick start says to start, and run the quick start's code, twice (a quick start runs as
+    often as a user runs it): both exit 0, the second carries the conversation on, and no steer is left
+    waiting. The server listens on a free port rather than 8080, which another run may hold."""
+    home = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", str(home)], timeout=120)
+    python = home / "bin" / "python"
+    run([sys.executable, "-m", "pip", "--python", str(python), "install", f"{wheel}[sqlite]"], timeout=300,
+        env=offline_env(wheelhouse))
+
+    [start] = [line for line in readme_block("Quick start", "sh").splitlines() if "model_server" in line]
+    argv = shlex.split(start.partition("#")[0])
+    assert argv[0] == "python", start
+    work = tmp_path / "work"
+    work.mkdir()
+    server = subprocess.Popen([str(python), "-I", *argv[1:], "--port", "0"], cwd=work, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.append(server.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(60)
+        assert said and said[0].startswith("listening on http://127.0.0.1:"), (said, server.poll())
+        url = said[0].split()[-1]
+
+        code = readme_block("Quick start", "python")
+        assert code.count("http://127.0.0.1:8080/v1") == 1
+        (work / "quickstart.py").write_text(code.replace("http://127.0.0.1:8080/v1", url))
+        lengths = []
+        for _ in range(2):
+            ran = run([str(python), "-I", "quickstart.py"], timeout=120, cwd=work)  # fails the test unless exit 0
+            assert ran.stdout.count("answered ") == 2 and ran.stderr == "", ran
+            with sqlite3.connect(work / "sessions.db") as conn:
+                assert conn.execute("SELECT count(*) FROM agent_steers").fetchone()[0] == 0
+                lengths.append(conn.execute("SELECT count(*) FROM agent_messages").fetchone()[0])
+        assert 0 < lengths[0] < lengths[1], lengths
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)

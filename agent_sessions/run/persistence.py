@@ -66,6 +66,10 @@ class Keeping(Protocol):
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None: ...
 
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the lease the run holds (for its log lines); ``None`` when it holds none."""
+
     def publishing(self, emit: Sink) -> Sink:
         """The sink the loop reports to: ``emit``, or with ``Spec.publish_events`` a ``Publisher`` around it
         whose events go to the session's log."""
@@ -115,6 +119,10 @@ class Keeping(Protocol):
 class _NotKept:
     saves = False
     stopped = False
+
+    @property
+    def epoch(self) -> int | None:
+        return None
 
     def store_steers(self, steers: Sequence[str]) -> list[str]:
         return list(steers)  # no session to keep them in
@@ -233,6 +241,10 @@ class Leased:
         self.since: object | None = None
         """What ``watch.listening()`` said immediately before the run's last read of its cancel flag, if that
         read found none; ``None`` otherwise (no watch, no such read yet, or the read found a cancel)."""
+
+    @property
+    def epoch(self) -> int | None:
+        return self.lease.holder.epoch
 
     def __enter__(self) -> Leased:
         self.lease.__enter__()

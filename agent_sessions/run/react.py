@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from functools import partial
 
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 
 CANCELLED = "not run: the run was cancelled before this tool call"
 
+log = logging.getLogger(__name__)
+"""At INFO a run's start, its end and a failure with its cause; at DEBUG each step and tool call. Names,
+counts and sizes only, never what a message or a tool's arguments or result say (they may be anyone's)."""
+
 
 def run(
     spec: Spec,
@@ -46,8 +51,13 @@ def run(
     """Run the loop on ``transcript``; ``continuing``: it goes on with a turn already begun (``keeping``)."""
     emit = sink(events)
     taken: list[str] = []  # steers of the box in the transcript, in no stored transcript yet
+    sid = getattr(spec.session, "id", None)
+    started = time.monotonic()
     try:
         with keeping(spec, continuing=continuing) as keep:
+            log.info("run of session %r starts: %s, epoch %s, %d messages, max_steps %d, tools %s",
+                     sid, "continuing its turn" if continuing else "new", keep.epoch, len(transcript),
+                     spec.max_steps, [t.name for t in spec.toolbox])
             try:
                 emit = keep.publishing(emit)
                 keep.resume(transcript)
@@ -58,8 +68,12 @@ def run(
                 _give_back(keep, exc, transcript, taken, box.close())
                 raise
     except BaseException as exc:  # reported, then re-raised: a listener closes what it opened (a span)
+        log.info("run of session %r failed after %.3f s: %s", sid, time.monotonic() - started, _cause(exc))
         emit.failed(exc)
         raise
+    log.info("run of session %r ended: %s after %d step%s in %.3f s, tokens %s, %d messages",
+             sid, result.stop_reason, result.steps, "" if result.steps == 1 else "s", time.monotonic() - started,
+             result.usage or "not reported", len(result.messages))
     emit.finished(result)  # once the lease is released: a release that fails makes this run Failed instead
     return result
 
@@ -102,6 +116,7 @@ def _loop(
             cancelled.set()
             stop = "cancelled"
             break
+        log.debug("session %r step %d: model request with %d messages", keep_id(spec), step, len(transcript))
         started = emit.model_request(step, len(transcript))
         if streams is None:
             reply = endpoint.complete(spec.system, transcript, spec.toolbox)
@@ -112,6 +127,9 @@ def _loop(
         steps = step
         transcript.append(reply)
         emit.model_response(step, reply, started)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("session %r step %d: model replied %d chars of text, tool calls %s, usage %s",
+                      keep_id(spec), step, len(reply.text), [c.name for c in reply.tool_calls], reply.usage)
         if reply.usage:
             for name, count in reply.usage.items():
                 usage[name] = usage.get(name, 0) + count
@@ -173,8 +191,12 @@ def _run_tools(
                 result = Content.tool_result(call.id, CANCELLED, is_error=True)
             else:
                 started = emit.tool_called(step, call)
+                log.debug("session %r step %d: tool %s [%s] called with %d chars of arguments", keep_id(spec),
+                          step, call.name, call.id, len(call.arguments))
                 result = _invoke(tool, call)
                 seconds = emit.tool_returned(started)
+                log.debug("session %r step %d: tool %s [%s] returned %d chars%s", keep_id(spec), step,
+                          call.name, call.id, len(result.text), " (an error)" if result.is_error else "")
                 keep.ran(call, tool, result)  # kept before a callback hears of it: one that raises loses nothing
                 emit.tool_finished(step, call, result, seconds)
         results.append(result)
@@ -223,6 +245,20 @@ def _applied(step: int, transcript: list[Message], steers: Sequence[str], emit: 
     first = len(transcript) - len(steers)
     for i, text in enumerate(steers):
         emit.steer_applied(step, text, first + i, "session")
+
+
+def keep_id(spec: Spec) -> str | None:
+    return getattr(spec.session, "id", None)
+
+
+def _cause(exc: BaseException) -> str:
+    """The error and the chain under it, one line: ``LeaseLost: ... (caused by OperationalError: ...)``."""
+    text = f"{type(exc).__name__}: {exc}"
+    under, seen = exc.__cause__ or exc.__context__, 0
+    while under is not None and seen < 5:
+        text += f" (caused by {type(under).__name__}: {under})"
+        under, seen = under.__cause__ or under.__context__, seen + 1
+    return text
 
 
 def _invoke(tool: Tool | None, call: Content) -> Content:

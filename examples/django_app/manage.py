@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""python examples/django_app/manage.py migrate | runserver | steer <session> "<text>" | show <session> | sessions"""
+"""python examples/django_app/manage.py migrate | runserver | agent_sessions steer|show|list|approvals ..."""
 
 from __future__ import annotations
 

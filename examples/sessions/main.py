@@ -46,8 +46,8 @@ def main() -> None:
     if args.base_url:
         print(f"model       {args.model} at {args.base_url}")
     else:
-        server = subprocess.Popen([sys.executable, str(HERE / "scripted_model.py")], stdout=subprocess.PIPE,
-                                  text=True)
+        server = subprocess.Popen([sys.executable, str(HERE / "scripted_model.py"), "--port", "0"],
+                                  stdout=subprocess.PIPE, text=True)
         assert server.stdout is not None
         args.base_url = server.stdout.readline().split()[-1]
         print(f"model       a scripted OpenAI-compatible server at {args.base_url} (pid {server.pid}):")

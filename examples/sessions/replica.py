@@ -43,9 +43,10 @@ def main() -> None:
         endpoint = agent.endpoints.OpenAIChat(args.base_url, args.model, args.api_key,
                                               extra={"temperature": 0, "max_tokens": 256})
         spec = agent.Spec(max_steps=args.max_steps, session=session, tools=TOOLS, system=SYSTEM)
-        msgs = []  # replica A knows nothing: whatever is waiting in the store is the conversation
+        # Replica A knows nothing: whatever the store holds (nothing on a new file; the conversation so far
+        # when the example runs again on the same --db) and the steers waiting are the conversation.
+        msgs = store.messages(args.session)
         if args.role == "resume":
-            msgs = store.messages(args.session)
             out["resumed_from"] = len(msgs)
             msgs.append(agent.Message.user(args.text))
         result = agent.Runner().run(spec, msgs, endpoint)

@@ -1,16 +1,17 @@
-"""A model server for the example: OpenAI's /v1/chat/completions wire format, answering from a fixed
-script (it is not a language model). It reads what the tools returned, so its answers quote real lines.
+"""A model server for the example: ``agent_sessions.testing.model_server`` (the library's scripted
+OpenAI-compatible server) with the example's own script. It is not a language model: it reads what the
+tools returned, so its answers quote real lines.
 
     python scripted_model.py [--port N]     prints "listening on http://127.0.0.1:N/v1"
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from agent_sessions.testing.model_server import Reply, Request, completion, serve
 
 # Which file a question is about, and the line in it that answers the question.
 SCRIPT = {
@@ -38,35 +39,10 @@ def reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
          "function": {"name": "read_file", "arguments": json.dumps({"path": path})}}]}
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        message = reply(body["messages"])
-        payload = json.dumps({"id": "scripted", "object": "chat.completion", "model": body.get("model"),
-                              "choices": [{"index": 0, "message": message,
-                                           "finish_reason": "tool_calls" if "tool_calls" in message else "stop"}]})
-        data = payload.encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, default=0)
-    port = parser.parse_args().port
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    print(f"listening on http://127.0.0.1:{server.server_address[1]}/v1", flush=True)
-    server.serve_forever()
+def respond(request: Request) -> Reply:
+    body = request.json
+    return completion(reply(body["messages"]), bool(body.get("stream")))
 
 
 if __name__ == "__main__":
-    main()
+    serve(respond, description=__doc__)

@@ -1,5 +1,5 @@
 """agent-sessions as a Django app: the store's tables in Django's migration history, a store built from
-``DATABASES``, and management commands (``steer``, ``cancel``, ``show``, ``sessions``, ``prune``).
+``DATABASES``, and ``manage.py agent_sessions``: the command line (``python -m agent_sessions``) on that store.
 
     INSTALLED_APPS = [..., "agent_sessions.contrib.django"]
     AGENT_SESSIONS = {"DATABASE": "default"}     # the DATABASES alias that holds the tables (the default)

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterator
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse  # type: ignore[import-untyped]
+from django.views.decorators.csrf import csrf_exempt  # type: ignore[import-untyped]
 
 import agent_sessions as agent
 from agent_sessions.eventlog import sse_after, sse_stream
@@ -20,6 +21,7 @@ from . import options, store
 log = logging.getLogger(__name__)
 
 
+@csrf_exempt  # type: ignore[untyped-decorator]  # a GET changes nothing; any other method is refused (405) before anything is read
 def events(request: HttpRequest, session_id: str) -> HttpResponse:
     """``GET``: the session's events after ``Last-Event-ID`` (what a reconnecting ``EventSource`` sends) or
     ``?after=<seq>``, as they arrive, from whichever process runs the session: ``retry:``, then per event
@@ -28,29 +30,52 @@ def events(request: HttpRequest, session_id: str) -> HttpResponse:
     Bounded: the response ends after a ``finished`` or ``failed`` event, or after
     ``AGENT_SESSIONS["SSE_SECONDS"]`` (30), so a browser that left holds a worker that long at most; the
     browser reconnects with the last id it got and misses nothing. Bad input is a JSON 400, a store without
-    an event log a JSON 501, any method but GET a JSON 405; everything is checked before the stream starts."""
+    an event log a JSON 501, any method but GET a JSON 405 (the view is exempt from CSRF checks, which
+    would answer a POST with Django's HTML 403 first: it writes nothing, whatever the method); everything
+    is checked before the stream starts. A session whose log is empty gets a comment line saying why the
+    stream may stay silent: only a run with ``Spec(publish_events=True)`` writes events."""
     if request.method != "GET":
         refused = JsonResponse({"error": f"{request.method} is not allowed here; use GET"}, status=405)
         refused["Allow"] = "GET"
         return refused
     try:
         after = sse_after(request.headers.get("Last-Event-ID"), request.GET.get("after"))
-        following = agent.open(session_id, store()).follow(after=after, timeout=options()["SSE_SECONDS"])
+        session = agent.open(session_id, store())
+        seconds = options()["SSE_SECONDS"]
+        following = session.follow(after=after, timeout=seconds)
+        notice = silence_notice(session, seconds) if after == 0 else None
     except agent.ArgumentError as exc:
         return JsonResponse({"error": str(exc)}, status=400)
     except agent.Unsupported as exc:
         return JsonResponse({"error": str(exc)}, status=501)
-    response = StreamingHttpResponse(_ending_on_store_errors(sse_stream(following), session_id),
+    response = StreamingHttpResponse(_ending_on_store_errors(sse_stream(following), session_id, notice),
                                      content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes, do not buffer the body
     return response
 
 
-def _ending_on_store_errors(stream: Iterator[str], session_id: str) -> Iterator[str]:
+def silence_notice(session: agent.StoreSession, seconds: float) -> str | None:
+    """An SSE comment (a line starting with ``:``, which ``EventSource`` ignores and a person reading the
+    stream sees) when the session's log holds no event: a run started without ``publish_events=True``
+    writes none, and the stream would otherwise be a silent wait of ``seconds``."""
+    if session.events(after=0, limit=1):
+        return None
+    held = isinstance(session.store, agent.RunStore) and session.holder() is not None
+    now = ("a run holds this session and has written no event: it runs without Spec(publish_events=True)"
+           if held else "this session's event log is empty")
+    return (f": {now}; only a run with Spec(publish_events=True) writes events here. Without one this stream "
+            f"stays silent and ends after {seconds:g} s.\n\n")
+
+
+def _ending_on_store_errors(stream: Iterator[str], session_id: str, notice: str | None = None) -> Iterator[str]:
     """The stream, ended rather than broken off with a traceback when the store fails mid-stream (the status
-    was sent already): the browser reconnects after ``retry`` with its last id, as after any end."""
+    was sent already): the browser reconnects after ``retry`` with its last id, as after any end. ``notice``
+    (a comment) follows the ``retry`` line."""
     try:
-        yield from stream
+        for number, chunk in enumerate(stream):
+            yield chunk
+            if number == 0 and notice:
+                yield notice
     except agent.StoreError as exc:
         log.warning("the events stream of session %r ended: the store failed (%s)", session_id, exc)

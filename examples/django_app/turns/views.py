@@ -1,7 +1,8 @@
 """POST /sessions/<id>/turn starts a turn on a thread of this process and answers 202 at once; the
 transcript, read from the store, shows where it has got to, and GET /sessions/<id>/events (the app's view,
 agent_sessions.contrib.django.views.events) streams the turn's events as they happen. Steer it with
-`manage.py steer`, look at it with `manage.py show` (commands of the app agent_sessions.contrib.django)."""
+`manage.py agent_sessions steer`, look at it with `manage.py agent_sessions show` (the command of the app
+agent_sessions.contrib.django: python -m agent_sessions on the project's store)."""
 
 from __future__ import annotations
 

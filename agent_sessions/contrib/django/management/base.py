@@ -1,17 +1,17 @@
-"""What the app's management commands share: the store, ``--json``, and one way of failing.
+"""One front door behind two: ``manage.py agent_sessions COMMAND`` is ``python -m agent_sessions COMMAND``
+on the project's store.
 
-Each command computes one result, a JSON-able dict, and prints it either as JSON (``--json``, for scripts:
-one object on stdout) or as lines for a person. The library's errors (a bad session id, empty text, a
-store that cannot be reached) and a misconfigured store become ``CommandError``: the message on stderr,
-exit status 1, no traceback.
+The command hands its arguments to ``agent_sessions.cli.main`` with the store the app builds from
+``DATABASES`` (``agent_sessions.contrib.django.store()``), so both print the same lines and the same
+``--json`` documents and exit with the same codes (``cli.EXIT_CODES``): there is one implementation of
+each command, the CLI's, and a difference between the two doors would be a bug of this module.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from collections.abc import Mapping
-from datetime import timedelta
+import io
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
@@ -19,65 +19,74 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import agent_sessions as agent
 from agent_sessions import cli
-from agent_sessions.contract import Scalar
 
 from .. import store
 
+_DJANGO_OPTIONS = ("--settings", "--pythonpath")
+"""What ``manage.py`` reads before it picks the command (``ManagementUtility``), and may stand anywhere on
+the line: dropped before the CLI's parser, which would refuse them."""
 
-class StoreCommand(BaseCommand):  # type: ignore[misc]
-    """A command on ``agent_sessions.contrib.django.store()``: subclasses define ``arguments`` and
-    ``run``, which returns what ``--json`` prints; ``lines`` says it for a person."""
+
+def without_django_options(argv: Sequence[str]) -> list[str]:
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _DJANGO_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{name}=" for name in _DJANGO_OPTIONS)):
+            kept.append(arg)
+    return kept
+
+
+def project_store() -> agent.Store:
+    """The app's store; a misconfigured one is the CLI's exit 4 with Django's message."""
+    try:
+        return store()
+    except ImproperlyConfigured as exc:
+        raise cli.Exit(cli.STORE_FAILED, f"the agent-sessions store is misconfigured: {exc}") from exc
+
+
+class CliCommand(BaseCommand):  # type: ignore[misc]
+    """A management command that is the CLI: from ``manage.py`` it exits with the CLI's code; from
+    ``call_command`` a code other than 0 is a ``CommandError`` carrying it (``returncode``), after the
+    CLI printed its lines to the command's ``stdout``/``stderr``."""
+
+    help = "The agent-sessions command line on this project's store: manage.py agent_sessions --help."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        self.arguments(parser)
-        parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+        parser.add_argument("args", nargs="...", metavar="COMMAND ...", help="as python -m agent_sessions takes")
 
-    def arguments(self, parser: CommandParser) -> None:
-        """The command's own arguments."""
+    def prog(self) -> str:
+        return f"manage.py {self.name}"
 
-    def run(self, store: agent.Store, options: Mapping[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+    @property
+    def name(self) -> str:
+        return str(type(self).__module__.rpartition(".")[2])
 
-    def lines(self, result: Mapping[str, Any]) -> list[str]:
-        raise NotImplementedError
+    def run_cli(self, argv: Sequence[str], out: Any, err: Any) -> int:
+        return cli.main(list(argv), make_store=project_store, prog=self.prog(), stdout=out, stderr=err)
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def run_from_argv(self, argv: list[str]) -> None:
+        """``manage.py agent_sessions ...``: the rest of the line is the CLI's, help included."""
+        from django.db import connections  # type: ignore[import-untyped]
+
         try:
-            result = self.run(store(), options)
-        except (agent.AgentError, ImproperlyConfigured) as exc:
-            raise CommandError(str(exc)) from exc
-        if options["json"]:
-            self.stdout.write(json.dumps(result))  # ASCII: a lone surrogate (a message may hold one) is \\udXXX
-        else:
-            for line in self.lines(result):
-                self.stdout.write(line)
+            code = self.run_cli(without_django_options(argv[2:]), sys.stdout, sys.stderr)
+        finally:
+            connections.close_all()
+        sys.exit(code)
 
+    def print_help(self, prog_name: str, subcommand: str) -> None:
+        cli.build_parser(f"{prog_name} {subcommand}", store_option=False).print_help()
 
-def lifecycle(store: agent.Store, command: str) -> agent.LifecycleStore:
-    """The store, if it can list, inspect and prune sessions."""
-    if not isinstance(store, agent.LifecycleStore):
-        raise CommandError(f"manage.py {command} needs a store that manages sessions (agent_sessions.LifecycleStore: "
-                           f"list_sessions, info, prune, tail); {store!r} is not one")
-    return store
-
-
-def duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``15m``, ``90s`` or a sum of them (``1d12h``), as ``python -m agent_sessions``
-    reads them; for argparse (its ``type=``)."""
-    return timedelta(seconds=cli.duration(text))
-
-
-def metadata_filter(text: str) -> tuple[str, Scalar]:
-    """``key=value`` for ``--where``. A value that parses as a JSON scalar is that scalar (``n=17`` is the
-    number 17, ``ok=true`` the boolean, ``n='"17"'`` the string "17"); any other is the text itself
-    (``user=u-17``). Values compare by their JSON form, as in ``list_sessions(where=)``."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return key, raw
-    if not isinstance(value, (str, int, float, bool)):
-        raise argparse.ArgumentTypeError(f"{text!r}: the value must be a JSON scalar or plain text")
-    return key, value
+    def handle(self, *args: str, **options: Any) -> None:
+        """``call_command``: what the CLI says on stderr is also the ``CommandError``'s message."""
+        err = io.StringIO()
+        code = self.run_cli(args, self.stdout, err)
+        if err.getvalue():
+            self.stderr.write(err.getvalue())
+        if code != cli.OK:
+            raise CommandError(err.getvalue().strip() or f"exit {code}: {cli.EXIT_CODES.get(code, '?')}",
+                               returncode=code)

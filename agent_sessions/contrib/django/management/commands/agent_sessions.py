@@ -1,0 +1,12 @@
+"""``manage.py agent_sessions COMMAND ...``: the command line (``python -m agent_sessions``) on the
+project's store: list, show, info, steer, cancel, approvals, approve, deny, holder, fork, delete, prune,
+metadata. One command named after the app, rather than ``show``, ``sessions``... beside Django's own:
+docs/django.md says why."""
+
+from __future__ import annotations
+
+from ..base import CliCommand
+
+
+class Command(CliCommand):
+    pass
