@@ -3,7 +3,7 @@ any process and resumed on any worker. Importing it loads no database driver."""
 
 import logging
 
-from . import approvals, contract, endpoints, eventlog, events, lifecycle, validate
+from . import approvals, contract, endpoints, eventlog, events, lifecycle, shadowing, validate
 from .contract import (
     ApprovalStore,
     EventStore,
@@ -28,6 +28,7 @@ from .errors import (
     SessionBusy,
     SessionExists,
     StoreError,
+    StoresShadowed,
     ToolError,
     TranscriptConflict,
     TranscriptDeleted,
@@ -45,6 +46,7 @@ from .values import Holder, PendingApproval, Saved, SessionInfo, SessionPage, St
 __version__ = "0.1.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
+shadowing.install_finder()  # a store import under a project's own `stores` says so (shadowing.py)
 
 __all__ = [
     "AgentError",
@@ -85,6 +87,7 @@ __all__ = [
     "StoreError",
     "StoreSession",
     "StoredEvent",
+    "StoresShadowed",
     "Tool",
     "ToolError",
     "TranscriptConflict",

@@ -129,6 +129,9 @@ def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> agent.Stor
     """The store for one DATABASES entry (as its connection has it: under the test runner, the test
     database). The URL is assembled by SQLAlchemy from the parts, so a password is never formatted into
     a string."""
+    from agent_sessions.shadowing import check_stores
+
+    check_stores()  # a project's own `stores` app: say so, not "cannot import name 'sqlite'"
     if vendor == "sqlite":
         from django.db.backends.sqlite3.creation import DatabaseCreation  # type: ignore[import-untyped]
 
