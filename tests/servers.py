@@ -121,11 +121,16 @@ def mongo_store(url: str = MONGO_URL, database: str = MONGO_DATABASE, **client_o
     return mongodb.Store(pymongo.MongoClient(url, **client_options)[database])
 
 
-def _admin(base: str) -> Engine:
+SQL_SERVERS = (POSTGRES_URL, MYSQL_URL)
+"""The servers the suite makes databases on (its MongoDB databases live on the MongoDB test server)."""
+
+
+def _admin(base: str, timeout: int = CONNECT_TIMEOUT) -> Engine:
     target = make_url(base)
     if target.get_backend_name() == "postgresql":
-        return _engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    return create_engine(target.set(database=""), poolclass=NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT})
+        return create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=NullPool,
+                             connect_args={"connect_timeout": timeout})
+    return create_engine(target.set(database=""), poolclass=NullPool, connect_args={"connect_timeout": timeout})
 
 
 def is_ours(name: str, prefix: str = PREFIX) -> bool:
@@ -135,9 +140,9 @@ def is_ours(name: str, prefix: str = PREFIX) -> bool:
                                                                              name[len(prefix) + 1:]) is not None)
 
 
-def list_databases(base: str, prefix: str = PREFIX) -> set[str]:
+def list_databases(base: str, prefix: str = PREFIX, timeout: int = CONNECT_TIMEOUT) -> set[str]:
     """The databases on ``base``'s server whose names are ``prefix``'s (``is_ours``)."""
-    admin = _admin(base)
+    admin = _admin(base, timeout)
     try:
         with admin.connect() as conn:
             if admin.dialect.name == "postgresql":
@@ -164,3 +169,22 @@ def drop_databases(base: str, names: set[str] | list[str]) -> None:
                     conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
     finally:
         admin.dispose()
+
+
+_MONGO_UP: list[bool] = []
+
+
+def mongo_reachable(timeout_ms: int = 1500) -> bool:
+    """Whether the MongoDB server answers a ping, asked once per process and remembered, so a run without
+    one spends one short wait on it rather than a server-selection timeout per test."""
+    if not _MONGO_UP:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(MONGO_URL, serverSelectionTimeoutMS=timeout_ms,
+                                                               connectTimeoutMS=timeout_ms)
+        try:
+            client.admin.command("ping")
+            _MONGO_UP.append(True)
+        except pymongo.errors.PyMongoError:
+            _MONGO_UP.append(False)
+        finally:
+            client.close()
+    return _MONGO_UP[0]
