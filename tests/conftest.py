@@ -37,7 +37,7 @@ _BEFORE: dict[str, set[str]] = {}
 def pytest_sessionstart(session: pytest.Session) -> None:
     for url in servers.SQL_SERVERS:
         try:
-            _BEFORE[url] = servers.list_databases(url, timeout=3)
+            _BEFORE[url] = servers.list_databases(url, timeout=2)
         except SQLAlchemyError as exc:  # a server that is not running: no database of ours is made there
             print(f"conftest: {make_url(url).render_as_string()} cannot be listed ({type(exc).__name__}); "
                   "its databases made by this run will not be dropped", file=sys.stderr)

@@ -285,3 +285,18 @@ def test_manage_py_test_on_postgresql_runs_twice_isolates_tests_and_leaves_no_da
             assert servers.list_databases(servers.POSTGRES_URL) & names == set()
     finally:
         servers.drop_databases(servers.POSTGRES_URL, names)
+
+
+def test_a_projects_own_stores_package_is_named_from_the_wheel_too(venv: Path, tmp_path: Path) -> None:
+    """The installed layout (site-packages, no editable finder): a shop's `stores` app in the project's
+    directory, which `python -m` puts first on the path, is named by the CLI and at import."""
+    (tmp_path / "stores").mkdir()
+    (tmp_path / "stores" / "__init__.py").write_text("")
+    foreign = tmp_path / "stores" / "__init__.py"
+    out = run([str(venv), "-m", "agent_sessions", "--store", str(tmp_path / "none.db"), "list"], cwd=tmp_path,
+              env=clean_env(), code=3)
+    assert f"the package 'stores' that Python imports is {foreign}" in out.stderr and "pip install" not in out.stderr
+    imported = run([str(venv), "-c", "import agent_sessions\ntry:\n    from stores import sqlite\n"
+                    "except agent_sessions.StoresShadowed as e:\n    print(e.found, e.expected)"],
+                   cwd=tmp_path, env=clean_env()).stdout.split()
+    assert imported[0] == str(foreign) and Path(imported[1]).is_relative_to(venv.parent.parent), imported
