@@ -24,11 +24,10 @@ from urllib.parse import unquote, unquote_plus
 
 from . import lifecycle
 from .contract import Holder, LifecycleStore, Scalar, SessionInfo, Store, when
-from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, StoresShadowed, Unsupported
+from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, Unsupported
 from .messages import ContentType, Message
 from .session import StoreSession
 from .session import open as open_session
-from .shadowing import check_stores
 
 PROG = "python -m agent_sessions"
 ENV_STORE = "AGENT_SESSIONS_STORE"
@@ -177,6 +176,8 @@ class Opened:
 def open_store(target: Target) -> Opened:
     """Open the store ``target`` names. The CLI runs no DDL on a database server and creates no SQLite
     file: the tables are the application's (``schema`` prints them). A kind is also its extra's name."""
+    from .shadowing import StoresShadowed, check_stores  # here, beside the store imports it guards
+
     try:
         check_stores()  # a project's own `stores` is not a missing extra: say what was found instead
         if target.kind == "sqlite":
@@ -255,6 +256,8 @@ def _open_mongodb(target: Target) -> Opened:
 def schema(target: Target) -> str:
     """The DDL that creates the store's tables (or indexes), as the store exports it, for the operator's
     migration or shell, since the CLI runs none; "" when the store needs nothing made beforehand."""
+    from .shadowing import check_stores
+
     try:
         check_stores()
         if target.kind == "postgres":
