@@ -176,7 +176,8 @@ class Opened:
 def open_store(target: Target) -> Opened:
     """Open the store ``target`` names. The CLI runs no DDL on a database server and creates no SQLite
     file: the tables are the application's (``schema`` prints them). A kind is also its extra's name."""
-    from .shadowing import StoresShadowed, check_stores  # here, beside the store imports it guards
+    from .errors import StoresShadowed  # here, beside the store imports they guard
+    from .shadowing import check_stores
 
     try:
         check_stores()  # a project's own `stores` is not a missing extra: say what was found instead
