@@ -56,11 +56,11 @@ def _drop_what_this_run_made() -> list[str]:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A MongoDB test without a MongoDB server is skipped after one short probe for the whole run, saying
-    how to get one, rather than waiting out a server-selection timeout each; not when the URL was given
-    (scripts/test gives it): then a server that does not answer is a failure."""
-    if ("mongo" in item.nodeid.lower() and "AGENT_SESSIONS_MONGO_URL" not in os.environ
-            and not servers.mongo_reachable()):
+    """A MongoDB test (by its id or a fixture's name) without a MongoDB server is skipped after one short
+    probe for the whole run, saying how to get one, rather than waiting out a server-selection timeout
+    each; not when the URL was given (scripts/test gives it): then a server that does not answer fails."""
+    uses_mongo = "mongo" in item.nodeid.lower() or any("mongo" in f for f in getattr(item, "fixturenames", ()))
+    if uses_mongo and "AGENT_SESSIONS_MONGO_URL" not in os.environ and not servers.mongo_reachable():
         pytest.skip(f"no MongoDB server at {servers.MONGO_URL}: run the suite with scripts/test, or start one "
                     "with `eval \"$(scripts/servers start)\"` (or set AGENT_SESSIONS_MONGO_URL)")
 
