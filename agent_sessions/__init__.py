@@ -3,7 +3,7 @@ any process and resumed on any worker. Importing it loads no database driver."""
 
 import logging
 
-from . import approvals, contract, endpoints, eventlog, events, lifecycle, validate
+from . import approvals, contract, endpoints, eventlog, events, lifecycle, shadowing, validate
 from .contract import (
     ApprovalStore,
     EventStore,
@@ -29,6 +29,7 @@ from .errors import (
     SessionExists,
     SessionLocked,
     StoreError,
+    StoresShadowed,
     ToolError,
     TranscriptConflict,
     TranscriptDeleted,
@@ -46,6 +47,7 @@ from .values import Holder, PendingApproval, Saved, SessionInfo, SessionPage, St
 __version__ = "0.1.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
+shadowing.install_finder()  # a store import under a project's own `stores` says so (shadowing.py)
 
 __all__ = [
     "AgentError",
@@ -87,6 +89,7 @@ __all__ = [
     "StoreError",
     "StoreSession",
     "StoredEvent",
+    "StoresShadowed",
     "Tool",
     "ToolError",
     "TranscriptConflict",

@@ -41,7 +41,8 @@ EXIT_CODES = {
     OK: "ok",
     NOTHING: "the session (or what was asked for: a run, a call waiting) does not exist, or there was nothing to do",
     USAGE: "bad usage or input: arguments, a store URL, a value the library refuses",
-    MISSING_DRIVER: "the store's driver is not installed (the message names the extra to install)",
+    MISSING_DRIVER: "the store cannot be imported: its driver is not installed (the message names the extra to "
+                    "install), or a project's own package named 'stores' hides the library's (the message names it)",
     STORE_FAILED: "the store failed or cannot be reached (the message says which store), or cannot do this",
     CONFLICT: "a conflict: a live run holds the session (delete without --force), a fork's target exists, "
               "a call decided already",
@@ -178,14 +179,18 @@ class Opened:
 def open_store(target: Target) -> Opened:
     """Open the store ``target`` names. The CLI runs no DDL on a database server and creates no SQLite
     file: the tables are the application's (``schema`` prints them). A kind is also its extra's name."""
+    from .errors import StoresShadowed  # here, beside the store imports they guard
+    from .shadowing import check_stores
+
     try:
+        check_stores()  # a project's own `stores` is not a missing extra: say what was found instead
         if target.kind == "sqlite":
             return _open_sqlite(target)
         if target.kind == "mongodb":
             return _open_mongodb(target)
         return _open_sql(target)
     except ImportError as exc:
-        hint = str(exc) if "pip install" in str(exc) else (
+        hint = str(exc) if isinstance(exc, StoresShadowed) or "pip install" in str(exc) else (
             f"the {target.kind} store cannot import its driver ({exc}); "
             f"install it with: pip install '{DIST}[{target.kind}]'")
         raise Exit(MISSING_DRIVER, hint) from exc
@@ -255,7 +260,10 @@ def _open_mongodb(target: Target) -> Opened:
 def schema(target: Target) -> str:
     """The DDL that creates the store's tables (or indexes), as the store exports it, for the operator's
     migration or shell, since the CLI runs none; "" when the store needs nothing made beforehand."""
+    from .shadowing import check_stores
+
     try:
+        check_stores()
         if target.kind == "postgres":
             from stores import postgres
 

@@ -17,6 +17,17 @@ class MessageError(ArgumentError):
     """A message, or its stored JSON form, is not a valid transcript entry."""
 
 
+class StoresShadowed(AgentError, ImportError):
+    """The package Python imports as ``stores`` is not the one installed with agent_sessions: a project's
+    own package of that name (a shop's) comes first on ``sys.path`` and hides the library's stores. The
+    message names its file, where the library's is, and what to do (rename the project's package)."""
+
+    def __init__(self, message: str, *, found: str, expected: str) -> None:
+        self.found = found
+        self.expected = expected
+        super().__init__(message, name="stores", path=found)
+
+
 class StoreError(AgentError):
     """A store could not do what was asked: the write did not happen (or, for ``OutcomeUnknown``, may
     have). The driver's exception is chained as ``__cause__``."""

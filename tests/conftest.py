@@ -11,7 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from tests import servers
 from tests.model_server import ModelServer
 
 THREAD_GRACE = 10.0
@@ -23,6 +26,43 @@ non-daemon thread and joins every non-daemon multiprocessing child: one that nev
 hanging for 8 minutes after pytest's summary. A finished run exits in well under a second, so past this
 limit faulthandler prints every thread's stack and ends the process with status 1, a failure: nothing
 that passed is cut short, since every test has already run and reported."""
+
+
+KEEP_DATABASES = os.environ.get("AGENT_SESSIONS_KEEP_DATABASES") == "1"
+"""Set to 1 to keep the databases this run made (to look into a failure); by default it drops them."""
+_BEFORE: dict[str, set[str]] = {}
+"""Per SQL server, the databases of this run's prefix that were there when it began: not this run's to drop."""
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    for url in servers.SQL_SERVERS:
+        try:
+            _BEFORE[url] = servers.list_databases(url, timeout=2)
+        except SQLAlchemyError as exc:  # a server that is not running: no database of ours is made there
+            print(f"conftest: {make_url(url).render_as_string()} cannot be listed ({type(exc).__name__}); "
+                  "its databases made by this run will not be dropped", file=sys.stderr)
+
+
+def _drop_what_this_run_made() -> list[str]:
+    """DROP the databases of this run's prefix made since it began (by its tests or their children), on
+    each server listed at the start: a server it did not start keeps nothing of it. Another run's
+    databases have another prefix, and ones made before this run began are left alone."""
+    dropped = []
+    for url, before in _BEFORE.items():
+        made = servers.list_databases(url) - before
+        servers.drop_databases(url, made)
+        dropped += sorted(made)
+    return dropped
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A MongoDB test (by its id or a fixture's name) without a MongoDB server is skipped after one short
+    probe for the whole run, saying how to get one, rather than waiting out a server-selection timeout
+    each; not when the URL was given (scripts/test gives it): then a server that does not answer fails."""
+    uses_mongo = "mongo" in item.nodeid.lower() or any("mongo" in f for f in getattr(item, "fixturenames", ()))
+    if uses_mongo and "AGENT_SESSIONS_MONGO_URL" not in os.environ and not servers.mongo_reachable():
+        pytest.skip(f"no MongoDB server at {servers.MONGO_URL}: run the suite with scripts/test, or start one "
+                    "with `eval \"$(scripts/servers start)\"` (or set AGENT_SESSIONS_MONGO_URL)")
 
 
 @pytest.fixture
@@ -63,6 +103,13 @@ def _lingering(grace: float) -> list[str]:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _LINGERING[:] = _lingering(THREAD_GRACE)
+    if not KEEP_DATABASES:
+        try:
+            _drop_what_this_run_made()
+        except SQLAlchemyError as exc:
+            print(f"conftest: dropping this run's databases failed: {exc!r}", file=sys.stderr)
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a footprint left behind is a failure
     if _LINGERING and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a leak that would have hung the exit is a failure
     # Armed last, once every test has run: a C watchdog thread, so it fires even if the interpreter is

@@ -19,6 +19,7 @@ from typing import Any
 
 import pymongo
 from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.pool import NullPool
 
 from stores import mongodb, mysql, postgres
 
@@ -118,3 +119,72 @@ def mysql_store(url: str = MYSQL_URL) -> mysql.Store:
 
 def mongo_store(url: str = MONGO_URL, database: str = MONGO_DATABASE, **client_options: Any) -> mongodb.Store:
     return mongodb.Store(pymongo.MongoClient(url, **client_options)[database])
+
+
+SQL_SERVERS = (POSTGRES_URL, MYSQL_URL)
+"""The servers the suite makes databases on (its MongoDB databases live on the MongoDB test server)."""
+
+
+def _admin(base: str, timeout: int = CONNECT_TIMEOUT) -> Engine:
+    target = make_url(base)
+    if target.get_backend_name() == "postgresql":
+        return create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=NullPool,
+                             connect_args={"connect_timeout": timeout})
+    return create_engine(target.set(database=""), poolclass=NullPool, connect_args={"connect_timeout": timeout})
+
+
+def is_ours(name: str, prefix: str = PREFIX) -> bool:
+    """Whether ``name`` is one of the names ``database_name`` gives under ``prefix`` (the prefix itself, or
+    ``<prefix>_<suffix>``): compared in Python, since LIKE's ``_`` would match any character."""
+    return name == prefix or (name.startswith(prefix + "_") and re.fullmatch(r"[a-z0-9_]{1,20}",
+                                                                             name[len(prefix) + 1:]) is not None)
+
+
+def list_databases(base: str, prefix: str = PREFIX, timeout: int = CONNECT_TIMEOUT) -> set[str]:
+    """The databases on ``base``'s server whose names are ``prefix``'s (``is_ours``)."""
+    admin = _admin(base, timeout)
+    try:
+        with admin.connect() as conn:
+            if admin.dialect.name == "postgresql":
+                names = conn.execute(text("SELECT datname FROM pg_database")).scalars().all()
+            else:
+                names = conn.execute(text("SHOW DATABASES")).scalars().all()
+    finally:
+        admin.dispose()
+    return {n for n in names if is_ours(n, prefix)}
+
+
+def drop_databases(base: str, names: set[str] | list[str]) -> None:
+    """DROP each of ``names`` (each one of this run's, ``is_ours``) on ``base``'s server, if it exists:
+    on PostgreSQL WITH (FORCE), ending a session a test left open (a pooled connection, a listener)."""
+    admin = _admin(base)
+    try:
+        with admin.connect() as conn:
+            for name in names:
+                assert is_ours(name) and name.replace("_", "").isalnum(), f"{name!r} is not one of this run's"
+                if admin.dialect.name == "postgresql":
+                    conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                else:
+                    conn.exec_driver_sql("SET SESSION lock_wait_timeout = 30")
+                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        admin.dispose()
+
+
+_MONGO_UP: list[bool] = []
+
+
+def mongo_reachable(timeout_ms: int = 1500) -> bool:
+    """Whether the MongoDB server answers a ping, asked once per process and remembered, so a run without
+    one spends one short wait on it rather than a server-selection timeout per test."""
+    if not _MONGO_UP:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(MONGO_URL, serverSelectionTimeoutMS=timeout_ms,
+                                                               connectTimeoutMS=timeout_ms)
+        try:
+            client.admin.command("ping")
+            _MONGO_UP.append(True)
+        except pymongo.errors.PyMongoError:
+            _MONGO_UP.append(False)
+        finally:
+            client.close()
+    return _MONGO_UP[0]

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ("agent_sessions", "stores", "storetest", "setup.cfg", "pyproject.toml", "README.md", "LICENSE",
           "MANIFEST.in", "CHANGELOG.md")
 DRIVERS = ("sqlalchemy", "psycopg", "pymysql", "pymongo", "bson", "django")
+EXTRAS = "django,sqlite,postgres"
 
 
 def run(cmd: list[str], *, timeout: float = 120, cwd: Path | None = None, env: dict[str, str] | None = None,
@@ -43,7 +44,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv (no pip of its own) holding the wheel with the django and sqlite extras: its python."""
+    """A fresh venv (no pip of its own) holding the wheel with the django, sqlite and postgres extras: its
+    python."""
     base = tmp_path_factory.mktemp("django_wheel")
     tree = base / "tree"
     tree.mkdir()
@@ -62,14 +64,14 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     house.mkdir()
     (house / "constraints.txt").write_text("\n".join(pins) + "\n")
     run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary", ":all:",
-         "--dest", str(house), "--constraint", str(house / "constraints.txt"), f"{wheel}[django,sqlite]"], timeout=300)
+         "--dest", str(house), "--constraint", str(house / "constraints.txt"), f"{wheel}[{EXTRAS}]"], timeout=300)
 
     home = base / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(home)])
     python = home / "bin" / "python"
     offline = clean_env(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(house),
                         PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", f"{wheel}[django,sqlite]"],
+    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", f"{wheel}[{EXTRAS}]"],
         timeout=300, env=offline)
     return python
 
@@ -215,3 +217,89 @@ def test_the_schema_helper_runs_from_the_wheel(venv: Path, project: Path) -> Non
                    ".read_text(), end='')"], cwd=project).stdout
     assert out == shipped
     assert out.startswith('"""The store\'s tables, schema ')
+
+
+# A new project on PostgreSQL whose tests use the store, as a user writes them: two TestCases, each of
+# which sees an empty store, saves, and starts the PostgreSQL listener (the connection that used to keep
+# Django from dropping the test database).
+PG_SETTINGS = """\
+SECRET_KEY = "test-only"
+INSTALLED_APPS = ["agent_sessions.contrib.django", "shop"]
+DATABASES = {{"default": {{
+    "ENGINE": "django.db.backends.postgresql", "NAME": {name!r}, "USER": {user!r}, "HOST": {host!r},
+    "PORT": {port!r}, "PASSWORD": {password!r}, "TEST": {{"NAME": {test_name!r}}},
+}}}}
+USE_TZ = True
+"""
+
+PG_TESTS = """\
+from django.test import TestCase
+
+import agent_sessions as agent
+from agent_sessions.contrib.django import store
+from agent_sessions.contrib.django.testing import StoreTestMixin
+
+
+class Story(StoreTestMixin):
+    mine = ""
+    other = ""
+
+    def test_the_store_starts_empty_and_keeps_what_a_test_saves(self):
+        self.assertIsNone(store().info(self.other), "a row of the other TestCase leaked into this one")
+        self.assertEqual(store().list_sessions().sessions, [])
+        self.assertEqual(store().pending_steers(self.other), [])
+        session = agent.open(self.mine, store())
+        session.save([agent.Message.user("review lease.go")])
+        session.steer("and token.go")
+        self.assertEqual(store().wait_for_events(self.mine, 0, 0.05), 0)  # starts the LISTEN connection
+        self.assertEqual(store().info(self.mine).messages, 1)
+
+
+class FirstTests(Story, TestCase):
+    mine, other = "first-1", "second-1"
+
+
+class SecondTests(Story, TestCase):
+    mine, other = "second-1", "first-1"
+"""
+
+
+def test_manage_py_test_on_postgresql_runs_twice_isolates_tests_and_leaves_no_database(
+        venv: Path, tmp_path: Path) -> None:
+    from sqlalchemy import make_url
+
+    from tests import servers
+
+    url = make_url(servers.POSTGRES_URL)
+    names = {servers.database_name("djwheel"), servers.database_name("djwheel_test")}
+    home = tmp_path / "pgproject"
+    (home / "shop").mkdir(parents=True)
+    (home / "shop" / "__init__.py").write_text("")
+    (home / "shop" / "tests.py").write_text(PG_TESTS)
+    (home / "site_settings.py").write_text(PG_SETTINGS.format(
+        name=servers.database_name("djwheel"), test_name=servers.database_name("djwheel_test"),
+        user=url.username or "", password=url.password or "", host=url.host or "", port=str(url.port or "")))
+    (home / "manage.py").write_text(MANAGE)
+    try:
+        for _ in range(2):  # a database left behind would stop the second run at Django's prompt (or fail it)
+            out = manage(venv, home, "test", "--noinput", "-v", "2")
+            assert "Ran 2 tests" in out.stderr and "\nOK\n" in out.stderr, out.stderr
+            assert "Applying agent_sessions.0001_initial... OK" in out.stderr + out.stdout
+            assert servers.list_databases(servers.POSTGRES_URL) & names == set()
+    finally:
+        servers.drop_databases(servers.POSTGRES_URL, names)
+
+
+def test_a_projects_own_stores_package_is_named_from_the_wheel_too(venv: Path, tmp_path: Path) -> None:
+    """The installed layout (site-packages, no editable finder): a shop's `stores` app in the project's
+    directory, which `python -m` puts first on the path, is named by the CLI and at import."""
+    (tmp_path / "stores").mkdir()
+    (tmp_path / "stores" / "__init__.py").write_text("")
+    foreign = tmp_path / "stores" / "__init__.py"
+    out = run([str(venv), "-m", "agent_sessions", "--store", str(tmp_path / "none.db"), "list"], cwd=tmp_path,
+              env=clean_env(), code=3)
+    assert f"the package 'stores' that Python imports is {foreign}" in out.stderr and "pip install" not in out.stderr
+    imported = run([str(venv), "-c", "import agent_sessions\ntry:\n    from stores import sqlite\n"
+                    "except agent_sessions.StoresShadowed as e:\n    print(e.found, e.expected)"],
+                   cwd=tmp_path, env=clean_env()).stdout.split()
+    assert imported[0] == str(foreign) and Path(imported[1]).is_relative_to(venv.parent.parent), imported

@@ -43,31 +43,43 @@ SSE_SECONDS = 30.0
 
 _lock = threading.Lock()
 _store: agent.Store | None = None
+_engine: Any = None
+"""The SQLAlchemy engine the app built for ``_store`` (``None`` for a store of ``STORE`` or SQLite, which
+closes its own): the app's to dispose of, since ``postgres.Store.close`` leaves the caller's engine open."""
 
 
 def store() -> agent.Store:
     """The process's store, built on first use from ``AGENT_SESSIONS`` and ``DATABASES``, then shared by
     every thread: it holds a pool (a connection per thread on SQLite), so it is made once, never per
     request."""
-    global _store
+    global _store, _engine
     built = _store
     if built is not None:
         return built
     with _lock:
         if _store is None:
-            _store = _build()
+            _store, _engine = _build()
         return _store
 
 
 def reset() -> None:
-    """Forget the store, closing its connections, so the next ``store()`` builds it again from the
-    settings (a test that changes DATABASES or AGENT_SESSIONS; the app calls it on ``setting_changed``)."""
-    global _store
+    """Forget the store, closing every connection it holds (PostgreSQL's listener and the pool of the
+    engine the app built), so the next ``store()`` builds it again from the settings: a test that changes
+    DATABASES or AGENT_SESSIONS (the app calls it on ``setting_changed``), and the end of a test class
+    (``testing.StoreTestMixin``), since Django cannot drop a test database a pooled connection still holds."""
+    global _store, _engine
     with _lock:
         old, _store = _store, None
-    close = getattr(old, "close", None) or getattr(getattr(old, "engine", None), "dispose", None)
+        engine, _engine = _engine, None
+    close = getattr(old, "close", None)
     if close is not None:
         close()
+    if engine is not None:
+        engine.dispose()
+    elif close is None:
+        dispose = getattr(getattr(old, "engine", None), "dispose", None)
+        if dispose is not None:
+            dispose()
 
 
 def options() -> dict[str, Any]:
@@ -91,20 +103,21 @@ def options() -> dict[str, Any]:
     return {"DATABASE": alias, "STORE": conf.get("STORE"), "SSE_SECONDS": float(seconds)}
 
 
-def _build() -> agent.Store:
+def _build() -> tuple[agent.Store, Any]:
+    """The store, and the engine the app made for it (``None``: the store closes its own, or is not ours)."""
     conf = options()
     if conf["STORE"] is not None:
         made = import_string(conf["STORE"])()
         if not isinstance(made, agent.Store):
             raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['STORE'] ({conf['STORE']}) returned "
                                        f"{type(made).__name__}, not an agent_sessions Store")
-        return made
+        return made, None
     from django.db import connections  # type: ignore[import-untyped]
 
     connection = connections[conf["DATABASE"]]
     made = _from_database(conf["DATABASE"], connection.vendor, connection.settings_dict)
     log.info("agent-sessions store for DATABASES[%r]: %r", conf["DATABASE"], made)
-    return made
+    return made, None if connection.vendor == "sqlite" else getattr(made, "engine", None)
 
 
 # Keys of a DATABASES entry's OPTIONS that Django's backends read themselves; the rest go to the driver,
@@ -116,6 +129,9 @@ def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> agent.Stor
     """The store for one DATABASES entry (as its connection has it: under the test runner, the test
     database). The URL is assembled by SQLAlchemy from the parts, so a password is never formatted into
     a string."""
+    from agent_sessions.shadowing import check_stores
+
+    check_stores()  # a project's own `stores` app: say so, not "cannot import name 'sqlite'"
     if vendor == "sqlite":
         from django.db.backends.sqlite3.creation import DatabaseCreation  # type: ignore[import-untyped]
 

@@ -15,6 +15,11 @@ class AgentSessionsConfig(AppConfig):  # type: ignore[misc]
 
     def ready(self) -> None:
         setting_changed.connect(_settings_changed, dispatch_uid="agent_sessions.contrib.django")
+        from django.core.checks import register  # type: ignore[import-untyped]
+
+        from .checks import stores_not_shadowed
+
+        register(stores_not_shadowed)
 
 
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
