@@ -260,9 +260,10 @@ def test_a_save_with_events_is_one_transaction_writing_both_or_neither(tmp_path:
     other.close()
 
 
-def test_the_usual_save_with_events_is_one_transaction_of_three_statements(tmp_path: Path) -> None:
-    """BEGIN IMMEDIATE, the guarded claim (UPDATE ... RETURNING the last number), the messages, the events,
-    COMMIT: no read of the row, no cap DELETE while the log holds fewer than ``keep``."""
+def test_the_usual_save_with_events_is_one_transaction_that_never_writes_the_session_row(tmp_path: Path) -> None:
+    """BEGIN IMMEDIATE, the guarded read of the event numbers from the log (SQLite has one writer at a time:
+    no other takes them before COMMIT), the messages, the events, COMMIT: no write of the session row, no cap
+    DELETE while the log holds fewer than ``keep``."""
     store = sqlite.open(tmp_path / "fast.db")
     holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
     msgs = [agent.Message.user("q")]
@@ -272,11 +273,13 @@ def test_the_usual_save_with_events_is_one_transaction_of_three_statements(tmp_p
     store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes[:1], keep=100)
     msgs.append(agent.Message.assistant("a2"))
     with statements_of(store) as seen:
-        store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes, keep=100)
+        last = store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes, keep=100)
     verbs = [" ".join(q.split()[:3]) for q, _ in seen]
-    assert verbs == ["BEGIN IMMEDIATE", "UPDATE agent_sessions SET", "INSERT INTO agent_messages",
+    assert verbs == ["BEGIN IMMEDIATE", "SELECT coalesce((SELECT max(agent_events.seq)", "INSERT INTO agent_messages",
                      "INSERT INTO agent_events", "INSERT INTO agent_events", "INSERT INTO agent_events", "COMMIT"]
-    assert "RETURNING" in seen[1][0]
+    assert last == agent.Saved([], False) and not any("agent_sessions SET" in q for q, _ in seen)
+    seqs = [e.seq for e in store.events("s", 0, 100)]
+    assert seqs == list(range(seqs[0], seqs[0] + 4))
     assert _stored(store, "s") == (3, 4)
     # A superseded holder: the claim matches nothing, the transaction finds the lease gone, nothing written.
     stale = agent.Holder("h", 1, "u" * 32, 0.0, epoch=holder.epoch)
