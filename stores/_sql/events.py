@@ -70,7 +70,8 @@ class EventLog(SQLBase):
         newest ``keep`` (only when it holds any: ``_event_floor``), and wake the followers (``notify``).
         Returns the log's floor after this write."""
         n = len(records)
-        first, cut = last - n + 1, last - keep
+        # Never the newest, whatever ``keep`` says: a log's next numbers go on from it (SQLite reads them there).
+        first, cut = last - n + 1, last - max(keep, 1)
         floor = self._event_floor.get(session)
         if floor is None:
             oldest = self.run(conn, sql.FIRST_EVENT, {"sid": session}).scalar()

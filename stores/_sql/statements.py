@@ -286,14 +286,14 @@ def claim_events(
 
 @functools.lru_cache(maxsize=32)
 def number_events(*, save: bool = False, unsteered: bool = False, drop_journal: bool = False) -> Select[tuple[int]]:
-    """SQLite's claim: the last of the session's next ``:n`` numbers, read from the log itself (its newest
-    event; ``event_seq`` for a log a store of an earlier version numbered and left empty; else
-    ``first_seq`` of the clock), where ``claim_events`` matches; no row when it does not. Only a write
-    transaction may run it (``BEGIN IMMEDIATE``: SQLite has one writer at a time, so no other can take the
-    same numbers between this read and the insert), and the session row is not written: a step with events
-    writes the events table's pages and no more. The newest event is never dropped (the cap keeps at
-    least one, ``DROP_EVENTS``), so a number once given is never given again while the session lives;
-    a session deleted and made again starts from the clock, as with ``claim_events``."""
+    """SQLite's claim: the last of the session's next ``:n`` numbers, read from the log itself (after its
+    newest event; else after ``event_seq``, where earlier versions numbered it; else from ``first_seq`` of
+    the clock), where ``claim_events`` matches; no row when it does not. Only a write transaction may run
+    it (``BEGIN IMMEDIATE``: SQLite has one writer at a time, so no other can take the same numbers between
+    this read and the insert), and the session row is not written: a step with events writes the events
+    table's pages and no more. The cap never drops a log's newest event (``_log_events``), so a number once
+    given is never given again while the session lives; a session deleted and made again starts from the
+    clock, above its old log, as with ``claim_events``."""
     newest = select(func.max(E.seq)).where(E.session_id == SID).scalar_subquery()
     last = func.coalesce(newest, S.event_seq, db_micros() - 1) + bindparam("n", type_=BigInteger())
     return select(last).where(and_(*_claim_where(save, unsteered, drop_journal)))
