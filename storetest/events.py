@@ -341,6 +341,27 @@ class EventContract:
         assert log[0].seq > given[-1], "a recreated session's log must number above every number the old one gave"
         assert store.events(sid, given[-1], 100) == log  # a follower that kept its number sees the new log whole
 
+    def test_a_session_deleted_and_made_again_at_once_numbers_above_its_old_log(self) -> None:
+        """The delete and the new log's first write as close together as a program can make them, again and
+        again: a new log starts from the store's clock, which must have moved past every number the old log
+        gave (a clock read to the millisecond did not: within one, the new log began at the old one's first
+        number)."""
+        self.requires(Capability.LIFECYCLE)
+        store = self.event_store()
+        assert isinstance(store, agent.LifecycleStore)
+        sid = _sid("at-once-")
+        reused = []
+        for _ in range(30):
+            holder = store.acquire(sid, _claimant(), 30)
+            old = store.append_events(sid, holder, _texts(5), keep=100)
+            store.delete(sid, force=True)
+            again = store.acquire(sid, _claimant(), 30)
+            new = store.append_events(sid, again, _texts(1), keep=100)
+            store.delete(sid, force=True)
+            if new <= old:
+                reused.append((old, new))
+        assert not reused, f"a new log numbered from within its deleted one's numbers (old last, new first): {reused}"
+
     def test_two_processes_publishing_at_once_get_distinct_increasing_numbers(self) -> None:
         """Two processes write one session's log at once, each appending batches of its own and saving a step
         whose events ride in the save (retried when the other's save came first: a conflicting save writes no

@@ -305,3 +305,26 @@ def test_delete_and_prune_drop_the_events_rows(tmp_path: Path) -> None:
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM agent_events").scalar() == 0
     store.close()
+
+
+def test_a_log_begun_again_within_the_same_millisecond_numbers_above_the_deleted_one(tmp_path: Path) -> None:
+    """SQLite's own clock (``julianday('now')``) counts milliseconds: a session deleted and made again within
+    one began its new log at its old log's first number: one number named two events, and a follower
+    holding a number of the old log skipped the new one's first events. The store reads the host's clock
+    to the microsecond instead. Without fsyncs
+    (``synchronous=OFF``) a delete and a new log's first write take a fraction of a millisecond, so the
+    millisecond clock gave numbers again in most of these rounds."""
+    store = sqlite.open(tmp_path / "again.db", synchronous="OFF")
+    texts = [agent.eventlog.encode("note", {"n": n}) for n in range(5)]
+    reused = []
+    for i in range(100):
+        held = store.acquire("s", agent.Holder("h", 1, f"{i:032d}", 0.0), 30)
+        old = store.append_events("s", held, texts, keep=100)
+        store.delete("s", force=True)
+        again = store.acquire("s", agent.Holder("h", 1, f"{i:031d}x", 0.0), 30)
+        new = store.append_events("s", again, texts[:1], keep=100)
+        store.delete("s", force=True)
+        if new <= old:
+            reused.append((old, new))
+    assert not reused, f"{len(reused)} of 100 new logs numbered within their deleted one's numbers: {reused[:3]}"
+    store.close()

@@ -287,15 +287,18 @@ def claim_events(
 @functools.lru_cache(maxsize=32)
 def number_events(*, save: bool = False, unsteered: bool = False, drop_journal: bool = False) -> Select[tuple[int]]:
     """SQLite's claim: the last of the session's next ``:n`` numbers, read from the log itself (after its
-    newest event; else after ``event_seq``, where earlier versions numbered it; else from ``first_seq`` of
-    the clock), where ``claim_events`` matches; no row when it does not. Only a write transaction may run
+    newest event; else after ``event_seq``, where earlier versions numbered it; else from ``:clock``, the
+    host's clock in microseconds, ``first_seq``, which the store reads: SQLite's own ``julianday('now')``
+    counts milliseconds, so a session deleted and made again within one began its new log at its old
+    log's first number), where ``claim_events`` matches; no row when it does not. Only a write transaction may run
     it (``BEGIN IMMEDIATE``: SQLite has one writer at a time, so no other can take the same numbers between
     this read and the insert), and the session row is not written: a step with events writes the events
     table's pages and no more. The cap never drops a log's newest event (``_log_events``), so a number once
     given is never given again while the session lives; a session deleted and made again starts from the
     clock, above its old log, as with ``claim_events``."""
     newest = select(func.max(E.seq)).where(E.session_id == SID).scalar_subquery()
-    last = func.coalesce(newest, S.event_seq, db_micros() - 1) + bindparam("n", type_=BigInteger())
+    last = func.coalesce(newest, S.event_seq, bindparam("clock", type_=BigInteger()) - 1) + bindparam(
+        "n", type_=BigInteger())
     return select(last).where(and_(*_claim_where(save, unsteered, drop_journal)))
 
 

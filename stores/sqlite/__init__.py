@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
         "stores.sqlite requires SQLAlchemy. Install it with: pip install 'stored-agent-sessions[sqlite]'"
     ) from exc
 
-from agent_sessions import ArgumentError
+from agent_sessions import ArgumentError, eventlog
 
 from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
@@ -148,7 +149,8 @@ class Store(SQLStore):
         holder = step.holder
         assert holder is not None and self._driver is not None  # save_fenced_events; raw_statements
         session = step.session
-        params = {**sql.fence_params(session, holder), "known": step.known, "n": len(step.events)}
+        params = {**sql.fence_params(session, holder), "known": step.known, "n": len(step.events),
+                  "clock": eventlog.first_seq(time.time())}
         number = self._driver.compiled(sql.number_events(save=True, unsteered=step.unsteered), params)
         rows = [(session, i, step.items[i].to_json()) for i in range(step.start, len(step.items))]
         _driver_execute(driver, "BEGIN IMMEDIATE")
@@ -178,8 +180,9 @@ class Store(SQLStore):
     def claim(self, conn: Connection, params: dict[str, Any], **shape: bool) -> int | None:
         """The event numbers read from the log, not claimed on the session row (``sql.number_events``): every
         transaction that writes here began with BEGIN IMMEDIATE, SQLite's one writer at a time, so no other
-        can take them before this one's events are stored. Only a journal to drop writes the row."""
-        row = self.run(conn, sql.number_events(**shape), params).first()
+        can take them before this one's events are stored. A new log starts at the host's clock read here,
+        to the microsecond. Only a journal to drop writes the row."""
+        row = self.run(conn, sql.number_events(**shape), {**params, "clock": eventlog.first_seq(time.time())}).first()
         if row is None:
             return None
         if shape.get("drop_journal"):
