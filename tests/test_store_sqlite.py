@@ -328,3 +328,23 @@ def test_a_log_begun_again_within_the_same_millisecond_numbers_above_the_deleted
             reused.append((old, new))
     assert not reused, f"{len(reused)} of 100 new logs numbered within their deleted one's numbers: {reused[:3]}"
     store.close()
+
+
+def test_a_step_whose_events_fail_to_insert_writes_nothing_and_raises_a_store_error(tmp_path: Path) -> None:
+    """The usual step with events runs on the driver in its own transaction: a database error in it (here the
+    events' INSERT, failed by a trigger) rolls back the messages too and is a StoreError, and the store goes
+    on: the next step writes both, numbered on from the log."""
+    store = sqlite.open(tmp_path / "fails.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced_events("s", holder, msgs, take_steers=False, events=[agent.eventlog.encode("a", {})], keep=100)
+    msgs.append(agent.Message.assistant("a"))
+    note = [agent.eventlog.encode("b", {})] * 2
+    with failing(store.engine, "INSERT INTO agent_events"), pytest.raises(agent.StoreError, match="injected"):
+        store.save_fenced_events("s", holder, msgs, take_steers=False, events=note, keep=100)
+    assert _stored(store, "s") == (1, 1)
+    store.save_fenced_events("s", holder, msgs, take_steers=False, events=note, keep=100)
+    assert _stored(store, "s") == (2, 3)
+    seqs = [e.seq for e in store.events("s", 0, 100)]
+    assert seqs == list(range(seqs[0], seqs[0] + 3))
+    store.close()

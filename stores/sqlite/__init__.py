@@ -153,15 +153,15 @@ class Store(SQLStore):
                   "clock": eventlog.first_seq(time.time())}
         number = self._driver.compiled(sql.number_events(save=True, unsteered=step.unsteered), params)
         rows = [(session, i, step.items[i].to_json()) for i in range(step.start, len(step.items))]
-        _driver_execute(driver, "BEGIN IMMEDIATE")
         try:
+            driver.execute("BEGIN IMMEDIATE")
             claimed = driver.execute(number.sql, number.values(params)).fetchone()
             if claimed is None:
-                _driver_execute(driver, "ROLLBACK")
+                driver.execute("ROLLBACK")
                 return None
             driver.executemany(_ADD_MESSAGES, rows)
             floor = self._log_events(conn, session, int(claimed[0]), step.events, step.keep)
-            _driver_execute(driver, "COMMIT")
+            driver.execute("COMMIT")
         except (sqlite3.Error, DBAPIError) as exc:
             if driver.in_transaction:
                 driver.execute("ROLLBACK")
