@@ -14,10 +14,12 @@ since (replaced, forked, deleted or pruned, the log capped).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 import time
+import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -116,6 +118,40 @@ def _old_shape(kind: str, data: dict[str, Any]) -> str:
     return json.dumps({"kind": kind, "at": 1_800_000_000.5, "data": data}, separators=(",", ":"))
 
 
+PROCESS_BATCHES = 16
+"""Batches each of the two publishing processes writes (``_publisher_process``)."""
+
+
+def _publisher_process(factory: Callable[[], Any], sid: str, holder: Holder, worker: int, batches: int, barrier: Any,
+                       out: Any) -> None:
+    """A spawned process writing ``sid``'s log: odd batches appended on their own (their last numbers are
+    reported), even ones riding in a save of a message of this worker's, read afresh and retried while the
+    other process's save comes first (a conflicting save writes neither)."""
+    try:
+        store = factory()
+        returned: list[int] = []
+        barrier.wait(120)
+        for batch in range(batches):
+            events = _texts(1 + batch % 3, f"{worker}-{batch}")
+            if batch % 2:
+                returned.append(store.append_events(sid, holder, events, keep=10_000))
+                continue
+            for _ in range(1000):  # bounded: the other process saves 8 times at most
+                msgs = store.messages(sid)
+                try:
+                    store.save_fenced_events(sid, holder, [*msgs, Message.assistant(f"{worker}-{batch}")],
+                                             take_steers=False, events=events, keep=10_000)
+                    break
+                except agent.TranscriptConflict:
+                    continue
+            else:
+                raise AssertionError(f"worker {worker} never saved batch {batch}")
+        out.put(("done", returned))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out.put(("error", traceback.format_exc()))
+        barrier.abort()
+
+
 class EventContract:
     """Mixed into StoreContract; ``make_store``, ``requires`` and ``another`` come from there."""
 
@@ -128,6 +164,9 @@ class EventContract:
         raise NotImplementedError
 
     def another(self, store: Any) -> Any:
+        raise NotImplementedError
+
+    def factory(self) -> Callable[[], Any]:
         raise NotImplementedError
 
     def event_store(self) -> EventStore:
@@ -266,6 +305,99 @@ class EventContract:
                 mine = [e for e in every if e.data["tag"] == f"{worker}-{batch}"]
                 assert [e.data["n"] for e in mine] == list(range(1 + batch % 3))
                 _consecutive(mine)
+
+    def test_no_number_is_given_again_after_the_cap_dropped_it_or_the_session_was_deleted(self) -> None:
+        """A follower resumes from the last number it saw (``Last-Event-ID``): a number given again would hand it
+        another event under a number it already passed. So the numbers go on across the cap's drops (here
+        ``keep=1``, so every write drops all but the newest) and across a delete and a new session of the same
+        id, whichever path writes them: an append of its own or a save's (the step's) riding events."""
+        self.requires(Capability.LIFECYCLE)
+        store = self.event_store()
+        sid = _sid("again-")
+        holder = store.acquire(sid, _claimant(), 30)
+        given: list[int] = []
+        msgs = [Message.user("q")]
+        for i in range(4):
+            last = store.append_events(sid, holder, _texts(3, f"append-{i}"), keep=1)
+            given += [last - 2, last - 1, last]
+            msgs.append(Message.assistant(f"a{i}"))
+            store.save_fenced_events(sid, holder, msgs, take_steers=False, events=_texts(2, f"save-{i}"), keep=1)
+            (kept,) = store.events(sid, 0, 100)
+            assert kept.data["tag"] == f"save-{i}" and kept.data["n"] == 1
+            given += [kept.seq - 1, kept.seq]
+        assert given == list(range(given[0], given[0] + len(given))), f"a number given twice or skipped: {given}"
+        assert store.events(sid, given[3], 100) == [kept]  # after a number the cap dropped: only what is newer
+        assert agent.open(sid, store).delete(force=True) is True
+        other = self.another(store)  # a store object that never saw the old log
+        again = other.acquire(sid, _claimant(), 30)
+        new = [Message.user("again")]
+        other.save_fenced_events(sid, again, new, take_steers=False, events=_texts(2, "new-0"), keep=100)
+        store.save_fenced_events(sid, again, [*new, Message.assistant("b")], take_steers=False,
+                                 events=_texts(2, "new-1"), keep=100)
+        other.append_events(sid, again, _texts(1, "new-2"), keep=100)
+        log = store.events(sid, 0, 100)
+        _consecutive(log)
+        assert [e.data["tag"] for e in log] == ["new-0", "new-0", "new-1", "new-1", "new-2"]
+        assert log[0].seq > given[-1], "a recreated session's log must number above every number the old one gave"
+        assert store.events(sid, given[-1], 100) == log  # a follower that kept its number sees the new log whole
+
+    def test_a_session_deleted_and_made_again_at_once_numbers_above_its_old_log(self) -> None:
+        """The delete and the new log's first write as close together as a program can make them, again and
+        again: a new log starts from the store's clock, which must have moved past every number the old log
+        gave (a clock read to the millisecond did not: within one, the new log began at the old one's first
+        number)."""
+        self.requires(Capability.LIFECYCLE)
+        store = self.event_store()
+        assert isinstance(store, agent.LifecycleStore)
+        sid = _sid("at-once-")
+        reused = []
+        for _ in range(30):
+            holder = store.acquire(sid, _claimant(), 30)
+            old = store.append_events(sid, holder, _texts(5), keep=100)
+            store.delete(sid, force=True)
+            again = store.acquire(sid, _claimant(), 30)
+            new = store.append_events(sid, again, _texts(1), keep=100)
+            store.delete(sid, force=True)
+            if new <= old:
+                reused.append((old, new))
+        assert not reused, f"a new log numbered from within its deleted one's numbers (old last, new first): {reused}"
+
+    def test_two_processes_publishing_at_once_get_distinct_increasing_numbers(self) -> None:
+        """Two processes write one session's log at once, each appending batches of its own and saving a step
+        whose events ride in the save (retried when the other's save came first: a conflicting save writes no
+        event). Every event gets its own number, the log's numbers are consecutive, and each batch's events
+        are one run of numbers in their order."""
+        store = self.event_store()
+        factory = self.factory()
+        sid = _sid("processes-")
+        holder = store.acquire(sid, _claimant(), 120)
+        store.save_fenced(sid, holder, [Message.user("q")], take_steers=False)
+        ctx = multiprocessing.get_context("spawn")
+        barrier, out = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_publisher_process, args=(factory, sid, holder, w, PROCESS_BATCHES, barrier, out))
+                 for w in range(2)]
+        for p in procs:
+            p.start()
+        try:
+            reports = [out.get(timeout=300) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+        assert all(kind == "done" for kind, _ in reports), [detail for kind, detail in reports if kind != "done"]
+        every = store.events(sid, 0, 1000)
+        _consecutive(every)
+        assert len(every) == 2 * sum(1 + b % 3 for b in range(PROCESS_BATCHES))
+        returned = [seq for _, detail in reports for seq in detail]
+        assert len(set(returned)) == len(returned) and set(returned) <= {e.seq for e in every}
+        for worker in range(2):
+            for batch in range(PROCESS_BATCHES):
+                mine = [e for e in every if e.data["tag"] == f"{worker}-{batch}"]
+                assert [e.data["n"] for e in mine] == list(range(1 + batch % 3)), (worker, batch, mine)
+                _consecutive(mine)
+        saved = [m.text for m in store.messages(sid)[1:]]
+        assert sorted(saved) == sorted(f"{w}-{b}" for w in range(2) for b in range(0, PROCESS_BATCHES, 2))
 
     # -- runs that publish -----------------------------------------------------------------------------
 

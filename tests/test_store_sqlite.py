@@ -260,9 +260,10 @@ def test_a_save_with_events_is_one_transaction_writing_both_or_neither(tmp_path:
     other.close()
 
 
-def test_the_usual_save_with_events_is_one_transaction_of_three_statements(tmp_path: Path) -> None:
-    """BEGIN IMMEDIATE, the guarded claim (UPDATE ... RETURNING the last number), the messages, the events,
-    COMMIT: no read of the row, no cap DELETE while the log holds fewer than ``keep``."""
+def test_the_usual_save_with_events_is_one_transaction_that_never_writes_the_session_row(tmp_path: Path) -> None:
+    """BEGIN IMMEDIATE, the guarded read of the event numbers from the log (SQLite has one writer at a time:
+    no other takes them before COMMIT), the messages, the events, COMMIT: no write of the session row, no cap
+    DELETE while the log holds fewer than ``keep``."""
     store = sqlite.open(tmp_path / "fast.db")
     holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
     msgs = [agent.Message.user("q")]
@@ -272,11 +273,13 @@ def test_the_usual_save_with_events_is_one_transaction_of_three_statements(tmp_p
     store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes[:1], keep=100)
     msgs.append(agent.Message.assistant("a2"))
     with statements_of(store) as seen:
-        store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes, keep=100)
+        last = store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes, keep=100)
     verbs = [" ".join(q.split()[:3]) for q, _ in seen]
-    assert verbs == ["BEGIN IMMEDIATE", "UPDATE agent_sessions SET", "INSERT INTO agent_messages",
+    assert verbs == ["BEGIN IMMEDIATE", "SELECT coalesce((SELECT max(agent_events.seq)", "INSERT INTO agent_messages",
                      "INSERT INTO agent_events", "INSERT INTO agent_events", "INSERT INTO agent_events", "COMMIT"]
-    assert "RETURNING" in seen[1][0]
+    assert last == agent.Saved([], False) and not any("agent_sessions SET" in q for q, _ in seen)
+    seqs = [e.seq for e in store.events("s", 0, 100)]
+    assert seqs == list(range(seqs[0], seqs[0] + 4))
     assert _stored(store, "s") == (3, 4)
     # A superseded holder: the claim matches nothing, the transaction finds the lease gone, nothing written.
     stale = agent.Holder("h", 1, "u" * 32, 0.0, epoch=holder.epoch)
@@ -301,4 +304,47 @@ def test_delete_and_prune_drop_the_events_rows(tmp_path: Path) -> None:
     assert store.prune(idle_for=3600) == 1 and _stored(store, "pruned") == (0, 0)
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM agent_events").scalar() == 0
+    store.close()
+
+
+def test_a_log_begun_again_within_the_same_millisecond_numbers_above_the_deleted_one(tmp_path: Path) -> None:
+    """SQLite's own clock (``julianday('now')``) counts milliseconds: a session deleted and made again within
+    one began its new log at its old log's first number: one number named two events, and a follower
+    holding a number of the old log skipped the new one's first events. The store reads the host's clock
+    to the microsecond instead. Without fsyncs
+    (``synchronous=OFF``) a delete and a new log's first write take a fraction of a millisecond, so the
+    millisecond clock gave numbers again in most of these rounds."""
+    store = sqlite.open(tmp_path / "again.db", synchronous="OFF")
+    texts = [agent.eventlog.encode("note", {"n": n}) for n in range(5)]
+    reused = []
+    for i in range(100):
+        held = store.acquire("s", agent.Holder("h", 1, f"{i:032d}", 0.0), 30)
+        old = store.append_events("s", held, texts, keep=100)
+        store.delete("s", force=True)
+        again = store.acquire("s", agent.Holder("h", 1, f"{i:031d}x", 0.0), 30)
+        new = store.append_events("s", again, texts[:1], keep=100)
+        store.delete("s", force=True)
+        if new <= old:
+            reused.append((old, new))
+    assert not reused, f"{len(reused)} of 100 new logs numbered within their deleted one's numbers: {reused[:3]}"
+    store.close()
+
+
+def test_a_step_whose_events_fail_to_insert_writes_nothing_and_raises_a_store_error(tmp_path: Path) -> None:
+    """The usual step with events runs on the driver in its own transaction: a database error in it (here the
+    events' INSERT, failed by a trigger) rolls back the messages too and is a StoreError, and the store goes
+    on: the next step writes both, numbered on from the log."""
+    store = sqlite.open(tmp_path / "fails.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced_events("s", holder, msgs, take_steers=False, events=[agent.eventlog.encode("a", {})], keep=100)
+    msgs.append(agent.Message.assistant("a"))
+    note = [agent.eventlog.encode("b", {})] * 2
+    with failing(store.engine, "INSERT INTO agent_events"), pytest.raises(agent.StoreError, match="injected"):
+        store.save_fenced_events("s", holder, msgs, take_steers=False, events=note, keep=100)
+    assert _stored(store, "s") == (1, 1)
+    store.save_fenced_events("s", holder, msgs, take_steers=False, events=note, keep=100)
+    assert _stored(store, "s") == (2, 3)
+    seqs = [e.seq for e in store.events("s", 0, 100)]
+    assert seqs == list(range(seqs[0], seqs[0] + 3))
     store.close()

@@ -1,9 +1,11 @@
-"""The event log (``EventStore``), in ``agent_events``, numbered on the session's row.
+"""The event log (``EventStore``), in ``agent_events``, numbered on the session's row (SQLite: from the log).
 
 An append claims the next numbers on the session row, fenced by the lease (the row stays locked to the
 transaction's end, so concurrent appenders queue), then stores the events and drops those beyond the newest
 ``keep``. ``save_fenced_events`` is the store's save (store.py) carrying the append in the same step: the
-claim rides the usual append's transaction (``_append_logged``), or the save's general transaction.
+claim rides the usual append's transaction (``_append_logged``), or the save's general transaction. SQLite
+overrides ``claim`` to read the numbers from the log inside its write transaction instead of writing them
+on the row (``statements.number_events``), and runs the usual step with events on its driver.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .lease import lost
 
 
 class EventLog(SQLBase):
-    """``EventStore``, and the hooks a dialect overrides for it: ``claim`` and ``notify``."""
+    """``EventStore``, and the hooks a dialect overrides for it: ``claim``, ``add_events`` and ``notify``."""
 
     if TYPE_CHECKING:  # what this part needs of the store that joins it, for the type checker only
         def _save(
@@ -68,20 +70,24 @@ class EventLog(SQLBase):
         newest ``keep`` (only when it holds any: ``_event_floor``), and wake the followers (``notify``).
         Returns the log's floor after this write."""
         n = len(records)
-        first, cut = last - n + 1, last - keep
+        # Never the newest, whatever ``keep`` says: a log's next numbers go on from it (SQLite reads them there).
+        first, cut = last - n + 1, last - max(keep, 1)
         floor = self._event_floor.get(session)
         if floor is None:
             oldest = self.run(conn, sql.FIRST_EVENT, {"sid": session}).scalar()
             floor = first if oldest is None else int(oldest)  # type: ignore[call-overload]
-        rows = [{"session_id": session, "seq": first + i, "body": text}
-                for i, text in enumerate(records) if first + i > cut]
-        if rows:
-            self.run(conn, sql.ADD_EVENTS, rows)
+        numbered = [(first + i, text) for i, text in enumerate(records) if first + i > cut]
+        if numbered:
+            self.add_events(conn, session, numbered)
         if cut >= floor:
             self.run(conn, sql.DROP_EVENTS, {"sid": session, "cut": cut})
             floor = cut + 1
         self.notify(conn, session)
         return floor
+
+    def add_events(self, conn: Connection, session: str, numbered: list[tuple[int, str]]) -> None:
+        """Insert ``session``'s events, ``(seq, text)`` each, in the caller's transaction."""
+        self.run(conn, sql.ADD_EVENTS, [{"session_id": session, "seq": seq, "body": text} for seq, text in numbered])
 
     def _floor(self, session: str, floor: int) -> None:
         """Remember the log's floor, a transaction having committed it; bounded like ``_known``."""

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     BindParameter,
+    ColumnElement,
     Double,
     Integer,
     TextClause,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.sql.dml import Update
+from sqlalchemy.sql.selectable import Select
 
 from agent_sessions import Holder, Message
 
@@ -245,6 +247,20 @@ PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS)) for t in (messages, steer
 E = events.c
 
 
+def _claim_where(save: bool, unsteered: bool, drop_journal: bool) -> list[ColumnElement[bool]]:
+    """What a claim of event numbers matches: the session's row under the writer's lease; with ``save``, also
+    the conditions of ``append_if_current`` (the version ``:known``, not cancelled, no steer waiting when
+    ``unsteered``, no journal unless ``drop_journal``)."""
+    where = [S.session_id == SID, FENCE]
+    if save:
+        where += [S.version == bindparam("known", type_=S.version.type), S.cancelled == false()]
+        if unsteered:
+            where.append(~exists().where(steers.c.session_id == SID))
+        if not drop_journal:
+            where.append(S.journal.is_(None))
+    return where
+
+
 @functools.lru_cache(maxsize=32)
 def claim_events(
     *, save: bool = False, unsteered: bool = False, drop_journal: bool = False, returning: bool = False,
@@ -255,24 +271,35 @@ def claim_events(
     transaction's end, so the next claim of the session waits for these events to be stored.
 
     ``save``: the claim of a leased run's usual save with its events (``SQLStore.append``), matched only
-    under the conditions of ``append_if_current`` (the version ``:known``, not cancelled, no journal unless
-    ``drop_journal``, which drops it, no steer waiting when ``unsteered``), so a match says the messages
-    may be appended, and no match that the save runs its transaction. ``returning``: the statement returns
-    the last number given (SQLite, PostgreSQL); ``last_insert_id``: MySQL's way to the same without a
-    second statement, ``LAST_INSERT_ID(expr)``, which the server hands back in the reply's insert id."""
+    under the conditions of ``append_if_current`` (``_claim_where``; ``drop_journal`` drops the journal),
+    so a match says the messages may be appended, and no match that the save runs its transaction.
+    ``returning``: the statement returns the last number given (PostgreSQL); ``last_insert_id``: MySQL's
+    way to the same without a second statement, ``LAST_INSERT_ID(expr)``, which the server hands back in
+    the reply's insert id. (SQLite numbers its log without writing the row: ``number_events``.)"""
     claimed = func.coalesce(S.event_seq, db_micros() - 1) + bindparam("n", type_=BigInteger())
     values: dict[str, Any] = {"event_seq": func.last_insert_id(claimed) if last_insert_id else claimed}
-    where = [S.session_id == SID, FENCE]
-    if save:
-        where += [S.version == bindparam("known", type_=S.version.type), S.cancelled == false()]
-        if unsteered:
-            where.append(~exists().where(steers.c.session_id == SID))
-        if drop_journal:
-            values.update(journal=null(), updated=NOW)
-        else:
-            where.append(S.journal.is_(None))
-    statement = update(sessions).where(and_(*where)).values(**values)
+    if save and drop_journal:
+        values.update(journal=null(), updated=NOW)
+    statement = update(sessions).where(and_(*_claim_where(save, unsteered, drop_journal))).values(**values)
     return statement.returning(S.event_seq) if returning else statement
+
+
+@functools.lru_cache(maxsize=32)
+def number_events(*, save: bool = False, unsteered: bool = False, drop_journal: bool = False) -> Select[tuple[int]]:
+    """SQLite's claim: the last of the session's next ``:n`` numbers, read from the log itself (after its
+    newest event; else after ``event_seq``, where earlier versions numbered it; else from ``:clock``, the
+    host's clock in microseconds, ``first_seq``, which the store reads: SQLite's own ``julianday('now')``
+    counts milliseconds, so a session deleted and made again within one began its new log at its old
+    log's first number), where ``claim_events`` matches; no row when it does not. Only a write transaction may run
+    it (``BEGIN IMMEDIATE``: SQLite has one writer at a time, so no other can take the same numbers between
+    this read and the insert), and the session row is not written: a step with events writes the events
+    table's pages and no more. The cap never drops a log's newest event (``_log_events``), so a number once
+    given is never given again while the session lives; a session deleted and made again starts from the
+    clock, above its old log, as with ``claim_events``."""
+    newest = select(func.max(E.seq)).where(E.session_id == SID).scalar_subquery()
+    last = func.coalesce(newest, S.event_seq, bindparam("clock", type_=BigInteger()) - 1) + bindparam(
+        "n", type_=BigInteger())
+    return select(last).where(and_(*_claim_where(save, unsteered, drop_journal)))
 
 
 LAST_EVENT = select(S.event_seq).where(S.session_id == SID)

@@ -82,7 +82,9 @@ sessions = Table(
     Column("metadata", LongText, nullable=True),
     # The last seq the session's event log gave out (agent_sessions.eventlog); NULL: it has no log yet, and
     # its first append starts at first_seq of the database's clock. Claimed by the fenced UPDATE of each
-    # append, so concurrent appenders queue on this row and never share a number.
+    # append, so concurrent appenders queue on this row and never share a number. SQLite leaves it as an
+    # earlier version left it: its one writer at a time reads the next numbers from the log itself
+    # (statements.number_events), so a step with events does not write this row.
     Column("event_seq", BigInteger, nullable=True),
     # Newest first for list_sessions (read backwards), oldest first for prune.
     Index("agent_sessions_by_updated", "updated", "session_id"),
@@ -125,7 +127,8 @@ events = Table(
     "agent_events",
     metadata,
     # A session's event log: each event's text as eventlog.encode wrote it, kept verbatim (TEXT, not JSON),
-    # numbered by agent_sessions.event_seq. The newest ``keep`` of each append are kept.
+    # numbered by agent_sessions.event_seq (SQLite: from the newest row here). The newest ``keep`` of each
+    # append are kept, never fewer than one, so a log's newest number stays until its session goes.
     Column("session_id", SessionId, primary_key=True),
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
     Column("body", LongText, nullable=False),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
         "stores.sqlite requires SQLAlchemy. Install it with: pip install 'stored-agent-sessions[sqlite]'"
     ) from exc
 
-from agent_sessions import ArgumentError
+from agent_sessions import ArgumentError, eventlog
 
 from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
@@ -33,6 +34,10 @@ from .._sql.driver import instrumented
 from .._sql.tables import SCHEMA_VERSION, sessions
 
 BUSY_TIMEOUT_MS = 30_000
+_ADD_MESSAGES = "INSERT INTO agent_messages (session_id, seq, body) VALUES (?, ?, ?)"
+_ADD_EVENTS = "INSERT INTO agent_events (session_id, seq, body) VALUES (?, ?, ?)"
+"""The step's rows, on the driver (``Store._append_logged_raw``): what ``sql.APPEND`` and ``sql.ADD_EVENTS``
+compile to here, without building their parameters as dicts."""
 
 
 def _create_sessions(name: str) -> str:
@@ -116,11 +121,12 @@ class Store(SQLStore):
         SQLStore.append, without the machinery around it, which on SQLite cost as much."""
         conn, driver = self._held()
         count = len(step.items) - step.start
-        if (count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction or step.drop_journal
-                or step.events):
+        if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction or step.drop_journal:
             # listeners see it there; inside an open transaction, autocommit would not commit it; a journal
-            # to drop, or events to append, are more statements, so a transaction
+            # to drop is a second statement, so a transaction
             return super().append(step)
+        if step.events:
+            return self._append_logged_raw(step, conn, driver)
         params = sql.append_params(step)
         assert self._driver is not None  # raw_statements
         compiled = self._driver.compiled(sql.append_if_current(count, step.unsteered, step.holder is not None, True),
@@ -132,6 +138,67 @@ class Store(SQLStore):
         except sqlite3.Error as exc:
             raise self._error("save", step.session, DBAPIError.instance("append", None, exc, sqlite3.Error)) from exc
         return step.known if inserted == count else None
+
+    def _append_logged_raw(self, step: sql.Step, conn: Connection, driver: sqlite3.Connection) -> str | None:
+        """A leased run's usual step with its events (``save_fenced_events``), on the driver as the plain
+        append is: BEGIN IMMEDIATE; the event numbers, read from the log where ``append_if_current`` would
+        match (``claim``); the messages; the events (``_log_events``); COMMIT. The session row is read, never
+        written, so the step adds only the events' pages to the WAL. Nothing matched (a steer, a cancel, a
+        journal, a lost lease, another version), or another writer's messages at these positions: nothing
+        is written, and the save runs its transaction, which sorts out which."""
+        holder = step.holder
+        assert holder is not None and self._driver is not None  # save_fenced_events; raw_statements
+        session = step.session
+        params = {**sql.fence_params(session, holder), "known": step.known, "n": len(step.events),
+                  "clock": eventlog.first_seq(time.time())}
+        number = self._driver.compiled(sql.number_events(save=True, unsteered=step.unsteered), params)
+        rows = [(session, i, step.items[i].to_json()) for i in range(step.start, len(step.items))]
+        try:
+            driver.execute("BEGIN IMMEDIATE")
+            claimed = driver.execute(number.sql, number.values(params)).fetchone()
+            if claimed is None:
+                driver.execute("ROLLBACK")
+                return None
+            driver.executemany(_ADD_MESSAGES, rows)
+            floor = self._log_events(conn, session, int(claimed[0]), step.events, step.keep)
+            driver.execute("COMMIT")
+        except (sqlite3.Error, DBAPIError) as exc:
+            if driver.in_transaction:
+                driver.execute("ROLLBACK")
+            cause = exc.orig if isinstance(exc, DBAPIError) else exc
+            if isinstance(cause, sqlite3.IntegrityError):  # another writer appended at these positions first
+                return None
+            wrapped = exc if isinstance(exc, DBAPIError) else DBAPIError.instance("append", None, exc, sqlite3.Error)
+            raise self._error("save", session, wrapped) from exc
+        except BaseException:
+            if driver.in_transaction:
+                driver.execute("ROLLBACK")
+            raise
+        self._floor(session, floor)
+        return step.known
+
+    def claim(self, conn: Connection, params: dict[str, Any], **shape: bool) -> int | None:
+        """The event numbers read from the log, not claimed on the session row (``sql.number_events``): every
+        transaction that writes here began with BEGIN IMMEDIATE, SQLite's one writer at a time, so no other
+        can take them before this one's events are stored. A new log starts at the host's clock read here,
+        to the microsecond. Only a journal to drop writes the row."""
+        row = self.run(conn, sql.number_events(**shape), {**params, "clock": eventlog.first_seq(time.time())}).first()
+        if row is None:
+            return None
+        if shape.get("drop_journal"):
+            self.run(conn, sql.DROP_JOURNAL, {"sid": params["sid"]})
+        return int(row[0])
+
+    def add_events(self, conn: Connection, session: str, numbered: list[tuple[int, str]]) -> None:
+        """On the driver, as the messages are (unless something listens for cursor events)."""
+        if instrumented(conn):
+            super().add_events(conn, session, numbered)
+            return
+        driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
+        try:
+            driver.executemany(_ADD_EVENTS, [(session, seq, text) for seq, text in numbered])
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(_ADD_EVENTS, None, exc, sqlite3.Error) from exc
 
     def _held(self) -> tuple[Connection, sqlite3.Connection]:
         """This thread's connection of the file, and its sqlite3 connection (a forked child opens its own).
