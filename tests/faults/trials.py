@@ -40,7 +40,7 @@ from .proxy import FaultProxy, Rule
 
 KINDS = ("lose_ack", "cut_before", "cut_inside", "cut_after", "terminate", "delay")
 LEASE_TTL = 1.5
-RESUME_WAIT = LEASE_TTL + 1.0
+RESUME_WAIT = LEASE_TTL * 4
 """A resume waits this long for the lease a failed run may have left held (it expires after the ttl)."""
 CALLS = 2
 """The model asks for this many payments, one at a time, before it answers."""
