@@ -160,7 +160,9 @@ def trial(backend: Backend, seed: int) -> Outcome:
         _check(out, backend, sid, steers, [t for t, _ in turns])
         if approving:
             out.checks += 1
-            if backend.paid[(sid, TRANSFER)] != 1:
+            # At most once: a transfer whose journal entry ("started") went unanswered is not run again by
+            # the resume, which gives the model its unknown outcome instead (docs/runs/journal.md).
+            if backend.paid[(sid, TRANSFER)] > 1:
                 out.violations.append(f"the approved transfer ran {backend.paid[(sid, TRANSFER)]} times")
         if rng.random() < 0.3:
             _delete(out, faulty, backend.direct, sid)
@@ -260,18 +262,19 @@ def _check(out: Outcome, backend: Backend, sid: str, steers: list[str], question
     if len(seen) != len(set(seen)):
         out.violations.append(f"events written twice: {[k for k in seen if seen.count(k) > 1][:4]}")
     kinds = [e.kind for e in events]
-    # A run ends with one of finished and failed. The log does not mark where a run begins, so: after a
-    # ``finished``, a ``failed`` with no step begun between them is the same run's (the issue's "finished,
-    # model_response, failed"). (The other way round is two runs: a resume that had nothing left to do
-    # finishes with no step after the run that failed.)
+    # A run ends with one of finished and failed. The log does not mark where a run begins, so: a
+    # ``failed`` after a ``finished`` with nothing new between them is the same run's (the issue's
+    # "finished, model_response, failed": the buffer written again). A new event between them (a decision
+    # on an approval, a resumed run's tool call) is the next run's.
     for i, kind in enumerate(kinds):
         if kind != "finished":
             continue
         for j in range(i + 1, len(kinds)):
-            if kinds[j] == "step_started" or kinds[j] == "finished":
+            if kinds[j] == "finished":
                 break
             if kinds[j] == "failed":
-                out.violations.append(f"a run both finished and failed (events {i}, {j})")
+                if all(seen[k] in seen[:i] for k in range(i + 1, j)):
+                    out.violations.append(f"a run both finished and failed (events {i}, {j})")
                 break
 
 
