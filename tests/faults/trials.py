@@ -283,7 +283,17 @@ def _delete(out: Outcome, faulty: agent.LifecycleStore, direct: agent.LifecycleS
         faulty.delete(sid)
     except agent.AgentError as exc:
         out.failed_ops.append(f"delete: {type(exc).__name__}")
-        direct.delete(sid)  # idempotent: safe to repeat as it is
+        # Idempotent: safe to repeat as it is. A run whose release failed (its connection cut) leaves its
+        # lease to expire, and until then a delete is refused with SessionBusy: wait out the ttl.
+        deadline = time.monotonic() + RESUME_WAIT
+        while True:
+            try:
+                direct.delete(sid)
+                break
+            except agent.SessionBusy:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
     out.checks += 1
     if direct.messages(sid) or direct.info(sid) is not None:
         out.violations.append("the session outlived its delete")
@@ -302,7 +312,7 @@ def run(store: str, seeds: list[int], report: Callable[[Outcome], None] | None =
             try:
                 out = trial(backend, seed)
             except Exception as exc:  # noqa: BLE001 - an error the resume could not absorb is a violation
-                out = Outcome(seed, store, violations=[f"{type(exc).__name__}: {exc}"])
+                out = Outcome(seed, store, fired=["(see the replay)"], violations=[f"{type(exc).__name__}: {exc}"])
             totals["trials"] += 1
             totals["faults_fired"] += len(out.fired)
             totals["resumes"] += out.resumes
