@@ -687,22 +687,29 @@ class Leased:
 
 
     def _landed(self, msgs: Sequence[Message], exc: OutcomeUnknown) -> Saved:
-        """A save that went unanswered: read the session back. If it landed (the session holds ``msgs``, and
-        after them the steers it took), the run goes on as if the answer had come: nothing is written twice
-        (its events, its steers). If it did not, or the read fails too, ``exc`` fails the run. (The cancel
-        flag the answer carried is lost; the next check of the flag sees it.)"""
+        """A save that went unanswered: read the session back, then the lease. If it landed (the session
+        holds ``msgs``, and after them the steers it took) and the lease is still this run's, the run goes on
+        as if the answer had come: nothing is written twice (its events, its steers), and the cancel flag is
+        the one the check reads. The lease is read after the transcript: while it is still ours, nobody else
+        wrote the session in between, so what follows ``msgs`` is the steers this save took (a resume on
+        another worker that took the session meanwhile is ``LeaseLost`` here, and a delete makes the read
+        find nothing: not landed). If it did not land, or a read fails too, ``exc`` fails the run."""
         try:
             stored = self.store.messages(self.session)
+            landed = _holds(stored, msgs)
+            cancelled = self.store.check(self.session, self.lease.holder) if landed else False
+        except LeaseLost:
+            raise
         except AgentError as again:
             log.warning("session %r: a save went unanswered (%s), and reading it back failed too (%s)",
                         self.session, exc, again)
             raise exc from None
-        if not _holds(stored, msgs):
+        if not landed:
             raise exc
         steers = [m.text for m in stored[len(msgs):]]
         log.warning("session %r: a save went unanswered (%s); read back, it had landed (%d steer(s) taken): "
                     "the run goes on", self.session, exc, len(steers))
-        return Saved(steers, False)
+        return Saved(steers, cancelled)
 
 
 def _holds(stored: Sequence[Message], msgs: Sequence[Message]) -> bool:
