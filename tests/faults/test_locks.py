@@ -17,7 +17,6 @@ from sqlalchemy import Engine, create_engine, make_url
 import agent_sessions as agent
 from agent_sessions.lease import Lease
 from stores import mysql, postgres
-from tests import servers
 
 from .proxy import FaultProxy, Rule
 
@@ -25,15 +24,8 @@ LOCK_WAIT = 1.0
 IDLE = 3.0
 
 
-@pytest.fixture(scope="module", params=["postgres", "mysql"])
-def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Engine]]:
-    name = request.param
-    base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
-    url = servers.database_url(base, servers.database_name("faultlocks"))
-    direct = create_engine(url)
-    servers.fresh_schema(direct)
-    yield name, url, direct
-    direct.dispose()
+DATABASE = "faultlocks"
+"""This module's database (conftest.py's ``database`` fixture)."""
 
 
 def _store(database: tuple[str, str, Engine], port: int | None = None) -> agent.RunStore:

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy import Engine, make_url
 
 import agent_sessions as agent
 from agent_sessions.lease import Lease
@@ -17,16 +17,8 @@ from tests import servers
 
 from .proxy import FaultProxy, Rule
 
-
-@pytest.fixture(scope="module", params=["postgres", "mysql"])
-def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Engine]]:
-    name = request.param
-    base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
-    url = servers.database_url(base, servers.database_name("faultoutcome"))
-    direct = create_engine(url)
-    servers.fresh_schema(direct)
-    yield name, url, direct
-    direct.dispose()
+DATABASE = "faultoutcome"
+"""This module's database (conftest.py's ``database`` fixture)."""
 
 
 @pytest.fixture

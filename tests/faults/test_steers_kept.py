@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy import Engine, make_url
 
 import agent_sessions as agent
 from tests import servers
@@ -35,15 +35,8 @@ def slow_lookup(key: str) -> str:
     return f"value of {key}"
 
 
-@pytest.fixture(scope="module", params=["postgres", "mysql"])
-def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Engine]]:
-    name = request.param
-    base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
-    url = servers.database_url(base, servers.database_name("faultsteers"))
-    direct = create_engine(url)
-    servers.fresh_schema(direct)
-    yield name, url, direct
-    direct.dispose()
+DATABASE = "faultsteers"
+"""This module's database (conftest.py's ``database`` fixture)."""
 
 
 @pytest.fixture
