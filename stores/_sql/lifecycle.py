@@ -129,11 +129,18 @@ class Lifecycle(SQLBase):
     def delete(self, session: str, *, force: bool = False) -> bool:
         """One transaction: the session row locked first (as every writer of the session does), then its
         messages, steers, tags, events and the row itself deleted. A run holding a lease finds no row at its next
-        write, which is LeaseLost, and a row-less session takes no fenced write."""
+        write, which is LeaseLost, and a row-less session takes no fenced write.
+
+        A session without a row holds nothing but waiting steers (every other write makes or locks the row
+        first), so then only they go. Nothing else is deleted: ``FOR UPDATE`` of a missing row locks nothing
+        on PostgreSQL, and a run that made the row and saved meanwhile (a later statement of this transaction
+        would see its commit) would otherwise lose its row but keep its messages."""
         validate.session_id(session)
 
         def remove(conn: Connection) -> bool:
             row = self.run(conn, sql.LOCK_LEASE, {"sid": session}).first()
+            if row is None:
+                return bool(self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount)
             if row is not None and row[2] is not None and row[6] and not force:
                 held = holder_of(row[:6])
                 raise SessionBusy(
