@@ -257,6 +257,16 @@ class Leased:
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        try:
+            self._before_release(exc)
+        finally:
+            # Whatever the way out: a lease left unreleased keeps its heartbeat renewing it, and the session
+            # stays busy for as long as this process lives (a resume in it waited out four ttls, seed 13).
+            self.lease.__exit__(kind, exc, tb)
+
+    def _before_release(self, exc: object) -> None:
+        """What goes before the release: the cancel watch closed, a failing run's tool results journalled
+        and its events (with ``failed``) written, while the lease is still the run's."""
         if self.watch is not None:
             self.watch.close()  # no tool starts from here on
         if isinstance(exc, BaseException) and self.unwritten and self.lease.lost is None and not isinstance(
@@ -276,7 +286,6 @@ class Leased:
                     # to the log, while the lease is still the run's (its writes are fenced by it).
                     self.held = False
                     self.publisher.failing(exc)
-        self.lease.__exit__(kind, exc, tb)
 
     def store_steers(self, steers: Sequence[str]) -> list[str]:
         return _store_steers(lambda text: self.store.add_steer(self.session, text), self.session, steers)
