@@ -626,9 +626,37 @@ class Leased:
 
     def _put_journal(self, text: str, *, unless_cancelled: bool = False) -> bool:
         since = self._listening()
-        cancelled = self.store.put_journal(self.session, self.lease.holder, text, unless_cancelled=unless_cancelled)
+        try:
+            cancelled = self.store.put_journal(self.session, self.lease.holder, text,
+                                               unless_cancelled=unless_cancelled)
+        except OutcomeUnknown as exc:
+            cancelled = self._journalled(text, exc, unless_cancelled)
         self.since = None if cancelled else since
         return cancelled
+
+    def _journalled(self, text: str, exc: OutcomeUnknown, unless_cancelled: bool) -> bool:
+        """A journal write that went unanswered: read the journal back, then the lease (as ``_landed`` does
+        for a save), and answer as the write would have. Landed: the run goes on, so a call it marked
+        started runs now (once: nobody else can have run it) and the calls it asked approval for are
+        announced (``approval_requested``), where failing would leave a resume to call the one's outcome
+        unknown and never announce the others. Not landed and the run cancelled, for a write that would
+        not land once it was: not written, cancelled. Otherwise, or when a read fails too, ``exc``."""
+        try:
+            landed = self.store.journal(self.session) == text
+            cancelled = self.store.check(self.session, self.lease.holder)
+        except LeaseLost:
+            raise
+        except AgentError as again:
+            log.warning("session %r: a journal write went unanswered (%s), and reading it back failed too (%s)",
+                        self.session, exc, again)
+            raise exc from None
+        if landed:
+            log.warning("session %r: a journal write went unanswered (%s); read back, it had landed: the run "
+                        "goes on", self.session, exc)
+            return cancelled and not unless_cancelled  # it was written, so it was not refused for a cancel
+        if unless_cancelled and cancelled:
+            return True
+        raise exc
 
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
         assert self.journal is not None
