@@ -265,8 +265,8 @@ class LifecycleStore(Store, Protocol):
         ``merge_metadata``, which checks the changes and the merged result."""
 
     def delete(self, session: str, *, force: bool = False) -> bool:
-        """Remove everything kept for the session (transcript, steers, journal, lease, metadata) in one
-        atomic step; ``False`` when there was nothing. While a live run holds the lease this raises
+        """Remove everything kept for the session (transcript, steers and their keys, journal, lease,
+        metadata) in one atomic step; ``False`` when there was nothing. While a live run holds the lease this raises
         ``SessionBusy`` unless ``force``: then the run's next write fails with ``LeaseLost`` (its lease is
         gone with the session), and nothing it writes afterwards brings the session back."""
 
