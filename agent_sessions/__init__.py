@@ -11,6 +11,7 @@ from .contract import (
     RunSession,
     RunStore,
     Session,
+    SteerKeyStore,
     Store,
 )
 from .endpoints import Endpoint
@@ -84,6 +85,7 @@ __all__ = [
     "SessionLocked",
     "SessionPage",
     "Spec",
+    "SteerKeyStore",
     "StopReason",
     "Store",
     "StoreError",

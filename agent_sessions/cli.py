@@ -392,6 +392,8 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
     sub = command("steer", cmd_steer, "leave a steer for the session's next model request, whichever process makes it")
     sub.add_argument("session", metavar="SID")
     sub.add_argument("text", metavar="TEXT")
+    sub.add_argument("--key", metavar="KEY", help="store it once: a steer with this key already left for the "
+                                                 "session is not stored again (safe to run again after a failure)")
 
     sub = command("cancel", cmd_cancel, "cancel the session's turn: its run stops, or the turn waiting for "
                                         "approval is closed (exit 1 when there is neither)")
@@ -519,8 +521,13 @@ def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
 
 
 def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
+    """With ``--key``, running the command again (after it failed with its outcome unknown) stores nothing
+    twice: the line says the steer was left already, and the exit is 0 as for one stored now."""
     session = open_session(args.session, store)
-    session.steer(args.text)
+    if not session.steer(args.text, key=args.key):
+        return Outcome({"id": session.id, "steered": False},
+                       [f"a steer with key {safe(args.key)} was left for session {safe(session.id)} already; "
+                        "not stored again"])
     later = "" if _exists(session) is not False else " (it does not exist yet: the steer waits for its first run)"
     return Outcome({"id": session.id, "steered": True}, [f"steer left for session {safe(session.id)}{later}"])
 

@@ -14,6 +14,8 @@ Every other protocol is an optional capability a store may add, each a sub-proto
   (docs/runs/events.md).
 - ``CancelWatcher``: a RunStore that pushes a cancel to the process holding the lease, so a run checks
   before an idempotent tool without a round trip (docs/runs/leases.md).
+- ``SteerKeyStore``: steers left under a caller's key, each key stored once per session, so a steer whose
+  answer was lost can be sent again as it is (docs/sessions.md).
 
 Each method is one atomic step; the logic around them (when to take a lease, what a journal means, the
 checks every store makes on its arguments) lives in the library, once, in the module of its capability
@@ -52,6 +54,7 @@ __all__ = [
     "Session",
     "SessionInfo",
     "SessionPage",
+    "SteerKeyStore",
     "Store",
     "StoredEvent",
     "is_run_session",
@@ -74,6 +77,23 @@ class Store(Protocol):
 
     def take_steers(self, session: str) -> list[str]:
         """Remove and return the waiting steers, oldest first; each is handed over exactly once."""
+
+
+# -- steers sent again: a key per steer --------------------------------------------------------------------------
+
+
+@runtime_checkable
+class SteerKeyStore(Store, Protocol):
+    """A store that remembers the keys of the steers it took, per session, for as long as the session exists
+    (``delete`` and ``prune`` forget them with it; a steer delivered keeps its key). A sender whose
+    ``add_steer`` failed without an answer (``OutcomeUnknown``: the steer may be stored) sends it again with
+    the same key, and it is stored once: what ``Runner.turn``'s key is to a turn's message."""
+
+    def add_steer_once(self, session: str, text: str, key: str) -> bool:
+        """``add_steer``, unless a steer with ``key`` was already accepted for ``session``: the check and the
+        insert are one atomic step, so of any number of concurrent calls with one key exactly one stores
+        its steer. ``True``: stored now; ``False``: the key was there, and nothing was written (whatever
+        the text: a key names one steer). Use ``validate.steer_key`` for the key."""
 
 
 # -- runs: leases, fenced writes, the journal, cancel, fork ----------------------------------------------------
@@ -196,7 +216,7 @@ class Session(Protocol):
 
     def messages(self) -> list[Message]: ...
 
-    def steer(self, text: str) -> None: ...
+    def steer(self, text: str) -> object: ...
 
     def take_steers(self) -> list[str]: ...
 
@@ -245,8 +265,8 @@ class LifecycleStore(Store, Protocol):
         ``merge_metadata``, which checks the changes and the merged result."""
 
     def delete(self, session: str, *, force: bool = False) -> bool:
-        """Remove everything kept for the session (transcript, steers, journal, lease, metadata) in one
-        atomic step; ``False`` when there was nothing. While a live run holds the lease this raises
+        """Remove everything kept for the session (transcript, steers and their keys, journal, lease,
+        metadata) in one atomic step; ``False`` when there was nothing. While a live run holds the lease this raises
         ``SessionBusy`` unless ``force``: then the run's next write fails with ``LeaseLost`` (its lease is
         gone with the session), and nothing it writes afterwards brings the session back."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 
 from . import approvals, eventlog, lifecycle, validate
-from .contract import ApprovalStore, EventStore, LifecycleStore, RunStore, Store
+from .contract import ApprovalStore, EventStore, LifecycleStore, RunStore, SteerKeyStore, Store
 from .errors import ArgumentError, Unsupported
 from .messages import Message
 from .values import Decision, Holder, PendingApproval, Scalar, SessionInfo, StoredEvent
@@ -38,8 +38,23 @@ class StoreSession:
             return self.store.tail(self.id, last)
         return self.store.messages(self.id)[-last:] if last else []
 
-    def steer(self, text: str) -> None:
-        self.store.add_steer(self.id, validate.steer_text(text))
+    def steer(self, text: str, key: str | None = None) -> bool:
+        """Leave ``text`` for the session's next model request, whichever process makes it; ``True`` when it
+        was stored. With ``key`` (a ``SteerKeyStore``), the steer is stored only if no steer with that key
+        was accepted for the session before, and ``False`` says one was: send a steer that failed with
+        ``OutcomeUnknown`` again with the same key, and it is delivered once (as ``Runner.turn``'s key makes
+        a turn's message). Without a key, sending again stores it again."""
+        validate.steer_text(text)
+        if key is None:
+            self.store.add_steer(self.id, text)
+            return True
+        validate.steer_key(key, "Session.steer(key=)")
+        if not isinstance(self.store, SteerKeyStore):
+            raise Unsupported(
+                f"Session.steer(key=) needs a store implementing agent_sessions.SteerKeyStore; {self.store!r} does "
+                "not (steer without a key, or use a store that keeps steer keys)"
+            )
+        return self.store.add_steer_once(self.id, text, key)
 
     def take_steers(self) -> list[str]:
         return self.store.take_steers(self.id)

@@ -50,6 +50,26 @@ def steer_text(value: object, where: str = "steer") -> str:
     return value
 
 
+MAX_STEER_KEY_LENGTH = 255
+"""As a message's key (``messages.MAX_KEY_LENGTH``): a SQL store keeps it in a 255-character key column."""
+
+
+def steer_key(value: object, where: str = "steer key") -> str:
+    """A steer's idempotency key (``SteerKeyStore``): a non-empty str of at most 255 printable characters,
+    an id the caller made (a request id, a UUID), never text: a key with a newline or a control character
+    in it is most likely a mistake (a line read with its end), refused before it names a steer."""
+    if not isinstance(value, str):
+        raise ArgumentError(f"{where} must be a str, got {type(value).__name__}")
+    if not value:
+        raise ArgumentError(f"{where} must not be empty")
+    if len(value) > MAX_STEER_KEY_LENGTH:
+        raise ArgumentError(f"{where} is {len(value)} characters long; at most {MAX_STEER_KEY_LENGTH} are allowed")
+    if not value.isprintable() or not _encodable(value):
+        raise ArgumentError(f"{where} {value!r} contains a control character or a lone surrogate; a key must be "
+                            "printable")
+    return value
+
+
 def messages(value: object, where: str = "messages", trusted: Sequence[Message] = ()) -> tuple[Message, ...]:
     """``trusted`` is a transcript already checked (what a store last saved): when ``value`` starts with
     it, only the rest is checked, so an appending save does not re-check the whole transcript."""

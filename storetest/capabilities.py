@@ -27,6 +27,8 @@ class Capability(StrEnum):
     runs with ``Spec(publish_events=True)`` followed from another thread."""
     LIFECYCLE = "lifecycle"
     """It implements ``agent_sessions.LifecycleStore``: list, info, metadata, delete, prune, tail."""
+    STEER_KEYS = "steer_keys"
+    """It implements ``agent_sessions.SteerKeyStore``: a steer sent with a key is stored once per session."""
 
     @classmethod
     def all(cls) -> frozenset[Capability]:

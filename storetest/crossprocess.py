@@ -95,6 +95,43 @@ def exactly_once_across_processes(
     return seconds
 
 
+def _keyed_sender(factory: Callable[[], Any], sid: str, key: str, i: int, barrier: Any, out: Any) -> None:
+    try:
+        store = factory()
+        barrier.wait(300)
+        out.put(("sent", i, [str(store.add_steer_once(sid, f"from process {i}", key))]))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("error", i, [traceback.format_exc()]))
+        barrier.abort()
+
+
+def keyed_steer_across_processes(
+    factory: Callable[[], Any], sid: str, key: str, *, processes: int, timeout: float = 180
+) -> list[bool]:
+    """``processes`` spawned processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
+    at once; what each was answered."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_keyed_sender, args=(factory, sid, key, i, barrier, out)) for i in range(processes)]
+    for p in procs:
+        p.start()
+    answers: list[bool] = []
+    try:
+        for _ in range(processes):
+            kind, _i, detail = out.get(timeout=timeout)
+            assert kind == "sent", detail[0]
+            answers.append(detail[0] == "True")
+    except queue.Empty:
+        raise AssertionError(f"processes did not report within {timeout} s{_failures(out, procs)}") from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return answers
+
+
 def _failures(out: Any, procs: list[Any]) -> str:
     """Why processes never reached the barrier: the errors they reported and how the others ended."""
     errors: list[str] = []

@@ -149,6 +149,17 @@ def test_steer_leaves_a_steer_the_next_run_takes(backend: Backend) -> None:
     assert backend.store.take_steers("chat-1") == ["answer in French", "and briefly"]
 
 
+def test_a_steer_with_a_key_is_left_once_however_often_the_command_runs(backend: Backend) -> None:
+    ran = run_cli("steer", "chat-1", "answer in French", "--key", "req-1", store=backend.url)
+    assert ran.code == 0 and "steer left" in ran.out, ran
+    again = run_cli("steer", "chat-1", "answer in French", "--key", "req-1", store=backend.url)
+    assert again.code == 0 and "already; not stored again" in again.out, again
+    assert run_cli("steer", "chat-1", "answer in French", "--key", "req-1", "--json", store=backend.url).doc == {
+        "id": "chat-1", "steered": False}
+    assert backend.store.take_steers("chat-1") == ["answer in French"]
+    one_line_error(run_cli("steer", "chat-1", "x", "--key", "", store=backend.url), 2, "must not be empty")
+
+
 def test_holder_and_cancel_see_the_run_of_another_process(backend: Backend) -> None:
     saved(backend.store, "chat-1")
     ran = run_cli("holder", "chat-1", "--json", store=backend.url)

@@ -1,9 +1,9 @@
 """A database of an older schema, with data in it, upgrades with the exported statements, keeps every
 byte, and then works: a crashed run's journal is replayed, a held lease is still held, waiting steers are
 delivered, and the sessions already there are listed, described, and log their runs' events. Schema 1 is
-agent-sessions 0.1's (leases in agent_runs, journals in agent_journals), which upgrades through 2 to 3;
-schema 2 has both on the session's row, and 3 adds created, updated, metadata, the tags table and the
-event log.
+agent-sessions 0.1's (leases in agent_runs, journals in agent_journals), which upgrades through 2 and 3 to
+4; schema 2 has both on the session's row, 3 adds created, updated, metadata, the tags table and the
+event log, and 4 the steer keys table (a steer sent again with its key is stored once).
 
 The data is written as the old version wrote it (its rows and documents, inserted directly); the old DDL
 is kept in tests/upgrade/ as that version exported it.
@@ -111,6 +111,10 @@ def _check(store: agent.RunStore) -> None:
     assert store.messages("talk") == TALK
     assert store.messages("talk")[1].tool_calls[0].arguments == ODD_JSON  # byte for byte
     assert store.take_steers("talk") == ["first ✓", "second"]
+    assert isinstance(store, agent.SteerKeyStore)  # schema 4: a keyed steer is stored once
+    assert store.add_steer_once("talk", "third", "req-3") is True
+    assert store.add_steer_once("talk", "third", "req-3") is False
+    assert store.take_steers("talk") == ["third"]
     held = store.holder("held")
     assert held is not None and (held.host, held.pid, held.token, held.epoch) == ("web-3", 4121, "f" * 32, 1)
     assert store.messages("held") == []
@@ -157,7 +161,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str]
         made = create_engine(servers.database_url(base, database))
         with made.begin() as conn:
             for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
-                          "agent_session_tags", "agent_events"):
+                          "agent_session_tags", "agent_events", "agent_steer_keys"):
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
         engines.append(made)
         return made
@@ -177,7 +181,7 @@ def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
         for statement in _statements(OLD / f"schema1.{name}.sql"):
             conn.exec_driver_sql(statement)
     _insert(old, _rows())
-    for version in (2, 3):
+    for version in (2, 3, 4):
         with old.begin() as conn:  # PostgreSQL: one transaction; MySQL commits each DDL statement as it goes
             for statement in module.MIGRATIONS[version]:
                 conn.exec_driver_sql(statement)
@@ -190,19 +194,23 @@ def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
     _check_events(module.Store(old), old)
 
 
-def test_a_server_database_of_schema_2_upgrades_to_3_with_the_exported_statements(
-    server: tuple[str, Callable[[str], Engine]],
+@pytest.mark.parametrize("schema", [2, 3])
+def test_a_server_database_of_schema_2_or_3_upgrades_to_4_with_the_exported_statements(
+    server: tuple[str, Callable[[str], Engine]], schema: int
 ) -> None:
+    """Schema 3's tables take schema 2's rows as they are (created and updated from their defaults)."""
     name, engine = server
     old, new = engine(servers.database_name("upgrade")), engine(servers.database_name("fresh"))
     module = postgres if name == "postgres" else mysql
     with old.begin() as conn:
-        for statement in _statements(OLD / f"schema2.{name}.sql"):
+        for statement in _statements(OLD / f"schema{schema}.{name}.sql"):
             conn.exec_driver_sql(statement)
     _insert(old, _rows2())
-    with old.begin() as conn:
-        for statement in module.MIGRATIONS[3]:
-            conn.exec_driver_sql(statement)
+    assert "agent_steer_keys" not in inspect(old).get_table_names()
+    for version in range(schema + 1, 5):
+        with old.begin() as conn:
+            for statement in module.MIGRATIONS[version]:
+                conn.exec_driver_sql(statement)
     with new.begin() as conn:
         for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
             conn.exec_driver_sql(statement)
@@ -233,18 +241,19 @@ def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> No
     fresh.close()
 
 
-def test_a_sqlite_file_of_schema_2_is_upgraded_to_3_when_opened(tmp_path: Path) -> None:
-    path = tmp_path / "two.db"
+@pytest.mark.parametrize("schema", [2, 3])
+def test_a_sqlite_file_of_schema_2_or_3_is_upgraded_to_4_when_opened(tmp_path: Path, schema: int) -> None:
+    path = tmp_path / "old.db"
     old = create_engine(f"sqlite:///{path}")
     with old.begin() as conn:
-        for statement in _statements(OLD / "schema2.sqlite.sql"):
+        for statement in _statements(OLD / f"schema{schema}.sqlite.sql"):
             conn.exec_driver_sql(statement)
-        conn.exec_driver_sql("PRAGMA user_version = 2")  # as schema 2's open left it
+        conn.exec_driver_sql(f"PRAGMA user_version = {schema}")  # as that schema's open left it
     _insert(old, _rows2())
     old.dispose()
     store, fresh = sqlite.open(path), sqlite.open(tmp_path / "new.db")
     with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("PRAGMA user_version").scalar() == 3
+        assert conn.exec_driver_sql("PRAGMA user_version").scalar() == 4
     assert _columns(store.engine) == _columns(fresh.engine)
     _check(store)
     _check_lifecycle(store)

@@ -796,7 +796,7 @@ def keeping(spec: Spec, *, continuing: bool = False) -> Keeping:
     return Kept(session)
 
 
-def _store_steers(add: Callable[[str], None], session: str, steers: Sequence[str]) -> list[str]:
+def _store_steers(add: Callable[[str], object], session: str, steers: Sequence[str]) -> list[str]:
     """Add each of ``steers``, in order, until one fails; return the rest (that one included)."""
     for i, text in enumerate(steers):
         try:

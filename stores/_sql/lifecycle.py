@@ -128,19 +128,20 @@ class Lifecycle(SQLBase):
 
     def delete(self, session: str, *, force: bool = False) -> bool:
         """One transaction: the session row locked first (as every writer of the session does), then its
-        messages, steers, tags, events and the row itself deleted. A run holding a lease finds no row at its next
-        write, which is LeaseLost, and a row-less session takes no fenced write.
+        messages, steers, steer keys, tags, events and the row itself deleted. A run holding a lease finds no
+        row at its next write, which is LeaseLost, and a row-less session takes no fenced write.
 
-        A session without a row holds nothing but waiting steers (every other write makes or locks the row
-        first), so then only they go. Nothing else is deleted: ``FOR UPDATE`` of a missing row locks nothing
-        on PostgreSQL, and a run that made the row and saved meanwhile (a later statement of this transaction
-        would see its commit) would otherwise lose its row but keep its messages."""
+        A session without a row holds nothing but waiting steers and their keys (every other write makes or
+        locks the row first), so then only they go. Nothing else is deleted: ``FOR UPDATE`` of a missing row
+        locks nothing on PostgreSQL, and a run that made the row and saved meanwhile (a later statement of
+        this transaction would see its commit) would otherwise lose its row but keep its messages."""
         validate.session_id(session)
 
         def remove(conn: Connection) -> bool:
             row = self.run(conn, sql.LOCK_LEASE, {"sid": session}).first()
             if row is None:
-                return bool(self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount)
+                steered = self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount
+                return bool(self.run(conn, sql.DELETE_STEER_KEYS, {"sid": session}).rowcount or steered)
             if row is not None and row[2] is not None and row[6] and not force:
                 held = holder_of(row[:6])
                 raise SessionBusy(
@@ -150,6 +151,7 @@ class Lifecycle(SQLBase):
                 )
             self.run(conn, sql.CLEAR, {"sid": session})
             steered = self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount
+            self.run(conn, sql.DELETE_STEER_KEYS, {"sid": session})
             self.run(conn, sql.CLEAR_TAGS, {"sid": session})
             self.run(conn, sql.DELETE_EVENTS, {"sid": session})
             gone = self.run(conn, sql.DELETE_SESSION, {"sid": session}).rowcount

@@ -38,7 +38,7 @@ from sqlalchemy.sql.selectable import Select
 from agent_sessions import Holder, Message
 
 from .clock import db_micros, db_now
-from .tables import LongText, SessionId, events, messages, sessions, steers, tags
+from .tables import LongText, SessionId, events, messages, sessions, steer_keys, steers, tags
 
 S, M = sessions.c, messages.c
 SID: BindParameter[str] = bindparam("sid", type_=SessionId)
@@ -191,6 +191,9 @@ def fence_params(session: str, holder: Holder) -> dict[str, Any]:
 
 
 ADD_STEER = insert(steers)
+STEER_KEY: BindParameter[str] = bindparam("key", type_=SessionId)
+"""A steer's key (``add_steer_once``): each dialect inserts it with ``SID`` unless it is there (its
+``add_steer_key``)."""
 ANY_STEER = select(steers.c.id).where(steers.c.session_id == SID).limit(1)
 TAKE_STEERS = delete(steers).where(steers.c.session_id == SID).returning(steers.c.id, steers.c.text)
 LOCK_STEERS = (
@@ -218,6 +221,7 @@ LOCK_LEASE = (
 """The lease as ``delete`` judges it, the row locked: the columns of ``CURRENT``, and whether it is live."""
 DELETE_SESSION = delete(sessions).where(S.session_id == SID)
 DELETE_STEERS = delete(steers).where(steers.c.session_id == SID)
+DELETE_STEER_KEYS = delete(steer_keys).where(steer_keys.c.session_id == SID)
 TAIL = (
     select(M.body, S.created)
     .select_from(messages.join(sessions, S.session_id == M.session_id))
@@ -239,7 +243,8 @@ IDLE_BATCH = select(S.session_id).where(IDLE).order_by(S.updated).limit(bindpara
 """The oldest idle sessions, read without locks: the candidates of one prune batch."""
 LOCK_IDLE = select(S.session_id).where(and_(S.session_id.in_(IDS), IDLE)).with_for_update()
 """The candidates still idle, their rows locked: a save or a lease that came meanwhile keeps its session."""
-PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS)) for t in (messages, steers, tags, events, sessions))
+PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS))
+              for t in (messages, steers, steer_keys, tags, events, sessions))
 
 
 # -- the event log (agent_sessions.EventStore) -------------------------------------------------------------

@@ -51,7 +51,7 @@ from .tables import messages, sessions
 
 class SQLStore(Lifecycle, EventLog, Approvals, Lease):
     """Subclasses say what differs: the upsert, how steers are taken, which errors mean what. What a dialect
-    overrides: here ``lock_new`` or ``lock_session``, ``share_lock``, ``append``, ``take`` and
+    overrides: here ``add_steer_key``, ``lock_new`` or ``lock_session``, ``share_lock``, ``append``, ``take`` and
     ``message_limit``; ``claim`` and ``notify`` (events.py); ``starts_with`` (lifecycle.py);
     ``insert_session``, ``run``, ``is_transient``, ``after_fork`` and ``_connection`` (base.py)."""
 
@@ -225,6 +225,25 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
 
         self._transaction("add_steer", session, add)
 
+    def add_steer_once(self, session: str, text: str, key: str) -> bool:
+        """One transaction: the key inserted unless it is there (the dialect's ``add_steer_key``), and the
+        steer only when it was not. A concurrent sender of the same key waits on the first one's key row
+        and then finds it; one that committed already is found at once."""
+        validate.session_id(session)
+        validate.steer_text(text)
+        validate.steer_key(key)
+        validate.deliverable_steer(text, self.message_limit(), f"{self.backend} store")
+        assert self.add_steer_key is not None, f"{type(self).__name__} sets add_steer_key"
+        statement = self.add_steer_key
+
+        def add(conn: Connection) -> bool:
+            if self.run(conn, statement, {"sid": session, "key": key}).rowcount != 1:
+                return False
+            self.run(conn, sql.ADD_STEER, {"session_id": session, "text": text})
+            return True
+
+        return self._transaction("add_steer", session, add)
+
     def take_steers(self, session: str) -> list[str]:
         """Usually nothing waits: a read, which takes no write lock, settles that before a write does."""
         validate.session_id(session)
@@ -317,6 +336,10 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
                         f"cannot fork {source!r} into {target!r}: {target!r} was just created") from exc
 
     # -- what dialects override ----------------------------------------------------------------------
+
+    add_steer_key: ClassVar[Executable | None] = None
+    """The dialect's insert of a steer's key (``sql.SID``, ``sql.STEER_KEY``) that does nothing when it is
+    there already (``ON CONFLICT DO NOTHING``, ``INSERT IGNORE``): its row count says which."""
 
     lock_new: ClassVar[Executable | None] = None
     """The dialect's ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` of ``lock_session``."""

@@ -1,4 +1,4 @@
-"""The four tables every SQL store uses, defined once.
+"""The tables every SQL store uses, defined once.
 
 Message bodies and steer texts are TEXT (LONGTEXT on MySQL), never jsonb or JSON: those types rewrite
 what they are given (reorder keys, drop duplicates, respace), and a model's tool arguments must come back
@@ -110,6 +110,19 @@ steers = Table(
     **_MYSQL,
 )
 
+steer_keys = Table(
+    "agent_steer_keys",
+    metadata,
+    # The key of each steer a caller sent with one (add_steer_once), per session: a steer sent again after
+    # its answer was lost finds its key here and is not stored twice. Inserted in the steer's transaction,
+    # ignoring a duplicate (the key's check and its steer are one step); kept after the steer is delivered,
+    # for as long as the session exists (delete and prune remove them with it). Bytes on MySQL, as the
+    # session id is, so keys compare exactly.
+    Column("session_id", SessionId, primary_key=True),
+    Column("steer_key", SessionId, primary_key=True),
+    **_MYSQL,
+)
+
 tags = Table(
     "agent_session_tags",
     metadata,
@@ -135,12 +148,13 @@ events = Table(
     **_MYSQL,
 )
 
-TABLES = (sessions, messages, steers, tags, events)
+TABLES = (sessions, messages, steers, tags, events, steer_keys)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """1: leases in agent_runs and journals in agent_journals (0.1); 2: both on the agent_sessions row, so
 one row lock fences every write of a run; 3: created, updated and metadata on that row, the tags table,
-the indexes listing and pruning use, and the event log (event_seq on that row, the events table)."""
+the indexes listing and pruning use, and the event log (event_seq on that row, the events table); 4: the
+steer keys table (a steer sent again with its key is stored once)."""
 
 
 def ddl(dialect: Dialect, tables: tuple[Table, ...] = TABLES) -> list[str]:

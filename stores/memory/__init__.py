@@ -42,6 +42,8 @@ class _Run:
     epoch: int = 0
     journal: str | None = None
     steers: deque[str] = field(default_factory=deque)
+    steer_keys: set[str] = field(default_factory=set)
+    """The keys of the steers accepted with one (``add_steer_once``); they go with the session."""
     created: float | None = None
     updated: float = 0.0
     metadata: dict[str, Scalar] = field(default_factory=dict)
@@ -87,6 +89,18 @@ class Store:
         validate.session_id(session)
         with self._lock:
             return self._take(session)
+
+    def add_steer_once(self, session: str, text: str, key: str) -> bool:
+        validate.session_id(session)
+        validate.steer_text(text)
+        validate.steer_key(key)
+        with self._lock:
+            run = self._run(session)
+            if key in run.steer_keys:
+                return False
+            run.steer_keys.add(key)
+            run.steers.append(text)
+            return True
 
     # -- RunStore --------------------------------------------------------------------------------------
 
@@ -273,7 +287,7 @@ class Store:
                     run.holder,
                 )
             existed = self._transcripts.pop(session, None) is not None
-            existed |= run is not None and (run.created is not None or bool(run.steers))
+            existed |= run is not None and (run.created is not None or bool(run.steers) or bool(run.steer_keys))
             self._runs.pop(session, None)
             return existed
 

@@ -43,6 +43,10 @@ from .lifecycle import Lifecycle
 from .pages import Pages
 
 _NO_STEER = {"steers.0": {"$exists": False}}
+_NO_KEYS = {"steer_keys": 0}
+_NOT_STEERS = {"steers": 0, "steer_keys": 0, **NOT_THE_LOG}
+"""A projection for the reads of the transcript: the steers waiting, the keys of the steers sent with one
+(as many as were ever sent: they are kept as long as the session) and the log's texts left out."""
 
 
 class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
@@ -62,7 +66,7 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         validate.session_id(session)
         with self._failing("messages", session):
             for _ in range(RETRIES):
-                doc = self._sessions.find_one({"_id": session}, {"steers": 0, **NOT_THE_LOG})
+                doc = self._sessions.find_one({"_id": session}, _NOT_STEERS)
                 if doc is None or "version" not in doc:  # never saved (a document may hold only steers)
                     return []
                 bodies = self._bodies(doc)
@@ -88,6 +92,28 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
             self._sessions.update_one(
                 {"_id": session}, {"$push": {"steers": {"id": uuid.uuid4().hex, "text": text}}}, upsert=True
             )
+
+    def add_steer_once(self, session: str, text: str, key: str) -> bool:
+        """``add_steer``'s ``$push``, of the key onto the document's ``steer_keys`` too, filtered on the key
+        not being there: the check and the write are one update of one document. When the key is there the
+        filter matches nothing and the upsert's insert collides with the document's ``_id``
+        (``DuplicateKeyError``); so does one racing another sender's upsert of a new document, which a read
+        of the key tells apart: then the update is made again."""
+        validate.session_id(session)
+        validate.steer_text(text)
+        validate.steer_key(key)
+        validate.deliverable_steer(text, MAX_MESSAGE_BYTES, "MongoDB store")
+        steer = {"id": uuid.uuid4().hex, "text": text}
+        with self._failing("add_steer", session):
+            for _ in range(RETRIES):
+                try:
+                    self._sessions.update_one({"_id": session, "steer_keys": {"$ne": key}},
+                                              {"$push": {"steers": steer, "steer_keys": key}}, upsert=True)
+                    return True
+                except DuplicateKeyError:
+                    if self._sessions.find_one({"_id": session, "steer_keys": key}, {"_id": 1}) is not None:
+                        return False
+        raise StoreError(f"MongoDB store: add_steer of session {session!r} kept racing with deletes")
 
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)
@@ -129,7 +155,7 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
                 if self._append(session, known, items, guard, claim=claim):
                     return Saved([], False)
             for _ in range(RETRIES):
-                doc = self._sessions.find_one({"_id": session}, None if events else NOT_THE_LOG)
+                doc = self._sessions.find_one({"_id": session}, _NO_KEYS if events else {**NOT_THE_LOG, **_NO_KEYS})
                 if doc is None or doc.get("token") != holder.token or doc.get("epoch") != holder.epoch:
                     raise lost(session, holder, doc)
                 if events:
@@ -183,7 +209,7 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         with self._failing("fork", source):
             bodies = None
             for _ in range(RETRIES):
-                doc = self._sessions.find_one({"_id": source}, {"steers": 0, **NOT_THE_LOG})
+                doc = self._sessions.find_one({"_id": source}, _NOT_STEERS)
                 if doc is None or "version" not in doc:
                     raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
                 bodies = self._bodies(doc)

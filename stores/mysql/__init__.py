@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover
 from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.clock import db_now
-from .._sql.tables import events, sessions, steers, tags
+from .._sql.tables import events, sessions, steer_keys, steers, tags
 
 _DIALECT = mysql.dialect()
 SCHEMA: list[str] = ddl(_DIALECT)
@@ -60,12 +60,17 @@ MIGRATIONS: dict[int, list[str]] = {
         "ADD INDEX agent_sessions_by_updated (updated, session_id)",
         *ddl(_DIALECT, (tags, events)),
     ],
+    4: [
+        # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table, nothing rewritten.
+        *ddl(_DIALECT, (steer_keys,)),
+    ],
 }
-"""Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[3]``, in
-order, on a database of schema 2 (before the session lifecycle: agent_sessions has no column ``updated``); on one
-created by agent-sessions 0.1 (schema 1: it has the table agent_runs), ``MIGRATIONS[2]`` and then
-``MIGRATIONS[3]``. MySQL commits DDL as it goes: run it with no run in flight, and if a statement fails,
-fix the cause and run the rest."""
+"""Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[4]``, in
+order, on a database of schema 3 (it has no table agent_steer_keys); ``MIGRATIONS[3]`` and then ``[4]`` on one
+of schema 2 (before the session lifecycle: agent_sessions has no column ``updated``); on one created by
+agent-sessions 0.1 (schema 1: it has the table agent_runs), ``MIGRATIONS[2]``, ``[3]`` and ``[4]``. MySQL
+commits DDL as it goes: run it with no run in flight (``[4]`` only creates a table: runs may go on), and if a
+statement fails, fix the cause and run the rest."""
 
 # 1213 deadlock: InnoDB has rolled the transaction back, so run it again. (1205, a lock wait that passed
 # ``lock_wait``, is a session another worker holds inside a transaction: ``SessionLocked``, not retried.)
@@ -99,6 +104,10 @@ class Store(SQLStore):
         row = self.run(conn, sql.LOCK, {"sid": session}).first()
         assert row is not None  # made just before, and locked
         return row
+
+    # INSERT IGNORE, not ON DUPLICATE KEY UPDATE: PyMySQL counts found rows, so an update that changes
+    # nothing would count 1 as an insert does; an ignored row counts 0.
+    add_steer_key = mysql.insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).prefix_with("IGNORE")
 
     def insert_session(self, session: str) -> Any:
         return mysql.insert(sessions).values(session_id=session).prefix_with("IGNORE")

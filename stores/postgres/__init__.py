@@ -29,7 +29,7 @@ from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
 from .._sql.clock import db_micros, db_now
-from .._sql.tables import events, sessions, tags
+from .._sql.tables import events, sessions, steer_keys, tags
 from .listener import CANCEL_CHANNEL, CHANNEL, NOT_LISTENING, Listener, NotListening, Watch
 
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -68,12 +68,17 @@ MIGRATIONS: dict[int, list[str]] = {
         *ddl(_DIALECT, (tags, events)),
         *(str(CreateIndex(index, if_not_exists=True).compile(dialect=_DIALECT)) for index in sessions.indexes),
     ],
+    4: [
+        # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table, nothing rewritten.
+        *ddl(_DIALECT, (steer_keys,)),
+    ],
 }
 """Upgrades, by the schema version each brings a database to, each run in order and in one transaction:
-``MIGRATIONS[3]`` on a database of schema 2 (before the session lifecycle: agent_sessions has no column
+``MIGRATIONS[4]`` on a database of schema 3 (it has no table agent_steer_keys); ``MIGRATIONS[3]`` and then
+``MIGRATIONS[4]`` on one of schema 2 (before the session lifecycle: agent_sessions has no column
 ``updated``); on one created by agent-sessions 0.1 (schema 1: it has the table agent_runs),
-``MIGRATIONS[2]`` and then ``MIGRATIONS[3]``. Each takes an ACCESS EXCLUSIVE lock on agent_sessions
-while it rewrites it."""
+``MIGRATIONS[2]``, ``[3]`` and ``[4]``. ``MIGRATIONS[2]`` and ``[3]`` take an ACCESS EXCLUSIVE lock on
+agent_sessions while they rewrite it; ``MIGRATIONS[4]`` only creates a table, beside runs in flight."""
 
 MAX_RIDING = 16
 """Events a save's one statement carries (``save_fenced_events``); a step with more appends them in a
@@ -211,6 +216,10 @@ class Store(SQLStore):
         postgresql.insert(sessions).values(session_id=sql.SID)
         .on_conflict_do_update(index_elements=[sessions.c.session_id], set_={"updated": sql.NOW})
         .returning(*sql.LOCK.selected_columns)
+    )
+
+    add_steer_key = (
+        postgresql.insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).on_conflict_do_nothing()
     )
 
     def insert_session(self, session: str) -> Any:

@@ -31,7 +31,7 @@ from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.driver import instrumented
-from .._sql.tables import SCHEMA_VERSION, sessions
+from .._sql.tables import SCHEMA_VERSION, ddl, sessions, steer_keys
 
 BUSY_TIMEOUT_MS = 30_000
 _ADD_MESSAGES = "INSERT INTO agent_messages (session_id, seq, body) VALUES (?, ?, ?)"
@@ -78,6 +78,10 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE agent_sessions_new RENAME TO agent_sessions",
         *(str(CreateIndex(index).compile(dialect=sqlite_dialect())).strip() for index in sessions.indexes),
     ],
+    4: [
+        # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table.
+        *ddl(sqlite_dialect(), (steer_keys,)),
+    ],
 }
 """What ``open`` runs, in one transaction, on a file of an older schema (the file's ``PRAGMA user_version``
 says which; a file of agent-sessions 0.1 has 0 and the table agent_sessions)."""
@@ -93,6 +97,10 @@ class Store(SQLStore):
         sqlite_insert(sessions).values(session_id=sql.SID)
         .on_conflict_do_update(index_elements=[sessions.c.session_id], set_={"updated": sql.NOW})
         .returning(*sql.LOCK.selected_columns)
+    )
+
+    add_steer_key = (
+        sqlite_insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).on_conflict_do_nothing()
     )
 
     def insert_session(self, session: str) -> Any:

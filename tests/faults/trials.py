@@ -2,8 +2,9 @@
 steer after it, the next turn, sometimes a delete) reach PostgreSQL or MariaDB through the fault proxy,
 which fires one or two faults of random kinds at random statements. Each operation that fails is then
 resumed or retried the way docs/reliability.md prescribes (a turn by ``Runner.turn`` with its key, on a
-worker that reaches the database directly; a steer retried unless it may have happened, which is read
-back first), and the invariants are checked:
+worker that reaches the database directly; a steer with a key, in the trials of even seeds, sent again as
+it was whatever the failure, and one without retried unless it may have happened, which is read back
+first), and the invariants are checked:
 
 - each steer, each user message, lands exactly once; the transcript is valid (no call without its result);
 - a non-idempotent tool ran at most once per call;
@@ -146,16 +147,17 @@ def trial(backend: Backend, seed: int) -> Outcome:
     backend.model._script.clear()
     backend.model.push(*[_policy(sid)] * 200)
     steers = [f"steer {i} of {seed}" for i in range(2)]
+    keys = [f"steer-{seed}-{i}" if seed % 2 == 0 else None for i in range(2)]  # no draw: seeds replay as before
     approving = rng.random() < 0.4  # the first turn asks for a transfer, which waits for approval
     turns = [(f"question {i} of {seed}" + (" (transfer)" if approving and i == 0 else ""), f"key-{seed}-{i}")
              for i in range(2)]
     try:
-        _steer(out, faulty, backend.direct, sid, steers[0])
+        _steer(out, faulty, backend.direct, sid, steers[0], keys[0])
         _turn(out, backend, faulty, sid, *turns[0], endpoint, waits=approving)
         if approving:
             _approve(out, backend, faulty, sid)
             _turn(out, backend, faulty, sid, *turns[0], endpoint)  # the approved call runs, the turn answers
-        _steer(out, faulty, backend.direct, sid, steers[1])
+        _steer(out, faulty, backend.direct, sid, steers[1], keys[1])
         _turn(out, backend, faulty, sid, *turns[1], endpoint)  # takes steer 1 before its first request
         _check(out, backend, sid, steers, [t for t, _ in turns])
         if approving:
@@ -175,17 +177,22 @@ def trial(backend: Backend, seed: int) -> Outcome:
     return out
 
 
-def _steer(out: Outcome, faulty: agent.Store, direct: agent.LifecycleStore, sid: str, text_: str) -> None:
+def _steer(out: Outcome, faulty: agent.Store, direct: agent.LifecycleStore, sid: str, text_: str,
+           key: str | None) -> None:
+    """The steer, then (when it failed) its retry on a worker that reaches the database directly, as
+    docs/reliability.md says: a keyed one sent again as it was (``False``: it had landed)."""
     try:
-        faulty.add_steer(sid, text_)
+        agent.open(sid, faulty).steer(text_, key=key)
     except agent.OutcomeUnknown:
         out.failed_ops.append("steer: outcome unknown")
-        # read back first (docs/reliability.md): a steer has no key yet, so a blind retry could double it
-        if text_ not in direct.pending_steers(sid) and all(m.text != text_ for m in direct.messages(sid)):
+        if key is not None:
+            agent.open(sid, direct).steer(text_, key=key)
+        # without a key, read back first: a blind retry could double it
+        elif text_ not in direct.pending_steers(sid) and all(m.text != text_ for m in direct.messages(sid)):
             direct.add_steer(sid, text_)
     except agent.StoreError:
         out.failed_ops.append("steer: failed")
-        direct.add_steer(sid, text_)
+        agent.open(sid, direct).steer(text_, key=key)
 
 
 def _turn(out: Outcome, backend: Backend, faulty: agent.EventStore, sid: str, question: str, key: str,

@@ -1,0 +1,97 @@
+"""Issue #25, item 5, through the fault proxy on PostgreSQL and MariaDB: a steer whose commit went
+unanswered raises ``OutcomeUnknown``, and it is stored. Sent again as it was, it would be stored twice (the
+first test shows it); sent again with its key, it is stored once, and the next model request (real HTTP to
+the scripted model server) carries it once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, make_url
+
+import agent_sessions as agent
+from tests import servers
+from tests.model_server import ModelServer, openai
+
+from .proxy import FaultProxy, Rule
+
+DATABASE = "faultsteerkeys"
+"""This module's database (conftest.py's ``database`` fixture; ``proxy`` and ``model`` are conftest.py's too)."""
+
+
+
+@pytest.fixture
+def stores(database: tuple[str, str, Engine], proxy: FaultProxy) -> Iterator[tuple[agent.RunStore, agent.RunStore]]:
+    """A store reaching the database through the proxy, and one reaching it directly."""
+    url = make_url(database[1]).set(port=proxy.port).render_as_string(hide_password=False)
+    make = servers.postgres_store if database[0] == "postgres" else servers.mysql_store
+    via, direct = make(url), make(database[1])
+    warm = f"warm-{uuid.uuid4().hex}"  # what a store does once (read its limits) is done before a rule is armed
+    via.add_steer(warm, "warm")
+    assert direct.take_steers(warm) == ["warm"]
+    proxy.statements.clear()
+    yield via, direct
+    for store in (via, direct):
+        getattr(store, "close", store.engine.dispose)()  # type: ignore[attr-defined]
+
+
+def _rule(proxy: FaultProxy) -> Rule:
+    """The COMMIT of a steer's transaction (its INSERT the statement before): answered by the database, the
+    answer dropped, the connection cut."""
+    return proxy.arm(Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_steers"))
+
+
+def test_an_unkeyed_steer_sent_again_after_a_lost_answer_is_stored_twice(
+    stores: tuple[agent.RunStore, agent.RunStore], proxy: FaultProxy
+) -> None:
+    """Why a steer needs a key: the answer was lost, the steer is stored, and the sender cannot tell."""
+    via, direct = stores
+    sid = f"plain-{uuid.uuid4().hex[:12]}"
+    rule = _rule(proxy)
+    with pytest.raises(agent.OutcomeUnknown, match="may have happened"):
+        agent.open(sid, via).steer("check the expiry")
+    assert rule.fired
+    assert agent.open(sid, via).steer("check the expiry") is True
+    assert direct.take_steers(sid) == ["check the expiry", "check the expiry"]
+
+
+def test_a_keyed_steer_sent_again_after_a_lost_answer_is_delivered_once(
+    stores: tuple[agent.RunStore, agent.RunStore], proxy: FaultProxy, model: ModelServer
+) -> None:
+    via, direct = stores
+    sid = f"keyed-{uuid.uuid4().hex[:12]}"
+    session = agent.open(sid, via)
+    rule = _rule(proxy)
+    with pytest.raises(agent.OutcomeUnknown, match="may have happened"):
+        session.steer("check the expiry", key="req-1")
+    assert rule.fired
+    assert session.steer("check the expiry", key="req-1") is False  # it had landed: not stored again
+    assert session.steer("check the expiry", key="req-1") is False
+    assert direct.pending_steers(sid) == ["check the expiry"]  # type: ignore[attr-defined]
+    model.push(openai("the expiry is checked"))
+    result = agent.Runner().run(agent.Spec(session=agent.open(sid, direct)), [agent.Message.user("review")],
+                                agent.endpoints.OpenAIChat(model.url + "/v1", "test-model", max_retries=0))
+    assert result.stop_reason == "answered"
+    sent = [m["content"] for m in model.requests[-1].json["messages"]]
+    assert sent == ["review", "check the expiry"]  # the request carried it once
+    assert direct.take_steers(sid) == []
+    assert session.steer("check the expiry", key="req-1") is False  # delivered: the key is still remembered
+
+
+@pytest.mark.parametrize("fault", ["cut_before", "cut_inside"])
+def test_a_keyed_steer_cut_before_the_database_had_it_is_stored_by_the_retry(
+    stores: tuple[agent.RunStore, agent.RunStore], proxy: FaultProxy, fault: str
+) -> None:
+    """A plain ``StoreError``: nothing happened, the key included, so the retry stores the steer."""
+    via, direct = stores
+    sid = f"cut-{uuid.uuid4().hex[:12]}"
+    session = agent.open(sid, via)
+    rule = proxy.arm(Rule(fault, "INSERT INTO agent_steers"))
+    with pytest.raises(agent.StoreError) as raised:
+        session.steer("look at b", key="req-2")
+    assert rule.fired and not isinstance(raised.value, agent.OutcomeUnknown), raised.value
+    assert direct.pending_steers(sid) == []  # type: ignore[attr-defined]
+    assert session.steer("look at b", key="req-2") is True
+    assert direct.take_steers(sid) == ["look at b"]
