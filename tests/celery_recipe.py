@@ -2,7 +2,9 @@
 keeping what a deployment sees:
 
 - a task whose whole worker died comes back after 5 s instead of an hour (``visibility_timeout``, with the
-  transport looking for such tasks every second instead of every ~100 s);
+  transport looking for such tasks every second instead of every ~100 s). A task still running, or not
+  yet handed back, 5 s after its delivery is handed out once more too: that delivery's turn finds the
+  answer stored (the turn's key) and asks the model nothing, which the tests allow for;
 - the lease lasts 8 s rather than the example's 2 s: longer than a worker takes to notice its dead pool
   process and hand the task back (a few seconds), and than the visibility timeout, as the default 30 s
   is in a deployment, so the next delivery finds the dead run's lease still held and waits it out;
