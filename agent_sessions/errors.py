@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+from typing import Any, Self
+
 from .values import Decision, Holder
 
 
 class AgentError(Exception):
-    """Root of every error this library raises on purpose."""
+    """Root of every error this library raises on purpose.
+
+    Every one crosses a process boundary intact (a Celery result backend, a multiprocessing pool): it
+    pickles to a call of its class with the arguments it was made with, then its attributes. Python's
+    default rebuilds it from ``args``, which holds only the message, so ``SessionBusy(message)`` fails for
+    want of its holder and the caller gets its nearest rebuildable base (``Conflict``) without ``holder``.
+    """
+
+    _made_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        made = super().__new__(cls, *args, **kwargs)
+        made._made_with = (args, kwargs)
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args, kwargs = self._made_with
+        state = {k: v for k, v in self.__dict__.items() if k != "_made_with"}
+        return _rebuild, (type(self), args, kwargs), {**state, "args": self.args}
+
+
+def _rebuild(cls: type[AgentError], args: tuple[Any, ...], kwargs: dict[str, Any]) -> AgentError:
+    """An unpickled error: its class called as it was, so each ``__init__`` sets what it sets."""
+    return cls(*args, **kwargs)
 
 
 class ArgumentError(AgentError, ValueError):

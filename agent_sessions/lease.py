@@ -57,18 +57,22 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Lease:
-        deadline = time.monotonic() + self.wait
+        started = time.monotonic()
+        deadline = started + self.wait
         pause = 0.02
         unanswered = 0
+        waiting = False
         while True:
             try:
                 got = self.store.acquire(self.session, self.holder, self.ttl)
-            except SessionLocked:
+            except SessionLocked as exc:
                 # Another worker is inside a transaction on the session (taking it, say): busy, as a held
                 # lease is, for as long as the run may wait; then that is the error.
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise
+                if not waiting:
+                    waiting = self._waiting(f"locked by another worker's transaction ({exc})")
                 time.sleep(min(pause, left))
                 pause = min(pause * 2, 0.5)
                 continue
@@ -87,14 +91,33 @@ class Lease:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
-                raise SessionBusy(f"session {self.session!r} is held by {got.describe()}", got)
+                raise self.busy(got)
+            if not waiting:
+                waiting = self._waiting(f"held by {got.describe()}")
             # Backoff rather than the holder's expiry: that is on the store's clock, not this one.
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.5)
+        if waiting:
+            log.info("session %r: got the lease after waiting %.1f s (epoch %d)", self.session,
+                     time.monotonic() - started, self.holder.epoch)
         log.debug("session %r: lease taken, epoch %d", self.session, self.holder.epoch)
         self._thread = threading.Thread(target=self._heartbeat, name="agent-lease", daemon=True)
         self._thread.start()
         return self
+
+    def _waiting(self, why: str) -> bool:
+        """Says that the run begins to wait for the session, and for how long at most (``True``: it said so)."""
+        log.info("session %r is %s; waiting up to %g s for it (lease_wait)", self.session, why, self.wait)
+        return True
+
+    def busy(self, got: Holder) -> SessionBusy:
+        """The error when ``got`` still holds the session after the run's ``lease_wait``: who, until when,
+        and how a caller waits longer (a dead holder's lease runs out at ``expires``; a live one renews it)."""
+        return SessionBusy(
+            f"session {self.session!r} is held by {got.describe()}: its lease ends then unless that run, while "
+            f"it lives, renews it. This run waited {self.wait:g} s (Spec.lease_wait={self.wait:g}); to wait for "
+            f"the holder to finish, or for a dead holder's lease to run out, give Spec(lease_wait=seconds) "
+            f"more than the holder's Spec.lease_ttl", got)
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
         self._stop.set()

@@ -42,22 +42,26 @@ BROKERS = ["sqla+sqlite"] + (["redis"] if _redis_listening() else [])
 
 
 class Workers:
-    def __init__(self, state: Path, model: ModelServer, broker: str, keyprefix: str = "") -> None:
+    def __init__(self, state: Path, model: ModelServer, broker: str, keyprefix: str = "", backend: str = "") -> None:
         self.state = state
         self.broker = broker
         self.keyprefix = keyprefix
-        """Every Redis key of this test's broker starts with it (empty for the SQLite broker)."""
+        """Every Redis key of this test's broker (and result backend) starts with it (empty for the SQLite broker)."""
+        self.backend = backend
+        """The result backend's URL, empty for none."""
         self.env = {**os.environ, "CELERY_EXAMPLE_STATE": str(state), "AGENT_MODEL_URL": model.url + "/v1",
-                    "CELERY_BROKER_URL": broker, "CELERY_BROKER_KEYPREFIX": keyprefix, "PYTHONPATH": str(ROOT)}
+                    "CELERY_BROKER_URL": broker, "CELERY_BROKER_KEYPREFIX": keyprefix, "CELERY_RESULT_BACKEND": backend,
+                    "PYTHONPATH": str(ROOT)}
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, app: str = "examples.celery_worker.tasks") -> None:
+    def start(self, name: str, app: str = "examples.celery_worker.tasks") -> subprocess.Popen[bytes]:
         with open(self.state / f"{name}.log", "wb") as log:  # the child has its own copy of the descriptor
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", app, "worker", "-c", "1",
                  "-P", "prefork", "-n", f"{servers.PREFIX}-{name}@%h", "--without-gossip", "--without-mingle",
                  "--without-heartbeat", "-l", "info"], env=self.env, cwd=ROOT, stdout=log,
                 stderr=subprocess.STDOUT))
+        return self.procs[-1]
 
     def stop(self) -> None:
         for p in self.procs:
@@ -92,12 +96,26 @@ def workers(request: pytest.FixtureRequest, tmp_path: Path, model: ModelServer) 
     w.stop()
 
 
+@pytest.fixture
+def recipe(tmp_path: Path, model: ModelServer) -> Iterator[Workers]:
+    """The documented crash-safe recipe on Redis, as broker and as result backend."""
+    if "redis" not in BROKERS:
+        pytest.skip("no Redis listening on 127.0.0.1:6379")
+    url = "redis://127.0.0.1:6379/9"
+    w = Workers(tmp_path, model, url, f"{servers.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:8]}:", backend=url)
+    yield w
+    w.stop()
+
+
 def producer(workers: Workers) -> Any:
     from celery import Celery
 
-    app = Celery("producer", broker=workers.broker)
+    app = Celery("producer", broker=workers.broker, backend=workers.backend or None)
     if workers.keyprefix:  # the workers' key prefix, or the task lands in a queue nobody of ours reads
         app.conf.broker_transport_options = {"global_keyprefix": workers.keyprefix}
+        app.conf.result_backend_transport_options = {"global_keyprefix": workers.keyprefix}
+    # The recipe's, as the workers': a task's error arrives pickled, whole (a result is read as it was written).
+    app.conf.update(result_serializer="pickle", result_accept_content=["json", "pickle"])
     return app
 
 
@@ -205,3 +223,70 @@ def test_a_turn_waiting_for_approval_is_finished_by_the_task_the_decision_enqueu
     assert agent.orphaned_tool_calls(msgs) == []
     with pytest.raises(agent.UnknownApproval):
         session.approve("c1")  # the turn is closed
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("killed", ["pool process", "whole worker"])
+def test_a_worker_killed_inside_a_tool_answers_the_turn_through_the_result_backend(
+    recipe: Workers, model: ModelServer, killed: str
+) -> None:
+    """The documented recipe with nobody acting after the kill: a dead pool process's task is handed back
+    at once (reject_on_worker_lost), a whole dead worker's after the Redis visibility timeout
+    (tests/celery_recipe.py: 5 s). The next delivery's turn waits out the dead holder's lease, answers the
+    started non-idempotent call with "outcome unknown" instead of running it again, and the caller's
+    AsyncResult.get() has the answer."""
+    workers = {"w1": recipe.start("w1", app="tests.celery_recipe")}
+    if killed == "whole worker":
+        workers["w2"] = recipe.start("w2", app="tests.celery_recipe")
+    store = sqlite.open(recipe.state / "sessions.db")
+    sid = f"celery-recipe-{killed.split()[0]}"
+    model.push(openai(calls=[("c1", "file_ticket", '{"title": "slow: expiry uses <"}')]), openai("filed, maybe"))
+    result = producer(recipe).send_task("answer", args=[sid, "file the ticket", "msg-7"])
+    tickets = recipe.state / "tickets.log"
+    wait(lambda: tickets.exists() and tickets.read_text().strip() != "", "the tool to start", recipe)
+    victim = int(tickets.read_text().split()[0])
+    main = _parent(victim)  # the worker whose pool process runs the tool
+    assert main in {p.pid for p in workers.values()}
+    if killed == "whole worker":
+        os.kill(main, signal.SIGKILL)  # first the worker, so that it cannot hand the task back itself
+    os.kill(victim, signal.SIGKILL)
+    assert result.get(timeout=90) == {"session": sid, "answer": "filed, maybe", "stop_reason": "answered",
+                                      "steps": 1, "pending": []}
+    assert len(tickets.read_text().splitlines()) == 1, "the non-idempotent tool ran again"
+    assert len(model.requests) == 2, "the answering delivery asked the model more than once"
+    msgs = store.messages(sid)
+    assert [m.key for m in msgs].count("msg-7") == 1 and msgs[-1].text == "filed, maybe"
+    assert msgs[2].content[0].is_error and "outcome of this call is unknown" in msgs[2].content[0].text
+    assert agent.orphaned_tool_calls(msgs) == []
+    # A delivery that finished its turn logged it; one that came again meanwhile (the visibility timeout, set
+    # low here, hands out a task still unacknowledged after 5 s) found the answer stored and asked nothing.
+    runs = [line.split() for line in (recipe.state / "workers.log").read_text().splitlines()]
+    answered_by = [int(pid) for pid, _, _, steps in runs if steps != "steps=0"]
+    assert len(answered_by) == 1 and answered_by[0] != victim, runs
+    alive = {p.pid for p in workers.values()} - ({main} if killed == "whole worker" else set())
+    assert _parent(answered_by[0]) in alive
+    logs = recipe.logs()  # the workers log at INFO: the turn said that it waited, and that it got the session
+    assert "waiting up to 30 s for it (lease_wait)" in logs and "got the lease after waiting" in logs, logs[-3000:]
+
+
+def test_session_busy_raised_in_a_task_is_caught_by_its_class_from_async_result_get(
+    recipe: Workers, model: ModelServer
+) -> None:
+    """Another run keeps the session past the task's lease_wait: the task fails with SessionBusy, and the
+    caller catches it from AsyncResult.get() by its own class, with the holder, through the result backend."""
+    recipe.start("w1", app="tests.celery_recipe")
+    store = sqlite.open(recipe.state / "sessions.db")
+    held = store.acquire("celery-busy", agent.Holder("web-7", 4242, uuid.uuid4().hex, 0.0), 120)
+    result = producer(recipe).send_task("answer_briefly", args=["celery-busy", "are you there?", "msg-1"])
+    try:
+        result.get(timeout=60)
+    except agent.SessionBusy as e:
+        assert e.holder == held
+        assert "is held by pid 4242 on web-7" in str(e) and "Spec.lease_wait=0.5" in str(e)
+    else:
+        raise AssertionError("the task did not fail")
+    assert store.messages("celery-busy") == [] and model.requests == []

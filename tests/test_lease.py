@@ -101,10 +101,8 @@ class MySession:
         return self.store.take_steers(self.id)
 
 
-def test_any_session_over_a_run_store_is_leased_and_fenced() -> None:
-    store = memory.Store()
-    session = MySession("mine", store)
-    assert agent.contract.is_run_session(session)
+def holding() -> tuple[agent.Tool, threading.Event, threading.Event]:
+    """A tool that holds its run (and so the session's lease) until ``go`` is set; ``entered`` once it does."""
     entered, go = threading.Event(), threading.Event()
 
     @agent.tool
@@ -114,6 +112,14 @@ def test_any_session_over_a_run_store_is_leased_and_fenced() -> None:
         go.wait(10)
         return "held"
 
+    return hold, entered, go
+
+
+def test_any_session_over_a_run_store_is_leased_and_fenced() -> None:
+    store = memory.Store()
+    session = MySession("mine", store)
+    assert agent.contract.is_run_session(session)
+    hold, entered, go = holding()
     first = agent.Runner().start(agent.Spec(session=session, tools=[hold]), [agent.Message.user("a")],
                                  ToolsThenAnswer(["hold"]))
     try:
@@ -159,3 +165,44 @@ def test_the_library_is_silent_unless_the_application_configures_logging(tmp_pat
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stderr == ""
+
+
+def test_a_busy_session_says_who_holds_it_until_when_and_how_to_wait(caplog: pytest.LogCaptureFixture) -> None:
+    """A second message while the first turn runs: the turn that gives up says who holds the session, when
+    that lease ends and the lease_wait it used; one that waits says so when it begins and when it gets it."""
+    caplog.set_level(logging.INFO, logger="agent_sessions.lease")
+    store = memory.Store()
+    hold, entered, go = holding()
+    first = agent.Runner().start(agent.Spec(session=agent.open("chat", store), tools=[hold]),
+                                 [agent.Message.user("a")], ToolsThenAnswer(["hold"]))
+    waited: list[agent.Result] = []
+    try:
+        assert entered.wait(10)
+        held = store.holder("chat")
+        assert held is not None
+        with pytest.raises(agent.SessionBusy) as busy:
+            agent.Runner().turn(agent.Spec(session=agent.open("chat", store), lease_wait=0.3), "b", "msg-2",
+                                ToolsThenAnswer([]))
+        said = str(busy.value)
+        assert busy.value.holder == held and f"is held by {held.describe()}" in said
+        assert f"pid {held.pid} on {held.host}" in said and time.strftime("until %Y-%m-%d %H:%M:%S UTC", time.gmtime(
+            held.expires)) in said
+        assert "Spec.lease_wait=0.3" in said and "Spec(lease_wait=seconds)" in said and "lease_ttl" in said
+        patient = threading.Thread(target=lambda: waited.append(agent.Runner().turn(
+            agent.Spec(session=agent.open("chat", store), lease_wait=10), "c", "msg-3", ToolsThenAnswer([]))))
+        patient.start()
+        deadline = time.monotonic() + 10
+        while sum("waiting up to 10 s" in r.getMessage() for r in caplog.records) < 1:
+            assert time.monotonic() < deadline, "the waiting turn said nothing"
+            time.sleep(0.02)
+    finally:
+        go.set()
+    assert first.wait(10).stop_reason == "answered"
+    patient.join(10)
+    assert waited and waited[0].stop_reason == "answered"
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    began = [m for m in lines if "waiting up to" in m]
+    assert len(began) == 2 and all(f"'chat' is held by pid {held.pid}" in m for m in began), lines
+    assert "waiting up to 0.3 s for it (lease_wait)" in began[0]
+    got = [m for m in lines if "got the lease after waiting" in m]
+    assert len(got) == 1 and "'chat'" in got[0], lines

@@ -3,10 +3,14 @@
     celery -A examples.celery_worker.tasks worker -c 2
     celery -A examples.celery_worker.tasks beat          # the retention job (prune), hourly
 
-``answer.delay(session_id, text, message_id)`` answers one user message, and is safe to deliver twice:
-``Runner.turn`` stores the message with its id as the turn's key, so a redelivered task (``acks_late``: a
-worker that died after the turn, before its ack) finds the key and returns the stored answer without
-asking the model again, and one that died mid-turn is continued, not restarted.
+``answer.delay(session_id, text, message_id)`` answers one user message, and is the crash-safe recipe:
+it is safe to deliver twice. ``Runner.turn`` stores the message with its id as the turn's key, so a
+redelivered task (``acks_late``: a worker that died after the turn, before its ack) finds the key and
+returns the stored answer without asking the model again, and one that died mid-turn is continued, not
+restarted: its run waits (``lease_wait``, longer than ``lease_ttl``) for the dead worker's lease to run out.
+With a result backend (CELERY_RESULT_BACKEND, e.g. redis://127.0.0.1:6379/1) the caller reads the answer
+with ``answer.delay(...).get(timeout=...)``, and a task's error arrives as itself: ``except
+agent.SessionBusy as e`` catches it there, ``e.holder`` included.
 
 ``run_turn.delay(session_id)`` runs whatever waits in the session instead: a web view or a management
 command leaves the user's message as a steer (``agent.open(id, store).steer(text)``). A steer left while
@@ -17,9 +21,10 @@ CELERY_BROKER_URL for Redis (redis://127.0.0.1:6379/0) or RabbitMQ (amqp://guest
 several apps share one Redis, CELERY_BROKER_KEYPREFIX puts every key of this one's under a prefix
 (kombu's ``global_keyprefix``): its queues, unacked messages and bindings are then its own.
 
-A worker killed mid-turn: with ``acks_late`` and ``reject_on_worker_lost`` the broker hands the task
-to another worker process, whose run waits out the dead one's lease and resumes from the store: the
-tool journal keeps a non-idempotent tool from running twice.
+A worker killed mid-turn: with ``acks_late`` and ``reject_on_worker_lost`` a dead pool process's task
+is handed back at once, and on Redis a whole worker's after the transport's ``visibility_timeout``; the
+next worker process's run waits out the dead one's lease and resumes from the store: the tool journal
+keeps a non-idempotent tool from running twice.
 
 The store is made here, at import, in the worker's parent process, before the pool forks: the SQL
 stores dispose of an inherited connection pool in each forked child (SQLite reopens its file), so no
@@ -40,15 +45,30 @@ from stores import sqlite
 STATE = Path(os.environ.get("CELERY_EXAMPLE_STATE", "/tmp/agent-sessions-celery"))
 STATE.mkdir(parents=True, exist_ok=True)
 
-app = Celery("agent_sessions_example", broker=os.environ.get("CELERY_BROKER_URL", f"sqla+sqlite:///{STATE}/broker.db"))
+BROKER = os.environ.get("CELERY_BROKER_URL", f"sqla+sqlite:///{STATE}/broker.db")
+app = Celery("agent_sessions_example", broker=BROKER, backend=os.environ.get("CELERY_RESULT_BACKEND") or None)
 app.conf.update(
     task_acks_late=True,  # acknowledged when the turn is over, not when it starts...
     task_reject_on_worker_lost=True,  # ...so a worker that dies mid-turn hands it back
     worker_prefetch_multiplier=1,
+    # A task's error reaches AsyncResult.get() as itself (SessionBusy with its holder) only pickled: JSON,
+    # Celery's default, rebuilds an error from its message alone, and SessionBusy needs its holder too.
+    # So the result backend must be as trusted as the broker (whoever writes to it runs code in the caller).
+    result_serializer="pickle",
+    result_accept_content=["json", "pickle"],
     broker_connection_retry_on_startup=True,
 )
+transport: dict[str, Any] = {}
+if BROKER.startswith("redis"):
+    # A task whose whole worker died (not only a pool process: that one is handed back at once) returns to
+    # the queue once it has gone unacknowledged this long. Keep it above the longest turn plus lease_wait:
+    # a task running longer is handed to a second worker meanwhile (whose turn then waits, and returns the
+    # stored answer). The SQLAlchemy transport has no such timeout: there, a worker's task is lost with it.
+    transport["visibility_timeout"] = 3600
 if os.environ.get("CELERY_BROKER_KEYPREFIX"):
-    app.conf.broker_transport_options = {"global_keyprefix": os.environ["CELERY_BROKER_KEYPREFIX"]}
+    transport["global_keyprefix"] = os.environ["CELERY_BROKER_KEYPREFIX"]
+    app.conf.result_backend_transport_options = {"global_keyprefix": os.environ["CELERY_BROKER_KEYPREFIX"]}
+app.conf.broker_transport_options = transport
 
 store = sqlite.open(os.environ.get("AGENT_SESSIONS_DB", str(STATE / "sessions.db")))
 endpoint = agent.endpoints.OpenAIChat(os.environ.get("AGENT_MODEL_URL", "http://127.0.0.1:8080/v1"),
@@ -85,6 +105,17 @@ def issue_refund(order: str, amount: int) -> str:
 
 
 TOOLS = [file_ticket, issue_refund]
+LEASE_TTL = 2.0
+"""Seconds a dead worker's session stays blocked before another may take it (the default is 30; short here
+so that the demo and its tests take over quickly)."""
+LEASE_WAIT = 30.0
+"""Seconds a task's run waits for the session: longer than ``LEASE_TTL``, so a task redelivered after its
+worker died outlasts the dead worker's lease instead of failing at once with SessionBusy; and long enough
+for a turn already running on the session to end."""
+
+
+def spec(session: agent.StoreSession) -> agent.Spec:
+    return agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=LEASE_TTL, lease_wait=LEASE_WAIT)
 
 
 @app.task(name="decide")
@@ -99,16 +130,15 @@ def decide(session_id: str, call_id: str, approve: bool, reason: str = "") -> di
             raise  # decided otherwise: by another person, its deadline, or a cancel
         # This very decision, stored by an earlier delivery of this task that died before finishing the
         # turn (acks_late hands it out again): go on and resume.
-    spec = agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=2.0, lease_wait=30.0)
-    result = agent.Runner().run(spec, session.messages(), endpoint)
+    result = agent.Runner().run(spec(session), session.messages(), endpoint)
     return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason}
 
 
 @app.task(name="answer")
 def answer(session_id: str, text: str, message_id: str) -> dict[str, Any]:
-    session = agent.open(session_id, store)
-    spec = agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=2.0, lease_wait=30.0)
-    result = agent.Runner().turn(spec, text, message_id, endpoint)
+    """Answer one user message (``message_id``: the client's id for it, the turn's key). Delivered again,
+    after its worker died anywhere in the turn, it finishes the turn or returns the stored answer."""
+    result = agent.Runner().turn(spec(agent.open(session_id, store)), text, message_id, endpoint)
     with open(STATE / "workers.log", "a") as f:
         f.write(f"{os.getpid()} {session_id} answer steps={result.steps}\n")
     return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason, "steps": result.steps,
@@ -129,8 +159,7 @@ app.conf.beat_schedule = {
 @app.task(name="run_turn")
 def run_turn(session_id: str) -> dict[str, Any]:
     session = agent.open(session_id, store)
-    spec = agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=2.0, lease_wait=30.0)
     with open(STATE / "workers.log", "a") as f:
         f.write(f"{os.getpid()} {session_id}\n")
-    result = agent.Runner().run(spec, session.messages(), endpoint)
+    result = agent.Runner().run(spec(session), session.messages(), endpoint)
     return {"session": session_id, "answer": result.text, "stop_reason": result.stop_reason, "pid": os.getpid()}
