@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from functools import partial
 
 from ..approvals import CANCELLED_WAITING, result_text
-from ..endpoints import Endpoint, streaming
-from ..errors import OutcomeUnknown, TranscriptDeleted
+from ..context import ContextPolicy
+from ..endpoints import Endpoint, StreamingEndpoint, streaming
+from ..errors import ContextOverflow, OutcomeUnknown, TranscriptDeleted
 from ..events import SILENT, Events, Sink, sink
 from ..messages import Content, Message, Role, distinct_call_ids, unanswered
 from ..result import Result, StopReason
@@ -117,11 +118,16 @@ def _loop(
             stop = "cancelled"
             break
         log.debug("session %r step %d: model request with %d messages", keep_id(spec), step, len(transcript))
-        started = emit.model_request(step, len(transcript))
-        if streams is None:
-            reply = endpoint.complete(spec.system, transcript, spec.toolbox)
+        policy = spec.context_policy
+        if policy is None:
+            started = emit.model_request(step, len(transcript))
+            try:
+                reply = _complete(spec, endpoint, streams, transcript, step, emit)
+            except ContextOverflow as exc:
+                raise exc.hinted(f"; the run sent all {len(transcript)} messages of the session: "
+                                 f"Spec(context_window=TOKENS), the model's context, sends only what fits") from exc
         else:
-            reply = streams.complete(spec.system, transcript, spec.toolbox, on_text=partial(emit.text_delta, step))
+            reply, started = _within(policy, spec, endpoint, streams, transcript, step, emit)
         reply = distinct_call_ids(reply)  # before anything stores, journals or matches a call by its id
         taken.clear()  # the model has read them
         steps = step
@@ -152,6 +158,40 @@ def _loop(
     if keep.saves:
         emit.saved(steps, len(transcript))
     return result
+
+
+def _complete(
+    spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None, messages: Sequence[Message], step: int,
+    emit: Sink,
+) -> Message:
+    if streams is None:
+        return endpoint.complete(spec.system, messages, spec.toolbox)
+    return streams.complete(spec.system, messages, spec.toolbox, on_text=partial(emit.text_delta, step))
+
+
+def _within(
+    policy: ContextPolicy, spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None,
+    transcript: list[Message], step: int, emit: Sink,
+) -> tuple[Message, float]:
+    """The reply to what ``policy`` sends of ``transcript``, and the clock reading of its request. A
+    request the provider refuses as too long is narrowed by the policy and sent once more (the error
+    came before any of the reply did, so nothing was handed on)."""
+    sent = policy.select(spec.system, transcript, spec.toolbox)
+    started = emit.model_request(step, len(sent.messages))
+    try:
+        reply = _complete(spec, endpoint, streams, sent.messages, step, emit)
+    except ContextOverflow as exc:
+        again = policy.overflowed(exc, sent, spec.system, transcript, spec.toolbox)
+        if again is None:
+            raise exc.hinted(f"; the context policy sent the last {len(sent.messages)} of {len(transcript)} "
+                             f"messages and can leave nothing more out") from exc
+        log.info("session %r step %d: the provider refused %d messages as too long; sending the last %d",
+                 keep_id(spec), step, len(sent.messages), len(again.messages))
+        sent = again
+        started = emit.model_request(step, len(sent.messages))
+        reply = _complete(spec, endpoint, streams, sent.messages, step, emit)
+    policy.observe(sent, reply.usage)
+    return reply, started
 
 
 def _run_tools(

@@ -217,6 +217,54 @@ def completion(message: dict[str, Any], stream: bool = False) -> Reply:
     return sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n")
 
 
+# -- a model's context -------------------------------------------------------------------------------------------
+
+
+def context_length_exceeded(tokens: int, limit: int) -> Reply:
+    """OpenAI's answer to a request longer than the model's context: HTTP 400, its body as OpenAI sends it."""
+    return Reply({"error": {
+        "message": f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+                   f"{tokens} tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}, status=400)
+
+
+def prompt_too_long(tokens: int, limit: int) -> Reply:
+    """Anthropic's answer to a prompt longer than the model's context: HTTP 400, its body as Anthropic sends it."""
+    return Reply({"type": "error", "error": {"type": "invalid_request_error",
+                                             "message": f"prompt is too long: {tokens} tokens > {limit} maximum"}},
+                 status=400)
+
+
+def request_tokens(body: dict[str, Any]) -> int:
+    """What the scripted server counts for a request: a token per 4 bytes (rounded up) of its messages and
+    its system prompt as JSON (OpenAI's system prompt is one of its messages; Anthropic's is ``system``)."""
+    size = len(json.dumps(body.get("messages")).encode()) + len(json.dumps(body.get("system", "")).encode())
+    return -(-size // 4)
+
+
+def windowed(respond: Callable[[Request], Reply], tokens: int,
+             count: Callable[[dict[str, Any]], int] = request_tokens) -> Callable[[Request], Reply]:
+    """``respond`` behind a model's context of ``tokens``: a request that ``count`` makes longer gets the
+    provider's context-length error in the wire format of its path (``/messages``: Anthropic's, else
+    OpenAI's), before ``respond`` sees it; the others are answered by ``respond``, and a JSON reply that
+    reports no usage gets the count as its prompt's (``prompt_tokens``, ``input_tokens``), as a provider
+    reports what it counted."""
+    def answer(request: Request) -> Reply:
+        anthropic_wire = request.path.rstrip("/").endswith("/messages")
+        try:
+            body = request.json
+        except ValueError:
+            return respond(request)
+        counted = count(body) if isinstance(body, dict) else 0
+        if counted > tokens:
+            return (prompt_too_long if anthropic_wire else context_length_exceeded)(counted, tokens)
+        reply = respond(request)
+        if isinstance(reply.body, dict) and reply.status == 200 and "usage" not in reply.body:
+            reply.body["usage"] = {"input_tokens" if anthropic_wire else "prompt_tokens": counted}
+        return reply
+    return answer
+
+
 # -- the script ------------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,389 @@
+"""Long conversations (issue 27): the provider's context-length error as a typed ContextOverflow, in both
+wire formats, streamed and not; and the Window policy, which sends what fits while the store keeps every
+message. Over real HTTP to the scripted server, which rejects a request longer than its window with the
+provider's own error body."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import agent_sessions as agent
+from agent_sessions.context import Selection, Window, bytes_over_4, prompt_tokens
+from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
+from agent_sessions.testing.model_server import ModelServer as Served
+from agent_sessions.testing.model_server import request_tokens
+from stores import sqlite
+from tests.model_server import (
+    ModelServer,
+    Reply,
+    Request,
+    anthropic,
+    context_length_exceeded,
+    openai,
+    prompt_too_long,
+    sse,
+    windowed,
+)
+
+WIRES = ["openai", "anthropic"]
+
+
+def endpoint(url: str, wire: str, stream: bool = False) -> OpenAIChat | AnthropicMessages:
+    if wire == "openai":
+        return OpenAIChat(url + "/v1", "m", stream=stream, backoff=0.01)
+    return AnthropicMessages(url, "m", stream=stream, backoff=0.01)
+
+
+def anthropic_sse(text: str) -> Reply:
+    """An Anthropic streamed reply of ``text``, in the events the Messages API sends."""
+    events = [
+        ("message_start", {"type": "message_start", "message": {"id": "msg_s", "type": "message", "role": "assistant",
+                                                                 "content": [], "usage": {"input_tokens": 1}}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "text_delta", "text": text}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return sse("".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events))
+
+
+def openai_sse(text: str) -> Reply:
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    return sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n")
+
+
+def answering(text: Callable[[Request], str]) -> Callable[[Request], Reply]:
+    """A script answering every request with ``text(request)``, in the request's wire format, streamed
+    when it asks to be."""
+    def respond(request: Request) -> Reply:
+        said = text(request)
+        streamed = bool(request.json.get("stream"))
+        if request.path.rstrip("/").endswith("/messages"):
+            return anthropic_sse(said) if streamed else anthropic(said)
+        return openai_sse(said) if streamed else openai(said)
+    return respond
+
+
+@pytest.fixture
+def served() -> Iterator[list[Served]]:
+    made: list[Served] = []
+    yield made
+    for server in made:
+        server.close()
+
+
+def serve(made: list[Served], respond: Callable[[Request], Reply]) -> Served:
+    server = Served(respond)
+    made.append(server)
+    return server
+
+
+# -- ContextOverflow -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("wire", WIRES)
+def test_a_request_past_the_window_is_a_context_overflow_with_the_providers_counts(
+    served: list[Served], wire: str, stream: bool,
+) -> None:
+    server = serve(served, windowed(answering(lambda r: "never"), 100))
+    long = agent.Message.user("x" * 2000)
+    with pytest.raises(agent.ContextOverflow) as info:
+        endpoint(server.url, wire, stream).complete("", [long], [])
+    error = info.value
+    counted = request_tokens(server.requests[0].json)
+    assert isinstance(error, agent.EndpointError) and error.status == 400
+    assert (error.tokens, error.limit) == (counted, 100) and counted > 100
+    assert ("prompt is too long" if wire == "anthropic" else "maximum context length") in error.message
+    assert len(server.requests) == 1  # a 400 is not retried: the same request cannot fit
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("wire", WIRES)
+def test_a_request_within_the_window_is_answered_with_the_count_as_its_usage(
+    served: list[Served], wire: str, stream: bool,
+) -> None:
+    server = serve(served, windowed(answering(lambda r: "fine"), 1000))
+    reply = endpoint(server.url, wire, stream).complete("be brief", [agent.Message.user("hi")], [])
+    assert reply.text == "fine"
+    if not stream:
+        assert prompt_tokens(reply.usage) == request_tokens(server.requests[0].json)
+
+
+def test_an_openai_overflow_without_counts_has_none(model: ModelServer) -> None:
+    model.push(Reply({"error": {"message": "Your input exceeds the context window of this model.",
+                                "type": "invalid_request_error", "code": "context_length_exceeded"}}, 400))
+    with pytest.raises(agent.ContextOverflow) as info:
+        endpoint(model.url, "openai").complete("", [agent.Message.user("x")], [])
+    assert (info.value.tokens, info.value.limit) == (None, None)
+
+
+def test_an_openai_compatible_server_saying_only_the_message_is_recognised(model: ModelServer) -> None:
+    """vLLM says it in the message, with no code: "you requested N tokens"."""
+    model.push(Reply({"object": "error", "message": "This model's maximum context length is 4096 tokens. However, "
+                      "you requested 5000 tokens (4000 in the messages, 1000 in the completion).",
+                      "type": "BadRequestError", "code": 400}, 400))
+    with pytest.raises(agent.ContextOverflow) as info:
+        endpoint(model.url, "openai").complete("", [agent.Message.user("x")], [])
+    assert (info.value.tokens, info.value.limit) == (5000, 4096)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_another_400_stays_a_plain_endpoint_error(model: ModelServer, wire: str) -> None:
+    model.push(Reply({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: too big"}},
+                     400))
+    with pytest.raises(agent.EndpointError) as info:
+        endpoint(model.url, wire).complete("", [agent.Message.user("x")], [])
+    assert not isinstance(info.value, agent.ContextOverflow)
+
+
+def test_an_overflow_reported_inside_a_stream_is_a_context_overflow(model: ModelServer) -> None:
+    error = {"type": "error", "error": {"type": "invalid_request_error",
+                                        "message": "prompt is too long: 210000 tokens > 200000 maximum"}}
+    model.push(sse(f"event: error\ndata: {json.dumps(error)}\n\n"))
+    with pytest.raises(agent.ContextOverflow) as info:
+        endpoint(model.url, "anthropic", stream=True).complete("", [agent.Message.user("x")], [])
+    assert (info.value.tokens, info.value.limit) == (210000, 200000)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_without_a_policy_the_run_fails_naming_the_spec_option(model: ModelServer, wire: str) -> None:
+    model.push(context_length_exceeded(9000, 8192) if wire == "openai" else prompt_too_long(210000, 200000))
+    with pytest.raises(agent.ContextOverflow, match=r"Spec\(context_window=TOKENS\)") as info:
+        agent.Runner().run(agent.Spec(), [agent.Message.user("hello")], endpoint(model.url, wire))
+    assert info.value.tokens in (9000, 210000) and info.value.status == 400
+    assert "the run sent all 1 messages" in str(info.value)
+
+
+# -- Spec options ------------------------------------------------------------------------------------------------
+
+
+def test_context_window_turns_on_a_window_of_most_of_it() -> None:
+    policy = agent.Spec(context_window=10_000).context_policy
+    assert isinstance(policy, Window) and policy.max_tokens == 8000
+    assert agent.Spec().context_policy is None
+    mine = Window(max_tokens=500)
+    assert agent.Spec(context=mine).context_policy is mine
+
+
+@pytest.mark.parametrize("kw", [{"context_window": 0}, {"context_window": True}, {"context_window": 1.5},
+                                {"context": "window"}, {"context": Window(10), "context_window": 10}])
+def test_wrong_context_options_are_argument_errors(kw: dict[str, Any]) -> None:
+    with pytest.raises(agent.ArgumentError, match="context"):
+        agent.Spec(**kw)
+
+
+def test_window_arguments_are_checked() -> None:
+    with pytest.raises(agent.ArgumentError, match="max_tokens"):
+        Window(0)
+    with pytest.raises(agent.ArgumentError, match="estimate"):
+        Window(10, estimate="bytes")  # type: ignore[arg-type]
+
+
+# -- the Window over real HTTP ---------------------------------------------------------------------------------------
+
+
+def kilobyte(n: int) -> str:
+    """About 1 KB of text that says which turn it is."""
+    return f"turn {n}: " + " ".join(f"word{(n * 31 + i) % 997}" for i in range(120))
+
+
+@pytest.mark.parametrize(("wire", "stream"), [("openai", False), ("anthropic", False), ("openai", True),
+                                               ("anthropic", True)])
+def test_many_turns_on_sqlite_with_a_window_are_all_answered_within_it(
+    served: list[Served], tmp_path: Path, wire: str, stream: bool,
+) -> None:
+    window = 6000  # about 20 of the turns' 1 KB messages
+    server = serve(served, windowed(answering(lambda r: "answer: " + kilobyte(len(r.json["messages"]))), window))
+    store = sqlite.open(str(tmp_path / "s.db"))
+    try:
+        session = agent.open("long", store)
+        spec = agent.Spec(session=session, system="You answer.", context_window=window)
+        ep = endpoint(server.url, wire, stream)
+        turns = 60
+        for n in range(turns):
+            result = agent.Runner().run(spec, [*session.messages(), agent.Message.user(kilobyte(n))], ep)
+            assert result.stop_reason == "answered" and result.text.startswith("answer: turn ")
+        counts = [request_tokens(r.json) for r in server.requests]
+        assert len(server.requests) == turns  # not one refused
+        assert max(counts) <= window
+        assert counts[-1] > window // 2  # the window is used, not just one message
+        stored = session.messages()
+        assert len(stored) == 2 * turns
+        assert [m.text for m in stored[::2]] == [kilobyte(n) for n in range(turns)]
+        assert all(m.role is agent.Role.ASSISTANT and m.text.startswith("answer: ") for m in stored[1::2])
+        # each request sends the newest messages: the last user message is the turn's
+        last = server.requests[-1].json["messages"][-1]
+        assert kilobyte(turns - 1) in json.dumps(last)
+    finally:
+        store.close()
+
+
+def no_usage(respond: Callable[[Request], Reply]) -> Callable[[Request], Reply]:
+    """``respond``, its replies reporting no usage (an empty ``usage``): only an overflow teaches the window."""
+    def answer(request: Request) -> Reply:
+        reply = respond(request)
+        reply.body["usage"] = {}
+        return reply
+    return answer
+
+
+@pytest.mark.parametrize("reports", [True, False], ids=["usage", "no-usage"])
+@pytest.mark.parametrize("wire", WIRES)
+def test_a_provider_counting_more_than_the_estimate_narrows_the_window_and_is_answered(
+    served: list[Served], wire: str, reports: bool,
+) -> None:
+    """The provider counts a token per 2 bytes, twice the estimate. When it reports its usage the window
+    tightens from the first reply and no request is ever refused; when it does not, the first request
+    past its window is refused, narrowed by the counts its error gives and sent once more, and from then on
+    none is refused. Every turn is answered either way."""
+    def count(body: dict[str, Any]) -> int:
+        return 2 * request_tokens(body)
+    window = 4000
+    script = answering(lambda r: "ok")
+    server = serve(served, windowed(script if reports else no_usage(script), window, count))
+    spec = agent.Spec(context=Window(max_tokens=window))
+    ep = endpoint(server.url, wire)
+    msgs: list[agent.Message] = []
+    for n in range(40):
+        result = agent.Runner().run(spec, [*msgs, agent.Message.user(kilobyte(n))], ep)
+        assert result.stop_reason == "answered"
+        msgs = result.messages
+    counts = [count(r.json) for r in server.requests]
+    refused = [i for i, c in enumerate(counts) if c > window]
+    if reports:
+        assert refused == [] and len(counts) == 40
+    else:
+        assert len(refused) == 1 and counts[refused[0] + 1] <= window  # sent once more, narrowed
+        assert len(counts) == 41
+    assert max(counts[-10:]) > window // 2  # narrowed, not emptied
+    assert len(msgs) == 80
+    policy = spec.context_policy
+    assert isinstance(policy, Window) and policy.scale > 1.5
+
+
+def test_a_policy_that_can_leave_nothing_out_lets_the_overflow_end_the_run(served: list[Served]) -> None:
+    server = serve(served, windowed(answering(lambda r: "never"), 50))
+    with pytest.raises(agent.ContextOverflow, match="can leave nothing more out"):
+        agent.Runner().run(agent.Spec(context_window=10_000), [agent.Message.user("x" * 1000)],
+                           endpoint(server.url, "openai"))
+    assert len(server.requests) == 1
+
+
+def test_a_tool_call_and_its_result_are_sent_together_or_not_at_all(served: list[Served]) -> None:
+    @agent.tool
+    def fetch(key: str) -> str:
+        """Fetch a value."""
+        return "v" * 1500
+
+    calls = iter(range(1000))
+
+    def respond(request: Request) -> Reply:
+        last = request.json["messages"][-1]
+        if last["role"] == "tool":
+            return openai("done")
+        return openai(calls=[(f"c{next(calls)}", "fetch", '{"key": "k"}')])
+
+    server = serve(served, windowed(respond, 3000))
+    spec = agent.Spec(tools=[fetch], context=Window(max_tokens=2500))
+    msgs: list[agent.Message] = []
+    for n in range(12):
+        msgs = agent.Runner().run(spec, [*msgs, agent.Message.user(kilobyte(n))], OpenAIChat(server.url + "/v1",
+                                                                                              "m")).messages
+    for request in server.requests:
+        sent = request.json["messages"]
+        assert sent[0]["role"] == "system" or sent[0]["role"] == "user"
+        ids = [c["id"] for m in sent if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+        answered = [m["tool_call_id"] for m in sent if m["role"] == "tool"]
+        assert ids == answered or ids == [*answered, ids[-1]][: len(ids)]
+        assert set(answered) <= set(ids)
+    assert len(msgs) == 12 * 4
+
+
+# -- the Window's choice, for any transcript -------------------------------------------------------------------------
+
+
+@st.composite
+def transcripts(draw: st.DrawFn) -> list[agent.Message]:
+    """Valid transcripts as a run writes them: turns of a user message (and steers), then replies with
+    tool calls each followed by the message of their results, then an answer."""
+    text = st.text(alphabet="ab é\n", max_size=300)
+    out: list[agent.Message] = []
+    calls = 0
+    for _ in range(draw(st.integers(1, 8))):
+        out.append(agent.Message.user(draw(text)))
+        for _ in range(draw(st.integers(0, 2))):
+            out.append(agent.Message.user(draw(text)))  # a steer
+        for _ in range(draw(st.integers(0, 3))):
+            made = [agent.Content.tool_call(f"c{calls + i}", "t", "{}") for i in range(draw(st.integers(1, 3)))]
+            calls += len(made)
+            out.append(agent.Message(agent.Role.ASSISTANT, made))
+            out.append(agent.Message(agent.Role.USER, [agent.Content.tool_result(c.id, draw(text)) for c in made]))
+            if draw(st.booleans()):
+                out.append(agent.Message.user(draw(text)))  # a steer after the results
+        out.append(agent.Message.assistant(draw(text)))
+    out.append(agent.Message.user(draw(text)))  # the request's own
+    return out
+
+
+def valid_start(message: agent.Message) -> bool:
+    return message.role is agent.Role.USER and not any(
+        c.type is agent.ContentType.TOOL_RESULT for c in message.content)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(transcripts(), st.integers(1, 3000), st.text(max_size=200))
+def test_the_window_sends_a_valid_suffix_within_budget(
+    transcript: list[agent.Message], budget: int, system: str,
+) -> None:
+    policy = Window(max_tokens=budget)
+    chosen = policy.select(system, transcript, [])
+    assert isinstance(chosen, Selection)
+    sent = list(chosen.messages)
+    assert sent == transcript[chosen.start:] and sent  # a suffix, never empty
+    assert valid_start(sent[0]) or not any(valid_start(m) for m in transcript)
+    calls = {c.id for m in sent for c in m.tool_calls}
+    results = {c.tool_call_id for m in sent for c in m.content if c.type is agent.ContentType.TOOL_RESULT}
+    assert results == calls  # every call with its result, no result without its call
+    cost = [bytes_over_4(m.to_json()) for m in transcript]
+    fixed = bytes_over_4(system)
+    newest = max(i for i, m in enumerate(transcript) if valid_start(m))
+    if fixed + sum(cost[newest:]) <= budget:  # the smallest valid request fits: so does the chosen one
+        assert fixed + sum(cost[chosen.start:]) <= budget
+        # and it is the longest that fits: one valid start earlier would not
+        earlier = [i for i in range(chosen.start) if valid_start(transcript[i])]
+        if earlier:
+            assert fixed + sum(cost[earlier[-1]:]) > budget
+    else:
+        assert chosen.start == newest  # the smallest valid request, for the provider to judge
+    assert chosen.tokens == fixed + sum(cost[chosen.start:])
+
+
+def test_an_estimate_of_ones_own_is_used() -> None:
+    msgs = [agent.Message.user("a"), agent.Message.assistant("b"), agent.Message.user("c")]
+    assert len(Window(2, estimate=lambda text: 1).select("", msgs, []).messages) == 1
+    assert len(Window(3, estimate=lambda text: 1).select("", msgs, []).messages) == 3
+    assert len(Window(3, estimate=lambda text: 0 if not text else 1).select("sys", msgs, []).messages) == 1
+
+
+def test_reported_usage_only_tightens_the_window() -> None:
+    policy = Window(1000)
+    msgs = [agent.Message.user("x" * 400)]
+    sent = policy.select("", msgs, [])
+    policy.observe(sent, {"prompt_tokens": sent.tokens * 2})
+    assert policy.scale == pytest.approx(2.0)
+    policy.observe(sent, {"input_tokens": sent.tokens // 2})
+    assert policy.scale == pytest.approx(2.0)
+    policy.observe(sent, None)
+    assert policy.scale == pytest.approx(2.0)
