@@ -387,3 +387,14 @@ def test_reported_usage_only_tightens_the_window() -> None:
     assert policy.scale == pytest.approx(2.0)
     policy.observe(sent, None)
     assert policy.scale == pytest.approx(2.0)
+
+
+def test_a_narrowed_request_refused_again_ends_the_run_saying_so(model: ModelServer) -> None:
+    model.push(context_length_exceeded(9000, 8192), context_length_exceeded(8500, 8192))
+    history = [agent.Message.user("a" * 400), agent.Message.assistant("b" * 400), agent.Message.user("c" * 400)]
+    seen: list[Any] = []
+    with pytest.raises(agent.ContextOverflow, match="narrowed the request from 3 to 1 messages") as info:
+        agent.Runner().run(agent.Spec(context_window=100_000), history, endpoint(model.url, "openai"), seen.append)
+    assert info.value.tokens == 8500
+    assert [len(r.json["messages"]) for r in model.requests] == [3, 1]
+    assert [e.messages for e in seen if isinstance(e, agent.events.ModelRequest)] == [3, 1]

@@ -187,9 +187,13 @@ def _within(
                              f"messages and can leave nothing more out") from exc
         log.info("session %r step %d: the provider refused %d messages as too long; sending the last %d",
                  keep_id(spec), step, len(sent.messages), len(again.messages))
-        sent = again
+        refused, sent = sent, again
         started = emit.model_request(step, len(sent.messages))
-        reply = _complete(spec, endpoint, streams, sent.messages, step, emit)
+        try:
+            reply = _complete(spec, endpoint, streams, sent.messages, step, emit)
+        except ContextOverflow as second:
+            raise second.hinted(f"; the context policy had narrowed the request from {len(refused.messages)} to "
+                                f"{len(sent.messages)} messages after the provider refused the first") from second
     policy.observe(sent, reply.usage)
     return reply, started
 
