@@ -47,8 +47,9 @@ class Spec:
     the oldest beyond them)."""
     context_window: int | None = None
     """The model's context, in tokens: turns on the default context policy, so each request sends what
-    fits of the transcript (the store keeps all of it). Today the default is a ``Window`` of 80% of it;
-    docs/runs/context.md says what is planned. ``None``: every request sends the whole transcript."""
+    fits of the transcript (the store keeps all of it): a ``Compaction`` sending at most 80% of it, which
+    summarises the oldest messages into a stored record as it fills (docs/runs/context.md). ``None``:
+    every request sends the whole transcript."""
     context: ContextPolicy | None = None
     """A context policy of your own choosing (``Window(max_tokens=...)``, or any ``ContextPolicy``), instead
     of ``context_window``'s default; not both."""

@@ -6,7 +6,9 @@ provider's own error body."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import agent_sessions as agent
-from agent_sessions.context import Selection, Window, bytes_over_4, prompt_tokens
+from agent_sessions.context import (
+    SUMMARY_SYSTEM,
+    Compaction,
+    Selection,
+    Window,
+    bytes_over_4,
+    is_record,
+    prompt_tokens,
+)
 from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
 from agent_sessions.testing.model_server import ModelServer as Served
 from agent_sessions.testing.model_server import request_tokens
 from stores import sqlite
+from storetest.crossprocess import wait_for
+from storetest.stalls import Stalled
 from tests.model_server import (
     ModelServer,
     Reply,
@@ -169,9 +181,9 @@ def test_without_a_policy_the_run_fails_naming_the_spec_option(model: ModelServe
 # -- Spec options ------------------------------------------------------------------------------------------------
 
 
-def test_context_window_turns_on_a_window_of_most_of_it() -> None:
+def test_context_window_turns_on_compaction_within_most_of_it() -> None:
     policy = agent.Spec(context_window=10_000).context_policy
-    assert isinstance(policy, Window) and policy.max_tokens == 8000
+    assert isinstance(policy, Compaction) and policy.max_tokens == 8000 and policy.threshold == 0.8
     assert agent.Spec().context_policy is None
     mine = Window(max_tokens=500)
     assert agent.Spec(context=mine).context_policy is mine
@@ -199,6 +211,15 @@ def kilobyte(n: int) -> str:
     return f"turn {n}: " + " ".join(f"word{(n * 31 + i) % 997}" for i in range(120))
 
 
+def converse(spec: agent.Spec, turns: int, ep: OpenAIChat | AnthropicMessages) -> None:
+    """``turns`` turns of ~1 KB user messages on ``spec.session``, each a run from the stored transcript;
+    each must be answered."""
+    assert spec.session is not None
+    for n in range(turns):
+        result = agent.Runner().run(spec, [*spec.session.messages(), agent.Message.user(kilobyte(n))], ep)
+        assert result.stop_reason == "answered" and result.text.startswith("answer: turn ")
+
+
 @pytest.mark.parametrize(("wire", "stream"), [("openai", False), ("anthropic", False), ("openai", True),
                                                ("anthropic", True)])
 def test_many_turns_on_sqlite_with_a_window_are_all_answered_within_it(
@@ -209,12 +230,9 @@ def test_many_turns_on_sqlite_with_a_window_are_all_answered_within_it(
     store = sqlite.open(str(tmp_path / "s.db"))
     try:
         session = agent.open("long", store)
-        spec = agent.Spec(session=session, system="You answer.", context_window=window)
-        ep = endpoint(server.url, wire, stream)
         turns = 60
-        for n in range(turns):
-            result = agent.Runner().run(spec, [*session.messages(), agent.Message.user(kilobyte(n))], ep)
-            assert result.stop_reason == "answered" and result.text.startswith("answer: turn ")
+        converse(agent.Spec(session=session, system="You answer.", context=Window(int(window * 0.8))), turns,
+                 endpoint(server.url, wire, stream))
         counts = [request_tokens(r.json) for r in server.requests]
         assert len(server.requests) == turns  # not one refused
         assert max(counts) <= window
@@ -398,3 +416,203 @@ def test_a_narrowed_request_refused_again_ends_the_run_saying_so(model: ModelSer
     assert info.value.tokens == 8500
     assert [len(r.json["messages"]) for r in model.requests] == [3, 1]
     assert [e.messages for e in seen if isinstance(e, agent.events.ModelRequest)] == [3, 1]
+
+
+# -- Compaction ------------------------------------------------------------------------------------------------------
+
+TURN = re.compile(r"turn (\d+):")
+SEEN = re.compile(r"turns seen: ([\d,]*)")
+
+
+def summarising(answer: Callable[[Request], str]) -> Callable[[Request], str]:
+    """A script that answers a summary request (the one whose system prompt is Compaction's) with the turn
+    numbers its messages mention, an earlier summary's included ("turns seen: 0,1,2"), and any other with
+    ``answer``: so a test can tell that what a summary replaced is still known to the model."""
+    def text(request: Request) -> str:
+        body = request.json
+        system = body.get("system") or body["messages"][0].get("content")
+        if system != SUMMARY_SYSTEM:
+            return answer(request)
+        said = json.dumps(body["messages"])
+        seen = {int(n) for n in TURN.findall(said)}
+        for found in SEEN.findall(said):
+            seen |= {int(n) for n in found.split(",") if n}
+        return "turns seen: " + ",".join(map(str, sorted(seen)))
+    return text
+
+
+def turns_known(request: Request) -> set[int]:
+    """The turns a request makes known to the model: those its summary lists and those its messages say."""
+    said = json.dumps(request.json["messages"])
+    known = {int(n) for n in TURN.findall(said)}
+    for found in SEEN.findall(said):
+        known |= {int(n) for n in found.split(",") if n}
+    return known
+
+
+def is_summary_request(request: Request) -> bool:
+    body = request.json
+    return (body.get("system") or body["messages"][0].get("content")) == SUMMARY_SYSTEM
+
+
+@pytest.mark.parametrize(("wire", "stream"), [("openai", False), ("anthropic", True)])
+def test_many_turns_with_compaction_are_all_answered_and_nothing_is_lost(
+    served: list[Served], tmp_path: Path, wire: str, stream: bool,
+) -> None:
+    window = 6000
+    script = summarising(lambda r: "answer: " + kilobyte(len(r.json["messages"])))
+    server = serve(served, windowed(answering(script), window))
+    store = sqlite.open(str(tmp_path / "s.db"))
+    try:
+        session = agent.open("long", store)
+        turns = 100
+        converse(agent.Spec(session=session, system="You answer.", context_window=window),  # the model's context
+                 turns, endpoint(server.url, wire, stream))
+        counts = [request_tokens(r.json) for r in server.requests]
+        assert max(counts) <= window  # no request refused, summary requests included
+        summaries = [r for r in server.requests if is_summary_request(r)]
+        assert summaries
+        stored = session.messages()
+        records = [m for m in stored if is_record(m)]
+        said = [m for m in stored if not is_record(m)]
+        assert len(records) == len(summaries) and len(said) == 2 * turns
+        assert [m.text for m in said[::2]] == [kilobyte(n) for n in range(turns)]  # every message, in order
+        ranges = [(r.content[0].start, r.content[0].end) for r in records]
+        assert ranges[0][0] == 0 and all(a[1] == b[0] for a, b in pairwise(ranges))
+        positions = [i for i, m in enumerate(stored) if is_record(m)]
+        assert all(end <= at for (_, end), at in zip(ranges, positions, strict=True))  # after what it covers
+        asked = [r for r in server.requests if not is_summary_request(r)]
+        assert len(asked) == turns
+        after = asked[[i for i, r in enumerate(server.requests) if not is_summary_request(r)].index(
+            server.requests.index(summaries[0]) + 1):]
+        assert all("A summary of the conversation" in json.dumps(r.json["messages"][:2]) for r in after)
+        assert turns_known(asked[-1]) == set(range(turns))  # the summary and the rest: every turn
+    finally:
+        store.close()
+
+
+def test_a_failed_summary_request_leaves_the_transcript_as_it_was(served: list[Served], tmp_path: Path) -> None:
+    window = 3000
+
+    def respond(request: Request) -> Reply:
+        if is_summary_request(request):
+            return Reply({"error": {"message": "the summariser is down", "type": "server_error"}}, status=400)
+        return openai("ok")
+
+    server = serve(served, windowed(respond, window))
+    store = sqlite.open(str(tmp_path / "s.db"))
+    try:
+        session = agent.open("failing", store)
+        spec = agent.Spec(session=session, context=Compaction(window))
+        for n in range(15):
+            result = agent.Runner().run(spec, [*session.messages(), agent.Message.user(kilobyte(n))],
+                                        endpoint(server.url, "openai"))
+            assert result.stop_reason == "answered"
+        stored = session.messages()
+        assert not any(is_record(m) for m in stored) and len(stored) == 30
+        assert any(is_summary_request(r) for r in server.requests)
+        assert max(request_tokens(r.json) for r in server.requests) <= window  # Window's choice was sent
+    finally:
+        store.close()
+
+
+def test_a_steer_posted_while_the_summary_is_asked_for_is_delivered_once_after_the_record(
+    served: list[Served], tmp_path: Path,
+) -> None:
+    window = 4000
+    store = sqlite.open(str(tmp_path / "s.db"))
+    session = agent.open("steered", store)
+    posted: list[str] = []
+
+    def respond(request: Request) -> Reply:
+        if is_summary_request(request):
+            if not posted:
+                posted.append("steer while compacting")
+                agent.open("steered", store).steer(posted[0])
+            return openai("turns seen: some")
+        return openai("ok")
+
+    server = serve(served, windowed(respond, window))
+    try:
+        spec = agent.Spec(session=session, context=Compaction(window))
+        for n in range(20):
+            agent.Runner().run(spec, [*session.messages(), agent.Message.user(kilobyte(n))],
+                               endpoint(server.url, "openai"))
+        stored = session.messages()
+        steered = [i for i, m in enumerate(stored) if m.text == "steer while compacting"]
+        first_record = next(i for i, m in enumerate(stored) if is_record(m))
+        assert len(steered) == 1 and steered[0] == first_record + 1  # taken by the save that stored the record
+        after = server.requests[next(i for i, r in enumerate(server.requests) if is_summary_request(r)) + 1]
+        assert "steer while compacting" in json.dumps(after.json["messages"])
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_a_record_is_sent_as_the_summary_text(model: ModelServer, wire: str) -> None:
+    record = agent.Message(agent.Role.USER, [agent.Content.compaction("they agreed on Tuesday", 0, 4)])
+    model.push(openai("ok") if wire == "openai" else anthropic("ok"))
+    endpoint(model.url, wire).complete("", [record, agent.Message.user("and now?")], [])
+    sent = json.dumps(model.requests[0].json["messages"])
+    assert "A summary of the conversation before this point:\\n\\nthey agreed on Tuesday" in sent
+
+
+def test_a_record_round_trips_through_json_and_a_store(tmp_path: Path) -> None:
+    record = agent.Message(agent.Role.USER, [agent.Content.compaction("summary \u00e9", 3, 10)])
+    text = record.to_json()
+    assert json.loads(text) == {"role": "user", "content": [{"type": "compaction", "text": "summary \u00e9",
+                                                             "start": 3, "end": 10}]}
+    assert agent.Message.from_json(text) == record and json.dumps(record.to_dict(), separators=(",", ":")) == text
+    store = sqlite.open(str(tmp_path / "s.db"))
+    try:
+        store.save("s", [agent.Message.user("hi"), record])
+        assert store.messages("s")[1] == record
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("bad", [
+    {"type": "compaction", "text": "s", "start": 3, "end": 3},
+    {"type": "compaction", "text": "s", "start": 0, "end": 0},
+    {"type": "compaction", "text": "s", "start": -1, "end": 2},
+    {"type": "compaction", "text": "s", "start": True, "end": 2},
+    {"type": "text", "text": "s", "end": 2},
+])
+def test_a_wrong_record_is_a_message_error(bad: dict[str, Any]) -> None:
+    with pytest.raises(agent.MessageError):
+        agent.Message.from_dict({"role": "user", "content": [bad]})
+
+
+def test_a_run_superseded_during_its_compaction_writes_nothing(served: list[Served], tmp_path: Path) -> None:
+    """Run A's lease lapses while its summary request is in flight (its renewals held back, as a stopped
+    process's would be) and run B takes the session and answers a turn: A's save, which would have carried
+    the record, is refused (LeaseLost), and the stored transcript is B's, with no record."""
+    window = 3000
+    store = sqlite.open(str(tmp_path / "s.db"))
+    stalled = Stalled(store)
+    history = [m for n in range(10) for m in (agent.Message.user(kilobyte(n)), agent.Message.assistant("ok"))]
+    store.save("taken", history)
+    outcome: list[agent.Result] = []
+
+    def respond(request: Request) -> Reply:
+        if is_summary_request(request) and not outcome:
+            stalled.freeze()
+            wait_for(lambda: store.holder("taken") is None, "A's lease to lapse", timeout=30)
+            outcome.append(agent.Runner().run(agent.Spec(session=agent.open("taken", store), context=Window(window)),
+                                              [*store.messages("taken"), agent.Message.user("B's question")],
+                                              endpoint(server.url, "openai")))
+            return openai("turns seen: 0")
+        return openai("ok")
+
+    server = serve(served, windowed(respond, window))
+    try:
+        spec = agent.Spec(session=agent.open("taken", stalled), context=Compaction(window), lease_ttl=0.6)
+        with pytest.raises(agent.LeaseLost):
+            agent.Runner().run(spec, [*history, agent.Message.user("A's question")], endpoint(server.url, "openai"))
+        stalled.thaw()
+        stored = store.messages("taken")
+        assert outcome and stored == outcome[0].messages
+        assert not any(is_record(m) for m in stored) and "A's question" not in json.dumps([m.text for m in stored])
+    finally:
+        stalled.thaw()
+        store.close()

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from functools import partial
 
 from ..approvals import CANCELLED_WAITING, result_text
-from ..context import ContextPolicy
+from ..context import Compacts, ContextPolicy
 from ..endpoints import Endpoint, StreamingEndpoint, streaming
-from ..errors import ContextOverflow, OutcomeUnknown, TranscriptDeleted
+from ..errors import ContextOverflow, EndpointError, OutcomeUnknown, TranscriptDeleted
 from ..events import SILENT, Events, Sink, sink
 from ..messages import Content, Message, Role, distinct_call_ids, unanswered
 from ..result import Result, StopReason
@@ -95,6 +95,7 @@ def _loop(
     stop: StopReason
     streams = streaming(endpoint) if emit is not SILENT else None  # text deltas: only for someone listening
     waiting: list[Content] = []
+    compacts = getattr(spec.context_policy, "compact", None) if spec.context_policy is not None else None
     if unanswered(transcript):  # a resumed run: finish the reply's tool calls before asking again
         waiting = _run_tools(spec, steps, transcript, emit, cancelled, keep)
     while not waiting:
@@ -106,6 +107,8 @@ def _loop(
             break
         step = steps + 1
         emit.step_started(step)
+        if compacts is not None:
+            _compact(compacts, spec, endpoint, transcript, step)
         taken += _collect(step, transcript, box.drain(), emit)
         steers, stop_asked = keep.before_request(transcript)  # steers taken and saved in one step
         if keep.saves:
@@ -167,6 +170,20 @@ def _complete(
     if streams is None:
         return endpoint.complete(spec.system, messages, spec.toolbox)
     return streams.complete(spec.system, messages, spec.toolbox, on_text=partial(emit.text_delta, step))
+
+
+def _compact(compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int) -> None:
+    """Append the policy's compaction record, if it makes one, to ``transcript``: the save before the
+    request stores it, fenced, with the steers that follow it. A summary request that fails appends
+    nothing, and the run goes on (the policy's ``select`` then sends what fits)."""
+    try:
+        record = compacts(spec.system, transcript, spec.toolbox, endpoint)
+    except EndpointError as exc:
+        log.warning("session %r step %d: the summary request failed, nothing compacted: %s", keep_id(spec), step,
+                    _cause(exc))
+        return
+    if record is not None:
+        transcript.append(record)
 
 
 def _within(
