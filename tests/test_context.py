@@ -616,3 +616,41 @@ def test_a_run_superseded_during_its_compaction_writes_nothing(served: list[Serv
     finally:
         stalled.thaw()
         store.close()
+
+
+def test_a_compaction_is_an_event_a_published_one_and_a_span_event(served: list[Served], tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agent_sessions.otel import Tracing
+
+    window = 3000
+    server = serve(served, windowed(answering(summarising(lambda r: "ok")), window))
+    store = sqlite.open(str(tmp_path / "s.db"))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        session = agent.open("told", store)
+        spec = agent.Spec(session=session, context_window=window, publish_events=True)
+        seen: list[Any] = []
+        for n in range(12):
+            tracing = Tracing(session_id="told", tracer_provider=provider, also=seen.append)
+            agent.Runner().run(spec, [*session.messages(), agent.Message.user(kilobyte(n))],
+                               endpoint(server.url, "openai"), tracing)
+        told = [e for e in seen if isinstance(e, agent.events.Compacted)]
+        stored = session.messages()
+        records = [(i, m.content[0]) for i, m in enumerate(stored) if is_record(m)]
+        assert told and [(e.index, e.start, e.end) for e in told] == [(i, c.start, c.end) for i, c in records]
+        assert all(e.tokens_after < e.tokens_before for e in told)
+        published = [e.data for e in session.events(limit=1000) if e.kind == "compacted"]
+        assert published == [{"step": e.step, "start": e.start, "end": e.end, "index": e.index,
+                              "tokens_before": e.tokens_before, "tokens_after": e.tokens_after} for e in told]
+        steps = [s for s in exporter.get_finished_spans() if s.name == "step"
+                 and any(ev.name == "agent_sessions.compacted" for ev in s.events)]
+        assert len(steps) == len(told)
+        assert [dict(s.attributes or {})["agent_sessions.compaction.end"] for s in steps] == [e.end for e in told]
+    finally:
+        provider.shutdown()
+        store.close()

@@ -108,7 +108,7 @@ def _loop(
         step = steps + 1
         emit.step_started(step)
         if compacts is not None:
-            _compact(compacts, spec, endpoint, transcript, step)
+            _compact(compacts, spec, endpoint, transcript, step, emit)
         taken += _collect(step, transcript, box.drain(), emit)
         steers, stop_asked = keep.before_request(transcript)  # steers taken and saved in one step
         if keep.saves:
@@ -172,18 +172,30 @@ def _complete(
     return streams.complete(spec.system, messages, spec.toolbox, on_text=partial(emit.text_delta, step))
 
 
-def _compact(compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int) -> None:
+def _compact(
+    compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int, emit: Sink,
+) -> None:
     """Append the policy's compaction record, if it makes one, to ``transcript``: the save before the
     request stores it, fenced, with the steers that follow it. A summary request that fails appends
-    nothing, and the run goes on (the policy's ``select`` then sends what fits)."""
+    nothing, and the run goes on (the policy's ``select`` then sends what fits). For a listener, the
+    ``compacted`` event says what the record covers and the request's estimate without and with it."""
     try:
         record = compacts(spec.system, transcript, spec.toolbox, endpoint)
     except EndpointError as exc:
         log.warning("session %r step %d: the summary request failed, nothing compacted: %s", keep_id(spec), step,
                     _cause(exc))
         return
-    if record is not None:
+    if record is None:
+        return
+    policy = spec.context_policy
+    if policy is None or emit is SILENT:
         transcript.append(record)
+        return
+    before = policy.select(spec.system, transcript, spec.toolbox).tokens
+    transcript.append(record)
+    after = policy.select(spec.system, transcript, spec.toolbox).tokens
+    block = record.content[0]
+    emit.compacted(step, block.start, block.end, len(transcript) - 1, before, after)
 
 
 def _within(
