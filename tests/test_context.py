@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import create_engine
 
 import agent_sessions as agent
 from agent_sessions.context import (
@@ -29,9 +34,10 @@ from agent_sessions.context import (
 from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
 from agent_sessions.testing.model_server import ModelServer as Served
 from agent_sessions.testing.model_server import request_tokens
-from stores import sqlite
+from stores import mysql, postgres, sqlite
 from storetest.crossprocess import wait_for
 from storetest.stalls import Stalled
+from tests import servers
 from tests.model_server import (
     ModelServer,
     Reply,
@@ -455,17 +461,44 @@ def is_summary_request(request: Request) -> bool:
     return (body.get("system") or body["messages"][0].get("content")) == SUMMARY_SYSTEM
 
 
-@pytest.mark.parametrize(("wire", "stream"), [("openai", False), ("anthropic", True)])
+@contextmanager
+def store_on(kind: str, tmp_path: Path) -> Iterator[agent.RunStore]:
+    """A store of ``kind`` on a database of its own (SQLite: a file; PostgreSQL, MySQL: this test's database
+    on the test servers, with fresh tables)."""
+    if kind == "sqlite":
+        lite = sqlite.open(str(tmp_path / "s.db"))
+        try:
+            yield lite
+        finally:
+            lite.close()
+        return
+    base = servers.POSTGRES_URL if kind == "postgres" else servers.MYSQL_URL
+    url = servers.database_url(base, servers.database_name("context"))
+    servers.create_database(url)
+    engine = create_engine(url, pool_size=4)
+    try:
+        servers.fresh_schema(engine)
+        yield (postgres.Store if kind == "postgres" else mysql.Store)(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("kind", "wire", "stream"), [
+    ("sqlite", "openai", False), ("sqlite", "anthropic", True), ("postgres", "anthropic", False),
+    ("mysql", "openai", True),
+])
 def test_many_turns_with_compaction_are_all_answered_and_nothing_is_lost(
-    served: list[Served], tmp_path: Path, wire: str, stream: bool,
+    served: list[Served], tmp_path: Path, kind: str, wire: str, stream: bool,
 ) -> None:
+    """300 turns of ~1 KB messages with context_window set: every turn is answered, no request (summary
+    requests included) passes the window, the store holds every message in order with the records after
+    what they cover, and the last request still makes every turn known (the summaries of summaries)."""
     window = 6000
     script = summarising(lambda r: "answer: " + kilobyte(len(r.json["messages"])))
     server = serve(served, windowed(answering(script), window))
-    store = sqlite.open(str(tmp_path / "s.db"))
-    try:
-        session = agent.open("long", store)
-        turns = 100
+    with store_on(kind, tmp_path) as store:
+        session = agent.open(f"long-{uuid.uuid4().hex}", store)
+        turns = 300
         converse(agent.Spec(session=session, system="You answer.", context_window=window),  # the model's context
                  turns, endpoint(server.url, wire, stream))
         counts = [request_tokens(r.json) for r in server.requests]
@@ -487,8 +520,6 @@ def test_many_turns_with_compaction_are_all_answered_and_nothing_is_lost(
             server.requests.index(summaries[0]) + 1):]
         assert all("A summary of the conversation" in json.dumps(r.json["messages"][:2]) for r in after)
         assert turns_known(asked[-1]) == set(range(turns))  # the summary and the rest: every turn
-    finally:
-        store.close()
 
 
 def test_a_failed_summary_request_leaves_the_transcript_as_it_was(served: list[Served], tmp_path: Path) -> None:
@@ -516,19 +547,32 @@ def test_a_failed_summary_request_leaves_the_transcript_as_it_was(served: list[S
         store.close()
 
 
-def test_a_steer_posted_while_the_summary_is_asked_for_is_delivered_once_after_the_record(
+STEER = """
+import sys
+import agent_sessions as agent
+from stores import sqlite
+store = sqlite.open(sys.argv[1])
+agent.open("steered", store).steer(sys.argv[2])
+store.close()
+"""
+
+
+def test_steers_posted_from_other_processes_while_the_summary_is_asked_for_are_delivered_once_after_the_record(
     served: list[Served], tmp_path: Path,
 ) -> None:
     window = 4000
-    store = sqlite.open(str(tmp_path / "s.db"))
+    path = str(tmp_path / "s.db")
+    store = sqlite.open(path)
     session = agent.open("steered", store)
-    posted: list[str] = []
+    posted = [f"steer {i} while compacting" for i in range(3)]
+    compactions: list[int] = []
 
     def respond(request: Request) -> Reply:
         if is_summary_request(request):
-            if not posted:
-                posted.append("steer while compacting")
-                agent.open("steered", store).steer(posted[0])
+            if not compactions:
+                children = [subprocess.Popen([sys.executable, "-c", STEER, path, text]) for text in posted]
+                assert all(child.wait(timeout=60) == 0 for child in children)
+            compactions.append(len(server.requests))
             return openai("turns seen: some")
         return openai("ok")
 
@@ -539,11 +583,13 @@ def test_a_steer_posted_while_the_summary_is_asked_for_is_delivered_once_after_t
             agent.Runner().run(spec, [*session.messages(), agent.Message.user(kilobyte(n))],
                                endpoint(server.url, "openai"))
         stored = session.messages()
-        steered = [i for i, m in enumerate(stored) if m.text == "steer while compacting"]
         first_record = next(i for i, m in enumerate(stored) if is_record(m))
-        assert len(steered) == 1 and steered[0] == first_record + 1  # taken by the save that stored the record
-        after = server.requests[next(i for i, r in enumerate(server.requests) if is_summary_request(r)) + 1]
-        assert "steer while compacting" in json.dumps(after.json["messages"])
+        steered = [m.text for m in stored if m.text in posted]
+        assert sorted(steered) == posted  # each once
+        assert sorted(m.text for m in stored[first_record + 1:first_record + 4]) == posted  # right after the record
+        after = server.requests[compactions[0]]  # the request the record was saved for
+        assert all(text in json.dumps(after.json["messages"]) for text in posted)
+        assert session.pending_steers() == []
     finally:
         store.close()
 
