@@ -447,6 +447,11 @@ def summarising(answer: Callable[[Request], str]) -> Callable[[Request], str]:
     return text
 
 
+def long_answer(request: Request) -> str:
+    """About 1 KB of answer, naming the number of messages it answers."""
+    return "answer: " + kilobyte(len(request.json["messages"]))
+
+
 def turns_known(request: Request) -> set[int]:
     """The turns a request makes known to the model: those its summary lists and those its messages say."""
     said = json.dumps(request.json["messages"])
@@ -494,8 +499,7 @@ def test_many_turns_with_compaction_are_all_answered_and_nothing_is_lost(
     requests included) passes the window, the store holds every message in order with the records after
     what they cover, and the last request still makes every turn known (the summaries of summaries)."""
     window = 6000
-    script = summarising(lambda r: "answer: " + kilobyte(len(r.json["messages"])))
-    server = serve(served, windowed(answering(script), window))
+    server = serve(served, windowed(answering(summarising(long_answer)), window))
     with store_on(kind, tmp_path) as store:
         session = agent.open(f"long-{uuid.uuid4().hex}", store)
         turns = 300
@@ -700,3 +704,93 @@ def test_a_compaction_is_an_event_a_published_one_and_a_span_event(served: list[
     finally:
         provider.shutdown()
         store.close()
+
+
+# -- the guarantees across a compaction -------------------------------------------------------------------------------
+
+
+def test_a_turn_repeated_after_its_key_was_summarised_is_answered_from_the_store(
+    served: list[Served], tmp_path: Path,
+) -> None:
+    window = 4000
+    server = serve(served, windowed(answering(summarising(long_answer)), window))
+    with store_on("sqlite", tmp_path) as store:
+        session = agent.open("turns", store)
+        spec = agent.Spec(session=session, context_window=window)
+        ep = endpoint(server.url, "openai")
+        first = agent.Runner().turn(spec, kilobyte(0), "task-0", ep)
+        for n in range(1, 30):
+            agent.Runner().turn(spec, kilobyte(n), f"task-{n}", ep)
+        records = [m.content[0] for m in session.messages() if is_record(m)]
+        assert records and records[-1].end > 1  # task-0's message is inside a summarised range
+        asked = len(server.requests)
+        again = agent.Runner().turn(spec, kilobyte(0), "task-0", ep)  # the task redelivered
+        assert again.steps == 0 and again.text == first.text and len(server.requests) == asked
+
+
+def test_a_fork_cut_inside_a_summarised_range_has_the_raw_messages_and_runs(
+    served: list[Served], tmp_path: Path,
+) -> None:
+    window = 4000
+    server = serve(served, windowed(answering(summarising(long_answer)), window))
+    with store_on("sqlite", tmp_path) as store:
+        session = agent.open("forked", store)
+        spec = agent.Spec(session=session, context_window=window)
+        converse(spec, 30, endpoint(server.url, "openai"))
+        stored = session.messages()
+        record = next(m.content[0] for m in stored if is_record(m))
+        cut = record.end - 2  # inside the first summarised range: a user message
+        fork = session.fork("forked-2", at=cut)
+        assert fork.messages() == stored[:cut] and not any(is_record(m) for m in fork.messages())
+        result = agent.Runner().run(agent.Spec(session=fork, context_window=window),
+                                    [*fork.messages(), agent.Message.user(kilobyte(99))],
+                                    endpoint(server.url, "openai"))
+        assert result.stop_reason == "answered"
+        assert session.messages() == stored  # the source is as it was
+
+
+def test_an_approval_waiting_when_the_threshold_is_passed_compacts_when_its_turn_goes_on(
+    served: list[Served], tmp_path: Path,
+) -> None:
+    @agent.tool(needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order."""
+        return f"refunded {order}"
+
+    def respond(request: Request) -> Reply:
+        body = request.json
+        if body["messages"][0].get("content") == SUMMARY_SYSTEM:
+            return openai("turns seen: earlier")
+        since = body["messages"][max((i for i, m in enumerate(body["messages"]) if m["role"] == "assistant"),
+                                     default=0):]
+        if any(m["role"] == "tool" for m in since):  # the results, and the steers after them
+            return openai("answer: refunded")
+        if "refund" in body["messages"][-1].get("content", ""):
+            return openai(calls=[("c1", "refund", '{"order": "1182"}')])
+        return openai("answer: noted")
+
+    window = 4000
+    server = serve(served, windowed(respond, window))
+    with store_on("sqlite", tmp_path) as store:
+        session = agent.open("approved", store)
+        spec = agent.Spec(session=session, tools=[refund], context=Compaction(window, threshold=0.5))
+        ep = endpoint(server.url, "openai")
+        for n in range(4):
+            agent.Runner().run(spec, [*session.messages(), agent.Message.user(kilobyte(n))], ep)
+        before = session.messages()
+        waiting = agent.Runner().run(spec, [*before, agent.Message.user("refund order 1182")], ep)
+        assert waiting.stop_reason == "awaiting_approval"
+        for n in range(4, 8):  # meanwhile more is said: steers, past the threshold
+            session.steer(kilobyte(n))
+        session.approve("c1")
+        result = agent.Runner().run(spec, session.messages(), ep)
+        assert result.stop_reason == "answered" and result.text == "answer: refunded"
+        # the steers were taken by the save before that request: the next turn's check counts them
+        agent.Runner().run(spec, [*session.messages(), agent.Message.user("and now?")], ep)
+        stored = session.messages()
+        calls = [i for i, m in enumerate(stored) if m.tool_calls]
+        assert len(calls) == 1 and stored[calls[0] + 1].content[0].text == "refunded 1182"  # ran once, answered
+        records = [m.content[0] for m in stored if is_record(m)]
+        assert records and all(r.end != calls[0] + 1 for r in records)  # never between a call and its result
+        assert all(kilobyte(n) in [m.text for m in stored] for n in range(8))
+        assert max(request_tokens(r.json) for r in server.requests) <= window
