@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -91,6 +92,14 @@ class ModelServer:
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 64  # the default listen backlog, 5, resets some of a burst of 16 connections
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that reset its kept-alive connection (after an error status it did not read to the
+        end, say) is a client gone, logged at DEBUG; anything else is printed, as socketserver does."""
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            log.debug("model server: %s reset the connection", client_address)
+            return
+        super().handle_error(request, client_address)
 
 
 def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
