@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
@@ -794,3 +794,47 @@ def test_an_approval_waiting_when_the_threshold_is_passed_compacts_when_its_turn
         assert records and all(r.end != calls[0] + 1 for r in records)  # never between a call and its result
         assert all(kilobyte(n) in [m.text for m in stored] for n in range(8))
         assert max(request_tokens(r.json) for r in server.requests) <= window
+
+
+class Summariser:
+    """An endpoint that summarises by counting: its reply names how many messages it was given."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[agent.Message]] = []
+
+    def complete(self, system: str, messages: Sequence[agent.Message], tools: Sequence[agent.Tool]) -> agent.Message:
+        self.asked.append(list(messages))
+        return agent.Message.assistant(f"{len(messages)} messages")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(transcripts(), st.integers(50, 3000), st.sampled_from([0.5, 0.8, 1.0]), st.integers(1, 4))
+def test_compaction_records_cover_contiguous_ranges_ending_at_request_starts(
+    transcript: list[agent.Message], budget: int, threshold: float, rounds: int,
+) -> None:
+    policy = Compaction(budget, threshold=threshold)
+    summariser = Summariser()
+    for _ in range(rounds):
+        record = policy.compact("", transcript, [], summariser)
+        if record is None:
+            break
+        transcript.append(record)
+    records = [(i, m.content[0]) for i, m in enumerate(transcript) if is_record(m)]
+    previous = 0
+    for at, block in records:
+        assert block.start == previous < block.end <= at  # contiguous, after what it covers
+        assert valid_start(transcript[block.end]) and not is_record(transcript[block.end])
+        previous = block.end
+    for asked in summariser.asked:  # a summary request: a valid conversation ending with the ask
+        assert asked[-1].role is agent.Role.USER and valid_start(asked[0])
+        calls = {c.id for m in asked for c in m.tool_calls}
+        assert calls == {c.tool_call_id for m in asked for c in m.content if c.type is agent.ContentType.TOOL_RESULT}
+    chosen = policy.select("", transcript, [])
+    sent = list(chosen.messages)
+    if records:
+        at, block = records[-1]
+        assert sent[0] is transcript[at]
+        rest = [m for m in transcript[block.end:] if not is_record(m)]
+        assert sent[1:] == rest[len(rest) - len(sent) + 1:]  # a suffix of what follows the range
+    calls = {c.id for m in sent for c in m.tool_calls}
+    assert calls == {c.tool_call_id for m in sent for c in m.content if c.type is agent.ContentType.TOOL_RESULT}
