@@ -655,6 +655,8 @@ def format_message(message: Message, number: int | None = None) -> list[str]:
             text = block.text
         elif block.type is ContentType.TOOL_CALL:  # a name or id is one field; arguments and texts are lines
             text = f"tool call {safe(block.name)} [{safe(block.id)}] {block.arguments}"
+        elif block.type is ContentType.COMPACTION:
+            text = f"summary of messages #{block.start} to #{block.end - 1}: {block.text}"
         else:
             error = " (error)" if block.is_error else ""
             text = f"tool result [{safe(block.tool_call_id)}]{error}: {block.text}"

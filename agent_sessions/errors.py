@@ -79,6 +79,26 @@ class EndpointError(AgentError):
         super().__init__(f"{status}: {message}" if status is not None else message)
 
 
+class ContextOverflow(EndpointError):
+    """The provider refused the request as longer than the model's context (OpenAI's
+    ``context_length_exceeded``, Anthropic's "prompt is too long"). Retrying the same request cannot
+    succeed: what is sent must shrink, which a context policy does (``Spec(context_window=...)``, see
+    docs/runs/context.md). ``tokens`` is what the provider counted for the request and ``limit`` its
+    maximum, each ``None`` when its error text does not say."""
+
+    def __init__(self, message: str, *, status: int | None = None, body: str = "", tokens: int | None = None,
+                 limit: int | None = None) -> None:
+        self.tokens = tokens
+        self.limit = limit
+        super().__init__(message, status=status, body=body)
+
+    def hinted(self, hint: str) -> ContextOverflow:
+        """This error with ``hint`` added to what it says (``message`` stays the provider's own text)."""
+        again = ContextOverflow(self.message, status=self.status, body=self.body, tokens=self.tokens, limit=self.limit)
+        again.args = (f"{self}{hint}",)
+        return again
+
+
 class ToolError(AgentError):
     """Raise it inside a tool to hand the model a clean error text (no exception type in front)."""
 

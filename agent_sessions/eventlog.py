@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 KINDS = (
     "step_started", "steer_applied", "text", "model_response", "tool_called", "tool_finished",
-    "approval_requested", "approval_decided", "finished", "failed",
+    "approval_requested", "approval_decided", "compacted", "finished", "failed",
 )
 """What a run publishes, each with its own ``data`` (docs/runs/events.md lists them)."""
 ENDS = frozenset({"finished", "failed"})

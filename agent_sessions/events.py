@@ -42,6 +42,20 @@ class ModelRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Compacted:
+    """The context policy appended a compaction record (docs/runs/context.md) before the step's request:
+    a summary of the transcript's messages ``[start, end)``, standing at ``index``. ``tokens_before`` and
+    ``tokens_after`` are the policy's estimates of the step's request without and with it."""
+
+    step: int
+    start: int
+    end: int
+    index: int
+    tokens_before: int
+    tokens_after: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelResponse:
     step: int
     message: Message
@@ -111,7 +125,7 @@ class Failed:
 
 Event = (
     StepStarted | SteerApplied | Saved | ModelRequest | ModelResponse | ToolCalled | ToolFinished | Finished | Failed
-    | TextDelta | ApprovalRequested | ApprovalDecided
+    | TextDelta | ApprovalRequested | ApprovalDecided | Compacted
 )
 Events = Callable[[Event], None]
 
@@ -133,6 +147,9 @@ class Sink:
 
     def saved(self, step: int, messages: int) -> None:
         self.events(Saved(step, messages))
+
+    def compacted(self, step: int, start: int, end: int, index: int, before: int, after: int) -> None:
+        self.events(Compacted(step, start, end, index, before, after))
 
     def model_request(self, step: int, messages: int) -> float:
         """Returns the clock reading ``model_response`` measures from."""
@@ -187,6 +204,9 @@ class _Silent(Sink):
         pass
 
     def saved(self, step: int, messages: int) -> None:
+        pass
+
+    def compacted(self, step: int, start: int, end: int, index: int, before: int, after: int) -> None:
         pass
 
     def model_request(self, step: int, messages: int) -> float:

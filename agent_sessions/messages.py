@@ -29,6 +29,14 @@ class ContentType(StrEnum):
     TEXT = "text"
     TOOL_CALL = "tool_call"
     TOOL_RESULT = "tool_result"
+    COMPACTION = "compaction"
+    """A summary of the transcript's messages ``[start, end)``, appended by a context policy
+    (docs/runs/context.md): a request sends it in their place."""
+
+
+def summary_text(c: Content) -> str:
+    """What a request says for a compaction record: its summary, said to be one (sent as a user's text)."""
+    return f"A summary of the conversation before this point:\n\n{c.text}"
 
 
 # The fields each content type uses; the others must stay at their defaults so that the JSON form,
@@ -37,13 +45,16 @@ _FIELDS: dict[ContentType, tuple[str, ...]] = {
     ContentType.TEXT: ("text",),
     ContentType.TOOL_CALL: ("id", "name", "arguments"),
     ContentType.TOOL_RESULT: ("tool_call_id", "text", "is_error"),
+    ContentType.COMPACTION: ("text", "start", "end"),
 }
 _REQUIRED_NON_EMPTY: dict[ContentType, tuple[str, ...]] = {
     ContentType.TEXT: (),
     ContentType.TOOL_CALL: ("id", "name"),
     ContentType.TOOL_RESULT: ("tool_call_id",),
+    ContentType.COMPACTION: ("end",),
 }
 _STR_FIELDS = ("text", "id", "name", "arguments", "tool_call_id")
+_INT_FIELDS = ("start", "end")
 MAX_KEY_LENGTH = 255
 
 
@@ -59,6 +70,8 @@ def _encode(message: Message) -> str:
             value = getattr(c, name)
             if value is True or value is False:
                 block += f',"{name}":' + ("true" if value else "false")
+            elif type(value) is int:
+                block += f',"{name}":{value}'
             else:
                 block += f',"{name}":' + encode_basestring_ascii(value)
         blocks.append(block + "}")
@@ -81,6 +94,9 @@ class Content:
     arguments: str = ""
     tool_call_id: str = ""
     is_error: bool = False
+    start: int = 0
+    end: int = 0
+    """A compaction's range: it summarises the transcript's messages ``[start, end)``."""
 
     def __post_init__(self) -> None:
         try:
@@ -96,8 +112,14 @@ class Content:
                 raise MessageError(f"Content.{name} must be a str, got {type(value).__name__}")
         if not isinstance(self.is_error, bool):
             raise MessageError(f"Content.is_error must be a bool, got {type(self.is_error).__name__}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise MessageError(f"Content.{name} must be an int >= 0, got {value!r}")
+        if self.end and self.start >= self.end:
+            raise MessageError(f"a compaction's range [start, end) must not be empty, got [{self.start}, {self.end})")
         used = _FIELDS[kind]
-        for name in (*_STR_FIELDS, "is_error"):
+        for name in (*_STR_FIELDS, "is_error", *_INT_FIELDS):
             if name not in used and getattr(self, name):
                 raise MessageError(f"Content.{name} is not used by {kind.value} content")
         for name in _REQUIRED_NON_EMPTY[kind]:
@@ -115,6 +137,11 @@ class Content:
     @classmethod
     def tool_result(cls, tool_call_id: str, text: str, is_error: bool = False) -> Content:
         return cls(ContentType.TOOL_RESULT, tool_call_id=tool_call_id, text=text, is_error=is_error)
+
+    @classmethod
+    def compaction(cls, summary: str, start: int, end: int) -> Content:
+        """A summary of the transcript's messages ``[start, end)``, which requests send in their place."""
+        return cls(ContentType.COMPACTION, text=summary, start=start, end=end)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type.value}
@@ -272,8 +299,8 @@ class Message:
 _new = object.__new__
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 # The slots' own descriptors: setting through one is a call, with no attribute lookup or frozen check.
-_set_type, _set_text, _set_id, _set_name, _set_arguments, _set_tool_call_id, _set_is_error = (
-    vars(Content)[name].__set__ for name in ("type", *_STR_FIELDS, "is_error")
+_set_type, _set_text, _set_id, _set_name, _set_arguments, _set_tool_call_id, _set_is_error, _set_start, _set_end = (
+    vars(Content)[name].__set__ for name in ("type", *_STR_FIELDS, "is_error", *_INT_FIELDS)
 )
 _set_role, _set_content, _set_key, _set_usage, _set_json, _set_origin = (
     vars(Message)[name].__set__ for name in ("role", "content", "key", "usage", "_json", "_origin")
@@ -351,19 +378,33 @@ def _decoded(data: dict[str, Any], stored: str | None = None) -> Message | None:
             _set_arguments(c, arguments)
             _set_tool_call_id(c, "")
             _set_is_error(c, False)
-        elif kind == "text":
+        elif kind == "text" or kind == "compaction":
             text = block.get("text")
-            if len(block) != 2 or type(text) is not str:
-                return None
-            _set_type(c, ContentType.TEXT)
+            start: Any = 0
+            end: Any = 0
+            if kind == "text":
+                if len(block) != 2 or type(text) is not str:
+                    return None
+            else:
+                start, end = block.get("start"), block.get("end")
+                if (len(block) != 4 or type(text) is not str or type(start) is not int or type(end) is not int
+                        or not 0 <= start < end):
+                    return None
+            _set_type(c, ContentType.TEXT if kind == "text" else ContentType.COMPACTION)
             _set_text(c, text)
             _set_id(c, "")
             _set_name(c, "")
             _set_arguments(c, "")
             _set_tool_call_id(c, "")
             _set_is_error(c, False)
+            _set_start(c, start)
+            _set_end(c, end)
+            items.append(c)
+            continue
         else:
             return None
+        _set_start(c, 0)
+        _set_end(c, 0)
         items.append(c)
     m = _new(Message)
     _set_role(m, role)

@@ -44,6 +44,7 @@ from . import __version__
 from .endpoints import AnthropicMessages, OpenAIChat
 from .errors import EndpointError
 from .events import (
+    Compacted,
     Event,
     Events,
     Failed,
@@ -235,6 +236,14 @@ class Tracing:
                 STEP: event.step, "agent_sessions.steer.source": event.source,
                 "agent_sessions.steer.index": event.index,
             })
+        elif isinstance(event, Compacted):
+            compaction = {STEP: event.step, "agent_sessions.compaction.start": event.start,
+                          "agent_sessions.compaction.end": event.end,
+                          "agent_sessions.compaction.index": event.index,
+                          "agent_sessions.compaction.tokens_before": event.tokens_before,
+                          "agent_sessions.compaction.tokens_after": event.tokens_after}
+            self._open[-1].span.add_event("agent_sessions.compacted", compaction)
+            self._open[-1].span.set_attributes(compaction)
         elif isinstance(event, Saved):
             self._open[-1].span.add_event("agent_sessions.saved", {STEP: event.step, MESSAGES: event.messages})
         elif isinstance(event, Finished):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from .context import ContextPolicy, policy_of
 from .contract import Session
 from .errors import ArgumentError
 from .tools import Tool, as_tool
@@ -44,6 +45,16 @@ class Spec:
     events_kept: int = 10_000
     """With ``publish_events``: how many of the session's newest events its log keeps (each append drops
     the oldest beyond them)."""
+    context_window: int | None = None
+    """The model's context, in tokens: turns on the default context policy, so each request sends what
+    fits of the transcript (the store keeps all of it): a ``Compaction`` sending at most 80% of it, which
+    summarises the oldest messages into a stored record as it fills (docs/runs/context.md). ``None``:
+    every request sends the whole transcript."""
+    context: ContextPolicy | None = None
+    """A context policy of your own choosing (``Window(max_tokens=...)``, or any ``ContextPolicy``), instead
+    of ``context_window``'s default; not both."""
+    context_policy: ContextPolicy | None = field(init=False, repr=False, compare=False)
+    """The policy the run uses: ``context``, or ``context_window``'s default, or ``None``."""
     toolbox: tuple[Tool, ...] = field(init=False, repr=False, compare=False)
     """``tools`` as Tool objects (plain functions wrapped by ``@agent.tool``): what the model is offered."""
     _tools_by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
@@ -77,6 +88,7 @@ class Spec:
             raise ArgumentError(f"Spec.events_kept must be an int >= 1, got {self.events_kept!r}")
         if not isinstance(self.system, str):
             raise ArgumentError(f"Spec.system must be a str, got {type(self.system).__name__}")
+        object.__setattr__(self, "context_policy", policy_of(self.context, self.context_window))
         tools = tuple(as_tool(t) for t in self.tools)
         by_name: dict[str, Tool] = {}
         for t in tools:

@@ -51,6 +51,8 @@ contents = st.one_of(
     st.builds(Content.tool_call, ids, st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,20}", fullmatch=True),
               raw_arguments()),
     st.builds(Content.tool_result, ids, any_text, st.booleans()),
+    st.builds(lambda text, start, span: Content.compaction(text, start, start + span), any_text,
+              st.integers(0, 10**6), st.integers(1, 10**6)),
 )
 
 messages = st.builds(Message, st.sampled_from(list(Role)), st.lists(contents, max_size=4))

@@ -11,12 +11,16 @@ from agent_sessions.testing.model_server import (
     Request,
     Script,
     anthropic,
+    context_length_exceeded,
     openai,
     openai_raw,
+    prompt_too_long,
     sse,
+    windowed,
 )
 
-__all__ = ["ModelServer", "Reply", "Request", "Script", "anthropic", "openai", "openai_raw", "sse"]
+__all__ = ["ModelServer", "Reply", "Request", "Script", "anthropic", "context_length_exceeded", "openai", "openai_raw",
+           "prompt_too_long", "sse", "windowed"]
 
 _NOTHING_LEFT = Reply({"error": {"message": "the test script has no reply left"}}, status=599)
 

@@ -32,9 +32,10 @@ def test_to_json_round_trips(message: agent.Message) -> None:
 
 # -- the fast decoding path agrees with the checked one -------------------------------------------------------
 
-_NAMES = ("role", "key", "content", "type", "text", "id", "name", "arguments", "tool_call_id", "is_error", "usage")
+_NAMES = ("role", "key", "content", "type", "text", "id", "name", "arguments", "tool_call_id", "is_error", "start",
+          "end", "usage")
 _SUBSTITUTES = ["", "x", "\x00", "k" * 256, 0, 1, 1.0, True, False, None, [], {}, "user", "assistant", "text",
-                "tool_call", "tool_result", [{"type": "text", "text": "t"}]]
+                "tool_call", "tool_result", "compaction", -1, 2**63, [{"type": "text", "text": "t"}]]
 """What a field's value becomes: empty, of another type, another role or content type, too long."""
 _VALUES = st.sampled_from(_SUBSTITUTES) | strategies.json_values
 
@@ -83,7 +84,7 @@ def _outcome(decode: Callable[[], agent.Message]) -> tuple[object, ...]:
     return (type(m), m.role, type(m.role), m.key, type(m.key), type(m.content), m.usage, m._json, blocks)
 
 
-_CONTENT_FIELDS = ("text", "id", "name", "arguments", "tool_call_id", "is_error")
+_CONTENT_FIELDS = ("text", "id", "name", "arguments", "tool_call_id", "is_error", "start", "end")
 
 
 def _agree(data: object, text: str) -> None:
@@ -104,7 +105,7 @@ def test_fast_decoding_agrees_with_the_checks(data: object, before: str, after: 
 
 _EVERY_BLOCK = agent.Message(agent.Role.ASSISTANT, [
     agent.Content.from_text("t"), agent.Content.tool_call("c1", "grep", "{}"),
-    agent.Content.tool_result("c1", "r", True)], key="k-1")
+    agent.Content.tool_result("c1", "r", True), agent.Content.compaction("s", 2, 5)], key="k-1")
 
 
 @pytest.mark.parametrize("base", [_EVERY_BLOCK, agent.Message.user("q")], ids=["every-block", "plain"])

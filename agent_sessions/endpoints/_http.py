@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import random
+import re
 import threading
 import time
 import weakref
@@ -23,7 +24,7 @@ from urllib3.exceptions import ReadTimeoutError
 from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
-from ..errors import ArgumentError, EndpointError
+from ..errors import ArgumentError, ContextOverflow, EndpointError
 
 log = logging.getLogger(__name__)
 
@@ -384,7 +385,10 @@ def _decode(url: str, response: requests.Response, text: str) -> dict[str, Any]:
     except ValueError:
         data = None
     if response.status_code >= 400:
-        raise EndpointError(_provider_message(data) or text[:2000], status=response.status_code, body=text)
+        message = _provider_message(data) or text[:2000]
+        raise overflow(data, message, status=response.status_code, body=text) or EndpointError(
+            message, status=response.status_code, body=text
+        )
     if not isinstance(data, dict):
         raise EndpointError(
             f"{url} answered {response.status_code} with a body that is not a JSON object: {text[:200]!r}",
@@ -406,6 +410,29 @@ def _provider_message(data: object) -> str | None:
     if isinstance(data.get("message"), str):
         return str(data["message"])
     return None
+
+
+_OPENAI_LIMIT = re.compile(r"maximum context length is (\d+) tokens")
+_OPENAI_TOKENS = re.compile(r"(?:resulted in|requested) (\d+) tokens")
+_ANTHROPIC = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
+
+
+def overflow(data: object, message: str, *, status: int | None, body: str) -> ContextOverflow | None:
+    """The provider's context-length error as a ContextOverflow with its counts, or None for any other
+    error. OpenAI (and the servers copying it: vLLM, llama.cpp) says ``"code": "context_length_exceeded"``
+    and "This model's maximum context length is M tokens. However, your messages resulted in N tokens";
+    Anthropic says "prompt is too long: N tokens > M maximum". A provider may drop either part, so each is
+    recognised on its own, and a count it leaves out is None."""
+    error = data.get("error") if isinstance(data, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if found := _ANTHROPIC.search(message):
+        return ContextOverflow(message, status=status, body=body, tokens=int(found[1]), limit=int(found[2]))
+    limit = _OPENAI_LIMIT.search(message)
+    if code != "context_length_exceeded" and limit is None:
+        return None
+    tokens = _OPENAI_TOKENS.search(message)
+    return ContextOverflow(message, status=status, body=body, tokens=int(tokens[1]) if tokens else None,
+                           limit=int(limit[1]) if limit else None)
 
 
 def malformed(what: str, body: object) -> EndpointError:
@@ -438,5 +465,8 @@ def stream_error(data: dict[str, Any], text: str) -> EndpointError:
     error = data.get("error")
     kind = error.get("type") if isinstance(error, dict) else None
     what = _provider_message(data) or text[:300]
+    found = overflow(data, what, status=200, body=text)
+    if found is not None:
+        return found
     return EndpointError(f"the stream reported an error: {what}" + (f" ({kind})" if isinstance(kind, str) else ""),
                          status=200, body=text)

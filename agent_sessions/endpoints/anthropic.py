@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from ..messages import Content, ContentType, Message, Role
+from ..messages import Content, ContentType, Message, Role, summary_text
 from ..tools import Tool
 from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
 
@@ -116,6 +116,8 @@ def _messages(messages: Sequence[Message]) -> str:
 def _block(c: Content) -> str:
     if c.type is ContentType.TEXT:
         return '{"type": "text", "text": ' + _string(c.text) + "}"
+    if c.type is ContentType.COMPACTION:
+        return '{"type": "text", "text": ' + _string(summary_text(c)) + "}"
     if c.type is ContentType.TOOL_CALL:
         return ('{"type": "tool_use", "id": ' + _string(c.id) + ', "name": ' + _string(c.name)
                 + ', "input": ' + _input(c.arguments) + "}")

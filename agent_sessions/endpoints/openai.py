@@ -9,7 +9,7 @@ from typing import Any
 import requests
 
 from ..errors import EndpointError
-from ..messages import Content, ContentType, Message, Role, made_up_call_id
+from ..messages import Content, ContentType, Message, Role, made_up_call_id, summary_text
 from ..tools import Tool
 from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
 
@@ -93,7 +93,8 @@ class OpenAIChat:
 
 
 def _to_wire(message: Message) -> list[dict[str, Any]]:
-    texts = [c.text for c in message.content if c.type is ContentType.TEXT]
+    texts = [c.text if c.type is ContentType.TEXT else summary_text(c) for c in message.content
+             if c.type is ContentType.TEXT or c.type is ContentType.COMPACTION]
     if message.role is Role.ASSISTANT:
         out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}  # "", never null: llama.cpp
         calls = message.tool_calls

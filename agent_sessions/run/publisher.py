@@ -221,6 +221,11 @@ class Publisher(Sink):
     def saved(self, step: int, messages: int) -> None:
         self.inner.saved(step, messages)
 
+    def compacted(self, step: int, start: int, end: int, index: int, before: int, after: int) -> None:
+        self.inner.compacted(step, start, end, index, before, after)
+        self.add("compacted", {"step": step, "start": start, "end": end, "index": index, "tokens_before": before,
+                               "tokens_after": after})
+
     def model_request(self, step: int, messages: int) -> float:
         self.inner.model_request(step, messages)
         self.flush()  # a follower sees what led to the request while the model thinks

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from functools import partial
 
 from ..approvals import CANCELLED_WAITING, result_text
-from ..endpoints import Endpoint, streaming
-from ..errors import OutcomeUnknown, TranscriptDeleted
+from ..context import Compacts, ContextPolicy
+from ..endpoints import Endpoint, StreamingEndpoint, streaming
+from ..errors import ContextOverflow, EndpointError, OutcomeUnknown, TranscriptDeleted
 from ..events import SILENT, Events, Sink, sink
 from ..messages import Content, Message, Role, distinct_call_ids, unanswered
 from ..result import Result, StopReason
@@ -94,6 +95,7 @@ def _loop(
     stop: StopReason
     streams = streaming(endpoint) if emit is not SILENT else None  # text deltas: only for someone listening
     waiting: list[Content] = []
+    compacts = getattr(spec.context_policy, "compact", None) if spec.context_policy is not None else None
     if unanswered(transcript):  # a resumed run: finish the reply's tool calls before asking again
         waiting = _run_tools(spec, steps, transcript, emit, cancelled, keep)
     while not waiting:
@@ -105,6 +107,8 @@ def _loop(
             break
         step = steps + 1
         emit.step_started(step)
+        if compacts is not None:
+            _compact(compacts, spec, endpoint, transcript, step, emit)
         taken += _collect(step, transcript, box.drain(), emit)
         steers, stop_asked = keep.before_request(transcript)  # steers taken and saved in one step
         if keep.saves:
@@ -117,11 +121,16 @@ def _loop(
             stop = "cancelled"
             break
         log.debug("session %r step %d: model request with %d messages", keep_id(spec), step, len(transcript))
-        started = emit.model_request(step, len(transcript))
-        if streams is None:
-            reply = endpoint.complete(spec.system, transcript, spec.toolbox)
+        policy = spec.context_policy
+        if policy is None:
+            started = emit.model_request(step, len(transcript))
+            try:
+                reply = _complete(spec, endpoint, streams, transcript, step, emit)
+            except ContextOverflow as exc:
+                raise exc.hinted(f"; the run sent all {len(transcript)} messages of the session: "
+                                 f"Spec(context_window=TOKENS), the model's context, sends only what fits") from exc
         else:
-            reply = streams.complete(spec.system, transcript, spec.toolbox, on_text=partial(emit.text_delta, step))
+            reply, started = _within(policy, spec, endpoint, streams, transcript, step, emit)
         reply = distinct_call_ids(reply)  # before anything stores, journals or matches a call by its id
         taken.clear()  # the model has read them
         steps = step
@@ -152,6 +161,70 @@ def _loop(
     if keep.saves:
         emit.saved(steps, len(transcript))
     return result
+
+
+def _complete(
+    spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None, messages: Sequence[Message], step: int,
+    emit: Sink,
+) -> Message:
+    if streams is None:
+        return endpoint.complete(spec.system, messages, spec.toolbox)
+    return streams.complete(spec.system, messages, spec.toolbox, on_text=partial(emit.text_delta, step))
+
+
+def _compact(
+    compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int, emit: Sink,
+) -> None:
+    """Append the policy's compaction record, if it makes one, to ``transcript``: the save before the
+    request stores it, fenced, with the steers that follow it. A summary request that fails appends
+    nothing, and the run goes on (the policy's ``select`` then sends what fits). For a listener, the
+    ``compacted`` event says what the record covers and the request's estimate without and with it."""
+    try:
+        record = compacts(spec.system, transcript, spec.toolbox, endpoint)
+    except EndpointError as exc:
+        log.warning("session %r step %d: the summary request failed, nothing compacted: %s", keep_id(spec), step,
+                    _cause(exc))
+        return
+    if record is None:
+        return
+    policy = spec.context_policy
+    if policy is None or emit is SILENT:
+        transcript.append(record)
+        return
+    before = policy.select(spec.system, transcript, spec.toolbox).tokens
+    transcript.append(record)
+    after = policy.select(spec.system, transcript, spec.toolbox).tokens
+    block = record.content[0]
+    emit.compacted(step, block.start, block.end, len(transcript) - 1, before, after)
+
+
+def _within(
+    policy: ContextPolicy, spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None,
+    transcript: list[Message], step: int, emit: Sink,
+) -> tuple[Message, float]:
+    """The reply to what ``policy`` sends of ``transcript``, and the clock reading of its request. A
+    request the provider refuses as too long is narrowed by the policy and sent once more (the error
+    came before any of the reply did, so nothing was handed on)."""
+    sent = policy.select(spec.system, transcript, spec.toolbox)
+    started = emit.model_request(step, len(sent.messages))
+    try:
+        reply = _complete(spec, endpoint, streams, sent.messages, step, emit)
+    except ContextOverflow as exc:
+        again = policy.overflowed(exc, sent, spec.system, transcript, spec.toolbox)
+        if again is None:
+            raise exc.hinted(f"; the context policy sent the last {len(sent.messages)} of {len(transcript)} "
+                             f"messages and can leave nothing more out") from exc
+        log.info("session %r step %d: the provider refused %d messages as too long; sending the last %d",
+                 keep_id(spec), step, len(sent.messages), len(again.messages))
+        refused, sent = sent, again
+        started = emit.model_request(step, len(sent.messages))
+        try:
+            reply = _complete(spec, endpoint, streams, sent.messages, step, emit)
+        except ContextOverflow as second:
+            raise second.hinted(f"; the context policy had narrowed the request from {len(refused.messages)} to "
+                                f"{len(sent.messages)} messages after the provider refused the first") from second
+    policy.observe(sent, reply.usage)
+    return reply, started
 
 
 def _run_tools(

@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -91,6 +92,14 @@ class ModelServer:
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 64  # the default listen backlog, 5, resets some of a burst of 16 connections
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that reset its kept-alive connection (after an error status it did not read to the
+        end, say) is a client gone, logged at DEBUG; anything else is printed, as socketserver does."""
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            log.debug("model server: %s reset the connection", client_address)
+            return
+        super().handle_error(request, client_address)
 
 
 def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
@@ -215,6 +224,54 @@ def completion(message: dict[str, Any], stream: bool = False) -> Reply:
     chunks = [{"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
               {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}]}]
     return sse("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n")
+
+
+# -- a model's context -------------------------------------------------------------------------------------------
+
+
+def context_length_exceeded(tokens: int, limit: int) -> Reply:
+    """OpenAI's answer to a request longer than the model's context: HTTP 400, its body as OpenAI sends it."""
+    return Reply({"error": {
+        "message": f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+                   f"{tokens} tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}, status=400)
+
+
+def prompt_too_long(tokens: int, limit: int) -> Reply:
+    """Anthropic's answer to a prompt longer than the model's context: HTTP 400, its body as Anthropic sends it."""
+    return Reply({"type": "error", "error": {"type": "invalid_request_error",
+                                             "message": f"prompt is too long: {tokens} tokens > {limit} maximum"}},
+                 status=400)
+
+
+def request_tokens(body: dict[str, Any]) -> int:
+    """What the scripted server counts for a request: a token per 4 bytes (rounded up) of its messages and
+    its system prompt as JSON (OpenAI's system prompt is one of its messages; Anthropic's is ``system``)."""
+    size = len(json.dumps(body.get("messages")).encode()) + len(json.dumps(body.get("system", "")).encode())
+    return -(-size // 4)
+
+
+def windowed(respond: Callable[[Request], Reply], tokens: int,
+             count: Callable[[dict[str, Any]], int] = request_tokens) -> Callable[[Request], Reply]:
+    """``respond`` behind a model's context of ``tokens``: a request that ``count`` makes longer gets the
+    provider's context-length error in the wire format of its path (``/messages``: Anthropic's, else
+    OpenAI's), before ``respond`` sees it; the others are answered by ``respond``, and a JSON reply that
+    reports no usage gets the count as its prompt's (``prompt_tokens``, ``input_tokens``), as a provider
+    reports what it counted."""
+    def answer(request: Request) -> Reply:
+        anthropic_wire = request.path.rstrip("/").endswith("/messages")
+        try:
+            body = request.json
+        except ValueError:
+            return respond(request)
+        counted = count(body) if isinstance(body, dict) else 0
+        if counted > tokens:
+            return (prompt_too_long if anthropic_wire else context_length_exceeded)(counted, tokens)
+        reply = respond(request)
+        if isinstance(reply.body, dict) and reply.status == 200 and "usage" not in reply.body:
+            reply.body["usage"] = {"input_tokens" if anthropic_wire else "prompt_tokens": counted}
+        return reply
+    return answer
 
 
 # -- the script ------------------------------------------------------------------------------------------------
