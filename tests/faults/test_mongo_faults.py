@@ -274,6 +274,22 @@ def test_an_acquisition_whose_answer_was_lost_gets_the_lease_it_took(
     assert rule.fired and direct.holder(sid) is None
 
 
+def test_an_acquisition_whose_answer_was_lost_still_hands_on_the_cancel(
+    via: mongodb.Store, direct: mongodb.Store, proxy: FaultProxy
+) -> None:
+    """The lease it took over had a cancel: the retry, finding the lease its own, says so too (else the new
+    run would go on with the turn that was cancelled)."""
+    sid = f"acqc-{uuid.uuid4().hex}"
+    via.save(sid, _transcript(1))
+    before = direct.acquire(sid, agent.Holder("before", 1, "b" * 32, 0.0), 30)
+    assert direct.cancel(sid)
+    direct.release(sid, before)  # a cancel stays, handed on to the next holder
+    rule = proxy.arm(Rule("lose_ack", ACQUIRE))
+    with Lease(via, sid, ttl=30, wait=0) as lease:
+        assert lease.holder.cancelled and lease.holder.epoch == before.epoch + 1
+    assert rule.fired
+
+
 def test_a_release_whose_answer_was_lost_does_not_fail_the_finished_turn(
     via: mongodb.Store, direct: mongodb.Store, proxy: FaultProxy
 ) -> None:
