@@ -257,6 +257,12 @@ class Leased:
         return self
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        try:
+            self._wind_up(exc)
+        finally:  # whatever happened above, the lease is released and its heartbeat stopped
+            self.lease.__exit__(kind, exc, tb)
+
+    def _wind_up(self, exc: object) -> None:
         if self.watch is not None:
             self.watch.close()  # no tool starts from here on
         if isinstance(exc, BaseException) and self.unwritten and self.lease.lost is None and not isinstance(
@@ -276,7 +282,6 @@ class Leased:
                     # to the log, while the lease is still the run's (its writes are fenced by it).
                     self.held = False
                     self.publisher.failing(exc)
-        self.lease.__exit__(kind, exc, tb)
 
     def store_steers(self, steers: Sequence[str]) -> list[str]:
         return _store_steers(lambda text: self.store.add_steer(self.session, text), self.session, steers)

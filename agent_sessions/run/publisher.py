@@ -199,9 +199,12 @@ class Publisher(Sink):
         })
 
     def failing(self, error: BaseException) -> None:
-        """Best effort, before the lease is released: a run whose lease was lost cannot write it."""
-        self.add("failed", {"type": f"{type(error).__module__}.{type(error).__qualname__}", "message": str(error)})
+        """Best effort, before the lease is released: a run whose lease was lost cannot write it. Adding
+        ``failed`` to events older than ``FLUSH_SECONDS`` (put back by the save that failed) writes them at
+        once: that write may fail too."""
         try:
+            self.add("failed", {"type": f"{type(error).__module__}.{type(error).__qualname__}",
+                                "message": str(error)})
             self.flush()
         except Exception as exc:  # noqa: BLE001 - the run's own error is the one that propagates
             log.warning("the failed event could not be published (%s: %s)", type(exc).__name__, exc)

@@ -404,6 +404,30 @@ def test_events_of_a_save_cut_before_it_landed_are_written_once_with_failed(
     assert kinds[-1] == "failed" and "finished" not in kinds
 
 
+def test_a_run_whose_failed_event_cannot_be_written_either_still_ends_and_frees_the_session(
+    proxy: FaultProxy, model: ModelServer
+) -> None:
+    """The run's first save (its events ride in it) is cut; so is the write of the events and ``failed`` on
+    the way out. The run raises the save's error, and its lease is released (its heartbeat stopped), not
+    renewed for as long as the process lives (found by trial seed 1499: ``failed``, added to events older
+    than the flush period, flushed them at once, and that write's error skipped the lease's release)."""
+    sid = f"sfev-{uuid.uuid4().hex[:12]}"
+    direct = _store()
+    model.push(openai("first"), openai("done"))
+    first = agent.Runner().run(agent.Spec(session=agent.open(sid, direct), publish_events=True),
+                               [agent.Message.user("go")], _endpoint(model))  # the log begun: a save is one update
+    spec = agent.Spec(session=agent.open(sid, _store(proxy.port)), publish_events=True, lease_ttl=30)
+    rules = [proxy.arm(Rule("cut_before", SAVE)),  # matched first: the save carrying events
+             proxy.arm(Rule("cut_before", r'^(update|findAndModify) agent_sessions .*"events_'))]
+    with pytest.raises(agent.OutcomeUnknown, match="save of session"):
+        agent.Runner().run(spec, [*first.messages, agent.Message.user("again")], _endpoint(model))
+    assert all(rule.fired for rule in rules), proxy.log
+    assert direct.holder(sid) is None and direct.messages(sid) == first.messages
+    result = agent.Runner().run(agent.Spec(session=agent.open(sid, direct), lease_wait=0),
+                                [*first.messages, agent.Message.user("again")], _endpoint(model))
+    assert result.text == "done"
+
+
 # -- item 1: a worker frozen in the middle of its write ---------------------------------------------------
 
 

@@ -15,8 +15,8 @@ from . import trials
 
 FLAKY = {13: "sometimes a resume waits 6 s (four lease ttls) and still finds the lease of the trial's first run "
              "held (epoch 1): seen 2 times in 5 on PostgreSQL, under investigation (issue #25)"}
-MONGO_SEEDS = range(20)
-"""About 0.7 s a trial on mongoeco."""
+MONGO_SEEDS = [*range(20), 1499]
+"""About 0.7 s a trial on mongoeco. 1499: a run whose ``failed`` event could not be written kept its lease."""
 SEEDS = [pytest.param(seed, marks=pytest.mark.xfail(reason=FLAKY[seed], strict=False)) if seed in FLAKY else seed
          for seed in range(25)]
 
