@@ -34,7 +34,8 @@ from tests.model_server import ModelServer, Reply, openai
 
 from . import wire
 from .proxy import FaultProxy, Rule
-from .test_steers_kept import WAIT, _count, _endpoint, _failed_run, _held, lookup, slow_lookup
+from .test_outcomes import _transcript, lost_acquisition, lost_release, lost_save, lost_step
+from .test_steers_kept import _count, _endpoint, _failed_run, _steered_run, lookup, slow_lookup
 
 pytestmark = pytest.mark.skipif(not servers.mongo_reachable(), reason="no MongoDB server")
 
@@ -100,11 +101,6 @@ def model() -> Iterator[ModelServer]:
     server = ModelServer()
     yield server
     server.close()
-
-
-def _transcript(n: int) -> list[agent.Message]:
-    return [agent.Message.user(f"question {i}") if i % 2 == 0 else agent.Message.assistant(f"answer {i}")
-            for i in range(n)]
 
 
 # -- the proxy itself -------------------------------------------------------------------------------------
@@ -204,14 +200,7 @@ def test_cut_after_delay_and_freeze(database: Database[Any], proxy: FaultProxy) 
 def test_a_save_whose_answer_was_lost_may_have_happened_and_did(
     via: mongodb.Store, direct: mongodb.Store, proxy: FaultProxy
 ) -> None:
-    sid = f"lost-{uuid.uuid4().hex}"
-    msgs = _transcript(3)
-    rule = proxy.arm(Rule("lose_ack", SAVE))
-    with pytest.raises(agent.OutcomeUnknown, match="may have happened"):
-        via.save(sid, msgs)
-    assert rule.fired and direct.messages(sid) == msgs
-    via.save(sid, msgs)  # saving the same transcript again is safe: nothing is added twice
-    assert direct.messages(sid) == msgs
+    lost_save(via, direct, proxy, SAVE)
 
 
 @pytest.mark.parametrize("fault", ["cut_before", "cut_inside"])
@@ -244,16 +233,7 @@ def test_a_write_that_found_no_server_did_not_happen(direct: mongodb.Store, prox
 def test_a_fenced_step_whose_answer_was_lost_may_have_happened(
     via: mongodb.Store, direct: mongodb.Store, proxy: FaultProxy
 ) -> None:
-    sid = f"step-{uuid.uuid4().hex}"
-    msgs = _transcript(3)
-    via.save(sid, msgs)
-    holder = via.acquire(sid, agent.Holder("h", 1, "a" * 32, 0.0), 60)
-    via.save_fenced(sid, holder, msgs, take_steers=True)
-    msgs = [*msgs, agent.Message.user("one more")]
-    rule = proxy.arm(Rule("lose_ack", SAVE))
-    with pytest.raises(agent.OutcomeUnknown):
-        via.save_fenced(sid, holder, msgs, take_steers=True)
-    assert rule.fired and direct.messages(sid) == msgs
+    lost_step(via, direct, proxy, SAVE)
 
 
 # -- item 4 (and 7): an acquisition or a release whose answer was lost ------------------------------------
@@ -262,16 +242,8 @@ def test_a_fenced_step_whose_answer_was_lost_may_have_happened(
 def test_an_acquisition_whose_answer_was_lost_gets_the_lease_it_took(
     via: mongodb.Store, direct: mongodb.Store, proxy: FaultProxy
 ) -> None:
-    sid = f"acq-{uuid.uuid4().hex}"
-    via.save(sid, _transcript(1))
-    rule = proxy.arm(Rule("lose_ack", ACQUIRE))
-    with Lease(via, sid, ttl=30, wait=0) as lease:
-        held = direct.holder(sid)
-        assert held is not None and held.token == lease.holder.token and held.epoch == lease.holder.epoch == 1
-        with pytest.raises(agent.SessionBusy):  # anyone else finds it held: it is this run's
-            with Lease(direct, sid, ttl=30, wait=0):
-                pass
-    assert rule.fired and direct.holder(sid) is None
+    rule = lost_acquisition(via, direct, proxy, Rule("lose_ack", ACQUIRE))
+    assert rule.fired
 
 
 def test_an_acquisition_whose_answer_was_lost_still_hands_on_the_cancel(
@@ -293,11 +265,7 @@ def test_an_acquisition_whose_answer_was_lost_still_hands_on_the_cancel(
 def test_a_release_whose_answer_was_lost_does_not_fail_the_finished_turn(
     via: mongodb.Store, direct: mongodb.Store, proxy: FaultProxy
 ) -> None:
-    sid = f"rel-{uuid.uuid4().hex}"
-    via.save(sid, _transcript(1))
-    with Lease(via, sid, ttl=30, wait=0):
-        rule = proxy.arm(Rule("lose_ack", RELEASE))
-    assert rule.fired and direct.holder(sid) is None
+    lost_release(via, direct, proxy, RELEASE)
 
 
 # -- items 2 and 3: a run's steers and events when its save fails or goes unanswered ----------------------
@@ -335,14 +303,7 @@ def test_a_steer_whose_save_was_cut_or_unanswered_is_stored_once(
     spec = agent.Spec(session=agent.open(sid, _store(proxy.port)), tools=[lookup])
     rule = Rule(fault, SAVE)
     if fault == "lose_ack":
-        entered, release = threading.Event(), threading.Event()
-        model.push(_held(entered, release, openai(calls=[("c1", "lookup", '{"key": "a"}')])), openai("done"))
-        run = agent.Runner().start(spec, [agent.Message.user("go")], _endpoint(model))
-        assert entered.wait(WAIT)
-        run.steer("and look at c")
-        proxy.arm(rule)
-        release.set()
-        result = run.wait(WAIT * 3)
+        result = _steered_run(spec, model, "and look at c", "lookup", lambda: proxy.arm(rule))
         assert rule.fired and result.stop_reason == "answered"
         assert _store().messages(sid) == result.messages and _count(result.messages, "and look at c") == 1
         return
@@ -370,14 +331,7 @@ def test_a_write_of_events_that_went_unanswered_but_landed_doubles_nothing(
     sid = f"sack-{uuid.uuid4().hex[:12]}"
     spec = agent.Spec(session=agent.open(sid, _store(proxy.port)), tools=[slow_lookup], publish_events=True)
     rule = Rule("lose_ack", r'^(update|findAndModify) agent_sessions .*"events_', nth=nth)
-    entered, release = threading.Event(), threading.Event()
-    model.push(_held(entered, release, openai(calls=[("c1", "slow_lookup", '{"key": "a"}')])), openai("done"))
-    run = agent.Runner().start(spec, [agent.Message.user("go")], _endpoint(model))
-    assert entered.wait(WAIT)
-    run.steer("and look at d")
-    proxy.arm(rule)
-    release.set()
-    result = run.wait(WAIT * 3)
+    result = _steered_run(spec, model, "and look at d", "slow_lookup", lambda: proxy.arm(rule))
     assert result.stop_reason == "answered" and result.text == "done"
     assert rule.fired, proxy.statements
     direct = _store()
