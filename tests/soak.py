@@ -96,7 +96,7 @@ def table(reports: dict[str, Report], seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args_ = sys.argv[1:] if argv is None else argv
-    if args_[:1] == ["--faults"]:  # scripts/soak --faults N [--store postgres|mysql|all] [--json PATH]
+    if args_[:1] == ["--faults"]:  # scripts/soak --faults N [--store postgres|mysql|mongodb|all] [--json PATH]
         from tests.faults import trials
 
         if len(args_) < 2 or not args_[1].isdigit():

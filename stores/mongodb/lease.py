@@ -29,7 +29,9 @@ class Lease(StoreBase):
 
     def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
         """One update with the server's clock: the lease is taken if free or expired, in a pipeline that
-        raises the epoch; a live one makes the upsert collide on ``_id``, and then it is read."""
+        raises the epoch; a live one makes the upsert collide on ``_id``, and then it is read. The document
+        keeps what was taken over (``taken_from``), so an acquisition asked again after its answer was lost
+        still hands on the cancel that it took over."""
         validate.session_id(session)
         take = [{"$set": {
             "token": {"$literal": holder.token}, "host": {"$literal": holder.host}, "pid": holder.pid,
@@ -57,9 +59,14 @@ class Lease(StoreBase):
                         return replace(got, cancelled=True) if before.get("cancelled") else got
                 except DuplicateKeyError:
                     pass
-                current = self._sessions.find_one({"_id": session}, LEASE)
+                current = self._sessions.find_one({"_id": session}, {**LEASE, "taken_from": 1})
                 if current is not None and current.get("token") is not None:
-                    return holder_of(current)
+                    got = holder_of(current)
+                    if got.token == holder.token and (current.get("taken_from") or {}).get("cancelled"):
+                        # This holder's own acquisition, whose answer was lost, asked again (lease.py): the
+                        # cancel it took over is still to be handed on, as the lost answer would have.
+                        return replace(got, cancelled=True)
+                    return got
         raise StoreError(f"MongoDB store: acquire of session {session!r} kept racing with another process")
 
     def renew(self, session: str, holder: Holder, ttl: float) -> None:

@@ -1,4 +1,4 @@
-"""A fault-injecting TCP proxy in front of PostgreSQL or MySQL/MariaDB, for the tests of issue #25.
+"""A fault-injecting TCP proxy in front of PostgreSQL, MySQL/MariaDB or MongoDB, for the tests of issue #25.
 
 It forwards the wire protocol unchanged and, at a chosen statement (the n-th unit whose text matches a
 pattern, counted over all connections), does one of:
@@ -12,6 +12,9 @@ pattern, counted over all connections), does one of:
 - ``delay``: holds it for ``seconds`` before forwarding;
 - ``freeze``: stops forwarding on that connection in both directions, without FIN or RST, until
   ``thaw()`` (a paused VM, a stopped process on the far side).
+
+On MongoDB a statement is a request message (a command: ``update agent_sessions {...}``), and there is no
+``terminate`` (no backend to end from outside that the driver would see otherwise than as a cut).
 
 ``partition()`` freezes every connection, and holds new ones, until ``heal()``. A cut is an RST towards
 the client and a close towards the server, as when a middlebox drops the connection.
@@ -30,6 +33,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from bson.errors import BSONError
 
 from . import wire
 
@@ -137,22 +142,24 @@ class _Conn:
             sock.close()
 
     def start(self) -> None:
-        up, down = (self._pg_up, self._pg_down) if self.proxy.protocol == "postgres" else (self._my_up, self._my_down)
+        up, down = {"postgres": (self._pg_up, self._pg_down), "mysql": (self._my_up, self._my_down),
+                    "mongodb": (self._mongo_up, self._mongo_down)}[self.proxy.protocol]
         for pump in (up, down):
             threading.Thread(target=self._guard, args=(pump,), daemon=True).start()
 
     def _guard(self, pump: Callable[[], None]) -> None:
         try:
             pump()
-        except (EOFError, _Cut, ValueError, IndexError, struct.error) as exc:
+        except (EOFError, _Cut, ValueError, IndexError, struct.error, BSONError) as exc:
             self.cut(f"{pump.__name__}: {exc}")
 
     # -- faults -----------------------------------------------------------------------------------------
 
     def apply(self, unit: wire.Unit) -> None:
         """Forward ``unit`` upstream, doing what an armed rule says on the way."""
-        rule = self.proxy.rule_for(unit.text, self.previous)
-        self.previous = unit.text
+        rule = self.proxy.rule_for(unit.text, self.previous) if unit.counted else None
+        if unit.counted:
+            self.previous = unit.text
         fault = rule.fault if rule is not None else None
         if rule is not None:
             rule.fired.append(unit.text)
@@ -296,12 +303,32 @@ class _Conn:
         raise _Cut("no command for an hour")
 
 
+    # -- MongoDB ----------------------------------------------------------------------------------------
+
+    def _mongo_up(self) -> None:
+        recv = self.recv_from(self.client)
+        self.handshaken.set()  # the handshake is a hello like any: passed on uncounted (wire.Unit.counted)
+        while True:
+            message, *_ = wire.mongo_message(recv)
+            self.apply(wire.mongo_unit(message))
+
+    def _mongo_down(self) -> None:
+        recv = self.recv_from(self.server)
+        answer: list[bytes] = []
+        while True:  # the driver waits for each reply before its next request: replies come in order
+            message, *_ = wire.mongo_message(recv)
+            answer.append(message)
+            if not wire.mongo_more_to_come(message):
+                whole, answer = b"".join(answer), []
+                self.answered(whole)
+
+
 class FaultProxy:
     """``FaultProxy("postgres", 5432).start()``; point the engine at ``proxy.port``; ``arm(Rule(...))``."""
 
     def __init__(self, protocol: str, upstream_port: int, terminate: Callable[[int], None] | None = None) -> None:
-        if protocol not in ("postgres", "mysql"):
-            raise ValueError(f"protocol {protocol!r}: postgres or mysql")
+        if protocol not in ("postgres", "mysql", "mongodb"):
+            raise ValueError(f"protocol {protocol!r}: postgres, mysql or mongodb")
         self.protocol = protocol
         self.upstream = ("127.0.0.1", upstream_port)
         self.terminate = terminate
@@ -329,6 +356,8 @@ class FaultProxy:
         return self
 
     def arm(self, rule: Rule) -> Rule:
+        if rule.fault == "terminate" and self.terminate is None:
+            raise ValueError(f"terminate on {self.protocol}: the proxy was given no way to end a backend")
         with self._lock:
             self.rules.append(rule)
         return rule

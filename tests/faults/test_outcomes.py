@@ -55,9 +55,14 @@ def _transcript(n: int) -> list[agent.Message]:
 def test_a_save_whose_commit_lost_its_answer_may_have_happened_and_did(
     via: agent.Store, direct: agent.Store, proxy: FaultProxy
 ) -> None:
+    lost_save(via, direct, proxy, r"^\s*COMMIT")
+
+
+def lost_save(via: agent.Store, direct: agent.Store, proxy: FaultProxy, pattern: str) -> None:
+    """A save whose write matching ``pattern`` loses its answer (test_mongo_faults.py too)."""
     sid = f"lost-{uuid.uuid4().hex}"
     msgs = _transcript(3)
-    rule = proxy.arm(Rule("lose_ack", r"^\s*COMMIT"))
+    rule = proxy.arm(Rule("lose_ack", pattern))
     with pytest.raises(agent.OutcomeUnknown, match="may have happened"):
         via.save(sid, msgs)
     assert rule.fired
@@ -82,13 +87,17 @@ def test_a_fenced_step_whose_answer_was_lost_may_have_happened(
     via: agent.RunStore, direct: agent.Store, proxy: FaultProxy
 ) -> None:
     """The usual step: one autocommitted statement on PostgreSQL, a statement and a COMMIT on MySQL."""
+    lost_step(via, direct, proxy, r"INSERT INTO agent_messages" if proxy.protocol == "postgres" else r"^\s*COMMIT")
+
+
+def lost_step(via: agent.RunStore, direct: agent.Store, proxy: FaultProxy, pattern: str) -> None:
+    """A fenced append whose write matching ``pattern`` loses its answer (test_mongo_faults.py too)."""
     sid = f"step-{uuid.uuid4().hex}"
     msgs = _transcript(3)
     via.save(sid, msgs)
     holder = via.acquire(sid, agent.Holder("h", 1, "a" * 32, 0.0), 60)
     via.save_fenced(sid, holder, msgs, take_steers=True)  # the store now knows the transcript: the next is an append
     msgs = [*msgs, agent.Message.user("one more")]
-    pattern = r"INSERT INTO agent_messages" if proxy.protocol == "postgres" else r"^\s*COMMIT"
     rule = proxy.arm(Rule("lose_ack", pattern))
     with pytest.raises(agent.OutcomeUnknown):
         via.save_fenced(sid, holder, msgs, take_steers=True)
@@ -99,27 +108,39 @@ def test_a_fenced_step_whose_answer_was_lost_may_have_happened(
 def test_an_acquisition_whose_commit_lost_its_answer_gets_the_lease_it_took(
     via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy, nth: int
 ) -> None:
+    rule = lost_acquisition(via, direct, proxy, Rule("lose_ack", r"^\s*COMMIT", nth=nth))
+    if not rule.fired:
+        pytest.skip(f"the acquisition commits fewer than {nth} times on {proxy.protocol}")
+
+
+def lost_acquisition(via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy, rule: Rule) -> Rule:
+    """A lease taken while ``rule`` is armed: the run holds it, nobody else can take it (test_mongo_faults.py
+    too). Returns the rule, to say whether it fired."""
     sid = f"acq-{uuid.uuid4().hex}"
     via.save(sid, _transcript(1))
-    rule = proxy.arm(Rule("lose_ack", r"^\s*COMMIT", nth=nth))
+    proxy.arm(rule)
     with Lease(via, sid, ttl=30, wait=0) as lease:
         held = direct.holder(sid)
         assert held is not None and held.token == lease.holder.token and held.epoch == lease.holder.epoch
         with pytest.raises(agent.SessionBusy):  # anyone else finds it held: it is this run's
             with Lease(direct, sid, ttl=30, wait=0):
                 pass
-    if not rule.fired:
-        pytest.skip(f"the acquisition commits fewer than {nth} times on {proxy.protocol}")
     assert direct.holder(sid) is None  # released at the end, as usual
+    return rule
 
 
 def test_a_release_whose_answer_was_lost_does_not_fail_the_finished_turn(
     via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy
 ) -> None:
     """Item 7: the turn is over; the release is asked again, and the lease ends free."""
+    lost_release(via, direct, proxy,
+                 r"UPDATE agent_sessions SET token\s*=\s*NULL" if proxy.protocol == "postgres" else r"^\s*COMMIT")
+
+
+def lost_release(via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy, pattern: str) -> None:
+    """A release whose write matching ``pattern`` loses its answer (test_mongo_faults.py too)."""
     sid = f"rel-{uuid.uuid4().hex}"
     via.save(sid, _transcript(1))
     with Lease(via, sid, ttl=30, wait=0):
-        pattern = r"UPDATE agent_sessions SET token\s*=\s*NULL" if proxy.protocol == "postgres" else r"^\s*COMMIT"
         rule = proxy.arm(Rule("lose_ack", pattern))
     assert rule.fired and direct.holder(sid) is None

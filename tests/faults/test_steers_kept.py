@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import Engine, make_url
@@ -103,6 +103,21 @@ def _failed_run(
     return raised.value
 
 
+def _steered_run(
+    spec: agent.Spec, model: ModelServer, steer: str, tool: str, arm: Callable[[], object]
+) -> agent.Result:
+    """A run whose first request (answered by a call of ``tool``) is held while ``steer`` is given to it
+    and ``arm`` is called; the model then answers "done"."""
+    entered, release = threading.Event(), threading.Event()
+    model.push(_held(entered, release, openai(calls=[("c1", tool, '{"key": "a"}')])), openai("done"))
+    run = agent.Runner().start(spec, [agent.Message.user("go")], _endpoint(model))
+    assert entered.wait(WAIT)
+    run.steer(steer)
+    arm()
+    release.set()
+    return run.wait(WAIT * 3)
+
+
 def _resume(database: tuple[str, str, Engine], sid: str, model: ModelServer) -> list[agent.Message]:
     """The documented resume, on a worker that reaches the database directly: a run from the stored
     transcript. Returns the messages of its one request."""
@@ -175,14 +190,7 @@ def test_a_save_that_went_unanswered_but_landed_goes_on_and_doubles_nothing(
         rule = Rule("lose_ack", "INSERT INTO agent_events", nth=nth)
     else:  # the COMMIT after the events' INSERT
         rule = Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_events", nth=nth)
-    entered, release = threading.Event(), threading.Event()
-    model.push(_held(entered, release, openai(calls=[("c1", "slow_lookup", '{"key": "a"}')])), openai("done"))
-    run = agent.Runner().start(spec, [agent.Message.user("go")], _endpoint(model))
-    assert entered.wait(WAIT)
-    run.steer("and look at d")
-    proxy.arm(rule)
-    release.set()
-    result = run.wait(WAIT * 3)
+    result = _steered_run(spec, model, "and look at d", "slow_lookup", lambda: proxy.arm(rule))
     assert result.stop_reason == "answered" and result.text == "done"
     if not rule.fired:
         pytest.skip(f"fewer than {nth} writes carried events")

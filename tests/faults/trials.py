@@ -1,5 +1,5 @@
 """Randomised fault trials (issue #25): a conversation's operations (a steer before a turn, the turn, a
-steer after it, the next turn, sometimes a delete) reach PostgreSQL or MariaDB through the fault proxy,
+steer after it, the next turn, sometimes a delete) reach PostgreSQL, MariaDB or MongoDB through the fault proxy,
 which fires one or two faults of random kinds at random statements. Each operation that fails is then
 resumed or retried the way docs/reliability.md prescribes (a turn by ``Runner.turn`` with its key, on a
 worker that reaches the database directly; a steer with a key, in the trials of even seeds, sent again as
@@ -30,16 +30,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pymongo
 from sqlalchemy import create_engine, make_url, text
 
 import agent_sessions as agent
-from stores import mysql, postgres
+from stores import mongodb, mysql, postgres
 from tests import servers
 from tests.model_server import ModelServer, Reply, Request, openai
 
 from .proxy import FaultProxy, Rule
 
 KINDS = ("lose_ack", "cut_before", "cut_inside", "cut_after", "terminate", "delay")
+MONGO_KINDS = tuple(k for k in KINDS if k != "terminate")
+"""MongoDB has no backend to end from outside (the proxy's ``terminate``)."""
 LEASE_TTL = 1.5
 RESUME_WAIT = LEASE_TTL * 4
 """A resume waits this long for the lease a failed run may have left held (it expires after the ttl)."""
@@ -50,6 +53,8 @@ TRANSFER = -1
 STATEMENTS = 160
 """Faults fire at a random statement among the first this many a trial sends through the proxy (a trial
 sends 30 to 180: a fault past its end does not fire, and is not counted)."""
+MONGO_STATEMENTS = 40
+"""On MongoDB, where each write is one command (a trial sends about 25 to 45)."""
 
 
 @dataclass
@@ -69,10 +74,20 @@ class Backend:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
-        self.url = servers.database_url(base, servers.database_name("faulttrials"))
-        self.admin = create_engine(self.url)
-        servers.fresh_schema(self.admin)
+        if name == "mongodb":
+            self.url = servers.MONGO_URL
+            self.port = int(pymongo.uri_parser.parse_uri(self.url)["nodelist"][0][1])
+            self.database = servers.database_name("faulttrials")
+            with pymongo.MongoClient(self.url) as client:
+                for collection in mongodb.COLLECTIONS:
+                    client[self.database].drop_collection(collection)
+                mongodb.create_indexes(client[self.database])
+        else:
+            base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
+            self.url = servers.database_url(base, servers.database_name("faulttrials"))
+            self.port = int(make_url(self.url).port or 0)
+            self.admin = create_engine(self.url)
+            servers.fresh_schema(self.admin)
         self.direct = self.store(None)
         self.model = ModelServer()
         self.paid: collections.Counter[tuple[str, int]] = collections.Counter()
@@ -94,6 +109,9 @@ class Backend:
         self.transfer = transfer
 
     def store(self, port: int | None) -> agent.EventStore:
+        if self.name == "mongodb":
+            url = self.url if port is None else f"mongodb://127.0.0.1:{port}/?directConnection=true"
+            return mongodb.Store(pymongo.MongoClient(url, serverSelectionTimeoutMS=10_000)[self.database])
         url = make_url(self.url)
         engine = create_engine(url if port is None else url.set(port=port), pool_size=2, pool_timeout=10)
         if self.name == "postgres":
@@ -110,11 +128,15 @@ class Backend:
     def close(self) -> None:
         self.model.close()
         _close(self.direct)
-        self.admin.dispose()
+        if self.name != "mongodb":
+            self.admin.dispose()
 
 
 def _close(store: Any) -> None:
-    getattr(store, "close", store.engine.dispose)()
+    if isinstance(store, mongodb.Store):
+        store.database.client.close()
+    else:
+        getattr(store, "close", store.engine.dispose)()
 
 
 def _policy(session: str) -> Callable[[Request], Reply]:
@@ -139,9 +161,11 @@ def trial(backend: Backend, seed: int) -> Outcome:
     rng = random.Random(seed)
     out = Outcome(seed, backend.name)
     sid = f"t{seed}-{uuid.uuid4().hex[:8]}"
-    proxy = FaultProxy(backend.name, int(make_url(backend.url).port or 0), backend.terminate).start()
-    rules = [proxy.arm(Rule(kind, nth=rng.randint(1, STATEMENTS), seconds=rng.uniform(0.05, 0.4)))
-             for kind in rng.sample(KINDS, rng.choice((1, 2)))]
+    mongo = backend.name == "mongodb"
+    proxy = FaultProxy(backend.name, backend.port, None if mongo else backend.terminate).start()
+    rules = [proxy.arm(Rule(kind, nth=rng.randint(1, MONGO_STATEMENTS if mongo else STATEMENTS),
+                            seconds=rng.uniform(0.05, 0.4)))
+             for kind in rng.sample(MONGO_KINDS if mongo else KINDS, rng.choice((1, 2)))]
     faulty = backend.store(proxy.port)
     endpoint = agent.endpoints.OpenAIChat(backend.model.url + "/v1", "test-model", max_retries=0)
     backend.model._script.clear()
@@ -337,7 +361,8 @@ def run(store: str, seeds: list[int], report: Callable[[Outcome], None] | None =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", choices=("postgres", "mysql", "all"), default="all")
+    parser.add_argument("--store", choices=("postgres", "mysql", "mongodb", "all"), default="all",
+                        help="all: the SQL stores")
     parser.add_argument("--seed", type=int, help="replay this one trial")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--first-seed", type=int, default=None, help="seeds from here on (default: random)")

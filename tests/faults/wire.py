@@ -1,12 +1,14 @@
-"""Just enough of the PostgreSQL and MySQL wire protocols to find where a statement begins and where the
-server's whole answer to it ends, so the fault proxy can act at a chosen statement.
+"""Just enough of the PostgreSQL, MySQL and MongoDB wire protocols to find where a statement begins and
+where the server's whole answer to it ends, so the fault proxy can act at a chosen statement.
 
 A *unit* is what the client sends before it waits: PostgreSQL's simple ``Query``, or an extended-protocol
-batch (``Parse``/``Bind``/``Describe``/``Execute``... up to ``Sync`` or ``Flush``); a MySQL command packet.
-Its *answer* is everything the server sends for it: on PostgreSQL up to the ``ReadyForQuery`` that a
-``Query`` or a ``Sync`` earns (a ``Flush`` earns none), on MySQL an OK, an ERR, or result sets up to the
-last EOF (following "more results" flags). Nothing here knows about sockets: each reader takes a
-``recv_exactly`` function, so the proxy decides how to wait.
+batch (``Parse``/``Bind``/``Describe``/``Execute``... up to ``Sync`` or ``Flush``); a MySQL command packet;
+a MongoDB request message (``OP_MSG``, or the ``OP_QUERY`` of an old handshake). Its *answer* is everything
+the server sends for it: on PostgreSQL up to the ``ReadyForQuery`` that a ``Query`` or a ``Sync`` earns (a
+``Flush`` earns none), on MySQL an OK, an ERR, or result sets up to the last EOF (following "more results"
+flags), on MongoDB the reply whose ``responseTo`` is the request's id (and the replies after it while
+each says ``moreToCome``; a request that says ``moreToCome`` earns none). Nothing here knows about sockets:
+each reader takes a ``recv_exactly`` function, so the proxy decides how to wait.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from bson import json_util
 
 Recv = Callable[[int], bytes]
 """``recv(n)``: exactly ``n`` bytes, or raises ``EOFError`` when the peer has gone."""
@@ -30,6 +36,9 @@ class Unit:
     raw: bytes
     statements: list[str] = field(default_factory=list)
     answered: bool = True
+    counted: bool = True
+    """Whether rules see it: a MongoDB ``hello`` (a pool's handshake, a monitor's heartbeat, on a clock of
+    the driver's own) is passed on uncounted, so a trial's n-th statement is the same on every replay."""
 
     @property
     def text(self) -> str:
@@ -188,3 +197,71 @@ def my_answer(recv: Recv, command: int, deprecate_eof: bool) -> list[bytes]:
                     break
         if not _status(row) & MORE_RESULTS:
             return packets
+
+
+# -- MongoDB ----------------------------------------------------------------------------------------------
+
+OP_REPLY = 1
+OP_QUERY = 2004
+OP_COMPRESSED = 2012
+OP_MSG = 2013
+MORE_TO_COME = 1 << 1
+CHECKSUM = 1 << 0
+_HELLO = {"hello", "ismaster"}
+_NOISE = {"lsid", "$db", "$clusterTime", "txnNumber", "$readPreference"}
+
+
+def mongo_message(recv: Recv) -> tuple[bytes, int, int, int]:
+    """One message: (its bytes, its requestID, its responseTo, its opCode)."""
+    head = recv(16)
+    length, request_id, response_to, op_code = struct.unpack("<iiii", head)
+    return head + recv(length - 16), request_id, response_to, op_code
+
+
+def mongo_more_to_come(message: bytes) -> bool:
+    """An ``OP_MSG`` whose sender sends more without waiting: a request that earns no reply, or an exhaust
+    reply that other replies follow."""
+    op_code, flags = struct.unpack("<iI", message[12:20])
+    return op_code == OP_MSG and bool(flags & MORE_TO_COME)
+
+
+def _mongo_sections(message: bytes) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """An ``OP_MSG``'s body and its document sequences (``documents``, ``updates``... by identifier)."""
+    flags = struct.unpack("<I", message[16:20])[0]
+    end = len(message) - (4 if flags & CHECKSUM else 0)
+    at, body, sequences = 20, {}, {}
+    while at < end:
+        kind, at = message[at], at + 1
+        size = struct.unpack("<i", message[at : at + 4])[0]
+        if kind == 0:
+            body = bson.decode(message[at : at + size])
+        else:
+            name, start = _cstring(message, at + 4)
+            sequences[name] = list(bson.decode_all(message[start : at + size]))
+        at += size
+    return body, sequences
+
+
+def mongo_unit(message: bytes) -> Unit:
+    """A request as a unit. Its text: the command's name and collection (``update agent_sessions``), then its
+    body and document sequences in compact extended JSON (the session id, the fence, the update), without
+    the driver's bookkeeping (``lsid``, ``$db``...)."""
+    op_code = struct.unpack("<i", message[12:16])[0]
+    if op_code == OP_QUERY:  # an old driver's handshake or command: flags, collection, skip, return, query
+        at = _cstring(message, 20)[1] + 8
+        body, sequences = bson.decode(message[at : at + struct.unpack("<i", message[at : at + 4])[0]]), {}
+    elif op_code == OP_MSG:
+        body, sequences = _mongo_sections(message)
+    else:  # OP_COMPRESSED among them: the client must not negotiate compression with the server
+        raise ValueError(f"MongoDB opCode {op_code}: the proxy reads OP_MSG and OP_QUERY only")
+    name = next(iter(body), "?")
+    target = body.get(name)
+    rest = {k: v for k, v in body.items() if k != name and k not in _NOISE}
+    text = f"{name} {target if isinstance(target, str) else ''} {_compact(rest)}"
+    for ident, docs in sequences.items():
+        text += f" {ident}: {_compact(docs)}"
+    return Unit(message, [text], answered=not mongo_more_to_come(message), counted=name.lower() not in _HELLO)
+
+
+def _compact(value: object) -> str:
+    return json_util.dumps(value, separators=(",", ":"))
