@@ -297,6 +297,8 @@ def _check(out: Outcome, backend: Backend, sid: str, steers: list[str], question
     # ``failed`` after a ``finished`` with nothing new between them is the same run's (the issue's
     # "finished, model_response, failed": the buffer written again). A new event between them (a decision
     # on an approval, a resumed run's tool call) is the next run's.
+    # A ``failed`` right after a ``finished`` is a next run's that failed before its first step (at the
+    # turn's read of the session, say: soak seed 2144548783 on MariaDB).
     for i, kind in enumerate(kinds):
         if kind != "finished":
             continue
@@ -304,7 +306,7 @@ def _check(out: Outcome, backend: Backend, sid: str, steers: list[str], question
             if kinds[j] == "finished":
                 break
             if kinds[j] == "failed":
-                if all(seen[k] in seen[:i] for k in range(i + 1, j)):
+                if j > i + 1 and all(seen[k] in seen[:i] for k in range(i + 1, j)):
                     out.violations.append(f"a run both finished and failed (events {i}, {j})")
                 break
 
