@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -39,13 +39,6 @@ class EventsDown(memory.Store):
             raise agent.OutcomeUnknown(f"save of session {session!r} may have happened (test)")
         return super().save_fenced_events(session, holder, msgs, take_steers=take_steers, replace=replace,
                                           events=events, keep=keep)
-
-
-@pytest.fixture
-def model() -> Iterator[ModelServer]:
-    server = ModelServer()
-    yield server
-    server.close()
 
 
 def test_a_run_failing_with_its_events_unwritten_releases_its_lease(model: ModelServer) -> None:

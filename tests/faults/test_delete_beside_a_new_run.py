@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 
-import pytest
 from sqlalchemy import Engine, create_engine, make_url
 
 import agent_sessions as agent
@@ -29,13 +27,6 @@ def _store(database: tuple[str, str, Engine], port: int | None = None) -> agent.
     url = make_url(database[1])
     engine = create_engine(url if port is None else url.set(port=port), pool_size=2)
     return (postgres.Store if database[0] == "postgres" else mysql.Store)(engine)
-
-
-@pytest.fixture
-def proxy(database: tuple[str, str, Engine]) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(database[0], int(make_url(database[1]).port or 0)).start()
-    yield proxy
-    proxy.close()
 
 
 def test_a_run_that_makes_the_session_during_its_delete_keeps_it_whole(

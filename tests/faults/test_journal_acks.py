@@ -39,12 +39,6 @@ def transfer(amount: int) -> str:
     return f"transferred {amount}"
 
 
-@pytest.fixture
-def proxy(database: tuple[str, str, Engine]) -> Iterator[FaultProxy]:
-    with FaultProxy(database[0], int(make_url(database[1]).port or 0)) as p:
-        yield p
-
-
 def _store(database: tuple[str, str, Engine], port: int | None = None) -> agent.EventStore:
     url = database[1] if port is None else make_url(database[1]).set(port=port).render_as_string(hide_password=False)
     return servers.postgres_store(url) if database[0] == "postgres" else servers.mysql_store(url)
@@ -61,13 +55,6 @@ def stores(database: tuple[str, str, Engine], proxy: FaultProxy) -> Iterator[tup
     yield via, direct
     for store in (via, direct):
         getattr(store, "close", store.engine.dispose)()  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def model() -> Iterator[ModelServer]:
-    server = ModelServer()
-    yield server
-    server.close()
 
 
 def _lose_the_journal_ack(proxy: FaultProxy) -> Rule:

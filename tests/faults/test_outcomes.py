@@ -22,12 +22,6 @@ DATABASE = "faultoutcome"
 
 
 @pytest.fixture
-def proxy(database: tuple[str, str, Engine]) -> Iterator[FaultProxy]:
-    with FaultProxy(database[0], int(make_url(database[1]).port or 0)) as p:
-        yield p
-
-
-@pytest.fixture
 def via(database: tuple[str, str, Engine], proxy: FaultProxy) -> Iterator[agent.Store]:
     """A store reaching the database through the proxy; and ``direct``, one that does not."""
     url = make_url(database[1]).set(port=proxy.port).render_as_string(hide_password=False)

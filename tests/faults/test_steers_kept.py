@@ -39,12 +39,6 @@ DATABASE = "faultsteers"
 """This module's database (conftest.py's ``database`` fixture)."""
 
 
-@pytest.fixture
-def proxy(database: tuple[str, str, Engine]) -> Iterator[FaultProxy]:
-    with FaultProxy(database[0], int(make_url(database[1]).port or 0)) as p:
-        yield p
-
-
 OPENED: list[agent.RunStore] = []
 
 
@@ -62,13 +56,6 @@ def _close_stores() -> Iterator[None]:
     while OPENED:
         store = OPENED.pop()
         getattr(store, "close", store.engine.dispose)()  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def model() -> Iterator[ModelServer]:
-    server = ModelServer()
-    yield server
-    server.close()
 
 
 def _endpoint(model: ModelServer) -> agent.endpoints.OpenAIChat:
