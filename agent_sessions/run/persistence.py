@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 from .. import approvals, eventlog
 from ..contract import (
@@ -50,6 +50,7 @@ from ..values import Decision, StoredEvent, when
 from .publisher import Publisher
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _NOTHING: tuple[Sequence[str], bool] = ((), False)
 _NO_APPROVALS: tuple[list[Content], bool] = ([], False)
@@ -641,15 +642,10 @@ class Leased:
         announced (``approval_requested``), where failing would leave a resume to call the one's outcome
         unknown and never announce the others. Not landed and the run cancelled, for a write that would
         not land once it was: not written, cancelled. Otherwise, or when a read fails too, ``exc``."""
-        try:
-            landed = self.store.journal(self.session) == text
-            cancelled = self.store.check(self.session, self.lease.holder)
-        except LeaseLost:
-            raise
-        except AgentError as again:
-            log.warning("session %r: a journal write went unanswered (%s), and reading it back failed too (%s)",
-                        self.session, exc, again)
-            raise exc from None
+        def read() -> tuple[bool, bool]:
+            return self.store.journal(self.session) == text, self.store.check(self.session, self.lease.holder)
+
+        landed, cancelled = self._read_back("a journal write", exc, read)
         if landed:
             log.warning("session %r: a journal write went unanswered (%s); read back, it had landed: the run "
                         "goes on", self.session, exc)
@@ -731,22 +727,30 @@ class Leased:
         wrote the session in between, so what follows ``msgs`` is the steers this save took (a resume on
         another worker that took the session meanwhile is ``LeaseLost`` here, and a delete makes the read
         find nothing: not landed). If it did not land, or a read fails too, ``exc`` fails the run."""
-        try:
+        def read() -> tuple[list[Message], bool, bool]:
             stored = self.store.messages(self.session)
             landed = _holds(stored, msgs)
-            cancelled = self.store.check(self.session, self.lease.holder) if landed else False
-        except LeaseLost:
-            raise
-        except AgentError as again:
-            log.warning("session %r: a save went unanswered (%s), and reading it back failed too (%s)",
-                        self.session, exc, again)
-            raise exc from None
+            return stored, landed, self.store.check(self.session, self.lease.holder) if landed else False
+
+        stored, landed, cancelled = self._read_back("a save", exc, read)
         if not landed:
             raise exc
         steers = [m.text for m in stored[len(msgs):]]
         log.warning("session %r: a save went unanswered (%s); read back, it had landed (%d steer(s) taken): "
                     "the run goes on", self.session, exc, len(steers))
         return Saved(steers, cancelled)
+
+    def _read_back(self, what: str, exc: OutcomeUnknown, read: Callable[[], _T]) -> _T:
+        """``read`` the session back after ``what`` went unanswered (``exc``). A lease taken over meanwhile is
+        ``LeaseLost``; a read that fails too leaves the run no way to tell, so ``exc`` fails it."""
+        try:
+            return read()
+        except LeaseLost:
+            raise
+        except AgentError as again:
+            log.warning("session %r: %s went unanswered (%s), and reading it back failed too (%s)",
+                        self.session, what, exc, again)
+            raise exc from None
 
 
 def _holds(stored: Sequence[Message], msgs: Sequence[Message]) -> bool:
