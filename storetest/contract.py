@@ -316,7 +316,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         assert_each_taken_once(taken, "a", k, m)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
-        exactly_once_across_processes(self.factory(), _ids(1)[0], adders=8, takers=8, per_adder=20)
+        exactly_once_across_processes(self.factory(), _ids(1)[0], adders=4, takers=4, per_adder=40)
 
     # -- bad input -----------------------------------------------------------------------------------
 
