@@ -1,9 +1,8 @@
-"""Exactly-once across OS processes: separate interpreters (spawned, never forked, so no connection is
-shared) adding and taking steers on one session at once."""
+"""Exactly-once across OS processes: separate interpreters (from the fork server, never forked from the test,
+so no connection is shared: storetest/processes.py) adding and taking steers on one session at once."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
 import signal
@@ -18,6 +17,7 @@ from typing import Any
 from agent_sessions import LeaseLost, Message, Runner, Spec, Store, tool
 from agent_sessions import open as open_session
 
+from .processes import context as process_context
 from .scripted import ToolsThenAnswer
 
 
@@ -56,7 +56,7 @@ def exactly_once_across_processes(
 ) -> float:
     """Run the processes, assert every steer was taken exactly once, and return the seconds from all of
     them being ready to the last steer taken (the benchmark's steer throughput)."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     barrier = ctx.Barrier(adders + takers + 1)  # and this process, to start the clock
     adders_done = ctx.Event()
     out = ctx.Queue()
@@ -108,9 +108,9 @@ def _keyed_sender(factory: Callable[[], Any], sid: str, key: str, i: int, barrie
 def keyed_steer_across_processes(
     factory: Callable[[], Any], sid: str, key: str, *, processes: int, timeout: float = 180
 ) -> list[bool]:
-    """``processes`` spawned processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
+    """``processes`` processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
     at once; what each was answered."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     barrier = ctx.Barrier(processes)
     out = ctx.Queue()
     procs = [ctx.Process(target=_keyed_sender, args=(factory, sid, key, i, barrier, out)) for i in range(processes)]
@@ -203,7 +203,7 @@ def _run_until_cancelled(factory: Callable[[], Store], sid: str, workdir: str, o
 
 def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
     """A child runs; this process waits for its third request, cancels, and counts what came after."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     out = ctx.Queue()
     child = ctx.Process(target=_run_until_cancelled, args=(factory, sid, workdir, out))
     child.start()
@@ -263,7 +263,7 @@ def _run_charging(factory: Callable[[], Store], sid: str, workdir: str, hang: bo
 
 def kill_mid_tool_then_resume(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
     """SIGKILL a child inside a non-idempotent tool; resume the session in a second child."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     out = ctx.Queue()
     charges, lookups = Path(workdir) / "charges", Path(workdir) / "lookups"
     first = ctx.Process(target=_run_charging, args=(factory, sid, workdir, True, out))
@@ -347,7 +347,7 @@ def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, wor
     """A child runs with a 1 s lease and is stopped with SIGSTOP inside a tool; once its lease has expired on
     the store's clock a second child takes the session over and finishes a turn (with a non-idempotent
     tool); then the first is continued with SIGCONT and must end with LeaseLost, having written nothing."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     out = ctx.Queue()
     entered = Path(workdir) / "entered"
     stale = ctx.Process(target=_run_then_stall, args=(factory, sid, workdir, out))
