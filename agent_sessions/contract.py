@@ -184,8 +184,7 @@ class TailStore(RunStore, Protocol):
 
     def read_back(self, session: str, stop: int | None, count: int) -> tuple[int, list[Message]]:
         """The messages of the transcript before index ``stop`` (``None``: its end), at most ``count`` of
-        them, the last ones; and the index of the first of them (``(stop or its length, [])`` when there
-        are none). Reads only those, by the messages' index: one page of a read from the end."""
+        them, the last ones; and the index of the first of them (``(0, [])`` when there are none). Reads only those, by the messages' index: one page of a read from the end."""
 
 
 # -- cancels pushed to the holder ------------------------------------------------------------------------------

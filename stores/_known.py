@@ -39,6 +39,17 @@ class Known:
             self._items.move_to_end(session)
             return item[0], item[1]
 
+    def covering(self, session: str, start: int) -> tuple[str, tuple[Message, ...], int] | None:
+        """The version, the transcript known and the index it is known from, if that is at or before
+        ``start`` and it reaches ``start``: a save from ``start`` extends it (MongoDB's, which keeps a
+        transcript known from the first message of its document's tail)."""
+        with self._lock:
+            item = self._items.get(session)
+            if item is None or not item[3] <= start <= item[3] + len(item[1]):
+                return None
+            self._items.move_to_end(session)
+            return item[0], item[1], item[3]
+
     def put(self, session: str, version: str, msgs: tuple[Message, ...], after: tuple[Message, ...] = (),
             start: int = 0) -> None:
         """``after``: the transcript ``get`` returned, when ``msgs`` extends it (an append), so only the new

@@ -232,7 +232,7 @@ class Lifecycle(SQLBase):
             read_only=True, reads=True,
         )
         if not rows:
-            return (0 if stop is None else stop), []
+            return 0, []  # nothing before stop: stop is 0, or the transcript is empty
         try:
             items = [Message.from_json(body) for _, body, _ in reversed(rows)]
         except MessageError as exc:

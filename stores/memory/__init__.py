@@ -328,7 +328,7 @@ class Store:
             stored = self._transcripts.get(session, ())
             end = len(stored) if stop is None else min(stop, len(stored))
             first = max(end - count, 0)
-            return first, self._read(session, stored[first:end])
+            return (first, self._read(session, stored[first:end])) if end > first else (0, [])
 
     def pending_steers(self, session: str) -> list[str]:
         validate.session_id(session)
