@@ -218,11 +218,14 @@ def kilobyte(n: int) -> str:
 
 
 def converse(spec: agent.Spec, turns: int, ep: OpenAIChat | AnthropicMessages) -> None:
-    """``turns`` turns of ~1 KB user messages on ``spec.session``, each a run from the stored transcript;
+    """``turns`` turns of ~1 KB user messages on ``spec.session``, each a run from the stored transcript
+    (under Compaction, from what the recent read gives: the end of it, from the newest record's range on);
     each must be answered."""
-    assert spec.session is not None
+    session = spec.session
+    assert isinstance(session, agent.StoreSession)
+    recent = isinstance(spec.context_policy, Compaction)
     for n in range(turns):
-        result = agent.Runner().run(spec, [*spec.session.messages(), agent.Message.user(kilobyte(n))], ep)
+        result = agent.Runner().run(spec, session.messages(recent=recent) + [agent.Message.user(kilobyte(n))], ep)
         assert result.stop_reason == "answered" and result.text.startswith("answer: turn ")
 
 
