@@ -425,6 +425,12 @@ class Leased:
         read = incarnations_read(transcript, self.session)
         if not read or not isinstance(self.store, LifecycleStore):
             return  # nothing was read from this session (a new conversation), or this store cannot erase it
+        if self.start and isinstance(self.store, TailStore):
+            # The last message, read from the end, carries the incarnation: no count of a long transcript.
+            first, last = self.store.read_back(self.session, None, 1)
+            if read != incarnations_read(last, self.session):
+                raise TranscriptDeleted(self.session, first + len(last), self.start + len(transcript))
+            return
         info = self.store.info(self.session)
         if info is None or read != {info.created}:
             raise TranscriptDeleted(self.session, 0 if info is None else info.messages, len(transcript))
