@@ -171,3 +171,112 @@ def test_runs_resumed_from_the_recent_read_lose_nothing(kind: str, tmp_path: Pat
             assert isinstance(recent, agent.Tail) and 0 < recent.start == records[-1][1].end - TAIL
     finally:
         server.close()
+
+
+@agent.tool(needs_approval=True)
+def refund(order: str) -> str:
+    """Refund an order."""
+    return f"refunded {order}"
+
+
+def refunding(request: Request) -> Reply:
+    """Calls ``refund`` when the last message asks for one; answers once the result is in."""
+    said = request.json["messages"]
+    since = said[max((i for i, m in enumerate(said) if m["role"] == "assistant"), default=0):]
+    if any(m["role"] == "tool" for m in since):  # the results, and the steers after them
+        return openai("answer: refunded")
+    if "refund" in str(said[-1].get("content", "")):
+        return openai(calls=[("c1", "refund", '{"order": "1182"}')])
+    return openai("answer: noted")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres", "mongodb"])
+def test_an_approval_a_steer_and_published_events_keep_the_stored_indexes_from_a_tail(
+    kind: str, tmp_path: Path,
+) -> None:
+    """A turn run from a Tail waits for an approval (its journal at the stored index), is resumed from a
+    Tail once approved, and runs the call once; a steer's SteerApplied index, the Saved lengths and the
+    published events' pointers are those of the stored transcript."""
+    server = Served(windowed(refunding, 20_000))
+    try:
+        with any_store(kind, tmp_path) as store:
+            stored = long_transcript(600, [(300, 250), (501, 451)])
+            sid = f"approve-{uuid.uuid4().hex}"
+            store.save(sid, stored)
+            session = agent.open(sid, store)
+            spec = agent.Spec(session=session, tools=[refund], context=Compaction(20_000), publish_events=True)
+            ep = endpoint(server.url, "openai")
+            recent = session.messages(recent=True)
+            assert isinstance(recent, agent.Tail) and recent.start == 451 - TAIL
+            seen: list[Any] = []
+            waiting = agent.Runner().run(spec, recent + [agent.Message.user("refund order 1182")], ep, seen.append)
+            assert waiting.stop_reason == "awaiting_approval" and len(session.messages()) == 601
+            session.steer("and quickly")
+            session.approve("c1")
+            done = agent.Runner().run(spec, session.messages(recent=True), ep, seen.append)
+            assert done.stop_reason == "answered" and done.text == "answer: refunded"
+            whole = session.messages()
+            assert whole[:601] == [*stored, agent.Message.user("refund order 1182")]
+            assert [m.tool_calls[0].name for m in whole if m.tool_calls] == ["refund"]
+            assert whole[602].content[0].text == "refunded 1182"  # ran once, right after its call
+            applied = [e for e in seen if isinstance(e, agent.events.SteerApplied)]
+            assert [(e.text, whole[e.index].text) for e in applied] == [("and quickly", "and quickly")]
+            saved = [e.messages for e in seen if isinstance(e, agent.events.Saved)]
+            assert saved[-1] == len(whole)
+            responses = [e for e in session.events(limit=1000) if e.kind == "model_response"]
+            assert responses and all("unresolved" not in e.data for e in responses)
+            assert [agent.Message.from_dict(e.data["message"]) for e in responses] == [
+                m for m in whole[600:] if m.role is agent.Role.ASSISTANT]
+    finally:
+        server.close()
+
+
+def test_a_tail_run_of_an_erased_session_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    server = Served(windowed(refunding, 20_000))
+    try:
+        with any_store("sqlite", tmp_path) as store:
+            stored = long_transcript(600, [(300, 250), (501, 451)])
+            store.save("erased", stored)
+            session = agent.open("erased", store)
+            recent = session.messages(recent=True)
+            session.delete()
+            spec = agent.Spec(session=session, context=Compaction(20_000))
+            with pytest.raises(agent.TranscriptDeleted):
+                agent.Runner().run(spec, recent + [agent.Message.user("hello?")], endpoint(server.url, "openai"))
+            assert session.messages() == [] and not server.requests
+    finally:
+        server.close()
+
+
+def test_a_tail_is_refused_where_it_cannot_be_saved_as_one(tmp_path: Path) -> None:
+    with any_store("sqlite", tmp_path) as store:
+        store.save("s", long_transcript(600, [(300, 250)]))
+        recent = agent.open("s", store).messages(recent=True)
+        assert isinstance(recent, agent.Tail) and recent.start > 0
+        ep = endpoint("http://127.0.0.1:9", "openai")
+        with pytest.raises(agent.ArgumentError, match="replace_transcript"):
+            agent.Runner().run(agent.Spec(session=agent.open("s", store), replace_transcript=True), recent, ep)
+        plain = memory.Store()
+
+        class Plain:  # a Session over no RunStore: its save replaces the whole transcript
+            def save(self, msgs: Any) -> None:
+                plain.save("p", msgs)
+
+            def messages(self) -> list[agent.Message]:
+                return plain.messages("p")
+
+            def steer(self, text: str) -> None:
+                plain.add_steer("p", text)
+
+            def take_steers(self) -> list[str]:
+                return plain.take_steers("p")
+
+        with pytest.raises(agent.ArgumentError, match="TailStore"):
+            agent.Runner().run(agent.Spec(session=Plain()), recent, ep)
+        with pytest.raises(agent.ArgumentError, match="recent"):
+            agent.open("s", store).messages(last=3, recent=True)
+        # unpacked, a Tail is a plain list: the whole transcript as far as the run can tell, which the
+        # store finds does not extend what it holds
+        with pytest.raises(agent.TranscriptConflict):
+            agent.Runner().run(agent.Spec(session=agent.open("s", store)), [*recent, agent.Message.user("x")], ep)
+        assert len(agent.open("s", store).messages()) == 600
