@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from .contract import Store, TailStore
 from .errors import ArgumentError, ContextOverflow, EndpointError
 from .journal import TAIL
-from .contract import Store, TailStore
 from .messages import Content, ContentType, Message, Role, Tail, start_of
 from .tools import Tool
 

@@ -56,8 +56,8 @@ __all__ = [
     "SessionPage",
     "SteerKeyStore",
     "Store",
-    "TailStore",
     "StoredEvent",
+    "TailStore",
     "is_run_session",
     "when",
 ]
@@ -184,7 +184,14 @@ class TailStore(RunStore, Protocol):
 
     def read_back(self, session: str, stop: int | None, count: int) -> tuple[int, list[Message]]:
         """The messages of the transcript before index ``stop`` (``None``: its end), at most ``count`` of
-        them, the last ones; and the index of the first of them (``(0, [])`` when there are none). Reads only those, by the messages' index: one page of a read from the end."""
+        them, the last ones; and the index of the first of them (``(0, [])`` when there are none). Reads
+        only those, by the messages' index: one page of a read from the end."""
+
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        start: int = 0,
+    ) -> Saved:
+        """``RunStore.save_fenced``, of the transcript from index ``start`` on (above)."""
 
 
 # -- cancels pushed to the holder ------------------------------------------------------------------------------

@@ -91,8 +91,9 @@ def rows(name: str, tmp: str, rounds: int) -> dict[str, Any]:
             samples[n]["read"].append(len(recent))
             message = agent.Message.user(f"question r{r}: " + words(r, 40))
             result: list[agent.Result] = []
+            recent.append(message)
             samples[n]["turn"].append(clock(
-                lambda: result.append(agent.Runner().run(spec, recent + [message], model))))  # noqa: B023
+                lambda: result.append(agent.Runner().run(spec, recent, model))))  # noqa: B023
             if result[0].stop_reason != "answered":
                 raise SystemExit(f"{name}: a turn at N={n} ended {result[0].stop_reason}")
     whole = {n: summary([clock(sessions[n].messages) for _ in range(WHOLE_ROUNDS)]) for n in SIZES}

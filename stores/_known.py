@@ -60,8 +60,8 @@ class Known:
             if old is not None:
                 self.bytes -= old[2]
             extends = old is not None and old[3] == start and (old[1] is after or validate.is_extension(old[1], msgs))
-            start, weight = (len(old[1]), old[2]) if old is not None and extends else (0, 0)
-            weight += sum(len(m.to_json()) for m in msgs[start:])
+            counted, weight = (len(old[1]), old[2]) if old is not None and extends else (0, 0)
+            weight += sum(len(m.to_json()) for m in msgs[counted:])
             if weight > self.max_bytes:
                 return
             self._items[session] = (version, msgs, weight, start)

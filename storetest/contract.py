@@ -33,8 +33,8 @@ from .meeting import CancelMeetsContract, MeetingContract
 from .model import ModelContract
 from .runs import RunStoreContract
 from .steer_keys import SteerKeyContract
-from .tail import TailContract
 from .strategies import VERBATIM_ARGUMENTS
+from .tail import TailContract
 
 settings.register_profile(
     "storetest",

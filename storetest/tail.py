@@ -6,10 +6,10 @@ session reading about what its requests send (``context.read_recent``, docs/runs
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_sessions import ArgumentError, Holder, Message, TailStore, TranscriptConflict
@@ -38,7 +38,7 @@ class TailContract:
     def requires(self, capability: Capability) -> None:
         raise NotImplementedError
 
-    def hypothesis(self, **overrides: Any) -> Any:
+    def hypothesis(self, **overrides: Any) -> settings:
         raise NotImplementedError
 
     def tail_store(self) -> TailStore:
@@ -100,9 +100,8 @@ class TailContract:
         assert saved.steers == ["meanwhile"]
         assert store.messages(sid) == [*stored, Message.user("new"), Message.user("meanwhile")]
         if isinstance(store, EventStore):
-            store.save_fenced_events(sid, holder, [*stored[30:], Message.user("new"), Message.user("meanwhile"),
-                                                   Message.assistant("ok")], take_steers=False, start=30,
-                                     events=[], keep=10)
+            later = [*stored[30:], Message.user("new"), Message.user("meanwhile"), Message.assistant("ok")]
+            cast(Any, store).save_fenced_events(sid, holder, later, take_steers=False, start=30, events=[], keep=10)
             assert store.messages(sid)[-1] == Message.assistant("ok") and len(store.messages(sid)) == 43
 
     def test_a_save_from_an_index_is_refused_when_the_stored_messages_differ(self) -> None:

@@ -6,13 +6,18 @@ messages it was not given, its indexes stay the stored ones, and whatever reads 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine
 
 import agent_sessions as agent
 from agent_sessions.context import FIRST_PAGE, Compaction, is_record, read_recent
@@ -20,7 +25,10 @@ from agent_sessions.journal import TAIL
 from agent_sessions.testing.model_server import ModelServer as Served
 from agent_sessions.testing.model_server import request_tokens
 from stores import memory, mongodb
+from storetest.crossprocess import wait_for
+from storetest.stalls import Stalled
 from tests import servers
+from tests.context_children import digest, store_at
 from tests.model_server import Reply, Request, openai, windowed
 from tests.test_context import answering, endpoint, is_summary_request, kilobyte, long_answer, store_on, summarising
 
@@ -140,8 +148,9 @@ def summarised_session(kind: str, store: agent.RunStore, server: Served, turns: 
     session = agent.open(f"long-{uuid.uuid4().hex}", store)
     spec = agent.Spec(session=session, system="You answer.", context=Compaction(4000))
     for n in range(turns):
-        result = agent.Runner().run(spec, session.messages(recent=True) + [agent.Message.user(kilobyte(n))],
-                                    endpoint(server.url, "openai"))
+        msgs = session.messages(recent=True)
+        msgs.append(agent.Message.user(kilobyte(n)))
+        result = agent.Runner().run(spec, msgs, endpoint(server.url, "openai"))
         assert result.stop_reason == "answered"
     return session
 
@@ -163,7 +172,7 @@ def test_runs_resumed_from_the_recent_read_lose_nothing(kind: str, tmp_path: Pat
             assert len(records) >= 3 and len(said) == 2 * turns
             assert [m.text for m in said[::2]] == [kilobyte(n) for n in range(turns)]
             assert records[0][1].start == 0
-            assert all(a.end == b.start for (_, a), (_, b) in zip(records, records[1:], strict=False))
+            assert all(a.end == b.start for (_, a), (_, b) in pairwise(records))
             assert all(c.end <= at for at, c in records)
             assert max(request_tokens(r.json) for r in server.requests) <= window
             assert any(is_summary_request(r) for r in server.requests)
@@ -209,7 +218,8 @@ def test_an_approval_a_steer_and_published_events_keep_the_stored_indexes_from_a
             recent = session.messages(recent=True)
             assert isinstance(recent, agent.Tail) and recent.start == 451 - TAIL
             seen: list[Any] = []
-            waiting = agent.Runner().run(spec, recent + [agent.Message.user("refund order 1182")], ep, seen.append)
+            waiting = agent.Runner().run(spec, recent + [agent.Message.user("refund order 1182")], ep,  # noqa: RUF005
+                                         seen.append)  # (a Tail plus a list is a Tail)
             assert waiting.stop_reason == "awaiting_approval" and len(session.messages()) == 601
             session.steer("and quickly")
             session.approve("c1")
@@ -242,7 +252,8 @@ def test_a_tail_run_of_an_erased_session_is_refused_and_writes_nothing(tmp_path:
             session.delete()
             spec = agent.Spec(session=session, context=Compaction(20_000))
             with pytest.raises(agent.TranscriptDeleted):
-                agent.Runner().run(spec, recent + [agent.Message.user("hello?")], endpoint(server.url, "openai"))
+                recent.append(agent.Message.user("hello?"))
+                agent.Runner().run(spec, recent, endpoint(server.url, "openai"))
             assert session.messages() == [] and not server.requests
     finally:
         server.close()
@@ -280,3 +291,140 @@ def test_a_tail_is_refused_where_it_cannot_be_saved_as_one(tmp_path: Path) -> No
         with pytest.raises(agent.TranscriptConflict):
             agent.Runner().run(agent.Spec(session=agent.open("s", store)), [*recent, agent.Message.user("x")], ep)
         assert len(agent.open("s", store).messages()) == 600
+
+
+# -- concurrency: other processes while a compaction's summary is asked for ---------------------------------------
+
+SQL_KINDS = ["sqlite", "postgres", "mysql"]
+
+
+@contextmanager
+def shared_store(kind: str, tmp_path: Path) -> Iterator[tuple[Any, str]]:
+    """A store of ``kind`` other processes reach too, and where it is (``context_children.store_at``)."""
+    if kind == "sqlite":
+        where = str(tmp_path / "shared.db")
+    else:
+        base = servers.POSTGRES_URL if kind == "postgres" else servers.MYSQL_URL
+        where = servers.database_url(base, servers.database_name("ctx_shared"))
+        servers.create_database(where)
+        engine = create_engine(where)
+        servers.fresh_schema(engine)
+        engine.dispose()
+    store = store_at(kind, where)
+    try:
+        yield store, where
+    finally:
+        if kind == "sqlite":
+            store.close()
+        else:
+            store.engine.dispose()
+
+
+def child(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.context_children", *args], text=True,
+                            stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+
+
+def history(turns: int) -> list[agent.Message]:
+    return [m for n in range(turns) for m in (agent.Message.user(kilobyte(n)), agent.Message.assistant("ok"))]
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+@pytest.mark.parametrize("kind", SQL_KINDS)
+def test_steers_and_a_replicas_reads_from_other_processes_while_a_summary_is_asked_for(
+    kind: str, tmp_path: Path,
+) -> None:
+    """While run A's summary request is in flight, three processes post a steer each and a fourth reads the
+    session over and over, whole and from the end. The steers are each delivered once, right after the
+    record, in the request it was saved for; every read saw the session as one of A's saves left it (or
+    as it was before them), never part of a save."""
+    posted = [f"steer {i} while compacting" for i in range(3)]
+    out, stop = tmp_path / "reads.jsonl", tmp_path / "stop"
+    before = history(10)
+    with shared_store(kind, tmp_path) as (store, where):
+        sid = f"busy-{uuid.uuid4().hex}"
+        store.save(sid, before)
+        reader: list[subprocess.Popen[str]] = []
+
+        def respond(request: Request) -> Reply:
+            if is_summary_request(request) and not reader:
+                reader.append(child("read", kind, where, sid, str(out), str(stop)))
+                wait_for(lambda: len(lines(out)) >= 3, "the replica's first reads", timeout=60)
+                steering = [child("steer", kind, where, sid, text) for text in posted]
+                assert all(p.wait(timeout=60) == 0 for p in steering)
+                seen = len(lines(out))
+                wait_for(lambda: len(lines(out)) >= seen + 3, "the replica's reads after the steers", timeout=60)
+                return openai("turns seen: 0-9")
+            return openai("ok")
+
+        server = Served(windowed(respond, 3000))
+        try:
+            session = agent.open(sid, store)
+            spec = agent.Spec(session=session, context=Compaction(3000))
+            events: list[Any] = []
+            result = agent.Runner().run(spec, [*before, agent.Message.user("A's question")],
+                                        endpoint(server.url, "openai"), events.append)
+            assert result.stop_reason == "answered"
+            seen = len(lines(out))
+            wait_for(lambda: len(lines(out)) >= seen + 2, "the replica's reads after the run", timeout=60)
+        finally:
+            stop.touch()
+            for p in reader:
+                p.wait(timeout=60)
+            server.close()
+        stored = session.messages()
+        at = next(i for i, m in enumerate(stored) if is_record(m))
+        assert [m.text for m in stored if m.text in posted] == [m.text for m in stored[at + 1:at + 4]]
+        assert sorted(m.text for m in stored[at + 1:at + 4]) == posted  # each once, right after the record
+        asked = [r for r in server.requests if not is_summary_request(r)]
+        assert all(text in json.dumps(asked[0].json["messages"]) for text in posted)
+        assert session.pending_steers() == []
+        saves = {len(before), *(e.messages for e in events if isinstance(e, agent.events.Saved))}
+        reads = lines(out)
+        assert reads and any(r["length"] == len(before) for r in reads)  # it read while the summary was asked for
+        for r in reads:
+            assert r["length"] in saves and r["digest"] == digest(stored[:r["length"]])
+            end = r["start"] + r["recent"]
+            assert end in saves and r["recent_digest"] == digest(stored[r["start"]:end])
+
+
+@pytest.mark.parametrize("kind", SQL_KINDS)
+def test_a_run_superseded_by_another_process_during_its_compaction_writes_nothing(
+    kind: str, tmp_path: Path,
+) -> None:
+    """Run A's lease lapses while its summary request is in flight (its renewals held back, as a stopped
+    process's would be); a run in another process takes the session and answers a turn. A's save, which
+    would have carried the record, is refused (LeaseLost): the session is as the other process left it."""
+    before = history(10)
+    with shared_store(kind, tmp_path) as (store, where):
+        sid = f"taken-{uuid.uuid4().hex}"
+        store.save(sid, before)
+        stalled = Stalled(store)
+        taken: list[dict[str, Any]] = []
+
+        def respond(request: Request) -> Reply:
+            if is_summary_request(request) and not taken:
+                stalled.freeze()
+                wait_for(lambda: store.holder(sid) is None, "A's lease to lapse", timeout=30)
+                other = child("answer", kind, where, sid, server.url)
+                said, _ = other.communicate(timeout=120)
+                assert other.returncode == 0
+                taken.append(json.loads(said))
+                return openai("turns seen: 0-9")
+            return openai("ok")
+
+        server = Served(windowed(respond, 3000))
+        try:
+            spec = agent.Spec(session=agent.open(sid, stalled), context=Compaction(3000), lease_ttl=0.6)
+            with pytest.raises(agent.LeaseLost):
+                agent.Runner().run(spec, [*before, agent.Message.user("A's question")], endpoint(server.url, "openai"))
+        finally:
+            stalled.thaw()
+            server.close()
+        stored = store.messages(sid)
+        assert taken and (len(stored), digest(stored)) == (taken[0]["length"], taken[0]["digest"])
+        assert not any(is_record(m) for m in stored) and "A's question" not in [m.text for m in stored]
+        assert [m.text for m in stored[-2:]] == ["B's question", "ok"]

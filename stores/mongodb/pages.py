@@ -44,8 +44,9 @@ class Pages(StoreBase):
         """Write ``items`` as the known transcript plus what follows it, and the events of ``claim``; ``False``
         when the stored transcript is no longer the known one (or ``items`` does not extend it), or the guards
         no longer match. ``offset``: both are the transcript from that index on, at or before the first
-        message of the document's tail (an append rewrites the tail, so it needs all of it). A page already taken by other messages (a writer that lost a race, was refused, or
-        died after writing it) makes it a rewrite into a new generation, under the same guard. The same update
+        message of the document's tail (an append rewrites the tail, so it needs all of it). A page already
+        taken by other messages (a writer that lost a race, was refused, or died after writing it) makes it
+        a rewrite into a new generation, under the same guard. The same update
         drops the journal, takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step
         stays one write (a pipeline's when it claims events: the cap is an expression)."""
         version, old = known
