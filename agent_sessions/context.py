@@ -194,12 +194,15 @@ class Compaction:
 
     A compaction is an append, saved by the run's fenced write with the steers waiting: no stored message
     is rewritten. It leaves the newest messages, up to ``keep`` of the threshold's tokens, outside the
-    range, and it summarises at most what fits in one request. A summary request that fails leaves the
-    transcript as it was; the run goes on with ``Window``'s choice. docs/runs/context.md has the rest."""
+    range, and it summarises at most what fits in one request. A summary is asked to stay under
+    ``summary`` of ``max_tokens``, and one that does not counts as a failed request (each summary takes
+    the last in, so nothing else would bound it; with the defaults the summary and what is kept stay under
+    the threshold). A summary request that fails leaves the transcript as it was; the run goes on with
+    ``Window``'s choice. docs/runs/context.md has the rest."""
 
-    def __init__(self, max_tokens: int, *, threshold: float = 0.8, keep: float = 0.5,
+    def __init__(self, max_tokens: int, *, threshold: float = 0.8, keep: float = 0.5, summary: float = 0.25,
                  endpoint: Completes | None = None, estimate: Estimate = bytes_over_4) -> None:
-        for name, value in (("threshold", threshold), ("keep", keep)):
+        for name, value in (("threshold", threshold), ("keep", keep), ("summary", summary)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ArgumentError(f"Compaction.{name} must be a fraction in (0, 1], got {value!r}")
         if endpoint is not None and not callable(getattr(endpoint, "complete", None)):
@@ -208,10 +211,12 @@ class Compaction:
         self.max_tokens = max_tokens
         self.threshold = float(threshold)
         self.keep = float(keep)
+        self.summary = float(summary)
         self.endpoint = endpoint
 
     def __repr__(self) -> str:
-        return f"Compaction(max_tokens={self.max_tokens}, threshold={self.threshold}, keep={self.keep})"
+        return (f"Compaction(max_tokens={self.max_tokens}, threshold={self.threshold}, keep={self.keep}, "
+                f"summary={self.summary})")
 
     def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool]) -> Selection:
         view, where = _view(transcript)
@@ -261,17 +266,23 @@ class Compaction:
         if end is None:
             return None  # no start after the last summary: nothing to summarise yet
         # ...and at most what one summary request can carry
-        budget = allowed / window.scale - estimate(SUMMARY_SYSTEM) - estimate(SUMMARY_ASK) - fixed
+        cap = self.summary * window.limit  # the summary's tokens, as the provider counts them
+        ask = f"{SUMMARY_ASK} Keep it under {max(1, int(cap / window.scale * 0.75))} words."
+        budget = allowed / window.scale - estimate(SUMMARY_SYSTEM) - estimate(ask) - fixed
         total, fits = 0, None
         for i in range(0, end + 1):
             if i > summarised and _starts(view[i]) and total <= budget:
                 fits = i
             total += costs[i] if i < end else 0
         end = min(end, fits) if fits is not None else end
-        asked = [*view[:end], Message.user(SUMMARY_ASK)]
+        asked = [*view[:end], Message.user(ask)]
         reply = (self.endpoint or endpoint).complete(SUMMARY_SYSTEM, asked, tools)
         if not reply.text.strip():
             raise EndpointError("the summary request was answered with no text (a tool call, or nothing)")
+        size = window.scaled(estimate(reply.text))
+        if size > cap:
+            raise EndpointError(f"the summary came back {size:.0f} tokens long, over its cap of {cap:.0f} "
+                                f"(Compaction(summary={self.summary}) of {window.limit} tokens)")
         offset = start_of(transcript)  # a Tail's indexes are the stored transcript's from its start on
         base, stop = offset + base, offset + where[end]
         log.info("compaction: messages [%d, %d) summarised in %d characters", base, stop, len(reply.text))

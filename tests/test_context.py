@@ -552,6 +552,40 @@ def test_a_failed_summary_request_leaves_the_transcript_as_it_was(served: list[S
         store.close()
 
 
+def test_a_summary_over_its_cap_is_a_failed_summary_and_the_ask_says_the_cap(
+    served: list[Served], tmp_path: Path,
+) -> None:
+    """Each summary takes the last in, so a model that writes long ones would grow it without end: one
+    whose estimate passes ``summary`` of the window counts as a failed summary request (nothing stored),
+    and the request says how many words it may have."""
+    window = 3000
+
+    def respond(request: Request) -> Reply:
+        if is_summary_request(request):
+            return openai("turns seen: " + kilobyte(1) * 4)  # ~1,000 tokens: over a quarter of 3,000
+        return openai("ok")
+
+    server = serve(served, windowed(respond, window))
+    store = sqlite.open(str(tmp_path / "s.db"))
+    try:
+        session = agent.open("wordy", store)
+        spec = agent.Spec(session=session, context=Compaction(window, summary=0.5))
+        spec_small = agent.Spec(session=session, context=Compaction(window, summary=0.25))
+        for n in range(12):
+            msgs = session.messages()
+            msgs.append(agent.Message.user(kilobyte(n)))
+            assert agent.Runner().run(spec_small, msgs, endpoint(server.url, "openai")).stop_reason == "answered"
+        asked = [r for r in server.requests if is_summary_request(r)]
+        assert asked and not any(is_record(m) for m in session.messages())
+        assert "Keep it under 562 words." in asked[0].json["messages"][-1]["content"]  # 750 tokens, in words
+        msgs = session.messages()
+        msgs.append(agent.Message.user("and now?"))
+        agent.Runner().run(spec, msgs, endpoint(server.url, "openai"))  # a cap of half (1,500 tokens) takes it
+        assert any(is_record(m) for m in session.messages())
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("wire", WIRES)
 def test_a_record_is_sent_as_the_summary_text(model: ModelServer, wire: str) -> None:
     record = agent.Message(agent.Role.USER, [agent.Content.compaction("they agreed on Tuesday", 0, 4)])
