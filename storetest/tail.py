@@ -22,35 +22,36 @@ def _sid(tag: str) -> str:
     return f"storetest-tail-{tag}-{uuid.uuid4().hex}"
 
 
+def _checked(store: object) -> TailStore:
+    if not isinstance(store, TailStore):
+        pytest.fail(f"the store declares Capability.TAIL, but {type(store).__name__} does not implement "
+                    "agent_sessions.TailStore (read_back, save_fenced(start=))")
+    return store
+
+
 def _said(n: int, tag: str = "") -> list[Message]:
     return [Message.user(f"{tag}question {i}") if i % 2 == 0 else Message.assistant(f"{tag}answer {i}")
             for i in range(n)]
 
 
 class TailContract:
-    """Mixed into StoreContract; ``make_store``, ``requires`` and ``hypothesis`` come from there."""
-
-    examples: int
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
+    """Mixed into StoreContract, whose ``make_store``, ``requires`` and ``hypothesis`` it uses."""
 
     def hypothesis(self, **overrides: Any) -> settings:
         raise NotImplementedError
 
     def tail_store(self) -> TailStore:
-        self.requires(Capability.TAIL)
-        store = self.make_store()
-        if not isinstance(store, TailStore):
-            pytest.fail(f"the store declares Capability.TAIL, but {type(store).__name__} does not implement "
-                        "agent_sessions.TailStore (read_back, save_fenced(start=))")
-        return store
+        contract: Any = self  # a StoreContract
+        contract.requires(Capability.TAIL)
+        return _checked(contract.make_store())
 
-    def _held(self, store: TailStore, sid: str) -> Holder:
-        return store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 30)
+    def stored(self, tag: str, length: int) -> tuple[TailStore, str, list[Message], Holder]:
+        """A TailStore holding a new session of ``length`` messages, its id, them, and its lease."""
+        store = self.tail_store()
+        sid = _sid(tag)
+        said = _said(length)
+        store.save(sid, said)
+        return store, sid, said, store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 30)
 
     def test_read_back_reads_pages_from_the_end(self) -> None:
         store = self.tail_store()
@@ -77,7 +78,7 @@ class TailContract:
             stored = _said(length)
             store.save(sid, stored)
             start = min(cut, length)
-            holder = self._held(store, sid)
+            holder = store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 30)
             first, tail = store.read_back(sid, None, length - start) if start < length else (length, [])
             assert first == start
             msgs = list(tail)
@@ -90,11 +91,7 @@ class TailContract:
         check()
 
     def test_a_save_from_an_index_takes_the_steers_after_its_messages(self) -> None:
-        store = self.tail_store()
-        sid = _sid("steers")
-        stored = _said(40)
-        store.save(sid, stored)
-        holder = self._held(store, sid)
+        store, sid, stored, holder = self.stored("steers", 40)
         store.add_steer(sid, "meanwhile")
         saved = store.save_fenced(sid, holder, [*stored[30:], Message.user("new")], take_steers=True, start=30)
         assert saved.steers == ["meanwhile"]
@@ -105,11 +102,7 @@ class TailContract:
             assert store.messages(sid)[-1] == Message.assistant("ok") and len(store.messages(sid)) == 43
 
     def test_a_save_from_an_index_is_refused_when_the_stored_messages_differ(self) -> None:
-        store = self.tail_store()
-        sid = _sid("conflict")
-        stored = _said(20)
-        store.save(sid, stored)
-        holder = self._held(store, sid)
+        store, sid, stored, holder = self.stored("conflict", 20)
         with pytest.raises(TranscriptConflict):  # the stored messages from 10 on are not these
             store.save_fenced(sid, holder, [Message.user("another"), *stored[11:], Message.user("x")],
                               take_steers=False, start=10)
