@@ -125,7 +125,7 @@ def tables(report: dict[str, Any]) -> str:
              f"compaction record's range on; turn: one run of one step from them (lease, saves, release; the "
              f"model answers at once); whole: session.messages(), for scale. Compaction({WINDOW:,}).", "",
              f"| | load @{int(small):,} | load @{int(large):,} | x | turn @{int(small):,} | turn @{int(large):,} | x | "
-             f"messages read @{int(large):,} | largest request (tokens) | whole read @{int(large):,} |",
+             f"Tail @{int(large):,} (messages) | largest request (tokens) | whole read @{int(large):,} |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in report.items():
         a, b = r[small], r[large]
