@@ -127,6 +127,30 @@ def test_the_recent_read_starts_at_the_newest_records_range_and_reads_little(kin
 
 
 @pytest.mark.parametrize("kind", STORES)
+def test_a_record_far_back_is_found_by_pages_growing_from_the_end(kind: str, tmp_path: Path) -> None:
+    stored = long_transcript(3000, [(1000, 900)])
+    with any_store(kind, tmp_path) as store:
+        store.save("far", stored)
+        counting = Counting(store)
+        recent = read_recent(counting, "far")  # type: ignore[arg-type]
+        assert isinstance(recent, agent.Tail) and recent.start == 900 - TAIL
+        assert list(recent) == stored[recent.start:] and counting.whole == 0
+        assert counting.rows < 3000 - recent.start + FIRST_PAGE * 4
+
+
+def test_the_recent_read_never_starts_at_a_tool_result() -> None:
+    """Two messages before the range end is a tool result: the Tail starts at its call."""
+    store = memory.Store()
+    call = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "look", "{}")])
+    result = agent.Message(agent.Role.USER, [agent.Content.tool_result("c1", "seen")])
+    said = [agent.Message.user("look"), call, result, agent.Message.assistant("done"), agent.Message.user("next"),
+            agent.Message.assistant("ok")]
+    store.save("tools", [*said, record("looked", 0, 4)])
+    recent = read_recent(store, "tools")
+    assert isinstance(recent, agent.Tail) and recent.start == 1 and recent[0] == call
+
+
+@pytest.mark.parametrize("kind", STORES)
 def test_read_back_pages_from_the_end(kind: str, tmp_path: Path) -> None:
     stored = long_transcript(100, [])
     with any_store(kind, tmp_path) as store:

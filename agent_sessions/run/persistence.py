@@ -799,7 +799,7 @@ def keeping(spec: Spec, *, continuing: bool = False, start: int = 0) -> Keeping:
     (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``). ``start``: the run was given
     the stored transcript from that index on (a ``Tail``), which only a ``TailStore`` can save."""
     session = spec.session
-    if start and not (session is not None and is_run_session(session) and isinstance(session.store, TailStore)):
+    if start and session is not None and not (is_run_session(session) and isinstance(session.store, TailStore)):
         raise ArgumentError(
             f"the run was given the stored transcript from message {start} on (a Tail), which only a session over "
             f"a store implementing agent_sessions.contract.TailStore can save: give it the whole transcript"
