@@ -153,10 +153,11 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         known = self._known.get(session) if not offset else None
         if offset:
             covered = self._known.covering(session, offset)
-            if covered is not None:
-                version, old, offset = covered
-                msgs = (*old[:start - offset], *msgs)
-                known = version, old
+            if covered is not None:  # known from ``since``: from the document tail's first message on will do
+                version, old, since = covered
+                offset = max(since, min(start, Layout.of(version).base))
+                msgs = (*old[offset - since:start - since], *msgs)
+                known = version, old[offset - since:]
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())  # checks what is new
         validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
         fence: dict[str, Any] = {"token": holder.token, "epoch": holder.epoch}
