@@ -34,6 +34,7 @@ from .model import ModelContract
 from .runs import RunStoreContract
 from .steer_keys import SteerKeyContract
 from .strategies import VERBATIM_ARGUMENTS
+from .tail import TailContract
 
 settings.register_profile(
     "storetest",
@@ -66,7 +67,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract):
+                    ModelContract, SteerKeyContract, TailContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

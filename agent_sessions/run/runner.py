@@ -10,7 +10,7 @@ from .. import validate
 from ..endpoints import Endpoint
 from ..errors import ArgumentError
 from ..events import Events
-from ..messages import Message
+from ..messages import Message, Tail
 from ..result import Result
 from ..spec import Pattern, Spec
 from . import react, turns
@@ -166,6 +166,7 @@ def _execute(
 ) -> Result:
     assert spec.pattern is Pattern.REACT
     try:
-        return react.run(spec, list(msgs), endpoint, events, run._box, run._cancel, continuing)
+        transcript = Tail(msgs, msgs.start) if isinstance(msgs, Tail) else list(msgs)
+        return react.run(spec, transcript, endpoint, events, run._box, run._cancel, continuing)
     finally:
         run._box.close()
