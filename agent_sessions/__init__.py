@@ -41,6 +41,7 @@ from .errors import (
 from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
 from .result import Result, StopReason
 from .run.runner import Run, Runner
+from .stranded import Recovered, recover
 from .session import StoreSession, open
 from .spec import Pattern, Spec
 from .tools import Tool, tool
@@ -72,6 +73,7 @@ __all__ = [
     "OutcomeUnknown",
     "Pattern",
     "PendingApproval",
+    "Recovered",
     "Result",
     "Role",
     "Run",
@@ -108,6 +110,7 @@ __all__ = [
     "lifecycle",
     "open",
     "orphaned_tool_calls",
+    "recover",
     "tool",
     "validate",
 ]

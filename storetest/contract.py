@@ -33,6 +33,7 @@ from .meeting import CancelMeetsContract, MeetingContract
 from .model import ModelContract
 from .runs import RunStoreContract
 from .steer_keys import SteerKeyContract
+from .stranded import StrandedContract
 from .strategies import VERBATIM_ARGUMENTS
 
 settings.register_profile(
@@ -66,7 +67,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract):
+                    ModelContract, SteerKeyContract, StrandedContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 
