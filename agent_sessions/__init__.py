@@ -41,9 +41,9 @@ from .errors import (
 from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
 from .result import Result, StopReason
 from .run.runner import Run, Runner
-from .stranded import Recovered, recover
 from .session import StoreSession, open
 from .spec import Pattern, Spec
+from .stranded import Recovered, recover
 from .tools import Tool, tool
 from .values import Holder, PendingApproval, Saved, SessionInfo, SessionPage, StoredEvent
 

@@ -92,7 +92,8 @@ class Spec:
             raise ArgumentError(f"Spec.events_kept must be an int >= 1, got {self.events_kept!r}")
         if self.name is not None and (not isinstance(self.name, str) or not 1 <= len(self.name) <= 255
                                       or "\x00" in self.name):
-            raise ArgumentError(f"Spec.name must be None or a str of 1 to 255 characters without NUL, got {self.name!r}")
+            raise ArgumentError(
+                f"Spec.name must be None or a str of 1 to 255 characters without NUL, got {self.name!r}")
         if not isinstance(self.system, str):
             raise ArgumentError(f"Spec.system must be a str, got {type(self.system).__name__}")
         object.__setattr__(self, "context_policy", policy_of(self.context, self.context_window))

@@ -292,7 +292,9 @@ def test_session_busy_raised_in_a_task_is_caught_by_its_class_from_async_result_
     assert store.messages("celery-busy") == [] and model.requests == []
 
 
-def test_the_beat_task_recover_stranded_finishes_a_turn_whose_task_is_gone(workers: Workers, model: ModelServer) -> None:
+def test_the_beat_task_recover_stranded_finishes_a_turn_whose_task_is_gone(
+    workers: Workers, model: ModelServer
+) -> None:
     """A turn's message is stored and its worker died with its task (the SQLAlchemy transport loses it):
     ``recover_stranded``, the example's beat task, finishes it once, by the spec its run recorded."""
     from agent_sessions.lease import claimant

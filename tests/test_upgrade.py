@@ -26,8 +26,8 @@ import agent_sessions as agent
 from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
 from stores import mongodb, mysql, postgres, sqlite
 from storetest.scripted import ToolsThenAnswer
-from storetest.strategies import ODD_JSON
 from storetest.stranded import stranded_ids
+from storetest.strategies import ODD_JSON
 from tests import servers
 
 OLD = Path(__file__).parent / "upgrade"

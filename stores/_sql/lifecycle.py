@@ -9,7 +9,7 @@ import functools
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Connection, Executable
 
@@ -88,6 +88,9 @@ class Lifecycle(SQLBase):
     def _listing_statements(self) -> listing.Statements:
         """This store's listing statements, each shape built at its first use."""
         return listing.Statements(self.starts_with, self.row_values)
+
+    if TYPE_CHECKING:  # the lease's (a mixin beside this one in the store's class)
+        def check(self, session: str, holder: Holder) -> bool: ...
 
     def _stranded(self, grace: float, limit: int, after: str | None) -> SessionPage:
         cursor = None if after is None else lifecycle.decode_cursor(after)

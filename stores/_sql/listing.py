@@ -116,7 +116,8 @@ class Statements:
         first: one range of the index (updated, session_id) read backwards, each wanted tag looked up by
         the tags' primary key as it goes."""
         S = sessions.c
-        query = _probed(select(S.session_id, S.created, S.updated, S.metadata, S.spec_name, S.open_since), S.session_id, range(keys))
+        query = _probed(select(S.session_id, S.created, S.updated, S.metadata, S.spec_name, S.open_since),
+                        S.session_id, range(keys))
         if prefix:
             query = query.where(self.starts_with(S.session_id, prefix))
         if after:

@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     BindParameter,
+    Boolean,
     ColumnElement,
     Double,
     Integer,
@@ -268,7 +268,7 @@ TAIL = (
 ``created``, which marks what a read returns (``messages.read_from``)."""
 PENDING = select(steers.c.text).where(steers.c.session_id == SID).order_by(steers.c.id)
 
-_AFTER_SINCE = bindparam("after_since", type_=Double())
+_AFTER_SINCE: BindParameter[float] = bindparam("after_since", type_=Double())
 _AFTER_ID: BindParameter[str] = bindparam("after_id", type_=SessionId)
 
 

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymongo.errors import DuplicateKeyError
 
@@ -59,6 +59,9 @@ class Lifecycle(Pages):
         with self._failing("list_sessions"):
             docs = list(self._sessions.find(query, _INFO).sort([("updated", -1), ("_id", -1)]).limit(limit + 1))
         return lifecycle.page([(_seconds(doc["updated"]), _info(doc)) for doc in docs], limit)
+
+    if TYPE_CHECKING:  # the lease's (a mixin beside this one in the store's class)
+        def check(self, session: str, holder: Holder) -> bool: ...
 
     def _stranded(self, grace: float, limit: int, after: str | None) -> SessionPage:
         """The sparse index ``open_since`` holds only the open sessions; its range up to now less ``grace``

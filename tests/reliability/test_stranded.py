@@ -6,7 +6,6 @@ once, by one of them; the non-idempotent tool never runs twice (a call killed in
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import random
