@@ -31,7 +31,7 @@ from .messages import ContentType, Message
 from .session import StoreSession
 from .session import open as open_session
 from .stranded import Recovered, Resolve, recover
-from .values import PendingApproval
+from .values import PendingApproval, SessionPage
 
 PROG = "python -m agent_sessions"
 ENV_STORE = "AGENT_SESSIONS_STORE"
@@ -478,12 +478,19 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
 
 def cmd_list(args: argparse.Namespace, store: Store) -> Outcome:
     page = _lifecycle(store, "list").list_sessions(args.prefix, dict(args.where) or None, args.limit, args.after)
-    lines = [f"{'ID':<30} {'UPDATED (UTC)':<19}  {'MESSAGES':>8}  METADATA"] if page.sessions else ["no sessions"]
-    lines += [f"{safe(i.id):<30} {_time(i.updated)}  {i.messages:>8}  {safe(lifecycle.encode_metadata(i.metadata))}"
-              for i in page.sessions]
+    return _page(page, ("UPDATED (UTC)", "METADATA"), "no sessions", info_doc,
+                 lambda i: (i.updated, lifecycle.encode_metadata(i.metadata)))
+
+
+def _page(page: SessionPage, columns: tuple[str, str], empty: str, doc: Callable[[SessionInfo], dict[str, Any]],
+          row: Callable[[SessionInfo], tuple[datetime, str]]) -> Outcome:
+    """A page of sessions: a table of id, a time, the length and a text (``columns`` names the time and the
+    text, ``row`` gives them), then the next page's cursor."""
+    lines = [f"{'ID':<30} {columns[0]:<19}  {'MESSAGES':>8}  {columns[1]}"] if page.sessions else [empty]
+    lines += [f"{safe(i.id):<30} {_time(row(i)[0])}  {i.messages:>8}  {safe(row(i)[1])}" for i in page.sessions]
     if page.next:
         lines.append(f"next page: --after {safe(page.next)}")
-    return Outcome({"sessions": [info_doc(i) for i in page.sessions], "next": page.next}, lines)
+    return Outcome({"sessions": [doc(i) for i in page.sessions], "next": page.next}, lines)
 
 
 def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
@@ -659,13 +666,8 @@ def cmd_metadata(args: argparse.Namespace, store: Store) -> Outcome:
 def cmd_stranded(args: argparse.Namespace, store: Store) -> Outcome:
     page = _lifecycle(store, "stranded").list_sessions(limit=args.limit, after=args.after, stranded=True,
                                                        grace=args.grace)
-    lines = [f"{'ID':<30} {'OPEN SINCE (UTC)':<19}  {'MESSAGES':>8}  SPEC"] if page.sessions else \
-        ["no stranded sessions"]
-    lines += [f"{safe(i.id):<30} {_time(i.open_since or i.updated)}  {i.messages:>8}  {safe(i.spec or '-')}"
-              for i in page.sessions]
-    if page.next:
-        lines.append(f"next page: --after {safe(page.next)}")
-    return Outcome({"sessions": [stranded_doc(i) for i in page.sessions], "next": page.next}, lines)
+    return _page(page, ("OPEN SINCE (UTC)", "SPEC"), "no stranded sessions", stranded_doc,
+                 lambda i: (i.open_since or i.updated, i.spec or "-"))
 
 
 def cmd_recover(args: argparse.Namespace, store: Store) -> Outcome:

@@ -25,6 +25,7 @@ from sqlalchemy import Engine, create_engine, inspect, text
 import agent_sessions as agent
 from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
 from stores import mongodb, mysql, postgres, sqlite
+from stores._sql import SCHEMA_VERSION
 from storetest.scripted import ToolsThenAnswer
 from storetest.stranded import stranded_ids
 from storetest.strategies import ODD_JSON
@@ -172,17 +173,20 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str]
         made.dispose()
 
 
-def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
-    server: tuple[str, Callable[[str], Engine]],
-) -> None:
+def _upgraded(server: tuple[str, Callable[[str], Engine]], schema: int, rows: dict[str, list[dict[str, Any]]],
+              before: Callable[[Engine], None] = lambda engine: None) -> tuple[Any, Engine]:
+    """A server database of ``schema`` with ``rows`` in it, upgraded by each ``MIGRATIONS`` from there to the
+    current version (``before`` looks at it first); its schema must be the one ``SCHEMA`` makes. Returns the
+    store's module and the database."""
     name, engine = server
     old, new = engine(servers.database_name("upgrade")), engine(servers.database_name("fresh"))
     module = postgres if name == "postgres" else mysql
     with old.begin() as conn:
-        for statement in _statements(OLD / f"schema1.{name}.sql"):
+        for statement in _statements(OLD / f"schema{schema}.{name}.sql"):
             conn.exec_driver_sql(statement)
-    _insert(old, _rows())
-    for version in (2, 3, 4, 5):
+    _insert(old, rows)
+    before(old)
+    for version in range(schema + 1, SCHEMA_VERSION + 1):
         with old.begin() as conn:  # PostgreSQL: one transaction; MySQL commits each DDL statement as it goes
             for statement in module.MIGRATIONS[version]:
                 conn.exec_driver_sql(statement)
@@ -190,6 +194,13 @@ def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
         for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
             conn.exec_driver_sql(statement)
     assert _columns(old) == _columns(new)  # the upgraded schema is the one SCHEMA makes
+    return module, old
+
+
+def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
+    server: tuple[str, Callable[[str], Engine]],
+) -> None:
+    module, old = _upgraded(server, 1, _rows())
     _check(module.Store(old))
     _check_lifecycle(module.Store(old))
     _check_events(module.Store(old), old)
@@ -200,22 +211,11 @@ def test_a_server_database_of_schema_2_or_3_upgrades_to_4_with_the_exported_stat
     server: tuple[str, Callable[[str], Engine]], schema: int
 ) -> None:
     """Schema 3's tables take schema 2's rows as they are (created and updated from their defaults)."""
-    name, engine = server
-    old, new = engine(servers.database_name("upgrade")), engine(servers.database_name("fresh"))
-    module = postgres if name == "postgres" else mysql
-    with old.begin() as conn:
-        for statement in _statements(OLD / f"schema{schema}.{name}.sql"):
-            conn.exec_driver_sql(statement)
-    _insert(old, _rows2())
-    assert "agent_steer_keys" not in inspect(old).get_table_names()
-    for version in range(schema + 1, 6):
-        with old.begin() as conn:
-            for statement in module.MIGRATIONS[version]:
-                conn.exec_driver_sql(statement)
-    with new.begin() as conn:
-        for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
-            conn.exec_driver_sql(statement)
-    assert _columns(old) == _columns(new)
+
+    def no_steer_keys(engine: Engine) -> None:
+        assert "agent_steer_keys" not in inspect(engine).get_table_names()
+
+    module, old = _upgraded(server, schema, _rows2(), no_steer_keys)
     _check(module.Store(old))
     _check_lifecycle(module.Store(old))
     _check_events(module.Store(old), old)
@@ -293,20 +293,7 @@ def _check_stranded(store: agent.LifecycleStore) -> None:
 def test_a_server_database_of_schema_4_upgrades_to_5_and_the_first_sweep_finds_the_stranded_turn(
     server: tuple[str, Callable[[str], Engine]],
 ) -> None:
-    name, engine = server
-    old, new = engine(servers.database_name("upgrade")), engine(servers.database_name("fresh"))
-    module = postgres if name == "postgres" else mysql
-    with old.begin() as conn:
-        for statement in _statements(OLD / f"schema4.{name}.sql"):
-            conn.exec_driver_sql(statement)
-    _insert(old, _rows4())
-    with old.begin() as conn:
-        for statement in module.MIGRATIONS[5]:
-            conn.exec_driver_sql(statement)
-    with new.begin() as conn:
-        for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
-            conn.exec_driver_sql(statement)
-    assert _columns(old) == _columns(new)
+    module, old = _upgraded(server, 4, _rows4())
     _check_stranded(module.Store(old))
 
 
