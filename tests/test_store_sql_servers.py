@@ -212,7 +212,8 @@ def test_schema_can_be_run_twice_and_metadata_is_public(backend: Backend) -> Non
             for statement in [postgres.SCHEMA] if backend is POSTGRES else mysql.SCHEMA:
                 conn.exec_driver_sql(statement)
         found = inspect(engine)
-        assert {i["name"] for i in found.get_indexes("agent_sessions")} == {"agent_sessions_by_updated"}
+        assert {i["name"] for i in found.get_indexes("agent_sessions")} == {"agent_sessions_by_updated",
+                                                                          "agent_sessions_open"}
         assert {i["name"] for i in found.get_indexes("agent_session_tags")} == {"agent_session_tags_by_value"}
         store = backend.store(engine)
         store.set_metadata("twice", {"k": "v"})
