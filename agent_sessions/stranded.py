@@ -94,7 +94,11 @@ def recover(store: LifecycleStore, resolve: Resolve, limit: int = 100, grace: fl
 
 
 def _recover(store: LifecycleStore, info: SessionInfo, resolve: Resolve) -> Recovered:
-    chosen = resolve(info)
+    try:
+        chosen = resolve(info)
+    except Exception as exc:  # noqa: BLE001 - the application's function failing on one session stops no sweep
+        log.warning("session %r: resolve raised %s: %s; left for the next sweep", info.id, type(exc).__name__, exc)
+        return Recovered(info.id, "failed", info.spec, error=exc)
     if chosen is None:
         return Recovered(info.id, "skipped", info.spec)
     spec, endpoint = chosen
