@@ -62,8 +62,9 @@ OPEN_SINCE = case(
 )
 """What a save sets ``open_since`` to: kept (or now) when the transcript it leaves is open (``:open``,
 ``messages.turn_open``) or input waits, NULL when it closes the turn."""
-SET_OPEN = update(sessions).where(S.session_id == SID).values(open_since=OPEN_SINCE, updated=NOW)
-"""An append that opens or closes the turn: the second statement of its transaction."""
+SET_OPEN = update(sessions).where(S.session_id == SID).values(open_since=OPEN_SINCE)
+"""An append that opens or closes the turn: the second statement of its transaction. Like the append, it
+leaves ``updated`` (the heartbeat's renewal moves it)."""
 REOPEN = update(sessions).where(S.session_id == SID).values(open_since=func.coalesce(S.open_since, db_now()),
                                                              updated=NOW)
 """A write that brings input (a keyed steer, a decision on a waiting call): the turn is open."""
