@@ -44,6 +44,7 @@ from .result import Result, StopReason
 from .run.runner import Run, Runner
 from .session import StoreSession, open
 from .spec import Pattern, Spec
+from .stranded import Recovered, recover
 from .tools import Tool, tool
 from .values import Holder, PendingApproval, Saved, SessionInfo, SessionPage, StoredEvent
 
@@ -73,6 +74,7 @@ __all__ = [
     "OutcomeUnknown",
     "Pattern",
     "PendingApproval",
+    "Recovered",
     "Result",
     "Role",
     "Run",
@@ -111,6 +113,7 @@ __all__ = [
     "lifecycle",
     "open",
     "orphaned_tool_calls",
+    "recover",
     "tool",
     "validate",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -29,7 +30,8 @@ from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreEr
 from .messages import ContentType, Message
 from .session import StoreSession
 from .session import open as open_session
-from .values import PendingApproval
+from .stranded import Recovered, Resolve, recover
+from .values import PendingApproval, SessionPage
 
 PROG = "python -m agent_sessions"
 ENV_STORE = "AGENT_SESSIONS_STORE"
@@ -444,6 +446,26 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
     sub.add_argument("session", metavar="SID")
     sub.add_argument("changes", metavar="KEY=VALUE", type=pair, nargs="*")
 
+    sub = command("stranded", cmd_stranded, "list the stranded sessions: a turn left open, no live run on it "
+                  "(its worker died), oldest first", "Read through an index of the open sessions alone: cheap "
+                  "when none is stranded. `recover` finishes them.")
+    sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
+    sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
+    sub.add_argument("--grace", metavar="DURATION", type=duration, default=10.0,
+                     help="only turns open for at least this long (default 10s)")
+
+    sub = command("recover", cmd_recover, "finish the turns of stranded sessions, each once, whoever else "
+                  "sweeps at the same moment (agent.recover)",
+                  "FUNCTION(info) returns (Spec, Endpoint) to finish a session with, or None to leave it; "
+                  "info.spec names the spec its last run used. Exit 0 when every session was finished or left "
+                  "(none stranded included: schedule it), 4 when a run failed (it is tried again next time).")
+    sub.add_argument("--resolve", metavar="MODULE:FUNCTION", required=True, type=resolver,
+                     help="the application's function choosing the spec and endpoint, e.g. myapp.agent:resolve")
+    sub.add_argument("--limit", metavar="N", type=positive, default=100,
+                     help="look at most at N stranded sessions (default 100)")
+    sub.add_argument("--grace", metavar="DURATION", type=duration, default=10.0,
+                     help="leave turns open for less than this (a caller may be about to run them; default 10s)")
+
     command("schema", cmd_schema, "print the DDL that creates the store's tables (the CLI runs none)",
             "For the operator's migration: python -m agent_sessions --store URL schema | psql ... "
             "Exit 1 when the store needs nothing created (SQLite creates its own tables).")
@@ -456,12 +478,19 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
 
 def cmd_list(args: argparse.Namespace, store: Store) -> Outcome:
     page = _lifecycle(store, "list").list_sessions(args.prefix, dict(args.where) or None, args.limit, args.after)
-    lines = [f"{'ID':<30} {'UPDATED (UTC)':<19}  {'MESSAGES':>8}  METADATA"] if page.sessions else ["no sessions"]
-    lines += [f"{safe(i.id):<30} {_time(i.updated)}  {i.messages:>8}  {safe(lifecycle.encode_metadata(i.metadata))}"
-              for i in page.sessions]
+    return _page(page, ("UPDATED (UTC)", "METADATA"), "no sessions", info_doc,
+                 lambda i: (i.updated, lifecycle.encode_metadata(i.metadata)))
+
+
+def _page(page: SessionPage, columns: tuple[str, str], empty: str, doc: Callable[[SessionInfo], dict[str, Any]],
+          row: Callable[[SessionInfo], tuple[datetime, str]]) -> Outcome:
+    """A page of sessions: a table of id, a time, the length and a text (``columns`` names the time and the
+    text, ``row`` gives them), then the next page's cursor."""
+    lines = [f"{'ID':<30} {columns[0]:<19}  {'MESSAGES':>8}  {columns[1]}"] if page.sessions else [empty]
+    lines += [f"{safe(i.id):<30} {_time(row(i)[0])}  {i.messages:>8}  {safe(row(i)[1])}" for i in page.sessions]
     if page.next:
         lines.append(f"next page: --after {safe(page.next)}")
-    return Outcome({"sessions": [info_doc(i) for i in page.sessions], "next": page.next}, lines)
+    return Outcome({"sessions": [doc(i) for i in page.sessions], "next": page.next}, lines)
 
 
 def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
@@ -634,6 +663,47 @@ def cmd_metadata(args: argparse.Namespace, store: Store) -> Outcome:
                    [f"{safe(k)}={safe(json.dumps(v, ensure_ascii=False))}" for k, v in sorted(metadata.items())])
 
 
+def cmd_stranded(args: argparse.Namespace, store: Store) -> Outcome:
+    page = _lifecycle(store, "stranded").list_sessions(limit=args.limit, after=args.after, stranded=True,
+                                                       grace=args.grace)
+    return _page(page, ("OPEN SINCE (UTC)", "SPEC"), "no stranded sessions", stranded_doc,
+                 lambda i: (i.open_since or i.updated, i.spec or "-"))
+
+
+def cmd_recover(args: argparse.Namespace, store: Store) -> Outcome:
+    done = recover(_lifecycle(store, "recover"), args.resolve, limit=args.limit, grace=args.grace)
+    failed = [r for r in done if r.outcome == "failed"]
+    lines = [f"{safe(r.session):<30} {r.outcome}{_recovered_detail(r)}" for r in done] or ["no stranded sessions"]
+    doc = {"sessions": [{"id": r.session, "outcome": r.outcome, "spec": r.spec,
+                         "stop_reason": None if r.result is None else r.result.stop_reason,
+                         "error": None if r.error is None else f"{type(r.error).__name__}: {r.error}"}
+                        for r in done]}
+    if failed:
+        return Outcome(doc, lines, code=STORE_FAILED, note=f"{len(failed)} of {len(done)} stranded turns failed; "
+                                                         "the next recover tries them again")
+    return Outcome(doc, lines)
+
+
+def _recovered_detail(r: Recovered) -> str:
+    if r.result is not None:
+        return f" ({r.result.stop_reason}, {r.result.steps} step{'' if r.result.steps == 1 else 's'})"
+    return "" if r.error is None else f": {safe(type(r.error).__name__ + ': ' + str(r.error))}"
+
+
+def resolver(text: str) -> Resolve:
+    """``module:function``, imported: what ``recover --resolve`` calls for each stranded session."""
+    module, _, name = text.partition(":")
+    if not module or not name:
+        raise argparse.ArgumentTypeError(f"expected MODULE:FUNCTION, got {text!r}")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot import {text!r}: {exc}") from exc
+    if not callable(found):
+        raise argparse.ArgumentTypeError(f"{text!r} is not callable")
+    return found  # type: ignore[no-any-return]
+
+
 def cmd_schema(args: argparse.Namespace, target: Target) -> Outcome:
     ddl = schema(target)
     if not ddl:
@@ -688,6 +758,11 @@ def _time(moment: datetime) -> str:
 def info_doc(info: SessionInfo) -> dict[str, Any]:
     return {"id": info.id, "created": info.created.isoformat(), "updated": info.updated.isoformat(),
             "messages": info.messages, "metadata": dict(info.metadata)}
+
+
+def stranded_doc(info: SessionInfo) -> dict[str, Any]:
+    return {**info_doc(info), "spec": info.spec,
+            "open_since": None if info.open_since is None else info.open_since.isoformat()}
 
 
 def holder_doc(holder: Holder | None) -> dict[str, Any] | None:

@@ -279,11 +279,21 @@ class LifecycleStore(Store, Protocol):
     """
 
     def list_sessions(
-        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None,
+        *, stranded: bool = False, grace: float = 0.0,
     ) -> SessionPage:
         """Sessions whose id starts with ``prefix`` and whose metadata has every ``where`` key with that
         value, ordered by ``updated`` then id, newest first; at most ``limit``, after the cursor ``after``
-        (a page's ``next``). Use ``check_listing`` for the arguments and ``encode_cursor``/``decode_cursor``."""
+        (a page's ``next``). Use ``check_listing`` for the arguments and ``encode_cursor``/``decode_cursor``.
+
+        ``stranded``: instead, the sessions whose turn has been open (``SessionInfo.open_since``) for at
+        least ``grace`` seconds, whose lease is free or lapsed and not cancelled (store clock), oldest
+        ``open_since`` first, then by id (the cursor holds those two); ``prefix`` and ``where`` must be left
+        out (``check_stranded``). Read through an index holding only the open sessions: a store of finished
+        sessions answers without reading them. Every save keeps ``open_since``: ``COALESCE(open_since, now)``
+        when it leaves the turn open (``messages.turn_open``, or input waiting: a steer), ``NULL`` when it
+        closes it; ``add_steer_once`` and ``ApprovalStore.swap_journal`` set it as open; ``acquire``,
+        ``renew``, ``release`` and ``put_journal`` leave it."""
 
     def info(self, session: str) -> SessionInfo | None:
         """The session as ``list_sessions`` would show it, or ``None`` when it does not exist."""
@@ -309,6 +319,12 @@ class LifecycleStore(Store, Protocol):
 
     def pending_steers(self, session: str) -> list[str]:
         """The steers waiting for the session's next model request, oldest first, left where they are."""
+
+    def mark_finished(self, session: str, holder: Holder, journal: str | None) -> bool:
+        """Clear the session's ``open_since``: ``agent.recover`` looked under ``holder``'s lease and found the
+        turn finished (or waiting for a person's decision). One atomic step, fenced by ``holder``
+        (``LeaseLost`` otherwise), that writes only while the journal is still ``journal`` (the text read)
+        and no steer waits: nothing that reopened the turn came meanwhile. Returns whether it wrote."""
 
 
 # -- approvals -------------------------------------------------------------------------------------------------

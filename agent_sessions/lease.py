@@ -20,6 +20,7 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import replace
 
 from .contract import RunStore
 from .errors import LeaseLost, OutcomeUnknown, SessionBusy, SessionLocked, StoreError
@@ -45,12 +46,13 @@ class Lease:
 
     ``holder`` is what the run's writes carry."""
 
-    def __init__(self, store: RunStore, session: str, ttl: float, wait: float) -> None:
+    def __init__(self, store: RunStore, session: str, ttl: float, wait: float, spec: str | None = None) -> None:
         self.store = store
         self.session = session
         self.ttl = ttl
         self.wait = wait
-        self.holder = claimant()
+        self.holder = replace(claimant(), spec=spec)
+        """``spec``: the run's ``Spec.name``, which ``acquire`` records on the session."""
         self.lost: LeaseLost | None = None
         """Set by the heartbeat when a renewal found the lease taken over."""
         self._stop = threading.Event()

@@ -117,6 +117,16 @@ def check_listing(prefix: object, where: object, limit: object, after: object) -
     return {metadata_key(k, "where"): metadata_value(k, v, "where") for k, v in where.items()}
 
 
+def check_stranded(prefix: object, where: object, limit: object, after: object, grace: object) -> float:
+    """Check ``list_sessions(stranded=True)``'s arguments; return ``grace`` as seconds."""
+    check_listing("", None, limit, after)
+    if prefix != "" or where:
+        raise ArgumentError("list_sessions(stranded=True) lists by open_since alone: leave prefix and where out")
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
+        raise ArgumentError(f"list_sessions(grace=) must be seconds (a finite number >= 0), got {grace!r}")
+    return float(grace)
+
+
 def encode_cursor(updated: float, session: str) -> str:
     """A page's ``next``: where the page ended (its last session's ``updated`` and id). Opaque to users."""
     raw = json.dumps([updated, session], separators=(",", ":")).encode()

@@ -472,6 +472,15 @@ def unanswered(transcript: Sequence[Message]) -> bool:
     return bool(transcript) and transcript[-1].role is Role.ASSISTANT and bool(transcript[-1].tool_calls)
 
 
+def turn_open(transcript: Sequence[Message]) -> bool:
+    """Does the transcript leave its turn open: not empty, and not ending with an answer (a reply of the
+    model without tool calls)? What a store's save records as the session's ``open_since``."""
+    if not transcript:
+        return False
+    last = transcript[-1]
+    return not (last.role is Role.ASSISTANT and not last.tool_calls)
+
+
 def orphaned_tool_calls(msgs: Sequence[Message]) -> list[Content]:
     """Tool calls with no result anywhere after them: a transcript holding one makes every later request
     fail at the provider (a 400), so the loop never stores one."""

@@ -53,6 +53,10 @@ class Spec:
     context: ContextPolicy | None = None
     """A context policy of your own choosing (``Window(max_tokens=...)``, or any ``ContextPolicy``), instead
     of ``context_window``'s default; not both."""
+    name: str | None = None
+    """What the application calls this spec (1 to 255 characters): a run records it on its session when it
+    takes the lease (``SessionInfo.spec``), so ``agent.recover``'s ``resolve`` can pick the spec to finish a
+    stranded session with from the application's own registry. ``None``: none recorded."""
     context_policy: ContextPolicy | None = field(init=False, repr=False, compare=False)
     """The policy the run uses: ``context``, or ``context_window``'s default, or ``None``."""
     toolbox: tuple[Tool, ...] = field(init=False, repr=False, compare=False)
@@ -86,6 +90,10 @@ class Spec:
             raise ArgumentError(f"Spec.publish_events must be a bool, got {self.publish_events!r}")
         if isinstance(self.events_kept, bool) or not isinstance(self.events_kept, int) or self.events_kept < 1:
             raise ArgumentError(f"Spec.events_kept must be an int >= 1, got {self.events_kept!r}")
+        if self.name is not None and (not isinstance(self.name, str) or not 1 <= len(self.name) <= 255
+                                      or "\x00" in self.name):
+            raise ArgumentError(
+                f"Spec.name must be None or a str of 1 to 255 characters without NUL, got {self.name!r}")
         if not isinstance(self.system, str):
             raise ArgumentError(f"Spec.system must be a str, got {type(self.system).__name__}")
         object.__setattr__(self, "context_policy", policy_of(self.context, self.context_window))

@@ -29,6 +29,10 @@ class Holder:
     epoch: int = 0
     """Raised by the store each time the lease passes to a new holder; with ``token``, what every write of
     the run carries and the store checks."""
+    spec: str | None = None
+    """The name of the run's ``Spec`` (``Spec.name``): ``acquire`` records it on the session with the lease,
+    and it stays after the release, so a sweep of stranded sessions knows what to finish one with
+    (``SessionInfo.spec``). Stores return ``None`` here: it is written, not read back."""
 
     def describe(self) -> str:
         until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.expires))
@@ -62,6 +66,12 @@ class SessionInfo:
     updated: datetime
     messages: int
     metadata: Mapping[str, Scalar] = field(default_factory=dict)
+    spec: str | None = None
+    """The ``Spec.name`` of the last run that took the session's lease (``None``: none named one)."""
+    open_since: datetime | None = None
+    """Since when the session's last turn has been open (a message waiting for its answer), on the store's
+    clock; ``None`` when it is finished. A hint kept by every write: it may say open for a finished turn
+    (``agent.recover`` clears it), never finished for an open one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,9 @@ benchmark is (samples interleaved with their floor, medians and p99 in ms).
 - ``tail``: ``messages(last=20)`` of a 10,000-message transcript beside ``messages()`` of a 20-message one.
 - ``listing``: with 1,000 and with 100,000 sessions, a ``list_sessions`` page of 50 filtered by a metadata
   key (``user``: 100 sessions each; ``tenant``: a tenth of all sessions each, spread evenly; ``archived``:
-  the oldest tenth, a common value no walk from the newest reaches) and ``info()``.
+  the oldest tenth, a common value no walk from the newest reaches), ``info()``, and the sweep of stranded
+  runs with none stranded (``list_sessions(stranded=True, limit=100)``: what ``agent.recover`` reads first,
+  every minute; the index of the open sessions holds none of the loaded ones).
 - ``prune``: 10,000 idle sessions pruned: in all, and again one batch per call, each call timed; on SQL
   stores the transactions are also timed from inside (see ``TransactionClock``).
 
@@ -286,7 +288,10 @@ def listing_rows(name: str, tmp: str, rounds: int) -> dict[str, Any]:
             load_s = time.perf_counter() - started
             life.check(total)
             store = life.store
-            samples: dict[str, list[float]] = {"user_page": [], "tenant_page": [], "old_page": [], "info": []}
+            samples: dict[str, list[float]] = {"user_page": [], "tenant_page": [], "old_page": [], "info": [],
+                                               "sweep": []}
+            if list(store.list_sessions(limit=100, stranded=True)):
+                raise SystemExit(f"{name}: the loaded (finished) sessions are listed as stranded")
             for r in range(rounds):
                 i = (r * 7919) % total
                 user, tenant = session_meta(i, total)["user"], session_meta(i, total)["tenant"]
@@ -295,6 +300,7 @@ def listing_rows(name: str, tmp: str, rounds: int) -> dict[str, Any]:
                 samples["tenant_page"].append(clock(partial(store.list_sessions, where={"tenant": tenant}, limit=50)))
                 samples["old_page"].append(clock(partial(store.list_sessions, where={"archived": True}, limit=50)))
                 samples["info"].append(clock(partial(store.info, sid)))
+                samples["sweep"].append(clock(partial(store.list_sessions, limit=100, stranded=True, grace=10.0)))
             out[str(total)] = {k: summary(v) for k, v in samples.items()} | {"load_s": load_s}
         finally:
             life.close()
@@ -474,7 +480,8 @@ def tables(report: dict[str, Any]) -> str:
         for name, r in report["listing"].items():
             for key, label in (("user_page", "list_sessions(where=user)"),
                                ("tenant_page", "list_sessions(where=tenant)"),
-                               ("old_page", "list_sessions(where=archived)"), ("info", "info()")):
+                               ("old_page", "list_sessions(where=archived)"), ("info", "info()"),
+                               ("sweep", "list_sessions(stranded=True), none stranded")):
                 if key in r[small]:  # reports from before the archived row lack it
                     ratio = r[large][key]["median_ms"] / r[small][key]["median_ms"]
                     lines.append(f"| {name} | {label} | {_cell(r[small][key])} | {_cell(r[large][key])} | "

@@ -33,6 +33,7 @@ from .meeting import CancelMeetsContract, MeetingContract
 from .model import ModelContract
 from .runs import RunStoreContract
 from .steer_keys import SteerKeyContract
+from .stranded import StrandedContract
 from .strategies import VERBATIM_ARGUMENTS
 from .tail import TailContract
 
@@ -67,7 +68,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract, TailContract):
+                    ModelContract, SteerKeyContract, TailContract, StrandedContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

@@ -291,3 +291,25 @@ def test_session_busy_raised_in_a_task_is_caught_by_its_class_from_async_result_
     else:
         raise AssertionError("the task did not fail")
     assert store.messages("celery-busy") == [] and model.requests == []
+
+
+def test_the_beat_task_recover_stranded_finishes_a_turn_whose_task_is_gone(
+    workers: Workers, model: ModelServer
+) -> None:
+    """A turn's message is stored and its worker died with its task (the SQLAlchemy transport loses it):
+    ``recover_stranded``, the example's beat task, finishes it once, by the spec its run recorded."""
+    from agent_sessions.lease import claimant
+
+    workers.start("w1")
+    store = sqlite.open(workers.state / "sessions.db")
+    holder = store.acquire("celery-stranded", agent.Holder("dead", 1, claimant().token, 0.0, spec="support"), 30)
+    store.save_fenced("celery-stranded", holder, [agent.Message.user("file a ticket", key="msg-7")], take_steers=False)
+    store.release("celery-stranded", holder)
+    other = store.acquire("celery-not-ours", agent.Holder("dead", 1, claimant().token, 0.0, spec="billing"), 30)
+    store.save_fenced("celery-not-ours", other, [agent.Message.user("not ours", key="m-1")], take_steers=False)
+    store.release("celery-not-ours", other)
+    model.push(openai("filed it"))
+    producer(workers).send_task("recover_stranded", kwargs={"grace": 0})
+    wait(lambda: answered(store, "celery-stranded"), "the sweep to answer the turn", workers)
+    assert store.messages("celery-stranded")[-1].text == "filed it" and len(model.requests) == 1
+    assert not answered(store, "celery-not-ours")

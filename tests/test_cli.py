@@ -600,3 +600,39 @@ def test_hostile_ids_steers_and_metadata_print_as_one_row_each(tmp_path: Path) -
         "lone \ud800 here\x1b[2J")
     gone = run_cli("info", "h-nobody\x1b[2J", store=str(path))
     assert gone.code == 1 and "\x1b" not in gone.err, gone
+
+
+# -- stranded runs (issue 26) -----------------------------------------------------------------------------
+
+
+def _stranded(store: Any, session: str, spec: str) -> str:
+    """A turn whose worker died after storing the user's message: the lease released, no answer."""
+    holder = store.acquire(session, agent.Holder("web-1", 1, claimant().token, 0.0, spec=spec), 30)
+    store.save_fenced(session, holder, [agent.Message.user("refund order 7", key=f"turn-{session}")],
+                      take_steers=False)
+    store.release(session, holder)
+    return session
+
+
+def test_stranded_lists_open_turns_and_recover_finishes_those_resolve_knows(backend: Backend) -> None:
+    _stranded(backend.store, "chat-support", "support")
+    _stranded(backend.store, "chat-other", "billing")
+    saved(backend.store, "chat-done")
+    listed = run_cli("stranded", "--grace", "0s", "--json", store=backend.url)
+    assert listed.code == 0, listed
+    assert [(s["id"], s["spec"]) for s in listed.doc["sessions"]] == [("chat-support", "support"),
+                                                                     ("chat-other", "billing")]
+    assert listed.doc["sessions"][0]["open_since"] is not None
+    assert run_cli("stranded", store=backend.url).out.startswith("no stranded sessions")  # 10 s grace
+    ran = run_cli("recover", "--resolve", "tests.stranded_resolve:resolve", "--grace", "0s", "--json",
+                  store=backend.url, pythonpath=Path(__file__).parent.parent)
+    assert ran.code == 0, ran
+    assert sorted((s["id"], s["outcome"]) for s in ran.doc["sessions"]) == [("chat-other", "skipped"),
+                                                                            ("chat-support", "recovered")]
+    assert backend.store.messages("chat-support")[-1].role is agent.Role.ASSISTANT
+    again = run_cli("recover", "--resolve", "tests.stranded_resolve:resolve", "--grace", "0s",
+                    store=backend.url, pythonpath=Path(__file__).parent.parent)
+    assert again.code == 0 and again.out.split() == ["chat-other", "skipped"], again
+    for bad, says in (("tests.nowhere:resolve", "cannot import"), ("resolve", "MODULE:FUNCTION")):
+        refused = run_cli("recover", "--resolve", bad, store=backend.url)  # a usage error, as argparse says it
+        assert refused.code == 2 and says in refused.err and not refused.out, refused

@@ -818,3 +818,18 @@ def test_approve_prints_each_waiting_calls_arguments_on_its_own_row(memory: Any)
     assert as_json("approvals", "h-approve\n")["pending_approvals"][0]["arguments"] == hostile
     decided = printed_lines(command("approve", "h-approve\n", "r1\nr3"))
     assert decided == ["approved call r1\\x0ar3 of session h-approve\\x0a: the session's next run runs it"], decided
+
+
+def test_the_command_lists_stranded_turns_and_recovers_them(memory: Any) -> None:
+    """``manage.py agent_sessions recover --resolve module:function``: the sweep, from the Django project."""
+    import agent_sessions as agent
+    from agent_sessions.lease import claimant
+
+    holder = memory.acquire("dj-stranded", agent.Holder("web-1", 1, claimant().token, 0.0, spec="support"), 30)
+    memory.save_fenced("dj-stranded", holder, [agent.Message.user("refund order 7", key="t-1")], take_steers=False)
+    memory.release("dj-stranded", holder)
+    assert [s["id"] for s in as_json("stranded", "--grace", "0s")["sessions"]] == ["dj-stranded"]
+    done = as_json("recover", "--resolve", "tests.stranded_resolve:resolve", "--grace", "0s")
+    assert done["sessions"][0]["id"] == "dj-stranded" and done["sessions"][0]["outcome"] == "recovered"
+    assert memory.messages("dj-stranded")[-1].role is agent.Role.ASSISTANT
+    assert as_json("stranded", "--grace", "0s")["sessions"] == []

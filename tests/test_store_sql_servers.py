@@ -212,7 +212,8 @@ def test_schema_can_be_run_twice_and_metadata_is_public(backend: Backend) -> Non
             for statement in [postgres.SCHEMA] if backend is POSTGRES else mysql.SCHEMA:
                 conn.exec_driver_sql(statement)
         found = inspect(engine)
-        assert {i["name"] for i in found.get_indexes("agent_sessions")} == {"agent_sessions_by_updated"}
+        assert {i["name"] for i in found.get_indexes("agent_sessions")} == {"agent_sessions_by_updated",
+                                                                          "agent_sessions_open"}
         assert {i["name"] for i in found.get_indexes("agent_session_tags")} == {"agent_session_tags_by_value"}
         store = backend.store(engine)
         store.set_metadata("twice", {"k": "v"})
@@ -253,7 +254,9 @@ def test_concurrent_set_metadata_never_loses_a_key(backend: Backend, engine: Eng
 
 def test_a_leased_runs_append_leaves_updated_and_its_renewal_moves_it(backend: Backend, engine: Engine) -> None:
     """The usual step stays one statement, without a write of the session row for ``updated``; the
-    heartbeat's renewal (every third of the ttl) moves it on."""
+    heartbeat's renewal (every third of the ttl) moves it on. The save that answers the turn also clears
+    ``open_since`` (stranded runs): in the claim on PostgreSQL, a second statement elsewhere, and neither
+    sets ``updated``."""
     store = backend.store(engine)
     sid = f"step-{uuid.uuid4().hex[:8]}"
     held = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
@@ -261,14 +264,21 @@ def test_a_leased_runs_append_leaves_updated_and_its_renewal_moves_it(backend: B
     store.save_fenced(sid, held, msgs, take_steers=True)
     before = store.info(sid)
     assert before is not None
+    call = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "look", "{}")])
+    result = agent.Message(agent.Role.USER, [agent.Content.tool_result("c1", "found")])
     with statements_of(store) as seen:
-        store.save_fenced(sid, held, [*msgs, agent.Message.assistant("a")], take_steers=True)
+        store.save_fenced(sid, held, [*msgs, call, result], take_steers=True)  # a step: the turn stays open
     if backend is POSTGRES:  # the claim updates the row already; it does not set updated (a HOT update)
         assert len(seen) == 1 and "updated" not in seen[0][0]
     else:
         assert not [q for q, _ in seen if q.startswith("UPDATE")]
+    with statements_of(store) as seen:
+        store.save_fenced(sid, held, [*msgs, call, result, agent.Message.assistant("a")], take_steers=True)
+    updates = [q for q, _ in seen if q.startswith("UPDATE") or q.startswith("WITH")]
+    assert len(updates) == 1 and "open_since" in updates[0] and "updated" not in updates[0].split("WHERE")[0]
     after = store.info(sid)
-    assert after is not None and after.updated == before.updated and after.messages == 2
+    assert after is not None and after.updated == before.updated and after.messages == 4
+    assert after.open_since is None and before.open_since is not None
     time.sleep(0.01)
     store.renew(sid, held, 30)
     renewed = store.info(sid)

@@ -41,10 +41,16 @@ def test_an_appending_save_writes_only_the_new_messages(tmp_path: Path) -> None:
     msgs = [agent.Message.user(f"m{i}") for i in range(100)]
     store.save("s", msgs)
     with statements_of(store) as seen:
-        store.save("s", [*msgs, agent.Message.assistant("new")])
+        store.save("s", [*msgs, agent.Message.user("new")])
     # Seen by SQLite itself, on the path production takes: the one INSERT, in autocommit (no BEGIN/COMMIT).
     assert len(seen) == 1 and seen[0][0].startswith("INSERT INTO agent_messages")
     assert store.messages("s")[-1].text == "new"
+    # A save that answers the turn also clears the session's open_since (stranded runs): a second statement
+    # of the same transaction.
+    with statements_of(store) as seen:
+        store.save("s", [*msgs, agent.Message.user("new"), agent.Message.assistant("done")])
+    assert [s[0].split()[0] for s in seen if s[0].split()[0] in ("INSERT", "UPDATE")] == ["INSERT", "UPDATE"]
+    assert store.info("s").open_since is None  # type: ignore[union-attr]
 
 
 def test_a_tracer_listening_for_cursor_events_sees_every_statement_and_changes_no_result(tmp_path: Path) -> None:

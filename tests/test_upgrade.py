@@ -25,7 +25,9 @@ from sqlalchemy import Engine, create_engine, inspect, text
 import agent_sessions as agent
 from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
 from stores import mongodb, mysql, postgres, sqlite
+from stores._sql import SCHEMA_VERSION
 from storetest.scripted import ToolsThenAnswer
+from storetest.stranded import stranded_ids
 from storetest.strategies import ODD_JSON
 from tests import servers
 
@@ -171,17 +173,20 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str]
         made.dispose()
 
 
-def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
-    server: tuple[str, Callable[[str], Engine]],
-) -> None:
+def _upgraded(server: tuple[str, Callable[[str], Engine]], schema: int, rows: dict[str, list[dict[str, Any]]],
+              before: Callable[[Engine], None] = lambda engine: None) -> tuple[Any, Engine]:
+    """A server database of ``schema`` with ``rows`` in it, upgraded by each ``MIGRATIONS`` from there to the
+    current version (``before`` looks at it first); its schema must be the one ``SCHEMA`` makes. Returns the
+    store's module and the database."""
     name, engine = server
     old, new = engine(servers.database_name("upgrade")), engine(servers.database_name("fresh"))
     module = postgres if name == "postgres" else mysql
     with old.begin() as conn:
-        for statement in _statements(OLD / f"schema1.{name}.sql"):
+        for statement in _statements(OLD / f"schema{schema}.{name}.sql"):
             conn.exec_driver_sql(statement)
-    _insert(old, _rows())
-    for version in (2, 3, 4):
+    _insert(old, rows)
+    before(old)
+    for version in range(schema + 1, SCHEMA_VERSION + 1):
         with old.begin() as conn:  # PostgreSQL: one transaction; MySQL commits each DDL statement as it goes
             for statement in module.MIGRATIONS[version]:
                 conn.exec_driver_sql(statement)
@@ -189,6 +194,13 @@ def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
         for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
             conn.exec_driver_sql(statement)
     assert _columns(old) == _columns(new)  # the upgraded schema is the one SCHEMA makes
+    return module, old
+
+
+def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
+    server: tuple[str, Callable[[str], Engine]],
+) -> None:
+    module, old = _upgraded(server, 1, _rows())
     _check(module.Store(old))
     _check_lifecycle(module.Store(old))
     _check_events(module.Store(old), old)
@@ -199,22 +211,11 @@ def test_a_server_database_of_schema_2_or_3_upgrades_to_4_with_the_exported_stat
     server: tuple[str, Callable[[str], Engine]], schema: int
 ) -> None:
     """Schema 3's tables take schema 2's rows as they are (created and updated from their defaults)."""
-    name, engine = server
-    old, new = engine(servers.database_name("upgrade")), engine(servers.database_name("fresh"))
-    module = postgres if name == "postgres" else mysql
-    with old.begin() as conn:
-        for statement in _statements(OLD / f"schema{schema}.{name}.sql"):
-            conn.exec_driver_sql(statement)
-    _insert(old, _rows2())
-    assert "agent_steer_keys" not in inspect(old).get_table_names()
-    for version in range(schema + 1, 5):
-        with old.begin() as conn:
-            for statement in module.MIGRATIONS[version]:
-                conn.exec_driver_sql(statement)
-    with new.begin() as conn:
-        for statement in [postgres.SCHEMA] if name == "postgres" else mysql.SCHEMA:
-            conn.exec_driver_sql(statement)
-    assert _columns(old) == _columns(new)
+
+    def no_steer_keys(engine: Engine) -> None:
+        assert "agent_steer_keys" not in inspect(engine).get_table_names()
+
+    module, old = _upgraded(server, schema, _rows2(), no_steer_keys)
     _check(module.Store(old))
     _check_lifecycle(module.Store(old))
     _check_events(module.Store(old), old)
@@ -253,7 +254,7 @@ def test_a_sqlite_file_of_schema_2_or_3_is_upgraded_to_4_when_opened(tmp_path: P
     old.dispose()
     store, fresh = sqlite.open(path), sqlite.open(tmp_path / "new.db")
     with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("PRAGMA user_version").scalar() == 4
+        assert conn.exec_driver_sql("PRAGMA user_version").scalar() == 5
     assert _columns(store.engine) == _columns(fresh.engine)
     _check(store)
     _check_lifecycle(store)
@@ -263,6 +264,55 @@ def test_a_sqlite_file_of_schema_2_or_3_is_upgraded_to_4_when_opened(tmp_path: P
     reopened = sqlite.open(path)  # a second open finds nothing to upgrade
     assert reopened.messages("talk") == TALK and reopened.info("talk") is not None
     reopened.close()
+
+
+def _rows4() -> dict[str, list[dict[str, Any]]]:
+    """Schema 4's rows: a finished conversation, a run that crashed inside a non-idempotent tool (stranded:
+    its user's message has no answer, and nobody holds it), and a live lease."""
+    return {table: rows for table, rows in _rows2().items() if table != "agent_steers"}
+
+
+def _check_stranded(store: agent.LifecycleStore) -> None:
+    """The upgrade marks every session with a transcript as open (too many, never too few): the first sweep
+    finishes the crashed turn, without running its started call again, and clears the finished one; the
+    held one is not listed (a live run holds it, and it has no transcript). The second sweep finds none."""
+    found = set(stranded_ids(store))
+    assert {"talk", "crashed"} <= found and "held" not in found
+
+    def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint]:
+        return agent.Spec(tools=[charge]), ToolsThenAnswer(["charge"])
+
+    done = {r.session: r for r in agent.recover(store, resolve, grace=0)}
+    assert done["talk"].outcome == "finished" and done["crashed"].outcome == "recovered", done
+    assert store.messages("crashed")[2].content[0].text == UNKNOWN_OUTCOME
+    assert store.messages("crashed")[-1].role is agent.Role.ASSISTANT
+    assert store.messages("talk") == TALK
+    assert not {"talk", "crashed"} & set(stranded_ids(store))
+
+
+def test_a_server_database_of_schema_4_upgrades_to_5_and_the_first_sweep_finds_the_stranded_turn(
+    server: tuple[str, Callable[[str], Engine]],
+) -> None:
+    module, old = _upgraded(server, 4, _rows4())
+    _check_stranded(module.Store(old))
+
+
+def test_a_sqlite_file_of_schema_4_is_upgraded_to_5_and_the_first_sweep_finds_the_stranded_turn(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    old = create_engine(f"sqlite:///{path}")
+    with old.begin() as conn:
+        for statement in _statements(OLD / "schema4.sqlite.sql"):
+            conn.exec_driver_sql(statement)
+        conn.exec_driver_sql("PRAGMA user_version = 4")
+    _insert(old, _rows4())
+    old.dispose()
+    store, fresh = sqlite.open(path), sqlite.open(tmp_path / "new.db")
+    assert _columns(store.engine) == _columns(fresh.engine)
+    _check_stranded(store)
+    store.close()
+    fresh.close()
 
 
 def test_a_mongodb_database_of_schema_1_upgrades_with_mongodb_upgrade() -> None:
@@ -336,6 +386,10 @@ def test_a_mongodb_database_of_the_previous_shape_gains_created_updated_and_is_l
         assert {s.id: s for s in store.list_sessions()} == infos
         assert store.messages("talk") == TALK and store.tail("long", 10) == long[-10:]
         assert store.journal("crashed") == JOURNAL
+        # Every session with a transcript is marked open by the upgrade (the first sweep clears the finished
+        # ones); the held one has none and a live run.
+        found = set(stranded_ids(store))
+        assert {"long", "talk", "crashed", "labelled"} <= found and "held" not in found
         with pytest.raises(agent.SessionBusy):
             store.delete("held")
         store.set_metadata("talk", {"user": "u-17"})

@@ -218,7 +218,7 @@ class Leased:
         """The run goes on with a turn already begun (``Runner.turn`` delivered again): a cancel handed with
         the lease is of that turn, whatever input waits."""
         self.stopped = False
-        self.lease = Lease(self.store, self.session, spec.lease_ttl, spec.lease_wait)
+        self.lease = Lease(self.store, self.session, spec.lease_ttl, spec.lease_wait, spec.name)
         self.replace = spec.replace_transcript
         self.written = -1
         """The length of the transcript as this run last wrote it; -1 before its first write (the CAS)."""

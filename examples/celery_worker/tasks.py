@@ -1,7 +1,7 @@
 """Celery tasks that run a session's turns, resuming from the store.
 
     celery -A examples.celery_worker.tasks worker -c 2
-    celery -A examples.celery_worker.tasks beat          # the retention job (prune), hourly
+    celery -A examples.celery_worker.tasks beat          # the retention job (prune) hourly, the sweep every minute
 
 ``answer.delay(session_id, text, message_id)`` answers one user message, and is the crash-safe recipe:
 it is safe to deliver twice. ``Runner.turn`` stores the message with its id as the turn's key, so a
@@ -20,6 +20,10 @@ The broker defaults to kombu's SQLAlchemy transport on a SQLite file (no server 
 CELERY_BROKER_URL for Redis (redis://127.0.0.1:6379/0) or RabbitMQ (amqp://guest@127.0.0.1//). Where
 several apps share one Redis, CELERY_BROKER_KEYPREFIX puts every key of this one's under a prefix
 (kombu's ``global_keyprefix``): its queues, unacked messages and bindings are then its own.
+
+``recover_stranded`` (beat, every minute) is the safety net: a turn whose task is gone (the SQLAlchemy
+transport loses a dead worker's task; a task that failed for good; a queue purged) is finished by the sweep,
+``agent.recover``, once, whichever worker runs it. ``resolve`` picks the spec by the name its run recorded.
 
 A worker killed mid-turn: with ``acks_late`` and ``reject_on_worker_lost`` a dead pool process's task
 is handed back at once, and on Redis a whole worker's after the transport's ``visibility_timeout``; the
@@ -114,8 +118,21 @@ worker died outlasts the dead worker's lease instead of failing at once with Ses
 for a turn already running on the session to end."""
 
 
+SPEC_NAME = "support"
+"""What a run records on its session (``Spec.name``): how the sweep knows which spec finishes it."""
+
+
 def spec(session: agent.StoreSession) -> agent.Spec:
-    return agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=LEASE_TTL, lease_wait=LEASE_WAIT)
+    return agent.Spec(session=session, tools=TOOLS, max_steps=8, lease_ttl=LEASE_TTL, lease_wait=LEASE_WAIT,
+                      name=SPEC_NAME)
+
+
+def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+    """The spec and endpoint to finish a stranded session with: this app's one spec, by its name (``recover``
+    sets the session); a session another app's runs left is not ours."""
+    if info.spec != SPEC_NAME:
+        return None
+    return spec(agent.open(info.id, store)), endpoint
 
 
 @app.task(name="decide")
@@ -151,8 +168,21 @@ def prune_sessions(idle_days: float = 30) -> int:
     return store.prune(idle_for=idle_days * 86400)
 
 
+@app.task(name="recover_stranded")
+def recover_stranded(limit: int = 100, grace: float = 10.0) -> dict[str, int]:
+    """The sweep: finish the turns whose worker died and whose task is gone (``agent.recover``), each once
+    even when two beats overlap or several workers run it; cheap when none is stranded (one indexed query).
+    Returns how many sessions came to each outcome."""
+    done = agent.recover(store, resolve, limit=limit, grace=grace)
+    counts: dict[str, int] = {}
+    for r in done:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    return counts
+
+
 app.conf.beat_schedule = {
     "prune-idle-sessions": {"task": "prune_sessions", "schedule": 3600.0, "kwargs": {"idle_days": 30}},
+    "recover-stranded-turns": {"task": "recover_stranded", "schedule": 60.0, "kwargs": {"limit": 100}},
 }
 
 

@@ -144,6 +144,8 @@ class EventLog(SQLBase):
             if last is None:
                 return None
             self.run(conn, sql.APPEND, rows)
+            if step.turning:
+                self.run(conn, sql.SET_OPEN, {"sid": step.session, "open": step.opened})
             return self._log_events(conn, step.session, last, step.events, step.keep)
 
         floor = self._append_transaction(step.session, write)

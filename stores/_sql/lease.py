@@ -27,7 +27,7 @@ class Lease(SQLBase):
     def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
         validate.session_id(session)
         params = {"sid": session, "lease_token": holder.token, "lease_host": holder.host, "lease_pid": holder.pid,
-                  "ttl": float(ttl)}
+                  "lease_spec": holder.spec, "ttl": float(ttl)}
 
         def take(conn: Connection) -> Holder | None:
             row = self.run(conn, sql.LEASE, {"sid": session}).first()

@@ -9,11 +9,11 @@ import functools
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Connection, Executable
 
-from agent_sessions import Message, MessageError, SessionBusy, StoreError, lifecycle, validate
+from agent_sessions import Holder, Message, MessageError, SessionBusy, StoreError, lifecycle, validate
 from agent_sessions.contract import Scalar, SessionInfo, SessionPage, when
 from agent_sessions.messages import read_from
 
@@ -42,10 +42,14 @@ class Lifecycle(SQLBase):
     ``listing.Statements``); False: MySQL, whose optimizer reads no index range for them."""
 
     def list_sessions(
-        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None,
+        *, stranded: bool = False, grace: float = 0.0,
     ) -> SessionPage:
         """Unfiltered: the index (updated, session_id) read backwards. Filtered: the tags plan, or for a
-        common value the walk (see ``listing``). Then the message counts of the page's rows only."""
+        common value the walk (see ``listing``). Then the message counts of the page's rows only.
+        ``stranded``: the index of the open sessions (``sql.stranded``)."""
+        if stranded:
+            return self._stranded(lifecycle.check_stranded(prefix, where, limit, after, grace), limit, after)
         wanted = lifecycle.check_listing(prefix, where, limit, after)
         cursor = None if after is None else lifecycle.decode_cursor(after)
         # Run by SQLAlchemy, not the raw driver: the driver keeps what it compiles for good, by the
@@ -87,6 +91,30 @@ class Lifecycle(SQLBase):
     def _listing_statements(self) -> listing.Statements:
         """This store's listing statements, each shape built at its first use."""
         return listing.Statements(self.starts_with, self.row_values)
+
+    if TYPE_CHECKING:  # the lease's (a mixin beside this one in the store's class)
+        def check(self, session: str, holder: Holder) -> bool: ...
+
+    def _stranded(self, grace: float, limit: int, after: str | None) -> SessionPage:
+        cursor = None if after is None else lifecycle.decode_cursor(after)
+        params: dict[str, Any] = {"grace": grace, "rows": limit + 1}
+        if cursor is not None:
+            params.update(after_since=cursor[0], after_id=cursor[1])
+        statement = sql.STRANDED[cursor is not None]
+        rows = self._transaction("list_sessions", "", functools.partial(_all, statement, params), read_only=True,
+                                 reads=True)
+        return lifecycle.page([(float(row[6]), _info(row[0], row[1:])) for row in rows], limit)
+
+    def mark_finished(self, session: str, holder: Holder, journal: str | None) -> bool:
+        validate.session_id(session)
+        params = {**sql.fence_params(session, holder), "seen_journal": journal}
+        statement = sql.MARK_FINISHED_NO_JOURNAL if journal is None else sql.MARK_FINISHED
+        marked = self._transaction(
+            "mark_finished", session, lambda conn: self.run(conn, statement, params).rowcount, read_only=True
+        )
+        if marked != 1:
+            self.check(session, holder)  # LeaseLost when the lease is not the run's; else input came meanwhile
+        return marked == 1
 
     def info(self, session: str) -> SessionInfo | None:
         validate.session_id(session)
@@ -259,7 +287,8 @@ def _all(statement: Executable, params: dict[str, Any], conn: Connection) -> Seq
 
 
 def _info(session: str, row: Sequence[Any]) -> SessionInfo:
-    """``created, updated, metadata, messages`` as a SessionInfo."""
-    created, updated, metadata, count = row
+    """``created, updated, metadata, messages, spec_name, open_since`` as a SessionInfo."""
+    created, updated, metadata, count, spec, since = row
     return SessionInfo(session, when(float(created)), when(float(updated)), int(count),
-                       lifecycle.decode_metadata(metadata))
+                       lifecycle.decode_metadata(metadata), None if spec is None else str(spec),
+                       None if since is None else when(float(since)))

@@ -116,7 +116,8 @@ class Statements:
         first: one range of the index (updated, session_id) read backwards, each wanted tag looked up by
         the tags' primary key as it goes."""
         S = sessions.c
-        query = _probed(select(S.session_id, S.created, S.updated, S.metadata), S.session_id, range(keys))
+        query = _probed(select(S.session_id, S.created, S.updated, S.metadata, S.spec_name, S.open_since),
+                        S.session_id, range(keys))
         if prefix:
             query = query.where(self.starts_with(S.session_id, prefix))
         if after:
@@ -137,7 +138,7 @@ class Statements:
         joined on every wanted key, the planner's choice (better when all are common: PostgreSQL
         intersects them). With no tags wanted: the sessions' index read backwards."""
         S = sessions.c
-        query = select(S.session_id, S.created, S.updated, S.metadata).select_from(sessions)
+        query = select(S.session_id, S.created, S.updated, S.metadata, S.spec_name, S.open_since).select_from(sessions)
         for i in range(keys):
             if rare is None or i == rare:
                 tag = tags.alias()
@@ -193,4 +194,6 @@ def _with_counts(query: Select[Any]) -> Select[Any]:
     S = sessions.c
     chosen = query.order_by(S.updated.desc(), S.session_id.desc()).limit(bindparam("rows", type_=Integer)).subquery()
     count = select(func.count()).where(messages.c.session_id == chosen.c.session_id).scalar_subquery()
-    return select(chosen, count).order_by(chosen.c.updated.desc(), chosen.c.session_id.desc())
+    c = chosen.c
+    return (select(c.session_id, c.created, c.updated, c.metadata, count, c.spec_name, c.open_since)
+            .order_by(c.updated.desc(), c.session_id.desc()))

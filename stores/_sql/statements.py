@@ -14,12 +14,15 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     BindParameter,
+    Boolean,
     ColumnElement,
     Double,
     Integer,
+    String,
     TextClause,
     and_,
     bindparam,
+    case,
     delete,
     exists,
     false,
@@ -48,6 +51,32 @@ UNTIL = db_now() + bindparam("ttl", type_=Double())
 NOW = db_now()
 """What every write of the session row sets ``updated`` to (a new row gets it from the column default)."""
 
+# -- schema 5: the open turn (stranded runs) ------------------------------------------------------------------
+
+WAITING = exists().where(steers.c.session_id == SID)
+"""Input waits for the session: a save that answers its turn leaves it open while this holds. Schema 5's
+queued messages belong here too (``OR EXISTS`` a row of the queue), and in PostgreSQL's one-statement
+append (stores/postgres ``OPEN_SINCE``)."""
+OPEN_SINCE = case(
+    (or_(bindparam("open", type_=Boolean()), WAITING), func.coalesce(S.open_since, db_now())), else_=null()
+)
+"""What a save sets ``open_since`` to: kept (or now) when the transcript it leaves is open (``:open``,
+``messages.turn_open``) or input waits, NULL when it closes the turn."""
+SET_OPEN = update(sessions).where(S.session_id == SID).values(open_since=OPEN_SINCE)
+"""An append that opens or closes the turn: the second statement of its transaction. Like the append, it
+leaves ``updated`` (the heartbeat's renewal moves it)."""
+REOPEN = update(sessions).where(S.session_id == SID).values(open_since=func.coalesce(S.open_since, db_now()),
+                                                             updated=NOW)
+"""A write that brings input (a keyed steer, a decision on a waiting call): the turn is open."""
+_SEEN_JOURNAL = bindparam("seen_journal", type_=LongText)
+MARK_FINISHED = update(sessions).where(and_(
+    S.session_id == SID, FENCE, ~WAITING, S.journal == _SEEN_JOURNAL,
+    func.length(S.journal) == func.length(_SEEN_JOURNAL),
+)).values(open_since=null())
+"""``mark_finished``: fenced, and only while the journal is the one read and no input waits."""
+MARK_FINISHED_NO_JOURNAL = update(sessions).where(and_(S.session_id == SID, FENCE, ~WAITING, S.journal.is_(None))
+                                                   ).values(open_since=null())
+
 TRIM = delete(messages).where(and_(M.session_id == SID, M.seq >= bindparam("start")))
 CLEAR = delete(messages).where(M.session_id == SID)
 APPEND = insert(messages)
@@ -70,7 +99,7 @@ STATE = select(
 ).where(S.session_id == SID)
 """What a fenced save with nothing new to write needs to know, in one read."""
 SET_VERSION = update(sessions).where(S.session_id == SID).values(
-    version=bindparam("version"), journal=null(), updated=NOW
+    version=bindparam("version"), journal=null(), updated=NOW, open_since=OPEN_SINCE
 )
 DROP_JOURNAL = update(sessions).where(S.session_id == SID).values(journal=null(), updated=NOW)
 
@@ -86,7 +115,7 @@ TAKE_OVER = (
     update(sessions)
     .where(S.session_id == SID)
     .values(token=bindparam("lease_token"), host=bindparam("lease_host"), pid=bindparam("lease_pid"), expires=UNTIL,
-            epoch=S.epoch + 1, cancelled=false(), updated=NOW)
+            epoch=S.epoch + 1, cancelled=false(), updated=NOW, spec_name=bindparam("lease_spec", type_=String()))
 )
 RENEW = update(sessions).where(and_(S.session_id == SID, FENCE)).values(expires=UNTIL, updated=NOW)
 RELEASE = (
@@ -117,8 +146,10 @@ _EXPECTED = bindparam("expected", type_=LongText)
 SWAP_JOURNAL = update(sessions).where(
     # The lengths too: MySQL's collations compare with PAD SPACE ('a' = 'a '), and the text is the guard.
     and_(S.session_id == SID, S.journal == _EXPECTED, func.length(S.journal) == func.length(_EXPECTED))
-).values(journal=bindparam("body", type_=LongText), updated=NOW)
-"""A decision on a waiting call (ApprovalStore): the journal replaced only if it is still the text read."""
+
+).values(journal=bindparam("body", type_=LongText), updated=NOW, open_since=func.coalesce(S.open_since, db_now()))
+"""A decision on a waiting call (ApprovalStore): the journal replaced only if it is still the text read; the
+turn can go on, so it is open (``open_since``)."""
 
 MAX_APPEND = 100
 """Messages one append statement carries; a save adding more runs the general transaction."""
@@ -148,6 +179,11 @@ class Step:
     offset: int = 0
     """The stored index of ``items[0]`` (a ``TailStore`` save's ``start``): message ``i`` is stored at
     ``offset + i``."""
+    opened: bool = False
+    """The transcript this save leaves is open (``messages.turn_open``): what ``open_since`` becomes."""
+    turning: bool = False
+    """``opened`` differs from the known transcript's: the append sets ``open_since`` too (``SET_OPEN``),
+    in the same step; otherwise the stored mark already says it (no write of the row)."""
 
 
 @functools.lru_cache(maxsize=16 * MAX_APPEND)
@@ -209,7 +245,7 @@ LOCK_STEERS = (
 T = tags.c
 COUNT = select(func.count()).where(M.session_id == S.session_id).scalar_subquery()
 """The session's message count, per row: read by the primary key of agent_messages, for a page's rows only."""
-INFO = select(S.created, S.updated, S.metadata, COUNT).where(S.session_id == SID)
+INFO = select(S.created, S.updated, S.metadata, COUNT, S.spec_name, S.open_since).where(S.session_id == SID)
 LOCK_METADATA = select(S.metadata).where(S.session_id == SID).with_for_update()
 SET_METADATA = update(sessions).where(S.session_id == SID).values(
     metadata=bindparam("metadata", type_=LongText), updated=NOW
@@ -246,6 +282,28 @@ TAIL = (
 """The last messages, newest first, by the primary key (session_id, seq) read backwards; with the session's
 ``created``, which marks what a read returns (``messages.read_from``)."""
 PENDING = select(steers.c.text).where(steers.c.session_id == SID).order_by(steers.c.id)
+
+_AFTER_SINCE: BindParameter[float] = bindparam("after_since", type_=Double())
+_AFTER_ID: BindParameter[str] = bindparam("after_id", type_=SessionId)
+
+
+def stranded(cursor: bool) -> Select[Any]:
+    """``list_sessions(stranded=True)``: ``INFO``'s columns and the id, oldest ``open_since`` first, by the
+    index of the open sessions (``open_since IS NOT NULL`` is the partial index's own condition)."""
+    where: list[ColumnElement[bool]] = [
+        S.open_since.is_not(None),
+        S.open_since <= db_now() - bindparam("grace", type_=Double()),
+        or_(S.token.is_(None), S.expires <= db_now()),
+        S.cancelled == false(),
+    ]
+    if cursor:
+        where.append(or_(S.open_since > _AFTER_SINCE, and_(S.open_since == _AFTER_SINCE, S.session_id > _AFTER_ID)))
+    return (select(S.session_id, S.created, S.updated, S.metadata, COUNT, S.spec_name, S.open_since)
+            .where(and_(*where)).order_by(S.open_since, S.session_id).limit(bindparam("rows", type_=Integer())))
+
+
+STRANDED = (stranded(False), stranded(True))
+
 
 IDS: BindParameter[str] = bindparam("ids", expanding=True, type_=SessionId)
 IDLE = and_(

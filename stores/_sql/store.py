@@ -38,7 +38,7 @@ from agent_sessions import (
     validate,
 )
 from agent_sessions.contract import when
-from agent_sessions.messages import read_from
+from agent_sessions.messages import read_from, turn_open
 
 from .._known import common_prefix
 from . import statements as sql
@@ -85,8 +85,10 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         if known is not None and shared == len(known[1]) and not (holder is not None and replace):
             try:
                 if shared < len(items):
+                    opened = turn_open(items)
                     step = sql.Step(session, known[0], items, shared, take, holder, session in self._journaled,
-                                    tuple(events), keep, offset)
+                                    tuple(events), keep, offset, opened=opened,
+                                    turning=opened != turn_open(known[1]))
                     stored = self.append(step)
                     if stored is not None:
                         self._known.put(session, stored, items, after=known[1], start=offset)
@@ -170,7 +172,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         if holder is not None and not replace and start == len(saved):
             return result, stored_version, saved  # nothing to write, so nothing written
         version = os.urandom(16).hex()
-        self.run(conn, sql.SET_VERSION, {"sid": session, "version": version})
+        self.run(conn, sql.SET_VERSION, {"sid": session, "version": version, "open": turn_open(saved)})
         if start < len(saved):
             self.run(
                 conn,
@@ -251,6 +253,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
             if self.run(conn, statement, {"sid": session, "key": key}).rowcount != 1:
                 return False
             self.run(conn, sql.ADD_STEER, {"session_id": session, "text": text})
+            self.run(conn, sql.REOPEN, {"sid": session})  # input waits: the turn is open (no row: none yet)
             return True
 
         return self._transaction("add_steer", session, add)
@@ -392,6 +395,8 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
             inserted = self.run(conn, statement, params).rowcount
             if inserted == count and step.drop_journal:
                 self.run(conn, sql.DROP_JOURNAL, {"sid": step.session})
+            if inserted == count and step.turning:
+                self.run(conn, sql.SET_OPEN, {"sid": step.session, "open": step.opened})
             return inserted
 
         inserted = self._append_transaction(step.session, write)

@@ -86,6 +86,20 @@ sessions = Table(
     # earlier version left it: its one writer at a time reads the next numbers from the log itself
     # (statements.number_events), so a step with events does not write this row.
     Column("event_seq", BigInteger, nullable=True),
+    # -- schema 5: stranded runs (docs/design/busy-and-stranded.md, section 2) --
+    # Since when the session's turn has been open (seconds since 1970, the database's clock); NULL when it
+    # is finished. Every save sets it (statements.OPEN_SINCE): kept when the transcript it leaves does not end
+    # with an answer or input waits, NULL otherwise; add_steer_once and swap_journal set it as open. A hint
+    # that may say open for a finished turn (recover clears it: mark_finished), never finished for an open one.
+    Column("open_since", Double, nullable=True),
+    # The Spec.name of the last run that took the lease (acquire writes it with the holder).
+    Column("spec_name", String(255), nullable=True),
+    # Only the open sessions: a sweep reads the runs in flight and the stranded ones, never the finished
+    # ones. Partial on PostgreSQL and SQLite; on MySQL a plain index, whose NULLs sort first and are
+    # skipped by the range the sweep reads.
+    Index("agent_sessions_open", "open_since", postgresql_where=text("open_since IS NOT NULL"),
+          sqlite_where=text("open_since IS NOT NULL")),
+    # -- end of schema 5 --
     # Newest first for list_sessions (read backwards), oldest first for prune.
     Index("agent_sessions_by_updated", "updated", "session_id"),
     **_MYSQL,
@@ -150,11 +164,16 @@ events = Table(
 
 TABLES = (sessions, messages, steers, tags, events, steer_keys)
 
-SCHEMA_VERSION = 4
+SCHEMA_5_COLUMNS = ("open_since", "spec_name")
+SCHEMA_5_INDEXES = ("agent_sessions_open",)
+"""What schema 5 added to agent_sessions: the upgrades to earlier versions leave them to ``MIGRATIONS[5]``."""
+
+SCHEMA_VERSION = 5
 """1: leases in agent_runs and journals in agent_journals (0.1); 2: both on the agent_sessions row, so
 one row lock fences every write of a run; 3: created, updated and metadata on that row, the tags table,
 the indexes listing and pruning use, and the event log (event_seq on that row, the events table); 4: the
-steer keys table (a steer sent again with its key is stored once)."""
+steer keys table (a steer sent again with its key is stored once); 5: open_since and spec_name on the session
+row, and the partial index of the open sessions (stranded runs)."""
 
 
 def ddl(dialect: Dialect, tables: tuple[Table, ...] = TABLES) -> list[str]:

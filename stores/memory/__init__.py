@@ -25,7 +25,7 @@ from agent_sessions import (
     validate,
 )
 from agent_sessions.contract import Scalar, SessionInfo, SessionPage, StoredEvent, when
-from agent_sessions.messages import read_from
+from agent_sessions.messages import read_from, turn_open
 
 PRUNE_BATCH = 500
 """Sessions deleted under one hold of the lock: other threads get a turn between batches."""
@@ -51,6 +51,10 @@ class _Run:
     """The event log: (seq, the event's text), oldest first, at most the last append's ``keep``."""
     last_seq: int = 0
     """The last number given; 0 before the first append. Goes with the session on delete."""
+    open_since: float | None = None
+    """Since when the session's turn has been open (``LifecycleStore.list_sessions(stranded=True)``)."""
+    spec: str | None = None
+    """The ``Holder.spec`` of the last lease taken."""
 
 
 class Store:
@@ -72,7 +76,9 @@ class Store:
         items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
         with self._lock:
             self._transcripts[session] = items
-            self._touch(session).journal = None
+            run = self._touch(session)
+            run.journal = None
+            _mark(run, turn_open(items))
 
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
@@ -100,6 +106,7 @@ class Store:
                 return False
             run.steer_keys.add(key)
             run.steers.append(text)
+            _mark(run, True)
             return True
 
     # -- RunStore --------------------------------------------------------------------------------------
@@ -115,6 +122,7 @@ class Store:
             run.epoch += 1
             run.holder = replace(holder, expires=now + ttl, cancelled=False, epoch=run.epoch)
             run.handed = False
+            run.spec = holder.spec
             self._touch(session)
             return replace(run.holder, cancelled=True) if handed else run.holder
 
@@ -187,6 +195,7 @@ class Store:
             if run is None or run.journal != expected:
                 return False
             run.journal = journal
+            _mark(run, True)  # a decision: the turn can go on
             self._touch(session)
             return True
 
@@ -246,10 +255,13 @@ class Store:
     # -- LifecycleStore --------------------------------------------------------------------------------
 
     def list_sessions(
-        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None,
+        *, stranded: bool = False, grace: float = 0.0,
     ) -> SessionPage:
         """Every session tested, the newest ``limit + 1`` of those kept by a heap (not all sorted),
         and only they described."""
+        if stranded:
+            return self._stranded(lifecycle.check_stranded(prefix, where, limit, after, grace), limit, after)
         wanted = lifecycle.check_listing(prefix, where, limit, after)
         cut = None if after is None else lifecycle.decode_cursor(after)
         with self._lock:
@@ -264,6 +276,29 @@ class Store:
             ))
             rows = [(updated, self._info(sid, self._runs[sid])) for updated, sid in keys]
         return lifecycle.page(rows, limit)
+
+    def _stranded(self, grace: float, limit: int, after: str | None) -> SessionPage:
+        cut = None if after is None else lifecycle.decode_cursor(after)
+        with self._lock:
+            now = time.time()
+            keys = heapq.nsmallest(limit + 1, (
+                (run.open_since, sid)
+                for sid, run in self._runs.items()
+                if run.created is not None and run.open_since is not None and run.open_since <= now - grace
+                and (run.holder is None or run.holder.expires <= now) and not self._cancelled(run)
+                and not run.handed and (cut is None or (run.open_since, sid) > cut)
+            ))
+            rows = [(since, self._info(sid, self._runs[sid])) for since, sid in keys]
+        return lifecycle.page(rows, limit)
+
+    def mark_finished(self, session: str, holder: Holder, journal: str | None) -> bool:
+        validate.session_id(session)
+        with self._lock:
+            run = self._fenced(session, holder)
+            if run.journal != journal or run.steers:
+                return False
+            run.open_since = None
+            return True
 
     def info(self, session: str) -> SessionInfo | None:
         validate.session_id(session)
@@ -349,8 +384,9 @@ class Store:
         taken = self._take(session) if take_steers else []
         items = stored[:start] + items if start else items
         if taken or items != stored or replace:
-            self._transcripts[session] = items + tuple(Message.user(t) for t in taken)
+            self._transcripts[session] = saved = items + tuple(Message.user(t) for t in taken)
             run.journal = None
+            _mark(run, turn_open(saved))
             self._touch(session)
         return Saved(taken, self._cancelled(run))
 
@@ -405,7 +441,8 @@ class Store:
     def _info(self, session: str, run: _Run) -> SessionInfo:
         assert run.created is not None
         return SessionInfo(session, when(run.created), when(run.updated),
-                           len(self._transcripts.get(session, ())), dict(run.metadata))
+                           len(self._transcripts.get(session, ())), dict(run.metadata), run.spec,
+                           None if run.open_since is None else when(run.open_since))
 
     def _take(self, session: str) -> list[str]:
         run = self._runs.get(session)
@@ -428,6 +465,14 @@ class Store:
 
     def __repr__(self) -> str:
         return "memory.Store()"
+
+
+def _mark(run: _Run, opened: bool) -> None:
+    """A write left the turn ``opened`` (or a steer waits: input too): keep ``open_since``, or clear it."""
+    if opened or run.steers:
+        run.open_since = run.open_since if run.open_since is not None else time.time()
+    else:
+        run.open_since = None
 
 
 def _same(held: Holder | None, holder: Holder) -> bool:

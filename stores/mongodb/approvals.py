@@ -17,4 +17,5 @@ class Approvals(StoreBase):
         validate.session_id(session)
         with self._failing("swap_journal", session):
             return self._sessions.update_one({"_id": session, "journal": expected},
-                                             {"$set": {"journal": journal}, "$currentDate": TOUCH}).matched_count == 1
+                                             {"$set": {"journal": journal},
+                                              "$currentDate": {**TOUCH, "open_since": True}}).matched_count == 1

@@ -15,12 +15,27 @@ from typing import Any
 
 from agent_sessions import Message, lifecycle
 from agent_sessions.contract import Scalar
-from agent_sessions.messages import read_from
+from agent_sessions.messages import read_from, turn_open
 
 TOUCH = {"updated": True}
 """``$currentDate`` of a classic update: ``updated`` is the server's clock, as the lease's ``$$NOW``."""
 STAMP = {"created": {"$ifNull": ["$created", "$$NOW"]}, "updated": "$$NOW"}
 """The same in a pipeline update, which may create the session: ``created`` once, ``updated`` every time."""
+
+
+def opening(items: Sequence[Message], before: Sequence[Message] | None) -> tuple[str, Any] | None:
+    """What a save of ``items`` over ``before`` (the transcript it replaces; ``None``: not known) does to the
+    session's ``open_since``, as a pipeline ``$set`` of it: kept (or now) when ``items`` leaves the turn open
+    (``messages.turn_open``), removed when it closes it; ``None`` when the known transcript was in the same
+    state, so the stored mark already says it (the usual step writes nothing more)."""
+    if before is not None and turn_open(before) == turn_open(items):
+        return None
+    return "open_since", opened_since(items)
+
+
+def opened_since(items: Sequence[Message]) -> Any:
+    """A rewrite's ``open_since``: ``opening`` of a transcript whose predecessor is not known."""
+    return {"$ifNull": ["$open_since", "$$NOW"]} if turn_open(items) else "$$REMOVE"
 
 
 def mark(items: Sequence[Message], doc: dict[str, Any]) -> None:

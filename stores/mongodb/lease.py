@@ -35,6 +35,7 @@ class Lease(StoreBase):
         validate.session_id(session)
         take = [{"$set": {
             "token": {"$literal": holder.token}, "host": {"$literal": holder.host}, "pid": holder.pid,
+            "spec": {"$literal": holder.spec},
             "expires": {"$add": [NOW, float(ttl)]}, "cancelled": False,
             "epoch": {"$add": [{"$ifNull": ["$epoch", 0]}, 1]},
             # The stage sees the old fields: who had it, and a cancel the new holder is handed.

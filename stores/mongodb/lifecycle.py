@@ -11,11 +11,11 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymongo.errors import DuplicateKeyError
 
-from agent_sessions import Message, MessageError, SessionBusy, StoreError, lifecycle, validate
+from agent_sessions import Holder, Message, MessageError, SessionBusy, StoreError, lifecycle, validate
 from agent_sessions.contract import Scalar, SessionInfo, SessionPage
 
 from .base import RETRIES
@@ -37,12 +37,15 @@ class Lifecycle(Pages):
     waiting."""
 
     def list_sessions(
-        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None
+        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None,
+        *, stranded: bool = False, grace: float = 0.0,
     ) -> SessionPage:
         """One query on ``(updated, _id)`` descending (the ``updated_id`` index, or ``tags_updated_id``
         with ``where``): the prefix is an anchored regex of the escaped prefix (the ``_id`` index serves
         it), ``where`` is ``tags: {$all: ["key=<value's JSON>", ...]}`` so values compare by their JSON
         form as in every store, and the cursor is a keyset bound, so a page costs the same deep in."""
+        if stranded:
+            return self._stranded(lifecycle.check_stranded(prefix, where, limit, after, grace), limit, after)
         wanted = lifecycle.check_listing(prefix, where, limit, after)
         query: dict[str, Any] = dict(_EXISTS)
         if prefix:
@@ -56,6 +59,35 @@ class Lifecycle(Pages):
         with self._failing("list_sessions"):
             docs = list(self._sessions.find(query, _INFO).sort([("updated", -1), ("_id", -1)]).limit(limit + 1))
         return lifecycle.page([(_seconds(doc["updated"]), _info(doc)) for doc in docs], limit)
+
+    if TYPE_CHECKING:  # the lease's (a mixin beside this one in the store's class)
+        def check(self, session: str, holder: Holder) -> bool: ...
+
+    def _stranded(self, grace: float, limit: int, after: str | None) -> SessionPage:
+        """The sparse index ``open_since`` holds only the open sessions; its range up to now less ``grace``
+        (the server's clock), oldest first, the live and the cancelled ones left out."""
+        with self._failing("list_sessions"):
+            until = self._server_now() - timedelta(seconds=grace)
+            where: list[dict[str, Any]] = [{"open_since": {"$lte": until}}, _EXISTS, NOT_LIVE,
+                                           {"cancelled": {"$ne": True}}]
+            if after is not None:
+                seconds, last = lifecycle.decode_cursor(after)
+                date = _date(seconds)
+                where.append({"$or": [{"open_since": {"$gt": date}}, {"open_since": date, "_id": {"$gt": last}}]})
+            docs = list(self._sessions.find({"$and": where}, _INFO)
+                        .sort([("open_since", 1), ("_id", 1)]).limit(limit + 1))
+        return lifecycle.page([(_seconds(doc["open_since"]), _info(doc)) for doc in docs], limit)
+
+    def mark_finished(self, session: str, holder: Holder, journal: str | None) -> bool:
+        validate.session_id(session)
+        where: dict[str, Any] = {"_id": session, "token": holder.token, "epoch": holder.epoch,
+                                 "journal": journal if journal is not None else {"$exists": False},
+                                 "steers.0": {"$exists": False}}
+        with self._failing("mark_finished", session):
+            if self._sessions.update_one(where, {"$unset": {"open_since": ""}}).matched_count == 1:
+                return True
+            self.check(session, holder)  # LeaseLost when the lease is not the caller's; else input came
+        return False
 
     def info(self, session: str) -> SessionInfo | None:
         """One read of the session's document: the length is its version's, not a count of messages."""
@@ -232,13 +264,15 @@ def _messages(session: str, bodies: Sequence[str]) -> list[Message]:
         raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
 
 
-_INFO = {"created": 1, "updated": 1, "metadata": 1, "version": 1}
+_INFO = {"created": 1, "updated": 1, "metadata": 1, "version": 1, "spec": 1, "open_since": 1}
 
 
 def _info(doc: dict[str, Any]) -> SessionInfo:
     length = Layout.of(doc["version"]).length if "version" in doc else 0
+    since = doc.get("open_since")
     return SessionInfo(doc["_id"], aware(doc["created"]), aware(doc["updated"]), length,
-                       lifecycle.decode_metadata(doc.get("metadata")))
+                       lifecycle.decode_metadata(doc.get("metadata")), doc.get("spec"),
+                       None if since is None else aware(since))
 
 
 def _seconds(value: datetime) -> float:

@@ -23,7 +23,7 @@ from agent_sessions import Message, MessageError, StoreError
 
 from .._known import common_prefix
 from .base import StoreBase
-from .document import STAMP, TOUCH
+from .document import STAMP, TOUCH, opened_since, opening
 from .eventlayout import Claim, guarded
 from .layout import MESSAGE_LIMITS, Layout
 
@@ -73,9 +73,14 @@ class Pages(StoreBase):
             pushed = tail[length - layout.base:]
         new_version = layout.version()
         where = {**guard, "_id": session, "version": version}
+        turned = opening(items, old)
         if claim is None:
             change: dict[str, Any] = {"$set": {"version": new_version}, "$unset": {"journal": ""},
-                                      "$currentDate": TOUCH}
+                                      "$currentDate": dict(TOUCH)}
+            if turned is not None and turned[1] == "$$REMOVE":
+                change["$unset"]["open_since"] = ""
+            elif turned is not None:  # the known transcript was finished: nothing marked it open since
+                change["$currentDate"]["open_since"] = True
             if pushed is None:
                 change["$set"]["tail"] = rest
             else:
@@ -88,6 +93,8 @@ class Pages(StoreBase):
                 "tail": {"$literal": rest} if pushed is None else
                 {"$concatArrays": [{"$ifNull": ["$tail", []]}, {"$literal": pushed}]},
                 "version": {"$literal": new_version}, "journal": "$$REMOVE", "updated": "$$NOW", **claim.fields}
+            if turned is not None:
+                fields[turned[0]] = turned[1]
             if pull:
                 fields["steers"] = _without(pull)
             written = self._committing(
@@ -120,6 +127,7 @@ class Pages(StoreBase):
         version, tail = self._new_generation(_bodies(items))
         fields: dict[str, Any] = {"version": {"$literal": version}, "tail": {"$literal": tail},
                                   "journal": "$$REMOVE", **STAMP, **(claim.fields if claim else {})}
+        fields["open_since"] = opened_since(items)
         if pull:
             fields["steers"] = _without(pull)
         upsert = guard == {"_id": session}

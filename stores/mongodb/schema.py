@@ -29,11 +29,14 @@ _TRIES = 100
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     (SESSIONS, [("updated", -1), ("_id", -1)], {"name": "updated_id"}),
     (SESSIONS, [("tags", 1), ("updated", -1), ("_id", -1)], {"name": "tags_updated_id"}),
+    # schema 5, stranded runs: only the open sessions have the field, so the sweep reads only them.
+    (SESSIONS, [("open_since", 1)], {"name": "open_since", "sparse": True}),
 ]
 """(collection, keys, options) for each index beyond ``_id`` the store's queries use: ``updated_id`` for
 ``list_sessions`` newest first (keyset pages on ``(updated, _id)``) and for ``prune`` (oldest first, a
 range on ``updated``); ``tags_updated_id``, multikey, for a listing filtered by metadata (``where``). The
-event log needs none: its pages are read and deleted by ``_id``."""
+event log needs none: its pages are read and deleted by ``_id``. ``open_since``, sparse, for
+``list_sessions(stranded=True)``: it holds the sessions whose turn is open, none of the finished ones."""
 
 
 def create_indexes(database: Database[Any]) -> None:
@@ -76,6 +79,11 @@ def upgrade(database: Database[Any]) -> None:
                              "was moved: is a run of the older version still writing?")
     database.drop_collection(EVENTS)  # what is left there no log reads: moved, capped, or of a deleted session
     sessions.update_many({"events_legacy": {"$exists": True}}, {"$unset": {"events_legacy": ""}})
+    # -- stranded runs (schema 5): every session with a transcript is open since its last write, too many and
+    # never too few; the first sweep (agent.recover) looks at each once and clears the finished ones.
+    # Run again, it marks the finished ones again, and the next sweep clears them again.
+    sessions.update_many({"version": {"$exists": True}, "open_since": {"$exists": False}},
+                         [{"$set": {"open_since": "$updated"}}])
 
 
 def _backfill_lifecycle(sessions: Collection[Any]) -> None:

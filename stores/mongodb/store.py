@@ -107,8 +107,10 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         with self._failing("add_steer", session):
             for _ in range(RETRIES):
                 try:
+                    # Input waits: the turn is open (``open_since``, as the store's clock has it now).
                     self._sessions.update_one({"_id": session, "steer_keys": {"$ne": key}},
-                                              {"$push": {"steers": steer, "steer_keys": key}}, upsert=True)
+                                              {"$push": {"steers": steer, "steer_keys": key},
+                                               "$currentDate": {"open_since": True}}, upsert=True)
                     return True
                 except DuplicateKeyError:
                     if self._sessions.find_one({"_id": session, "steer_keys": key}, {"_id": 1}) is not None:

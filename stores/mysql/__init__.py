@@ -64,13 +64,25 @@ MIGRATIONS: dict[int, list[str]] = {
         # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table, nothing rewritten.
         *ddl(_DIALECT, (steer_keys,)),
     ],
+    5: [
+        # -- schema 4 -> 5, stranded runs: open_since and spec_name on the session row, and the index of the
+        # open sessions (a plain one: NULLs sort first and the sweep's range skips them).
+        "ALTER TABLE agent_sessions ADD COLUMN open_since DOUBLE NULL, ADD COLUMN spec_name VARCHAR(255) NULL, "
+        "ADD INDEX agent_sessions_open (open_since)",
+        # Backfill: every session with a transcript is marked open since its last write, too many and never too
+        # few; the first sweep (agent.recover) looks at each once, in pages, and clears the finished ones.
+        "UPDATE agent_sessions SET open_since = updated WHERE version IS NOT NULL AND open_since IS NULL",
+        # -- end of stranded runs
+    ],
 }
 """Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[4]``, in
 order, on a database of schema 3 (it has no table agent_steer_keys); ``MIGRATIONS[3]`` and then ``[4]`` on one
 of schema 2 (before the session lifecycle: agent_sessions has no column ``updated``); on one created by
 agent-sessions 0.1 (schema 1: it has the table agent_runs), ``MIGRATIONS[2]``, ``[3]`` and ``[4]``. MySQL
 commits DDL as it goes: run it with no run in flight (``[4]`` only creates a table: runs may go on), and if a
-statement fails, fix the cause and run the rest."""
+statement fails, fix the cause and run the rest. ``MIGRATIONS[5]`` (on schema 4) adds two columns and an index
+and dates every session with a transcript as open: no run of the older version may be in flight (it would not
+keep ``open_since``)."""
 
 # 1213 deadlock: InnoDB has rolled the transaction back, so run it again. (1205, a lock wait that passed
 # ``lock_wait``, is a session another worker holds inside a transaction: ``SessionLocked``, not retried.)

@@ -29,7 +29,7 @@ from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
 from .._sql.clock import db_micros, db_now
-from .._sql.tables import events, sessions, steer_keys, tags
+from .._sql.tables import SCHEMA_5_INDEXES, events, sessions, steer_keys, tags
 from .listener import CANCEL_CHANNEL, CHANNEL, NOT_LISTENING, Listener, NotListening, Watch
 
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -66,11 +66,24 @@ MIGRATIONS: dict[int, list[str]] = {
         f"ALTER TABLE agent_sessions ALTER COLUMN created SET DEFAULT {_NOW}, ALTER COLUMN created SET NOT NULL, "
         f"ALTER COLUMN updated SET DEFAULT {_NOW}, ALTER COLUMN updated SET NOT NULL",
         *ddl(_DIALECT, (tags, events)),
-        *(str(CreateIndex(index, if_not_exists=True).compile(dialect=_DIALECT)) for index in sessions.indexes),
+        *(str(CreateIndex(index, if_not_exists=True).compile(dialect=_DIALECT)) for index in sessions.indexes
+          if index.name not in SCHEMA_5_INDEXES),
     ],
     4: [
         # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table, nothing rewritten.
         *ddl(_DIALECT, (steer_keys,)),
+    ],
+    5: [
+        # -- schema 4 -> 5, stranded runs: open_since and spec_name on the session row, the partial index of
+        # the open sessions (docs/design/busy-and-stranded.md, sections 2 and 3).
+        "ALTER TABLE agent_sessions ADD COLUMN IF NOT EXISTS open_since DOUBLE PRECISION, "
+        "ADD COLUMN IF NOT EXISTS spec_name VARCHAR(255)",
+        # Backfill: every session with a transcript is marked open since its last write, too many and never too
+        # few; the first sweep (agent.recover) looks at each once, in pages, and clears the finished ones.
+        "UPDATE agent_sessions SET open_since = updated WHERE version IS NOT NULL AND open_since IS NULL",
+        *(str(CreateIndex(index, if_not_exists=True).compile(dialect=_DIALECT))
+          for index in sessions.indexes if index.name == "agent_sessions_open"),
+        # -- end of stranded runs
     ],
 }
 """Upgrades, by the schema version each brings a database to, each run in order and in one transaction:
@@ -78,7 +91,16 @@ MIGRATIONS: dict[int, list[str]] = {
 ``MIGRATIONS[4]`` on one of schema 2 (before the session lifecycle: agent_sessions has no column
 ``updated``); on one created by agent-sessions 0.1 (schema 1: it has the table agent_runs),
 ``MIGRATIONS[2]``, ``[3]`` and ``[4]``. ``MIGRATIONS[2]`` and ``[3]`` take an ACCESS EXCLUSIVE lock on
-agent_sessions while they rewrite it; ``MIGRATIONS[4]`` only creates a table, beside runs in flight."""
+agent_sessions while they rewrite it; ``MIGRATIONS[4]`` only creates a table, beside runs in flight.
+``MIGRATIONS[5]`` (on schema 4) adds two columns and an index and dates every session with a transcript as
+open: run it with no run of the older version in flight (that run would not keep ``open_since``)."""
+
+OPEN_SINCE = (
+    "open_since = CASE WHEN CAST(:open AS BOOLEAN) OR EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid) "
+    f"THEN COALESCE(open_since, {_NOW}) ELSE NULL END"
+)
+"""``statements.OPEN_SINCE`` in the raw text of the one-statement append (schema 5: what waits for the session
+keeps its turn open; queued messages join the steers here too)."""
 
 MAX_RIDING = 16
 """Events a save's one statement carries (``save_fenced_events``); a step with more appends them in a
@@ -120,15 +142,21 @@ def _append_events(count: int) -> TextClause:
     )
 
 
-@functools.cache  # at most 2 x MAX_APPEND x MAX_RIDING entries: never evicted
-def _append_riding(count: int, unsteered: bool, events: int) -> TextClause:
+def _turned(turning: bool) -> str:
+    """The SET of an append that opens or closes the turn (``Step.turning``), else nothing."""
+    return f", {OPEN_SINCE}" if turning else ""
+
+
+@functools.cache  # at most 4 x MAX_APPEND x MAX_RIDING entries: never evicted
+def _append_riding(count: int, unsteered: bool, events: int, turning: bool) -> TextClause:
     """A leased run's usual save with its events (``save_fenced_events``), in one statement: ``_append``'s
     claim also claims the event numbers, its INSERT becomes a CTE, and ``_log`` stores the events. The claim
     matches or nothing is written."""
     guard = " AND NOT EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid)" if unsteered else ""
     rows = ", ".join(f"(CAST(:q{i} AS INTEGER), CAST(:b{i} AS TEXT))" for i in range(count))
     return text(
-        f"WITH claim AS (UPDATE agent_sessions SET version = :new_version, journal = NULL, {_claim_seq(events)} "
+        f"WITH claim AS (UPDATE agent_sessions SET version = :new_version, journal = NULL, {_claim_seq(events)}"
+        f"{_turned(turning)} "
         "WHERE session_id = :sid AND version = :known AND token = :lease_token AND epoch = :lease_epoch "
         f"AND NOT cancelled{guard} RETURNING session_id, event_seq), "
         "saved AS (INSERT INTO agent_messages (session_id, seq, body) "
@@ -146,8 +174,8 @@ _CANCEL = select(
 a row when it marked a lease."""
 
 
-@functools.lru_cache(maxsize=4 * sql.MAX_APPEND)
-def _append(count: int, unsteered: bool, fenced: bool) -> TextClause:
+@functools.lru_cache(maxsize=8 * sql.MAX_APPEND)
+def _append(count: int, unsteered: bool, fenced: bool, turning: bool) -> TextClause:
     """One statement, so one round trip in autocommit: claim the session row by its version (when
     ``unsteered``, only while no steer waits; when ``fenced``, only while the lease is still
     ``:lease_token``/``:lease_epoch`` and not cancelled), drop its journal, and append ``count`` messages only if the
@@ -160,7 +188,7 @@ def _append(count: int, unsteered: bool, fenced: bool) -> TextClause:
     fence = " AND token = :lease_token AND epoch = :lease_epoch AND NOT cancelled" if fenced else ""
     rows = ", ".join(f"(CAST(:q{i} AS INTEGER), CAST(:b{i} AS TEXT))" for i in range(count))
     return text(
-        "WITH claim AS (UPDATE agent_sessions SET version = :new_version, journal = NULL "
+        f"WITH claim AS (UPDATE agent_sessions SET version = :new_version, journal = NULL{_turned(turning)} "
         f"WHERE session_id = :sid AND version = :known{fence}{guard} RETURNING session_id) "
         "INSERT INTO agent_messages (session_id, seq, body) "
         f"SELECT claim.session_id, v.seq, v.body FROM claim, (VALUES {rows}) AS v(seq, body)"
@@ -274,15 +302,17 @@ class Store(SQLStore):
             return super().append(step)  # the claim, the messages and the events in a transaction
         params = sql.append_params(step)
         version = params["new_version"] = os.urandom(16).hex()  # this append replaces the version
+        if step.turning:
+            params["open"] = step.opened
         if step.events:
             assert step.holder is not None  # save_fenced_events
             params.update(_event_params(step.events, step.keep))
-            riding = _append_riding(count, step.unsteered, len(step.events))
+            riding = _append_riding(count, step.unsteered, len(step.events), step.turning)
             row = self._transaction(
                 "save", step.session, lambda conn: self.run(conn, riding, params).first(), read_only=True
             )
             return version if row is not None else None
-        statement = _append(count, step.unsteered, step.holder is not None)
+        statement = _append(count, step.unsteered, step.holder is not None, step.turning)
         inserted = self._transaction(
             "save", step.session, lambda conn: self.run(conn, statement, params).rowcount, read_only=True
         )

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 try:
-    from sqlalchemy import ColumnElement, Connection, and_, create_engine, event, func
+    from sqlalchemy import ColumnElement, Connection, MetaData, Table, and_, create_engine, event, func
     from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
     from sqlalchemy.engine import Engine
@@ -31,7 +31,7 @@ from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.driver import instrumented
-from .._sql.tables import SCHEMA_VERSION, ddl, sessions, steer_keys
+from .._sql.tables import SCHEMA_5_COLUMNS, SCHEMA_5_INDEXES, SCHEMA_VERSION, ddl, sessions, steer_keys
 
 BUSY_TIMEOUT_MS = 30_000
 _ADD_MESSAGES = "INSERT INTO agent_messages (session_id, seq, body) VALUES (?, ?, ?)"
@@ -41,8 +41,11 @@ compile to here, without building their parameters as dicts."""
 
 
 def _create_sessions(name: str) -> str:
-    """agent_sessions' CREATE TABLE, under another name: an upgrade builds the new table beside the old."""
-    statement = str(CreateTable(sessions).compile(dialect=sqlite_dialect())).strip()
+    """agent_sessions' CREATE TABLE of schema 4, under another name: an upgrade builds the new table beside
+    the old (schema 5's columns are added by its own step)."""
+    schema4 = Table("agent_sessions", MetaData(),
+                    *(c._copy() for c in sessions.columns if c.name not in SCHEMA_5_COLUMNS))
+    statement = str(CreateTable(schema4).compile(dialect=sqlite_dialect())).strip()
     return statement.replace("CREATE TABLE agent_sessions ", f"CREATE TABLE {name} ", 1)
 
 
@@ -76,11 +79,24 @@ MIGRATIONS: dict[int, list[str]] = {
         f"INSERT INTO agent_sessions_new ({_SCHEMA_2_COLUMNS}) SELECT {_SCHEMA_2_COLUMNS} FROM agent_sessions",
         "DROP TABLE agent_sessions",
         "ALTER TABLE agent_sessions_new RENAME TO agent_sessions",
-        *(str(CreateIndex(index).compile(dialect=sqlite_dialect())).strip() for index in sessions.indexes),
+        *(str(CreateIndex(index).compile(dialect=sqlite_dialect())).strip() for index in sessions.indexes
+          if index.name not in SCHEMA_5_INDEXES),
     ],
     4: [
         # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table.
         *ddl(sqlite_dialect(), (steer_keys,)),
+    ],
+    5: [
+        # -- schema 4 -> 5, stranded runs: open_since and spec_name on the session row, the partial index of
+        # the open sessions.
+        "ALTER TABLE agent_sessions ADD COLUMN open_since DOUBLE",
+        "ALTER TABLE agent_sessions ADD COLUMN spec_name VARCHAR(255)",
+        # Backfill: every session with a transcript is marked open since its last write, too many and never too
+        # few; the first sweep (agent.recover) looks at each once, in pages, and clears the finished ones.
+        "UPDATE agent_sessions SET open_since = updated WHERE version IS NOT NULL AND open_since IS NULL",
+        *(str(CreateIndex(index).compile(dialect=sqlite_dialect())).strip()
+          for index in sessions.indexes if index.name == "agent_sessions_open"),
+        # -- end of stranded runs
     ],
 }
 """What ``open`` runs, in one transaction, on a file of an older schema (the file's ``PRAGMA user_version``
@@ -129,9 +145,10 @@ class Store(SQLStore):
         SQLStore.append, without the machinery around it, which on SQLite cost as much."""
         conn, driver = self._held()
         count = len(step.items) - step.start
-        if count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction or step.drop_journal:
+        if (count > sql.MAX_APPEND or instrumented(conn) or driver.in_transaction or step.drop_journal
+                or step.turning):
             # listeners see it there; inside an open transaction, autocommit would not commit it; a journal
-            # to drop is a second statement, so a transaction
+            # to drop, or a turn opened or closed (open_since), is a second statement, so a transaction
             return super().append(step)
         if step.events:
             return self._append_logged_raw(step, conn, driver)

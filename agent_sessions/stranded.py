@@ -1,0 +1,172 @@
+"""Stranded runs, and the sweep that finishes them (issue 26; docs/design/busy-and-stranded.md, section 2).
+
+A session is stranded when its lease is free or lapsed and its last turn is open (a message nobody
+answers: the worker running it died, its task is gone), and it is not cancelled. Every write keeps the
+session's ``open_since`` (``LifecycleStore.list_sessions(stranded=True)``), so a sweep reads only the open
+sessions, never the finished ones: when nothing is stranded it costs one indexed query that returns no row.
+
+``recover`` finishes each such turn once, from any number of replicas at the same moment: the only way to
+act on a session is to hold its lease, which exactly one claimant wins (``lease_wait=0``: a replica that
+loses skips the session), and the run that finishes the turn compares what it read with what is stored
+before its first model request (a leased run's first write is a compare-and-swap), so a turn another
+replica finished meanwhile is found answered and costs no request. A keyed turn goes through
+``Runner.turn``'s continue path (what is left of its ``max_steps``); a started non-idempotent call is
+answered "outcome unknown" by the journal, never run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from . import lifecycle
+from .contract import LifecycleStore, RunStore
+from .endpoints import Endpoint
+from .errors import ArgumentError, AwaitingApproval, SessionBusy, TranscriptConflict
+from .journal import Journal
+from .lease import Lease
+from .messages import Message, Role, turn_open
+from .result import Result
+from .run.runner import Runner
+from .run.turns import answered
+from .session import open
+from .spec import Spec
+from .values import SessionInfo
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["recovered", "finished", "waiting", "busy", "skipped", "failed"]
+"""What the sweep did with one session:
+
+- ``recovered``: this call ran the turn to its end (``Recovered.result``);
+- ``finished``: nothing was left to run (another replica finished it, or the mark was stale): cleared;
+- ``waiting``: the turn waits for a person (a call's approval) or was cancelled: cleared, nothing run;
+- ``busy``: another live run holds the session (a replica, a redelivered task): left to it;
+- ``skipped``: ``resolve`` returned ``None``;
+- ``failed``: the run raised (``Recovered.error``); the session stays stranded for the next sweep."""
+
+Resolve = Callable[[SessionInfo], "tuple[Spec, Endpoint] | None"]
+"""What to finish a stranded session with: the ``Spec`` (its ``session`` is set by ``recover``) and the
+model endpoint, usually chosen by ``info.spec`` (the ``Spec.name`` its last run recorded); ``None`` leaves it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """One stranded session as ``recover`` left it."""
+
+    session: str
+    outcome: Outcome
+    spec: str | None = None
+    """``SessionInfo.spec``: the name of the spec its last run recorded."""
+    result: Result | None = None
+    """The run's Result, when this call ran the turn (``recovered``)."""
+    error: BaseException | None = None
+    """What the run raised (``failed``)."""
+
+
+def recover(store: LifecycleStore, resolve: Resolve, limit: int = 100, grace: float = 10.0) -> list[Recovered]:
+    """Finish the turns of up to ``limit`` stranded sessions, oldest first (each page shuffled, so replicas
+    sweeping at once mostly take different sessions), and say what became of each. ``grace`` (seconds):
+    a turn open for less is left alone, so the sweep does not race a caller about to run it. Safe to run
+    from many processes at once; each turn is finished once."""
+    if not isinstance(store, LifecycleStore) or not isinstance(store, RunStore):
+        raise ArgumentError(f"recover needs a store with the lifecycle and runs (LifecycleStore and RunStore), "
+                            f"got {type(store).__name__}")
+    if not callable(resolve):
+        raise ArgumentError(f"recover(resolve=) must be callable, got {resolve!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ArgumentError(f"recover(limit=) must be an int >= 1, got {limit!r}")
+    done: list[Recovered] = []
+    after: str | None = None
+    while len(done) < limit:
+        page = store.list_sessions(limit=min(limit - len(done), lifecycle.MAX_PAGE), after=after, stranded=True,
+                                   grace=grace)
+        infos = list(page)
+        random.shuffle(infos)
+        done.extend(_recover(store, info, resolve) for info in infos)
+        if page.next is None:
+            break
+        after = page.next
+    return done
+
+
+def _recover(store: LifecycleStore, info: SessionInfo, resolve: Resolve) -> Recovered:
+    try:
+        chosen = resolve(info)
+    except Exception as exc:  # noqa: BLE001 - the application's function failing on one session stops no sweep
+        log.warning("session %r: resolve raised %s: %s; left for the next sweep", info.id, type(exc).__name__, exc)
+        return Recovered(info.id, "failed", info.spec, error=exc)
+    if chosen is None:
+        return Recovered(info.id, "skipped", info.spec)
+    spec, endpoint = chosen
+    if not isinstance(spec, Spec):
+        raise ArgumentError(f"recover: resolve({info.id!r}) must return (Spec, Endpoint) or None, got {chosen!r}")
+    spec = replace(spec, session=open(info.id, store), lease_wait=0.0)
+    try:
+        run = _look(store, info.id, spec)
+        if isinstance(run, str):
+            return Recovered(info.id, run, info.spec)
+        result = run(endpoint)
+    except SessionBusy:
+        return Recovered(info.id, "busy", info.spec)
+    except TranscriptConflict:  # another replica's run wrote after this one read: the turn is theirs
+        return Recovered(info.id, "busy", info.spec)
+    except AwaitingApproval:
+        return Recovered(info.id, "waiting", info.spec)
+    except Exception as exc:  # noqa: BLE001 - one session's failure must not stop the sweep; it is reported
+        log.warning("session %r: recovering its stranded turn failed (%s: %s); the next sweep tries again",
+                    info.id, type(exc).__name__, exc)
+        return Recovered(info.id, "failed", info.spec, error=exc)
+    if turn_open(result.messages):
+        _left_open(store, info.id, spec, result)
+    log.info("session %r: stranded turn finished (%s, %d step(s))", info.id, result.stop_reason, result.steps)
+    return Recovered(info.id, "recovered", info.spec, result)
+
+
+def _look(store: LifecycleStore, session: str, spec: Spec) -> Callable[[Endpoint], Result] | Outcome:
+    """Under the session's lease (``SessionBusy`` when another run holds it): what is left to run, or, when
+    nothing is, the session's mark cleared and the outcome."""
+    assert isinstance(store, RunStore)
+    with Lease(store, session, spec.lease_ttl, 0.0, spec.name) as lease:
+        msgs = store.messages(session)
+        text = store.journal(session)
+        journal = None if text is None else Journal.from_json(text, f"session {session!r}")
+        waits = journal is not None and any(a.decision is None for a in journal.approvals.values())
+        if lease.holder.cancelled or waits:
+            if lease.holder.cancelled:
+                store.cancel(session)  # handed a cancel with the lease: hand it on, as a run would
+            store.mark_finished(session, lease.holder, text)
+            return "waiting"
+        if not (turn_open(msgs) or (journal is not None and journal.answers(msgs))
+                or store.pending_steers(session)):
+            store.mark_finished(session, lease.holder, text)
+            return "finished"
+    at = _open_turn(msgs)
+    if at is not None:
+        message = msgs[at]
+        assert message.key is not None
+        return lambda endpoint: Runner().turn(spec, message.text, message.key or "", endpoint)
+    return lambda endpoint: Runner().run(spec, msgs, endpoint)
+
+
+def _open_turn(msgs: Sequence[Message]) -> int | None:
+    """The index of the last keyed user message, if no answer follows it: the turn to continue."""
+    for i in range(len(msgs) - 1, -1, -1):
+        if msgs[i].role is Role.USER and msgs[i].key:
+            return i if answered(msgs, i) is None else None
+    return None
+
+
+def _left_open(store: LifecycleStore, session: str, spec: Spec, result: Result) -> None:
+    """The run ended without an answer (its ``max_steps`` spent, cancelled, superseded): that is where the turn
+    ends, so its mark is cleared, unless something came since (then the next sweep looks again)."""
+    assert isinstance(store, RunStore)
+    try:
+        with Lease(store, session, spec.lease_ttl, 0.0, spec.name) as lease:
+            if store.messages(session) == result.messages:
+                store.mark_finished(session, lease.holder, store.journal(session))
+    except SessionBusy:
+        pass  # a new run has it: it keeps the mark

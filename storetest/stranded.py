@@ -1,0 +1,171 @@
+"""The stranded-runs contract (issue 26): every write keeps the session's ``open_since``, and
+``list_sessions(stranded=True)`` lists the sessions whose turn is open, whose lease is free or lapsed and
+not cancelled, oldest first; ``acquire`` records the run's ``Spec.name``; ``mark_finished`` clears the mark
+only under the caller's lease and only while nothing reopened the turn.
+
+Other tests share the database, so these look only at their own sessions in the whole listing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, cast
+
+import pytest
+
+from agent_sessions import (
+    ArgumentError,
+    Content,
+    Holder,
+    LeaseLost,
+    LifecycleStore,
+    Message,
+    Role,
+    RunStore,
+    SteerKeyStore,
+)
+
+from .capabilities import Capability
+
+QUESTION = Message.user("what expires?", key="turn-1")
+CALL = Message(Role.ASSISTANT, [Content.tool_call("c1", "read_file", '{"path": "lease.go"}')])
+RESULT = Message(Role.USER, [Content.tool_result("c1", "package lease")])
+ANSWER = Message.assistant("the lease")
+
+
+class StrandedStore(LifecycleStore, RunStore):
+    """What the contract exercises: the lifecycle's listing and the run lease."""
+
+
+def _sid(tag: str) -> str:
+    return f"storetest-stranded-{tag}-{uuid.uuid4().hex}"
+
+
+def _holder(spec: str | None = None) -> Holder:
+    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0, spec=spec)
+
+
+def stranded_ids(store: LifecycleStore, grace: float = 0.0) -> list[str]:
+    """Every stranded session's id, in listing order (all pages)."""
+    ids: list[str] = []
+    after = None
+    for _ in range(100):
+        page = store.list_sessions(limit=1000, after=after, stranded=True, grace=grace)
+        ids.extend(info.id for info in page)
+        if page.next is None:
+            return ids
+        after = page.next
+    raise AssertionError("over 100,000 stranded sessions: the listing never ends")
+
+
+class StrandedContract:
+    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
+
+    def make_store(self) -> Any:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def stranded_store(self) -> Any:
+        self.requires(Capability.LIFECYCLE)
+        self.requires(Capability.RUN_STORE)
+        store = self.make_store()
+        assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
+        return store
+
+    def test_a_plain_save_marks_an_open_turn_and_an_answer_clears_it(self) -> None:
+        store = self.stranded_store()
+        sid = _sid("plain")
+        store.save(sid, [QUESTION])
+        info = store.info(sid)
+        assert info is not None and info.open_since is not None
+        assert abs(info.open_since.timestamp() - time.time()) < 600
+        assert sid in stranded_ids(store)
+        store.save(sid, [QUESTION, CALL])  # tool calls without results: still open, since the same time
+        again = store.info(sid)
+        assert again is not None and again.open_since == info.open_since
+        store.save(sid, [QUESTION, CALL, RESULT, ANSWER])
+        closed = store.info(sid)
+        assert closed is not None and closed.open_since is None
+        assert sid not in stranded_ids(store)
+
+    def test_every_fenced_save_keeps_the_mark_and_a_live_lease_hides_the_session(self) -> None:
+        store = self.stranded_store()
+        sid = _sid("fenced")
+        holder = store.acquire(sid, _holder("support-agent"), 30)
+        for step in ([QUESTION], [QUESTION, CALL], [QUESTION, CALL, RESULT]):  # appends, as a run's steps are
+            store.save_fenced(sid, holder, step, take_steers=True)
+            info = store.info(sid)
+            assert info is not None and info.open_since is not None and info.spec == "support-agent"
+        assert sid not in stranded_ids(store)  # a live run holds it
+        store.release(sid, holder)
+        assert sid in stranded_ids(store)  # its worker is gone: stranded
+        holder = store.acquire(sid, _holder(), 30)
+        store.save_fenced(sid, holder, [QUESTION, CALL, RESULT, ANSWER], take_steers=True)
+        store.release(sid, holder)
+        info = store.info(sid)
+        assert info is not None and info.open_since is None and info.spec is None  # the last run named none
+        assert sid not in stranded_ids(store)
+
+    def test_a_lapsed_lease_is_stranded_and_a_cancelled_one_is_not(self) -> None:
+        store = self.stranded_store()
+        lapsed, cancelled = _sid("lapsed"), _sid("cancelled")
+        for sid in (lapsed, cancelled):
+            holder = store.acquire(sid, _holder(), 0.5)
+            store.save_fenced(sid, holder, [QUESTION], take_steers=False)
+        assert store.cancel(cancelled) is True
+        time.sleep(1.0)
+        found = stranded_ids(store)
+        assert lapsed in found and cancelled not in found
+
+    def test_oldest_first_with_grace_and_pages(self) -> None:
+        store = self.stranded_store()
+        ids = [_sid(f"order-{i}") for i in range(3)]
+        for sid in ids:
+            store.save(sid, [QUESTION])
+            time.sleep(0.02)
+        found = stranded_ids(store)
+        assert [sid for sid in found if sid in ids] == ids
+        assert not set(ids) & set(stranded_ids(store, grace=3600))  # open for less than the grace
+        page = store.list_sessions(limit=1, stranded=True)
+        assert len(page) == 1 and page.next is not None
+        first = page.sessions[0].open_since
+        later = store.list_sessions(limit=1, after=page.next, stranded=True)
+        assert len(later) <= 1 and all(s.open_since is not None and first is not None and s.open_since >= first
+                                       for s in later)
+
+    def test_a_keyed_steer_opens_a_finished_turn(self) -> None:
+        store = self.stranded_store()
+        if not isinstance(store, SteerKeyStore):
+            pytest.skip("the store keeps no steer keys")
+        sid = _sid("steer")
+        store.save(sid, [QUESTION, ANSWER])
+        listed = cast(LifecycleStore, store)
+        assert sid not in stranded_ids(listed)
+        assert store.add_steer_once(sid, "and the renewal?", "steer-1") is True
+        assert sid in stranded_ids(listed)
+
+    def test_mark_finished_is_fenced_and_refused_while_input_waits(self) -> None:
+        store = self.stranded_store()
+        sid = _sid("mark")
+        store.save(sid, [QUESTION, ANSWER])
+        holder = store.acquire(sid, _holder(), 30)
+        store.save_fenced(sid, holder, [QUESTION, ANSWER, Message.user("more")], take_steers=False)
+        with pytest.raises(LeaseLost):
+            store.mark_finished(sid, _holder(), None)
+        store.add_steer(sid, "waiting")
+        assert store.mark_finished(sid, holder, None) is False  # a steer waits: the turn stays open
+        assert store.take_steers(sid) == ["waiting"]
+        assert store.mark_finished(sid, holder, "not the journal") is False
+        assert store.mark_finished(sid, holder, None) is True
+        store.release(sid, holder)
+        info = store.info(sid)
+        assert info is not None and info.open_since is None and sid not in stranded_ids(store)
+
+    def test_stranded_takes_no_prefix_or_where(self) -> None:
+        store = self.stranded_store()
+        for bad in ({"prefix": "x"}, {"where": {"user": "u"}}, {"grace": -1}, {"grace": float("nan")}):
+            with pytest.raises(ArgumentError):
+                store.list_sessions(stranded=True, **bad)

@@ -1,0 +1,107 @@
+"""``agent.recover`` on the memory store, case by case: what it does with a session a live run holds, one
+waiting for a person's decision (and again once decided), a turn whose budget is spent, a ``resolve`` that
+raises, and a store with nothing stranded. (Real processes and the SQL and MongoDB stores:
+tests/reliability/test_stranded.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+import agent_sessions as agent
+from agent_sessions.lease import claimant
+from stores import memory
+from storetest.scripted import Answer, ToolsThenAnswer
+from storetest.stranded import stranded_ids
+
+
+@agent.tool(idempotent=False, needs_approval=True)
+def refund(n: int) -> str:
+    """Refund (a person approves it first)."""
+    return "refunded"
+
+
+def _stranded(store: memory.Store, sid: str, spec: str = "support") -> None:
+    holder = store.acquire(sid, agent.Holder("dead", 1, claimant().token, 0.0, spec=spec), 30)
+    store.save_fenced(sid, holder, [agent.Message.user("refund order 7", key=f"t-{sid}")], take_steers=False)
+    store.release(sid, holder)
+
+
+def _resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+    return agent.Spec(name="support", tools=[refund]), ToolsThenAnswer(["refund"])
+
+
+def test_nothing_stranded_is_one_empty_listing() -> None:
+    store = memory.Store()
+    store.save("done", [agent.Message.user("hi"), agent.Message.assistant("hello")])
+    assert agent.recover(store, _resolve, grace=0) == []
+
+
+def test_a_live_run_keeps_its_session() -> None:
+    store = memory.Store()
+    _stranded(store, "held")
+    store.acquire("held", claimant(), 30)  # a redelivered task has it now
+    assert [(r.session, r.outcome) for r in agent.recover(store, _resolve, grace=0)] == []  # not listed
+    store2 = memory.Store()
+    _stranded(store2, "raced")
+    listed = store2.list_sessions(stranded=True)
+    store2.acquire("raced", claimant(), 30)  # taken between the listing and the sweep's claim
+    from agent_sessions.stranded import _recover
+
+    assert _recover(store2, listed.sessions[0], _resolve).outcome == "busy"
+
+
+def test_a_turn_waiting_for_a_decision_is_cleared_then_finished_once_decided() -> None:
+    store = memory.Store()
+    session = agent.open("approve-me", store)
+    result = agent.Runner().turn(agent.Spec(session=session, tools=[refund], name="support"), "refund order 7",
+                                 "t-1", ToolsThenAnswer(["refund"]))
+    assert result.pending_approvals
+    assert "approve-me" in stranded_ids(store)  # the save cannot know a person owes it
+    assert [(r.session, r.outcome) for r in agent.recover(store, _resolve, grace=0)] == [("approve-me", "waiting")]
+    assert "approve-me" not in stranded_ids(store)
+    session.approve(result.pending_approvals[0].call_id)  # a decision: the turn can go on, nobody resumes it
+    done = agent.recover(store, _resolve, grace=0)
+    assert [(r.session, r.outcome) for r in done] == [("approve-me", "recovered")]
+    assert session.messages()[-1].text.startswith("done") and stranded_ids(store) == []
+
+
+def test_a_turn_whose_budget_is_spent_is_cleared() -> None:
+    store = memory.Store()
+    _stranded(store, "spent")
+
+    @agent.tool
+    def lookup(n: int) -> str:
+        """Look it up."""
+        return "found"
+
+    def with_lookup(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint]:
+        return agent.Spec(max_steps=1, tools=[lookup]), ToolsThenAnswer(["lookup"])
+
+    (r,) = agent.recover(store, with_lookup, grace=0)
+    assert r.outcome == "recovered" and r.result is not None and r.result.stop_reason == "max_steps"
+    assert stranded_ids(store) == []  # where the turn ends: no sweep runs it again
+
+
+def test_a_resolve_that_raises_fails_that_session_only() -> None:
+    store = memory.Store()
+    _stranded(store, "bad")
+    _stranded(store, "good")
+
+    def picky(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+        if info.id == "bad":
+            raise RuntimeError("no spec for it")
+        return agent.Spec(), Answer("refunded")
+
+    outcomes = {r.session: r.outcome for r in agent.recover(store, picky, grace=0)}
+    assert outcomes == {"bad": "failed", "good": "recovered"}
+    assert stranded_ids(store) == ["bad"]  # tried again by the next sweep
+
+
+def test_bad_arguments_are_refused() -> None:
+    store = memory.Store()
+    with pytest.raises(agent.ArgumentError):
+        agent.recover(store, _resolve, limit=0)
+    with pytest.raises(agent.ArgumentError):
+        agent.recover(store, "resolve")  # type: ignore[arg-type]
+    with pytest.raises(agent.ArgumentError):
+        agent.recover(object(), _resolve)  # type: ignore[arg-type]
