@@ -207,14 +207,18 @@ class Leased:
 
     saves = True
 
-    def __init__(self, session: RunSession, spec: Spec, *, continuing: bool = False) -> None:
+    def __init__(self, session: RunSession, spec: Spec, *, continuing: bool = False,
+                 lease: Lease | None = None) -> None:
         self.store = session.store
         self.session = session.id
         self.continuing = continuing
         """The run goes on with a turn already begun (``Runner.turn`` delivered again): a cancel handed with
         the lease is of that turn, whatever input waits."""
+        self.new_input = lease is not None and not continuing
+        """Handed a lease its caller took, and not going on with a turn: its caller took a queued message into
+        the transcript under that lease (``busy``), or steers wait; either is new input, stored already."""
         self.stopped = False
-        self.lease = Lease(self.store, self.session, spec.lease_ttl, spec.lease_wait)
+        self.lease = lease if lease is not None else Lease(self.store, self.session, spec.lease_ttl, spec.lease_wait)
         self.replace = spec.replace_transcript
         self.written = -1
         """The length of the transcript as this run last wrote it; -1 before its first write (the CAS)."""
@@ -357,7 +361,7 @@ class Leased:
             # would only go on with the cancelled turn: it marks its own lease, so it stops before it
             # starts anything and hands the cancel on in turn. A run that continues a turn (``continuing``:
             # a redelivered ``Runner.turn``) is that turn's: it stops, and the steers wait for the next one.
-            if not self.continuing and (self._begins_turn(transcript) or self._steers_wait()):
+            if not self.continuing and (self.new_input or self._begins_turn(transcript) or self._steers_wait()):
                 self.closing = True
                 log.info("session %r: the turn in progress was cancelled; closing it before the new input",
                          self.session)
@@ -774,9 +778,10 @@ def _asks(spec: Spec, call: Content, journal: Journal) -> bool:
     return tool is not None and tool.asks_approval(call)
 
 
-def keeping(spec: Spec, *, continuing: bool = False) -> Keeping:
+def keeping(spec: Spec, *, continuing: bool = False, lease: Lease | None = None) -> Keeping:
     """How the run of ``spec`` keeps its transcript. ``continuing``: the run goes on with a turn already begun
-    (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``)."""
+    (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``). ``lease``: taken already, by
+    a turn that waited for the session (``busy``); the run holds it from here and releases it."""
     session = spec.session
     if spec.publish_events and not (
         session is not None and is_run_session(session) and isinstance(session.store, EventStore)
@@ -796,7 +801,7 @@ def keeping(spec: Spec, *, continuing: bool = False) -> Keeping:
     if session is None:
         return NOT_KEPT
     if is_run_session(session):
-        return Leased(session, spec, continuing=continuing)
+        return Leased(session, spec, continuing=continuing, lease=lease)
     return Kept(session)
 
 

@@ -38,7 +38,7 @@ from sqlalchemy.sql.selectable import Select
 from agent_sessions import Holder, Message
 
 from .clock import db_micros, db_now
-from .tables import LongText, SessionId, events, messages, sessions, steer_keys, steers, tags
+from .tables import LongText, SessionId, events, messages, queue, sessions, steer_keys, steers, tags
 
 S, M = sessions.c, messages.c
 SID: BindParameter[str] = bindparam("sid", type_=SessionId)
@@ -201,6 +201,22 @@ LOCK_STEERS = (
 )
 
 
+# -- the queue (agent_sessions.QueueStore) --------------------------------------------------------------
+
+Q = queue.c
+QUEUE_KEY: BindParameter[str] = bindparam("key", type_=SessionId)
+"""A queued message's key (``enqueue``): each dialect inserts it with ``SID`` and ``:text`` unless it is there
+(its ``add_queued``)."""
+QUEUE_TEXT: BindParameter[str] = bindparam("text", type_=LongText)
+QUEUED_ROW = select(Q.id, Q.taken, Q.text).where(and_(Q.session_id == SID, Q.turn_key == QUEUE_KEY))
+WAITING = and_(Q.session_id == SID, Q.taken == false())
+QUEUE_POSITION = select(func.count()).where(and_(WAITING, Q.id <= bindparam("qid", type_=BigInteger())))
+QUEUED_KEYS = select(Q.turn_key).where(WAITING).order_by(Q.id)
+QUEUE_HEAD = select(Q.id, Q.turn_key, Q.text).where(WAITING).order_by(Q.id).limit(1)
+TAKE_QUEUED = update(queue).where(Q.id == bindparam("qid", type_=BigInteger())).values(taken=true())
+DELETE_QUEUE = delete(queue).where(Q.session_id == SID)
+
+
 # -- the lifecycle (agent_sessions.LifecycleStore) ---------------------------------------------------------
 
 T = tags.c
@@ -244,7 +260,7 @@ IDLE_BATCH = select(S.session_id).where(IDLE).order_by(S.updated).limit(bindpara
 LOCK_IDLE = select(S.session_id).where(and_(S.session_id.in_(IDS), IDLE)).with_for_update()
 """The candidates still idle, their rows locked: a save or a lease that came meanwhile keeps its session."""
 PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS))
-              for t in (messages, steers, steer_keys, tags, events, sessions))
+              for t in (messages, steers, steer_keys, queue, tags, events, sessions))
 
 
 # -- the event log (agent_sessions.EventStore) -------------------------------------------------------------

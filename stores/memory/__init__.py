@@ -44,6 +44,10 @@ class _Run:
     steers: deque[str] = field(default_factory=deque)
     steer_keys: set[str] = field(default_factory=set)
     """The keys of the steers accepted with one (``add_steer_once``); they go with the session."""
+    queue: deque[tuple[str, str]] = field(default_factory=deque)
+    """The messages queued for the session's next turns (``enqueue``): (key, text), oldest first."""
+    queue_keys: dict[str, str] = field(default_factory=dict)
+    """Every key ``enqueue`` accepted, with its text, taken or not; they go with the session."""
     created: float | None = None
     updated: float = 0.0
     metadata: dict[str, Scalar] = field(default_factory=dict)
@@ -101,6 +105,45 @@ class Store:
             run.steer_keys.add(key)
             run.steers.append(text)
             return True
+
+    # -- QueueStore ------------------------------------------------------------------------------------
+
+    def enqueue(self, session: str, key: str, text: str) -> int:
+        validate.session_id(session)
+        validate.turn_key(key)
+        validate.steer_text(text, "queued message")
+        with self._lock:
+            run = self._run(session)
+            accepted = run.queue_keys.get(key)
+            if accepted is None:
+                run.queue_keys[key] = text
+                run.queue.append((key, text))
+            elif accepted != text:
+                raise validate.queued_text_differs(session, key)
+            self._touch(session)
+            keys = [k for k, _ in run.queue]
+            return keys.index(key) + 1 if key in keys else 0
+
+    def queued(self, session: str) -> list[str]:
+        validate.session_id(session)
+        with self._lock:
+            run = self._runs.get(session)
+            return [] if run is None else [k for k, _ in run.queue]
+
+    def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
+        validate.session_id(session)
+        with self._lock:
+            run = self._fenced(session, holder)
+            if not run.queue:
+                return None
+            key, text = run.queue.popleft()
+            message = Message.user(text, key=key)
+            if not append:
+                return message
+            self._transcripts[session] = (*self._transcripts.get(session, ()), message)
+            run.journal = None
+            self._touch(session)
+            return message
 
     # -- RunStore --------------------------------------------------------------------------------------
 
@@ -287,7 +330,8 @@ class Store:
                     run.holder,
                 )
             existed = self._transcripts.pop(session, None) is not None
-            existed |= run is not None and (run.created is not None or bool(run.steers) or bool(run.steer_keys))
+            existed |= run is not None and (run.created is not None or bool(run.steers) or bool(run.steer_keys)
+                                            or bool(run.queue_keys))
             self._runs.pop(session, None)
             return existed
 

@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover
 from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.clock import db_now
-from .._sql.tables import events, sessions, steer_keys, steers, tags
+from .._sql.tables import events, queue, sessions, steer_keys, steers, tags
 
 _DIALECT = mysql.dialect()
 SCHEMA: list[str] = ddl(_DIALECT)
@@ -64,8 +64,16 @@ MIGRATIONS: dict[int, list[str]] = {
         # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table, nothing rewritten.
         *ddl(_DIALECT, (steer_keys,)),
     ],
+    # -- schema 4 -> 5: the queue (issue 26: a message that arrives while the session is busy) ---------------
+    5: [
+        # agent_queue, the messages Runner.turn(if_busy="queue") leaves for a busy session; a new table,
+        # nothing rewritten, so runs may go on. (Self-contained: other schema-5 changes go in their own block.)
+        *ddl(_DIALECT, (queue,)),
+    ],
+    # -- end of schema 5's queue --------------------------------------------------------------------------
 }
-"""Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[4]``, in
+"""Upgrades, by the schema version each brings a database to: ``MIGRATIONS[5]`` on a database of schema 4 (it
+has no table agent_queue); before it, run each statement of ``MIGRATIONS[4]``, in
 order, on a database of schema 3 (it has no table agent_steer_keys); ``MIGRATIONS[3]`` and then ``[4]`` on one
 of schema 2 (before the session lifecycle: agent_sessions has no column ``updated``); on one created by
 agent-sessions 0.1 (schema 1: it has the table agent_runs), ``MIGRATIONS[2]``, ``[3]`` and ``[4]``. MySQL
@@ -108,6 +116,11 @@ class Store(SQLStore):
     # INSERT IGNORE, not ON DUPLICATE KEY UPDATE: PyMySQL counts found rows, so an update that changes
     # nothing would count 1 as an insert does; an ignored row counts 0.
     add_steer_key = mysql.insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).prefix_with("IGNORE")
+
+    add_queued = (
+        mysql.insert(queue).values(session_id=sql.SID, turn_key=sql.QUEUE_KEY, text=sql.QUEUE_TEXT)
+        .prefix_with("IGNORE")
+    )
 
     def insert_session(self, session: str) -> Any:
         return mysql.insert(sessions).values(session_id=session).prefix_with("IGNORE")

@@ -29,7 +29,7 @@ from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
 from .._sql.clock import db_micros, db_now
-from .._sql.tables import events, sessions, steer_keys, tags
+from .._sql.tables import events, queue, sessions, steer_keys, tags
 from .listener import CANCEL_CHANNEL, CHANNEL, NOT_LISTENING, Listener, NotListening, Watch
 
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -72,13 +72,22 @@ MIGRATIONS: dict[int, list[str]] = {
         # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table, nothing rewritten.
         *ddl(_DIALECT, (steer_keys,)),
     ],
+    # -- schema 4 -> 5: the queue (issue 26: a message that arrives while the session is busy) ---------------
+    5: [
+        # agent_queue, the messages Runner.turn(if_busy="queue") leaves for a busy session; a new table,
+        # nothing rewritten, so runs may go on. (Self-contained: other schema-5 changes go in their own block.)
+        *ddl(_DIALECT, (queue,)),
+    ],
+    # -- end of schema 5's queue --------------------------------------------------------------------------
 }
 """Upgrades, by the schema version each brings a database to, each run in order and in one transaction:
 ``MIGRATIONS[4]`` on a database of schema 3 (it has no table agent_steer_keys); ``MIGRATIONS[3]`` and then
 ``MIGRATIONS[4]`` on one of schema 2 (before the session lifecycle: agent_sessions has no column
 ``updated``); on one created by agent-sessions 0.1 (schema 1: it has the table agent_runs),
 ``MIGRATIONS[2]``, ``[3]`` and ``[4]``. ``MIGRATIONS[2]`` and ``[3]`` take an ACCESS EXCLUSIVE lock on
-agent_sessions while they rewrite it; ``MIGRATIONS[4]`` only creates a table, beside runs in flight."""
+agent_sessions while they rewrite it; ``MIGRATIONS[4]`` only creates a table, beside runs in flight. Each
+version's list is followed by the next ones': ``MIGRATIONS[5]`` on a database of schema 4 (it has no table
+agent_queue), after ``[4]`` on older ones; it only creates a table too."""
 
 MAX_RIDING = 16
 """Events a save's one statement carries (``save_fenced_events``); a step with more appends them in a
@@ -220,6 +229,11 @@ class Store(SQLStore):
 
     add_steer_key = (
         postgresql.insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).on_conflict_do_nothing()
+    )
+
+    add_queued = (
+        postgresql.insert(queue).values(session_id=sql.SID, turn_key=sql.QUEUE_KEY, text=sql.QUEUE_TEXT)
+        .on_conflict_do_nothing()
     )
 
     def insert_session(self, session: str) -> Any:

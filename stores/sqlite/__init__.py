@@ -31,7 +31,7 @@ from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.driver import instrumented
-from .._sql.tables import SCHEMA_VERSION, ddl, sessions, steer_keys
+from .._sql.tables import SCHEMA_VERSION, ddl, queue, sessions, steer_keys
 
 BUSY_TIMEOUT_MS = 30_000
 _ADD_MESSAGES = "INSERT INTO agent_messages (session_id, seq, body) VALUES (?, ?, ?)"
@@ -82,6 +82,13 @@ MIGRATIONS: dict[int, list[str]] = {
         # schema 3 -> 4: the keys of steers sent with one (Session.steer(key=)); a new table.
         *ddl(sqlite_dialect(), (steer_keys,)),
     ],
+    # -- schema 4 -> 5: the queue (issue 26: a message that arrives while the session is busy) ---------------
+    5: [
+        # agent_queue, the messages Runner.turn(if_busy="queue") leaves for a busy session; a new table,
+        # nothing rewritten, so runs may go on. (Self-contained: other schema-5 changes go in their own block.)
+        *ddl(sqlite_dialect(), (queue,)),
+    ],
+    # -- end of schema 5's queue --------------------------------------------------------------------------
 }
 """What ``open`` runs, in one transaction, on a file of an older schema (the file's ``PRAGMA user_version``
 says which; a file of agent-sessions 0.1 has 0 and the table agent_sessions)."""
@@ -101,6 +108,11 @@ class Store(SQLStore):
 
     add_steer_key = (
         sqlite_insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).on_conflict_do_nothing()
+    )
+
+    add_queued = (
+        sqlite_insert(queue).values(session_id=sql.SID, turn_key=sql.QUEUE_KEY, text=sql.QUEUE_TEXT)
+        .on_conflict_do_nothing()
     )
 
     def insert_session(self, session: str) -> Any:
