@@ -32,6 +32,7 @@ from .lifecycle import LifecycleContract
 from .meeting import CancelMeetsContract, MeetingContract
 from .model import ModelContract
 from .runs import RunStoreContract
+from .queue import QueueContract
 from .steer_keys import SteerKeyContract
 from .strategies import VERBATIM_ARGUMENTS
 
@@ -66,7 +67,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract):
+                    ModelContract, SteerKeyContract, QueueContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

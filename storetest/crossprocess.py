@@ -132,6 +132,50 @@ def keyed_steer_across_processes(
     return answers
 
 
+def _enqueuer(factory: Callable[[], Any], sid: str, i: int, n: int, barrier: Any, out: Any) -> None:
+    try:
+        store = factory()
+        barrier.wait(300)
+        positions = []
+        for j in range(n):
+            key = f"q{i}-{j:04d}"
+            positions.append(store.enqueue(sid, key, f"message {key}"))
+            positions.append(store.enqueue(sid, "shared", "one message, sent by everyone"))
+        out.put(("sent", i, [str(p) for p in positions]))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("error", i, [traceback.format_exc()]))
+        barrier.abort()
+
+
+def enqueue_across_processes(
+    factory: Callable[[], Any], sid: str, *, processes: int, per_process: int, timeout: float = 180
+) -> list[list[int]]:
+    """``processes`` spawned processes queue ``per_process`` messages each on ``sid`` at once (process i's
+    j-th under the key f"q{i}-{j:04d}"), each also sending the key "shared" after every one of its own;
+    the positions each was answered, per process, in the order it sent."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_enqueuer, args=(factory, sid, i, per_process, barrier, out))
+             for i in range(processes)]
+    for p in procs:
+        p.start()
+    answers: dict[int, list[int]] = {}
+    try:
+        for _ in range(processes):
+            kind, i, detail = out.get(timeout=timeout)
+            assert kind == "sent", detail[0]
+            answers[i] = [int(p) for p in detail]
+    except queue.Empty:
+        raise AssertionError(f"processes did not report within {timeout} s{_failures(out, procs)}") from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return [answers[i] for i in range(processes)]
+
+
 def _failures(out: Any, procs: list[Any]) -> str:
     """Why processes never reached the barrier: the errors they reported and how the others ended."""
     errors: list[str] = []

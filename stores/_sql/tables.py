@@ -202,7 +202,8 @@ def _inline_indexes(create: str, table: Table, dialect: Dialect) -> str:
     """``create`` with ``INDEX name (columns)`` entries added after its last column or key."""
     quote = dialect.identifier_preparer.quote
     entries = [
-        f"INDEX {quote(str(index.name))} ({', '.join(quote(c.name) for c in index.columns)})"
+        f"{'UNIQUE ' if index.unique else ''}INDEX {quote(str(index.name))} "
+        f"({', '.join(quote(c.name) for c in index.columns)})"
         for index in sorted(table.indexes, key=lambda i: str(i.name))
     ]
     if not entries:
