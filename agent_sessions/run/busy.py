@@ -40,7 +40,7 @@ from ..endpoints import Endpoint
 from ..errors import ArgumentError, SessionBusy, StillQueued, TranscriptDeleted
 from ..events import Events
 from ..lease import Lease
-from ..messages import Message
+from ..messages import Message, Role
 from ..result import Result
 from ..spec import Spec
 from . import turns
@@ -173,7 +173,9 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
     queue = store if isinstance(store, QueueStore) else None
     if store.holder(session.id) is None and not (queue is not None and queue.queued(session.id)):
         return turns.turn(run, spec, text, key, endpoint, events)  # not busy: a turn of its own
-    keys.add_steer_once(session.id, text, key)
+    since = len(session.messages())
+    if not keys.add_steer_once(session.id, text, key):
+        since = 0  # sent before (a redelivery): it may have been taken any time since
     started = time.monotonic()
     deadline = started + spec.lease_wait
     log.info("session %r is busy; turn %r left as a steer for its run; waiting up to %g s for its answer "
@@ -181,7 +183,7 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
     pause = 0.02
     while True:
         stored = session.messages()
-        at = turns.keyed(stored, key)
+        at = _steer_at(stored, text, key, since)
         answer = None if at is None else turns.answered(stored, at)
         if answer is not None:
             log.info("session %r: steered turn %r answered after waiting %.1f s", session.id, key,
@@ -189,7 +191,7 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
             return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
                           unapplied_steers=[], usage={})
         if store.holder(session.id) is None:
-            result = _run_steered(run, spec, session, key, endpoint, events)
+            result = _run_steered(run, spec, session, text, key, since, endpoint, events)
             if result is not None:
                 log.info("session %r: steered turn %r answered by this caller after waiting %.1f s", session.id,
                          key, time.monotonic() - started)
@@ -207,8 +209,21 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
         pause = min(pause * 2, POLL_MAX)
 
 
-def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
-                 events: Events | None) -> Result | None:
+def _steer_at(msgs: list[Message], text: str, key: str, since: int) -> int | None:
+    """Where the transcript holds the steered message: a message with its key (it came as a turn of its own),
+    or else the first user message from ``since`` on with its text and no key (a steer taken into a run
+    carries no key: ``RunStore.save_fenced`` appends its text)."""
+    at = turns.keyed(msgs, key)
+    if at is not None:
+        return at
+    for i in range(since, len(msgs)):
+        if msgs[i].role is Role.USER and not msgs[i].key and msgs[i].text == text:
+            return i
+    return None
+
+
+def _run_steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str, since: int,
+                 endpoint: Endpoint, events: Events | None) -> Result | None:
     """The lease is free while the steer waits (it came after the holder's last request, or the holder died):
     take it and run the session, which takes the steers into its first request. ``None``: someone else took
     the lease first, or answered the steer meanwhile (the caller looks again)."""
@@ -220,17 +235,19 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
         return None
     try:
         stored = session.messages()
-        at = turns.keyed(stored, key)
-        if at is not None:
-            planned = turns.plan(session, spec, stored, stored[at], at)
+        at = _steer_at(stored, text, key, since)
+        if at is not None and stored[at].key == key:
+            planned = turns.plan(session, spec, stored, stored[at], at)  # it came as a turn (not busy after all)
             if isinstance(planned, Result):
                 return planned if planned.stop_reason != "superseded" else None
             budget, todo = planned
             return run(budget, todo, endpoint, events, True, lease)
-        if isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
+        if at is None and isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
             raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
+        if at is not None and turns.answered(stored, at) is not None:
+            return None  # answered meanwhile: the caller reads it
         result = run(spec, stored, endpoint, events, False, lease)
-        at = turns.keyed(result.messages, key)
+        at = _steer_at(result.messages, text, key, since)
         return result if at is not None and turns.answered(result.messages, at) is not None else None
     finally:
         if not lease.closed:
