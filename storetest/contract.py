@@ -31,8 +31,8 @@ from .identity import IdentityContract
 from .lifecycle import LifecycleContract
 from .meeting import CancelMeetsContract, MeetingContract
 from .model import ModelContract
-from .runs import RunStoreContract
 from .queue import QueueContract
+from .runs import RunStoreContract
 from .steer_keys import SteerKeyContract
 from .strategies import VERBATIM_ARGUMENTS
 

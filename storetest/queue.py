@@ -12,7 +12,7 @@ import uuid
 from typing import Any, Protocol, runtime_checkable
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_sessions import ArgumentError, Holder, LeaseLost, LifecycleStore, Message, QueueStore, SessionBusy
@@ -51,7 +51,7 @@ class QueueContract:
     def factory(self) -> Any:
         raise NotImplementedError
 
-    def hypothesis(self, **overrides: Any) -> Any:
+    def hypothesis(self, **overrides: Any) -> settings:
         raise NotImplementedError
 
     def queue_store(self) -> QueueStore:
