@@ -184,3 +184,16 @@ def test_an_idle_session_takes_every_policy_as_a_plain_turn() -> None:
     assert [m.key for m in store.messages("chat")] == ["k0", "", "k1", "", "k2", "", "k3", ""]
     with pytest.raises(agent.ArgumentError, match="if_busy"):
         agent.Runner().turn(spec, "q", "k9", Answer("never"), if_busy="later")  # type: ignore[arg-type]
+
+
+def test_a_queued_message_waits_for_a_turn_that_waits_for_approval() -> None:
+    """Taking the next message would drop the waiting reply and its decisions, as a new turn would: the turn
+    raises AwaitingApproval and the message stays queued, to be answered once the turn goes on."""
+    from tests.test_review_approvals import Model, _waiting
+
+    store = memory.Store()
+    spec, _ = _waiting(store, "chat")
+    journal = store.journal("chat")
+    with pytest.raises(agent.AwaitingApproval):
+        agent.Runner().turn(spec, "and one more thing", "k", Model())
+    assert store.journal("chat") == journal and store.queued("chat") == ["k"]

@@ -37,8 +37,9 @@ from typing import Literal, Protocol, get_args
 
 from ..contract import LifecycleStore, QueueStore, RunSession, SteerKeyStore
 from ..endpoints import Endpoint
-from ..errors import ArgumentError, SessionBusy, StillQueued, TranscriptDeleted
+from ..errors import ArgumentError, AwaitingApproval, SessionBusy, StillQueued, TranscriptDeleted
 from ..events import Events
+from ..journal import Journal
 from ..lease import Lease
 from ..messages import Message, Role
 from ..result import Result
@@ -144,6 +145,7 @@ def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueSt
         queue.take_queued(session.id, lease.holder, append=False)  # delivered another way already
         log.info("session %r: dropped queued turn %r, which the transcript holds already", session.id, waiting[0])
         waiting = queue.queued(session.id)
+    _no_approvals_waiting(session, queue)
     head = queue.take_queued(session.id, lease.holder)
     if head is None:
         # Neither in the transcript nor queued: the session was deleted (its queue with it) after enqueue.
@@ -153,6 +155,19 @@ def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueSt
              "" if mine else f" before turn {key!r}")
     result = run(spec, [*stored, head], endpoint, events if mine else None, False, lease)
     return result if mine else None
+
+
+def _no_approvals_waiting(session: RunSession, queue: QueueStore) -> None:
+    """The turn in the transcript waits for decisions on its tool calls: taking the next message now would
+    drop the waiting reply and its decisions, as a new turn would (``persistence.Leased.resume``). Raise
+    ``AwaitingApproval``, taking nothing: the queued messages wait for the turn to go on."""
+    text = queue.journal(session.id)
+    if text is None:
+        return
+    journal = Journal.from_json(text, f"session {session.id!r}")
+    if journal.approvals:
+        raise AwaitingApproval(session.id, [c for c, a in journal.approvals.items() if a.decision is None]
+                               or list(journal.approvals))
 
 
 def _still_queued(session: RunSession, queue: QueueStore, key: str, spec: Spec, busy: SessionBusy) -> StillQueued:
