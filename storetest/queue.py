@@ -9,10 +9,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_sessions import ArgumentError, Holder, LeaseLost, LifecycleStore, Message, QueueStore, SessionBusy
@@ -20,6 +20,7 @@ from agent_sessions import ArgumentError, Holder, LeaseLost, LifecycleStore, Mes
 from . import strategies
 from .capabilities import Capability
 from .crossprocess import enqueue_across_processes
+from .mixin import ContractMixin
 from .steer_keys import KEYS
 
 
@@ -36,30 +37,11 @@ def _claimant() -> Holder:
     return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
 
 
-class QueueContract:
+class QueueContract(ContractMixin):
     """Mixed into StoreContract; ``make_store``, ``requires``, ``factory`` and ``hypothesis`` come from there."""
 
-    examples: int
-    concurrency: int
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def factory(self) -> Any:
-        raise NotImplementedError
-
-    def hypothesis(self, **overrides: Any) -> settings:
-        raise NotImplementedError
-
     def queue_store(self) -> QueueStore:
-        self.requires(Capability.QUEUE)
-        store = self.make_store()
-        if not isinstance(store, QueueStore):
-            pytest.fail(f"the store declares Capability.QUEUE, but {type(store).__name__} does not implement "
-                        "agent_sessions.QueueStore (enqueue, queued, take_queued)")
+        store: QueueStore = self.capable_store(Capability.QUEUE, QueueStore, "enqueue, queued, take_queued")
         return store
 
     def queue_lifecycle(self) -> QueueLifecycle:
