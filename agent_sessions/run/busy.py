@@ -145,7 +145,8 @@ def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueSt
         queue.take_queued(session.id, lease.holder, append=False)  # delivered another way already
         log.info("session %r: dropped queued turn %r, which the transcript holds already", session.id, waiting[0])
         waiting = queue.queued(session.id)
-    _no_approvals_waiting(session, queue)
+    if stored and not _answered_last(stored):
+        _no_approvals_waiting(session, queue)
     head = queue.take_queued(session.id, lease.holder)
     if head is None:
         # Neither in the transcript nor queued: the session was deleted (its queue with it) after enqueue.
@@ -155,6 +156,12 @@ def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueSt
              "" if mine else f" before turn {key!r}")
     result = run(spec, [*stored, head], endpoint, events if mine else None, False, lease)
     return result if mine else None
+
+
+def _answered_last(stored: list[Message]) -> bool:
+    """Does the transcript end with an answer (a reply without tool calls)? Then no reply of its turn waits
+    in the journal: a save that writes drops it, and the answer was saved."""
+    return stored[-1].role is Role.ASSISTANT and not stored[-1].tool_calls
 
 
 def _no_approvals_waiting(session: RunSession, queue: QueueStore) -> None:
