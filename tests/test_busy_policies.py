@@ -173,7 +173,10 @@ def test_a_steer_left_after_the_last_request_is_answered_by_its_caller() -> None
     assert [m.text for m in store.messages("chat")] == ["a", "first", "one more thing", "covers the steer"]
 
 
-def test_an_idle_session_takes_every_policy_as_a_plain_turn() -> None:
+def test_an_idle_session_answers_every_policy_at_once() -> None:
+    """Nobody holds the session: each policy's message is answered by its own caller, and a repeat returns
+    that answer. A steer is still stored as one (its key is how a repeat finds it): unkeyed in the
+    transcript."""
     store = memory.Store()
     spec = agent.Spec(session=agent.open("chat", store))
     for i, policy in enumerate(("queue", "steer", "reject", "interrupt")):
@@ -181,7 +184,8 @@ def test_an_idle_session_takes_every_policy_as_a_plain_turn() -> None:
         assert (result.text, result.steps) == (f"a{i}", 1)
         again = agent.Runner().turn(spec, f"q{i}", f"k{i}", Answer("never"), if_busy=policy)  # type: ignore[arg-type]
         assert (again.text, again.steps) == (f"a{i}", 0)
-    assert [m.key for m in store.messages("chat")] == ["k0", "", "k1", "", "k2", "", "k3", ""]
+    assert [(m.key, m.text) for m in store.messages("chat")] == [
+        ("k0", "q0"), ("", "a0"), ("", "q1"), ("", "a1"), ("k2", "q2"), ("", "a2"), ("k3", "q3"), ("", "a3")]
     with pytest.raises(agent.ArgumentError, match="if_busy"):
         agent.Runner().turn(spec, "q", "k9", Answer("never"), if_busy="later")  # type: ignore[arg-type]
 
@@ -197,3 +201,20 @@ def test_a_queued_message_waits_for_a_turn_that_waits_for_approval() -> None:
     with pytest.raises(agent.AwaitingApproval):
         agent.Runner().turn(spec, "and one more thing", "k", Model())
     assert store.journal("chat") == journal and store.queued("chat") == ["k"]
+
+
+def test_a_steer_that_waits_too_long_is_stored_and_its_answer_returned_when_sent_again() -> None:
+    store = memory.Store()
+    run, go = _held(store, "chat")
+    spec = agent.Spec(session=agent.open("chat", store), lease_wait=0.2)
+    try:
+        with pytest.raises(agent.StillQueued) as waited:
+            agent.Runner().turn(spec, "check the date too", "k", Answer("never"), if_busy="steer")
+        assert (waited.value.key, waited.value.position) == ("k", 0) and "is stored" in str(waited.value)
+        assert "held by" in str(waited.value) and store.pending_steers("chat") == ["check the date too"]
+    finally:
+        go.set()
+    answer = run.wait(10)  # its next request took the steer
+    again = agent.Runner().turn(spec, "check the date too", "k", Answer("never"), if_busy="steer")
+    assert (again.text, again.steps) == (answer.text, 0)
+    assert [m.text for m in store.messages("chat")].count("check the date too") == 1

@@ -13,7 +13,8 @@ The caller chooses, per call (``if_busy``):
 - ``"steer"``: the message joins the running run as a keyed steer (``add_steer_once``); the run takes it
   before its next model request. The caller waits until the transcript holds the steer followed by an
   answer, and returns that answer, whichever process made it. When the lease is free while the steer still
-  waits (it came after the run's last request), the caller takes the lease and runs the session itself.
+  waits (it came after the run's last request, or nobody was running), the caller takes the lease and runs
+  the session itself. A steer taken into the transcript carries no key: the caller finds it by its text.
 - ``"reject"``: ``SessionBusy`` at once, nothing written.
 - ``"interrupt"``: the running run is cancelled (``RunStore.cancel``: it stops at its next check; a started
   non-idempotent tool is still recorded), and the new turn waits for the lease and runs on the transcript
@@ -192,16 +193,15 @@ def _still_queued(session: RunSession, queue: QueueStore, key: str, spec: Spec, 
 def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStore, text: str, key: str,
              endpoint: Endpoint, events: Events | None) -> Result:
     store = session.store
-    queue = store if isinstance(store, QueueStore) else None
-    if store.holder(session.id) is None and not (queue is not None and queue.queued(session.id)):
-        return turns.turn(run, spec, text, key, endpoint, events)  # not busy: a turn of its own
+    # Stored as a steer even when nobody holds the session: its key is how a repeat finds it (a steer taken
+    # into the transcript carries no key), and with the lease free this caller runs it at once, below.
     since = len(session.messages())
     if not keys.add_steer_once(session.id, text, key):
         since = 0  # sent before (a redelivery): it may have been taken any time since
     started = time.monotonic()
     deadline = started + spec.lease_wait
-    log.info("session %r is busy; turn %r left as a steer for its run; waiting up to %g s for its answer "
-             "(lease_wait)", session.id, key, spec.lease_wait)
+    log.info("session %r: turn %r left as a steer for its run; waiting up to %g s for its answer (lease_wait)",
+             session.id, key, spec.lease_wait)
     pause = 0.02
     while True:
         stored = session.messages()
@@ -222,11 +222,12 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
         if left <= 0:
             log.info("session %r: steered turn %r still waits after %g s (lease_wait)", session.id, key,
                      spec.lease_wait)
+            held = store.holder(session.id)
+            by = "" if held is None else f" (held by {held.describe()})"
             raise StillQueued(
-                f"session {session.id!r} stayed busy for Spec.lease_wait={spec.lease_wait:g} s: the message of turn "
-                f"{key!r} is stored (a keyed steer) and will be answered by the session's next run; "
-                f"Runner.turn(..., key={key!r}, if_busy='steer') called again returns that answer",
-                store.holder(session.id), key, 0)
+                f"session {session.id!r} stayed busy{by} for Spec.lease_wait={spec.lease_wait:g} s: the message of "
+                f"turn {key!r} is stored (a keyed steer) and will be answered by the session's next run; "
+                f"Runner.turn(..., key={key!r}, if_busy='steer') called again returns that answer", held, key, 0)
         time.sleep(min(pause, left))
         pause = min(pause * 2, POLL_MAX)
 
