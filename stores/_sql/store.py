@@ -308,12 +308,11 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
             if head is None:
                 return None
             message = Message.user(str(head[2]), key=_key(head[1]))
+            if append:
+                length = int(self.run(conn, sql.LENGTH, {"sid": session}).scalar())  # type: ignore[call-overload]
+                self.run(conn, sql.APPEND, [{"session_id": session, "seq": length, "body": message.to_json()}])
+                self.run(conn, sql.SET_VERSION, {"sid": session, "version": os.urandom(16).hex()})
             self.run(conn, sql.TAKE_QUEUED, {"qid": head[0]})
-            if not append:
-                return message
-            length = int(self.run(conn, sql.LENGTH, {"sid": session}).scalar())  # type: ignore[call-overload]
-            self.run(conn, sql.APPEND, [{"session_id": session, "seq": length, "body": message.to_json()}])
-            self.run(conn, sql.SET_VERSION, {"sid": session, "version": os.urandom(16).hex()})
             return message
 
         try:
