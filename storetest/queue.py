@@ -38,7 +38,7 @@ def _claimant() -> Holder:
 
 
 class QueueContract(ContractMixin):
-    """Mixed into StoreContract; ``make_store``, ``requires``, ``factory`` and ``hypothesis`` come from there."""
+    """What a ``QueueStore`` keeps (the module's docstring), checked through the store's own methods."""
 
     def queue_store(self) -> QueueStore:
         store: QueueStore = self.capable_store(Capability.QUEUE, QueueStore, "enqueue, queued, take_queued")
