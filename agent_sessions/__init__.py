@@ -14,6 +14,7 @@ from .contract import (
     Session,
     SteerKeyStore,
     Store,
+    TailStore,
 )
 from .endpoints import Endpoint
 from .errors import (
@@ -40,7 +41,7 @@ from .errors import (
     UnknownApproval,
     Unsupported,
 )
-from .messages import Content, ContentType, Message, Role, orphaned_tool_calls
+from .messages import Content, ContentType, Message, Role, Tail, orphaned_tool_calls
 from .result import Result, StopReason
 from .run.runner import Run, Runner
 from .session import StoreSession, open
@@ -98,6 +99,8 @@ __all__ = [
     "StoreSession",
     "StoredEvent",
     "StoresShadowed",
+    "Tail",
+    "TailStore",
     "Tool",
     "ToolError",
     "TranscriptConflict",

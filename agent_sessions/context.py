@@ -16,8 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from .contract import Store, TailStore
 from .errors import ArgumentError, ContextOverflow, EndpointError
-from .messages import Content, ContentType, Message, Role
+from .journal import TAIL
+from .messages import Content, ContentType, Message, Role, Tail, start_of
 from .tools import Tool
 
 log = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ class Window:
             kept = sum(self.estimate(m.to_json()) for m in transcript[start:])
             log.debug("no start of the transcript fits %d tokens (scale %.3f): sending its last %d messages",
                       self.limit, self.scale, len(transcript) - start)
-        return Selection(transcript[start:] if start else transcript, start, fixed + kept)
+        return Selection(transcript[start:] if start else transcript, start_of(transcript) + start, fixed + kept)
 
     def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:
         counted = prompt_tokens(usage)
@@ -192,12 +194,15 @@ class Compaction:
 
     A compaction is an append, saved by the run's fenced write with the steers waiting: no stored message
     is rewritten. It leaves the newest messages, up to ``keep`` of the threshold's tokens, outside the
-    range, and it summarises at most what fits in one request. A summary request that fails leaves the
-    transcript as it was; the run goes on with ``Window``'s choice. docs/runs/context.md has the rest."""
+    range, and it summarises at most what fits in one request. A summary is asked to stay under
+    ``summary`` of ``max_tokens``, and one that does not counts as a failed request (each summary takes
+    the last in, so nothing else would bound it; with the defaults the summary and what is kept stay under
+    the threshold). A summary request that fails leaves the transcript as it was; the run goes on with
+    ``Window``'s choice. docs/runs/context.md has the rest."""
 
-    def __init__(self, max_tokens: int, *, threshold: float = 0.8, keep: float = 0.5,
+    def __init__(self, max_tokens: int, *, threshold: float = 0.8, keep: float = 0.5, summary: float = 0.25,
                  endpoint: Completes | None = None, estimate: Estimate = bytes_over_4) -> None:
-        for name, value in (("threshold", threshold), ("keep", keep)):
+        for name, value in (("threshold", threshold), ("keep", keep), ("summary", summary)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ArgumentError(f"Compaction.{name} must be a fraction in (0, 1], got {value!r}")
         if endpoint is not None and not callable(getattr(endpoint, "complete", None)):
@@ -206,10 +211,12 @@ class Compaction:
         self.max_tokens = max_tokens
         self.threshold = float(threshold)
         self.keep = float(keep)
+        self.summary = float(summary)
         self.endpoint = endpoint
 
     def __repr__(self) -> str:
-        return f"Compaction(max_tokens={self.max_tokens}, threshold={self.threshold}, keep={self.keep})"
+        return (f"Compaction(max_tokens={self.max_tokens}, threshold={self.threshold}, keep={self.keep}, "
+                f"summary={self.summary})")
 
     def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool]) -> Selection:
         view, where = _view(transcript)
@@ -219,7 +226,7 @@ class Compaction:
         rest = view[1:]
         reserve = self.window.estimate(record.to_json())
         chosen = self.window.choose(system, rest, tools, reserve)  # the summary is always sent
-        return Selection([record, *chosen.messages], where[0], chosen.tokens)
+        return Selection([record, *chosen.messages], start_of(transcript) + where[0], chosen.tokens)
 
     def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:
         self.window.observe(sent, usage)
@@ -259,31 +266,40 @@ class Compaction:
         if end is None:
             return None  # no start after the last summary: nothing to summarise yet
         # ...and at most what one summary request can carry
-        budget = allowed / window.scale - estimate(SUMMARY_SYSTEM) - estimate(SUMMARY_ASK) - fixed
+        cap = self.summary * window.limit  # the summary's tokens, as the provider counts them
+        ask = f"{SUMMARY_ASK} Keep it under {max(1, int(cap / window.scale * 0.75))} words."
+        budget = allowed / window.scale - estimate(SUMMARY_SYSTEM) - estimate(ask) - fixed
         total, fits = 0, None
         for i in range(0, end + 1):
             if i > summarised and _starts(view[i]) and total <= budget:
                 fits = i
             total += costs[i] if i < end else 0
         end = min(end, fits) if fits is not None else end
-        asked = [*view[:end], Message.user(SUMMARY_ASK)]
+        asked = [*view[:end], Message.user(ask)]
         reply = (self.endpoint or endpoint).complete(SUMMARY_SYSTEM, asked, tools)
         if not reply.text.strip():
             raise EndpointError("the summary request was answered with no text (a tool call, or nothing)")
-        log.info("compaction: messages [%d, %d) summarised in %d characters", base, where[end], len(reply.text))
-        return Message(Role.USER, [Content.compaction(reply.text, base, where[end])])
+        size = window.scaled(estimate(reply.text))
+        if size > cap:
+            raise EndpointError(f"the summary came back {size:.0f} tokens long, over its cap of {cap:.0f} "
+                                f"(Compaction(summary={self.summary}) of {window.limit} tokens)")
+        offset = start_of(transcript)  # a Tail's indexes are the stored transcript's from its start on
+        base, stop = offset + base, offset + where[end]
+        log.info("compaction: messages [%d, %d) summarised in %d characters", base, stop, len(reply.text))
+        return Message(Role.USER, [Content.compaction(reply.text, base, stop)])
 
 
 def _view(transcript: Sequence[Message]) -> tuple[Sequence[Message], Sequence[int]]:
     """What a request may send of ``transcript``: its newest compaction record, then the messages after
-    its range that are not records themselves; and the transcript index of each of them (the record's
-    own: its position). Without a record, the transcript itself."""
+    its range that are not records themselves; and the index in ``transcript`` of each of them (the
+    record's own: its position). Without a record, the transcript itself. (A ``Tail`` read from the
+    record's range on holds all of these: its indexes are the stored ones less its ``start``.)"""
     for r in range(len(transcript) - 1, -1, -1):
         if is_record(transcript[r]):
             break
     else:
         return transcript, range(len(transcript))
-    end = transcript[r].content[0].end
+    end = max(transcript[r].content[0].end - start_of(transcript), 0)
     where = [r, *(i for i in range(end, len(transcript)) if not is_record(transcript[i]))]
     return [transcript[i] for i in where], where
 
@@ -334,3 +350,51 @@ def policy_of(context: ContextPolicy | None, context_window: int | None) -> Cont
         raise ArgumentError(f"Spec.context must be a context policy (Window, or an object with select, observe "
                             f"and overflowed), got {type(context).__name__}")
     return context
+
+
+FIRST_PAGE = 256
+"""Messages the first page of ``read_recent`` reads from the end; each further page reads four times the last."""
+
+
+def read_recent(store: Store, session: str) -> list[Message]:
+    """What a run needs of a session's stored transcript to go on with it under ``Compaction``: the
+    messages from the newest compaction record's range on (the record among them), and the journal's
+    ``TAIL`` before them (a reply's fingerprint covers those), never starting at a tool result; as a
+    ``Tail`` whose ``start`` is the index of the first. Read from the end, a page at a time, until the
+    newest record is found, so resuming a long compacted session reads about what its requests send,
+    however long it is. A session with no record is read whole (``start`` 0), and so is one of a store
+    that cannot read from the end (not a ``TailStore``: ``messages``, a plain list).
+
+    The pages are separate reads: a transcript rewritten between them (a plain ``save``) may read as
+    neither version, which the run's first save then refuses (it compares the stored messages from
+    ``start`` on with what it was given: ``TranscriptConflict``), as it refuses a read that is stale."""
+    if not isinstance(store, TailStore):
+        return store.messages(session)
+    first, msgs = store.read_back(session, None, FIRST_PAGE)
+    scanned, count = len(msgs), FIRST_PAGE
+    want: int | None = None  # where the Tail starts, once the newest record is found
+    while True:
+        if want is None:
+            for i in range(scanned - 1, -1, -1):
+                if is_record(msgs[i]):
+                    want = max(msgs[i].content[0].end - TAIL, 0)
+                    break
+        if want is not None:
+            while first <= want and want > 0 and _has_result(msgs[want - first]):
+                want -= 1  # a result is read with its call
+            if first <= want:
+                return Tail(msgs[want - first:], want)
+            need = first - want
+        elif first == 0:
+            return Tail(msgs, 0)
+        else:
+            count *= 4
+            need = count
+        before, more = store.read_back(session, first, need)
+        if not more:  # shortened meanwhile: the run's first save will say so
+            return Tail(msgs, first)
+        first, msgs, scanned = before, [*more, *msgs], len(more)
+
+
+def _has_result(message: Message) -> bool:
+    return any(c.type is ContentType.TOOL_RESULT for c in message.content)

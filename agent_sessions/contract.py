@@ -60,6 +60,7 @@ __all__ = [
     "SteerKeyStore",
     "Store",
     "StoredEvent",
+    "TailStore",
     "is_run_session",
     "when",
 ]
@@ -195,6 +196,34 @@ class QueueStore(RunStore, Protocol):
         that writes does, drops the journal; return it, or ``None`` (nothing written) when none waits. With
         ``append=False`` the message is only taken off the queue (its key is in the transcript already: it
         was delivered another way), and the transcript and journal are left as they are."""
+
+
+# -- reading the end of a long transcript ----------------------------------------------------------------------
+
+
+@runtime_checkable
+class TailStore(RunStore, Protocol):
+    """A RunStore that reads a transcript from its end, and lets a run that read only its end save: how a
+    run resumes a long, compacted session reading about what follows its newest compaction record
+    (``context.read_recent``), not the whole of it (docs/runs/context.md).
+
+    Its ``save_fenced`` (and, on an EventStore, ``save_fenced_events``) take a keyword ``start: int = 0``:
+    ``msgs`` are then the transcript from index ``start`` on. The stored transcript must hold at least
+    ``start`` messages, and its messages from ``start`` on must be a prefix of ``msgs``
+    (``TranscriptConflict`` otherwise, naming both lengths counted from 0); the new ones are appended
+    after them. The messages before ``start`` are neither read nor written, and ``replace`` is refused
+    with a ``start``. A save with nothing new still reads only from ``start``."""
+
+    def read_back(self, session: str, stop: int | None, count: int) -> tuple[int, list[Message]]:
+        """The messages of the transcript before index ``stop`` (``None``: its end), at most ``count`` of
+        them, the last ones; and the index of the first of them (``(0, [])`` when there are none). Reads
+        only those, by the messages' index: one page of a read from the end."""
+
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        start: int = 0,
+    ) -> Saved:
+        """``RunStore.save_fenced``, of the transcript from index ``start`` on (above)."""
 
 
 # -- cancels pushed to the holder ------------------------------------------------------------------------------

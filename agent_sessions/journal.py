@@ -75,8 +75,10 @@ class Journal:
     approvals: dict[str, Approval] = field(default_factory=dict)
     """Calls waiting for (or given) a person's decision, by call id (see agent_sessions.approvals)."""
 
-    def answers(self, transcript: Sequence[Message]) -> bool:
-        return len(transcript) == self.at and fingerprint(transcript) == self.digest
+    def answers(self, transcript: Sequence[Message], start: int = 0) -> bool:
+        """Does the reply answer ``transcript`` (the stored one from index ``start`` on: it must hold the
+        ``TAIL`` messages before the reply)?"""
+        return start + len(transcript) == self.at and fingerprint(transcript) == self.digest
 
     def to_json(self) -> str:
         data: dict[str, Any] = {

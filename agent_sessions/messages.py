@@ -441,6 +441,32 @@ def incarnations_read(msgs: Iterable[Message], session: str) -> set[object]:
     return {o[1] for m in msgs if (o := m._origin) is not None and o[0] == session}
 
 
+class Tail(list[Message]):
+    """The end of a stored transcript: its messages from index ``start`` on, read without those before
+    (``session.messages(recent=True)``: from the newest compaction record's range on). A run given one
+    goes on from there: its indexes (a steer's, a journal's, a record's range) stay those of the stored
+    transcript, and its saves append after the stored messages it was not given (docs/runs/context.md)."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, msgs: Iterable[Message] = (), start: int = 0) -> None:
+        super().__init__(msgs)
+        self.start = start
+
+    def __repr__(self) -> str:
+        return f"Tail(start={self.start}, {super().__repr__()})"
+
+    def __add__(self, other: Iterable[Message]) -> Tail:  # type: ignore[override]
+        """``tail + [message]`` is a Tail still (unpacking, ``[*tail, message]``, makes a plain list: the
+        whole transcript, which a save then finds does not extend the stored one)."""
+        return Tail([*self, *other], self.start)
+
+
+def start_of(msgs: Sequence[Message]) -> int:
+    """The index in the stored transcript of ``msgs[0]``: a ``Tail``'s ``start``, else 0."""
+    return msgs.start if isinstance(msgs, Tail) else 0
+
+
 def unanswered(transcript: Sequence[Message]) -> bool:
     """Does the transcript end with tool calls that have no results yet?"""
     return bool(transcript) and transcript[-1].role is Role.ASSISTANT and bool(transcript[-1].tool_calls)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-from . import approvals, eventlog, lifecycle, validate
+from . import approvals, context, eventlog, lifecycle, validate
 from .contract import ApprovalStore, EventStore, LifecycleStore, RunStore, SteerKeyStore, Store
 from .errors import ArgumentError, Unsupported
 from .messages import Message
@@ -28,9 +28,19 @@ class StoreSession:
     def save(self, msgs: Sequence[Message]) -> None:
         self.store.save(self.id, msgs)
 
-    def messages(self, last: int | None = None) -> list[Message]:
+    def messages(self, last: int | None = None, *, recent: bool = False) -> list[Message]:
         """The stored transcript; with ``last``, only its last ``last`` messages, which a store offering
-        the lifecycle protocol reads without loading the rest (a UI showing a long conversation)."""
+        the lifecycle protocol reads without loading the rest (a UI showing a long conversation).
+
+        With ``recent=True``, what a run under ``Compaction`` needs to go on with the session: the messages
+        from its newest compaction record's range on, as an ``agent.Tail`` whose ``start`` is the index of
+        the first, read from the end without the rest (``context.read_recent``; the whole transcript when
+        it has no record, or the store is not a ``TailStore``). Append the new message and run it as any
+        transcript: resuming a long session then costs about what its requests send."""
+        if recent:
+            if last is not None:
+                raise ArgumentError("Session.messages() takes last= or recent=True, not both")
+            return context.read_recent(self.store, self.id)
         if last is None:
             return self.store.messages(self.id)
         last = lifecycle.last_count(last)

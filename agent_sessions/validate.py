@@ -186,3 +186,21 @@ def fork_index(at: object, length: int, source: str) -> None:
             f"cannot fork session {source!r} at {at!r}: its transcript has {length} messages, so at must be "
             f"None or an int from 0 to {length}"
         )
+
+
+def read_back(stop: object, count: object) -> None:
+    """The arguments of ``TailStore.read_back``, checked before any query."""
+    if stop is not None and (isinstance(stop, bool) or not isinstance(stop, int) or stop < 0):
+        raise ArgumentError(f"read_back(stop=) must be None or an int >= 0, got {stop!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ArgumentError(f"read_back(count=) must be an int >= 1, got {count!r}")
+
+
+def save_start(start: object, replace: bool) -> int:
+    """A ``TailStore`` save's ``start`` (the index of its first message), checked: a replacing save writes
+    the whole transcript, so it has none."""
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ArgumentError(f"save_fenced(start=) must be an int >= 0, got {start!r}")
+    if start and replace:
+        raise ArgumentError("save_fenced(replace=True) replaces the whole transcript: it takes no start")
+    return start

@@ -4,6 +4,9 @@
                     [--steer-procs 4] [--json bench/results/latest.json]
     python -m bench --only reading [--stores sqlite,postgres,mysql,mongodb] [--lifecycle-stores sqlite,postgres]
 
+``--only context`` runs the long-conversation rows alone (bench/context.py: a resume's read and turn at
+100,000 stored messages with compaction beside 1,000), into bench/results/context.json.
+
 ``--only reading`` runs the reading and managing rows alone (bench/reading.py: transcripts, tails, listing
 and prune at 100,000 sessions), into bench/results/reading.json unless ``--json`` says otherwise.
 
@@ -23,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import backends, encode, events, ours, peers, reading, steers
+from . import backends, context, encode, events, ours, peers, reading, steers
 from .floors import floor_for
 from .workload import SIZES
 
@@ -70,6 +73,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 report["peers"][peer.label] = {n: peer.measure(tmp, floors[peer.backend], n, rounds) for n in SIZES}
         report["reading"] = _reading(args, names, tmp)
         report["events"] = events.run([n for n in names if n != "mysql-noreset"], tmp, args.rounds)
+        report["context"] = context.run([n for n in names if n not in ("memory", "mysql-noreset")], tmp,
+                                        args.context_rounds)
     return report
 
 
@@ -126,6 +131,8 @@ def tables(report: dict[str, Any]) -> str:
         lines += ["", reading.tables(report["reading"])]
     if report.get("events"):
         lines += ["", events.tables(report["events"])]
+    if report.get("context"):
+        lines += ["", context.tables(report["context"])]
     if not report["peers_installed"]:
         lines += ["", "(peers not installed here: run scripts/bench, which builds their environment)"]
     return "\n".join(lines)
@@ -138,12 +145,13 @@ def main() -> None:
     parser.add_argument("--peer-rounds", type=int, default=60, help="rounds for the slow peers (LangGraph)")
     parser.add_argument("--steer-procs", type=int, default=4, help="adding processes (as many take)")
     parser.add_argument("--steers-per-proc", type=int, default=250)
-    parser.add_argument("--only", choices=["all", "reading", "events"], default="all",
+    parser.add_argument("--only", choices=["all", "reading", "events", "context"], default="all",
                         help="reading: only the reading and managing rows (bench/reading.py); events: only the "
                              "event log's rows (bench/events.py)")
     parser.add_argument("--lifecycle-stores", default="sqlite,postgres",
                         help="stores of the listing and prune rows (100,000 sessions each)")
     parser.add_argument("--reading-rounds", type=int, default=50)
+    parser.add_argument("--context-rounds", type=int, default=40, help="rounds of the long-conversation rows")
     parser.add_argument("--prune-batch", type=int, default=500, help="limit= of each call in the per-batch prune")
     parser.add_argument("--json", default=None, help="default: bench/results/latest.json (reading.json with "
                         "--only reading)")
@@ -155,6 +163,12 @@ def main() -> None:
             report = {"machine": machine(), "reading": _reading(args, names, tmp)}
         text = reading.tables(report["reading"])
         args.json = args.json or str(results / "reading.json")
+    elif args.only == "context":
+        with tempfile.TemporaryDirectory() as tmp:
+            names = [s for s in args.stores.split(",") if s and s not in ("memory", "mysql-noreset")]
+            report = {"machine": machine(), "context": context.run(names, tmp, args.context_rounds)}
+        text = context.tables(report["context"])
+        args.json = args.json or str(results / "context.json")
     elif args.only == "events":
         with tempfile.TemporaryDirectory() as tmp:
             names = [s for s in args.stores.split(",") if s and s != "mysql-noreset"]

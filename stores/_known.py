@@ -20,39 +20,54 @@ twice that). A transcript larger than this alone is not remembered: each of its 
 
 class Known:
     """An LRU of session -> (version, transcript), bounded by sessions and by bytes, so a long-lived
-    worker that sees many long transcripts does not grow."""
+    worker that sees many long transcripts does not grow. A transcript may be known from an index on
+    (``start``: what a ``TailStore`` save from there wrote), and is then known only to a save from there."""
 
     def __init__(self, size: int = REMEMBER, max_bytes: int = REMEMBER_BYTES) -> None:
         self.size = size
         self.max_bytes = max_bytes
         self.bytes = 0
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, tuple[str, tuple[Message, ...], int]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[str, tuple[Message, ...], int, int]] = OrderedDict()
 
-    def get(self, session: str) -> tuple[str, tuple[Message, ...]] | None:
+    def get(self, session: str, start: int = 0) -> tuple[str, tuple[Message, ...]] | None:
+        """The version and the transcript from ``start`` on, if that is how the session is known."""
         with self._lock:
             item = self._items.get(session)
-            if item is None:
+            if item is None or item[3] != start:
                 return None
             self._items.move_to_end(session)
             return item[0], item[1]
 
-    def put(self, session: str, version: str, msgs: tuple[Message, ...], after: tuple[Message, ...] = ()) -> None:
+    def covering(self, session: str, start: int) -> tuple[str, tuple[Message, ...], int] | None:
+        """The version, the transcript known and the index it is known from, if that is at or before
+        ``start`` and it reaches ``start``: a save from ``start`` extends it (MongoDB's, which keeps a
+        transcript known from the first message of its document's tail)."""
+        with self._lock:
+            item = self._items.get(session)
+            if item is None or not item[3] <= start <= item[3] + len(item[1]):
+                return None
+            self._items.move_to_end(session)
+            return item[0], item[1], item[3]
+
+    def put(self, session: str, version: str, msgs: tuple[Message, ...], after: tuple[Message, ...] = (),
+            start: int = 0) -> None:
         """``after``: the transcript ``get`` returned, when ``msgs`` extends it (an append), so only the new
-        messages are counted; without it, ``msgs`` is compared with what is known."""
+        messages are counted; without it, ``msgs`` is compared with what is known. ``start``: ``msgs`` is
+        the transcript from that index on."""
         with self._lock:
             old = self._items.pop(session, None)
             if old is not None:
                 self.bytes -= old[2]
-            extends = old is not None and (old[1] is after or validate.is_extension(old[1], msgs))
-            start, weight = (len(old[1]), old[2]) if old is not None and extends else (0, 0)
-            weight += sum(len(m.to_json()) for m in msgs[start:])
+            extends = old is not None and old[3] == start and (old[1] is after or validate.is_extension(old[1], msgs))
+            counted, weight = (len(old[1]), old[2]) if old is not None and extends else (0, 0)
+            weight += sum(len(m.to_json()) for m in msgs[counted:])
             if weight > self.max_bytes:
                 return
-            self._items[session] = (version, msgs, weight)
+            self._items[session] = (version, msgs, weight, start)
             self.bytes += weight
             while len(self._items) > self.size or self.bytes > self.max_bytes:
-                _, (_, _, dropped) = self._items.popitem(last=False)
+                _, (_, _, dropped, _) = self._items.popitem(last=False)
                 self.bytes -= dropped
 
     def forget(self, session: str) -> None:

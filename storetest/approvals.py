@@ -4,7 +4,6 @@ these tests is checked for tool calls without results."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import threading
@@ -23,6 +22,7 @@ from agent_sessions.approvals import CANCELLED_WAITING, DENIED, EXPIRED
 from agent_sessions.contract import ApprovalStore
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
+from . import processes
 from .capabilities import Capability
 from .crossprocess import lines, wait_for
 from .mixin import ContractMixin
@@ -233,7 +233,7 @@ class ApprovalContract(ContractMixin):
         factory = self.factory()
         store = self.approval_store()
         sid, _, _ = self._stopped(store, tmp_path)
-        ctx = multiprocessing.get_context("spawn")
+        ctx = processes.context(factory)
         out = ctx.Queue()
         barrier = ctx.Barrier(8, timeout=120)
         procs = [ctx.Process(target=_decider, args=(factory, sid, i, barrier, out)) for i in range(8)]
@@ -328,7 +328,7 @@ class ApprovalContract(ContractMixin):
         factory = self.factory()
         store = self.approval_store()
         sid = _sid()
-        ctx = multiprocessing.get_context("spawn")
+        ctx = processes.context(factory)
         out = ctx.Queue()
         work = str(tmp_path)
 

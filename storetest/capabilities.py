@@ -32,6 +32,8 @@ class Capability(StrEnum):
     QUEUE = "queue"
     """It implements ``agent_sessions.QueueStore``: messages queued for a busy session, each key once, taken
     into the transcript in the order accepted."""
+    TAIL = "tail"
+    """It implements ``agent_sessions.TailStore``: a transcript read from its end, saved from an index."""
 
     @classmethod
     def all(cls) -> frozenset[Capability]:

@@ -9,7 +9,6 @@ cancel flag, and a run that journalled a non-idempotent result only when its cal
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import queue
 import threading
 import time
@@ -25,6 +24,7 @@ from agent_sessions import EventStore, Holder, Message, RunStore, Saved, Store
 from agent_sessions.eventlog import encode
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
+from . import processes
 from .capabilities import Capability
 from .crossprocess import wait_for
 from .scripted import ToolsThenAnswer
@@ -135,7 +135,7 @@ class GapsContract:
         factory = self.factory()
         store = self.make_store()
         sids = [_sid("first-proc-") for _ in range(ROUNDS)]
-        ctx = multiprocessing.get_context("spawn")
+        ctx = processes.context(factory)
         barrier = ctx.Barrier(WRITERS)
         out = ctx.Queue()
         procs = [ctx.Process(target=_first_saver, args=(factory, sids, i, barrier, out)) for i in range(WRITERS)]

@@ -35,6 +35,7 @@ from .queue import QueueContract
 from .runs import RunStoreContract
 from .steer_keys import SteerKeyContract
 from .strategies import VERBATIM_ARGUMENTS
+from .tail import TailContract
 
 settings.register_profile(
     "storetest",
@@ -67,7 +68,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract, QueueContract):
+                    ModelContract, SteerKeyContract, TailContract, QueueContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 
@@ -317,7 +318,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         assert_each_taken_once(taken, "a", k, m)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
-        exactly_once_across_processes(self.factory(), _ids(1)[0], adders=8, takers=8, per_adder=20)
+        exactly_once_across_processes(self.factory(), _ids(1)[0], adders=4, takers=4, per_adder=40)
 
     # -- bad input -----------------------------------------------------------------------------------
 

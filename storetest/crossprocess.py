@@ -1,9 +1,8 @@
-"""Exactly-once across OS processes: separate interpreters (spawned, never forked, so no connection is
-shared) adding and taking steers on one session at once."""
+"""Exactly-once across OS processes: separate interpreters (from the fork server, never forked from the test,
+so no connection is shared: storetest/processes.py) adding and taking steers on one session at once."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
 import signal
@@ -18,6 +17,7 @@ from typing import Any
 from agent_sessions import LeaseLost, Message, Runner, Spec, Store, tool
 from agent_sessions import open as open_session
 
+from .processes import context as process_context
 from .scripted import ToolsThenAnswer
 
 
@@ -56,7 +56,7 @@ def exactly_once_across_processes(
 ) -> float:
     """Run the processes, assert every steer was taken exactly once, and return the seconds from all of
     them being ready to the last steer taken (the benchmark's steer throughput)."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     barrier = ctx.Barrier(adders + takers + 1)  # and this process, to start the clock
     adders_done = ctx.Event()
     out = ctx.Queue()
@@ -108,17 +108,19 @@ def _keyed_sender(factory: Callable[[], Any], sid: str, key: str, i: int, barrie
 def keyed_steer_across_processes(
     factory: Callable[[], Any], sid: str, key: str, *, processes: int, timeout: float = 180
 ) -> list[bool]:
-    """``processes`` spawned processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
+    """``processes`` processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
     at once; what each was answered."""
-    sent = _senders(processes, timeout, lambda i, barrier, out: (_keyed_sender, (factory, sid, key, i, barrier, out)))
+    sent = _senders(factory, processes, timeout,
+                    lambda i, barrier, out: (_keyed_sender, (factory, sid, key, i, barrier, out)))
     return [sent[i][0] == "True" for i in range(processes)]
 
 
-def _senders(processes: int, timeout: float,
+def _senders(factory: Callable[[], Any], processes: int, timeout: float,
              target: Callable[[int, Any, Any], tuple[Callable[..., None], tuple[Any, ...]]]) -> dict[int, list[str]]:
-    """Spawn ``processes`` processes, each ``target(i, barrier, out)`` (a function and its arguments), released
-    together by the barrier; what each reported ("sent", i, [...]), by i."""
-    ctx = multiprocessing.get_context("spawn")
+    """Start ``processes`` processes (``processes.context``, for the store of ``factory``), each
+    ``target(i, barrier, out)`` (a function and its arguments), released together by the barrier; what each
+    reported ("sent", i, [...]), by i."""
+    ctx = process_context(factory)
     barrier = ctx.Barrier(processes)
     out = ctx.Queue()
     procs = []
@@ -161,10 +163,10 @@ def _enqueuer(factory: Callable[[], Any], sid: str, i: int, n: int, barrier: Any
 def enqueue_across_processes(
     factory: Callable[[], Any], sid: str, *, processes: int, per_process: int, timeout: float = 180
 ) -> list[list[int]]:
-    """``processes`` spawned processes queue ``per_process`` messages each on ``sid`` at once (process i's
+    """``processes`` processes queue ``per_process`` messages each on ``sid`` at once (process i's
     j-th under the key f"q{i}-{j:04d}"), each also sending the key "shared" after every one of its own;
     the positions each was answered, per process, in the order it sent."""
-    sent = _senders(processes, timeout,
+    sent = _senders(factory, processes, timeout,
                     lambda i, barrier, out: (_enqueuer, (factory, sid, i, per_process, barrier, out)))
     return [[int(p) for p in sent[i]] for i in range(processes)]
 
@@ -240,7 +242,7 @@ def _run_until_cancelled(factory: Callable[[], Store], sid: str, workdir: str, o
 
 def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
     """A child runs; this process waits for its third request, cancels, and counts what came after."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     out = ctx.Queue()
     child = ctx.Process(target=_run_until_cancelled, args=(factory, sid, workdir, out))
     child.start()
@@ -300,7 +302,7 @@ def _run_charging(factory: Callable[[], Store], sid: str, workdir: str, hang: bo
 
 def kill_mid_tool_then_resume(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
     """SIGKILL a child inside a non-idempotent tool; resume the session in a second child."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     out = ctx.Queue()
     charges, lookups = Path(workdir) / "charges", Path(workdir) / "lookups"
     first = ctx.Process(target=_run_charging, args=(factory, sid, workdir, True, out))
@@ -384,7 +386,7 @@ def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, wor
     """A child runs with a 1 s lease and is stopped with SIGSTOP inside a tool; once its lease has expired on
     the store's clock a second child takes the session over and finishes a turn (with a non-idempotent
     tool); then the first is continued with SIGCONT and must end with LeaseLost, having written nothing."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context(factory)
     out = ctx.Queue()
     entered = Path(workdir) / "entered"
     stale = ctx.Process(target=_run_then_stall, args=(factory, sid, workdir, out))

@@ -14,7 +14,6 @@ since (replaced, forked, deleted or pruned, the log capped).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import threading
 import time
 import traceback
@@ -29,6 +28,7 @@ from agent_sessions import Content, EventStore, Holder, Message, Role, StoredEve
 from agent_sessions.eventlog import GONE, POINTING, REPLACED, decode, encode, part, resolve
 from agent_sessions.run import publisher
 
+from . import processes
 from .capabilities import Capability
 from .crossprocess import wait_for
 from .scripted import Answer, ToolsThenAnswer
@@ -372,7 +372,7 @@ class EventContract:
         sid = _sid("processes-")
         holder = store.acquire(sid, _claimant(), 120)
         store.save_fenced(sid, holder, [Message.user("q")], take_steers=False)
-        ctx = multiprocessing.get_context("spawn")
+        ctx = processes.context(factory)
         barrier, out = ctx.Barrier(2), ctx.Queue()
         procs = [ctx.Process(target=_publisher_process, args=(factory, sid, holder, w, PROCESS_BATCHES, barrier, out))
                  for w in range(2)]

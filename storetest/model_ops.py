@@ -22,7 +22,6 @@ must not (a deleted session's message coming back, a steer twice) is seen.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import random
 import signal
@@ -41,6 +40,7 @@ from agent_sessions import Content, Message, Role, Store, Tool
 from agent_sessions.contract import ApprovalStore, CancelWatcher, EventStore, LifecycleStore, RunStore
 from agent_sessions.journal import Journal
 
+from . import processes
 from .capabilities import Capability
 
 HOLD = 20.0
@@ -754,7 +754,7 @@ class Machine:
 
     def _child(self, op: Op, session: agent.StoreSession) -> str:
         assert self.factory is not None
-        ctx = multiprocessing.get_context("spawn")
+        ctx = processes.context(self.factory)
         out = ctx.Queue()
         child = ctx.Process(target=child_run, args=(self.factory, op.sid, str(self.workdir), op.n, op.kind, op.text,
                                                     out), daemon=True)

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from storetest import processes
 from tests import servers
 from tests.model_server import ModelServer
 
@@ -34,7 +35,14 @@ _BEFORE: dict[str, set[str]] = {}
 """Per SQL server, the databases of this run's prefix that were there when it began: not this run's to drop."""
 
 
+PRELOAD = ["tests.servers", "tests.reliability.children", "tests.reliability.backends", "stores.memory",
+           "stores.sqlite", "stores.postgres", "stores.mysql", "stores.mongodb", "psycopg", "pymysql", "pymongo"]
+"""What the fork server that every test's child processes come from imports once (storetest/processes.py),
+so a child starts forked from it in milliseconds rather than importing a driver again."""
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
+    processes.context(preload=PRELOAD)  # before any test starts a process, whichever store it is for
     for url in servers.SQL_SERVERS:
         try:
             _BEFORE[url] = servers.list_databases(url, timeout=2)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import agent_sessions as agent
+from storetest import processes
 from storetest.crossprocess import lines, wait_for
 from storetest.scripted import ToolsThenAnswer
 from tests import servers
@@ -95,7 +96,7 @@ def test_replicas_with_clocks_hours_apart_cannot_take_a_live_lease_from_each_oth
 ) -> None:
     factory = _factory(backend)
     sid = f"skew-{uuid.uuid4().hex}"
-    ctx = multiprocessing.get_context("spawn")
+    ctx = processes.context(factory)
     out = ctx.Queue()
     (tmp_path / "hold").write_text("")
     holder = ctx.Process(target=_hold, args=(factory, sid, holder_offset, str(tmp_path), out))

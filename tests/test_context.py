@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,8 +33,6 @@ from agent_sessions.endpoints import AnthropicMessages, OpenAIChat
 from agent_sessions.testing.model_server import ModelServer as Served
 from agent_sessions.testing.model_server import request_tokens
 from stores import mysql, postgres, sqlite
-from storetest.crossprocess import wait_for
-from storetest.stalls import Stalled
 from tests import servers
 from tests.model_server import (
     ModelServer,
@@ -218,11 +214,16 @@ def kilobyte(n: int) -> str:
 
 
 def converse(spec: agent.Spec, turns: int, ep: OpenAIChat | AnthropicMessages) -> None:
-    """``turns`` turns of ~1 KB user messages on ``spec.session``, each a run from the stored transcript;
+    """``turns`` turns of ~1 KB user messages on ``spec.session``, each a run from the stored transcript
+    (under Compaction, from what the recent read gives: the end of it, from the newest record's range on);
     each must be answered."""
-    assert spec.session is not None
+    session = spec.session
+    assert isinstance(session, agent.StoreSession)
+    recent = isinstance(spec.context_policy, Compaction)
     for n in range(turns):
-        result = agent.Runner().run(spec, [*spec.session.messages(), agent.Message.user(kilobyte(n))], ep)
+        msgs = session.messages(recent=recent)  # a Tail: appended to, it stays one (unpacked, a plain list)
+        msgs.append(agent.Message.user(kilobyte(n)))
+        result = agent.Runner().run(spec, msgs, ep)
         assert result.stop_reason == "answered" and result.text.startswith("answer: turn ")
 
 
@@ -551,49 +552,36 @@ def test_a_failed_summary_request_leaves_the_transcript_as_it_was(served: list[S
         store.close()
 
 
-STEER = """
-import sys
-import agent_sessions as agent
-from stores import sqlite
-store = sqlite.open(sys.argv[1])
-agent.open("steered", store).steer(sys.argv[2])
-store.close()
-"""
-
-
-def test_steers_posted_from_other_processes_while_the_summary_is_asked_for_are_delivered_once_after_the_record(
+def test_a_summary_over_its_cap_is_a_failed_summary_and_the_ask_says_the_cap(
     served: list[Served], tmp_path: Path,
 ) -> None:
-    window = 4000
-    path = str(tmp_path / "s.db")
-    store = sqlite.open(path)
-    session = agent.open("steered", store)
-    posted = [f"steer {i} while compacting" for i in range(3)]
-    compactions: list[int] = []
+    """Each summary takes the last in, so a model that writes long ones would grow it without end: one
+    whose estimate passes ``summary`` of the window counts as a failed summary request (nothing stored),
+    and the request says how many words it may have."""
+    window = 3000
 
     def respond(request: Request) -> Reply:
         if is_summary_request(request):
-            if not compactions:
-                children = [subprocess.Popen([sys.executable, "-c", STEER, path, text]) for text in posted]
-                assert all(child.wait(timeout=60) == 0 for child in children)
-            compactions.append(len(server.requests))
-            return openai("turns seen: some")
+            return openai("turns seen: " + kilobyte(1) * 4)  # ~1,000 tokens: over a quarter of 3,000
         return openai("ok")
 
     server = serve(served, windowed(respond, window))
+    store = sqlite.open(str(tmp_path / "s.db"))
     try:
-        spec = agent.Spec(session=session, context=Compaction(window))
-        for n in range(20):
-            agent.Runner().run(spec, [*session.messages(), agent.Message.user(kilobyte(n))],
-                               endpoint(server.url, "openai"))
-        stored = session.messages()
-        first_record = next(i for i, m in enumerate(stored) if is_record(m))
-        steered = [m.text for m in stored if m.text in posted]
-        assert sorted(steered) == posted  # each once
-        assert sorted(m.text for m in stored[first_record + 1:first_record + 4]) == posted  # right after the record
-        after = server.requests[compactions[0]]  # the request the record was saved for
-        assert all(text in json.dumps(after.json["messages"]) for text in posted)
-        assert session.pending_steers() == []
+        session = agent.open("wordy", store)
+        spec = agent.Spec(session=session, context=Compaction(window, summary=0.5))
+        spec_small = agent.Spec(session=session, context=Compaction(window, summary=0.25))
+        for n in range(12):
+            msgs = session.messages()
+            msgs.append(agent.Message.user(kilobyte(n)))
+            assert agent.Runner().run(spec_small, msgs, endpoint(server.url, "openai")).stop_reason == "answered"
+        asked = [r for r in server.requests if is_summary_request(r)]
+        assert asked and not any(is_record(m) for m in session.messages())
+        assert "Keep it under 562 words." in asked[0].json["messages"][-1]["content"]  # 750 tokens, in words
+        msgs = session.messages()
+        msgs.append(agent.Message.user("and now?"))
+        agent.Runner().run(spec, msgs, endpoint(server.url, "openai"))  # a cap of half (1,500 tokens) takes it
+        assert any(is_record(m) for m in session.messages())
     finally:
         store.close()
 
@@ -631,41 +619,6 @@ def test_a_record_round_trips_through_json_and_a_store(tmp_path: Path) -> None:
 def test_a_wrong_record_is_a_message_error(bad: dict[str, Any]) -> None:
     with pytest.raises(agent.MessageError):
         agent.Message.from_dict({"role": "user", "content": [bad]})
-
-
-def test_a_run_superseded_during_its_compaction_writes_nothing(served: list[Served], tmp_path: Path) -> None:
-    """Run A's lease lapses while its summary request is in flight (its renewals held back, as a stopped
-    process's would be) and run B takes the session and answers a turn: A's save, which would have carried
-    the record, is refused (LeaseLost), and the stored transcript is B's, with no record."""
-    window = 3000
-    store = sqlite.open(str(tmp_path / "s.db"))
-    stalled = Stalled(store)
-    history = [m for n in range(10) for m in (agent.Message.user(kilobyte(n)), agent.Message.assistant("ok"))]
-    store.save("taken", history)
-    outcome: list[agent.Result] = []
-
-    def respond(request: Request) -> Reply:
-        if is_summary_request(request) and not outcome:
-            stalled.freeze()
-            wait_for(lambda: store.holder("taken") is None, "A's lease to lapse", timeout=30)
-            outcome.append(agent.Runner().run(agent.Spec(session=agent.open("taken", store), context=Window(window)),
-                                              [*store.messages("taken"), agent.Message.user("B's question")],
-                                              endpoint(server.url, "openai")))
-            return openai("turns seen: 0")
-        return openai("ok")
-
-    server = serve(served, windowed(respond, window))
-    try:
-        spec = agent.Spec(session=agent.open("taken", stalled), context=Compaction(window), lease_ttl=0.6)
-        with pytest.raises(agent.LeaseLost):
-            agent.Runner().run(spec, [*history, agent.Message.user("A's question")], endpoint(server.url, "openai"))
-        stalled.thaw()
-        stored = store.messages("taken")
-        assert outcome and stored == outcome[0].messages
-        assert not any(is_record(m) for m in stored) and "A's question" not in json.dumps([m.text for m in stored])
-    finally:
-        stalled.thaw()
-        store.close()
 
 
 def test_a_compaction_is_an_event_a_published_one_and_a_span_event(served: list[Served], tmp_path: Path) -> None:

@@ -723,7 +723,9 @@ def test_runserver_streams_a_run_of_another_process_to_a_client_that_reconnects(
                 agent.Spec(session=agent.open("live", store), tools=[agent.tool(lookup)], publish_events=True),
                 [agent.Message.user("where is order 7?")],
                 agent.endpoints.OpenAIChat(model.url + "/v1", "m", max_retries=0))
-            for block in sse(first.iter_lines(decode_unicode=True)):
+            # chunk_size=1: runserver's stream is not chunked, so requests' default (512 bytes a read) would
+            # hold the events back until 512 bytes had come, here until the stream's end (SSE_SECONDS)
+            for block in sse(first.iter_lines(chunk_size=1, decode_unicode=True)):
                 if "id" in block:
                     got.append(check_event(block))
                     if block["event"] == "tool_finished":
@@ -733,7 +735,7 @@ def test_runserver_streams_a_run_of_another_process_to_a_client_that_reconnects(
                              stream=True, timeout=WAIT)
         with again:
             assert again.status_code == 200
-            for block in sse(again.iter_lines(decode_unicode=True)):
+            for block in sse(again.iter_lines(chunk_size=1, decode_unicode=True)):
                 if "id" in block:
                     got.append(check_event(block))
         assert run.wait(WAIT).text == "delivered"

@@ -5,7 +5,6 @@ import datetime
 import functools
 import itertools
 import json
-import multiprocessing
 import signal
 import threading
 import time
@@ -25,6 +24,7 @@ import storetest
 import storetest.crossprocess
 from agent_sessions.eventlog import encode
 from stores import mongodb
+from storetest import processes
 from tests import mongo_events_children, servers
 
 MONGO_URL = servers.MONGO_URL
@@ -536,7 +536,7 @@ def test_a_writer_killed_between_its_page_and_its_update_leaves_no_gap(database:
     follower = threading.Thread(target=lambda: seen.extend(itertools.islice(
         agent.open("s", mongodb.Store(database)).follow(after=0, timeout=60), mongodb.EVENT_PAGE + 1)))
     follower.start()
-    ctx = multiprocessing.get_context("spawn")
+    ctx = processes.context(mongo_events_children.dies_after_its_page)
     out = ctx.Queue()
     child = ctx.Process(target=mongo_events_children.dies_after_its_page, args=("s", held, 2, out))
     child.start()
@@ -651,7 +651,7 @@ def test_processes_appending_across_page_boundaries_never_share_a_number(databas
     drop(database)
     store = mongodb.Store(database)
     held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 120)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = processes.context(mongo_events_children.appender)
     with ctx.Manager() as manager, ProcessPoolExecutor(3, mp_context=ctx) as pool:
         barrier = manager.Barrier(3)
         reports = list(pool.map(mongo_events_children.appender, ["s"] * 3, [held] * 3, range(3), [15] * 3,

@@ -27,6 +27,7 @@ from ..contract import (
     RunSession,
     Saved,
     Session,
+    TailStore,
     is_run_session,
 )
 from ..errors import (
@@ -207,10 +208,13 @@ class Leased:
 
     saves = True
 
-    def __init__(self, session: RunSession, spec: Spec, *, continuing: bool = False,
+    def __init__(self, session: RunSession, spec: Spec, *, continuing: bool = False, start: int = 0,
                  lease: Lease | None = None) -> None:
         self.store = session.store
         self.session = session.id
+        self.start = start
+        """The index in the stored transcript of the run's first message (a ``Tail``'s): its saves append
+        after the stored messages it was not given (``TailStore``), and its journal's index counts them."""
         self.continuing = continuing
         """The run goes on with a turn already begun (``Runner.turn`` delivered again): a cancel handed with
         the lease is of that turn, whatever input waits."""
@@ -250,6 +254,12 @@ class Leased:
     @property
     def epoch(self) -> int | None:
         return self.lease.holder.epoch
+
+    @property
+    def _from(self) -> dict[str, int]:
+        """The keyword of a save of a ``Tail`` (``TailStore``): none for a whole transcript, so any RunStore
+        takes it."""
+        return {"start": self.start} if self.start else {}
 
     def __enter__(self) -> Leased:
         self.lease.__enter__()
@@ -296,7 +306,7 @@ class Leased:
         return _store_steers(lambda text: self.store.add_steer(self.session, text), self.session, steers)
 
     def stored_as(self, transcript: Sequence[Message]) -> bool | None:
-        return _stored_as(lambda: self.store.messages(self.session), transcript)
+        return _stored_as(lambda: self.store.messages(self.session)[self.start:], transcript)
 
     def _keep_results(self) -> None:
         """The run fails (an events callback raised on ``ToolFinished``, say) after a non-idempotent tool ran
@@ -371,23 +381,25 @@ class Leased:
                 self.stopped = True
         text = self.store.journal(self.session)
         journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
-        if self.closing and journal is not None and _started_anew(journal, transcript):
+        if self.closing and journal is not None and _started_anew(journal, transcript, self.start):
             # The cancelled turn's reply waits in the journal while the new input follows the transcript it
             # answered: the reply goes back in its place, with its calls answered unrun, before the input.
             closed = Message(Role.USER, [self._closing(journal, c) for c in journal.reply.tool_calls])
-            transcript[journal.at:journal.at] = [journal.reply, closed]
+            at = journal.at - self.start
+            transcript[at:at] = [journal.reply, closed]
             return
-        if journal is not None and journal.approvals and not self.replace and _started_anew(journal, transcript):
+        if journal is not None and journal.approvals and not self.replace and _started_anew(journal, transcript,
+                                                                                              self.start):
             raise AwaitingApproval(self.session, [c for c, a in journal.approvals.items() if a.decision is None]
                                    or list(journal.approvals))
-        if journal is not None and journal.answers(transcript) and self._is_stored(transcript):
+        if journal is not None and journal.answers(transcript, self.start) and self._is_stored(transcript):
             self.journal = journal  # the reply waits in the journal: finish it
             self.journal_text = text
             transcript.append(journal.reply)
             return
         if not unanswered(transcript):
             return
-        if journal is not None and transcript[-1] == journal.reply and journal.answers(transcript[:-1]):
+        if journal is not None and transcript[-1] == journal.reply and journal.answers(transcript[:-1], self.start):
             try:
                 waits = self._is_stored(transcript[:-1])
             except TranscriptConflict as exc:
@@ -417,6 +429,12 @@ class Leased:
         read = incarnations_read(transcript, self.session)
         if not read or not isinstance(self.store, LifecycleStore):
             return  # nothing was read from this session (a new conversation), or this store cannot erase it
+        if self.start and isinstance(self.store, TailStore):
+            # The last message, read from the end, carries the incarnation: no count of a long transcript.
+            first, last = self.store.read_back(self.session, None, 1)
+            if read != incarnations_read(last, self.session):
+                raise TranscriptDeleted(self.session, first + len(last), self.start + len(transcript))
+            return
         info = self.store.info(self.session)
         if info is None or read != {info.created}:
             raise TranscriptDeleted(self.session, 0 if info is None else info.messages, len(transcript))
@@ -427,7 +445,7 @@ class Leased:
         Compared from where the two part, not from the stored one's end: a history replaced on purpose
         (``replace_transcript``, an edited question) may be no longer than the stored one. Asked only of a
         run handed a cancel."""
-        stored = self.store.messages(self.session)
+        stored = self.store.messages(self.session)[self.start:]
         same = 0
         while same < min(len(stored), len(transcript)) and stored[same] == transcript[same]:
             same += 1
@@ -468,9 +486,9 @@ class Leased:
 
     def begin_tools(self, transcript: Sequence[Message]) -> None:
         at = len(transcript) - 1
-        if self.journal is not None and self.journal.at == at:
+        if self.journal is not None and self.journal.at == self.start + at:
             return  # resuming it
-        self.journal = Journal(at, fingerprint(transcript[:at]), transcript[at])
+        self.journal = Journal(self.start + at, fingerprint(transcript[:at]), transcript[at])
         self.journal_text = None
         self.fresh = None
 
@@ -701,7 +719,7 @@ class Leased:
         if self.publisher is None:
             try:
                 saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers,
-                                               replace=replace)
+                                               replace=replace, **self._from)
             except OutcomeUnknown as exc:
                 saved = self._landed(msgs, exc)
         else:
@@ -711,7 +729,8 @@ class Leased:
                     try:
                         saved = self.event_store.save_fenced_events(
                             self.session, self.lease.holder, msgs, take_steers=take_steers, replace=replace,
-                            events=self.publisher.render(records, msgs), keep=self.events_kept)
+                            events=self.publisher.render(records, msgs, self.start), keep=self.events_kept,
+                            **self._from)
                     except OutcomeUnknown as exc:
                         saved = self._landed(msgs, exc)  # landed: its events are in the log, with its messages
                 except BaseException:
@@ -732,7 +751,7 @@ class Leased:
         another worker that took the session meanwhile is ``LeaseLost`` here, and a delete makes the read
         find nothing: not landed). If it did not land, or a read fails too, ``exc`` fails the run."""
         def read() -> tuple[list[Message], bool, bool]:
-            stored = self.store.messages(self.session)
+            stored = self.store.messages(self.session)[self.start:]
             landed = _holds(stored, msgs)
             return stored, landed, self.store.check(self.session, self.lease.holder) if landed else False
 
@@ -763,11 +782,12 @@ def _holds(stored: Sequence[Message], msgs: Sequence[Message]) -> bool:
     return bool(msgs) and len(stored) >= len(msgs) and stored[len(msgs) - 1] == msgs[-1]
 
 
-def _started_anew(journal: Journal, transcript: Sequence[Message]) -> bool:
-    """Does ``transcript`` go on from the one the journal's reply answered with other messages than the
-    reply: a new turn, which would drop the reply waiting for decisions?"""
-    at = journal.at
-    return len(transcript) > at and transcript[at] != journal.reply and journal.answers(transcript[:at])
+def _started_anew(journal: Journal, transcript: Sequence[Message], start: int) -> bool:
+    """Does ``transcript`` (the stored one from index ``start`` on) go on from the one the journal's reply
+    answered with other messages than the reply: a new turn, which would drop the reply waiting for
+    decisions?"""
+    at = journal.at - start
+    return 0 <= at < len(transcript) and transcript[at] != journal.reply and journal.answers(transcript[:at], start)
 
 
 def _asks(spec: Spec, call: Content, journal: Journal) -> bool:
@@ -778,11 +798,21 @@ def _asks(spec: Spec, call: Content, journal: Journal) -> bool:
     return tool is not None and tool.asks_approval(call)
 
 
-def keeping(spec: Spec, *, continuing: bool = False, lease: Lease | None = None) -> Keeping:
+def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Lease | None = None) -> Keeping:
     """How the run of ``spec`` keeps its transcript. ``continuing``: the run goes on with a turn already begun
-    (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``). ``lease``: taken already, by
-    a turn that waited for the session (``busy``); the run holds it from here and releases it."""
+    (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``). ``start``: the run was given
+    the stored transcript from that index on (a ``Tail``), which only a ``TailStore`` can save. ``lease``:
+    taken already, by a turn that waited for the session (``busy``); the run holds it from here and
+    releases it."""
     session = spec.session
+    if start and session is not None and not (is_run_session(session) and isinstance(session.store, TailStore)):
+        raise ArgumentError(
+            f"the run was given the stored transcript from message {start} on (a Tail), which only a session over "
+            f"a store implementing agent_sessions.contract.TailStore can save: give it the whole transcript"
+        )
+    if start and spec.replace_transcript:
+        raise ArgumentError("Spec.replace_transcript replaces the whole stored transcript: give the run all of it, "
+                            "not a Tail")
     if spec.publish_events and not (
         session is not None and is_run_session(session) and isinstance(session.store, EventStore)
     ):
@@ -801,7 +831,7 @@ def keeping(spec: Spec, *, continuing: bool = False, lease: Lease | None = None)
     if session is None:
         return NOT_KEPT
     if is_run_session(session):
-        return Leased(session, spec, continuing=continuing, lease=lease)
+        return Leased(session, spec, continuing=continuing, start=start, lease=lease)
     return Kept(session)
 
 

@@ -41,9 +41,9 @@ class Pointing:
         self.kind, self.data, self.target, self.at = kind, data, target, time.time()
         """``data`` holds ``ref`` (``None`` here) where the pointer, or ``target`` whole, goes."""
 
-    def render(self, msgs: Sequence[Message] | None, digests: dict[int, str]) -> str:
-        """The event's text for a write that stores ``msgs`` (``None``: no message); ``digests`` those of the
-        messages pointed at in this write so far, by place."""
+    def render(self, msgs: Sequence[Message] | None, digests: dict[int, str], start: int = 0) -> str:
+        """The event's text for a write that stores ``msgs`` (``None``: no message), the transcript from index
+        ``start`` on; ``digests`` those of the messages pointed at in this write so far, by place."""
         target = self.target
         index = None if msgs is None else _place(target, msgs)
         if msgs is None or index is None:
@@ -54,7 +54,7 @@ class Pointing:
         if digested is None:
             digested = digests[index] = digest(msgs[index])
         call = "" if isinstance(target, Message) else target.id or target.tool_call_id
-        return encode_pointing(self.kind, self.data, pointer(index, digested, call), self.at)
+        return encode_pointing(self.kind, self.data, pointer(start + index, digested, call), self.at)
 
 
 def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
@@ -147,11 +147,12 @@ class Publisher(Sink):
             return out
 
     @staticmethod
-    def render(records: Sequence[str | Pointing], msgs: Sequence[Message] | None = None) -> list[str]:
-        """The texts of ``records`` for a write storing ``msgs``: an event whose message is among them points
-        at it, any other carries its message whole (so does every event of a write storing none)."""
+    def render(records: Sequence[str | Pointing], msgs: Sequence[Message] | None = None, start: int = 0) -> list[str]:
+        """The texts of ``records`` for a write storing ``msgs`` (the transcript from index ``start`` on): an
+        event whose message is among them points at it, any other carries its message whole (so does every
+        event of a write storing none)."""
         digests: dict[int, str] = {}
-        return [r if isinstance(r, str) else r.render(msgs, digests) for r in records]
+        return [r if isinstance(r, str) else r.render(msgs, digests, start) for r in records]
 
     def restore(self, records: Sequence[str | Pointing]) -> None:
         """Put back what a write that failed had taken, ahead of what came since."""

@@ -25,7 +25,7 @@ from ..endpoints import Endpoint, StreamingEndpoint, streaming
 from ..errors import ContextOverflow, EndpointError, OutcomeUnknown, TranscriptDeleted
 from ..events import SILENT, Events, Sink, sink
 from ..lease import Lease
-from ..messages import Content, Message, Role, distinct_call_ids, unanswered
+from ..messages import Content, Message, Role, distinct_call_ids, start_of, unanswered
 from ..result import Result, StopReason
 from ..spec import Spec
 from ..tools import Tool
@@ -58,7 +58,7 @@ def run(
     sid = getattr(spec.session, "id", None)
     started = time.monotonic()
     try:
-        with keeping(spec, continuing=continuing, lease=lease) as keep:
+        with keeping(spec, continuing=continuing, start=start_of(transcript), lease=lease) as keep:
             log.info("run of session %r starts: %s, epoch %s, %d messages, max_steps %d, tools %s",
                      sid, "continuing its turn" if continuing else "new", keep.epoch, len(transcript),
                      spec.max_steps, [t.name for t in spec.toolbox])
@@ -118,7 +118,7 @@ def _loop(
             taken.clear()  # stored: a resume has them
         _applied(step, transcript, steers, emit)
         if keep.saves:
-            emit.saved(step, len(transcript))
+            emit.saved(step, start_of(transcript) + len(transcript))
         if stop_asked:
             cancelled.set()
             stop = "cancelled"
@@ -162,7 +162,7 @@ def _loop(
     )
     keep.finish(transcript, result)
     if keep.saves:
-        emit.saved(steps, len(transcript))
+        emit.saved(steps, start_of(transcript) + len(transcript))
     return result
 
 
@@ -198,7 +198,7 @@ def _compact(
     transcript.append(record)
     after = policy.select(spec.system, transcript, spec.toolbox).tokens
     block = record.content[0]
-    emit.compacted(step, block.start, block.end, len(transcript) - 1, before, after)
+    emit.compacted(step, block.start, block.end, start_of(transcript) + len(transcript) - 1, before, after)
 
 
 def _within(
@@ -284,7 +284,7 @@ def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink
     """Append the steers of the run's own box; return them."""
     for text in steers:
         transcript.append(Message.user(text))
-        emit.steer_applied(step, text, len(transcript) - 1, "run")
+        emit.steer_applied(step, text, start_of(transcript) + len(transcript) - 1, "run")
     return steers
 
 
@@ -318,7 +318,7 @@ def _give_back(
 
 def _applied(step: int, transcript: list[Message], steers: Sequence[str], emit: Sink) -> None:
     """Report the session's steers, which the save appended: they are the last ``len(steers)`` messages."""
-    first = len(transcript) - len(steers)
+    first = start_of(transcript) + len(transcript) - len(steers)
     for i, text in enumerate(steers):
         emit.steer_applied(step, text, first + i, "session")
 

@@ -11,7 +11,7 @@ from ..endpoints import Endpoint
 from ..errors import ArgumentError
 from ..events import Events
 from ..lease import Lease
-from ..messages import Message
+from ..messages import Message, Tail
 from ..result import Result
 from ..spec import Pattern, Spec
 from . import busy, react
@@ -177,6 +177,7 @@ def _execute(
 ) -> Result:
     assert spec.pattern is Pattern.REACT
     try:
-        return react.run(spec, list(msgs), endpoint, events, run._box, run._cancel, continuing, lease)
+        transcript = Tail(msgs, msgs.start) if isinstance(msgs, Tail) else list(msgs)
+        return react.run(spec, transcript, endpoint, events, run._box, run._cancel, continuing, lease)
     finally:
         run._box.close()

@@ -29,21 +29,23 @@ class EventLog(SQLBase):
     if TYPE_CHECKING:  # what this part needs of the store that joins it, for the type checker only
         def _save(
             self, session: str, msgs: Sequence[Message], holder: Holder | None, take: bool, replace: bool,
-            events: list[str] | None = None, keep: int = 0,
+            events: list[str] | None = None, keep: int = 0, offset: int = 0,
         ) -> Saved:
             """The store's save, appending ``events`` in the same step (store.py)."""
             ...
 
     def save_fenced_events(
         self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
-        events: Sequence[str], keep: int,
+        events: Sequence[str], keep: int, start: int = 0,
     ) -> Saved:
         """The save and the append in one step: the dialect's one-statement append where it can carry the
         events (PostgreSQL), otherwise the save's transaction, which appends them after its write."""
         validate.session_id(session)
+        start = validate.save_start(start, replace)
         records = eventlog.check_append(events, keep) if events else []
         eventlog.check_keep(keep)
-        return self._save(session, msgs, holder, take=take_steers, replace=replace, events=records, keep=keep)
+        return self._save(session, msgs, holder, take=take_steers, replace=replace, events=records, keep=keep,
+                          offset=start)
 
     def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
         validate.session_id(session)
@@ -134,7 +136,7 @@ class EventLog(SQLBase):
         holder = step.holder
         assert holder is not None  # save_fenced_events
         params = {**sql.fence_params(step.session, holder), "known": step.known, "n": len(step.events)}
-        rows = [{"session_id": step.session, "seq": i, "body": step.items[i].to_json()}
+        rows = [{"session_id": step.session, "seq": step.offset + i, "body": step.items[i].to_json()}
                 for i in range(step.start, len(step.items))]
 
         def write(conn: Connection) -> int | None:

@@ -22,6 +22,9 @@ from . import statements as sql
 from .base import SQLBase, log
 from .lease import holder_of
 
+NO_STOP = 2**31 - 1
+"""``read_back``'s ``stop`` for the end of the transcript: above every index (an INTEGER column's largest)."""
+
 PRUNE_BATCH = 500
 """Sessions ``prune`` deletes per transaction: a batch holds its rows' locks for milliseconds, not the
 whole job's length."""
@@ -219,6 +222,25 @@ class Lifecycle(SQLBase):
         if items:
             read_from(items, session, when(float(rows[0][1])))
         return items
+
+    def read_back(self, session: str, stop: int | None, count: int) -> tuple[int, list[Message]]:
+        """``TailStore.read_back``: one read of at most ``count`` rows by the primary key, backwards."""
+        validate.session_id(session)
+        validate.read_back(stop, count)
+        end = NO_STOP if stop is None else min(stop, NO_STOP)
+        rows = self._transaction(
+            "read_back", session,
+            lambda conn: self.run(conn, sql.READ_BACK, {"sid": session, "stop": end, "count": count}).all(),
+            read_only=True, reads=True,
+        )
+        if not rows:
+            return 0, []  # nothing before stop: stop is 0, or the transcript is empty
+        try:
+            items = [Message.from_json(body) for _, body, _ in reversed(rows)]
+        except MessageError as exc:
+            raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt message: {exc}") from exc
+        read_from(items, session, when(float(rows[0][2])))
+        return int(rows[-1][0]), items
 
     def pending_steers(self, session: str) -> list[str]:
         validate.session_id(session)

@@ -145,6 +145,9 @@ class Step:
     transaction."""
     keep: int = 0
     """With ``events``: the log's cap."""
+    offset: int = 0
+    """The stored index of ``items[0]`` (a ``TailStore`` save's ``start``): message ``i`` is stored at
+    ``offset + i``."""
 
 
 @functools.lru_cache(maxsize=16 * MAX_APPEND)
@@ -181,7 +184,7 @@ def append_params(step: Step) -> dict[str, Any]:
         params["lease_epoch"] = step.holder.epoch
     items, start = step.items, step.start
     for i in range(len(items) - start):
-        params[f"q{i}"] = start + i
+        params[f"q{i}"] = step.offset + start + i
         params[f"b{i}"] = items[start + i].to_json()
     return params
 
@@ -238,6 +241,17 @@ LOCK_LEASE = (
 DELETE_SESSION = delete(sessions).where(S.session_id == SID)
 DELETE_STEERS = delete(steers).where(steers.c.session_id == SID)
 DELETE_STEER_KEYS = delete(steer_keys).where(steer_keys.c.session_id == SID)
+READ_BACK = (
+    select(M.seq, M.body, S.created)
+    .select_from(messages.join(sessions, S.session_id == M.session_id))
+    .where(and_(M.session_id == SID, M.seq < bindparam("stop", type_=Integer())))
+    .order_by(M.seq.desc())
+    .limit(bindparam("count", type_=Integer()))
+)
+"""``TailStore.read_back``: the messages before ``:stop``, newest first, by the primary key read backwards,
+with their index and the session's ``created`` (``messages.read_from``)."""
+HAS = select(M.seq).where(and_(M.session_id == SID, M.seq == bindparam("seq", type_=Integer())))
+"""Is message ``:seq`` stored? (A save from an index needs the messages before it.)"""
 TAIL = (
     select(M.body, S.created)
     .select_from(messages.join(sessions, S.session_id == M.session_id))

@@ -62,18 +62,21 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         self._save(session, msgs, None, take=False, replace=True)
 
     def save_fenced(
-        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        start: int = 0,
     ) -> Saved:
-        return self._save(session, msgs, holder, take=take_steers, replace=replace)
+        start = validate.save_start(start, replace)
+        return self._save(session, msgs, holder, take=take_steers, replace=replace, offset=start)
 
     def _save(
         self, session: str, msgs: Sequence[Message], holder: Holder | None, take: bool, replace: bool,
-        events: list[str] | None = None, keep: int = 0,
+        events: list[str] | None = None, keep: int = 0, offset: int = 0,
     ) -> Saved:
-        """``events`` (only with a ``holder``): appended in the same step, even when nothing is saved."""
+        """``events`` (only with a ``holder``): appended in the same step, even when nothing is saved.
+        ``offset``: ``msgs`` are the transcript from that index on (``TailStore``), a fenced save's only."""
         validate.session_id(session)
         events = events or []
-        known = self._known.get(session)
+        known = self._known.get(session, offset)
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())
         if known is not None and shared < len(known[1]):
             shared = common_prefix(known[1], items)  # diverged, or not the objects it saved: compare
@@ -83,14 +86,14 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
             try:
                 if shared < len(items):
                     step = sql.Step(session, known[0], items, shared, take, holder, session in self._journaled,
-                                    tuple(events), keep)
+                                    tuple(events), keep, offset)
                     stored = self.append(step)
                     if stored is not None:
-                        self._known.put(session, stored, items, after=known[1])
+                        self._known.put(session, stored, items, after=known[1], start=offset)
                         self._journaled.discard(session)
                         return Saved([], False)
                 elif holder is not None and not events:
-                    unchanged = self._unchanged(session, holder, known[0], len(items), take)
+                    unchanged = self._unchanged(session, holder, known[0], offset + len(items), take)
                     if unchanged is not None:
                         return unchanged
             except BaseException:
@@ -103,7 +106,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         def write(conn: Connection) -> None:
             try:
                 outcome[:] = [self._write(conn, session, items, known if known is not None else None, shared,
-                                          holder, take, replace)]
+                                          holder, take, replace, offset)]
             except (TranscriptConflict, LeaseLost) as exc:
                 # Refused before anything was written (``_write`` checks the lease and the stored prefix
                 # first): the transaction only read, so it commits rather than rolls back, which costs the
@@ -127,7 +130,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
             self._floor(session, logged[0])
         saved, version, transcript = outcome[0]
         if version is not None:
-            self._known.put(session, version, transcript)
+            self._known.put(session, version, transcript, start=offset)
         if version != known_version:
             self._journaled.discard(session)  # a save that wrote dropped the journal
         return saved
@@ -142,9 +145,10 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         holder: Holder | None,
         take: bool,
         replace: bool,
+        offset: int = 0,
     ) -> tuple[Saved, str | None, tuple[Message, ...]]:
         """The general save, inside its transaction, with the session row locked first (an unfenced save
-        makes it if there is none: ``lock_session``)."""
+        makes it if there is none: ``lock_session``). ``offset``: the stored index of ``items[0]``."""
         if holder is None:
             row = self.lock_session(conn, session)
         else:
@@ -155,7 +159,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         stored_version = row[0]
         same = known is not None and stored_version is not None and stored_version == known[0]
         if holder is not None and not replace:
-            start = self._stored_prefix(conn, session, items, shared if same else 0)
+            start = self._stored_prefix(conn, session, items, shared if same else 0, offset)
         else:
             start = shared if same else 0
             self.run(conn, sql.TRIM, {"sid": session, "start": start})
@@ -171,17 +175,24 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
             self.run(
                 conn,
                 sql.APPEND,
-                [{"session_id": session, "seq": i, "body": saved[i].to_json()} for i in range(start, len(saved))],
+                [{"session_id": session, "seq": offset + i, "body": saved[i].to_json()}
+                 for i in range(start, len(saved))],
             )
         return result, version, saved
 
-    def _stored_prefix(self, conn: Connection, session: str, items: tuple[Message, ...], shared: int) -> int:
-        """How many messages are stored, checking that they are the first ones of ``items`` (the first
-        ``shared`` are known to be); ``TranscriptConflict`` when they are not."""
-        rows = self.run(conn, sql.BODIES_FROM, {"sid": session, "start": shared}).all()
+    def _stored_prefix(
+        self, conn: Connection, session: str, items: tuple[Message, ...], shared: int, offset: int = 0,
+    ) -> int:
+        """How many messages are stored from ``offset`` on, checking that they are the first ones of
+        ``items`` (the first ``shared`` are known to be); ``TranscriptConflict`` when they are not, or when
+        fewer than ``offset`` are stored."""
+        if offset and not shared and self.run(conn, sql.HAS, {"sid": session, "seq": offset - 1}).first() is None:
+            counted = self.run(conn, sql.LENGTH, {"sid": session}).first()
+            raise TranscriptConflict(session, 0 if counted is None else int(counted[0]), offset + len(items))
+        rows = self.run(conn, sql.BODIES_FROM, {"sid": session, "start": offset + shared}).all()
         end = shared + len(rows)
         if end > len(items) or any(items[shared + i].to_json() != body for i, (_, body) in enumerate(rows)):
-            raise TranscriptConflict(session, end, len(items))
+            raise TranscriptConflict(session, offset + end, offset + len(items))
         return end
 
     def _unchanged(self, session: str, holder: Holder, known: str, length: int, take: bool) -> Saved | None:

@@ -199,12 +199,14 @@ class Store:
             return self._cancelled(self._fenced(session, holder))
 
     def save_fenced(
-        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        start: int = 0,
     ) -> Saved:
         validate.session_id(session)
-        items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
+        start = validate.save_start(start, replace)
+        items = validate.messages(msgs, trusted=self._transcripts.get(session, ())[start:])
         with self._lock:
-            return self._save_fenced(session, holder, items, take_steers, replace)
+            return self._save_fenced(session, holder, items, take_steers, replace, start)
 
     def journal(self, session: str) -> str | None:
         validate.session_id(session)
@@ -258,14 +260,15 @@ class Store:
 
     def save_fenced_events(
         self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
-        events: Sequence[str], keep: int,
+        events: Sequence[str], keep: int, start: int = 0,
     ) -> Saved:
         validate.session_id(session)
-        items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
+        start = validate.save_start(start, replace)
+        items = validate.messages(msgs, trusted=self._transcripts.get(session, ())[start:])
         records = eventlog.check_append(events, keep) if events else []
         eventlog.check_keep(keep)
         with self._lock:
-            saved = self._save_fenced(session, holder, items, take_steers, replace)
+            saved = self._save_fenced(session, holder, items, take_steers, replace, start)
             if records:
                 self._append(self._run(session), records, keep)
             return saved
@@ -362,6 +365,15 @@ class Store:
         with self._lock:
             return self._read(session, self._transcripts.get(session, ())[-last:]) if last else []
 
+    def read_back(self, session: str, stop: int | None, count: int) -> tuple[int, list[Message]]:
+        validate.session_id(session)
+        validate.read_back(stop, count)
+        with self._lock:
+            stored = self._transcripts.get(session, ())
+            end = len(stored) if stop is None else min(stop, len(stored))
+            first = max(end - count, 0)
+            return (first, self._read(session, stored[first:end])) if end > first else (0, [])
+
     def pending_steers(self, session: str) -> list[str]:
         validate.session_id(session)
         with self._lock:
@@ -371,13 +383,15 @@ class Store:
     # -- under the lock --------------------------------------------------------------------------------
 
     def _save_fenced(
-        self, session: str, holder: Holder, items: tuple[Message, ...], take_steers: bool, replace: bool
+        self, session: str, holder: Holder, items: tuple[Message, ...], take_steers: bool, replace: bool,
+        start: int = 0,
     ) -> Saved:
         run = self._fenced(session, holder)
         stored = self._transcripts.get(session, ())
-        if not replace and not validate.is_extension(stored, items):
-            raise TranscriptConflict(session, len(stored), len(items))
+        if not replace and (len(stored) < start or not validate.is_extension(stored[start:], items)):
+            raise TranscriptConflict(session, len(stored), start + len(items))
         taken = self._take(session) if take_steers else []
+        items = stored[:start] + items if start else items
         if taken or items != stored or replace:
             self._transcripts[session] = items + tuple(Message.user(t) for t in taken)
             run.journal = None

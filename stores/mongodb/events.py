@@ -32,7 +32,7 @@ class EventLog(StoreBase):
     if TYPE_CHECKING:  # what this part needs of the store that joins it, for the type checker only
         def _save_fenced(
             self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool,
-            events: Sequence[str] = (), keep: int = 0,
+            events: Sequence[str] = (), keep: int = 0, start: int = 0,
         ) -> Saved:
             """The store's fenced save, its one update also claiming ``events`` (store.py)."""
             ...
@@ -60,13 +60,13 @@ class EventLog(StoreBase):
 
     def save_fenced_events(
         self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
-        events: Sequence[str], keep: int,
+        events: Sequence[str], keep: int, start: int = 0,
     ) -> Saved:
         """The save's own update claims the numbers and stores the events (store.py), so a
         ``TranscriptConflict`` or ``LeaseLost`` writes neither."""
         records = eventlog.check_append(events, keep) if events else []
         eventlog.check_keep(keep)
-        return self._save_fenced(session, holder, msgs, take_steers, replace, records, keep)
+        return self._save_fenced(session, holder, msgs, take_steers, replace, records, keep, start)
 
     def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
         """The session's document says which numbers its log holds (``events_from`` to ``events_last``),

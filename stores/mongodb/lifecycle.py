@@ -160,6 +160,28 @@ class Lifecycle(Pages):
                     return items
         raise StoreError(f"MongoDB store: tail of session {session!r} kept racing with rewrites")
 
+    def read_back(self, session: str, stop: int | None, count: int) -> tuple[int, list[Message]]:
+        """``TailStore.read_back``: the document, and the newest pages back to the first message asked for
+        (``_last_bodies``: the pages' lengths vary, so a read that stops before the end reads those after it too)."""
+        validate.session_id(session)
+        validate.read_back(stop, count)
+        with self._failing("read_back", session):
+            for _ in range(RETRIES):
+                doc = self._sessions.find_one({"_id": session}, {"version": 1, "tail": 1, "created": 1})
+                if doc is None or "version" not in doc:
+                    return 0, []
+                length = Layout.of(doc["version"]).length
+                end = length if stop is None else min(stop, length)
+                first = max(end - count, 0)
+                if end <= first:
+                    return 0, []
+                bodies = self._last_bodies(doc, length - first)
+                if bodies is not None:
+                    items = _messages(session, bodies[:end - first])
+                    mark(items, doc)
+                    return first, items
+        raise StoreError(f"MongoDB store: read_back of session {session!r} kept racing with rewrites")
+
     def pending_steers(self, session: str) -> list[str]:
         validate.session_id(session)
         with self._failing("pending_steers", session):

@@ -19,7 +19,7 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import BulkWriteError
 
-from agent_sessions import Message, StoreError
+from agent_sessions import Message, MessageError, StoreError
 
 from .._known import common_prefix
 from .base import StoreBase
@@ -39,33 +39,41 @@ class Pages(StoreBase):
         guard: dict[str, Any],
         pull: Sequence[str] = (),
         claim: Claim | None = None,
+        offset: int = 0,
         pop_queue: bool = False,
     ) -> bool:
         """Write ``items`` as the known transcript plus what follows it, and the events of ``claim``; ``False``
         when the stored transcript is no longer the known one (or ``items`` does not extend it), or the guards
-        no longer match. A page already taken by other messages (a writer that lost a race, was refused, or
-        died after writing it) makes it a rewrite into a new generation, under the same guard. The same update
+        no longer match. ``offset``: both are the transcript from that index on, at or before the first
+        message of the document's tail (an append rewrites the tail, so it needs all of it). A page already
+        taken by other messages (a writer that lost a race, was refused, or died after writing it) makes it
+        a rewrite into a new generation, under the same guard. The same update
         drops the journal, takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step
         stays one write (a pipeline's when it claims events: the cap is an expression). ``pop_queue``: the same
         update takes the oldest queued message (``take_queued``, which claims no events)."""
         assert not (pop_queue and claim is not None), "take_queued claims no events"
         version, old = known
-        length = len(old)
-        if common_prefix(old, items) < length:
+        length = offset + len(old)
+        if common_prefix(old, items) < len(old):
             return False
         layout = Layout.of(version)
-        tail = _bodies(items[layout.base:])
+        if layout.base < offset:
+            return False  # the tail begins before what is known: the caller reads the document
+        tail = _bodies(items[layout.base - offset:])
         pushed: list[str] | None = None  # onto the tail, or the tail replaced by ``rest``
         rest: list[str] = []
         if MESSAGE_LIMITS.overflows(tail):  # the tail fills pages: write them first, as no version reaches them yet
             pages, rest = MESSAGE_LIMITS.cut(tail)
             if not self._put_pages(layout.generation, layout.pages, pages, fresh=False):
-                return self._rewrite(session, items, {**guard, "_id": session, "version": version}, pull, claim,
+                whole = self._whole(session, version, items, offset)
+                if whole is None:
+                    return False
+                return self._rewrite(session, whole, {**guard, "_id": session, "version": version}, pull, claim,
                                      pop_queue)
-            layout = Layout(layout.generation, len(items), layout.base + len(tail) - len(rest),
+            layout = Layout(layout.generation, offset + len(items), layout.base + len(tail) - len(rest),
                             layout.pages + len(pages))
         else:
-            layout = Layout(layout.generation, len(items), layout.base, layout.pages)
+            layout = Layout(layout.generation, offset + len(items), layout.base, layout.pages)
             pushed = tail[length - layout.base:]
         new_version = layout.version()
         where = {**guard, "_id": session, "version": version}
@@ -91,8 +99,22 @@ class Pages(StoreBase):
             written = self._committing(
                 claim, lambda: self._sessions.update_one(guarded(where, claim), [{"$set": fields}]).matched_count == 1)
         if written:
-            self._known.put(session, new_version, items)
+            self._known.put(session, new_version, items, start=offset)
         return written
+
+    def _whole(self, session: str, version: str, items: tuple[Message, ...], offset: int) -> tuple[Message, ...] | None:
+        """``items`` (the transcript from ``offset`` on) with the stored messages before them, for a rewrite;
+        ``None`` when the session is no longer at ``version``."""
+        if not offset:
+            return items
+        doc = self._sessions.find_one({"_id": session}, {"version": 1, "tail": 1})
+        bodies = None if doc is None or doc.get("version") != version else self._bodies(doc)
+        if bodies is None:
+            return None
+        try:
+            return (*(Message.from_json(body) for body in bodies[:offset]), *items)
+        except (MessageError, TypeError) as exc:
+            raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
 
     def _rewrite(
         self, session: str, items: tuple[Message, ...], guard: dict[str, Any], pull: Sequence[str] = (),

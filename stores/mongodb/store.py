@@ -37,7 +37,7 @@ from .base import RETRIES
 from .document import STAMP, TOUCH, mark
 from .eventlayout import NOT_THE_LOG, blind
 from .events import EventLog
-from .layout import MAX_MESSAGE_BYTES
+from .layout import MAX_MESSAGE_BYTES, Layout
 from .lease import Lease, lost
 from .lifecycle import Lifecycle
 from .pages import Pages
@@ -201,23 +201,36 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         raise StoreError(f"MongoDB store: take_steers of session {session!r} kept racing with other takers")
 
     def save_fenced(
-        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        start: int = 0,
     ) -> Saved:
         """The usual step is one update: the append, matched only while the lease is the run's and not
         cancelled, and (when taking steers) no steer waits. Otherwise the document is read, the fence and
         the stored transcript checked, and the steers pulled and the transcript holding them written in one
         update, guarded on the lease, the version and those steers still being there."""
-        return self._save_fenced(session, holder, msgs, take_steers, replace)
+        return self._save_fenced(session, holder, msgs, take_steers, replace, start=start)
 
     def _save_fenced(
         self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool,
-        events: Sequence[str] = (), keep: int = 0,
+        events: Sequence[str] = (), keep: int = 0, start: int = 0,
     ) -> Saved:
         """``save_fenced``, whose one update of the session's document also stores ``events`` in its event
         log and claims their numbers, the cap ``keep`` applied (a ``Claim``: pushed onto the log's tail in
-        the usual step, planned on the document read when the tail is full)."""
+        the usual step, planned on the document read when the tail is full).
+
+        A save from ``start`` (``TailStore``) is made a save from ``offset``, at or before the first
+        message of the document's tail, whose messages before ``start`` this process knows (or reads from
+        the document): an append rewrites the document's tail, so it needs all of it."""
         validate.session_id(session)
-        known = self._known.get(session)
+        offset = validate.save_start(start, replace)
+        known = self._known.get(session) if not offset else None
+        if offset:
+            covered = self._known.covering(session, offset)
+            if covered is not None:  # known from ``since``: from the document tail's first message on will do
+                version, old, since = covered
+                offset = max(since, min(start, Layout.of(version).base))
+                msgs = (*old[offset - since:start - since], *msgs)
+                known = version, old[offset - since:]
         items, shared = validate.messages_after(msgs, known[1] if known is not None else ())  # checks what is new
         validate.stored_size(items, shared, MAX_MESSAGE_BYTES, "MongoDB store")
         fence: dict[str, Any] = {"token": holder.token, "epoch": holder.epoch}
@@ -225,17 +238,19 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
             claim = blind(events, keep) if events else None
             if known is not None and not replace and len(items) > len(known[1]) and (claim or not events):
                 guard = {**fence, "cancelled": False, **(_NO_STEER if take_steers else {})}
-                if self._append(session, known, items, guard, claim=claim):
+                if self._append(session, known, items, guard, claim=claim, offset=offset):
                     return Saved([], False)
             for _ in range(RETRIES):
                 doc = self._sessions.find_one({"_id": session}, _NO_KEYS if events else {**NOT_THE_LOG, **_NO_KEYS})
                 if doc is None or doc.get("token") != holder.token or doc.get("epoch") != holder.epoch:
                     raise lost(session, holder, doc)
+                if offset:
+                    items, offset = self._from_tail(session, doc, items, offset, start)
                 if events:
                     claim = self._log_claim(session, {"_id": session, **fence}, doc, events, keep)
                     if claim is None:
                         continue  # the log begun, or moved out of agent_events (by this write or another): read again
-                stored = 0 if replace else self._stored_prefix(session, doc, items)
+                stored = 0 if replace else self._stored_prefix(session, doc, items, offset)
                 if stored is None:
                     continue  # a rewrite removed the pages between the two reads
                 waiting = list(doc.get("steers") or []) if take_steers else []
@@ -253,7 +268,8 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
                 if waiting:
                     where.update(_taking(session, waiting)[0])
                 if "version" in doc and not replace:
-                    written = self._append(session, (doc["version"], items[:stored]), saved, where, pull, claim)
+                    written = self._append(session, (doc["version"], items[:stored]), saved, where, pull, claim,
+                                           offset)
                 else:
                     where["version"] = doc["version"] if "version" in doc else {"$exists": False}
                     written = self._rewrite(session, saved, {**where, "_id": session}, pull, claim)
@@ -261,19 +277,42 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
                     return done
         raise StoreError(f"MongoDB store: save of session {session!r} kept racing with other takers")
 
-    def _stored_prefix(self, session: str, doc: dict[str, Any], items: tuple[Message, ...]) -> int | None:
-        """How many messages the document holds, checking they are the first ones of ``items``
-        (``TranscriptConflict`` if not); ``None`` when its pages went meanwhile (read it again)."""
+    def _from_tail(
+        self, session: str, doc: dict[str, Any], items: tuple[Message, ...], offset: int, start: int,
+    ) -> tuple[tuple[Message, ...], int]:
+        """``items``, the transcript from ``offset`` on, as a save from no later than the first message of
+        the document's tail: the messages of the tail before ``offset`` put before them. ``TranscriptConflict``
+        when the document holds fewer than ``start`` messages."""
+        layout = Layout.of(doc["version"]) if "version" in doc else None
+        if layout is None or layout.length < start:
+            raise TranscriptConflict(session, 0 if layout is None else layout.length, offset + len(items))
+        if offset <= layout.base:
+            return items, offset
+        head = doc.get("tail") or []
+        try:
+            before = tuple(Message.from_json(body) for body in head[:offset - layout.base])
+        except (MessageError, TypeError) as exc:
+            raise StoreError(f"MongoDB store: session {session!r} holds a corrupt message: {exc}") from exc
+        return (*before, *items), layout.base
+
+    def _stored_prefix(
+        self, session: str, doc: dict[str, Any], items: tuple[Message, ...], offset: int = 0,
+    ) -> int | None:
+        """How many messages the document holds from ``offset`` on, checking they are the first ones of
+        ``items`` (``TranscriptConflict`` if not); ``None`` when its pages went meanwhile (read it again)."""
         if "version" not in doc:
             return 0
-        known = self._known.get(session)
+        known = self._known.get(session, offset)
         if known is not None and doc["version"] == known[0] and common_prefix(known[1], items) == len(known[1]):
             return len(known[1])  # a version names one transcript: the one this process knows
-        bodies = self._bodies(doc)
+        if offset:
+            bodies = self._last_bodies(doc, Layout.of(doc["version"]).length - offset)
+        else:
+            bodies = self._bodies(doc)
         if bodies is None:
             return None
         if len(bodies) > len(items) or any(items[i].to_json() != body for i, body in enumerate(bodies)):
-            raise TranscriptConflict(session, len(bodies), len(items))
+            raise TranscriptConflict(session, offset + len(bodies), offset + len(items))
         return len(bodies)
 
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:

@@ -172,7 +172,7 @@ class Store(SQLStore):
         params = {**sql.fence_params(session, holder), "known": step.known, "n": len(step.events),
                   "clock": eventlog.first_seq(time.time())}
         number = self._driver.compiled(sql.number_events(save=True, unsteered=step.unsteered), params)
-        rows = [(session, i, step.items[i].to_json()) for i in range(step.start, len(step.items))]
+        rows = [(session, step.offset + i, step.items[i].to_json()) for i in range(step.start, len(step.items))]
         try:
             driver.execute("BEGIN IMMEDIATE")
             claimed = driver.execute(number.sql, number.values(params)).fetchone()

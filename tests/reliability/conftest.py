@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 from typing import Any
 
 import pytest
+
+import storetest.processes
 
 from . import figures
 from .backends import STORES, Backend, prepare
@@ -18,11 +19,9 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture(scope="session")
 def processes() -> Any:
     """Children come from a fork server started once: a fresh interpreter (no inherited threads or
-    connections) that forks each child, so fifty kills cost seconds, not a minute of interpreter starts."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.reliability.children", "tests.reliability.backends", "stores.sqlite",
-                                "stores.postgres", "stores.mysql", "stores.mongodb", "psycopg", "pymysql"])
-    return ctx
+    connections) that forks each child, so fifty kills cost seconds, not a minute of interpreter starts
+    (what it preloads: tests/conftest.py's PRELOAD)."""
+    return storetest.processes.context()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
