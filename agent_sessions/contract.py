@@ -16,6 +16,8 @@ Every other protocol is an optional capability a store may add, each a sub-proto
   before an idempotent tool without a round trip (docs/runs/leases.md).
 - ``SteerKeyStore``: steers left under a caller's key, each key stored once per session, so a steer whose
   answer was lost can be sent again as it is (docs/sessions.md).
+- ``QueueStore``: messages queued, under their turn keys, for a session that is busy; each is taken into the
+  transcript by the lease's holder, in the order they were accepted, as a turn of its own (docs/runs/turns.md).
 
 Each method is one atomic step; the logic around them (when to take a lease, what a journal means, the
 checks every store makes on its arguments) lives in the library, once, in the module of its capability
@@ -47,6 +49,7 @@ __all__ = [
     "Holder",
     "LifecycleStore",
     "PendingApproval",
+    "QueueStore",
     "RunSession",
     "RunStore",
     "Saved",
@@ -164,6 +167,35 @@ class RunStore(Store, Protocol):
         ``target``, atomically; steers, journal and lease stay behind. ``ArgumentError`` when ``source`` has
         no transcript, ``at`` is outside ``0..len``, or (unless ``allow_unanswered``) message ``at - 1`` has
         tool calls (``validate.fork_cut``); ``SessionExists`` when ``target`` has one."""
+
+
+# -- messages queued for a busy session ------------------------------------------------------------------------
+
+
+@runtime_checkable
+class QueueStore(RunStore, Protocol):
+    """A RunStore that keeps, per session, the user messages that arrived while it was busy (``Runner.turn``
+    with ``if_busy="queue"``), each under its turn key, in the order they were accepted. A queued message is
+    not a steer: no run's ``take_steers`` takes it. The lease's holder takes them one at a time, each as a
+    turn of its own. A key once accepted is remembered for as long as the session exists, taken or not
+    (``delete`` and ``prune`` forget the queue with the session), so a message sent again is queued once."""
+
+    def enqueue(self, session: str, key: str, text: str) -> int:
+        """Queue ``text`` under ``key`` unless that key was accepted for ``session`` before, in one atomic step;
+        return the message's position among those waiting (1: the next to be taken), or 0 when it was taken
+        into the transcript already. ``ArgumentError`` when the key was accepted with another text (a key
+        names one message; a store may check that only while the message waits). Use ``validate.turn_key`` for
+        the key. It makes the session exist, as a save does (and moves its ``updated`` on)."""
+
+    def queued(self, session: str) -> list[str]:
+        """The keys of the messages waiting, in the order they were accepted."""
+
+    def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
+        """Move the oldest waiting message to the end of the transcript, as ``Message.user(text, key=key)``,
+        fenced by ``holder`` (``LeaseLost`` otherwise, writing nothing), in one atomic step that, as a save
+        that writes does, drops the journal; return it, or ``None`` (nothing written) when none waits. With
+        ``append=False`` the message is only taken off the queue (its key is in the transcript already: it
+        was delivered another way), and the transcript and journal are left as they are."""
 
 
 # -- reading the end of a long transcript ----------------------------------------------------------------------

@@ -124,6 +124,19 @@ class SessionBusy(Conflict):
         super().__init__(message)
 
 
+class StillQueued(SessionBusy):
+    """A message ``Runner.turn`` stored for a busy session (a queued message, or a keyed steer) was not
+    answered within ``Spec.lease_wait``. It is stored and will be answered: by whichever ``turn`` of the
+    session holds its lease next, or by the same ``turn(..., key)`` called again, which then returns that
+    answer. ``key`` is the message's turn key; ``position`` its place among the messages waiting (1: next;
+    0: taken into the transcript and being answered)."""
+
+    def __init__(self, message: str, holder: Holder | None, key: str, position: int) -> None:
+        self.key = key
+        self.position = position
+        super().__init__(message, holder)  # type: ignore[arg-type]  # None: the lease was free at the end
+
+
 class SessionLocked(Conflict):
     """Another worker is inside a transaction on the session and kept its row locked longer than the store
     waits (its ``lock_wait``): a worker stalled mid-transaction (a paused VM, a stopped process, a

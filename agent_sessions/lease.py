@@ -57,8 +57,12 @@ class Lease:
         """Set by the heartbeat when a renewal found the lease taken over."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.closed = False
+        """``__exit__`` ran: the lease was given back (or lost)."""
 
     def __enter__(self) -> Lease:
+        if self._thread is not None:
+            return self  # taken already, by a turn that waited for it, and handed to its run (``busy``)
         started = time.monotonic()
         deadline = started + self.wait
         pause = 0.02
@@ -122,6 +126,9 @@ class Lease:
             f"more than the holder's Spec.lease_ttl", got)
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(HEARTBEAT_JOIN)

@@ -23,13 +23,14 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from . import lifecycle
-from .contract import LifecycleStore, RunStore
+from .contract import LifecycleStore, QueueStore, RunStore
 from .endpoints import Endpoint
 from .errors import ArgumentError, AwaitingApproval, SessionBusy, TranscriptConflict
 from .journal import Journal
 from .lease import Lease
 from .messages import Message, Role, turn_open
 from .result import Result
+from .run import busy, turns
 from .run.runner import Runner
 from .run.turns import answered
 from .session import open
@@ -140,16 +141,38 @@ def _look(store: LifecycleStore, session: str, spec: Spec) -> Callable[[Endpoint
                 store.cancel(session)  # handed a cancel with the lease: hand it on, as a run would
             store.mark_finished(session, lease.holder, text)
             return "waiting"
+        queued = _queued(store, session, lease, msgs)
         if not (turn_open(msgs) or (journal is not None and journal.answers(msgs))
-                or store.pending_steers(session)):
+                or store.pending_steers(session) or queued):
             store.mark_finished(session, lease.holder, text)
             return "finished"
     at = _open_turn(msgs)
+    if at is None and queued and not turn_open(msgs):
+        # Messages queued for the session (Runner.turn(if_busy="queue")) whose callers are gone: answered in
+        # the order they were accepted, each by its own turn, up to the last one queued when this looked.
+        last = queued[-1]
+        return lambda endpoint: busy.answer_queued(Runner()._turn_run, spec, last, endpoint)
     if at is not None:
         message = msgs[at]
         assert message.key is not None
-        return lambda endpoint: Runner().turn(spec, message.text, message.key or "", endpoint)
+        # "reject": a turn the transcript holds goes on as it always did, and nothing is queued for it
+        return lambda endpoint: Runner().turn(spec, message.text, message.key or "", endpoint, if_busy="reject")
     return lambda endpoint: Runner().run(spec, msgs, endpoint)
+
+
+def _queued(store: LifecycleStore, session: str, lease: Lease, msgs: Sequence[Message]) -> list[str]:
+    """Under the lease: the keys queued for the session (``Runner.turn(if_busy="queue")``) that the transcript
+    does not hold. A key it holds came in another way as well (a turn begun before the queue, under another
+    policy): one at the queue's head is dropped here, as a holder answering the queue drops it, and one
+    behind it when the queue gets there."""
+    if not isinstance(store, QueueStore):
+        return []
+    queued = store.queued(session)
+    while queued and turns.keyed(msgs, queued[0]) is not None:
+        store.take_queued(session, lease.holder, append=False)
+        log.info("session %r: dropped queued turn %r, which the transcript holds already", session, queued[0])
+        queued = store.queued(session)
+    return [key for key in queued if turns.keyed(msgs, key) is None]
 
 
 def _open_turn(msgs: Sequence[Message]) -> int | None:

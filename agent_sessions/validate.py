@@ -70,6 +70,18 @@ def steer_key(value: object, where: str = "steer key") -> str:
     return value
 
 
+def turn_key(value: object, where: str = "turn key") -> str:
+    """A queued message's turn key (``QueueStore.enqueue``): what a steer's key is (``steer_key``), since it
+    is stored beside the session the same way."""
+    return steer_key(value, where)
+
+
+def queued_text_differs(session: str, key: str) -> ArgumentError:
+    """The error of ``QueueStore.enqueue`` for a key accepted before with another text."""
+    return ArgumentError(f"session {session!r}: the turn key {key!r} is already used by a queued message whose "
+                         "text differs from this one; a key names one message")
+
+
 def messages(value: object, where: str = "messages", trusted: Sequence[Message] = ()) -> tuple[Message, ...]:
     """``trusted`` is a transcript already checked (what a store last saved): when ``value`` starts with
     it, only the rest is checked, so an appending save does not re-check the whole transcript."""

@@ -25,6 +25,7 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 from . import processes
 from .capabilities import Capability
 from .crossprocess import lines, wait_for
+from .mixin import ContractMixin
 
 
 def _sid() -> str:
@@ -99,19 +100,10 @@ class _ReadThen:
         return getattr(self.store, name)
 
 
-class ApprovalContract:
+class ApprovalContract(ContractMixin):
     """Mixed into StoreContract; ``make_store``, ``requires`` and ``factory`` come from there."""
 
     capabilities: frozenset[Capability]
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def factory(self) -> Any:
-        raise NotImplementedError
 
     def another(self, store: Any) -> Any:
         raise NotImplementedError

@@ -29,6 +29,9 @@ class Capability(StrEnum):
     """It implements ``agent_sessions.LifecycleStore``: list, info, metadata, delete, prune, tail."""
     STEER_KEYS = "steer_keys"
     """It implements ``agent_sessions.SteerKeyStore``: a steer sent with a key is stored once per session."""
+    QUEUE = "queue"
+    """It implements ``agent_sessions.QueueStore``: messages queued for a busy session, each key once, taken
+    into the transcript in the order accepted."""
     TAIL = "tail"
     """It implements ``agent_sessions.TailStore``: a transcript read from its end, saved from an index."""
 

@@ -31,6 +31,7 @@ from .identity import IdentityContract
 from .lifecycle import LifecycleContract
 from .meeting import CancelMeetsContract, MeetingContract
 from .model import ModelContract
+from .queue import QueueContract
 from .runs import RunStoreContract
 from .steer_keys import SteerKeyContract
 from .stranded import StrandedContract
@@ -68,7 +69,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract, TailContract, StrandedContract):
+                    ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

@@ -110,18 +110,31 @@ def keyed_steer_across_processes(
 ) -> list[bool]:
     """``processes`` processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
     at once; what each was answered."""
+    sent = _senders(factory, processes, timeout,
+                    lambda i, barrier, out: (_keyed_sender, (factory, sid, key, i, barrier, out)))
+    return [sent[i][0] == "True" for i in range(processes)]
+
+
+def _senders(factory: Callable[[], Any], processes: int, timeout: float,
+             target: Callable[[int, Any, Any], tuple[Callable[..., None], tuple[Any, ...]]]) -> dict[int, list[str]]:
+    """Start ``processes`` processes (``processes.context``, for the store of ``factory``), each
+    ``target(i, barrier, out)`` (a function and its arguments), released together by the barrier; what each
+    reported ("sent", i, [...]), by i."""
     ctx = process_context(factory)
     barrier = ctx.Barrier(processes)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_keyed_sender, args=(factory, sid, key, i, barrier, out)) for i in range(processes)]
+    procs = []
+    for i in range(processes):
+        function, args = target(i, barrier, out)
+        procs.append(ctx.Process(target=function, args=args))
     for p in procs:
         p.start()
-    answers: list[bool] = []
+    sent: dict[int, list[str]] = {}
     try:
         for _ in range(processes):
-            kind, _i, detail = out.get(timeout=timeout)
+            kind, i, detail = out.get(timeout=timeout)
             assert kind == "sent", detail[0]
-            answers.append(detail[0] == "True")
+            sent[i] = detail
     except queue.Empty:
         raise AssertionError(f"processes did not report within {timeout} s{_failures(out, procs)}") from None
     finally:
@@ -129,7 +142,33 @@ def keyed_steer_across_processes(
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return answers
+    return sent
+
+
+def _enqueuer(factory: Callable[[], Any], sid: str, i: int, n: int, barrier: Any, out: Any) -> None:
+    try:
+        store = factory()
+        barrier.wait(300)
+        positions = []
+        for j in range(n):
+            key = f"q{i}-{j:04d}"
+            positions.append(store.enqueue(sid, key, f"message {key}"))
+            positions.append(store.enqueue(sid, "shared", "one message, sent by everyone"))
+        out.put(("sent", i, [str(p) for p in positions]))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put(("error", i, [traceback.format_exc()]))
+        barrier.abort()
+
+
+def enqueue_across_processes(
+    factory: Callable[[], Any], sid: str, *, processes: int, per_process: int, timeout: float = 180
+) -> list[list[int]]:
+    """``processes`` processes queue ``per_process`` messages each on ``sid`` at once (process i's
+    j-th under the key f"q{i}-{j:04d}"), each also sending the key "shared" after every one of its own;
+    the positions each was answered, per process, in the order it sent."""
+    sent = _senders(factory, processes, timeout,
+                    lambda i, barrier, out: (_enqueuer, (factory, sid, i, per_process, barrier, out)))
+    return [[int(p) for p in sent[i]] for i in range(processes)]
 
 
 def _failures(out: Any, procs: list[Any]) -> str:

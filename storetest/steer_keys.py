@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import agent_sessions as agent
@@ -23,6 +23,7 @@ from agent_sessions import ArgumentError, Holder, LifecycleStore, Message, RunSt
 from . import strategies
 from .capabilities import Capability
 from .crossprocess import keyed_steer_across_processes
+from .mixin import ContractMixin
 
 KEYS = st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"),
                              include_characters=" "), min_size=1, max_size=255)
@@ -38,30 +39,11 @@ def _sid(tag: str) -> str:
     return f"storetest-keys-{tag}-{uuid.uuid4().hex}"
 
 
-class SteerKeyContract:
+class SteerKeyContract(ContractMixin):
     """Mixed into StoreContract; ``make_store``, ``requires``, ``factory`` and ``hypothesis`` come from there."""
 
-    examples: int
-    concurrency: int
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def factory(self) -> Any:
-        raise NotImplementedError
-
-    def hypothesis(self, **overrides: Any) -> settings:
-        raise NotImplementedError
-
     def steer_key_store(self) -> SteerKeyStore:
-        self.requires(Capability.STEER_KEYS)
-        store = self.make_store()
-        if not isinstance(store, SteerKeyStore):
-            pytest.fail(f"the store declares Capability.STEER_KEYS, but {type(store).__name__} does not implement "
-                        "agent_sessions.SteerKeyStore (add_steer_once)")
+        store: SteerKeyStore = self.capable_store(Capability.STEER_KEYS, SteerKeyStore, "add_steer_once")
         return store
 
     def lifecycle_with_keys(self) -> KeyedLifecycle:

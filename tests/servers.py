@@ -100,7 +100,7 @@ def fresh_schema(engine: Engine) -> None:
     """Drop this library's tables and run the store's SCHEMA, as a user's migration would."""
     with engine.begin() as conn:
         for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
-                      "agent_session_tags", "agent_events", "agent_steer_keys"):
+                      "agent_session_tags", "agent_events", "agent_steer_keys", "agent_queue"):
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql(postgres.SCHEMA)

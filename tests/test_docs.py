@@ -200,6 +200,9 @@ SCRIPTS: dict[str, Callable[[Page], list[Script]]] = {
         openai(calls=[("call_1", "lookup", '{"order": "1182"}')]),
         openai("Order 1182 was delivered 3 days ago."),
     ],
+    "docs/runs/busy.md": lambda page: [
+        openai("Yes: order 1183 is within the 30-day window too."),
+    ],
     "docs/lifecycle.md": lambda page: [
         openai("Yes: it was delivered 3 days ago, within the 30-day window."),
     ],
@@ -297,7 +300,7 @@ def check_store_contracts(page: Page) -> None:
 # The test databases: made on first use, emptied before each page that uses one, dropped at the end.
 
 TABLES = ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions", "agent_session_tags",
-          "agent_events", "agent_steer_keys")
+          "agent_events", "agent_steer_keys", "agent_queue")
 
 
 class Databases:

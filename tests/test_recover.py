@@ -105,3 +105,40 @@ def test_bad_arguments_are_refused() -> None:
         agent.recover(store, "resolve")  # type: ignore[arg-type]
     with pytest.raises(agent.ArgumentError):
         agent.recover(object(), _resolve)  # type: ignore[arg-type]
+
+
+class Echo:
+    """A model that answers each turn by naming the message it answers."""
+
+    def complete(self, system: str, messages: list[agent.Message], tools: object) -> agent.Message:
+        return agent.Message.assistant(f"re: {messages[-1].text}")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_messages_queued_by_callers_that_are_gone_are_answered_by_the_sweep_in_order(
+    kind: str, tmp_path: object
+) -> None:
+    """Runner.turn(if_busy="queue") stored the messages, and every caller died before it got the lease: the
+    session is stranded (its queue keeps the turn open), and the sweep answers each once, in the order they
+    were accepted; a second sweep finds nothing."""
+    from pathlib import Path
+
+    from stores import sqlite
+
+    store: agent.Store = memory.Store() if kind == "memory" else sqlite.open(Path(str(tmp_path)) / "q.db")
+    store.save("q", [agent.Message.user("hi", key="k0"), agent.Message.assistant("hello")])
+    assert "q" not in stranded_ids(store)
+    for i in (1, 2, 3):
+        assert store.enqueue("q", f"k{i}", f"question {i}") == i  # type: ignore[attr-defined]
+    assert "q" in stranded_ids(store)
+
+    def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint]:
+        return agent.Spec(), Echo()
+
+    (r,) = agent.recover(store, resolve, grace=0)
+    assert r.outcome == "recovered" and r.result is not None and r.result.text == "re: question 3"
+    texts = [(m.key or "", m.text) for m in store.messages("q")]
+    assert texts == [("k0", "hi"), ("", "hello"), ("k1", "question 1"), ("", "re: question 1"),
+                     ("k2", "question 2"), ("", "re: question 2"), ("k3", "question 3"), ("", "re: question 3")]
+    assert store.queued("q") == []  # type: ignore[attr-defined]
+    assert agent.recover(store, resolve, grace=0) == [] and "q" not in stranded_ids(store)

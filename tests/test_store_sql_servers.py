@@ -221,7 +221,7 @@ def test_schema_can_be_run_twice_and_metadata_is_public(backend: Backend) -> Non
     module = postgres if backend is POSTGRES else mysql
     assert "metadata" in module.__all__
     assert set(module.metadata.tables) == {"agent_sessions", "agent_messages", "agent_steers", "agent_session_tags",
-                                           "agent_events", "agent_steer_keys"}
+                                           "agent_events", "agent_steer_keys", "agent_queue"}
     assert sqlite.metadata is module.metadata and "metadata" in sqlite.__all__
 
 

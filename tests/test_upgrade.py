@@ -3,7 +3,8 @@ byte, and then works: a crashed run's journal is replayed, a held lease is still
 delivered, and the sessions already there are listed, described, and log their runs' events. Schema 1 is
 agent-sessions 0.1's (leases in agent_runs, journals in agent_journals), which upgrades through 2 and 3 to
 4; schema 2 has both on the session's row, 3 adds created, updated, metadata, the tags table and the
-event log, and 4 the steer keys table (a steer sent again with its key is stored once).
+event log, 4 the steer keys table (a steer sent again with its key is stored once), and 5 the queue table
+(messages left for a busy session: Runner.turn(if_busy="queue")).
 
 The data is written as the old version wrote it (its rows and documents, inserted directly); the old DDL
 is kept in tests/upgrade/ as that version exported it.
@@ -78,6 +79,27 @@ def _rows2() -> dict[str, list[dict[str, Any]]]:
         "agent_messages": old["agent_messages"],
         "agent_steers": old["agent_steers"],
     }
+
+
+def _rows_of(schema: int) -> dict[str, list[dict[str, Any]]]:
+    """What a database of ``schema`` (2 or later) holds: ``_rows2``, and from schema 4 on a steer's key too (the
+    steer delivered, its key kept)."""
+    rows = _rows2()
+    if schema >= 4:
+        rows["agent_steer_keys"] = [{"session_id": "talk", "steer_key": "req-1"}]
+    return rows
+
+
+def _check_queue(store: Any, schema: int) -> None:
+    """After the upgrade to 5: a steer key the database kept still holds, and a message queued for a
+    session is taken into its transcript, under its key."""
+    assert store.add_steer_once("talk", "sent again", "req-1") is (schema < 4)
+    assert store.enqueue("queued", "queued-1", "one more question") == 1
+    holder = store.acquire("queued", agent.Holder("upgrade", 1, uuid.uuid4().hex, 0.0), 60)
+    assert store.take_queued("queued", holder) == agent.Message.user("one more question", key="queued-1")
+    store.release("queued", holder)
+    assert store.messages("queued") == [agent.Message.user("one more question", key="queued-1")]
+    assert store.queued("queued") == [] and store.enqueue("queued", "queued-1", "one more question") == 0
 
 
 def _check_lifecycle(store: agent.LifecycleStore) -> None:
@@ -163,7 +185,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str]
         made = create_engine(servers.database_url(base, database))
         with made.begin() as conn:
             for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
-                          "agent_session_tags", "agent_events", "agent_steer_keys"):
+                          "agent_session_tags", "agent_events", "agent_steer_keys", "agent_queue"):
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
         engines.append(made)
         return made
@@ -206,19 +228,22 @@ def test_a_server_database_of_schema_1_upgrades_with_the_exported_statements(
     _check_events(module.Store(old), old)
 
 
-@pytest.mark.parametrize("schema", [2, 3])
-def test_a_server_database_of_schema_2_or_3_upgrades_to_4_with_the_exported_statements(
+@pytest.mark.parametrize("schema", [2, 3, 4])
+def test_a_server_database_of_schema_2_3_or_4_upgrades_to_5_with_the_exported_statements(
     server: tuple[str, Callable[[str], Engine]], schema: int
 ) -> None:
     """Schema 3's tables take schema 2's rows as they are (created and updated from their defaults)."""
 
-    def no_steer_keys(engine: Engine) -> None:
-        assert "agent_steer_keys" not in inspect(engine).get_table_names()
+    def before(engine: Engine) -> None:
+        assert "agent_queue" not in inspect(engine).get_table_names()
+        if schema < 4:
+            assert "agent_steer_keys" not in inspect(engine).get_table_names()
 
-    module, old = _upgraded(server, schema, _rows2(), no_steer_keys)
+    module, old = _upgraded(server, schema, _rows_of(schema), before)
     _check(module.Store(old))
     _check_lifecycle(module.Store(old))
     _check_events(module.Store(old), old)
+    _check_queue(module.Store(old), schema)
 
 
 def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> None:
@@ -242,15 +267,15 @@ def test_a_sqlite_file_of_schema_1_is_upgraded_when_opened(tmp_path: Path) -> No
     fresh.close()
 
 
-@pytest.mark.parametrize("schema", [2, 3])
-def test_a_sqlite_file_of_schema_2_or_3_is_upgraded_to_4_when_opened(tmp_path: Path, schema: int) -> None:
+@pytest.mark.parametrize("schema", [2, 3, 4])
+def test_a_sqlite_file_of_schema_2_3_or_4_is_upgraded_to_5_when_opened(tmp_path: Path, schema: int) -> None:
     path = tmp_path / "old.db"
     old = create_engine(f"sqlite:///{path}")
     with old.begin() as conn:
         for statement in _statements(OLD / f"schema{schema}.sqlite.sql"):
             conn.exec_driver_sql(statement)
         conn.exec_driver_sql(f"PRAGMA user_version = {schema}")  # as that schema's open left it
-    _insert(old, _rows2())
+    _insert(old, _rows_of(schema))
     old.dispose()
     store, fresh = sqlite.open(path), sqlite.open(tmp_path / "new.db")
     with store.engine.connect() as conn:
@@ -259,6 +284,7 @@ def test_a_sqlite_file_of_schema_2_or_3_is_upgraded_to_4_when_opened(tmp_path: P
     _check(store)
     _check_lifecycle(store)
     _check_events(store, store.engine)
+    _check_queue(store, schema)
     store.close()
     fresh.close()
     reopened = sqlite.open(path)  # a second open finds nothing to upgrade

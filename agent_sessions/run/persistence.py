@@ -208,7 +208,8 @@ class Leased:
 
     saves = True
 
-    def __init__(self, session: RunSession, spec: Spec, *, continuing: bool = False, start: int = 0) -> None:
+    def __init__(self, session: RunSession, spec: Spec, *, continuing: bool = False, start: int = 0,
+                 lease: Lease | None = None) -> None:
         self.store = session.store
         self.session = session.id
         self.start = start
@@ -217,8 +218,12 @@ class Leased:
         self.continuing = continuing
         """The run goes on with a turn already begun (``Runner.turn`` delivered again): a cancel handed with
         the lease is of that turn, whatever input waits."""
+        self.new_input = lease is not None and not continuing
+        """Handed a lease its caller took, and not going on with a turn: its caller took a queued message into
+        the transcript under that lease (``busy``), or steers wait; either is new input, stored already."""
         self.stopped = False
-        self.lease = Lease(self.store, self.session, spec.lease_ttl, spec.lease_wait, spec.name)
+        self.lease = lease if lease is not None else Lease(self.store, self.session, spec.lease_ttl,
+                                                           spec.lease_wait, spec.name)
         self.replace = spec.replace_transcript
         self.written = -1
         """The length of the transcript as this run last wrote it; -1 before its first write (the CAS)."""
@@ -367,7 +372,7 @@ class Leased:
             # would only go on with the cancelled turn: it marks its own lease, so it stops before it
             # starts anything and hands the cancel on in turn. A run that continues a turn (``continuing``:
             # a redelivered ``Runner.turn``) is that turn's: it stops, and the steers wait for the next one.
-            if not self.continuing and (self._begins_turn(transcript) or self._steers_wait()):
+            if not self.continuing and (self.new_input or self._begins_turn(transcript) or self._steers_wait()):
                 self.closing = True
                 log.info("session %r: the turn in progress was cancelled; closing it before the new input",
                          self.session)
@@ -794,10 +799,12 @@ def _asks(spec: Spec, call: Content, journal: Journal) -> bool:
     return tool is not None and tool.asks_approval(call)
 
 
-def keeping(spec: Spec, *, continuing: bool = False, start: int = 0) -> Keeping:
+def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Lease | None = None) -> Keeping:
     """How the run of ``spec`` keeps its transcript. ``continuing``: the run goes on with a turn already begun
     (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``). ``start``: the run was given
-    the stored transcript from that index on (a ``Tail``), which only a ``TailStore`` can save."""
+    the stored transcript from that index on (a ``Tail``), which only a ``TailStore`` can save. ``lease``:
+    taken already, by a turn that waited for the session (``busy``); the run holds it from here and
+    releases it."""
     session = spec.session
     if start and session is not None and not (is_run_session(session) and isinstance(session.store, TailStore)):
         raise ArgumentError(
@@ -825,7 +832,7 @@ def keeping(spec: Spec, *, continuing: bool = False, start: int = 0) -> Keeping:
     if session is None:
         return NOT_KEPT
     if is_run_session(session):
-        return Leased(session, spec, continuing=continuing, start=start)
+        return Leased(session, spec, continuing=continuing, start=start, lease=lease)
     return Kept(session)
 
 

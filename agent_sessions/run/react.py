@@ -24,6 +24,7 @@ from ..context import Compacts, ContextPolicy
 from ..endpoints import Endpoint, StreamingEndpoint, streaming
 from ..errors import ContextOverflow, EndpointError, OutcomeUnknown, TranscriptDeleted
 from ..events import SILENT, Events, Sink, sink
+from ..lease import Lease
 from ..messages import Content, Message, Role, distinct_call_ids, start_of, unanswered
 from ..result import Result, StopReason
 from ..spec import Spec
@@ -48,14 +49,16 @@ def run(
     box: SteerBox,
     cancelled: threading.Event,
     continuing: bool = False,
+    lease: Lease | None = None,
 ) -> Result:
-    """Run the loop on ``transcript``; ``continuing``: it goes on with a turn already begun (``keeping``)."""
+    """Run the loop on ``transcript``; ``continuing``: it goes on with a turn already begun (``keeping``);
+    ``lease``: the session's lease, taken already by the caller and handed to the run, which releases it."""
     emit = sink(events)
     taken: list[str] = []  # steers of the box in the transcript, in no stored transcript yet
     sid = getattr(spec.session, "id", None)
     started = time.monotonic()
     try:
-        with keeping(spec, continuing=continuing, start=start_of(transcript)) as keep:
+        with keeping(spec, continuing=continuing, start=start_of(transcript), lease=lease) as keep:
             log.info("run of session %r starts: %s, epoch %s, %d messages, max_steps %d, tools %s",
                      sid, "continuing its turn" if continuing else "new", keep.epoch, len(transcript),
                      spec.max_steps, [t.name for t in spec.toolbox])

@@ -10,10 +10,12 @@ from .. import validate
 from ..endpoints import Endpoint
 from ..errors import ArgumentError
 from ..events import Events
+from ..lease import Lease
 from ..messages import Message, Tail
 from ..result import Result
 from ..spec import Pattern, Spec
-from . import react, turns
+from . import busy, react
+from .busy import Busy
 from .steerbox import SteerBox
 
 log = logging.getLogger(__name__)
@@ -108,22 +110,30 @@ class Runner:
         key: str,
         endpoint: Endpoint,
         events: Events | None = None,
+        if_busy: Busy = "queue",
     ) -> Result:
         """Run the turn that answers the user message ``text``, safe to repeat with the same ``key`` (a
         task redelivered, a retried request): the message is appended only if no stored message has that
         key; a turn left unfinished is continued; an answered one is returned as it is stored, with no
         model request (``steps == 0``). Reads the transcript from ``spec.session``, which must be over a
-        RunStore. See agent_sessions.turns."""
+        RunStore. See agent_sessions.turns.
+
+        ``if_busy``: what happens to the message while another run holds the session (or messages wait in
+        its queue): ``"queue"`` (stored at once, answered in the order accepted, each by a turn of its own),
+        ``"steer"`` (joins the running run as a keyed steer), ``"reject"`` (``SessionBusy`` at once, nothing
+        written), ``"interrupt"`` (the running run is cancelled; this turn runs on what it leaves). Each wait
+        is bounded by ``Spec.lease_wait``; see agent_sessions.run.busy and docs/runs/turns.md."""
         _check(spec, [], endpoint, events)
         if not isinstance(text, str) or not text:
             raise ArgumentError(f"Runner.turn(text=) must be a non-empty str, got {text!r}")
-        return turns.turn(self._turn_run, spec, text, key, endpoint, events)
+        return busy.turn(self._turn_run, spec, text, key, endpoint, events, if_busy)
 
     def _turn_run(self, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None,
-                  continuing: bool) -> Result:
-        """``run``, for ``turns``: ``continuing`` when it goes on with the turn rather than begin it."""
+                  continuing: bool, lease: Lease | None = None) -> Result:
+        """``run``, for ``turns``: ``continuing`` when it goes on with the turn rather than begin it; ``lease``:
+        the session's, taken already by the turn (``busy``), which the run releases."""
         _check(spec, msgs, endpoint, events)
-        return _execute(Run(), spec, msgs, endpoint, events, continuing)
+        return _execute(Run(), spec, msgs, endpoint, events, continuing, lease)
 
     def start(
         self,
@@ -163,10 +173,11 @@ def _check(spec: object, msgs: object, endpoint: object, events: object) -> None
 def _execute(
     run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None,
     continuing: bool = False,
+    lease: Lease | None = None,
 ) -> Result:
     assert spec.pattern is Pattern.REACT
     try:
         transcript = Tail(msgs, msgs.start) if isinstance(msgs, Tail) else list(msgs)
-        return react.run(spec, transcript, endpoint, events, run._box, run._cancel, continuing)
+        return react.run(spec, transcript, endpoint, events, run._box, run._cancel, continuing, lease)
     finally:
         run._box.close()

@@ -39,7 +39,8 @@ ATTEMPTS = 5
 """Reads of the transcript a turn makes at most: each conflict means another delivery saved meanwhile."""
 
 
-def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None) -> Result:
+def run_session(spec: Spec, key: object) -> RunSession:
+    """The session a turn runs in, once its arguments are checked: ``Spec.session`` over a RunStore."""
     session = spec.session
     if session is None or not is_run_session(session):
         raise ArgumentError(
@@ -48,6 +49,11 @@ def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: 
         )
     if not isinstance(key, str) or not key:
         raise ArgumentError(f"Runner.turn(key=) must be a non-empty str, got {key!r}")
+    return session
+
+
+def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None) -> Result:
+    session = run_session(spec, key)
     message = Message.user(text, key=key)
     conflict: TranscriptConflict | None = None
     for _ in range(ATTEMPTS):
@@ -56,37 +62,11 @@ def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: 
         continuing = at is not None
         if at is None:
             todo = [*stored, message]
-        elif stored[at] != message:
-            raise ArgumentError(
-                f"session {session.id!r}: the turn key {key!r} is already used by message {at}, whose text "
-                f"differs from this one; a key names one message"
-            )
         else:
-            answer = answered(stored, at)
-            if answer is not None:
-                log.info("session %r: turn %r was answered already; returning its answer", session.id, key)
-                return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
-                              unapplied_steers=[], usage={})
-            later = _later_turn(stored, at)
-            if later is not None:
-                # Another turn's message followed this one's before it was answered (its worker died, and the
-                # next message came): the model takes both up in that turn, whose budget and outcome are its
-                # own. Going on here would run that turn's work under this turn's budget.
-                log.info("session %r: turn %r was taken up by the later turn %r before it was answered", session.id,
-                         key, stored[later].key)
-                return Result(messages=stored, text="", steps=0, stop_reason="superseded", unapplied_steers=[],
-                              usage={})
-            waiting = _reply_waiting(session, stored)
-            made = replies(stored, at) + waiting
-            if made >= spec.max_steps and not waiting:
-                log.info("session %r: turn %r stopped at max_steps (%d requests) already", session.id, key, made)
-                return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
-                              usage={})
-            log.info("session %r: turn %r is unfinished; continuing it", session.id, key)
-            todo = stored
-            # What is left of the turn's budget: a turn makes max_steps requests in all, however often it is
-            # delivered. A turn that was cancelled stops at once: its lease hands the cancel on.
-            spec = replace(spec, max_steps=max(0, spec.max_steps - made))  # 0: only finish the waiting reply
+            planned = plan(session, spec, stored, message, at)
+            if isinstance(planned, Result):
+                return planned
+            spec, todo = planned
         attempt = _Attempt(events)
         try:
             return run(spec, todo, endpoint, None if events is None else attempt, continuing)
@@ -103,6 +83,43 @@ def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: 
     assert conflict is not None
     last.report()
     raise conflict
+
+
+def plan(session: RunSession, spec: Spec, stored: list[Message], message: Message, at: int
+         ) -> Result | tuple[Spec, list[Message]]:
+    """What a turn whose message is stored at ``at`` does: the Result to return as it is (answered already,
+    taken up by a later turn, out of budget), or the spec (with what is left of the turn's budget) and the
+    transcript to go on with."""
+    key = message.key
+    if stored[at] != message:
+        raise ArgumentError(
+            f"session {session.id!r}: the turn key {key!r} is already used by message {at}, whose text "
+            f"differs from this one; a key names one message"
+        )
+    answer = answered(stored, at)
+    if answer is not None:
+        log.info("session %r: turn %r was answered already; returning its answer", session.id, key)
+        return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
+                      unapplied_steers=[], usage={})
+    later = _later_turn(stored, at)
+    if later is not None:
+        # Another turn's message followed this one's before it was answered (its worker died, and the
+        # next message came): the model takes both up in that turn, whose budget and outcome are its
+        # own. Going on here would run that turn's work under this turn's budget.
+        log.info("session %r: turn %r was taken up by the later turn %r before it was answered", session.id,
+                 key, stored[later].key)
+        return Result(messages=stored, text="", steps=0, stop_reason="superseded", unapplied_steers=[],
+                      usage={})
+    waiting = _reply_waiting(session, stored)
+    made = replies(stored, at) + waiting
+    if made >= spec.max_steps and not waiting:
+        log.info("session %r: turn %r stopped at max_steps (%d requests) already", session.id, key, made)
+        return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
+                      usage={})
+    log.info("session %r: turn %r is unfinished; continuing it", session.id, key)
+    # What is left of the turn's budget: a turn makes max_steps requests in all, however often it is
+    # delivered. A turn that was cancelled stops at once: its lease hands the cancel on.
+    return replace(spec, max_steps=max(0, spec.max_steps - made)), stored  # 0: only finish the waiting reply
 
 
 class _Attempt:

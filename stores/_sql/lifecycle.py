@@ -172,7 +172,8 @@ class Lifecycle(SQLBase):
             row = self.run(conn, sql.LOCK_LEASE, {"sid": session}).first()
             if row is None:
                 steered = self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount
-                return bool(self.run(conn, sql.DELETE_STEER_KEYS, {"sid": session}).rowcount or steered)
+                queued = self.run(conn, sql.DELETE_QUEUE, {"sid": session}).rowcount
+                return bool(self.run(conn, sql.DELETE_STEER_KEYS, {"sid": session}).rowcount or steered or queued)
             if row is not None and row[2] is not None and row[6] and not force:
                 held = holder_of(row[:6])
                 raise SessionBusy(
@@ -183,6 +184,7 @@ class Lifecycle(SQLBase):
             self.run(conn, sql.CLEAR, {"sid": session})
             steered = self.run(conn, sql.DELETE_STEERS, {"sid": session}).rowcount
             self.run(conn, sql.DELETE_STEER_KEYS, {"sid": session})
+            self.run(conn, sql.DELETE_QUEUE, {"sid": session})
             self.run(conn, sql.CLEAR_TAGS, {"sid": session})
             self.run(conn, sql.DELETE_EVENTS, {"sid": session})
             gone = self.run(conn, sql.DELETE_SESSION, {"sid": session}).rowcount

@@ -41,7 +41,7 @@ from sqlalchemy.sql.selectable import Select
 from agent_sessions import Holder, Message
 
 from .clock import db_micros, db_now
-from .tables import LongText, SessionId, events, messages, sessions, steer_keys, steers, tags
+from .tables import LongText, SessionId, events, messages, queue, sessions, steer_keys, steers, tags
 
 S, M = sessions.c, messages.c
 SID: BindParameter[str] = bindparam("sid", type_=SessionId)
@@ -53,10 +53,10 @@ NOW = db_now()
 
 # -- schema 5: the open turn (stranded runs) ------------------------------------------------------------------
 
-WAITING = exists().where(steers.c.session_id == SID)
-"""Input waits for the session: a save that answers its turn leaves it open while this holds. Schema 5's
-queued messages belong here too (``OR EXISTS`` a row of the queue), and in PostgreSQL's one-statement
-append (stores/postgres ``OPEN_SINCE``)."""
+WAITING = or_(exists().where(steers.c.session_id == SID),
+              exists().where(and_(queue.c.session_id == SID, queue.c.taken == false())))
+"""Input waits for the session, a steer or a queued message: a save that answers its turn leaves it open
+while this holds (PostgreSQL's one-statement append says the same: stores/postgres ``OPEN_SINCE``)."""
 OPEN_SINCE = case(
     (or_(bindparam("open", type_=Boolean()), WAITING), func.coalesce(S.open_since, db_now())), else_=null()
 )
@@ -240,6 +240,22 @@ LOCK_STEERS = (
 )
 
 
+# -- the queue (agent_sessions.QueueStore) --------------------------------------------------------------
+
+Q = queue.c
+QUEUE_KEY: BindParameter[str] = bindparam("key", type_=SessionId)
+"""A queued message's key (``enqueue``): each dialect inserts it with ``SID`` and ``:text`` unless it is there
+(its ``add_queued``)."""
+QUEUE_TEXT: BindParameter[str] = bindparam("text", type_=LongText)
+QUEUED_ROW = select(Q.id, Q.taken, Q.text).where(and_(Q.session_id == SID, Q.turn_key == QUEUE_KEY))
+QUEUE_WAITING = and_(Q.session_id == SID, Q.taken == false())
+QUEUE_POSITION = select(func.count()).where(and_(QUEUE_WAITING, Q.id <= bindparam("qid", type_=BigInteger())))
+QUEUED_KEYS = select(Q.turn_key).where(QUEUE_WAITING).order_by(Q.id)
+QUEUE_HEAD = select(Q.id, Q.turn_key, Q.text).where(QUEUE_WAITING).order_by(Q.id).limit(1)
+TAKE_QUEUED = update(queue).where(Q.id == bindparam("qid", type_=BigInteger())).values(taken=true())
+DELETE_QUEUE = delete(queue).where(Q.session_id == SID)
+
+
 # -- the lifecycle (agent_sessions.LifecycleStore) ---------------------------------------------------------
 
 T = tags.c
@@ -316,7 +332,7 @@ IDLE_BATCH = select(S.session_id).where(IDLE).order_by(S.updated).limit(bindpara
 LOCK_IDLE = select(S.session_id).where(and_(S.session_id.in_(IDS), IDLE)).with_for_update()
 """The candidates still idle, their rows locked: a save or a lease that came meanwhile keeps its session."""
 PRUNE = tuple(delete(t).where(t.c.session_id.in_(IDS))
-              for t in (messages, steers, steer_keys, tags, events, sessions))
+              for t in (messages, steers, steer_keys, queue, tags, events, sessions))
 
 
 # -- the event log (agent_sessions.EventStore) -------------------------------------------------------------

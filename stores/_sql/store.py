@@ -272,6 +272,70 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         )
         return row is not None
 
+    # -- QueueStore ------------------------------------------------------------------------------------
+
+    def enqueue(self, session: str, key: str, text: str) -> int:
+        """One transaction: the session row locked (made first if there is none, as a first save makes it),
+        then the key's row inserted unless it is there (the dialect's ``add_queued``) and read back. The lock
+        puts a session's enqueues and takes one after another, so the queue's ids are given in the order
+        the messages are committed: the order they are accepted, and taken."""
+        validate.session_id(session)
+        validate.turn_key(key)
+        validate.steer_text(text, "queued message")
+        validate.deliverable_steer(text, self.message_limit(), f"{self.backend} store")
+        assert self.add_queued is not None, f"{type(self).__name__} sets add_queued"
+        statement = self.add_queued
+        params = {"sid": session, "key": key}
+
+        def add(conn: Connection) -> int:
+            self.lock_session(conn, session)
+            self.run(conn, statement, {**params, "text": text})
+            row = self.run(conn, sql.QUEUED_ROW, params).first()
+            assert row is not None  # inserted now, or there already
+            if str(row[2]) != text:
+                raise validate.queued_text_differs(session, key)
+            if row[1]:
+                return 0
+            self.run(conn, sql.REOPEN, {"sid": session})  # a message waits: the turn is open (stranded runs)
+            position = self.run(conn, sql.QUEUE_POSITION, {"sid": session, "qid": row[0]}).scalar()
+            return int(position)  # type: ignore[call-overload,no-any-return]
+
+        return self._transaction("enqueue", session, add)
+
+    def queued(self, session: str) -> list[str]:
+        validate.session_id(session)
+        rows = self._transaction(
+            "queued", session, lambda conn: self.run(conn, sql.QUEUED_KEYS, {"sid": session}).all(),
+            read_only=True, reads=True,
+        )
+        return [_key(row[0]) for row in rows]
+
+    def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
+        """One transaction, the session row locked and the fence checked first: the oldest waiting row
+        marked taken and its message appended, under a new version (which drops the journal)."""
+        validate.session_id(session)
+
+        def take(conn: Connection) -> Message | None:
+            locked = self.run(conn, sql.LOCK, {"sid": session}).first()
+            if locked is None or locked[1] != holder.token or locked[2] != holder.epoch:
+                raise lost(session, holder, None if locked is None else locked[1:3])
+            head = self.run(conn, sql.QUEUE_HEAD, {"sid": session}).first()
+            if head is None:
+                return None
+            message = Message.user(str(head[2]), key=_key(head[1]))
+            if append:
+                length = int(self.run(conn, sql.LENGTH, {"sid": session}).scalar())  # type: ignore[call-overload]
+                self.run(conn, sql.APPEND, [{"session_id": session, "seq": length, "body": message.to_json()}])
+                self.run(conn, sql.SET_VERSION, {"sid": session, "version": os.urandom(16).hex()})
+            self.run(conn, sql.TAKE_QUEUED, {"qid": head[0]})
+            return message
+
+        try:
+            return self._transaction("take_queued", session, take)
+        finally:
+            self._known.forget(session)  # the transcript grew under a new version this process never saw
+            self._journaled.discard(session)
+
     # -- RunStore: the journal and fork ----------------------------------------------------------------
 
     def journal(self, session: str) -> str | None:
@@ -355,6 +419,10 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
     """The dialect's insert of a steer's key (``sql.SID``, ``sql.STEER_KEY``) that does nothing when it is
     there already (``ON CONFLICT DO NOTHING``, ``INSERT IGNORE``): its row count says which."""
 
+    add_queued: ClassVar[Executable | None] = None
+    """The dialect's insert of a queued message (``sql.SID``, ``sql.QUEUE_KEY``, ``sql.QUEUE_TEXT``) that does
+    nothing when its key is there already (``ON CONFLICT DO NOTHING``, ``INSERT IGNORE``)."""
+
     lock_new: ClassVar[Executable | None] = None
     """The dialect's ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` of ``lock_session``."""
 
@@ -407,3 +475,8 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         taker deleted first are simply not there, so each steer goes to exactly one taker."""
         rows = self.run(conn, sql.TAKE_STEERS, {"sid": session}).all()
         return [str(text) for _, text in sorted((int(id), text) for id, text in rows)]
+
+
+def _key(value: object) -> str:
+    """A key as read: bytes where the column is (MySQL's VARBINARY; the raw driver path does not decode it)."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -162,18 +162,42 @@ events = Table(
     **_MYSQL,
 )
 
-TABLES = (sessions, messages, steers, tags, events, steer_keys)
+# -- schema 5: the queue (issue 26) --------------------------------------------------------------------------
+
+queue = Table(
+    "agent_queue",
+    metadata,
+    # The messages Runner.turn(if_busy="queue") left for a busy session, under their turn keys, in the
+    # order they were accepted (id). The lease's holder takes the oldest waiting one into the transcript
+    # (QueueStore.take_queued) and sets taken: the row stays, so the key is accepted once for as long as
+    # the session exists (delete and prune remove the rows with it). Keys are bytes on MySQL, as steer keys.
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("session_id", SessionId, nullable=False),
+    Column("turn_key", SessionId, nullable=False),
+    Column("text", LongText, nullable=False),
+    Column("taken", Boolean, nullable=False, server_default=false()),
+    Column("accepted", Double, nullable=False, server_default=db_now()),
+    Index("agent_queue_by_key", "session_id", "turn_key", unique=True),
+    Index("agent_queue_waiting", "session_id", "taken", "id"),
+    **_MYSQL,
+)
+
+# -- end of schema 5's queue ----------------------------------------------------------------------------------
+
+TABLES = (sessions, messages, steers, tags, events, steer_keys, queue)
 
 SCHEMA_5_COLUMNS = ("open_since", "spec_name")
 SCHEMA_5_INDEXES = ("agent_sessions_open",)
-"""What schema 5 added to agent_sessions: the upgrades to earlier versions leave them to ``MIGRATIONS[5]``."""
+"""What schema 5 added to agent_sessions (stranded runs): the upgrades to earlier versions leave them to
+``MIGRATIONS[5]``, which also creates the queue table."""
 
 SCHEMA_VERSION = 5
 """1: leases in agent_runs and journals in agent_journals (0.1); 2: both on the agent_sessions row, so
 one row lock fences every write of a run; 3: created, updated and metadata on that row, the tags table,
 the indexes listing and pruning use, and the event log (event_seq on that row, the events table); 4: the
 steer keys table (a steer sent again with its key is stored once); 5: open_since and spec_name on the session
-row, and the partial index of the open sessions (stranded runs)."""
+row and the partial index of the open sessions (stranded runs), and the queue table (agent_queue: messages
+left for a busy session, Runner.turn(if_busy="queue"))."""
 
 
 def ddl(dialect: Dialect, tables: tuple[Table, ...] = TABLES) -> list[str]:
@@ -198,7 +222,8 @@ def _inline_indexes(create: str, table: Table, dialect: Dialect) -> str:
     """``create`` with ``INDEX name (columns)`` entries added after its last column or key."""
     quote = dialect.identifier_preparer.quote
     entries = [
-        f"INDEX {quote(str(index.name))} ({', '.join(quote(c.name) for c in index.columns)})"
+        f"{'UNIQUE ' if index.unique else ''}INDEX {quote(str(index.name))} "
+        f"({', '.join(quote(c.name) for c in index.columns)})"
         for index in sorted(table.indexes, key=lambda i: str(i.name))
     ]
     if not entries:

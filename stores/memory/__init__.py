@@ -44,6 +44,10 @@ class _Run:
     steers: deque[str] = field(default_factory=deque)
     steer_keys: set[str] = field(default_factory=set)
     """The keys of the steers accepted with one (``add_steer_once``); they go with the session."""
+    queue: deque[tuple[str, str]] = field(default_factory=deque)
+    """The messages queued for the session's next turns (``enqueue``): (key, text), oldest first."""
+    queue_keys: dict[str, str] = field(default_factory=dict)
+    """Every key ``enqueue`` accepted, with its text, taken or not; they go with the session."""
     created: float | None = None
     updated: float = 0.0
     metadata: dict[str, Scalar] = field(default_factory=dict)
@@ -108,6 +112,47 @@ class Store:
             run.steers.append(text)
             _mark(run, True)
             return True
+
+    # -- QueueStore ------------------------------------------------------------------------------------
+
+    def enqueue(self, session: str, key: str, text: str) -> int:
+        validate.session_id(session)
+        validate.turn_key(key)
+        validate.steer_text(text, "queued message")
+        with self._lock:
+            run = self._run(session)
+            accepted = run.queue_keys.get(key)
+            if accepted is None:
+                run.queue_keys[key] = text
+                run.queue.append((key, text))
+            elif accepted != text:
+                raise validate.queued_text_differs(session, key)
+            self._touch(session)
+            if accepted is None:
+                _mark(run, True)  # a message waits: the turn is open (stranded runs)
+            keys = [k for k, _ in run.queue]
+            return keys.index(key) + 1 if key in keys else 0
+
+    def queued(self, session: str) -> list[str]:
+        validate.session_id(session)
+        with self._lock:
+            run = self._runs.get(session)
+            return [] if run is None else [k for k, _ in run.queue]
+
+    def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
+        validate.session_id(session)
+        with self._lock:
+            run = self._fenced(session, holder)
+            if not run.queue:
+                return None
+            key, text = run.queue.popleft()
+            message = Message.user(text, key=key)
+            if not append:
+                return message
+            self._transcripts[session] = (*self._transcripts.get(session, ()), message)
+            run.journal = None
+            self._touch(session)
+            return message
 
     # -- RunStore --------------------------------------------------------------------------------------
 
@@ -295,7 +340,7 @@ class Store:
         validate.session_id(session)
         with self._lock:
             run = self._fenced(session, holder)
-            if run.journal != journal or run.steers:
+            if run.journal != journal or run.steers or run.queue:
                 return False
             run.open_since = None
             return True
@@ -325,7 +370,8 @@ class Store:
                     run.holder,
                 )
             existed = self._transcripts.pop(session, None) is not None
-            existed |= run is not None and (run.created is not None or bool(run.steers) or bool(run.steer_keys))
+            existed |= run is not None and (run.created is not None or bool(run.steers) or bool(run.steer_keys)
+                                            or bool(run.queue_keys))
             self._runs.pop(session, None)
             return existed
 
@@ -469,7 +515,7 @@ class Store:
 
 def _mark(run: _Run, opened: bool) -> None:
     """A write left the turn ``opened`` (or a steer waits: input too): keep ``open_since``, or clear it."""
-    if opened or run.steers:
+    if opened or run.steers or run.queue:
         run.open_since = run.open_since if run.open_since is not None else time.time()
     else:
         run.open_since = None

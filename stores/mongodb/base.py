@@ -90,7 +90,7 @@ class StoreBase:
 
 
 _READS = frozenset({"events", "holder", "check", "list_sessions", "info", "tail", "pending_steers", "messages",
-                    "journal"})
+                    "journal", "queued"})
 """The operations that only read: a network failure during one of them changed nothing."""
 
 

@@ -82,7 +82,7 @@ class Lifecycle(Pages):
         validate.session_id(session)
         where: dict[str, Any] = {"_id": session, "token": holder.token, "epoch": holder.epoch,
                                  "journal": journal if journal is not None else {"$exists": False},
-                                 "steers.0": {"$exists": False}}
+                                 "steers.0": {"$exists": False}, "queued.0": {"$exists": False}}
         with self._failing("mark_finished", session):
             if self._sessions.update_one(where, {"$unset": {"open_since": ""}}).matched_count == 1:
                 return True

@@ -40,6 +40,7 @@ class Pages(StoreBase):
         pull: Sequence[str] = (),
         claim: Claim | None = None,
         offset: int = 0,
+        pop_queue: bool = False,
     ) -> bool:
         """Write ``items`` as the known transcript plus what follows it, and the events of ``claim``; ``False``
         when the stored transcript is no longer the known one (or ``items`` does not extend it), or the guards
@@ -48,7 +49,9 @@ class Pages(StoreBase):
         taken by other messages (a writer that lost a race, was refused, or died after writing it) makes it
         a rewrite into a new generation, under the same guard. The same update
         drops the journal, takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step
-        stays one write (a pipeline's when it claims events: the cap is an expression)."""
+        stays one write (a pipeline's when it claims events: the cap is an expression). ``pop_queue``: the same
+        update takes the oldest queued message (``take_queued``, which claims no events)."""
+        assert not (pop_queue and claim is not None), "take_queued claims no events"
         version, old = known
         length = offset + len(old)
         if common_prefix(old, items) < len(old):
@@ -65,7 +68,8 @@ class Pages(StoreBase):
                 whole = self._whole(session, version, items, offset)
                 if whole is None:
                     return False
-                return self._rewrite(session, whole, {**guard, "_id": session, "version": version}, pull, claim)
+                return self._rewrite(session, whole, {**guard, "_id": session, "version": version}, pull, claim,
+                                     pop_queue)
             layout = Layout(layout.generation, offset + len(items), layout.base + len(tail) - len(rest),
                             layout.pages + len(pages))
         else:
@@ -87,6 +91,8 @@ class Pages(StoreBase):
                 change["$push"] = {"tail": {"$each": pushed}}
             if pull:
                 change["$pull"] = {"steers": {"id": {"$in": list(pull)}}}
+            if pop_queue:
+                change["$pop"] = {"queued": -1}
             written = self._sessions.update_one(where, change).matched_count == 1
         else:
             fields: dict[str, Any] = {
@@ -119,7 +125,7 @@ class Pages(StoreBase):
 
     def _rewrite(
         self, session: str, items: tuple[Message, ...], guard: dict[str, Any], pull: Sequence[str] = (),
-        claim: Claim | None = None,
+        claim: Claim | None = None, pop_queue: bool = False,
     ) -> bool:
         """Write ``items`` as a new generation and point the session at it, with the events of ``claim``, if
         ``guard`` still matches. A pipeline update, since it may create the session (``created`` on the
@@ -130,6 +136,8 @@ class Pages(StoreBase):
         fields["open_since"] = opened_since(items)
         if pull:
             fields["steers"] = _without(pull)
+        if pop_queue:
+            fields["queued"] = {"$slice": [{"$ifNull": ["$queued", []]}, 1, _ALL]}
         upsert = guard == {"_id": session}
         before = self._committing(claim, lambda: self._sessions.find_one_and_update(
             guarded({**guard, "_id": session}, claim), [{"$set": fields}], projection={"version": 1}, upsert=upsert,
@@ -200,6 +208,10 @@ class Pages(StoreBase):
 
 def _bodies(msgs: Sequence[Message]) -> list[str]:
     return [m.to_json() for m in msgs]
+
+
+_ALL = 2**31 - 1
+"""What ``$slice`` takes for "to the end"."""
 
 
 def _without(pull: Sequence[str]) -> dict[str, Any]:

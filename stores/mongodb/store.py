@@ -43,10 +43,11 @@ from .lifecycle import Lifecycle
 from .pages import Pages
 
 _NO_STEER = {"steers.0": {"$exists": False}}
-_NO_KEYS = {"steer_keys": 0}
-_NOT_STEERS = {"steers": 0, "steer_keys": 0, **NOT_THE_LOG}
+_NO_KEYS = {"steer_keys": 0, "queue_keys": 0, "queued": 0}
+_NOT_STEERS = {"steers": 0, **_NO_KEYS, **NOT_THE_LOG}
 """A projection for the reads of the transcript: the steers waiting, the keys of the steers sent with one
-(as many as were ever sent: they are kept as long as the session) and the log's texts left out."""
+(as many as were ever sent: they are kept as long as the session), the queue and its keys (the same) and the
+log's texts left out."""
 
 
 class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
@@ -116,6 +117,79 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
                     if self._sessions.find_one({"_id": session, "steer_keys": key}, {"_id": 1}) is not None:
                         return False
         raise StoreError(f"MongoDB store: add_steer of session {session!r} kept racing with deletes")
+
+    # -- QueueStore: ``queued`` ({key, text} oldest first) and ``queue_keys`` (every key accepted) -----------
+
+    def enqueue(self, session: str, key: str, text: str) -> int:
+        """One pipeline update of the session's document, filtered on the key not being among the keys it
+        accepted: it appends the message and its key, and makes the session exist (``created``), as a save
+        would. A key that is there makes the upsert collide (``add_steer_once``); then a read says where it
+        stands. Pushes onto one document apply one after another: that is the acceptance order."""
+        validate.session_id(session)
+        validate.turn_key(key)
+        validate.steer_text(text, "queued message")
+        validate.deliverable_steer(text, MAX_MESSAGE_BYTES, "MongoDB store")
+        item = {"key": key, "text": text}
+        add = [{"$set": {
+            "queued": {"$concatArrays": [{"$ifNull": ["$queued", []]}, [{"$literal": item}]]},
+            "queue_keys": {"$concatArrays": [{"$ifNull": ["$queue_keys", []]}, [{"$literal": key}]]},
+            "open_since": {"$ifNull": ["$open_since", "$$NOW"]},  # a message waits: the turn is open
+            **STAMP}}]
+        with self._failing("enqueue", session):
+            for _ in range(RETRIES):
+                try:
+                    self._sessions.update_one({"_id": session, "queue_keys": {"$ne": key}}, add, upsert=True)
+                except DuplicateKeyError:
+                    pass
+                doc = self._sessions.find_one({"_id": session, "queue_keys": key}, {"queued": 1})
+                if doc is None:
+                    continue  # a racing upsert made the document first, or a delete took it: again
+                waiting = list(doc.get("queued") or [])
+                for position, queued in enumerate(waiting, 1):
+                    if queued["key"] == key:
+                        if queued["text"] != text:
+                            raise validate.queued_text_differs(session, key)
+                        return position
+                return 0
+        raise StoreError(f"MongoDB store: enqueue of session {session!r} kept racing with deletes")
+
+    def queued(self, session: str) -> list[str]:
+        validate.session_id(session)
+        with self._failing("queued", session):
+            doc = self._sessions.find_one({"_id": session}, {"queued": 1})
+        return [] if doc is None else [str(q["key"]) for q in doc.get("queued") or []]
+
+    def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
+        """The document read, the fence checked; then one update, guarded by the fence, the version read and
+        the head's key, appends the head to the transcript and pops it (``Pages._append``)."""
+        validate.session_id(session)
+        with self._failing("take_queued", session):
+            for _ in range(RETRIES):
+                doc = self._sessions.find_one({"_id": session}, {**NOT_THE_LOG, "steer_keys": 0, "queue_keys": 0})
+                if doc is None or doc.get("token") != holder.token or doc.get("epoch") != holder.epoch:
+                    raise lost(session, holder, doc)
+                waiting = list(doc.get("queued") or [])
+                if not waiting:
+                    return None
+                message = Message.user(waiting[0]["text"], key=waiting[0]["key"])
+                where: dict[str, Any] = {"token": holder.token, "epoch": holder.epoch,
+                                         "queued.0.key": waiting[0]["key"]}
+                if not append:
+                    written = self._sessions.update_one(
+                        {"_id": session, **where}, {"$pop": {"queued": -1}, "$currentDate": TOUCH}).matched_count == 1
+                elif "version" not in doc:
+                    written = self._rewrite(session, (message,), {**where, "version": {"$exists": False}},
+                                            pop_queue=True)
+                else:
+                    bodies = self._bodies(doc)
+                    if bodies is None:
+                        continue  # a rewrite removed the pages between the two reads
+                    stored = tuple(Message.from_json(body) for body in bodies)
+                    written = self._append(session, (doc["version"], stored), (*stored, message), where,
+                                           pop_queue=True)
+                if written:
+                    return message
+        raise StoreError(f"MongoDB store: take_queued of session {session!r} kept racing with other writers")
 
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)

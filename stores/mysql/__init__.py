@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover
 from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.clock import db_now
-from .._sql.tables import events, sessions, steer_keys, steers, tags
+from .._sql.tables import events, queue, sessions, steer_keys, steers, tags
 
 _DIALECT = mysql.dialect()
 SCHEMA: list[str] = ddl(_DIALECT)
@@ -73,9 +73,14 @@ MIGRATIONS: dict[int, list[str]] = {
         # few; the first sweep (agent.recover) looks at each once, in pages, and clears the finished ones.
         "UPDATE agent_sessions SET open_since = updated WHERE version IS NOT NULL AND open_since IS NULL",
         # -- end of stranded runs
+        # -- the queue (a message that arrives while the session is busy): agent_queue, the messages
+        # Runner.turn(if_busy="queue") leaves for a busy session; a new table, nothing rewritten.
+        *ddl(_DIALECT, (queue,)),
+        # -- end of the queue
     ],
 }
-"""Upgrades, by the schema version each brings a database to: run each statement of ``MIGRATIONS[4]``, in
+"""Upgrades, by the schema version each brings a database to: ``MIGRATIONS[5]`` on a database of schema 4 (it
+has no table agent_queue); before it, run each statement of ``MIGRATIONS[4]``, in
 order, on a database of schema 3 (it has no table agent_steer_keys); ``MIGRATIONS[3]`` and then ``[4]`` on one
 of schema 2 (before the session lifecycle: agent_sessions has no column ``updated``); on one created by
 agent-sessions 0.1 (schema 1: it has the table agent_runs), ``MIGRATIONS[2]``, ``[3]`` and ``[4]``. MySQL
@@ -120,6 +125,11 @@ class Store(SQLStore):
     # INSERT IGNORE, not ON DUPLICATE KEY UPDATE: PyMySQL counts found rows, so an update that changes
     # nothing would count 1 as an insert does; an ignored row counts 0.
     add_steer_key = mysql.insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).prefix_with("IGNORE")
+
+    add_queued = (
+        mysql.insert(queue).values(session_id=sql.SID, turn_key=sql.QUEUE_KEY, text=sql.QUEUE_TEXT)
+        .prefix_with("IGNORE")
+    )
 
     def insert_session(self, session: str) -> Any:
         return mysql.insert(sessions).values(session_id=session).prefix_with("IGNORE")

@@ -29,7 +29,7 @@ from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
 from .._sql.clock import db_micros, db_now
-from .._sql.tables import SCHEMA_5_INDEXES, events, sessions, steer_keys, tags
+from .._sql.tables import SCHEMA_5_INDEXES, events, queue, sessions, steer_keys, tags
 from .listener import CANCEL_CHANNEL, CHANNEL, NOT_LISTENING, Listener, NotListening, Watch
 
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -84,6 +84,10 @@ MIGRATIONS: dict[int, list[str]] = {
         *(str(CreateIndex(index, if_not_exists=True).compile(dialect=_DIALECT))
           for index in sessions.indexes if index.name == "agent_sessions_open"),
         # -- end of stranded runs
+        # -- the queue (a message that arrives while the session is busy): agent_queue, the messages
+        # Runner.turn(if_busy="queue") leaves for a busy session; a new table, nothing rewritten.
+        *ddl(_DIALECT, (queue,)),
+        # -- end of the queue
     ],
 }
 """Upgrades, by the schema version each brings a database to, each run in order and in one transaction:
@@ -92,15 +96,17 @@ MIGRATIONS: dict[int, list[str]] = {
 ``updated``); on one created by agent-sessions 0.1 (schema 1: it has the table agent_runs),
 ``MIGRATIONS[2]``, ``[3]`` and ``[4]``. ``MIGRATIONS[2]`` and ``[3]`` take an ACCESS EXCLUSIVE lock on
 agent_sessions while they rewrite it; ``MIGRATIONS[4]`` only creates a table, beside runs in flight.
-``MIGRATIONS[5]`` (on schema 4) adds two columns and an index and dates every session with a transcript as
-open: run it with no run of the older version in flight (that run would not keep ``open_since``)."""
+``MIGRATIONS[5]`` (on schema 4) adds two columns and an index, dates every session with a transcript as
+open, and creates the table agent_queue: run it with no run of the older version in flight (that run would
+not keep ``open_since``)."""
 
 OPEN_SINCE = (
     "open_since = CASE WHEN CAST(:open AS BOOLEAN) OR EXISTS (SELECT 1 FROM agent_steers WHERE session_id = :sid) "
+    "OR EXISTS (SELECT 1 FROM agent_queue WHERE session_id = :sid AND NOT taken) "
     f"THEN COALESCE(open_since, {_NOW}) ELSE NULL END"
 )
-"""``statements.OPEN_SINCE`` in the raw text of the one-statement append (schema 5: what waits for the session
-keeps its turn open; queued messages join the steers here too)."""
+"""``statements.OPEN_SINCE`` in the raw text of the one-statement append (schema 5: what waits for the session,
+a steer or a queued message, keeps its turn open)."""
 
 MAX_RIDING = 16
 """Events a save's one statement carries (``save_fenced_events``); a step with more appends them in a
@@ -248,6 +254,11 @@ class Store(SQLStore):
 
     add_steer_key = (
         postgresql.insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).on_conflict_do_nothing()
+    )
+
+    add_queued = (
+        postgresql.insert(queue).values(session_id=sql.SID, turn_key=sql.QUEUE_KEY, text=sql.QUEUE_TEXT)
+        .on_conflict_do_nothing()
     )
 
     def insert_session(self, session: str) -> Any:

@@ -31,7 +31,7 @@ from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.driver import instrumented
-from .._sql.tables import SCHEMA_5_COLUMNS, SCHEMA_5_INDEXES, SCHEMA_VERSION, ddl, sessions, steer_keys
+from .._sql.tables import SCHEMA_5_COLUMNS, SCHEMA_5_INDEXES, SCHEMA_VERSION, ddl, queue, sessions, steer_keys
 
 BUSY_TIMEOUT_MS = 30_000
 _ADD_MESSAGES = "INSERT INTO agent_messages (session_id, seq, body) VALUES (?, ?, ?)"
@@ -97,6 +97,10 @@ MIGRATIONS: dict[int, list[str]] = {
         *(str(CreateIndex(index).compile(dialect=sqlite_dialect())).strip()
           for index in sessions.indexes if index.name == "agent_sessions_open"),
         # -- end of stranded runs
+        # -- the queue (a message that arrives while the session is busy): agent_queue, the messages
+        # Runner.turn(if_busy="queue") leaves for a busy session; a new table, nothing rewritten.
+        *ddl(sqlite_dialect(), (queue,)),
+        # -- end of the queue
     ],
 }
 """What ``open`` runs, in one transaction, on a file of an older schema (the file's ``PRAGMA user_version``
@@ -117,6 +121,11 @@ class Store(SQLStore):
 
     add_steer_key = (
         sqlite_insert(steer_keys).values(session_id=sql.SID, steer_key=sql.STEER_KEY).on_conflict_do_nothing()
+    )
+
+    add_queued = (
+        sqlite_insert(queue).values(session_id=sql.SID, turn_key=sql.QUEUE_KEY, text=sql.QUEUE_TEXT)
+        .on_conflict_do_nothing()
     )
 
     def insert_session(self, session: str) -> Any:

@@ -6,13 +6,10 @@ the scripted model server) carries it once."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, make_url
 
 import agent_sessions as agent
-from tests import servers
 from tests.model_server import ModelServer, openai
 
 from .proxy import FaultProxy, Rule
@@ -23,18 +20,9 @@ DATABASE = "faultsteerkeys"
 
 
 @pytest.fixture
-def stores(database: tuple[str, str, Engine], proxy: FaultProxy) -> Iterator[tuple[agent.RunStore, agent.RunStore]]:
-    """A store reaching the database through the proxy, and one reaching it directly."""
-    url = make_url(database[1]).set(port=proxy.port).render_as_string(hide_password=False)
-    make = servers.postgres_store if database[0] == "postgres" else servers.mysql_store
-    via, direct = make(url), make(database[1])
-    warm = f"warm-{uuid.uuid4().hex}"  # what a store does once (read its limits) is done before a rule is armed
-    via.add_steer(warm, "warm")
-    assert direct.take_steers(warm) == ["warm"]
-    proxy.statements.clear()
-    yield via, direct
-    for store in (via, direct):
-        getattr(store, "close", store.engine.dispose)()  # type: ignore[attr-defined]
+def stores(via_and_direct: tuple[agent.RunStore, agent.RunStore]) -> tuple[agent.RunStore, agent.RunStore]:
+    """A store reaching the database through the proxy, and one reaching it directly (conftest.py's)."""
+    return via_and_direct
 
 
 def _rule(proxy: FaultProxy) -> Rule:

@@ -65,6 +65,17 @@ CREATE: dict[str, list[str]] = {
         '\tsteer_key VARCHAR(255) NOT NULL, \n'
         '\tPRIMARY KEY (session_id, steer_key)\n'
         ')',
+        'CREATE TABLE IF NOT EXISTS agent_queue (\n'
+        '\tid BIGSERIAL NOT NULL, \n'
+        '\tsession_id VARCHAR(255) NOT NULL, \n'
+        '\tturn_key VARCHAR(255) NOT NULL, \n'
+        '\ttext TEXT NOT NULL, \n'
+        '\ttaken BOOLEAN DEFAULT false NOT NULL, \n'
+        '\taccepted DOUBLE PRECISION DEFAULT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) NOT NULL, \n'
+        '\tPRIMARY KEY (id)\n'
+        ')',
+        'CREATE UNIQUE INDEX IF NOT EXISTS agent_queue_by_key ON agent_queue (session_id, turn_key)',
+        'CREATE INDEX IF NOT EXISTS agent_queue_waiting ON agent_queue (session_id, taken, id)',
     ],
     'mysql': [
         'CREATE TABLE IF NOT EXISTS agent_sessions (\n'
@@ -117,6 +128,17 @@ CREATE: dict[str, list[str]] = {
         '\tsession_id VARBINARY(1020) NOT NULL, \n'
         '\tsteer_key VARBINARY(1020) NOT NULL, \n'
         '\tPRIMARY KEY (session_id, steer_key)\n'
+        ')ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin',
+        'CREATE TABLE IF NOT EXISTS agent_queue (\n'
+        '\tid BIGINT NOT NULL AUTO_INCREMENT, \n'
+        '\tsession_id VARBINARY(1020) NOT NULL, \n'
+        '\tturn_key VARBINARY(1020) NOT NULL, \n'
+        '\ttext LONGTEXT NOT NULL, \n'
+        '\ttaken BOOL NOT NULL DEFAULT false, \n'
+        '\taccepted DOUBLE NOT NULL DEFAULT (UNIX_TIMESTAMP() + MICROSECOND(NOW(6)) / 1000000.0), \n'
+        '\tPRIMARY KEY (id), \n'
+        '\tUNIQUE INDEX agent_queue_by_key (session_id, turn_key), \n'
+        '\tINDEX agent_queue_waiting (session_id, taken, id)\n'
         ')ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin',
     ],
     'sqlite': [
@@ -171,6 +193,17 @@ CREATE: dict[str, list[str]] = {
         '\tsteer_key VARCHAR(255) NOT NULL, \n'
         '\tPRIMARY KEY (session_id, steer_key)\n'
         ')',
+        'CREATE TABLE IF NOT EXISTS agent_queue (\n'
+        '\tid INTEGER NOT NULL, \n'
+        '\tsession_id VARCHAR(255) NOT NULL, \n'
+        '\tturn_key VARCHAR(255) NOT NULL, \n'
+        '\ttext TEXT NOT NULL, \n'
+        '\ttaken BOOLEAN DEFAULT 0 NOT NULL, \n'
+        "\taccepted DOUBLE DEFAULT ((julianday('now') - 2440587.5) * 86400.0) NOT NULL, \n"
+        '\tPRIMARY KEY (id)\n'
+        ')',
+        'CREATE UNIQUE INDEX IF NOT EXISTS agent_queue_by_key ON agent_queue (session_id, turn_key)',
+        'CREATE INDEX IF NOT EXISTS agent_queue_waiting ON agent_queue (session_id, taken, id)',
         'PRAGMA user_version = 5',
     ],
 }
@@ -178,6 +211,7 @@ CREATE: dict[str, list[str]] = {
 
 DROP: dict[str, list[str]] = {
     'postgresql': [
+        'DROP TABLE IF EXISTS agent_queue',
         'DROP TABLE IF EXISTS agent_steer_keys',
         'DROP TABLE IF EXISTS agent_events',
         'DROP TABLE IF EXISTS agent_session_tags',
@@ -186,6 +220,7 @@ DROP: dict[str, list[str]] = {
         'DROP TABLE IF EXISTS agent_sessions',
     ],
     'mysql': [
+        'DROP TABLE IF EXISTS agent_queue',
         'DROP TABLE IF EXISTS agent_steer_keys',
         'DROP TABLE IF EXISTS agent_events',
         'DROP TABLE IF EXISTS agent_session_tags',
@@ -194,6 +229,7 @@ DROP: dict[str, list[str]] = {
         'DROP TABLE IF EXISTS agent_sessions',
     ],
     'sqlite': [
+        'DROP TABLE IF EXISTS agent_queue',
         'DROP TABLE IF EXISTS agent_steer_keys',
         'DROP TABLE IF EXISTS agent_events',
         'DROP TABLE IF EXISTS agent_session_tags',

@@ -1,0 +1,298 @@
+"""What ``Runner.turn`` does with a message that arrives while its session is busy (issue 26).
+
+A session is busy while a live run holds its lease, or while messages are queued for it (a queue that is
+not empty makes it busy even with its lease free, so a new message cannot jump ahead of the queued ones).
+The caller chooses, per call (``if_busy``):
+
+- ``"queue"`` (the default: nobody's message is dropped): the message is stored at once, under its key, in
+  the session's queue (``QueueStore.enqueue``), so a crash of this caller loses nothing. Then the caller
+  waits for the lease, and with it answers the queue from its head, one message per turn (``take_queued``
+  moves the head into the transcript; the turn runs as ``turns`` continues a stored keyed turn), until its
+  own message is answered, and returns that answer. Whoever holds the lease answers the head: a caller
+  that died leaves its message to the next one. A holder does not drain the queue before it returns.
+- ``"steer"``: the message joins the running run as a keyed steer (``add_steer_once``); the run takes it
+  before its next model request. The caller waits until the transcript holds the steer followed by an
+  answer, and returns that answer, whichever process made it. When the lease is free while the steer still
+  waits (it came after the run's last request, or nobody was running), the caller takes the lease and runs
+  the session itself. A steer taken into the transcript carries no key: the caller finds it by its text.
+- ``"reject"``: ``SessionBusy`` at once, nothing written.
+- ``"interrupt"``: the running run is cancelled (``RunStore.cancel``: it stops at its next check; a started
+  non-idempotent tool is still recorded), and the new turn waits for the lease and runs on the transcript
+  the cancelled run left, closing its unfinished reply (``persistence.Leased.resume``).
+
+Every wait is bounded by ``Spec.lease_wait`` and logged at INFO when it starts and when it ends. A wait
+for a stored message that runs out raises ``StillQueued``: the message is stored and will be answered, and
+``turn(..., key)`` called again returns that answer.
+
+Whatever the policy, a message whose key the transcript holds already is a repeat: ``turns.turn`` returns
+its answer, or goes on with its unfinished turn, as it always did.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import replace
+from typing import Literal, Protocol, get_args
+
+from ..contract import LifecycleStore, QueueStore, RunSession, SteerKeyStore
+from ..endpoints import Endpoint
+from ..errors import ArgumentError, AwaitingApproval, SessionBusy, StillQueued, TranscriptDeleted
+from ..events import Events
+from ..journal import Journal
+from ..lease import Lease
+from ..messages import Message, Role
+from ..result import Result
+from ..spec import Spec
+from . import turns
+
+Busy = Literal["queue", "steer", "reject", "interrupt"]
+"""What ``Runner.turn`` does when the session is busy (this module)."""
+POLICIES: tuple[str, ...] = get_args(Busy)
+
+log = logging.getLogger(__name__)
+
+POLL_MAX = 0.25
+"""Seconds at most between two looks of a caller waiting for its steer's answer."""
+
+
+class HandedRun(Protocol):
+    """``Runner._turn_run``: a run told whether it goes on with its turn, and handed the lease it runs under
+    (taken by the caller, released by the run), or ``None`` to take its own."""
+
+    def __call__(self, spec: Spec, msgs: list[Message], endpoint: Endpoint, events: Events | None,
+                 continuing: bool, lease: Lease | None = None) -> Result: ...
+
+
+def turn(run: HandedRun, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None,
+         if_busy: str) -> Result:
+    session = turns.run_session(spec, key)
+    if if_busy not in POLICIES:
+        raise ArgumentError(f"Runner.turn(if_busy=) must be one of {', '.join(map(repr, POLICIES))}, got {if_busy!r}")
+    store = session.store
+    queue = store if isinstance(store, QueueStore) else None
+    if if_busy == "queue" and queue is not None:
+        return _queued(run, spec, session, queue, text, key, endpoint, events)
+    if turns.keyed(session.messages(), key) is not None:
+        # A repeat (a task delivered again): what a turn always did, whatever the policy.
+        return turns.turn(run, spec, text, key, endpoint, events)
+    if if_busy == "reject":
+        if queue is not None and queue.queued(session.id):
+            raise SessionBusy(f"session {session.id!r} has messages queued, and Runner.turn(if_busy='reject') "
+                              f"does not wait: nothing was written", store.holder(session.id))  # type: ignore[arg-type]
+        return turns.turn(run, replace(spec, lease_wait=0.0), text, key, endpoint, events)
+    if if_busy == "interrupt":
+        held = store.holder(session.id)
+        if held is not None and store.cancel(session.id):
+            log.info("session %r is held by %s; turn %r cancelled that run, and waits up to %g s for the lease "
+                     "(lease_wait)", session.id, held.describe(), key, spec.lease_wait)
+        return turns.turn(run, spec, text, key, endpoint, events)
+    if if_busy == "steer" and isinstance(store, SteerKeyStore):
+        return _steered(run, spec, session, store, text, key, endpoint, events)
+    # A store without the capability the policy needs: the turn waits for the lease, as it always did.
+    return turns.turn(run, spec, text, key, endpoint, events)
+
+
+def _queued(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, text: str, key: str,
+            endpoint: Endpoint, events: Events | None) -> Result:
+    # Stored first, read after: a delete of the session between the two takes the queued message with it,
+    # and the turn then finds it nowhere (``TranscriptDeleted``) rather than answer an erased conversation.
+    position = queue.enqueue(session.id, key, text)
+    if turns.keyed(session.messages(), key) is not None:
+        # A repeat (a task delivered again): what a turn always did. Its key, had it come in another way (a
+        # turn of another policy), is queued now too: the holder that meets it drops it (``_answer_head``).
+        return turns.turn(run, spec, text, key, endpoint, events)
+    log.info("session %r: turn %r queued at position %d; waiting up to %g s for the session (lease_wait)",
+             session.id, key, position, spec.lease_wait)
+    return _wait_and_answer(run, spec, session, queue, key, endpoint, events)
+
+
+def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint) -> Result:
+    """Answer a session's queue from its head up to ``key``, a message queued already (``recover``: every
+    caller that queued it is gone). Nothing is queued here: a session deleted meanwhile, its queue with it,
+    is ``TranscriptDeleted``, not a new message."""
+    session = turns.run_session(spec, key)
+    store = session.store
+    if not isinstance(store, QueueStore):
+        raise ArgumentError(f"answer_queued needs a QueueStore, got {type(store).__name__}")
+    stored = session.messages()
+    at = turns.keyed(stored, key)
+    if at is not None:  # taken into the transcript meanwhile: its answer, or what is left of its turn
+        return turns.turn(run, spec, stored[at].text, key, endpoint, None)
+    return _wait_and_answer(run, spec, session, store, key, endpoint, None)
+
+
+def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, key: str,
+                     endpoint: Endpoint, events: Events | None) -> Result:
+    """Wait (``lease_wait``) for the lease, and with it answer the queue from its head until ``key`` is."""
+    started = time.monotonic()
+    deadline = started + spec.lease_wait
+    wait = spec.lease_wait
+    while True:
+        lease = Lease(queue, session.id, spec.lease_ttl, wait)
+        try:
+            lease.__enter__()
+        except SessionBusy as exc:
+            raise _still_queued(session, queue, key, spec, exc) from None
+        try:
+            result = _answer_head(run, spec, session, queue, lease, key, endpoint, events)
+        except BaseException:
+            if not lease.closed:  # the run never started: the lease is still ours to give back
+                lease.__exit__(*sys.exc_info())
+            raise
+        if not lease.closed:
+            lease.__exit__(None, None, None)
+        wait = max(0.0, deadline - time.monotonic())
+        if result is not None:
+            log.info("session %r: turn %r answered (%s) %.1f s after it was queued", session.id, key,
+                     result.stop_reason, time.monotonic() - started)
+            return result
+
+
+def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, lease: Lease, key: str,
+                 endpoint: Endpoint, events: Events | None) -> Result | None:
+    """Under the lease: this caller's own turn, once the transcript holds its message (its Result); else
+    the turn of the queue's head, someone else's (``None``: the caller waits for the lease again)."""
+    stored = session.messages()
+    at = turns.keyed(stored, key)
+    if at is not None:
+        planned = turns.plan(session, spec, stored, stored[at], at)
+        if isinstance(planned, Result):
+            return planned
+        budget, todo = planned
+        return run(budget, todo, endpoint, events, True, lease)
+    waiting = queue.queued(session.id)
+    while waiting and turns.keyed(stored, waiting[0]) is not None:
+        queue.take_queued(session.id, lease.holder, append=False)  # delivered another way already
+        log.info("session %r: dropped queued turn %r, which the transcript holds already", session.id, waiting[0])
+        waiting = queue.queued(session.id)
+    if stored and not _answered_last(stored):
+        _no_approvals_waiting(session, queue)
+    head = queue.take_queued(session.id, lease.holder)
+    if head is None:
+        # Neither in the transcript nor queued: the session was deleted (its queue with it) after enqueue.
+        raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)
+    mine = head.key == key
+    log.info("session %r: took turn %r from the queue%s", session.id, head.key,
+             "" if mine else f" before turn {key!r}")
+    result = run(spec, [*stored, head], endpoint, events if mine else None, False, lease)
+    return result if mine else None
+
+
+def _answered_last(stored: list[Message]) -> bool:
+    """Does the transcript end with an answer (a reply without tool calls)? Then no reply of its turn waits
+    in the journal: a save that writes drops it, and the answer was saved."""
+    return stored[-1].role is Role.ASSISTANT and not stored[-1].tool_calls
+
+
+def _no_approvals_waiting(session: RunSession, queue: QueueStore) -> None:
+    """The turn in the transcript waits for decisions on its tool calls: taking the next message now would
+    drop the waiting reply and its decisions, as a new turn would (``persistence.Leased.resume``). Raise
+    ``AwaitingApproval``, taking nothing: the queued messages wait for the turn to go on."""
+    text = queue.journal(session.id)
+    if text is None:
+        return
+    journal = Journal.from_json(text, f"session {session.id!r}")
+    if journal.approvals:
+        raise AwaitingApproval(session.id, [c for c, a in journal.approvals.items() if a.decision is None]
+                               or list(journal.approvals))
+
+
+def _still_queued(session: RunSession, queue: QueueStore, key: str, spec: Spec, busy: SessionBusy) -> StillQueued:
+    """``busy`` (who holds the session, until when, the lease_wait used), said of a message that is stored."""
+    keys = queue.queued(session.id)
+    position = keys.index(key) + 1 if key in keys else 0
+    log.info("session %r: turn %r still queued (position %d) after waiting %g s (lease_wait)", session.id, key,
+             position, spec.lease_wait)
+    return StillQueued(
+        f"{busy} The message of turn {key!r} is stored (queued, position {position}; 0: being answered) and will "
+        f"be answered by whichever turn of the session holds its lease next; Runner.turn(..., key={key!r}) "
+        f"called again waits for it and returns that answer", busy.holder, key, position)
+
+
+def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStore, text: str, key: str,
+             endpoint: Endpoint, events: Events | None) -> Result:
+    store = session.store
+    # Stored as a steer even when nobody holds the session: its key is how a repeat finds it (a steer taken
+    # into the transcript carries no key), and with the lease free this caller runs it at once, below.
+    since = len(session.messages())
+    if not keys.add_steer_once(session.id, text, key):
+        since = 0  # sent before (a redelivery): it may have been taken any time since
+    started = time.monotonic()
+    deadline = started + spec.lease_wait
+    log.info("session %r: turn %r left as a steer for its run; waiting up to %g s for its answer (lease_wait)",
+             session.id, key, spec.lease_wait)
+    pause = 0.02
+    while True:
+        stored = session.messages()
+        at = _steer_at(stored, text, key, since)
+        answer = None if at is None else turns.answered(stored, at)
+        if answer is not None:
+            log.info("session %r: steered turn %r answered after waiting %.1f s", session.id, key,
+                     time.monotonic() - started)
+            return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
+                          unapplied_steers=[], usage={})
+        if store.holder(session.id) is None:
+            result = _run_steered(run, spec, session, text, key, since, endpoint, events)
+            if result is not None:
+                log.info("session %r: steered turn %r answered by this caller after waiting %.1f s", session.id,
+                         key, time.monotonic() - started)
+                return result
+        left = deadline - time.monotonic()
+        if left <= 0:
+            log.info("session %r: steered turn %r still waits after %g s (lease_wait)", session.id, key,
+                     spec.lease_wait)
+            held = store.holder(session.id)
+            by = "" if held is None else f" (held by {held.describe()})"
+            raise StillQueued(
+                f"session {session.id!r} stayed busy{by} for Spec.lease_wait={spec.lease_wait:g} s: the message of "
+                f"turn {key!r} is stored (a keyed steer) and will be answered by the session's next run; "
+                f"Runner.turn(..., key={key!r}, if_busy='steer') called again returns that answer", held, key, 0)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, POLL_MAX)
+
+
+def _steer_at(msgs: list[Message], text: str, key: str, since: int) -> int | None:
+    """Where the transcript holds the steered message: a message with its key (it came as a turn of its own),
+    or else the first user message from ``since`` on with its text and no key (a steer taken into a run
+    carries no key: ``RunStore.save_fenced`` appends its text)."""
+    at = turns.keyed(msgs, key)
+    if at is not None:
+        return at
+    for i in range(since, len(msgs)):
+        if msgs[i].role is Role.USER and not msgs[i].key and msgs[i].text == text:
+            return i
+    return None
+
+
+def _run_steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str, since: int,
+                 endpoint: Endpoint, events: Events | None) -> Result | None:
+    """The lease is free while the steer waits (it came after the holder's last request, or the holder died):
+    take it and run the session, which takes the steers into its first request. ``None``: someone else took
+    the lease first, or answered the steer meanwhile (the caller looks again)."""
+    store = session.store
+    lease = Lease(store, session.id, spec.lease_ttl, 0.0)
+    try:
+        lease.__enter__()
+    except SessionBusy:
+        return None
+    try:
+        stored = session.messages()
+        at = _steer_at(stored, text, key, since)
+        if at is not None and stored[at].key == key:
+            planned = turns.plan(session, spec, stored, stored[at], at)  # it came as a turn (not busy after all)
+            if isinstance(planned, Result):
+                return planned if planned.stop_reason != "superseded" else None
+            budget, todo = planned
+            return run(budget, todo, endpoint, events, True, lease)
+        if at is None and isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
+            raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
+        if at is not None and turns.answered(stored, at) is not None:
+            return None  # answered meanwhile: the caller reads it
+        result = run(spec, stored, endpoint, events, False, lease)
+        at = _steer_at(result.messages, text, key, since)
+        return result if at is not None and turns.answered(result.messages, at) is not None else None
+    finally:
+        if not lease.closed:
+            lease.__exit__(*sys.exc_info())

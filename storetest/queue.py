@@ -1,0 +1,198 @@
+"""The QueueStore contract: messages queued for a busy session (``Runner.turn(if_busy="queue")``), each key
+accepted once per session however often it is sent and by however many threads or processes at once, kept
+in the order accepted, and taken into the transcript one at a time by the lease's holder, fenced. A queued
+message is not a steer. ``delete`` and ``prune`` remove the queue with the session.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Protocol, runtime_checkable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent_sessions import ArgumentError, Holder, LeaseLost, LifecycleStore, Message, QueueStore, SessionBusy
+
+from . import strategies
+from .capabilities import Capability
+from .crossprocess import enqueue_across_processes
+from .mixin import ContractMixin
+from .steer_keys import KEYS
+
+
+@runtime_checkable
+class QueueLifecycle(QueueStore, LifecycleStore, Protocol):
+    """A store keeping a queue and the lifecycle: whose delete and prune must remove the queue."""
+
+
+def _sid(tag: str) -> str:
+    return f"storetest-queue-{tag}-{uuid.uuid4().hex}"
+
+
+def _claimant() -> Holder:
+    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
+
+
+class QueueContract(ContractMixin):
+    """What a ``QueueStore`` keeps (the module's docstring), checked through the store's own methods."""
+
+    def queue_store(self) -> QueueStore:
+        store: QueueStore = self.capable_store(Capability.QUEUE, QueueStore, "enqueue, queued, take_queued")
+        return store
+
+    def queue_lifecycle(self) -> QueueLifecycle:
+        self.requires(Capability.LIFECYCLE)
+        store = self.queue_store()
+        assert isinstance(store, QueueLifecycle)
+        return store
+
+    def test_a_queued_key_is_accepted_once_in_order_and_is_no_steer(self) -> None:
+        store = self.queue_store()
+        sid = _sid("once")
+        assert [store.enqueue(sid, k, f"text {k}") for k in ("a", "b", "c")] == [1, 2, 3]
+        assert store.enqueue(sid, "b", "text b") == 2  # sent again: where it stands
+        assert store.queued(sid) == ["a", "b", "c"], store.queued(sid)
+        with pytest.raises(ArgumentError, match="already used"):
+            store.enqueue(sid, "b", "another text under the same key")
+        assert store.enqueue(sid, "B", "keys compare exactly") == 4
+        assert store.take_steers(sid) == [] and store.queued(sid) == ["a", "b", "c", "B"]
+
+    def test_the_holder_takes_the_head_into_the_transcript_fenced(self) -> None:
+        store = self.queue_store()
+        sid = _sid("take")
+        store.save(sid, [Message.user("q", key="k0"), Message.assistant("a")])
+        holder = store.acquire(sid, _claimant(), 60)
+        assert store.take_queued(sid, holder) is None  # nothing waits: nothing written
+        store.enqueue(sid, "k1", "first")
+        store.enqueue(sid, "k2", "second")
+        store.put_journal(sid, holder, '{"stale": true}')
+        taken = store.take_queued(sid, holder)
+        assert taken == Message.user("first", key="k1")
+        assert store.messages(sid)[-1] == taken and len(store.messages(sid)) == 3
+        assert store.journal(sid) is None  # as a save that writes
+        assert store.queued(sid) == ["k2"] and store.enqueue(sid, "k2", "second") == 1
+        assert store.enqueue(sid, "k1", "first") == 0  # taken already: accepted once, for good
+        store.release(sid, holder)
+        with pytest.raises(LeaseLost):
+            store.take_queued(sid, holder)
+        assert store.queued(sid) == ["k2"] and len(store.messages(sid)) == 3
+        again = store.acquire(sid, _claimant(), 60)
+        assert store.take_queued(sid, again, append=False) == Message.user("second", key="k2")
+        assert store.queued(sid) == [] and len(store.messages(sid)) == 3
+        store.release(sid, again)
+
+    def test_a_queue_on_a_session_without_a_transcript_starts_it(self) -> None:
+        store = self.queue_store()
+        sid = _sid("fresh")
+        assert store.enqueue(sid, "k", "hello") == 1
+        holder = store.acquire(sid, _claimant(), 60)
+        assert store.take_queued(sid, holder) == Message.user("hello", key="k")
+        assert store.messages(sid) == [Message.user("hello", key="k")]
+        store.release(sid, holder)
+
+    def test_a_bad_key_or_text_is_refused_and_nothing_is_queued(self) -> None:
+        store = self.queue_store()
+        sid = _sid("bad")
+        for bad in ("", "x" * 256, "line\n", "nul\x00", 7, None):
+            with pytest.raises(ArgumentError):
+                store.enqueue(sid, bad, "never queued")  # type: ignore[arg-type]
+        with pytest.raises(ArgumentError):
+            store.enqueue(sid, "good", "")
+        assert store.queued(sid) == []
+        assert store.enqueue(sid, "x" * 255, "kept") == 1
+
+    def test_threads_racing_queue_each_key_once_at_distinct_places(self) -> None:
+        store = self.queue_store()
+        n = max(2, self.concurrency)
+        sid = _sid("threads")
+        barrier = threading.Barrier(n)
+        got: dict[int, list[int]] = {}
+        errors: list[BaseException] = []
+
+        def send(i: int) -> None:
+            try:
+                barrier.wait(60)
+                got[i] = [store.enqueue(sid, f"t{i}-{j}", f"text {i} {j}") for j in range(3)]
+                got[i].append(store.enqueue(sid, "shared", "one text"))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        keys = store.queued(sid)
+        assert sorted(keys) == sorted([f"t{i}-{j}" for i in range(n) for j in range(3)] + ["shared"])
+        for i in range(n):
+            mine = [k for k in keys if k.startswith(f"t{i}-")]
+            assert mine == [f"t{i}-{j}" for j in range(3)], "one sender's messages out of order"
+            assert all(p >= 1 for p in got[i])
+
+    def test_processes_racing_queue_each_key_once_in_the_order_taken(self) -> None:
+        factory = self.factory()
+        store = self.queue_store()
+        sid = _sid("procs")
+        processes, per = 6, 5
+        positions = enqueue_across_processes(factory, sid, processes=processes, per_process=per)
+        keys = store.queued(sid)
+        assert sorted(keys) == sorted([f"q{i}-{j:04d}" for i in range(processes) for j in range(per)] + ["shared"])
+        for i in range(processes):
+            assert [k for k in keys if k.startswith(f"q{i}-")] == [f"q{i}-{j:04d}" for j in range(per)]
+            assert all(p >= 1 for p in positions[i])
+        holder = store.acquire(sid, _claimant(), 60)
+        taken = []
+        while (message := store.take_queued(sid, holder)) is not None:
+            taken.append(message.key)
+        store.release(sid, holder)
+        assert taken == keys and [m.key for m in store.messages(sid)] == keys
+
+    def test_delete_and_prune_remove_the_queue_with_the_session(self) -> None:
+        store = self.queue_lifecycle()
+        sid = _sid("delete")
+        store.enqueue(sid, "k", "queued")
+        assert store.info(sid) is not None  # a queued message makes the session, as a save does
+        assert store.delete(sid) is True
+        assert store.queued(sid) == [] and store.enqueue(sid, "k", "a new session's") == 1
+        pruned = _sid("prune")
+        store.enqueue(pruned, "k", "queued")
+        time.sleep(1.2)
+        store.prune(idle_for=1.0)
+        assert store.info(pruned) is None and store.queued(pruned) == []
+        assert store.enqueue(pruned, "k", "accepted anew") == 1
+
+    def test_a_held_session_keeps_its_queue_when_delete_is_refused(self) -> None:
+        self.requires(Capability.RUN_STORE)
+        store = self.queue_lifecycle()
+        sid = _sid("held")
+        holder = store.acquire(sid, _claimant(), 60)
+        store.enqueue(sid, "k", "waits")
+        with pytest.raises(SessionBusy):
+            store.delete(sid)
+        assert store.queued(sid) == ["k"]
+        store.release(sid, holder)
+
+    def test_property_queued_messages_round_trip_in_order(self) -> None:
+        store = self.queue_store()
+
+        @given(st.lists(st.tuples(strategies.steer_texts, KEYS), max_size=6, unique_by=lambda p: p[1]))
+        @self.hypothesis()
+        def check(queued: list[tuple[str, str]]) -> None:
+            sid = _sid("prop")
+            assert [store.enqueue(sid, key, text) for text, key in queued] == list(range(1, len(queued) + 1))
+            assert [store.enqueue(sid, key, text) for text, key in queued] == list(range(1, len(queued) + 1))
+            assert store.queued(sid) == [key for _, key in queued]
+            holder = store.acquire(sid, _claimant(), 60)
+            for text, key in queued:
+                assert store.take_queued(sid, holder) == Message.user(text, key=key)
+            assert store.take_queued(sid, holder) is None
+            store.release(sid, holder)
+            assert store.messages(sid) == [Message.user(text, key=key) for text, key in queued]
+            assert [store.enqueue(sid, key, text) for text, key in queued] == [0] * len(queued)
+
+        check()

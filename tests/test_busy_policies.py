@@ -1,0 +1,220 @@
+"""``Runner.turn(..., if_busy=...)`` in one process, on the memory store: what each policy does with a
+message while a run holds the session, what a wait that runs out raises and says, and what it logs. The
+same policies with real processes on every store are tests/test_busy.py."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+import agent_sessions as agent
+from stores import memory
+from storetest.scripted import Answer, ToolsThenAnswer
+from tests.test_lease import holding
+
+
+class Echo:
+    """Answers the last message: a turn's answer says which message it answered, whoever's endpoint made it."""
+
+    def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
+        return agent.Message.assistant(f"answer to {messages[-1].text}")
+
+
+def _held(store: memory.Store, sid: str) -> tuple[agent.Run, threading.Event]:
+    """A run holding ``sid`` inside a tool until the returned event is set."""
+    hold, entered, go = holding()
+    run = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[hold]), [agent.Message.user("a")],
+                               ToolsThenAnswer(["hold"]))
+    assert entered.wait(10)
+    return run, go
+
+
+def test_a_queued_message_that_waits_too_long_is_stored_and_answered_later(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="agent_sessions")
+    store = memory.Store()
+    run, go = _held(store, "chat")
+    held = store.holder("chat")
+    assert held is not None
+    try:
+        with pytest.raises(agent.StillQueued) as waited:
+            agent.Runner().turn(agent.Spec(session=agent.open("chat", store), lease_wait=0.2), "b", "msg-2",
+                                Answer("never asked"))
+        error = waited.value
+        assert isinstance(error, agent.SessionBusy) and (error.key, error.position) == ("msg-2", 1)
+        assert error.holder == held and f"is held by {held.describe()}" in str(error)
+        assert "Spec.lease_wait=0.2" in str(error) and "is stored" in str(error) and "will be answered" in str(error)
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is agent.StillQueued and (again.key, again.position, again.holder) == ("msg-2", 1, held)
+        assert store.queued("chat") == ["msg-2"]
+    finally:
+        go.set()
+    assert run.wait(10).stop_reason == "answered"
+    model = Answer("the answer to b")
+    result = agent.Runner().turn(agent.Spec(session=agent.open("chat", store)), "b", "msg-2", model)
+    assert (result.text, model.requests) == ("the answer to b", 1)
+    assert [m.key for m in store.messages("chat")][-2:] == ["msg-2", ""] and store.queued("chat") == []
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("turn 'msg-2' queued at position 1; waiting up to 0.2 s" in line for line in lines), lines
+    assert any("turn 'msg-2' still queued (position 1) after waiting 0.2 s" in line for line in lines), lines
+    assert any("turn 'msg-2' answered (answered)" in line for line in lines), lines
+
+
+def test_queued_messages_are_answered_in_order_each_by_its_own_turn_whoever_waits() -> None:
+    """Three callers queue while the session is held; the one whose message is last may get the lease first:
+    it answers the others' messages first, each in a turn of its own, and returns its own answer."""
+    store = memory.Store()
+    run, go = _held(store, "chat")
+    results: dict[str, agent.Result] = {}
+    spec = agent.Spec(session=agent.open("chat", store), lease_wait=10)
+
+    def send(key: str) -> None:  # whoever holds the lease answers with its own endpoint: one that quotes
+        results[key] = agent.Runner().turn(spec, f"text {key}", key, Echo())
+
+    threads = []
+    for key in ("k1", "k2", "k3"):
+        threads.append(threading.Thread(target=send, args=(key,)))
+        threads[-1].start()
+        while key not in store.queued("chat"):
+            threading.Event().wait(0.005)
+    go.set()
+    for t in threads:
+        t.join(10)
+    run.wait(10)
+    assert {k: r.text for k, r in results.items()} == {k: f"answer to text {k}" for k in ("k1", "k2", "k3")}
+    tail = store.messages("chat")[-6:]
+    assert [(m.key, m.text) for m in tail[::2]] == [("k1", "text k1"), ("k2", "text k2"), ("k3", "text k3")]
+    assert [m.text for m in tail[1::2]] == ["answer to text k1", "answer to text k2", "answer to text k3"]
+
+
+def test_reject_raises_at_once_and_writes_nothing() -> None:
+    store = memory.Store()
+    run, go = _held(store, "chat")
+    before = store.messages("chat")
+    try:
+        with pytest.raises(agent.SessionBusy) as busy:
+            agent.Runner().turn(agent.Spec(session=agent.open("chat", store), lease_wait=30), "b", "k",
+                                Answer("never"), if_busy="reject")
+        assert not isinstance(busy.value, agent.StillQueued)
+        assert store.messages("chat") == before and store.queued("chat") == [] and store.pending_steers("chat") == []
+    finally:
+        go.set()
+    run.wait(10)
+    store.enqueue("chat", "waiting", "queued while the lease is free")  # a queue makes the session busy too
+    with pytest.raises(agent.SessionBusy, match="messages queued"):
+        agent.Runner().turn(agent.Spec(session=agent.open("chat", store)), "c", "k2", Answer("never"),
+                            if_busy="reject")
+
+
+def test_interrupt_cancels_the_running_run_and_answers_on_what_it_left() -> None:
+    store = memory.Store()
+    run, go = _held(store, "chat")
+    answered: list[agent.Result] = []
+    spec = agent.Spec(session=agent.open("chat", store), lease_wait=10)
+    interrupting = threading.Thread(target=lambda: answered.append(agent.Runner().turn(
+        spec, "stop, do this instead", "k", Answer("done instead"), if_busy="interrupt")))
+    interrupting.start()
+    while not store.check("chat", store.holder("chat") or agent.Holder("", 0, "", 0.0)):
+        threading.Event().wait(0.005)  # the cancel is on the running run's lease
+    go.set()
+    interrupting.join(10)
+    assert run.wait(10).stop_reason == "cancelled"
+    assert answered and answered[0].text == "done instead"
+    assert store.messages("chat")[-2:] == [agent.Message.user("stop, do this instead", key="k"),
+                                           agent.Message.assistant("done instead")]
+
+
+def test_a_steer_lands_in_the_running_run_and_the_caller_gets_the_answer_that_covers_it() -> None:
+    store = memory.Store()
+    run, go = _held(store, "chat")
+    got: list[agent.Result] = []
+    spec = agent.Spec(session=agent.open("chat", store), lease_wait=10)
+    steering = threading.Thread(target=lambda: got.append(agent.Runner().turn(
+        spec, "also check the date", "k", Answer("unused"), if_busy="steer")))
+    steering.start()
+    while not store.pending_steers("chat"):
+        threading.Event().wait(0.005)
+    go.set()  # the held run's next request takes the steer, and its answer covers it
+    steering.join(10)
+    result = run.wait(10)
+    assert got and got[0].stop_reason == "answered" and got[0].text == result.text
+    assert "also check the date" in [m.text for m in store.messages("chat")]
+
+
+def test_a_steer_left_after_the_last_request_is_answered_by_its_caller() -> None:
+    """The held run makes no request after the steer came (its answer is in flight): the lease comes free
+    with the steer waiting, and the caller runs the session itself."""
+    store = memory.Store()
+    started, go = threading.Event(), threading.Event()
+
+    class Slow(Answer):
+        def complete(self, *args: object) -> agent.Message:  # type: ignore[override]
+            started.set()
+            go.wait(10)
+            return super().complete(*args)  # type: ignore[arg-type]
+
+    run = agent.Runner().start(agent.Spec(session=agent.open("chat", store)), [agent.Message.user("a")], Slow("first"))
+    assert started.wait(10)
+    got: list[agent.Result] = []
+    model = Answer("covers the steer")
+    steering = threading.Thread(target=lambda: got.append(agent.Runner().turn(
+        agent.Spec(session=agent.open("chat", store), lease_wait=10), "one more thing", "k", model,
+        if_busy="steer")))
+    steering.start()
+    while not store.pending_steers("chat"):
+        threading.Event().wait(0.005)
+    go.set()
+    steering.join(10)
+    assert run.wait(10).text == "first"
+    assert got and got[0].text == "covers the steer" and model.requests == 1
+    assert [m.text for m in store.messages("chat")] == ["a", "first", "one more thing", "covers the steer"]
+
+
+def test_an_idle_session_answers_every_policy_at_once() -> None:
+    """Nobody holds the session: each policy's message is answered by its own caller, and a repeat returns
+    that answer. A steer is still stored as one (its key is how a repeat finds it): unkeyed in the
+    transcript."""
+    store = memory.Store()
+    spec = agent.Spec(session=agent.open("chat", store))
+    for i, policy in enumerate(("queue", "steer", "reject", "interrupt")):
+        result = agent.Runner().turn(spec, f"q{i}", f"k{i}", Answer(f"a{i}"), if_busy=policy)  # type: ignore[arg-type]
+        assert (result.text, result.steps) == (f"a{i}", 1)
+        again = agent.Runner().turn(spec, f"q{i}", f"k{i}", Answer("never"), if_busy=policy)  # type: ignore[arg-type]
+        assert (again.text, again.steps) == (f"a{i}", 0)
+    assert [(m.key, m.text) for m in store.messages("chat")] == [
+        ("k0", "q0"), ("", "a0"), ("", "q1"), ("", "a1"), ("k2", "q2"), ("", "a2"), ("k3", "q3"), ("", "a3")]
+    with pytest.raises(agent.ArgumentError, match="if_busy"):
+        agent.Runner().turn(spec, "q", "k9", Answer("never"), if_busy="later")  # type: ignore[arg-type]
+
+
+def test_a_queued_message_waits_for_a_turn_that_waits_for_approval() -> None:
+    """Taking the next message would drop the waiting reply and its decisions, as a new turn would: the turn
+    raises AwaitingApproval and the message stays queued, to be answered once the turn goes on."""
+    from tests.test_review_approvals import Model, _waiting
+
+    store = memory.Store()
+    spec, _ = _waiting(store, "chat")
+    journal = store.journal("chat")
+    with pytest.raises(agent.AwaitingApproval):
+        agent.Runner().turn(spec, "and one more thing", "k", Model())
+    assert store.journal("chat") == journal and store.queued("chat") == ["k"]
+
+
+def test_a_steer_that_waits_too_long_is_stored_and_its_answer_returned_when_sent_again() -> None:
+    store = memory.Store()
+    run, go = _held(store, "chat")
+    spec = agent.Spec(session=agent.open("chat", store), lease_wait=0.2)
+    try:
+        with pytest.raises(agent.StillQueued) as waited:
+            agent.Runner().turn(spec, "check the date too", "k", Answer("never"), if_busy="steer")
+        assert (waited.value.key, waited.value.position) == ("k", 0) and "is stored" in str(waited.value)
+        assert "held by" in str(waited.value) and store.pending_steers("chat") == ["check the date too"]
+    finally:
+        go.set()
+    answer = run.wait(10)  # its next request took the steer
+    again = agent.Runner().turn(spec, "check the date too", "k", Answer("never"), if_busy="steer")
+    assert (again.text, again.steps) == (answer.text, 0)
+    assert [m.text for m in store.messages("chat")].count("check the date too") == 1
