@@ -142,3 +142,20 @@ def test_messages_queued_by_callers_that_are_gone_are_answered_by_the_sweep_in_o
                      ("k2", "question 2"), ("", "re: question 2"), ("k3", "question 3"), ("", "re: question 3")]
     assert store.queued("q") == []  # type: ignore[attr-defined]
     assert agent.recover(store, resolve, grace=0) == [] and "q" not in stranded_ids(store)
+
+
+@pytest.mark.parametrize("if_busy", ["queue", "steer", "reject", "interrupt"])
+def test_a_turn_records_its_spec_name_whatever_its_policy(if_busy: str) -> None:
+    """What ``resolve`` chooses by: a queued turn (the default) takes its lease in run/busy.py, not in the run."""
+    store = memory.Store()
+    seen: list[str | None] = []
+
+    class Looks:
+        def complete(self, system: str, messages: list[agent.Message], tools: object) -> agent.Message:
+            info = store.info("named")
+            seen.append(None if info is None else info.spec)
+            return agent.Message.assistant("done")
+
+    spec = agent.Spec(session=agent.open("named", store), name="support")
+    agent.Runner().turn(spec, "hello", "t-1", Looks(), if_busy=if_busy)  # type: ignore[arg-type]
+    assert seen == ["support"]

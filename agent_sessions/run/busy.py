@@ -130,7 +130,7 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: Que
     deadline = started + spec.lease_wait
     wait = spec.lease_wait
     while True:
-        lease = Lease(queue, session.id, spec.lease_ttl, wait)
+        lease = Lease(queue, session.id, spec.lease_ttl, wait, spec.name)
         try:
             lease.__enter__()
         except SessionBusy as exc:
@@ -272,7 +272,7 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key
     take it and run the session, which takes the steers into its first request. ``None``: someone else took
     the lease first, or answered the steer meanwhile (the caller looks again)."""
     store = session.store
-    lease = Lease(store, session.id, spec.lease_ttl, 0.0)
+    lease = Lease(store, session.id, spec.lease_ttl, 0.0, spec.name)
     try:
         lease.__enter__()
     except SessionBusy:

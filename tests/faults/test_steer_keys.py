@@ -26,9 +26,11 @@ def stores(via_and_direct: tuple[agent.RunStore, agent.RunStore]) -> tuple[agent
 
 
 def _rule(proxy: FaultProxy) -> Rule:
-    """The COMMIT of a steer's transaction (its INSERT the statement before): answered by the database, the
-    answer dropped, the connection cut."""
-    return proxy.arm(Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_steers"))
+    """The COMMIT of a steer's transaction (the statement before it: the steer's INSERT, or for a keyed one the
+    session's mark of an open turn that follows it): answered by the database, the answer dropped, the
+    connection cut."""
+    return proxy.arm(Rule("lose_ack", r"^\s*COMMIT",
+                          after="INSERT INTO agent_steers|UPDATE agent_sessions SET .*open_since"))
 
 
 def test_an_unkeyed_steer_sent_again_after_a_lost_answer_is_stored_twice(
