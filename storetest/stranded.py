@@ -21,6 +21,7 @@ from agent_sessions import (
     LeaseLost,
     LifecycleStore,
     Message,
+    QueueStore,
     Role,
     RunStore,
     SteerKeyStore,
@@ -146,6 +147,26 @@ class StrandedContract:
         assert sid not in stranded_ids(listed)
         assert store.add_steer_once(sid, "and the renewal?", "steer-1") is True
         assert sid in stranded_ids(listed)
+
+    def test_a_closing_save_keeps_the_turn_open_while_input_waits(self) -> None:
+        """A message queued, or a steer posted, while a run works keeps the turn open when that run's last
+        save ends it: nobody else would answer it if the run's worker died before taking it."""
+        store = self.stranded_store()
+        for kind in ("queue", "steer"):
+            if kind == "queue" and not isinstance(store, QueueStore):
+                continue
+            sid = _sid(f"close-{kind}")
+            store.save(sid, [QUESTION])
+            holder = store.acquire(sid, _holder(), 30)
+            if kind == "queue":
+                assert cast(QueueStore, store).enqueue(sid, "turn-2", "and the renewal?") == 1
+            else:
+                store.add_steer(sid, "and the renewal?")
+            store.save_fenced(sid, holder, [QUESTION, ANSWER], take_steers=False)
+            store.release(sid, holder)
+            info = store.info(sid)
+            assert info is not None and info.open_since is not None, kind
+            assert sid in stranded_ids(store), kind
 
     def test_mark_finished_is_fenced_and_refused_while_input_waits(self) -> None:
         store = self.stranded_store()

@@ -33,9 +33,17 @@ def opening(items: Sequence[Message], before: Sequence[Message] | None) -> tuple
     return "open_since", opened_since(items)
 
 
+OPEN = {"$ifNull": ["$open_since", "$$NOW"]}
+"""The turn is open: the mark kept, or set now."""
+CLOSED = {"$cond": [{"$or": [{"$gt": [{"$size": {"$ifNull": ["$queued", []]}}, 0]},
+                             {"$gt": [{"$size": {"$ifNull": ["$steers", []]}}, 0]}]}, OPEN, "$$REMOVE"]}
+"""A write that closes the turn: the mark removed, unless a queued message or a steer waits (the SQL stores'
+``WAITING``). A stage of its own after the write's, so it sees the arrays the write left."""
+
+
 def opened_since(items: Sequence[Message]) -> Any:
     """A rewrite's ``open_since``: ``opening`` of a transcript whose predecessor is not known."""
-    return {"$ifNull": ["$open_since", "$$NOW"]} if turn_open(items) else "$$REMOVE"
+    return OPEN if turn_open(items) else CLOSED
 
 
 def mark(items: Sequence[Message], doc: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from agent_sessions import Message, MessageError, StoreError
 
 from .._known import common_prefix
 from .base import StoreBase
-from .document import STAMP, TOUCH, opened_since, opening
+from .document import OPEN, STAMP, TOUCH, opened_since, opening
 from .eventlayout import Claim, guarded
 from .layout import MESSAGE_LIMITS, Layout
 
@@ -49,7 +49,8 @@ class Pages(StoreBase):
         taken by other messages (a writer that lost a race, was refused, or died after writing it) makes it
         a rewrite into a new generation, under the same guard. The same update
         drops the journal, takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step
-        stays one write (a pipeline's when it claims events: the cap is an expression). ``pop_queue``: the same
+        stays one write (a pipeline's when it claims events, as the cap is an expression, or closes the turn,
+        as ``document.CLOSED`` looks at what waits). ``pop_queue``: the same
         update takes the oldest queued message (``take_queued``, which claims no events)."""
         assert not (pop_queue and claim is not None), "take_queued claims no events"
         version, old = known
@@ -78,12 +79,10 @@ class Pages(StoreBase):
         new_version = layout.version()
         where = {**guard, "_id": session, "version": version}
         turned = opening(items, old)
-        if claim is None:
+        if claim is None and (turned is None or turned[1] == OPEN):
             change: dict[str, Any] = {"$set": {"version": new_version}, "$unset": {"journal": ""},
                                       "$currentDate": dict(TOUCH)}
-            if turned is not None and turned[1] == "$$REMOVE":
-                change["$unset"]["open_since"] = ""
-            elif turned is not None:  # the known transcript was finished: nothing marked it open since
+            if turned is not None:  # the known transcript was finished: nothing marked it open since
                 change["$currentDate"]["open_since"] = True
             if pushed is None:
                 change["$set"]["tail"] = rest
@@ -98,13 +97,17 @@ class Pages(StoreBase):
             fields: dict[str, Any] = {
                 "tail": {"$literal": rest} if pushed is None else
                 {"$concatArrays": [{"$ifNull": ["$tail", []]}, {"$literal": pushed}]},
-                "version": {"$literal": new_version}, "journal": "$$REMOVE", "updated": "$$NOW", **claim.fields}
-            if turned is not None:
-                fields[turned[0]] = turned[1]
+                "version": {"$literal": new_version}, "journal": "$$REMOVE", "updated": "$$NOW",
+                **(claim.fields if claim else {})}
             if pull:
                 fields["steers"] = _without(pull)
+            if pop_queue:
+                fields["queued"] = _POPPED
+            stages = [{"$set": fields}]
+            if turned is not None:  # a stage of its own: a close looks at the arrays this write left
+                stages.append({"$set": {turned[0]: turned[1]}})
             written = self._committing(
-                claim, lambda: self._sessions.update_one(guarded(where, claim), [{"$set": fields}]).matched_count == 1)
+                claim, lambda: self._sessions.update_one(guarded(where, claim), stages).matched_count == 1)
         if written:
             self._known.put(session, new_version, items, start=offset)
         return written
@@ -133,14 +136,14 @@ class Pages(StoreBase):
         version, tail = self._new_generation(_bodies(items))
         fields: dict[str, Any] = {"version": {"$literal": version}, "tail": {"$literal": tail},
                                   "journal": "$$REMOVE", **STAMP, **(claim.fields if claim else {})}
-        fields["open_since"] = opened_since(items)
         if pull:
             fields["steers"] = _without(pull)
         if pop_queue:
-            fields["queued"] = {"$slice": [{"$ifNull": ["$queued", []]}, 1, _ALL]}
+            fields["queued"] = _POPPED
+        stages = [{"$set": fields}, {"$set": {"open_since": opened_since(items)}}]
         upsert = guard == {"_id": session}
         before = self._committing(claim, lambda: self._sessions.find_one_and_update(
-            guarded({**guard, "_id": session}, claim), [{"$set": fields}], projection={"version": 1}, upsert=upsert,
+            guarded({**guard, "_id": session}, claim), stages, projection={"version": 1}, upsert=upsert,
             return_document=ReturnDocument.BEFORE,
         ), lambda found: found is not None or upsert)
         if before is None and not upsert:
@@ -211,6 +214,8 @@ def _bodies(msgs: Sequence[Message]) -> list[str]:
 
 
 _ALL = 2**31 - 1
+_POPPED = {"$slice": [{"$ifNull": ["$queued", []]}, 1, _ALL]}
+"""The queue less its head, in a pipeline."""
 """What ``$slice`` takes for "to the end"."""
 
 
