@@ -319,7 +319,8 @@ class LifecycleStore(Store, Protocol):
         (a page's ``next``). Use ``check_listing`` for the arguments and ``encode_cursor``/``decode_cursor``.
 
         ``stranded``: instead, the sessions whose turn has been open (``SessionInfo.open_since``) for at
-        least ``grace`` seconds, whose lease is free or lapsed and not cancelled (store clock), oldest
+        least ``grace`` seconds, whose lease is free or lapsed and not cancelled, unless a queued message
+        waits (``QueueStore``: a cancel stops a run, not the messages queued behind it) (store clock), oldest
         ``open_since`` first, then by id (the cursor holds those two); ``prefix`` and ``where`` must be left
         out (``check_stranded``). Read through an index holding only the open sessions: a store of finished
         sessions answers without reading them. Every save keeps ``open_since``: ``COALESCE(open_since, now)``

@@ -1,9 +1,10 @@
 """Stranded runs, and the sweep that finishes them (issue 26; docs/design/busy-and-stranded.md, section 2).
 
 A session is stranded when its lease is free or lapsed and its last turn is open (a message nobody
-answers: the worker running it died, its task is gone), and it is not cancelled. Every write keeps the
-session's ``open_since`` (``LifecycleStore.list_sessions(stranded=True)``), so a sweep reads only the open
-sessions, never the finished ones: when nothing is stranded it costs one indexed query that returns no row.
+answers: the worker running it died, its task is gone), and it is not cancelled (a cancel stops the turn in
+progress, not the messages queued behind it: those are answered). Every write keeps the session's
+``open_since`` (``LifecycleStore.list_sessions(stranded=True)``), so a sweep reads only the open sessions,
+never the finished ones: when nothing is stranded it costs one indexed query that returns no row.
 
 ``recover`` finishes each such turn once, from any number of replicas at the same moment: the only way to
 act on a session is to hold its lease, which exactly one claimant wins (``lease_wait=0``: a replica that
@@ -136,12 +137,17 @@ def _look(store: LifecycleStore, session: str, spec: Spec) -> Callable[[Endpoint
         text = store.journal(session)
         journal = None if text is None else Journal.from_json(text, f"session {session!r}")
         waits = journal is not None and any(a.decision is None for a in journal.approvals.values())
+        queued = [] if waits else _queued(store, session, lease, msgs)
+        if lease.holder.cancelled:
+            store.cancel(session)  # handed a cancel with the lease: hand it on, as a run would
+            if queued:
+                # The cancel stopped the turn in progress, not the messages queued behind it: answered as
+                # below, each a new turn, so the first closes the cancelled turn's reply unrun.
+                last = queued[-1]
+                return lambda endpoint: busy.answer_queued(Runner()._turn_run, spec, last, endpoint)
         if lease.holder.cancelled or waits:
-            if lease.holder.cancelled:
-                store.cancel(session)  # handed a cancel with the lease: hand it on, as a run would
             store.mark_finished(session, lease.holder, text)
             return "waiting"
-        queued = _queued(store, session, lease, msgs)
         if not (turn_open(msgs) or (journal is not None and journal.answers(msgs))
                 or store.pending_steers(session) or queued):
             store.mark_finished(session, lease.holder, text)

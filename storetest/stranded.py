@@ -168,6 +168,26 @@ class StrandedContract:
             assert info is not None and info.open_since is not None, kind
             assert sid in stranded_ids(store), kind
 
+    def test_a_cancelled_session_is_listed_only_while_a_message_is_queued(self) -> None:
+        """A cancel stops the turn in progress, not the messages queued behind it."""
+        store = self.stranded_store()
+        sid = _sid("cancelled")
+        store.save(sid, [QUESTION])
+        holder = store.acquire(sid, _holder(), 30)
+        assert store.cancel(sid) is True
+        store.release(sid, holder)
+        assert sid not in stranded_ids(store)
+        if not isinstance(store, QueueStore):
+            return
+        assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
+        assert sid in stranded_ids(store)
+        taker = store.acquire(sid, _holder(), 30)
+        assert taker.cancelled  # the cancel is handed to the next holder, still
+        assert store.take_queued(sid, taker) == Message.user("and the renewal?", key="turn-2")
+        store.cancel(sid)  # handed on again, as a run that stops does
+        store.release(sid, taker)
+        assert sid not in stranded_ids(store)
+
     def test_mark_finished_is_fenced_and_refused_while_input_waits(self) -> None:
         store = self.stranded_store()
         sid = _sid("mark")

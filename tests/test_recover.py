@@ -159,3 +159,66 @@ def test_a_turn_records_its_spec_name_whatever_its_policy(if_busy: str) -> None:
     spec = agent.Spec(session=agent.open("named", store), name="support")
     agent.Runner().turn(spec, "hello", "t-1", Looks(), if_busy=if_busy)  # type: ignore[arg-type]
     assert seen == ["support"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_cancel_stops_the_turn_not_the_messages_queued_behind_it(kind: str, tmp_path: object) -> None:
+    """A run is cancelled while messages wait in its queue, and every caller that queued them is gone: the
+    sweep answers the queue (the first of its turns closes the cancelled turn's reply), in order, once."""
+    from pathlib import Path
+
+    from stores import sqlite
+
+    store: agent.Store = memory.Store() if kind == "memory" else sqlite.open(Path(str(tmp_path)) / "c.db")
+    holder = store.acquire("c", agent.Holder("dead", 1, claimant().token, 0.0), 30)  # type: ignore[attr-defined]
+    store.save_fenced("c", holder, [agent.Message.user("a long job", key="k0")],  # type: ignore[attr-defined]
+                      take_steers=False)
+    for i in (1, 2):
+        store.enqueue("c", f"k{i}", f"question {i}")  # type: ignore[attr-defined]
+    assert store.cancel("c")  # type: ignore[attr-defined]
+    store.release("c", holder)  # type: ignore[attr-defined]  # its worker died after the cancel: nobody runs it
+    assert "c" in stranded_ids(store)  # type: ignore[arg-type]
+
+    def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint]:
+        return agent.Spec(), Echo()
+
+    (r,) = agent.recover(store, resolve, grace=0)  # type: ignore[arg-type]
+    assert r.outcome == "recovered" and r.result is not None and r.result.text == "re: question 2"
+    texts = [(m.key or "", m.text) for m in store.messages("c")]
+    assert texts == [("k0", "a long job"), ("k1", "question 1"), ("", "re: question 1"),
+                     ("k2", "question 2"), ("", "re: question 2")]
+    assert store.queued("c") == []  # type: ignore[attr-defined]
+    assert agent.recover(store, resolve, grace=0) == [] and "c" not in stranded_ids(store)  # type: ignore[arg-type]
+
+
+def test_a_cancelled_session_with_nothing_queued_is_not_swept() -> None:
+    store = memory.Store()
+    _stranded(store, "stopped")
+    holder = store.acquire("stopped", claimant(), 30)
+    assert store.cancel("stopped")
+    store.release("stopped", holder)
+    assert agent.recover(store, _resolve, grace=0) == [] and stranded_ids(store) == []
+
+
+def test_an_interrupt_that_cannot_wait_leaves_its_message_queued_for_the_sweep() -> None:
+    """``if_busy="interrupt"`` with the default ``lease_wait=0``: the running run is cancelled and has not
+    stopped yet, so the turn raises ``StillQueued``; the message is stored, not dropped, and the sweep
+    answers it once the cancelled run is gone."""
+    from tests.test_lease import holding
+
+    store = memory.Store()
+    hold, entered, go = holding()
+    run = agent.Runner().start(agent.Spec(session=agent.open("i", store), tools=[hold]),
+                               [agent.Message.user("a", key="k0")], ToolsThenAnswer(["hold"]))
+    assert entered.wait(10)
+    with pytest.raises(agent.StillQueued) as waited:
+        agent.Runner().turn(agent.Spec(session=agent.open("i", store)), "stop, do this", "k1", Echo(),
+                            if_busy="interrupt")
+    assert waited.value.key == "k1" and store.queued("i") == ["k1"]
+    go.set()
+    assert run.wait(10).stop_reason == "cancelled"
+    (r,) = agent.recover(store, lambda info: (agent.Spec(), Echo()), grace=0)
+    assert r.outcome == "recovered" and r.result is not None and r.result.text == "re: stop, do this"
+    assert store.messages("i")[-2:] == [agent.Message.user("stop, do this", key="k1"),
+                                        agent.Message.assistant("re: stop, do this")]
+    assert store.queued("i") == [] and stranded_ids(store) == []

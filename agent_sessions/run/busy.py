@@ -17,8 +17,9 @@ The caller chooses, per call (``if_busy``):
   the session itself. A steer taken into the transcript carries no key: the caller finds it by its text.
 - ``"reject"``: ``SessionBusy`` at once, nothing written.
 - ``"interrupt"``: the running run is cancelled (``RunStore.cancel``: it stops at its next check; a started
-  non-idempotent tool is still recorded), and the new turn waits for the lease and runs on the transcript
-  the cancelled run left, closing its unfinished reply (``persistence.Leased.resume``).
+  non-idempotent tool is still recorded), then the message is queued as ``"queue"`` queues it, and answered
+  on the transcript the cancelled run left, closing its unfinished reply (``persistence.Leased.resume``).
+  Messages queued before it are answered first: the cancel stops the run in progress, not the queue.
 
 Every wait is bounded by ``Spec.lease_wait`` and logged at INFO when it starts and when it ends. A wait
 for a stored message that runs out raises ``StillQueued``: the message is stored and will be answered, and
@@ -87,6 +88,11 @@ def turn(run: HandedRun, spec: Spec, text: str, key: str, endpoint: Endpoint, ev
         if held is not None and store.cancel(session.id):
             log.info("session %r is held by %s; turn %r cancelled that run, and waits up to %g s for the lease "
                      "(lease_wait)", session.id, held.describe(), key, spec.lease_wait)
+        if queue is not None:
+            # Stored after the cancel, as "queue" stores it: a wait that runs out (the cancelled run has not
+            # stopped yet; lease_wait 0) leaves the message to the session's next holder or the sweep, not
+            # dropped. The cancel comes first, so it cannot stop a run that has taken this very message.
+            return _queued(run, spec, session, queue, text, key, endpoint, events)
         return turns.turn(run, spec, text, key, endpoint, events)
     if if_busy == "steer" and isinstance(store, SteerKeyStore):
         return _steered(run, spec, session, store, text, key, endpoint, events)

@@ -305,12 +305,13 @@ _AFTER_ID: BindParameter[str] = bindparam("after_id", type_=SessionId)
 
 def stranded(cursor: bool) -> Select[Any]:
     """``list_sessions(stranded=True)``: ``INFO``'s columns and the id, oldest ``open_since`` first, by the
-    index of the open sessions (``open_since IS NOT NULL`` is the partial index's own condition)."""
+    index of the open sessions (``open_since IS NOT NULL`` is the partial index's own condition). A cancelled
+    session is left out unless a queued message waits: the cancel stopped a run, not the queue."""
     where: list[ColumnElement[bool]] = [
         S.open_since.is_not(None),
         S.open_since <= db_now() - bindparam("grace", type_=Double()),
         or_(S.token.is_(None), S.expires <= db_now()),
-        S.cancelled == false(),
+        or_(S.cancelled == false(), exists().where(and_(queue.c.session_id == S.session_id, queue.c.taken == false()))),
     ]
     if cursor:
         where.append(or_(S.open_since > _AFTER_SINCE, and_(S.open_since == _AFTER_SINCE, S.session_id > _AFTER_ID)))

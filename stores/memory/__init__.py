@@ -330,8 +330,9 @@ class Store:
                 (run.open_since, sid)
                 for sid, run in self._runs.items()
                 if run.created is not None and run.open_since is not None and run.open_since <= now - grace
-                and (run.holder is None or run.holder.expires <= now) and not self._cancelled(run)
-                and not run.handed and (cut is None or (run.open_since, sid) > cut)
+                and (run.holder is None or run.holder.expires <= now)
+                and (not (self._cancelled(run) or run.handed) or run.queue)  # a cancel stops a run, not the queue
+                and (cut is None or (run.open_since, sid) > cut)
             ))
             rows = [(since, self._info(sid, self._runs[sid])) for since, sid in keys]
         return lifecycle.page(rows, limit)

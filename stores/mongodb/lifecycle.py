@@ -65,11 +65,12 @@ class Lifecycle(Pages):
 
     def _stranded(self, grace: float, limit: int, after: str | None) -> SessionPage:
         """The sparse index ``open_since`` holds only the open sessions; its range up to now less ``grace``
-        (the server's clock), oldest first, the live and the cancelled ones left out."""
+        (the server's clock), oldest first, the live ones left out, and the cancelled ones unless a message
+        is queued (a cancel stops a run, not the queue)."""
         with self._failing("list_sessions"):
             until = self._server_now() - timedelta(seconds=grace)
             where: list[dict[str, Any]] = [{"open_since": {"$lte": until}}, _EXISTS, NOT_LIVE,
-                                           {"cancelled": {"$ne": True}}]
+                                           {"$or": [{"cancelled": {"$ne": True}}, {"queued.0": {"$exists": True}}]}]
             if after is not None:
                 seconds, last = lifecycle.decode_cursor(after)
                 date = _date(seconds)
