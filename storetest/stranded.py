@@ -176,17 +176,18 @@ class StrandedContract:
         holder = store.acquire(sid, _holder(), 30)
         assert store.cancel(sid) is True
         store.release(sid, holder)
-        assert sid not in stranded_ids(store)
+        listed = cast(LifecycleStore, store)
+        assert sid not in stranded_ids(listed)
         if not isinstance(store, QueueStore):
             return
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
-        assert sid in stranded_ids(store)
+        assert sid in stranded_ids(listed)
         taker = store.acquire(sid, _holder(), 30)
         assert taker.cancelled  # the cancel is handed to the next holder, still
         assert store.take_queued(sid, taker) == Message.user("and the renewal?", key="turn-2")
         store.cancel(sid)  # handed on again, as a run that stops does
         store.release(sid, taker)
-        assert sid not in stranded_ids(store)
+        assert sid not in stranded_ids(listed)
 
     def test_mark_finished_is_fenced_and_refused_while_input_waits(self) -> None:
         store = self.stranded_store()
