@@ -1,14 +1,22 @@
-"""Takeover time by the sweep (issue 26): from a worker's SIGKILL in the middle of a turn (inside its model
-request) to the first model request of the run that finishes the turn, made by ``agent.recover`` running
-every ``--interval`` seconds in a process of its own (``grace=0``), nobody redelivering the task.
+"""Takeover time (issue 26): from a worker's SIGKILL in the middle of a turn (inside its model request) to
+the first model request of the run that finishes the turn, made either
 
-    python -m bench.takeover [--stores sqlite,postgres,mysql] [--kills 50] [--lease-ttl 2] [--interval 1]
+- ``--by sweep``: by ``agent.recover`` running every ``--interval`` seconds in a process of its own
+  (``grace=0``), nobody redelivering the task; or
+- ``--by redelivery``: by the task delivered again at once (Celery's ``acks_late`` with
+  ``reject_on_worker_lost``, whose worker requeues a task whose pool process died): a new process calls
+  ``Runner.turn`` with the same text and key and a ``lease_wait`` that outlasts ``lease_ttl`` (the
+  documented recipe), which waits for the dead run's lease and continues its turn.
+
+    python -m bench.takeover [--by sweep,redelivery] [--stores sqlite,postgres,mysql] [--kills 50]
+                             [--lease-ttl 2] [--interval 1]
 
 The killed run's lease lapses between two thirds of ``lease_ttl`` and ``lease_ttl`` after the kill (its
-heartbeat renews it every third), the sweep looks within ``interval`` after that, and then takes the lease
-and asks the model: so the target is ``lease_ttl + interval + 1 s``. Kills come in batches of ``--batch``
-turns at once (the sweep finishes them in one pass). Times are this host's clock, read in the killing
-process and in the sweeping one.
+heartbeat renews it every third); the sweep looks within ``interval`` after that, and then takes the lease
+and asks the model: so the target is ``lease_ttl + interval + 1 s`` (``lease_ttl + 1 s`` for a redelivered
+task, which polls the lease itself). Kills come in batches of ``--batch`` turns at once (the sweep finishes
+them in one pass, one after another). Times are this host's clock, read in the killing process and in the
+one that takes over.
 """
 
 from __future__ import annotations
@@ -74,6 +82,13 @@ def _turn(factory: Callable[[], agent.Store], folder: str, sid: str, ttl: float)
     agent.Runner().turn(spec, "answer me", f"turn-{sid}", Hanging(folder, sid))
 
 
+def _redelivered(factory: Callable[[], agent.Store], folder: str, sid: str, ttl: float) -> None:
+    """The task delivered again: the same turn (text and key), waiting for the dead run's lease."""
+    spec = agent.Spec(session=agent.open(sid, factory()), name=SPEC, lease_ttl=ttl, max_steps=2,
+                      lease_wait=3 * ttl + 5)
+    agent.Runner().turn(spec, "answer me", f"turn-{sid}", Answering(folder, sid))
+
+
 def _sweep(factory: Callable[[], agent.Store], folder: str, ttl: float, interval: float, stop: str) -> None:
     store = factory()
     assert isinstance(store, agent.LifecycleStore)
@@ -115,13 +130,15 @@ def _wait(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
         time.sleep(0.002)
 
 
-def measure(name: str, kills: int, ttl: float, interval: float, batch: int) -> dict[str, Any]:
+def measure(name: str, kills: int, ttl: float, interval: float, batch: int, by: str = "sweep") -> dict[str, Any]:
     ctx = multiprocessing.get_context("forkserver")
     with tempfile.TemporaryDirectory() as tmp:
         factory = _factory(name, tmp)
         stop = str(Path(tmp) / "stop")
         sweeper = ctx.Process(target=_sweep, args=(factory, tmp, ttl, interval, stop))
-        sweeper.start()
+        if by == "sweep":
+            sweeper.start()
+        redelivered: list[multiprocessing.process.BaseProcess] = []
         seconds: list[float] = []
         try:
             while len(seconds) < kills:
@@ -135,25 +152,31 @@ def measure(name: str, kills: int, ttl: float, interval: float, batch: int) -> d
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(child.pid or 0, signal.SIGKILL)
                     killed[sid] = time.time()
+                    if by == "redelivery":
+                        again = ctx.Process(target=_redelivered, args=(factory, tmp, sid, ttl))
+                        again.start()
+                        redelivered.append(again)
                 for child in children.values():
                     child.join(30)
                 for sid, at in killed.items():
-                    _wait(lambda s=sid: any(x.startswith("taken") for x in _lines(tmp, s)), f"the sweep to take {sid}")
+                    _wait(lambda s=sid: any(x.startswith("taken") for x in _lines(tmp, s)), f"the {by} to take {sid}")
                     taken = float(next(x for x in _lines(tmp, sid) if x.startswith("taken")).split()[1])
                     seconds.append(taken - at)
         finally:
             Path(stop).touch()
-            sweeper.join(60)
-            if sweeper.is_alive():
-                sweeper.kill()
+            for process in [*redelivered, *([sweeper] if by == "sweep" else [])]:
+                process.join(60)
+                if process.is_alive():
+                    process.kill()
     ordered = sorted(seconds)
-    return {"kills": len(ordered), "lease_ttl": ttl, "interval": interval, "p50": statistics.median(ordered),
-            "p99": ordered[min(len(ordered) - 1, round(len(ordered) * 0.99))], "max": ordered[-1],
-            "min": ordered[0], "target": ttl + interval + 1.0}
+    return {"by": by, "kills": len(ordered), "lease_ttl": ttl, "interval": interval if by == "sweep" else None,
+            "p50": statistics.median(ordered), "p99": ordered[min(len(ordered) - 1, round(len(ordered) * 0.99))],
+            "max": ordered[-1], "min": ordered[0], "target": ttl + (interval if by == "sweep" else 0.0) + 1.0}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.takeover", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--by", default="sweep,redelivery", help="sweep, redelivery, or both (comma-separated)")
     parser.add_argument("--stores", default="sqlite,postgres,mysql")
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--lease-ttl", type=float, default=2.0)
@@ -161,13 +184,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
-    report = {}
-    print("| store | kills | lease_ttl | sweep interval | p50 | p99 | max | target (ttl + interval + 1 s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    report: dict[str, dict[str, Any]] = {}
+    print("| store | taken over by | kills | lease_ttl | sweep interval | p50 | p99 | max | target |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in [s for s in args.stores.split(",") if s]:
-        r = report[name] = measure(name, args.kills, args.lease_ttl, args.interval, args.batch)
-        print(f"| {name} | {r['kills']} | {r['lease_ttl']:g} s | {r['interval']:g} s | {r['p50']:.2f} s | "
-              f"{r['p99']:.2f} s | {r['max']:.2f} s | {r['target']:g} s |", flush=True)
+        for by in [b for b in args.by.split(",") if b]:
+            if by not in ("sweep", "redelivery"):
+                raise SystemExit(f"takeover: --by {by!r}: sweep or redelivery")
+            r = report.setdefault(name, {})[by] = measure(name, args.kills, args.lease_ttl, args.interval,
+                                                          args.batch, by)
+            every = "-" if r["interval"] is None else f"{r['interval']:g} s"
+            print(f"| {name} | {by} | {r['kills']} | {r['lease_ttl']:g} s | {every} | {r['p50']:.2f} s | "
+                  f"{r['p99']:.2f} s | {r['max']:.2f} s | {r['target']:g} s |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -189,6 +189,25 @@ class StrandedContract:
         store.release(sid, taker)
         assert sid not in stranded_ids(listed)
 
+    def test_taking_a_queued_message_keeps_the_mark_its_enqueue_set(self) -> None:
+        """The turn has been open since the message was accepted, not since a holder took it: the sweep's
+        ``grace`` and its order count from then."""
+        store = self.stranded_store()
+        if not isinstance(store, QueueStore):
+            pytest.skip("the store keeps no queue")
+        sid = _sid("keep")
+        listed = cast(LifecycleStore, store)
+        store.save(sid, [QUESTION, ANSWER])
+        assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
+        before = listed.info(sid)
+        assert before is not None and before.open_since is not None
+        time.sleep(0.05)
+        holder = store.acquire(sid, _holder(), 30)
+        assert store.take_queued(sid, holder) is not None
+        store.release(sid, holder)
+        after = listed.info(sid)
+        assert after is not None and after.open_since == before.open_since
+
     def test_mark_finished_is_fenced_and_refused_while_input_waits(self) -> None:
         store = self.stranded_store()
         sid = _sid("mark")

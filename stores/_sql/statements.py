@@ -252,7 +252,8 @@ QUEUE_WAITING = and_(Q.session_id == SID, Q.taken == false())
 QUEUE_POSITION = select(func.count()).where(and_(QUEUE_WAITING, Q.id <= bindparam("qid", type_=BigInteger())))
 QUEUED_KEYS = select(Q.turn_key).where(QUEUE_WAITING).order_by(Q.id)
 QUEUE_HEAD = select(Q.id, Q.turn_key, Q.text).where(QUEUE_WAITING).order_by(Q.id).limit(1)
-TAKE_QUEUED = update(queue).where(Q.id == bindparam("qid", type_=BigInteger())).values(taken=true())
+TAKE_QUEUED = update(queue).where(Q.id == bindparam("qid", type_=BigInteger())).values(taken=true(), text="")
+"""The row stays for its key (accepted once for the session's life); its text, in the transcript now, goes."""
 DELETE_QUEUE = delete(queue).where(Q.session_id == SID)
 
 

@@ -292,10 +292,10 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
             self.run(conn, statement, {**params, "text": text})
             row = self.run(conn, sql.QUEUED_ROW, params).first()
             assert row is not None  # inserted now, or there already
+            if row[1]:
+                return 0  # taken: its text is the transcript's now, not kept here (QueueStore allows that)
             if str(row[2]) != text:
                 raise validate.queued_text_differs(session, key)
-            if row[1]:
-                return 0
             self.run(conn, sql.REOPEN, {"sid": session})  # a message waits: the turn is open (stranded runs)
             position = self.run(conn, sql.QUEUE_POSITION, {"sid": session, "qid": row[0]}).scalar()
             return int(position)  # type: ignore[call-overload,no-any-return]

@@ -169,8 +169,8 @@ queue = Table(
     metadata,
     # The messages Runner.turn(if_busy="queue") left for a busy session, under their turn keys, in the
     # order they were accepted (id). The lease's holder takes the oldest waiting one into the transcript
-    # (QueueStore.take_queued) and sets taken: the row stays, so the key is accepted once for as long as
-    # the session exists (delete and prune remove the rows with it). Keys are bytes on MySQL, as steer keys.
+    # (QueueStore.take_queued), sets taken and empties text: the row stays, so the key is accepted once for
+    # as long as the session exists (delete and prune remove the rows with it). Keys are bytes on MySQL.
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
     Column("session_id", SessionId, nullable=False),
     Column("turn_key", SessionId, nullable=False),

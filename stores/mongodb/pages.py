@@ -23,7 +23,7 @@ from agent_sessions import Message, MessageError, StoreError
 
 from .._known import common_prefix
 from .base import StoreBase
-from .document import OPEN, STAMP, TOUCH, opened_since, opening
+from .document import STAMP, TOUCH, opened_since, opening
 from .eventlayout import Claim, guarded
 from .layout import MESSAGE_LIMITS, Layout
 
@@ -49,8 +49,9 @@ class Pages(StoreBase):
         taken by other messages (a writer that lost a race, was refused, or died after writing it) makes it
         a rewrite into a new generation, under the same guard. The same update
         drops the journal, takes the steers whose ids are ``pull`` and sets ``updated``: a run's usual step
-        stays one write (a pipeline's when it claims events, as the cap is an expression, or closes the turn,
-        as ``document.CLOSED`` looks at what waits). ``pop_queue``: the same
+        stays one write (a pipeline's when it claims events, as the cap is an expression, or opens or closes
+        the turn: an open mark is kept where a message queued or a steer set it, ``document.OPEN``, and a close
+        looks at what waits, ``document.CLOSED``). ``pop_queue``: the same
         update takes the oldest queued message (``take_queued``, which claims no events)."""
         assert not (pop_queue and claim is not None), "take_queued claims no events"
         version, old = known
@@ -79,11 +80,9 @@ class Pages(StoreBase):
         new_version = layout.version()
         where = {**guard, "_id": session, "version": version}
         turned = opening(items, old)
-        if claim is None and (turned is None or turned[1] == OPEN):
+        if claim is None and turned is None:
             change: dict[str, Any] = {"$set": {"version": new_version}, "$unset": {"journal": ""},
                                       "$currentDate": dict(TOUCH)}
-            if turned is not None:  # the known transcript was finished: nothing marked it open since
-                change["$currentDate"]["open_since"] = True
             if pushed is None:
                 change["$set"]["tail"] = rest
             else:
