@@ -169,7 +169,8 @@ def test_the_publisher_points_only_at_a_message_the_write_stores_and_near_its_en
 
 
 @pytest.mark.parametrize("data", [
-    {"step": 3}, {}, {"step": 1, "text": 'a "quoted" \\ \ud800 \x00 é 😀\n'}, {"step": 2, "start": 0, "end": 7, "index": 9},
+    {"step": 3}, {}, {"step": 1, "text": 'a "quoted" \\ \ud800 \x00 é 😀\n'},
+    {"step": 2, "start": 0, "end": 7, "index": 9},
     {"seconds": 1e-06, "at": -2.5, "big": 2**70}, {"flag": True}, {"x": None}, {"x": float("nan")}, {"x": float("inf")},
     {"usage": {"in": 3}}, {"ids": ["c1"]},
 ])
