@@ -168,6 +168,19 @@ def test_the_publisher_points_only_at_a_message_the_write_stores_and_near_its_en
     assert "message" in json.loads(event.render(far, {}))["data"]
 
 
+@pytest.mark.parametrize("data", [
+    {"step": 3}, {}, {"step": 1, "text": 'a "quoted" \\ \ud800 \x00 é 😀\n'},
+    {"step": 2, "start": 0, "end": 7, "index": 9},
+    {"seconds": 1e-06, "at": -2.5, "big": 2**70}, {"flag": True}, {"x": None}, {"x": float("nan")}, {"x": float("inf")},
+    {"usage": {"in": 3}}, {"ids": ["c1"]},
+])
+def test_a_flat_event_is_written_as_json_dumps_would(data: dict[str, object]) -> None:
+    """``encode_flat`` writes the text itself for str, int and finite float values, and hands anything else
+    (a bool, None, NaN, a nested value) to ``encode``: either way, exactly ``encode``'s text."""
+    assert eventlog.encode_flat("note", data, 1.5) == eventlog.encode("note", data, 1.5)
+    assert eventlog.encode_flat("note", data).isascii()
+
+
 @pytest.mark.parametrize("text", ["c1", 'a "quoted" \\ id', "\ud800 \x00 é 😀", ""])
 def test_a_pointing_event_is_written_as_json_dumps_would(text: str) -> None:
     data = {"step": 3, "call_id": text, "name": text, "ref": None, "seconds": 1e-06}

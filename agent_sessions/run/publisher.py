@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from ..eventlog import POINTING, digest, encode, encode_pointing, part, pointer
+from ..eventlog import POINTING, digest, encode, encode_flat, encode_pointing, part, pointer
 from ..events import Sink
 from ..messages import Content, Message
 from ..result import Result
@@ -59,11 +59,18 @@ class Pointing:
 
 def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
     """Where ``target`` is among the last ``LOOKBACK`` of ``msgs`` (by identity: the very object the loop
-    reported, which the transcript holds), or ``None``."""
-    for index in range(len(msgs) - 1, max(len(msgs) - 1 - LOOKBACK, -1), -1):
-        message = msgs[index]
-        if message is target or any(c is target for c in message.content):
-            return index
+    reported, which the transcript holds), or ``None``. Plain loops, from the end, where it is found at
+    once: this runs for each of a step's events about a message."""
+    stop = max(len(msgs) - 1 - LOOKBACK, -1)
+    if isinstance(target, Message):
+        for index in range(len(msgs) - 1, stop, -1):
+            if msgs[index] is target:
+                return index
+        return None
+    for index in range(len(msgs) - 1, stop, -1):
+        for content in msgs[index].content:
+            if content is target:
+                return index
     return None
 
 
@@ -142,7 +149,8 @@ class Publisher(Sink):
         """Everything buffered, the text batch closed: what rides in a save (``render`` it for the save's
         messages; ``restore`` it if the save fails). The caller holds ``lock`` until the save is done."""
         with self.lock:
-            self._close_text()
+            if self.text:
+                self._close_text()
             out, self.buffer = self.buffer, []
             return out
 
@@ -170,13 +178,14 @@ class Publisher(Sink):
                     raise
 
     def add(self, kind: str, data: Mapping[str, Any]) -> str:
-        record = encode(kind, data)
+        record = encode_flat(kind, data)
         self.add_record(record)
         return record
 
     def add_record(self, record: str | Pointing) -> None:
         with self.lock:
-            self._close_text()
+            if self.text:
+                self._close_text()
             self._add(record)
 
     def _add(self, record: str | Pointing) -> None:
@@ -188,9 +197,9 @@ class Publisher(Sink):
             self.flush()
 
     def _close_text(self) -> None:
-        if self.text:
-            text, self.text, self.text_chars = "".join(self.text), [], 0
-            self._add(encode("text", {"step": self.text_step, "text": text}, self.text_at))
+        """The model text so far as one ``text`` event (the callers check that there is any)."""
+        text, self.text, self.text_chars = "".join(self.text), [], 0
+        self._add(encode_flat("text", {"step": self.text_step, "text": text}, self.text_at))
 
     def finishing(self, result: Result) -> str:
         """The run returns ``result``: its ``finished`` event (returned), which rides in the final save."""
