@@ -77,15 +77,16 @@ def run(args: argparse.Namespace, persistence_only: bool = False) -> dict[str, A
                 rounds = args.peer_rounds if peer.slow else args.rounds
                 report["peers"][peer.label] = {n: peer.measure(tmp, floors[peer.backend], n, rounds) for n in SIZES}
         report["reading"] = _reading(args, names, tmp)
-        report["events"] = events.run([n for n in names if n != "mysql-noreset"], tmp, args.rounds)
-        report["context"] = context.run([n for n in names if n not in ("memory", "mysql-noreset")], tmp,
+        report["events"] = events.run([n for n in names if n not in backends.VARIANTS], tmp, args.rounds)
+        report["context"] = context.run([n for n in names if n != "memory" and n not in backends.VARIANTS], tmp,
                                         args.context_rounds)
     return report
 
 
 def _reading(args: argparse.Namespace, names: list[str], tmp: str) -> dict[str, Any]:
     life = [s for s in args.lifecycle_stores.split(",") if s]
-    return reading.run([n for n in names if n != "mysql-noreset"], tmp, args.reading_rounds, life, args.prune_batch)
+    names = [n for n in names if n not in backends.VARIANTS]
+    return reading.run(names, tmp, args.reading_rounds, life, args.prune_batch)
 
 
 def _cell(s: dict[str, float]) -> str:
@@ -145,7 +146,7 @@ def tables(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stores", default="memory,sqlite,postgres,mysql,mysql-noreset,mongodb")
+    parser.add_argument("--stores", default="memory,sqlite,postgres,mysql,mysql-noreset,mysql-pooled,mongodb")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--peer-rounds", type=int, default=60, help="rounds for the slow peers (LangGraph)")
     parser.add_argument("--steer-procs", type=int, default=4, help="adding processes (as many take)")
@@ -165,19 +166,19 @@ def main() -> None:
     results = Path(__file__).parent / "results"
     if args.only == "reading":
         with tempfile.TemporaryDirectory() as tmp:
-            names = [s for s in args.stores.split(",") if s and s not in ("memory", "mysql-noreset")]
+            names = [s for s in args.stores.split(",") if s and s != "memory" and s not in backends.VARIANTS]
             report = {"machine": machine(), "reading": _reading(args, names, tmp)}
         text = reading.tables(report["reading"])
         args.json = args.json or str(results / "reading.json")
     elif args.only == "context":
         with tempfile.TemporaryDirectory() as tmp:
-            names = [s for s in args.stores.split(",") if s and s not in ("memory", "mysql-noreset")]
+            names = [s for s in args.stores.split(",") if s and s != "memory" and s not in backends.VARIANTS]
             report = {"machine": machine(), "context": context.run(names, tmp, args.context_rounds)}
         text = context.tables(report["context"])
         args.json = args.json or str(results / "context.json")
     elif args.only == "events":
         with tempfile.TemporaryDirectory() as tmp:
-            names = [s for s in args.stores.split(",") if s and s != "mysql-noreset"]
+            names = [s for s in args.stores.split(",") if s and s not in backends.VARIANTS]
             report = {"machine": machine(), "events": events.run(names, tmp, args.rounds)}
         text = events.tables(report["events"])
         args.json = args.json or str(results / "events.json")
