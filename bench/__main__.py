@@ -7,6 +7,9 @@
 ``--only context`` runs the long-conversation rows alone (bench/context.py: a resume's read and turn at
 100,000 stored messages with compaction beside 1,000), into bench/results/context.json.
 
+``--only persistence`` runs the per-step persistence and loop rows alone (no steers, peers, reading, events or
+context), into bench/results/persistence.json.
+
 ``--only reading`` runs the reading and managing rows alone (bench/reading.py: transcripts, tails, listing
 and prune at 100,000 sessions), into bench/results/reading.json unless ``--json`` says otherwise.
 
@@ -44,7 +47,7 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "sqlite": __import__("sqlite3").sqlite_version}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, persistence_only: bool = False) -> dict[str, Any]:
     names = [s for s in args.stores.split(",") if s]
     report: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "peer_rounds": args.peer_rounds,
                               "persistence": {}, "loop": {}, "loop_non_idempotent": {}, "steers": {}, "peers": {}}
@@ -61,10 +64,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report["loop"][name] = {n: m["loop"] for n, m in measured.items()}
             report["loop_non_idempotent"][name] = {n: m["loop_non_idempotent"] for n, m in measured.items()}
             factory = backends.store_factory(name, tmp)
-            if factory is not None and args.steer_procs:
+            if factory is not None and args.steer_procs and not persistence_only:
                 report["steers"][name] = steers.throughput(factory, args.steer_procs, args.steers_per_proc)
-        found = peers.available()
+        found = peers.available() if not persistence_only else []
         report["peers_installed"] = found
+        if persistence_only:
+            return report
         floors = {backend: floor_for(backend, tmp) for backend in ("sqlite", "postgres") if backend in names}
         for peer in peers.PEERS:
             if peer.package in found and peer.backend in names:
@@ -72,15 +77,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rounds = args.peer_rounds if peer.slow else args.rounds
                 report["peers"][peer.label] = {n: peer.measure(tmp, floors[peer.backend], n, rounds) for n in SIZES}
         report["reading"] = _reading(args, names, tmp)
-        report["events"] = events.run([n for n in names if n != "mysql-noreset"], tmp, args.rounds)
-        report["context"] = context.run([n for n in names if n not in ("memory", "mysql-noreset")], tmp,
+        report["events"] = events.run([n for n in names if n not in backends.VARIANTS], tmp, args.rounds)
+        report["context"] = context.run([n for n in names if n != "memory" and n not in backends.VARIANTS], tmp,
                                         args.context_rounds)
     return report
 
 
 def _reading(args: argparse.Namespace, names: list[str], tmp: str) -> dict[str, Any]:
     life = [s for s in args.lifecycle_stores.split(",") if s]
-    return reading.run([n for n in names if n != "mysql-noreset"], tmp, args.reading_rounds, life, args.prune_batch)
+    names = [n for n in names if n not in backends.VARIANTS]
+    return reading.run(names, tmp, args.reading_rounds, life, args.prune_batch)
 
 
 def _cell(s: dict[str, float]) -> str:
@@ -140,14 +146,15 @@ def tables(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stores", default="memory,sqlite,postgres,mysql,mysql-noreset,mongodb")
+    parser.add_argument("--stores", default="memory,sqlite,postgres,mysql,mysql-noreset,mysql-pooled,mongodb")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--peer-rounds", type=int, default=60, help="rounds for the slow peers (LangGraph)")
     parser.add_argument("--steer-procs", type=int, default=4, help="adding processes (as many take)")
     parser.add_argument("--steers-per-proc", type=int, default=250)
-    parser.add_argument("--only", choices=["all", "reading", "events", "context"], default="all",
-                        help="reading: only the reading and managing rows (bench/reading.py); events: only the "
-                             "event log's rows (bench/events.py)")
+    parser.add_argument("--only", choices=["all", "persistence", "reading", "events", "context"], default="all",
+                        help="persistence: only the per-step persistence and loop rows; reading: only the "
+                             "reading and managing rows (bench/reading.py); events: only the event log's rows "
+                             "(bench/events.py)")
     parser.add_argument("--lifecycle-stores", default="sqlite,postgres",
                         help="stores of the listing and prune rows (100,000 sessions each)")
     parser.add_argument("--reading-rounds", type=int, default=50)
@@ -159,26 +166,26 @@ def main() -> None:
     results = Path(__file__).parent / "results"
     if args.only == "reading":
         with tempfile.TemporaryDirectory() as tmp:
-            names = [s for s in args.stores.split(",") if s and s not in ("memory", "mysql-noreset")]
+            names = [s for s in args.stores.split(",") if s and s != "memory" and s not in backends.VARIANTS]
             report = {"machine": machine(), "reading": _reading(args, names, tmp)}
         text = reading.tables(report["reading"])
         args.json = args.json or str(results / "reading.json")
     elif args.only == "context":
         with tempfile.TemporaryDirectory() as tmp:
-            names = [s for s in args.stores.split(",") if s and s not in ("memory", "mysql-noreset")]
+            names = [s for s in args.stores.split(",") if s and s != "memory" and s not in backends.VARIANTS]
             report = {"machine": machine(), "context": context.run(names, tmp, args.context_rounds)}
         text = context.tables(report["context"])
         args.json = args.json or str(results / "context.json")
     elif args.only == "events":
         with tempfile.TemporaryDirectory() as tmp:
-            names = [s for s in args.stores.split(",") if s and s != "mysql-noreset"]
+            names = [s for s in args.stores.split(",") if s and s not in backends.VARIANTS]
             report = {"machine": machine(), "events": events.run(names, tmp, args.rounds)}
         text = events.tables(report["events"])
         args.json = args.json or str(results / "events.json")
     else:
-        report = run(args)
+        report = run(args, persistence_only=args.only == "persistence")
         text = tables(report)
-        args.json = args.json or str(results / "latest.json")
+        args.json = args.json or str(results / ("persistence.json" if args.only == "persistence" else "latest.json"))
     print(text)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)

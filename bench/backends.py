@@ -10,6 +10,9 @@ from typing import Any
 
 import agent_sessions as agent
 
+VARIANTS = ("mysql-noreset", "mysql-pooled")
+"""Rows of the MySQL store over other settings: only the persistence and loop rows measure them."""
+
 
 def bench_db() -> str:
     """The benchmark's database (SQL and Mongo): the test prefix's, so a benchmark beside a test run (or
@@ -76,6 +79,12 @@ def open_store(name: str, tmp: str) -> agent.Store:
         from stores import mysql
 
         return mysql.Store(engine("mysql", pool_reset_on_return=None))
+    if name == "mysql-pooled":
+        # The step through the pool, as before the store kept connections (keep=0): a statement, its COMMIT
+        # and the pool's ROLLBACK on return (docs/stores/mysql.md).
+        from stores import mysql
+
+        return mysql.Store(engine("mysql"), keep=0)
     if name == "mongodb":
         from stores import mongodb
 

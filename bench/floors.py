@@ -72,7 +72,7 @@ def floor_for(name: str, tmp: str) -> Floor | None:
 
     if name == "sqlite":
         return SQLiteFloor(tmp)
-    if name in ("postgres", "mysql", "mysql-noreset"):
+    if name in ("postgres", "mysql", *backends.VARIANTS):
         from sqlalchemy import create_engine
 
         return SQLFloor(create_engine(backends.sql_url(name.split("-")[0])))

@@ -56,6 +56,15 @@ class Known:
         messages are counted; without it, ``msgs`` is compared with what is known. ``start``: ``msgs`` is
         the transcript from that index on."""
         with self._lock:
+            old = self._items.get(session)
+            if old is not None and old[1] is after and old[3] == start:  # an append: count the new ones only
+                weight = old[2] + sum(len(m.to_json()) for m in msgs[len(after):])
+                if weight <= self.max_bytes:
+                    self._items[session] = (version, msgs, weight, start)
+                    self._items.move_to_end(session)
+                    self.bytes += weight - old[2]
+                    self._evict()
+                    return
             old = self._items.pop(session, None)
             if old is not None:
                 self.bytes -= old[2]
@@ -66,9 +75,13 @@ class Known:
                 return
             self._items[session] = (version, msgs, weight, start)
             self.bytes += weight
-            while len(self._items) > self.size or self.bytes > self.max_bytes:
-                _, (_, _, dropped, _) = self._items.popitem(last=False)
-                self.bytes -= dropped
+            self._evict()
+
+    def _evict(self) -> None:
+        """The least recently used dropped while there are too many, or too many bytes (the lock held)."""
+        while len(self._items) > self.size or self.bytes > self.max_bytes:
+            _, (_, _, dropped, _) = self._items.popitem(last=False)
+            self.bytes -= dropped
 
     def forget(self, session: str) -> None:
         with self._lock:

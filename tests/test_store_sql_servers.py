@@ -543,3 +543,88 @@ def test_racing_first_saves_and_a_failed_batch_leave_a_clean_exit(backend: Backe
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "errors 0 []", child.stdout
     assert "error ignored" not in child.stderr and "Traceback" not in child.stderr, child.stderr
+
+
+# -- MySQL's kept connections (stores/mysql/kept.py) -------------------------------------------------------
+
+
+def _leased_step(store: SQLStore, sid: str) -> tuple[agent.Holder, list[agent.Message]]:
+    """A session with a lease and a transcript the store knows: its next fenced save is the usual step."""
+    held = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced(sid, held, msgs, take_steers=True)
+    return held, msgs
+
+
+def _autocommit_of_pooled(engine: Engine, n: int) -> list[bool]:
+    """The autocommit of ``n`` connections checked out of the pool at once (all of them, for a pool of n)."""
+    raws = [engine.raw_connection() for _ in range(n)]
+    try:
+        return [bool(raw.driver_connection.get_autocommit()) for raw in raws]  # type: ignore[union-attr]
+    finally:
+        for raw in raws:
+            raw.close()
+
+
+def test_mysql_keeps_at_most_its_share_of_the_pool_and_gives_it_back() -> None:
+    """The usual step is one statement on a kept connection: fewer kept than the pool's size (none for a pool
+    of one, or a NullPool), and ``close`` (or the store's collection) gives them back as they were handed out."""
+    from sqlalchemy.pool import NullPool
+
+    servers.create_database(MYSQL.url)
+    engine = create_engine(MYSQL.url, pool_size=3, max_overflow=0)
+    servers.fresh_schema(engine)
+    try:
+        store = mysql.Store(engine)
+        held, msgs = _leased_step(store, "kept-1")
+        with statements_of(store) as seen:
+            for i in range(3):
+                msgs.append(agent.Message.user(f"u{i}"))
+                store.save_fenced("kept-1", held, msgs, take_steers=True)
+        assert [q.split(" (")[0] for q, _ in seen] == ["INSERT INTO agent_messages"] * 3  # no COMMIT, no ROLLBACK
+        assert engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+        store.close()
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        assert _autocommit_of_pooled(engine, 3) == [False] * 3
+        # Dropped without close: collected, it gives them back too.
+        dropped = mysql.Store(engine)
+        held, msgs = _leased_step(dropped, "kept-2")
+        dropped.save_fenced("kept-2", held, [*msgs, agent.Message.user("u")], take_steers=True)
+        assert engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+        del dropped
+        gc.collect()
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        assert _autocommit_of_pooled(engine, 3) == [False] * 3
+        assert mysql.Store(engine, keep=0)._kept.most == 0
+        with pytest.raises(agent.ArgumentError):
+            mysql.Store(engine, keep=-1)
+    finally:
+        engine.dispose()
+    for options in ({"pool_size": 1}, {"poolclass": NullPool}):
+        other = create_engine(MYSQL.url, **options)  # type: ignore[arg-type]
+        try:
+            store = mysql.Store(other)
+            held, msgs = _leased_step(store, f"kept-{uuid.uuid4().hex[:8]}")
+            assert store._kept.most == 0
+        finally:
+            other.dispose()
+
+
+def test_mysql_a_kept_connection_that_died_is_dropped_and_the_step_lands_once(engine: Engine) -> None:
+    if engine.dialect.name not in MYSQL.store.dialects:
+        pytest.skip("MySQL keeps connections for its usual step")
+    store = mysql.Store(engine)
+    sid = f"killed-{uuid.uuid4().hex[:8]}"
+    held, msgs = _leased_step(store, sid)
+    msgs.append(agent.Message.user("u1"))
+    store.save_fenced(sid, held, msgs, take_steers=True)
+    kept = store._kept._spare[0]
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"KILL CONNECTION {kept.raw.thread_id()}")
+    msgs.append(agent.Message.user("u2"))
+    store.save_fenced(sid, held, msgs, take_steers=True)  # the dead one dropped; the transaction saves it
+    assert mysql.Store(engine).messages(sid) == msgs
+    msgs.append(agent.Message.user("u3"))
+    store.save_fenced(sid, held, msgs, take_steers=True)  # and a new one is kept
+    assert mysql.Store(engine).messages(sid) == msgs and store._kept._spare and store._kept._spare[0] is not kept
+    store.close()

@@ -140,13 +140,7 @@ class SQLBase:
                 return result
             except DBAPIError as exc:
                 if self.is_lock_timeout(exc):
-                    log.info("%s store: %s of session %r waited %.1f s for a row lock and gave up", self.backend,
-                             op, session, self.lock_wait)
-                    raise SessionLocked(
-                        f"{self.backend} store: {op} of session {session!r} waited {self.lock_wait:g} s (lock_wait) "
-                        "for a lock another worker holds inside a transaction on the session (stalled, or slow); "
-                        "nothing was written"
-                    ) from exc
+                    raise self._locked(op, session) from exc
                 if self.is_transient(exc) and attempt < _RETRIES:
                     attempt += 1
                     pause = 0.005 * (2**attempt) * random.random()
@@ -165,6 +159,15 @@ class SQLBase:
                 raise self._error(op, session, exc, unknown=unknown) from exc
             except SQLAlchemyError as exc:
                 raise self._error(op, session, exc) from exc
+
+    def _locked(self, op: str, session: str) -> SessionLocked:
+        """What a statement that gave up waiting for a row lock (``lock_wait``) raises."""
+        log.info("%s store: %s of session %r waited %.1f s for a row lock and gave up", self.backend, op, session,
+                 self.lock_wait)
+        return SessionLocked(
+            f"{self.backend} store: {op} of session {session!r} waited {self.lock_wait:g} s (lock_wait) for a lock "
+            "another worker holds inside a transaction on the session (stalled, or slow); nothing was written"
+        )
 
     def _append_transaction(self, session: str, work: Callable[[Connection], T]) -> T | None:
         """``work``, a save's append of messages at the positions after the known transcript, in one

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, delete, text
+    from sqlalchemy import Connection, Engine, delete, text
     from sqlalchemy.dialects import mysql
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover
@@ -20,10 +20,15 @@ except ImportError as exc:  # pragma: no cover
         "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'stored-agent-sessions[mysql]'"
     ) from exc
 
+from agent_sessions import ArgumentError
+
+from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
+from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
 from .._sql.clock import db_now
 from .._sql.tables import events, queue, sessions, steer_keys, steers, tags
+from .kept import Conn, Kept, default_most
 
 _DIALECT = mysql.dialect()
 SCHEMA: list[str] = ddl(_DIALECT)
@@ -114,6 +119,28 @@ class Store(SQLStore):
     # written out (stores/_sql/listing.py).
     row_values = False
 
+    def __init__(
+        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES,
+        lock_wait: float = LOCK_WAIT, transaction_timeout: float = TRANSACTION_TIMEOUT, keep: int | None = None,
+    ) -> None:
+        """``keep``: connections the store may keep checked out of the engine's pool for its usual step
+        (stores/mysql/kept.py); ``None``: up to two, always fewer than the pool's ``pool_size``, and none
+        unless the pool is a ``QueuePool``. ``0`` keeps none: every statement goes through the pool."""
+        super().__init__(engine, remember=remember, remember_bytes=remember_bytes, lock_wait=lock_wait,
+                         transaction_timeout=transaction_timeout)
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+            raise ArgumentError(f"mysql.Store: keep must be a count of connections >= 0 or None, got {keep!r}")
+        self._kept = Kept(engine, default_most(engine) if keep is None else keep)
+
+    def close(self) -> None:
+        """Give the connections the store keeps back to the engine's pool (a later step keeps them again).
+        The engine is the caller's: dispose of it yourself."""
+        self._kept.close()
+
+    def after_fork(self) -> None:
+        super().after_fork()
+        self._kept.forget()
+
     def lock_session(self, conn: Connection, session: str) -> Sequence[Any]:
         """No RETURNING: the upsert (which takes the row's exclusive lock, not the shared one of INSERT
         IGNORE's duplicate check, so waiters queue rather than deadlock), then the locked row read."""
@@ -157,7 +184,51 @@ class Store(SQLStore):
         them a statement each where needed (PyMySQL's executemany splits its batches)."""
         if sum(len(m.to_json()) for m in step.items[step.start:]) > self.message_limit():
             return None
-        return super().append(step)
+        count = len(step.items) - step.start
+        dispatch = self.engine.dispatch
+        if (count > sql.MAX_APPEND or step.events or step.drop_journal or step.turning
+                or dispatch.before_cursor_execute or dispatch.after_cursor_execute):
+            # a second statement (events, the journal, open_since), or a listener that must see it: a transaction
+            return super().append(step)
+        kept = self._kept.take()
+        if kept is None:  # all in use, or none kept
+            return super().append(step)
+        return self._append_kept(kept, step, count)
+
+    def _append_kept(self, kept: Conn, step: sql.Step, count: int) -> str | None:
+        """The usual step, whole, as one autocommitted statement on a kept connection (stores/mysql/kept.py):
+        its commit is its own, and its share lock on the session row is held until then. ``None``: it
+        inserted nothing, or another writer's messages are at these positions, or the connection died under
+        it; the save then runs its transaction through the pool, which finds what is stored (a statement
+        lost with its connection is either there, whole, or never will be: the transaction writes a new
+        version, which such a statement would no longer match)."""
+        assert self._driver is not None  # raw_statements
+        params = sql.append_params(step)
+        compiled = self._driver.compiled(
+            sql.append_if_current(count, step.unsteered, step.holder is not None, True, self.share_lock), params)
+        dbapi = self.engine.dialect.loaded_dbapi
+        cursor = kept.raw.cursor()
+        try:
+            cursor.execute(compiled.sql, compiled.values(params))
+        except dbapi.Error as exc:
+            if self.engine.dialect.is_disconnect(exc, kept.raw, cursor):
+                self._kept.drop(kept, exc)
+                return None
+            self._kept.give(kept)
+            if isinstance(exc, dbapi.IntegrityError):  # another writer appended at these positions first
+                return None
+            error = DBAPIError.instance(compiled.sql, params, exc, dbapi.Error, dialect=self.engine.dialect)
+            assert isinstance(error, DBAPIError)  # wrapping a driver's error
+            if self.is_lock_timeout(error):
+                raise self._locked("save", step.session) from error
+            if self.is_transient(error):  # a deadlock rolled it back: the transaction, retried as usual
+                return None
+            raise self._error("save", step.session, error) from error
+        except BaseException as exc:  # interrupted mid-statement: the line's state is unknown
+            self._kept.drop(kept, exc)
+            raise
+        self._kept.give(kept)
+        return step.known if cursor.rowcount == count else None
 
     def claim(self, conn: Connection, params: dict[str, Any], **shape: bool) -> int | None:
         """One statement, as UPDATE ... RETURNING is elsewhere: the claim sets ``event_seq`` through

@@ -80,22 +80,43 @@ def test_a_save_cut_before_the_database_saw_it_did_not_happen(
 def test_a_fenced_step_whose_answer_was_lost_may_have_happened(
     via: agent.RunStore, direct: agent.Store, proxy: FaultProxy
 ) -> None:
-    """The usual step: one autocommitted statement on PostgreSQL, a statement and a COMMIT on MySQL."""
-    lost_step(via, direct, proxy, r"INSERT INTO agent_messages" if proxy.protocol == "postgres" else r"^\s*COMMIT")
+    """The usual step: one autocommitted statement on PostgreSQL. On MySQL, one autocommitted statement on a
+    connection the store keeps; losing its answer sends the save to its transaction through the pool, and
+    it is that transaction's COMMIT whose answer is lost here too."""
+    if proxy.protocol == "postgres":
+        lost_step(via, direct, proxy, r"INSERT INTO agent_messages")
+    else:
+        lost_step(via, direct, proxy, r"INSERT INTO agent_messages", r"^\s*COMMIT")
 
 
-def lost_step(via: agent.RunStore, direct: agent.Store, proxy: FaultProxy, pattern: str) -> None:
-    """A fenced append whose write matching ``pattern`` loses its answer (test_mongo_faults.py too)."""
+def test_a_mysql_step_whose_answer_was_lost_on_a_kept_connection_is_found_by_the_transaction(
+    via: agent.RunStore, direct: agent.Store, proxy: FaultProxy
+) -> None:
+    """The kept connection is dropped; the save's transaction, through the pool, finds the messages stored
+    (or stores them), so the save returns and nothing is stored twice."""
+    if proxy.protocol != "mysql":
+        pytest.skip("MySQL keeps connections for its usual step")
+    lost_step(via, direct, proxy, r"INSERT INTO agent_messages", unknown=False)
+
+
+def lost_step(
+    via: agent.RunStore, direct: agent.Store, proxy: FaultProxy, pattern: str, *more: str, unknown: bool = True
+) -> None:
+    """A fenced append whose write matching ``pattern`` loses its answer (test_mongo_faults.py too), and so do
+    the next ones matching ``more``; ``unknown``: the save raises ``OutcomeUnknown`` (else it returns)."""
     sid = f"step-{uuid.uuid4().hex}"
     msgs = _transcript(3)
     via.save(sid, msgs)
     holder = via.acquire(sid, agent.Holder("h", 1, "a" * 32, 0.0), 60)
     via.save_fenced(sid, holder, msgs, take_steers=True)  # the store now knows the transcript: the next is an append
     msgs = [*msgs, agent.Message.user("one more")]
-    rule = proxy.arm(Rule("lose_ack", pattern))
-    with pytest.raises(agent.OutcomeUnknown):
+    rules = [proxy.arm(Rule("lose_ack", p)) for p in (pattern, *more)]
+    if unknown:
+        with pytest.raises(agent.OutcomeUnknown):
+            via.save_fenced(sid, holder, msgs, take_steers=True)
+    else:
         via.save_fenced(sid, holder, msgs, take_steers=True)
-    assert rule.fired and direct.messages(sid) == msgs
+    assert all(rule.fired for rule in rules) and direct.messages(sid) == msgs
 
 
 @pytest.mark.parametrize("nth", [1, 2, 3])

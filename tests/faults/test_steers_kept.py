@@ -147,11 +147,20 @@ def test_a_steer_whose_save_was_cut_is_kept_for_the_resume(
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
     rule = Rule("cut_before", "INSERT INTO agent_messages")
-    failed = _failed_run(spec, model, "and look at c", openai(calls=[("c1", "lookup", '{"key": "a"}')]),
-                         arm=lambda: proxy.arm(rule))
+    # On MySQL the step's statement goes first on a kept connection; cut there, the save runs its transaction
+    # through the pool, which would take the steer and land: so that one's INSERT is cut too.
+    again = Rule("cut_before", "INSERT INTO agent_messages")
+
+    def arm() -> None:
+        proxy.arm(rule)
+        if database[0] == "mysql":
+            proxy.arm(again)
+
+    failed = _failed_run(spec, model, "and look at c", openai(calls=[("c1", "lookup", '{"key": "a"}')]), arm=arm)
     # On PostgreSQL the step is one autocommitted statement, so a cut line leaves its outcome unknown, and
-    # the run reads the session back to find it did not land; on MySQL the COMMIT was never sent.
+    # the run reads the session back to find it did not land; on MySQL the transaction's COMMIT was never sent.
     assert rule.fired and isinstance(failed, agent.StoreError)
+    assert database[0] != "mysql" or again.fired
     assert not getattr(failed, "unapplied_steers", [])
     direct = _store(database)
     assert _count(direct.messages(sid), "and look at c") == 0
