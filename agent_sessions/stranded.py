@@ -143,8 +143,7 @@ def _look(store: LifecycleStore, session: str, spec: Spec) -> Callable[[Endpoint
             if queued:
                 # The cancel stopped the turn in progress, not the messages queued behind it: answered as
                 # below, each a new turn, so the first closes the cancelled turn's reply unrun.
-                last = queued[-1]
-                return lambda endpoint: busy.answer_queued(Runner()._turn_run, spec, last, endpoint)
+                return _answering(spec, queued[-1])
         if lease.holder.cancelled or waits:
             store.mark_finished(session, lease.holder, text)
             return "waiting"
@@ -156,14 +155,18 @@ def _look(store: LifecycleStore, session: str, spec: Spec) -> Callable[[Endpoint
     if at is None and queued and not turn_open(msgs):
         # Messages queued for the session (Runner.turn(if_busy="queue")) whose callers are gone: answered in
         # the order they were accepted, each by its own turn, up to the last one queued when this looked.
-        last = queued[-1]
-        return lambda endpoint: busy.answer_queued(Runner()._turn_run, spec, last, endpoint)
+        return _answering(spec, queued[-1])
     if at is not None:
         message = msgs[at]
         assert message.key is not None
         # "reject": a turn the transcript holds goes on as it always did, and nothing is queued for it
         return lambda endpoint: Runner().turn(spec, message.text, message.key or "", endpoint, if_busy="reject")
     return lambda endpoint: Runner().run(spec, msgs, endpoint)
+
+
+def _answering(spec: Spec, last: str) -> Callable[[Endpoint], Result]:
+    """The run that answers the session's queue from its head up to ``last`` (``busy.answer_queued``)."""
+    return lambda endpoint: busy.answer_queued(Runner()._turn_run, spec, last, endpoint)
 
 
 def _queued(store: LifecycleStore, session: str, lease: Lease, msgs: Sequence[Message]) -> list[str]:

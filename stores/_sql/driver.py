@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Executable
+from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
@@ -42,8 +42,9 @@ PARAMSTYLES = ("qmark", "format", "pyformat", "named")
 """The paramstyles this driver binds: by position (sqlite3) or by name (PyMySQL's ``%(name)s``)."""
 
 
-def instrumented(conn: Connection) -> bool:
-    """Does anything listen for cursor events? Then statements go through SQLAlchemy, where it sees them."""
+def instrumented(conn: Connection | Engine) -> bool:
+    """Does anything listen for cursor events (on a connection, or on every connection of an engine)? Then
+    statements go through SQLAlchemy, where it sees them."""
     return bool(conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute)
 
 

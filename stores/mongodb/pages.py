@@ -213,9 +213,9 @@ def _bodies(msgs: Sequence[Message]) -> list[str]:
 
 
 _ALL = 2**31 - 1
+"""What ``$slice`` takes for "to the end"."""
 _POPPED = {"$slice": [{"$ifNull": ["$queued", []]}, 1, _ALL]}
 """The queue less its head, in a pipeline."""
-"""What ``$slice`` takes for "to the end"."""
 
 
 def _without(pull: Sequence[str]) -> dict[str, Any]:

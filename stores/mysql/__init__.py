@@ -27,6 +27,7 @@ from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
 from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
 from .._sql.clock import db_now
+from .._sql.driver import instrumented
 from .._sql.tables import events, queue, sessions, steer_keys, steers, tags
 from .kept import Conn, Kept, default_most
 
@@ -185,9 +186,8 @@ class Store(SQLStore):
         if sum(len(m.to_json()) for m in step.items[step.start:]) > self.message_limit():
             return None
         count = len(step.items) - step.start
-        dispatch = self.engine.dispatch
         if (count > sql.MAX_APPEND or step.events or step.drop_journal or step.turning
-                or dispatch.before_cursor_execute or dispatch.after_cursor_execute):
+                or instrumented(self.engine)):
             # a second statement (events, the journal, open_since), or a listener that must see it: a transaction
             return super().append(step)
         kept = self._kept.take()

@@ -171,9 +171,9 @@ class Store(SQLStore):
         SQLStore.append, without the machinery around it, which on SQLite cost as much."""
         conn, driver = self._held()
         count = len(step.items) - step.start
-        dispatch = self.engine.dispatch  # (the store's own connections have no listeners of their own)
-        if (count > sql.MAX_APPEND or dispatch.before_cursor_execute or dispatch.after_cursor_execute
-                or driver.in_transaction or step.drop_journal or step.turning):
+        # (the engine's listeners: the store's own connections have none of their own)
+        if (count > sql.MAX_APPEND or instrumented(self.engine) or driver.in_transaction or step.drop_journal
+                or step.turning):
             # listeners see it there; inside an open transaction, autocommit would not commit it; a journal
             # to drop, or a turn opened or closed (open_since), is a second statement, so a transaction
             return super().append(step)
