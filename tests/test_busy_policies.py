@@ -5,6 +5,7 @@ same policies with real processes on every store are tests/test_busy.py."""
 from __future__ import annotations
 
 import logging
+import pathlib
 import pickle
 import threading
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ class Echo:
         return agent.Message.assistant(f"answer to {messages[-1].text}")
 
 
-def _held(store: memory.Store, sid: str) -> tuple[agent.Run, threading.Event]:
+def _held(store: agent.RunStore, sid: str) -> tuple[agent.Run, threading.Event]:
     """A run holding ``sid`` inside a tool until the returned event is set."""
     hold, entered, go = holding()
     run = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[hold]), [agent.Message.user("a")],
@@ -218,3 +219,47 @@ def test_a_steer_that_waits_too_long_is_stored_and_its_answer_returned_when_sent
     again = agent.Runner().turn(spec, "check the date too", "k", Answer("never"), if_busy="steer")
     assert (again.text, again.steps) == (answer.text, 0)
     assert [m.text for m in store.messages("chat")].count("check the date too") == 1
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_an_interrupt_delivered_again_while_its_message_waits_cancels_nothing_more(
+    backend: str, tmp_path: pathlib.Path
+) -> None:
+    """A task queue delivers an interrupt twice: the first cancelled the run in progress and queued its
+    message behind one queued before it. The second, while another holder answers that earlier message,
+    finds its own message queued: it must not cancel that holder's turn (somebody else's message), and says
+    the message is still queued."""
+    from stores import sqlite
+
+    store = memory.Store() if backend == "memory" else sqlite.open(str(tmp_path / "chat.db"))
+    run, go = _held(store, "chat")
+    quick = agent.Spec(session=agent.open("chat", store), lease_wait=0.0)
+    try:
+        with pytest.raises(agent.StillQueued):
+            agent.Runner().turn(quick, "earlier", "q", Answer("never"))
+        with pytest.raises(agent.StillQueued):
+            agent.Runner().turn(quick, "stop, do this instead", "k", Answer("never"), if_busy="interrupt")
+    finally:
+        go.set()
+    assert run.wait(10).stop_reason == "cancelled" and store.queued("chat") == ["q", "k"]
+    hold, entered, release = holding()
+    answering: list[agent.Result] = []
+    spec = agent.Spec(session=agent.open("chat", store), tools=[hold], lease_wait=10)
+    worker = threading.Thread(target=lambda: answering.append(agent.Runner().turn(
+        spec, "earlier", "q", ToolsThenAnswer(["hold"], rounds=2))))  # the transcript made one call already
+    worker.start()
+    try:
+        assert entered.wait(10)  # the holder answers "q", inside its tool; "k" waits behind it
+        holder = store.holder("chat")
+        assert holder is not None and store.queued("chat") == ["k"]
+        with pytest.raises(agent.StillQueued) as waited:
+            agent.Runner().turn(quick, "stop, do this instead", "k", Answer("never"), if_busy="interrupt")
+        assert waited.value.key == "k" and store.queued("chat") == ["k"]
+        assert not store.check("chat", holder), "the redelivered interrupt cancelled the turn answering 'q'"
+    finally:
+        release.set()
+        worker.join(10)
+    assert answering and answering[0].stop_reason == "answered"
+    result = agent.Runner().turn(agent.Spec(session=agent.open("chat", store)), "stop, do this instead", "k",
+                                 Answer("done instead"), if_busy="interrupt")
+    assert result.text == "done instead" and store.queued("chat") == []

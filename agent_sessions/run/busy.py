@@ -20,6 +20,7 @@ The caller chooses, per call (``if_busy``):
   non-idempotent tool is still recorded), then the message is queued as ``"queue"`` queues it, and answered
   on the transcript the cancelled run left, closing its unfinished reply (``persistence.Leased.resume``).
   Messages queued before it are answered first: the cancel stops the run in progress, not the queue.
+  Delivered again while its message is queued (or taken), it cancels nothing more: it waits as ``"queue"``.
 
 Every wait is bounded by ``Spec.lease_wait`` and logged at INFO when it starts and when it ends. A wait
 for a stored message that runs out raises ``StillQueued``: the message is stored and will be answered, and
@@ -84,6 +85,11 @@ def turn(run: HandedRun, spec: Spec, text: str, key: str, endpoint: Endpoint, ev
                               f"does not wait: nothing was written", store.holder(session.id))  # type: ignore[arg-type]
         return turns.turn(run, replace(spec, lease_wait=0.0), text, key, endpoint, events)
     if if_busy == "interrupt":
+        if queue is not None and _delivered_again(session, queue, key):
+            # Its message waits in the queue or was taken from it since: the cancel was sent with the first
+            # delivery. Sent again it would stop the turn now answering the queue: another caller's, or this
+            # very message's.
+            return _queued(run, spec, session, queue, text, key, endpoint, events)
         held = store.holder(session.id)
         if held is not None and store.cancel(session.id):
             log.info("session %r is held by %s; turn %r cancelled that run, and waits up to %g s for the lease "
@@ -98,6 +104,13 @@ def turn(run: HandedRun, spec: Spec, text: str, key: str, endpoint: Endpoint, ev
         return _steered(run, spec, session, store, text, key, endpoint, events)
     # A store without the capability the policy needs: the turn waits for the lease, as it always did.
     return turns.turn(run, spec, text, key, endpoint, events)
+
+
+def _delivered_again(session: RunSession, queue: QueueStore, key: str) -> bool:
+    """Is ``key``'s message queued, or in the transcript? Read in that order: ``take_queued`` moves a message
+    from the queue into the transcript in one step, so one taken between the two reads is found by the
+    second (the caller's earlier look at the transcript came before the queue's)."""
+    return key in queue.queued(session.id) or turns.keyed(session.messages(), key) is not None
 
 
 def _queued(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, text: str, key: str,
