@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -130,43 +131,71 @@ def _recover(store: LifecycleStore, info: SessionInfo, resolve: Resolve) -> Reco
 
 def _look(store: LifecycleStore, session: str, spec: Spec) -> Callable[[Endpoint], Result] | Outcome:
     """Under the session's lease (``SessionBusy`` when another run holds it): what is left to run, or, when
-    nothing is, the session's mark cleared and the outcome."""
+    nothing is, the session's mark cleared and the outcome. What is left runs under this very lease, handed
+    to its run: the lease is never free between the look and the run, so nothing that needs it (a delete, a
+    redelivered turn, another replica) lands between them and makes the look stale."""
     assert isinstance(store, RunStore)
-    with Lease(store, session, spec.lease_ttl, 0.0, spec.name) as lease:
-        msgs = store.messages(session)
-        text = store.journal(session)
-        journal = None if text is None else Journal.from_json(text, f"session {session!r}")
-        waits = journal is not None and any(a.decision is None for a in journal.approvals.values())
-        queued = [] if waits else _queued(store, session, lease, msgs)
+    lease = Lease(store, session, spec.lease_ttl, 0.0, spec.name).__enter__()
+    try:
+        left = _left(store, session, spec, lease)
+    except BaseException:
+        lease.__exit__(*sys.exc_info())
+        raise
+    if isinstance(left, str):
+        lease.__exit__(None, None, None)
+        return left
+
+    def run(endpoint: Endpoint) -> Result:
+        try:
+            return left(endpoint, lease)
+        finally:
+            if not lease.closed:  # the run never started (it releases the lease it is handed)
+                lease.__exit__(*sys.exc_info())
+
+    return run
+
+
+Left = Callable[[Endpoint, Lease], Result]
+"""What is left of a stranded session's turn: a run under the lease the sweep looked with."""
+
+
+def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left | Outcome:
+    """``_look``'s decision, under ``lease``."""
+    assert isinstance(store, RunStore)
+    msgs = store.messages(session)
+    text = store.journal(session)
+    journal = None if text is None else Journal.from_json(text, f"session {session!r}")
+    waits = journal is not None and any(a.decision is None for a in journal.approvals.values())
+    queued = [] if waits else _queued(store, session, lease, msgs)
+    if lease.holder.cancelled and queued:
+        # The cancel stopped the turn in progress, not the messages queued behind it: answered as below,
+        # each a new turn. The first is handed this lease, which came with the cancel, so it closes the
+        # cancelled turn's reply unrun.
+        return _answering(spec, queued[-1])
+    if lease.holder.cancelled or waits:
         if lease.holder.cancelled:
             store.cancel(session)  # handed a cancel with the lease: hand it on, as a run would
-            if queued:
-                # The cancel stopped the turn in progress, not the messages queued behind it: answered as
-                # below, each a new turn, so the first closes the cancelled turn's reply unrun.
-                return _answering(spec, queued[-1])
-        if lease.holder.cancelled or waits:
-            store.mark_finished(session, lease.holder, text)
-            return "waiting"
-        if not (turn_open(msgs) or (journal is not None and journal.answers(msgs))
-                or store.pending_steers(session) or queued):
-            store.mark_finished(session, lease.holder, text)
-            return "finished"
+        store.mark_finished(session, lease.holder, text)
+        return "waiting"
+    if not (turn_open(msgs) or (journal is not None and journal.answers(msgs))
+            or store.pending_steers(session) or queued):
+        store.mark_finished(session, lease.holder, text)
+        return "finished"
     at = _open_turn(msgs)
     if at is None and queued and not turn_open(msgs):
         # Messages queued for the session (Runner.turn(if_busy="queue")) whose callers are gone: answered in
         # the order they were accepted, each by its own turn, up to the last one queued when this looked.
         return _answering(spec, queued[-1])
     if at is not None:
-        message = msgs[at]
-        assert message.key is not None
-        # "reject": a turn the transcript holds goes on as it always did, and nothing is queued for it
-        return lambda endpoint: Runner().turn(spec, message.text, message.key or "", endpoint, if_busy="reject")
-    return lambda endpoint: Runner().run(spec, msgs, endpoint)
+        # A turn the transcript holds goes on as Runner.turn goes on with it (what is left of its
+        # max_steps, or its Result as it stands), and nothing is queued for it.
+        return lambda endpoint, held: busy.go_on(Runner()._turn_run, spec, msgs, at, endpoint, held)
+    return lambda endpoint, held: Runner()._turn_run(spec, msgs, endpoint, None, False, held)
 
 
-def _answering(spec: Spec, last: str) -> Callable[[Endpoint], Result]:
+def _answering(spec: Spec, last: str) -> Left:
     """The run that answers the session's queue from its head up to ``last`` (``busy.answer_queued``)."""
-    return lambda endpoint: busy.answer_queued(Runner()._turn_run, spec, last, endpoint)
+    return lambda endpoint, held: busy.answer_queued(Runner()._turn_run, spec, last, endpoint, held)
 
 
 def _queued(store: LifecycleStore, session: str, lease: Lease, msgs: Sequence[Message]) -> list[str]:

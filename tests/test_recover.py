@@ -110,7 +110,10 @@ def test_bad_arguments_are_refused() -> None:
 class Echo:
     """A model that answers each turn by naming the message it answers."""
 
+    requests = 0
+
     def complete(self, system: str, messages: list[agent.Message], tools: object) -> agent.Message:
+        self.requests += 1
         return agent.Message.assistant(f"re: {messages[-1].text}")
 
 
@@ -222,3 +225,101 @@ def test_an_interrupt_that_cannot_wait_leaves_its_message_queued_for_the_sweep()
     assert store.messages("i")[-2:] == [agent.Message.user("stop, do this", key="k1"),
                                         agent.Message.assistant("re: stop, do this")]
     assert store.queued("i") == [] and stranded_ids(store) == []
+
+
+@pytest.mark.parametrize("shape", ["open turn", "queued"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_delete_cannot_land_between_the_sweeps_look_and_its_run(kind: str, shape: str, tmp_path: object) -> None:
+    """The sweep looks at a stranded session under its lease and runs what is left under that same lease:
+    a delete sent while it looks is refused (a live run holds the session), never one that lands after the
+    look and before the run, whose run would then answer (and so bring back) an erased conversation."""
+    from pathlib import Path
+
+    from stores import sqlite
+
+    store = memory.Store() if kind == "memory" else sqlite.open(Path(str(tmp_path)) / "d.db")
+    if shape == "open turn":
+        _stranded(store, "gone")  # type: ignore[arg-type]
+    else:
+        store.save("gone", [agent.Message.user("hi", key="k0"), agent.Message.assistant("hello")])
+        store.enqueue("gone", "k1", "question 1")
+    assert "gone" in stranded_ids(store)
+    journal = store.journal
+    refused: list[BaseException] = []
+
+    def journal_then_delete(session: str) -> str | None:
+        text = journal(session)
+        if not refused:  # the sweep is looking: the user deletes the conversation now
+            with pytest.raises(agent.SessionBusy) as busy:
+                store.delete(session)
+            refused.append(busy.value)
+        return text
+
+    store.journal = journal_then_delete  # type: ignore[method-assign]
+    model = Echo()
+    (r,) = agent.recover(store, lambda info: (agent.Spec(name="support", tools=[refund]), model), grace=0)
+    assert len(refused) == 1 and r.outcome == "recovered" and model.requests == 1, r
+    del store.journal
+    assert store.delete("gone") and store.messages("gone") == []  # once the sweep is done, it goes
+    assert agent.recover(store, lambda info: (agent.Spec(), model), grace=0) == []
+
+
+@pytest.mark.parametrize("shape", ["open turn", "queued"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_delete_as_soon_as_the_lease_is_free_is_the_last_word(kind: str, shape: str, tmp_path: object) -> None:
+    """The user deletes the conversation the moment the sweep first gives the lease back. That is after its
+    run (it looked and ran under one lease), so the delete is the last word: nothing comes back. (When the
+    look gave the lease back before the run, the delete landed in between and the run wrote the erased
+    conversation back, its message and an answer.)"""
+    from pathlib import Path
+
+    from stores import sqlite
+
+    store = memory.Store() if kind == "memory" else sqlite.open(Path(str(tmp_path)) / "r.db")
+    if shape == "open turn":
+        _stranded(store, "gone")  # type: ignore[arg-type]
+    else:
+        store.save("gone", [agent.Message.user("hi", key="k0"), agent.Message.assistant("hello")])
+        store.enqueue("gone", "k1", "question 1")
+    release = store.release
+    model = Echo()
+    asked: list[int] = []
+
+    def release_then_delete(session: str, holder: agent.Holder) -> None:
+        release(session, holder)
+        if not asked:
+            asked.append(model.requests)
+            assert store.delete(session)
+
+    store.release = release_then_delete  # type: ignore[method-assign]
+    (r,) = agent.recover(store, lambda info: (agent.Spec(name="support", tools=[refund]), model), grace=0)
+    assert asked == [1] and r.outcome == "recovered", (asked, r)  # the lease was first free after the run
+    assert store.messages("gone") == [] and store.info("gone") is None
+    assert agent.recover(store, lambda info: (agent.Spec(), model), grace=0) == []
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_forced_delete_while_the_sweep_runs_a_turn_is_not_undone(kind: str, tmp_path: object) -> None:
+    """``delete(force=True)`` takes the session from under the sweep's run (its worker is not asked): the
+    run's next write is refused, nothing of the erased conversation comes back, and the sweep says so."""
+    from pathlib import Path
+
+    from stores import sqlite
+
+    store = memory.Store() if kind == "memory" else sqlite.open(Path(str(tmp_path)) / "f.db")
+    _stranded(store, "gone")
+
+    class DeletesFirst:
+        requests = 0
+
+        def complete(self, system: str, messages: list[agent.Message], tools: object) -> agent.Message:
+            self.requests += 1
+            assert store.delete("gone", force=True)
+            return agent.Message.assistant("too late")
+
+    model = DeletesFirst()
+    (r,) = agent.recover(store, lambda info: (agent.Spec(name="support"), model), grace=0)
+    assert model.requests == 1 and r.outcome == "failed" and r.result is None, r
+    assert isinstance(r.error, (agent.LeaseLost, agent.TranscriptDeleted)), r.error
+    assert store.messages("gone") == [] and store.info("gone") is None
+    assert agent.recover(store, lambda info: (agent.Spec(), model), grace=0) == []

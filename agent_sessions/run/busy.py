@@ -127,29 +127,45 @@ def _queued(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, 
     return _wait_and_answer(run, spec, session, queue, key, endpoint, events)
 
 
-def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint) -> Result:
+def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint, lease: Lease | None = None) -> Result:
     """Answer a session's queue from its head up to ``key``, a message queued already (``recover``: every
     caller that queued it is gone). Nothing is queued here: a session deleted meanwhile, its queue with it,
-    is ``TranscriptDeleted``, not a new message."""
+    is ``TranscriptDeleted``, not a new message. ``lease``: the session's, taken already (``recover`` looked
+    under it), which the first turn is handed."""
     session = turns.run_session(spec, key)
     store = session.store
     if not isinstance(store, QueueStore):
         raise ArgumentError(f"answer_queued needs a QueueStore, got {type(store).__name__}")
-    stored = session.messages()
-    at = turns.keyed(stored, key)
-    if at is not None:  # taken into the transcript meanwhile: its answer, or what is left of its turn
-        return turns.turn(run, spec, stored[at].text, key, endpoint, None)
-    return _wait_and_answer(run, spec, session, store, key, endpoint, None)
+    if lease is None:
+        stored = session.messages()
+        at = turns.keyed(stored, key)
+        if at is not None:  # taken into the transcript meanwhile: its answer, or what is left of its turn
+            return turns.turn(run, spec, stored[at].text, key, endpoint, None)
+    return _wait_and_answer(run, spec, session, store, key, endpoint, None, lease)
+
+
+def go_on(run: HandedRun, spec: Spec, stored: list[Message], at: int, endpoint: Endpoint, lease: Lease,
+          events: Events | None = None) -> Result:
+    """Under ``lease`` (taken by the caller, released by the run): the turn whose message is ``stored[at]``
+    goes on, as ``Runner.turn`` goes on with it, or its Result as it stands (answered, superseded, out of
+    budget: no run, and the caller gives the lease back)."""
+    planned = turns.plan(turns.run_session(spec, stored[at].key), spec, stored, stored[at], at)
+    if isinstance(planned, Result):
+        return planned
+    budget, todo = planned
+    return run(budget, todo, endpoint, events, True, lease)
 
 
 def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, key: str,
-                     endpoint: Endpoint, events: Events | None) -> Result:
-    """Wait (``lease_wait``) for the lease, and with it answer the queue from its head until ``key`` is."""
+                     endpoint: Endpoint, events: Events | None, handed: Lease | None = None) -> Result:
+    """Wait (``lease_wait``) for the lease (the first time, ``handed``: held already), and with it answer the
+    queue from its head until ``key`` is."""
     started = time.monotonic()
     deadline = started + spec.lease_wait
     wait = spec.lease_wait
     while True:
-        lease = Lease(queue, session.id, spec.lease_ttl, wait, spec.name)
+        lease = handed if handed is not None else Lease(queue, session.id, spec.lease_ttl, wait, spec.name)
+        handed = None
         try:
             lease.__enter__()
         except SessionBusy as exc:
@@ -176,11 +192,7 @@ def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueSt
     stored = session.messages()
     at = turns.keyed(stored, key)
     if at is not None:
-        planned = turns.plan(session, spec, stored, stored[at], at)
-        if isinstance(planned, Result):
-            return planned
-        budget, todo = planned
-        return run(budget, todo, endpoint, events, True, lease)
+        return go_on(run, spec, stored, at, endpoint, lease, events)
     waiting = queue.queued(session.id)
     while waiting and turns.keyed(stored, waiting[0]) is not None:
         queue.take_queued(session.id, lease.holder, append=False)  # delivered another way already
