@@ -65,6 +65,11 @@ def test_a_runs_step_is_the_one_insert_and_one_that_fails_forgets_the_session(tm
     with statements_of(store) as seen:
         assert store.save_fenced("s", held, msgs, take_steers=True) == agent.Saved([], False)
     assert len(seen) == 1 and seen[0][0].startswith("INSERT INTO agent_messages")
+    store._limit = 100  # as if SQLite kept no longer strings: a longer message is refused before the write
+    with pytest.raises(agent.ArgumentError, match=r"messages\[3\] is 2\d\d bytes as stored .* at most 100 bytes"):
+        store.save_fenced("s", held, [*msgs, agent.Message.user("x" * 200)], take_steers=True)
+    store._limit = None
+    assert sqlite.open(tmp_path / "s.db").messages("s") == msgs
     with failing(store.engine, "INSERT INTO agent_messages"), pytest.raises(agent.StoreError):
         store.save_fenced("s", held, [*msgs, agent.Message.user("lost")], take_steers=True)
     assert store._known.get("s") is None

@@ -184,14 +184,15 @@ class Store(SQLStore):
         it is most of what the step costs over the raw driver's: with ``synchronous=FULL``, 0.165-0.173 ms a
         step against 0.184-0.196 through ``_save`` as it was, the raw driver's 0.108 (N=10 and 1,000).
 
-        What ``SQLStore._save`` checks, checked the same way: the session id; the given transcript extends
+        What ``SQLStore._save`` checks, checked the same way: the given transcript extends
         the known one (the very objects, or equal ones: ``messages_after``), so a replaced earlier message
         is never left unsaved; the new messages are valid and short enough; a failure forgets the session.
         ``None``: not the usual step (an unknown session, nothing new or too much, a journal to drop, the
         turn opened or closed, a listener, an open transaction), or the INSERT matched nothing or met another
         writer's rows; the general save then does it all (checking the messages again: a rare path)."""
-        validate.session_id(session)
-        known = self._known.get(session)
+        if type(session) is not str:
+            return None  # the general save refuses it
+        known = self._known.get(session)  # (a session it knows passed validate.session_id as it was saved or read)
         if known is None or session in self._journaled:
             return None
         version, before = known
@@ -199,15 +200,18 @@ class Store(SQLStore):
         count = len(items) - shared
         if shared != len(before) or not 0 < count <= sql.MAX_APPEND:
             return None
-        validate.stored_size(items, shared, self.message_limit(), f"{self.backend} store")
         if turn_open(items) != turn_open(before):
             return None  # open_since changes: a second statement (append's transaction)
         driver = self._held()[1]
         if instrumented(self.engine) or driver.in_transaction:
             return None  # listeners see it through SQLAlchemy; inside a transaction autocommit commits nothing
+        limit = self.message_limit()
         values: list[Any] = []
         for i in range(shared, len(items)):
-            values += (i, items[i].to_json())
+            body = items[i].to_json()
+            if len(body) > limit:  # refused before anything is written, as the general save does
+                validate.stored_size(items, shared, limit, f"{self.backend} store")
+            values += (i, body)
         values += (session, version, holder.token, holder.epoch)
         if take:
             values.append(session)
