@@ -58,12 +58,15 @@ class Known:
         with self._lock:
             old = self._items.get(session)
             if old is not None and old[1] is after and old[3] == start:  # an append: count the new ones only
-                weight = old[2] + sum(len(m.to_json()) for m in msgs[len(after):])
+                weight = old[2]
+                for i in range(len(after), len(msgs)):  # (every step comes here: no generator, no slice)
+                    weight += len(msgs[i].to_json())
                 if weight <= self.max_bytes:
                     self._items[session] = (version, msgs, weight, start)
                     self._items.move_to_end(session)
                     self.bytes += weight - old[2]
-                    self._evict()
+                    if self.bytes > self.max_bytes:  # as many sessions as before: only the bytes can be over
+                        self._evict()
                     return
             old = self._items.pop(session, None)
             if old is not None:

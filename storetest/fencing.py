@@ -55,6 +55,33 @@ def _results(msgs: list[Message], at: int) -> dict[str, Content]:
     return {c.tool_call_id: c for c in msgs[at].content}
 
 
+def _race(store: RunStore, sid: str, holder: Holder, lists: list[list[Message]]) -> list[int]:
+    """Save each of ``lists`` from a thread of its own, all at once: the indexes of those saved (the others
+    refused with ``TranscriptConflict``; any other error is raised)."""
+    barrier = threading.Barrier(len(lists))
+    saved: list[int] = []
+    errors: list[Exception] = []
+
+    def step(i: int) -> None:
+        barrier.wait()
+        try:
+            store.save_fenced(sid, holder, lists[i], take_steers=True)
+            saved.append(i)
+        except agent.TranscriptConflict:
+            pass
+        except Exception as exc:  # noqa: BLE001 - raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=step, args=(i,)) for i in range(len(lists))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return saved
+
+
 class FencingContract:
     """Mixed into StoreContract; ``run_store`` and ``another`` come from there."""
 
@@ -135,6 +162,68 @@ class FencingContract:
         with pytest.raises(agent.TranscriptConflict):
             store.save_fenced(sid, mine, [*base, Message.assistant("mine")], take_steers=True)
         assert store.messages(sid) == [*base, Message.assistant("theirs")]
+
+    # -- the usual step: new messages appended to the transcript this object knows ---------------------
+
+    def _stepped(self, tag: str) -> tuple[RunStore, str, Holder, list[Message]]:
+        """A run two steps in: its list is the very objects this store object saved."""
+        store = self.run_store()
+        sid = _sid(tag)
+        held = store.acquire(sid, _claimant(), 30)
+        msgs = [Message.user("q1")]
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        msgs += [Message.assistant("a1"), Message.user("q2")]
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        return store, sid, held, msgs
+
+    def test_a_step_over_an_earlier_message_replaced_by_an_equal_object_is_saved(self) -> None:
+        store, sid, held, msgs = self._stepped("step-equal-")
+        msgs[1] = Message.assistant("a1")  # another object, equal
+        msgs.append(Message.assistant("a2"))
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        msgs.append(Message.user("q3"))  # and the step after it, over the replacement
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        assert self.another(store).messages(sid) == msgs
+        assert store.messages(sid) == msgs
+
+    def test_a_step_over_an_earlier_message_replaced_by_another_is_refused_and_the_next_step_saves(self) -> None:
+        store, sid, held, msgs = self._stepped("step-changed-")
+        stored = list(msgs)
+        for i in range(len(msgs)):
+            changed = [*msgs[:i], Message.user(f"changed {i}"), *msgs[i + 1:], Message.assistant("a2")]
+            with pytest.raises(agent.TranscriptConflict):
+                store.save_fenced(sid, held, changed, take_steers=True)
+            assert self.another(store).messages(sid) == stored  # nothing of it saved, not silently unsaved
+        msgs.append(Message.assistant("a2"))  # a save after the failed ones
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        msgs.append(Message.user("q3"))
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        assert self.another(store).messages(sid) == msgs
+
+    def test_a_step_shorter_than_the_known_transcript_is_refused(self) -> None:
+        store, sid, held, msgs = self._stepped("step-short-")
+        for given in (msgs[:2], [*msgs[:2], Message.assistant("other")], [*msgs[:1], *msgs[2:]]):
+            with pytest.raises(agent.TranscriptConflict):
+                store.save_fenced(sid, held, given, take_steers=True)
+        assert self.another(store).messages(sid) == msgs
+        msgs.append(Message.assistant("a2"))
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        assert self.another(store).messages(sid) == msgs
+
+    def test_threads_stepping_one_session_on_one_store_object_never_lose_a_step(self) -> None:
+        """Each round two threads step the session from the same transcript: one is saved, the other
+        refused (its transcript no longer extends the stored one), and what the store object knows stays
+        what is stored, so the next round steps from the winner's."""
+        store, sid, held, msgs = self._stepped("step-threads-")
+        for round in range(8):
+            lists = [[*msgs, Message.assistant(f"round {round} by {t}")] for t in range(2)]
+            saved = _race(store, sid, held, lists)
+            assert len(saved) == 1, saved
+            msgs = lists[saved[0]]
+            assert self.another(store).messages(sid) == msgs
+        msgs.append(Message.user("after"))
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        assert self.another(store).messages(sid) == msgs
 
     # -- the six scenarios -------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agent_sessions as agent
-from agent_sessions import messages
+from agent_sessions import messages, validate
 from agent_sessions.errors import MessageError
 from storetest import strategies
 
@@ -141,3 +141,39 @@ def test_stored_messages_take_the_fast_path(message: agent.Message, key: str) ->
     assert fast is not None
     assert _outcome(lambda: fast) == _outcome(lambda: agent.Message._checked_json(stored))
     assert fast.to_json() is stored
+
+
+# -- the prefix check of every save (validate.is_extension, compared in C without a copy) ------------------------
+
+
+_Case = tuple[tuple[agent.Message, ...], tuple[object, ...]]
+
+
+@st.composite
+def _prefix_and_items(draw: st.DrawFn) -> _Case:
+    """A transcript and a list that may extend it: the same objects, equal copies, other messages, other
+    objects (an int, None, a str), cut short or made longer."""
+    prefix = tuple(draw(st.lists(strategies.messages, max_size=6)))
+    same = st.sampled_from(["same", "copy", "other", "foreign"])
+    items: list[object] = []
+    for m in prefix[: draw(st.integers(0, len(prefix)))]:
+        how = draw(same)
+        items.append(m if how == "same" else agent.Message.from_json(m.to_json()) if how == "copy"
+                     else draw(strategies.messages) if how == "other" else draw(st.sampled_from([0, None, "x"])))
+    items += draw(st.lists(strategies.messages, max_size=3))
+    return prefix, tuple(items)
+
+
+@settings(max_examples=500)
+@given(_prefix_and_items())
+def test_is_extension_is_the_prefix_compared_by_equality(case: _Case) -> None:
+    prefix, items = case
+    expected = items[: len(prefix)] == prefix
+    assert validate.is_extension(prefix, items) is expected
+    assert validate.is_extension(list(prefix), items) is expected  # the memory store passes a list
+    if all(isinstance(m, agent.Message) for m in items):
+        try:
+            got, start = validate.messages_after(list(items), prefix)
+        except MessageError:  # a tool result that answers no call: refused however the prefix compares
+            return
+        assert got == items and start == (len(prefix) if expected else 0)

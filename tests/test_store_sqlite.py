@@ -53,6 +53,31 @@ def test_an_appending_save_writes_only_the_new_messages(tmp_path: Path) -> None:
     assert store.info("s").open_since is None  # type: ignore[union-attr]
 
 
+def test_a_runs_step_is_the_one_insert_and_one_that_fails_forgets_the_session(tmp_path: Path) -> None:
+    """The usual step of a leased run (``Store._step``): one INSERT, in autocommit; when it fails, the store
+    forgets what it knew of the session, and the next save, the general way, stores the right transcript."""
+    store = sqlite.open(tmp_path / "s.db")
+    held = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced("s", held, msgs, take_steers=True)
+    msgs += [agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "grep", "{}")]),
+             agent.Message(agent.Role.USER, [agent.Content.tool_result("c1", "found")])]
+    with statements_of(store) as seen:
+        assert store.save_fenced("s", held, msgs, take_steers=True) == agent.Saved([], False)
+    assert len(seen) == 1 and seen[0][0].startswith("INSERT INTO agent_messages")
+    store._limit = 100  # as if SQLite kept no longer strings: a longer message is refused before the write
+    with pytest.raises(agent.ArgumentError, match=r"messages\[3\] is 2\d\d bytes as stored .* at most 100 bytes"):
+        store.save_fenced("s", held, [*msgs, agent.Message.user("x" * 200)], take_steers=True)
+    store._limit = None
+    assert sqlite.open(tmp_path / "s.db").messages("s") == msgs
+    with failing(store.engine, "INSERT INTO agent_messages"), pytest.raises(agent.StoreError):
+        store.save_fenced("s", held, [*msgs, agent.Message.user("lost")], take_steers=True)
+    assert store._known.get("s") is None
+    msgs.append(agent.Message.user("q2"))
+    store.save_fenced("s", held, msgs, take_steers=True)
+    assert sqlite.open(tmp_path / "s.db").messages("s") == msgs
+
+
 def test_a_tracer_listening_for_cursor_events_sees_every_statement_and_changes_no_result(tmp_path: Path) -> None:
     store = sqlite.open(tmp_path / "traced.db")
     traced: list[str] = []

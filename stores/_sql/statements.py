@@ -8,8 +8,7 @@ Values are bound by name at execution.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -155,10 +154,11 @@ MAX_APPEND = 100
 """Messages one append statement carries; a save adding more runs the general transaction."""
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     """An appending save, as a dialect's ``append`` is given it: ``items[start:]`` are new, and the stored
-    transcript is ``known`` (a version) if nothing changed meanwhile."""
+    transcript is ``known`` (a version) if nothing changed meanwhile. A named tuple, not a frozen dataclass:
+    the usual step builds one each time, and a frozen dataclass sets each of its fields through
+    ``object.__setattr__`` (3.3 µs against 0.5)."""
 
     session: str
     known: str

@@ -9,7 +9,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,7 +26,8 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
         "stores.sqlite requires SQLAlchemy. Install it with: pip install 'stored-agent-sessions[sqlite]'"
     ) from exc
 
-from agent_sessions import ArgumentError, eventlog
+from agent_sessions import ArgumentError, Holder, Message, Saved, eventlog, validate
+from agent_sessions.messages import turn_open
 
 from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
@@ -163,6 +164,72 @@ class Store(SQLStore):
         self._pins: list[tuple[weakref.ref[threading.Thread], Connection]] = []
         """Every connection a thread holds, with its thread: close() closes them all, and a thread that
         ended leaves its connection to be closed when the next thread opens one."""
+
+    def save_fenced(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        start: int = 0,
+    ) -> Saved:
+        """The usual step of a run first (``_step``); anything else the way every SQL store saves."""
+        if not replace and type(start) is int and start == 0:
+            saved = self._step(session, holder, msgs, take_steers)
+            if saved is not None:
+                return saved
+        return super().save_fenced(session, holder, msgs, take_steers=take_steers, replace=replace, start=start)
+
+    def _step(self, session: str, holder: Holder, msgs: Sequence[Message], take: bool) -> Saved | None:
+        """A run's usual step, with the least Python: new messages appended to the transcript this object
+        knows, in the one autocommitted INSERT of ``append``, built here directly (no ``sql.Step``, no call
+        through ``SQLStore._save`` and ``append``). Its Python runs right after the previous step's fsync,
+        with cold caches, where each call and object costs two to three times what it does in a loop, and
+        it is most of what the step costs over the raw driver's: with ``synchronous=FULL``, 0.165-0.173 ms a
+        step against 0.184-0.196 through ``_save`` as it was, the raw driver's 0.108 (N=10 and 1,000).
+
+        What ``SQLStore._save`` checks, checked the same way: the given transcript extends
+        the known one (the very objects, or equal ones: ``messages_after``), so a replaced earlier message
+        is never left unsaved; the new messages are valid and short enough; a failure forgets the session.
+        ``None``: not the usual step (an unknown session, nothing new or too much, a journal to drop, the
+        turn opened or closed, a listener, an open transaction), or the INSERT matched nothing or met another
+        writer's rows; the general save then does it all (checking the messages again: a rare path)."""
+        if type(session) is not str:
+            return None  # the general save refuses it
+        known = self._known.get(session)  # (a session it knows passed validate.session_id as it was saved or read)
+        if known is None or session in self._journaled:
+            return None
+        version, before = known
+        items, shared = validate.messages_after(msgs, before)
+        count = len(items) - shared
+        if shared != len(before) or not 0 < count <= sql.MAX_APPEND:
+            return None
+        if turn_open(items) != turn_open(before):
+            return None  # open_since changes: a second statement (append's transaction)
+        driver = self._held()[1]
+        if instrumented(self.engine) or driver.in_transaction:
+            return None  # listeners see it through SQLAlchemy; inside a transaction autocommit commits nothing
+        limit = self.message_limit()
+        values: list[Any] = []
+        for i in range(shared, len(items)):
+            body = items[i].to_json()
+            if len(body) > limit:  # refused before anything is written, as the general save does
+                validate.stored_size(items, shared, limit, f"{self.backend} store")
+            values += (i, body)
+        values += (session, version, holder.token, holder.epoch)
+        if take:
+            values.append(session)
+        try:
+            inserted: int = driver.execute(_append_sql(count, take, True), values).rowcount
+        except sqlite3.IntegrityError:  # another writer appended at these positions first
+            return None
+        except sqlite3.Error as exc:
+            self._known.forget(session)
+            raise self._error("save", session, DBAPIError.instance("append", None, exc, sqlite3.Error)) from exc
+        except BaseException:
+            self._known.forget(session)
+            raise
+        if inserted != count:
+            return None
+        self._known.put(session, version, items, after=before)
+        self._journaled.discard(session)
+        return Saved([], False)
 
     def append(self, step: sql.Step) -> str | None:
         """The usual step of a run, on the driver alone: the one INSERT, in autocommit. A statement that
