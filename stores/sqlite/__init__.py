@@ -294,11 +294,12 @@ class Store(SQLStore):
     def version(self) -> tuple[object, int, object] | None:
         """``Watch.listening``: this thread's connection (its ``_held`` entry, new with each connection
         opened), the connection's ``PRAGMA data_version`` and the store's mark, read now; ``None`` inside a
-        transaction on that connection, whose snapshot a later read of the version would repeat."""
-        held = self._current()
+        transaction on that connection (whose snapshot a later read of the version would repeat), or when the
+        connection was closed (the read that follows opens another)."""
+        held = self._entry()
         if held is None:
             self._held()
-            held = self._current()
+            held = self._entry()
             assert held is not None
         driver = held[2]
         if driver.in_transaction:
@@ -306,16 +307,17 @@ class Store(SQLStore):
         mark = self._mark  # read before the version: a mark replaced after the version's read is seen next time
         try:
             return held, driver.execute("PRAGMA data_version").fetchone()[0], mark
-        except sqlite3.Error:
+        except sqlite3.Error:  # closed (by ``close``, from any thread): ProgrammingError
             return None
 
     def unchanged(self, since: object | None) -> bool:
         """Did nothing commit since ``since`` (a ``version()``), on any connection but this thread's own, and
         no write of this store object that may mark or take a lease end meanwhile? ``False`` whenever it
-        cannot tell: another connection now (closed, reopened, forked), one inside a transaction, an error."""
+        cannot tell: another connection now (closed, reopened, forked, another thread), one inside a
+        transaction, an error."""
         if not isinstance(since, tuple) or len(since) != 3:
             return False
-        held = self._current()
+        held = self._entry()
         if held is None or since[0] is not held or since[2] is not self._mark:
             return False
         driver = held[2]
@@ -323,14 +325,16 @@ class Store(SQLStore):
             return False
         try:
             same: bool = driver.execute("PRAGMA data_version").fetchone()[0] == since[1]
-        except sqlite3.Error:
+        except sqlite3.Error:  # closed since, and not yet replaced: no version to compare
             return False
         return same
 
-    def _current(self) -> tuple[int, Connection, sqlite3.Connection] | None:
-        """This thread's held connection, if it has one still open in this process; opens none."""
+    def _entry(self) -> tuple[int, Connection, sqlite3.Connection] | None:
+        """This thread's ``_held`` entry of this process unless ``close`` closed it; opens none. (Closed, its
+        sqlite3 connection may be another's by now, on an engine with a pool: never asked.) An invalidated
+        one is not checked for, as ``_held`` does: its sqlite3 connection is closed, and raises."""
         held: tuple[int, Connection, sqlite3.Connection] | None = getattr(self._local, "held", None)
-        if held is None or held[0] != os.getpid() or held[1].closed or held[1].invalidated:
+        if held is None or held[0] != os.getpid() or held[1].closed:
             return None
         return held
 
