@@ -507,6 +507,10 @@ class Watch:
 
     __slots__ = ("_store",)
 
+    exact = True
+    """Its ``False`` is as good as a read of the flag made as it was asked (no push to wait for):
+    storetest's model counts it as one (``storetest.model_ops``)."""
+
     def __init__(self, store: Store) -> None:
         self._store = store
 
