@@ -338,6 +338,19 @@ def test_a_store_closed_and_reopened_on_the_run_s_thread_with_a_cancel_between_m
     assert tools.ran == ["act"]
 
 
+def test_with_the_event_log_on_a_cancel_elsewhere_still_stops_the_next_call(store: Counted, other: Other) -> None:
+    """The run's events are written by its publisher's thread too (another connection): such a write only
+    makes the run read; a cancel from another process committed during a call stops the next one."""
+    sid = _sid("events")
+    tools = Tools([None, lambda: other.do("cancel", sid)])
+    spec = agent.Spec(session=agent.open(sid, store), tools=tools.all, max_steps=6, lease_ttl=600,
+                      publish_events=True)
+    result = agent.Runner().run(spec, [Message.user("go")], Scripted(_calls("act", "act", "lookup", step=1)))
+    assert result.stop_reason == "cancelled"
+    assert tools.ran == ["act", "act"]
+    assert store.events(sid, 0, 100)
+
+
 def test_a_non_idempotent_call_still_reads_in_its_journal_write(store: Counted, other: Other) -> None:
     sid = _sid("charge")
     tools = Tools([lambda: other.do("cancel", sid)])

@@ -19,7 +19,7 @@ try:
     from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
     from sqlalchemy.engine import Engine
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
     from sqlalchemy.pool import NullPool
     from sqlalchemy.schema import CreateIndex, CreateTable
 except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundary.py in a bare venv
@@ -298,9 +298,13 @@ class Store(SQLStore):
         connection was closed (the read that follows opens another)."""
         held = self._entry()
         if held is None:
-            self._held()
+            try:
+                self._held()
+            except (SQLAlchemyError, sqlite3.Error):  # the read that follows meets it, and says so
+                return None
             held = self._entry()
-            assert held is not None
+            if held is None:
+                return None
         driver = held[2]
         if driver.in_transaction:
             return None
