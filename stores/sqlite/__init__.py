@@ -161,7 +161,7 @@ class Store(SQLStore):
         """``watch_cancels=False``: a run reads its cancel flag before each idempotent tool, as it did
         before the store watched its connection's data version (``watch_cancel``)."""
         super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
-        self._watch: Watch | NotWatching = Watch(self) if watch_cancels else NOT_WATCHING
+        self._watch_cancels = watch_cancels
         self._mark = object()
         """Replaced as each write of this object that may mark or take a lease ends (``cancel``,
         ``acquire``, ``release``, ``delete``, ``prune``): on the thread's own connection such a commit does
@@ -286,10 +286,10 @@ class Store(SQLStore):
 
     def watch_cancel(self, session: str, holder: Holder) -> Watch | NotWatching:
         """The run's watch (``contract.CancelWatcher``): the data version of the calling thread's connection,
-        which moves when any other connection commits (``Watch``). One per store: it keeps nothing of the
-        run's own, so it is the same for every run."""
+        which moves when any other connection commits (``Watch``). It keeps nothing of the run's own (made
+        per run, so the store holds no reference back to it: a store dropped unclosed is freed at once)."""
         validate.session_id(session)
-        return self._watch
+        return Watch(self) if self._watch_cancels else NOT_WATCHING
 
     def version(self) -> tuple[object, int, object] | None:
         """``Watch.listening``: this thread's connection (its ``_held`` entry, new with each connection
@@ -506,8 +506,8 @@ class Watch:
     has not moved since just before the run's last read of its flag, on the same connection, and this store
     object wrote no cancel meanwhile (its own commits do not move it: ``Store._mark``), nothing can have
     been committed after that read: no cancel can have landed, and the run need not read again. Otherwise,
-    ``None``: the run reads. It never answers ``True``; one data version serves every run, of every
-    session."""
+    ``None``: the run reads. It never answers ``True``; one data version serves every run of the thread,
+    of every session."""
 
     __slots__ = ("_store",)
 
