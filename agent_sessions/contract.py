@@ -12,8 +12,9 @@ Every other protocol is an optional capability a store may add, each a sub-proto
   are stored (docs/runs/approvals.md).
 - ``EventStore`` (and the optional ``EventWaiter``): a durable log of each session's events
   (docs/runs/events.md).
-- ``CancelWatcher``: a RunStore that pushes a cancel to the process holding the lease, so a run checks
-  before an idempotent tool without a round trip (docs/runs/leases.md).
+- ``CancelWatcher``: a RunStore that pushes a cancel to the process holding the lease (PostgreSQL), or can
+  tell that nothing was committed since the run last read its flag (SQLite), so a run checks before an
+  idempotent tool without a round trip (docs/runs/leases.md).
 - ``SteerKeyStore``: steers left under a caller's key, each key stored once per session, so a steer whose
   answer was lost can be sent again as it is (docs/sessions.md).
 - ``QueueStore``: messages queued, under their turn keys, for a session that is busy; each is taken into the
@@ -237,7 +238,8 @@ class CancelWatch(Protocol):
         write, ``check``): a value naming the store's listening as it is now, equal for as long as it goes
         on without a break and never again after one (a new connection, say); ``None`` while the store
         does not listen. Whatever it names must have been listening already: every cancel of the session
-        committed from now on is pushed to it."""
+        committed from now on is pushed to it, or makes ``cancelled`` with this value answer ``None``
+        (SQLite: any commit but the connection's own moves its ``data_version``)."""
 
     def cancelled(self, since: object | None) -> bool | None:
         """``True`` when a cancel of this lease (its session and epoch) was pushed to this process since
@@ -253,15 +255,18 @@ class CancelWatch(Protocol):
 class CancelWatcher(RunStore, Protocol):
     """A RunStore that pushes a cancel to the process whose run holds the lease (PostgreSQL: NOTIFY on the
     cancel's commit, heard by the store's LISTEN connection), so the check before an idempotent tool reads
-    a flag in this process instead of the lease. Optional, checked once per run: without it the run reads
-    the lease (``check``) before each idempotent tool. It never stands in for a write's own check: the
-    journal write before a non-idempotent tool still reads the flag atomically with its write.
+    a flag in this process instead of the lease; or that can tell nothing at all was committed since the
+    run's last read (SQLite: ``PRAGMA data_version`` of the run's connection), so no cancel can have been.
+    Optional, checked once per run: without it the run reads the lease (``check``) before each idempotent
+    tool. It never stands in for a write's own check: the journal write before a non-idempotent tool still
+    reads the flag atomically with its write.
 
     The run relies on this (``persistence.Leased``): it reads nothing before an idempotent tool when the
     last read of its flag found none, and the watch then answers ``False`` with the ``listening()`` taken
     just before that read. So every ``cancel`` (and whatever else sets the flag) must push to the
     listeners after it commits, never before; a cancel that could not be pushed must leave the listening
-    broken, so the run reads."""
+    broken, so the run reads. (SQLite pushes nothing: every commit of another connection breaks the
+    listening it names, and the store's own cancels on the run's connection replace a mark it names.)"""
 
     def watch_cancel(self, session: str, holder: Holder) -> CancelWatch:
         """Begin keeping, in this process, whether a cancel of ``holder``'s lease of ``session`` was

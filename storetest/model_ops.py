@@ -178,8 +178,37 @@ class _Watched:
         self._local.checked = now()
         return self._store.save_fenced_events(session, holder, msgs, **options)  # type: ignore[attr-defined]
 
+    def watch_cancel(self, session: str, holder: agent.Holder) -> Any:
+        return _Heeded(self, self._store.watch_cancel(session, holder))  # type: ignore[attr-defined]
+
     def __repr__(self) -> str:
         return f"watched({self._store!r})"
+
+
+class _Heeded:
+    """A run's cancel watch, through ``_Watched``: where the watch's ``False`` is exact (``exact``: nothing
+    at all was committed since the run's last read, SQLite), it counts as a check made as it was asked, so
+    a cancel that returned before then must stop the tool. A pushed ``False`` (PostgreSQL) only says no
+    notification was heard: the last read stays the check (the documented bound)."""
+
+    def __init__(self, proxy: _Watched, watch: Any) -> None:
+        self._proxy = proxy
+        self._watch = watch
+        self._exact = bool(getattr(watch, "exact", False))
+
+    def listening(self) -> object | None:
+        listening: object | None = self._watch.listening()
+        return listening
+
+    def cancelled(self, since: object | None) -> bool | None:
+        asked = now()  # before the answer: a cancel committed after this may go unseen, as after a read
+        answer: bool | None = self._watch.cancelled(since)
+        if answer is False and self._exact:
+            self._proxy._local.checked = asked
+        return answer
+
+    def close(self) -> None:
+        self._watch.close()
 
 
 def _passing(name: str) -> Callable[..., Any]:
@@ -193,7 +222,7 @@ def _passing(name: str) -> Callable[..., Any]:
 def watched(store: Store, holds: list[Hold] | None = None) -> _Watched:
     """``store`` behind a ``_Watched`` offering exactly the protocol methods ``store`` has (so the library's
     isinstance checks answer as they would for the store itself)."""
-    own = {"acquire", "check", "put_journal", "release", "save_fenced", "save_fenced_events"}
+    own = {"acquire", "check", "put_journal", "release", "save_fenced", "save_fenced_events", "watch_cancel"}
     names = [n for n in _METHODS if callable(getattr(store, n, None))]
     cls = type("Watched", (_Watched,), {n: _passing(n) for n in names if n not in own})
     for name in own - set(names):

@@ -203,8 +203,9 @@ class Leased:
     """A session over a RunStore. Per step: one fenced save before the request (which takes the steers and
     reports a cancel); before each tool call a cancel check, which for a non-idempotent tool is the journal
     write recording that it started (and carrying the results so far), and for an idempotent one a read of
-    the lease, unless the store pushes cancels (``_cancelled``); after a non-idempotent tool that is not the
-    reply's last call, a journal write of its result. Every other result rides with the next write."""
+    the lease, unless the store pushes cancels or knows none can have come (``_cancelled``); after a
+    non-idempotent tool that is not the reply's last call, a journal write of its result. Every other result
+    rides with the next write."""
 
     saves = True
 
@@ -246,7 +247,7 @@ class Leased:
         self.events_kept = spec.events_kept
         self.publisher: Publisher | None = None
         self.pushes = isinstance(self.store, CancelWatcher)
-        """Checked once per run: the store pushes cancels to this process (``_cancelled``)."""
+        """Checked once per run: the store pushes cancels to this process, or watches for them (``_cancelled``)."""
         self.watch: CancelWatch | None = None
         self.since: object | None = None
         """What ``watch.listening()`` said immediately before the run's last read of its cancel flag, if that
@@ -615,7 +616,10 @@ class Leased:
         assert self.journal is not None
         if tool is not None and not tool.idempotent:
             self.journal.started.append(call.id)
-            cancelled = self._put_journal(self.journal.to_json(), unless_cancelled=True)
+            # Not listening: what the watch would say before this write is never asked (the tool's own
+            # journal write, ``ran``, or the save after the reply's last call, is the next read), and on
+            # SQLite asking costs a statement (``stores.sqlite.Watch``).
+            cancelled = self._put_journal(self.journal.to_json(), unless_cancelled=True, listen=False)
             if cancelled:  # nothing was written: the call never starts, and the journal never says it did
                 self.journal.started.pop()
         elif self.fresh is not None:
@@ -648,8 +652,8 @@ class Leased:
         self.since = None if cancelled else since
         return cancelled
 
-    def _put_journal(self, text: str, *, unless_cancelled: bool = False) -> bool:
-        since = self._listening()
+    def _put_journal(self, text: str, *, unless_cancelled: bool = False, listen: bool = True) -> bool:
+        since = self._listening() if listen else None
         try:
             cancelled = self.store.put_journal(self.session, self.lease.holder, text,
                                                unless_cancelled=unless_cancelled)

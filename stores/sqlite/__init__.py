@@ -11,6 +11,7 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 try:
@@ -18,7 +19,7 @@ try:
     from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
     from sqlalchemy.engine import Engine
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
     from sqlalchemy.pool import NullPool
     from sqlalchemy.schema import CreateIndex, CreateTable
 except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundary.py in a bare venv
@@ -155,9 +156,17 @@ class Store(SQLStore):
         return and_(column >= prefix, func.substr(column, 1, len(prefix)) == prefix)
 
     def __init__(
-        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES
+        self, engine: Engine, *, remember: int = REMEMBER, remember_bytes: int = REMEMBER_BYTES,
+        watch_cancels: bool = True,
     ) -> None:
+        """``watch_cancels=False``: a run reads its cancel flag before each idempotent tool, as it did
+        before the store watched its connection's data version (``watch_cancel``)."""
         super().__init__(engine, remember=remember, remember_bytes=remember_bytes)
+        self._watch_cancels = watch_cancels
+        self._mark = object()
+        """Replaced as each write of this object that may mark or take a lease ends (``cancel``,
+        ``acquire``, ``release``, ``delete``, ``prune``): on the thread's own connection such a commit does
+        not move ``PRAGMA data_version``, so a watch compares this too (``Watch``)."""
         self._local = threading.local()
         self._limit: int | None = None
         self._pins_lock = threading.Lock()
@@ -340,6 +349,99 @@ class Store(SQLStore):
         except sqlite3.Error as exc:
             raise DBAPIError.instance(_ADD_EVENTS, None, exc, sqlite3.Error) from exc
 
+    # -- cancels: what the thread's connection has seen committed by others ----------------------------------
+
+    def watch_cancel(self, session: str, holder: Holder) -> Watch | NotWatching:
+        """The run's watch (``contract.CancelWatcher``): the data version of the calling thread's connection,
+        which moves when any other connection commits (``Watch``). It keeps nothing of the run's own (made
+        per run, so the store holds no reference back to it: a store dropped unclosed is freed at once)."""
+        validate.session_id(session)
+        return Watch(self) if self._watch_cancels else NOT_WATCHING
+
+    def version(self) -> tuple[object, int, object] | None:
+        """``Watch.listening``: this thread's connection (its ``_held`` entry, new with each connection
+        opened), the connection's ``PRAGMA data_version`` and the store's mark, read now; ``None`` inside a
+        transaction on that connection (whose snapshot a later read of the version would repeat), or when the
+        connection was closed (the read that follows opens another)."""
+        held = self._entry()
+        if held is None:
+            try:
+                self._held()
+            except (SQLAlchemyError, sqlite3.Error):  # the read that follows meets it, and says so
+                return None
+            held = self._entry()
+            if held is None:
+                return None
+        driver = held[2]
+        if driver.in_transaction:
+            return None
+        mark = self._mark  # read before the version: a mark replaced after the version's read is seen next time
+        try:
+            return held, driver.execute("PRAGMA data_version").fetchone()[0], mark
+        except sqlite3.Error:  # closed (by ``close``, from any thread): ProgrammingError
+            return None
+
+    def unchanged(self, since: object | None) -> bool:
+        """Did nothing commit since ``since`` (a ``version()``), on any connection but this thread's own, and
+        no write of this store object that may mark or take a lease end meanwhile? ``False`` whenever it
+        cannot tell: another connection now (closed, reopened, forked, another thread), one inside a
+        transaction, an error."""
+        if not isinstance(since, tuple) or len(since) != 3:
+            return False
+        held = self._entry()
+        if held is None or since[0] is not held or since[2] is not self._mark:
+            return False
+        driver = held[2]
+        if driver.in_transaction:
+            return False
+        try:
+            same: bool = driver.execute("PRAGMA data_version").fetchone()[0] == since[1]
+        except sqlite3.Error:  # closed since, and not yet replaced: no version to compare
+            return False
+        return same
+
+    def _entry(self) -> tuple[int, Connection, sqlite3.Connection] | None:
+        """This thread's ``_held`` entry of this process unless ``close`` closed it; opens none. (Closed, its
+        sqlite3 connection may be another's by now, on an engine with a pool: never asked.) An invalidated
+        one is not checked for, as ``_held`` does: its sqlite3 connection is closed, and raises."""
+        held: tuple[int, Connection, sqlite3.Connection] | None = getattr(self._local, "held", None)
+        if held is None or held[0] != os.getpid() or held[1].closed:
+            return None
+        return held
+
+    def _marking(self) -> None:
+        self._mark = object()
+
+    def cancel(self, session: str) -> bool:
+        try:
+            return super().cancel(session)
+        finally:
+            self._marking()
+
+    def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
+        try:
+            return super().acquire(session, holder, ttl)
+        finally:
+            self._marking()
+
+    def release(self, session: str, holder: Holder) -> None:
+        try:
+            super().release(session, holder)
+        finally:
+            self._marking()
+
+    def delete(self, session: str, *, force: bool = False) -> bool:
+        try:
+            return super().delete(session, force=force)
+        finally:
+            self._marking()
+
+    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
+        try:
+            return super().prune(idle_for, limit)
+        finally:
+            self._marking()
+
     def _held(self) -> tuple[Connection, sqlite3.Connection]:
         """This thread's connection of the file, and its sqlite3 connection (a forked child opens its own).
         Threads hold one each, however many there are: ``open`` gives the engine no pool to run out of."""
@@ -411,11 +513,14 @@ def open(
     synchronous: str = "FULL",
     remember: int = REMEMBER,
     remember_bytes: int = REMEMBER_BYTES,
+    watch_cancels: bool = True,
 ) -> Store:
     """Open (creating if needed) the store in ``path``. Safe for many threads and many processes on one
     file: writes take SQLite's write lock at BEGIN IMMEDIATE, so take_steers is exactly once.
     ``remember`` and ``remember_bytes`` bound what the store keeps in memory of the transcripts it last
-    saved or read (so a save that only adds messages appends them): that many sessions, that many bytes."""
+    saved or read (so a save that only adds messages appends them): that many sessions, that many bytes.
+    ``watch_cancels=False``: a run reads its cancel flag before every idempotent tool, even when nothing
+    was committed since its last read (``Store.watch_cancel``, docs/runs/leases.md)."""
     name = os.fspath(path)
     if not name or name == ":memory:" or name.startswith("file::memory:"):
         raise ArgumentError("sqlite.open needs a file path; for a store in memory use stores.memory.Store()")
@@ -429,7 +534,7 @@ def open(
         _upgrade(conn)
         metadata.create_all(conn)
         conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    return Store(engine, remember=remember, remember_bytes=remember_bytes)
+    return Store(engine, remember=remember, remember_bytes=remember_bytes, watch_cancels=watch_cancels)
 
 
 def _upgrade(conn: Connection) -> None:
@@ -459,6 +564,53 @@ def _configure(engine: Engine, synchronous: str) -> None:
         dbapi_connection = conn.connection.dbapi_connection
         if not dbapi_connection.in_transaction:  # the store began it already (see Store._connection)
             dbapi_connection.execute("BEGIN IMMEDIATE")
+
+
+class Watch:
+    """A run's watch of its lease (``contract.CancelWatch``) on SQLite, where nothing is pushed: a cancel
+    committed by any other connection, of this process or another, moves ``PRAGMA data_version`` on the
+    connection the run's thread holds (https://www.sqlite.org/pragma.html#pragma_data_version). So when it
+    has not moved since just before the run's last read of its flag, on the same connection, and this store
+    object wrote no cancel meanwhile (its own commits do not move it: ``Store._mark``), nothing can have
+    been committed after that read: no cancel can have landed, and the run need not read again. Otherwise,
+    ``None``: the run reads. It never answers ``True``; one data version serves every run of the thread,
+    of every session."""
+
+    __slots__ = ("_store",)
+
+    exact = True
+    """Its ``False`` is as good as a read of the flag made as it was asked (no push to wait for):
+    storetest's model counts it as one (``storetest.model_ops``)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def listening(self) -> tuple[object, int, object] | None:
+        return self._store.version()
+
+    def cancelled(self, since: object | None) -> bool | None:
+        return False if since is not None and self._store.unchanged(since) else None
+
+    def close(self) -> None:
+        pass
+
+
+class NotWatching:
+    """The watch of a store opened with ``watch_cancels=False``: the run always reads."""
+
+    __slots__ = ()
+
+    def listening(self) -> None:
+        return None
+
+    def cancelled(self, since: object | None) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+NOT_WATCHING = NotWatching()
 
 
 def _alive(thread: weakref.ref[threading.Thread]) -> bool:
