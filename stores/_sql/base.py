@@ -230,3 +230,22 @@ _TABLE_NAME = re.compile(r"\b(?:" + "|".join(t.name for t in TABLES) + r")\b")
 def _looks_missing(message: str) -> bool:
     text = message.lower()
     return any(s in text for s in ("no such table", "does not exist", "doesn't exist", "undefinedtable"))
+
+
+class NotWatching:
+    """The cancel watch of a store told not to watch (PostgreSQL's ``push_cancels=False``, SQLite's
+    ``watch_cancels=False``): it never knows, so the run reads its flag before each idempotent tool."""
+
+    __slots__ = ()
+
+    def listening(self) -> None:
+        return None
+
+    def cancelled(self, since: object | None) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+NOT_WATCHING = NotWatching()

@@ -27,10 +27,10 @@ from agent_sessions import ArgumentError, Holder, eventlog, validate
 from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, ddl, metadata
 from .._sql import statements as sql
-from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
+from .._sql.base import LOCK_WAIT, NOT_WATCHING, TRANSACTION_TIMEOUT, NotWatching
 from .._sql.clock import db_micros, db_now
 from .._sql.tables import SCHEMA_5_INDEXES, events, queue, sessions, steer_keys, tags
-from .listener import CANCEL_CHANNEL, CHANNEL, NOT_LISTENING, Listener, NotListening, Watch
+from .listener import CANCEL_CHANNEL, CHANNEL, Listener, Watch
 
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 SCHEMA: str = ";\n\n".join(ddl(_DIALECT)) + ";\n"
@@ -363,12 +363,12 @@ class Store(SQLStore):
         )
         return marked is not None
 
-    def watch_cancel(self, session: str, holder: Holder) -> Watch | NotListening:
+    def watch_cancel(self, session: str, holder: Holder) -> Watch | NotWatching:
         """Keep whether a cancel of ``holder``'s lease is heard here (contract.CancelWatcher); starts the
         listening connection if it is not running (listener.py), which ``close`` stops."""
         validate.session_id(session)
         if not self._push_cancels:
-            return NOT_LISTENING
+            return NOT_WATCHING
         return self._listener.watch(session, holder.epoch)
 
     def wait_for_events(self, session: str, after: int, timeout: float) -> bool:

@@ -66,22 +66,6 @@ class Watch:
         self._listener.unwatch(self)
 
 
-class NotListening:
-    """The watch of a store made with ``push_cancels=False``: it never listens, so the run always reads."""
-
-    def listening(self) -> None:
-        return None
-
-    def cancelled(self, since: object | None) -> None:
-        return None
-
-    def close(self) -> None:
-        pass
-
-
-NOT_LISTENING = NotListening()
-
-
 class Listener:
     """Started by the first wait or watch and stopped by ``close``; a later one starts it again. ``connect``
     returns an open psycopg connection this object owns and closes (one the engine made, detached from

@@ -33,6 +33,7 @@ from agent_sessions.messages import turn_open
 from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
+from .._sql.base import NOT_WATCHING, NotWatching
 from .._sql.driver import instrumented
 from .._sql.tables import SCHEMA_5_COLUMNS, SCHEMA_5_INDEXES, SCHEMA_VERSION, ddl, queue, sessions, steer_keys
 
@@ -593,24 +594,6 @@ class Watch:
 
     def close(self) -> None:
         pass
-
-
-class NotWatching:
-    """The watch of a store opened with ``watch_cancels=False``: the run always reads."""
-
-    __slots__ = ()
-
-    def listening(self) -> None:
-        return None
-
-    def cancelled(self, since: object | None) -> None:
-        return None
-
-    def close(self) -> None:
-        pass
-
-
-NOT_WATCHING = NotWatching()
 
 
 def _alive(thread: weakref.ref[threading.Thread]) -> bool:
