@@ -30,12 +30,14 @@ TAIL = 2
 """Messages before a reply that its fingerprint covers."""
 
 
-def fingerprint(prefix: Sequence[Message]) -> str:
+def fingerprint(prefix: Sequence[Message], end: int | None = None) -> str:
     """Which transcript a reply answered: with its length, a hash of the stored form of the messages just
     before it (the new user message or the previous results). Hashing all of it would cost a step
-    O(transcript); a different transcript of the same length almost always differs at its end."""
+    O(transcript); a different transcript of the same length almost always differs at its end. ``end``:
+    of ``prefix[:end]``, without copying the transcript to say so (the step before each tool call asks)."""
+    end = len(prefix) if end is None else end
     h = hashlib.sha256()
-    for m in prefix[-TAIL:]:
+    for m in prefix[max(0, end - TAIL):end]:
         h.update(m.to_json().encode())
         h.update(b"\n")
     return h.hexdigest()

@@ -542,6 +542,47 @@ class RunStoreContract:
         assert store.put_journal(b, hb, "a result, kept", unless_cancelled=False) is True
         assert store.journal(b) == "a result, kept"
 
+    def test_the_step_after_a_journal_drops_it_and_keeps_every_guard_of_the_step(self) -> None:
+        """A run's usual step (a session the store knows, new messages appended) right after its journal
+        write (a non-idempotent tool's start): the step drops the journal with the messages it writes, and a
+        steer, a cancel or a takeover landed in between is met as without a journal: the steer taken, the
+        cancel reported (the step saved), the old holder refused with the journal left as the new one found
+        it."""
+        store = self.run_store()
+        other = self.another(store)
+        sid = _sid()
+        held = store.acquire(sid, _claimant("a"), 30)
+
+        def step(msgs: list[Message], n: int) -> list[Message]:
+            """The transcript after the reply's call ran and the model called again."""
+            calls = msgs[-1].tool_calls
+            results = [Message(Role.USER, [Content.tool_result(calls[0].id, f"charged {n}")])] if calls else []
+            return [*msgs, *results, _call(f"c{n}")]
+
+        msgs = [Message.user("q"), _call("c0")]
+        store.save_fenced(sid, held, msgs, take_steers=True)
+        for n, landed in enumerate(("nothing", "steer", "cancel"), 1):
+            store.put_journal(sid, held, f'{{"started": {n}}}', unless_cancelled=landed != "cancel")
+            if landed == "steer":
+                other.add_steer(sid, "between the journal and the step")
+            elif landed == "cancel":
+                other.cancel(sid)
+            msgs = step(msgs, n)
+            saved = store.save_fenced(sid, held, msgs, take_steers=True)
+            if landed == "steer":
+                assert saved.steers == ["between the journal and the step"]
+                msgs = [*msgs, Message.user("between the journal and the step")]
+            assert saved.cancelled is (landed == "cancel"), landed
+            assert store.journal(sid) is None and other.journal(sid) is None, f"{landed}: the journal is dropped"
+            assert other.messages(sid) == msgs, landed
+        store.put_journal(sid, held, '{"started": "last"}', unless_cancelled=False)
+        store.release(sid, held)
+        taker = other.acquire(sid, _claimant("b"), 30)
+        with pytest.raises(agent.LeaseLost):
+            store.save_fenced(sid, held, step(msgs, 9), take_steers=True)
+        assert other.journal(sid) == '{"started": "last"}' and other.messages(sid) == msgs
+        other.release(sid, taker)
+
     def test_a_resumed_run_replays_finished_tools_reruns_idempotent_ones_and_never_repeats_the_rest(
         self,
     ) -> None:

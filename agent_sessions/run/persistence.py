@@ -490,7 +490,7 @@ class Leased:
         at = len(transcript) - 1
         if self.journal is not None and self.journal.at == self.start + at:
             return  # resuming it
-        self.journal = Journal(self.start + at, fingerprint(transcript[:at]), transcript[at])
+        self.journal = Journal(self.start + at, fingerprint(transcript, at), transcript[at])
         self.journal_text = None
         self.fresh = None
 

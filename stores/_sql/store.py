@@ -51,8 +51,8 @@ from .tables import messages, sessions
 
 class SQLStore(Lifecycle, EventLog, Approvals, Lease):
     """Subclasses say what differs: the upsert, how steers are taken, which errors mean what. What a dialect
-    overrides: here ``add_steer_key``, ``lock_new`` or ``lock_session``, ``share_lock``, ``append``, ``take`` and
-    ``message_limit``; ``claim`` and ``notify`` (events.py); ``starts_with`` (lifecycle.py);
+    overrides: here ``add_steer_key``, ``lock_new`` or ``lock_session``, ``share_lock``, ``append``, ``_put_journal``,
+    ``take`` and ``message_limit``; ``claim`` and ``notify`` (events.py); ``starts_with`` (lifecycle.py);
     ``insert_session``, ``run``, ``is_transient``, ``after_fork`` and ``_connection`` (base.py)."""
 
     # -- the Store protocol --------------------------------------------------------------------------
@@ -353,9 +353,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         validate.session_id(session)
         params = {**sql.fence_params(session, holder), "body": journal}
         self._journaled.add(session)  # before the write: a save must drop it even if this reply is lost
-        if self._transaction(
-            "put_journal", session, lambda conn: self.run(conn, sql.PUT_JOURNAL, params).rowcount, read_only=True
-        ) == 1:
+        if self._put_journal(session, params) == 1:
             return False
         self.check(session, holder)  # raises LeaseLost when the lease is not the run's: then it is cancelled
         if not unless_cancelled and self._transaction(
@@ -364,6 +362,12 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         ) != 1:
             self.check(session, holder)  # taken over in between
         return True
+
+    def _put_journal(self, session: str, params: dict[str, Any]) -> int:
+        """The usual journal write (``sql.PUT_JOURNAL``): how many rows it matched."""
+        return self._transaction(
+            "put_journal", session, lambda conn: self.run(conn, sql.PUT_JOURNAL, params).rowcount, read_only=True
+        )
 
     def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
         validate.session_id(source)

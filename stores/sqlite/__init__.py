@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 try:
-    from sqlalchemy import ColumnElement, Connection, MetaData, Table, and_, create_engine, event, func
+    from sqlalchemy import ColumnElement, Connection, Executable, MetaData, Table, and_, create_engine, event, func
     from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
     from sqlalchemy.engine import Engine
@@ -34,7 +34,7 @@ from .._known import REMEMBER, REMEMBER_BYTES
 from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.base import NOT_WATCHING, NotWatching
-from .._sql.driver import instrumented
+from .._sql.driver import Compiled, instrumented
 from .._sql.tables import SCHEMA_5_COLUMNS, SCHEMA_5_INDEXES, SCHEMA_VERSION, ddl, queue, sessions, steer_keys
 
 BUSY_TIMEOUT_MS = 30_000
@@ -46,15 +46,15 @@ _NUMBER_EVENTS = {unsteered: sql.number_events(save=True, unsteered=unsteered) f
 """The step's claim (``Store.claim``), by whether the save takes steers: built once, as the step looks it up."""
 
 
-@functools.lru_cache(maxsize=4 * sql.MAX_APPEND)
-def _append_sql(count: int, unsteered: bool, fenced: bool) -> str:
+@functools.lru_cache(maxsize=8 * sql.MAX_APPEND)
+def _append_sql(count: int, unsteered: bool, fenced: bool, journal_free: bool = True) -> str:
     """``sql.append_if_current`` compiled for SQLite, its parameters by position, in the order ``Store.append``
     gives them (the rows' seq and body, the session, the known version, the lease, the session again): the
     usual step builds that tuple directly, with no dict of named values to pick from (a few µs a step)."""
     names = [n for i in range(count) for n in (f"q{i}", f"b{i}")] + ["sid", "known"]
     names += ["lease_token", "lease_epoch"] if fenced else []
     names += ["sid"] if unsteered else []
-    compiled = sql.append_if_current(count, unsteered, fenced, True).compile(dialect=sqlite_dialect())
+    compiled = sql.append_if_current(count, unsteered, fenced, journal_free).compile(dialect=sqlite_dialect())
     if list(compiled.positiontup or ()) != names:
         raise RuntimeError(f"append_if_current binds {compiled.positiontup}, not {names}")
     return compiled.string
@@ -203,7 +203,7 @@ class Store(SQLStore):
         if type(session) is not str:
             return None  # the general save refuses it
         known = self._known.get(session)  # (a session it knows passed validate.session_id as it was saved or read)
-        if known is None or session in self._journaled:
+        if known is None:
             return None
         version, before = known
         items, shared = validate.messages_after(msgs, before)
@@ -226,7 +226,10 @@ class Store(SQLStore):
         if take:
             values.append(session)
         try:
-            inserted: int = driver.execute(_append_sql(count, take, True), values).rowcount
+            if session in self._journaled:
+                inserted = self._dropping_journal(driver, session, _append_sql(count, take, True, False), values)
+            else:
+                inserted = driver.execute(_append_sql(count, take, True), values).rowcount
         except sqlite3.IntegrityError:  # another writer appended at these positions first
             return None
         except sqlite3.Error as exc:
@@ -240,6 +243,43 @@ class Store(SQLStore):
         self._known.put(session, version, items, after=before)
         self._journaled.discard(session)
         return Saved([], False)
+
+    def _dropping_journal(self, driver: sqlite3.Connection, session: str, append: str, values: list[Any]) -> int:
+        """The step after a journal write (a non-idempotent tool's start): the step's INSERT, matched whatever
+        journal the row holds, and the journal dropped, in one BEGIN IMMEDIATE transaction on the driver,
+        as ``SQLStore.append`` does in SQLAlchemy's (whose machinery, on SQLite, cost as much as the
+        statements). The rows inserted; none: nothing written."""
+        driver.execute("BEGIN IMMEDIATE")
+        try:
+            inserted: int = driver.execute(append, values).rowcount
+            if inserted:
+                drop = self._compiled(sql.DROP_JOURNAL, {"sid": session})
+                driver.execute(drop.sql, drop.values({"sid": session}))
+            driver.execute("COMMIT")
+        except BaseException:
+            if driver.in_transaction:
+                driver.execute("ROLLBACK")
+            raise
+        return inserted
+
+    def _put_journal(self, session: str, params: dict[str, Any]) -> int:
+        """The usual journal write, one UPDATE autocommitted on the driver (a writing statement takes the
+        write lock before it reads: BEGIN IMMEDIATE, the UPDATE and COMMIT in one call), as the step's
+        append is; through SQLAlchemy where something listens, or inside an open transaction."""
+        driver = self._held()[1]
+        if instrumented(self.engine) or driver.in_transaction:
+            return super()._put_journal(session, params)
+        statement = self._compiled(sql.PUT_JOURNAL, params)
+        try:
+            matched: int = driver.execute(statement.sql, statement.values(params)).rowcount
+        except sqlite3.Error as exc:
+            raise self._error("put_journal", session,
+                              DBAPIError.instance(statement.sql, None, exc, sqlite3.Error)) from exc
+        return matched
+
+    def _compiled(self, statement: Executable, params: dict[str, Any]) -> Compiled:
+        assert self._driver is not None  # SQLite's statements run on the driver (raw_statements)
+        return self._driver.compiled(statement, params)
 
     def append(self, step: sql.Step) -> str | None:
         """The usual step of a run, on the driver alone: the one INSERT, in autocommit. A statement that
