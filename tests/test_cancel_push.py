@@ -448,3 +448,62 @@ def test_cancel_marks_only_a_held_lease_and_notifies_only_then(store: Counted, e
         assert [n.payload for n in listening.notifies(timeout=0.3)] == []
     finally:
         listening.close()
+
+
+class _Recording:
+    """A listener's connection, recording the statements its thread sends (its LISTENs)."""
+
+    def __init__(self, conn: Any, sent: list[str]) -> None:
+        object.__setattr__(self, "_conn", conn)
+        object.__setattr__(self, "_sent", sent)
+
+    def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        self._sent.append(query)
+        return self._conn.execute(query, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._conn, name, value)
+
+
+def test_a_run_publishing_events_listens_for_cancels_alone_and_a_follower_for_events_alone(
+    store: Counted, engine: Engine, url: str
+) -> None:
+    """A process that runs agents with the event log and follows nothing listens on ``agent_cancels`` only,
+    so its runs' own event writes never wake it (each wake-up cost a step about 0.15 ms); a follower in the
+    same process starts a connection of its own on ``agent_events``, and is woken by a write elsewhere
+    while the run's cancel watch still hears cancels."""
+    sent: dict[str, list[str]] = {"cancels": [], "events": []}
+    for listener, name in ((store._listener, "cancels"), (store._followers, "events")):
+        listener._connect = (lambda connect, log: lambda: _Recording(connect(), log))(listener._connect, sent[name])
+    sid = f"apart-{uuid.uuid4().hex[:8]}"
+    model, tools = Gated(_calls("lookup", step=1), _calls("lookup", step=2)), Tools()
+    spec = agent.Spec(session=agent.open(sid, store), tools=tools.all, max_steps=5, publish_events=True)
+    run = agent.Runner().start(spec, [Message.user("go")], model)
+    try:
+        _second_request_with_the_listener_live(store, model)
+        assert store._followers._thread is None, "nothing follows: no connection listens for events"
+        assert sent == {"cancels": [f"LISTEN {CANCEL_CHANNEL}"], "events": []}
+
+        last = max(e.seq for e in store.events(sid, 0, 100))
+        woke: list[bool] = []
+        follower = threading.Thread(target=lambda: woke.append(store.wait_for_events(sid, last, WAIT)))
+        follower.start()
+        wait_for(lambda: store._followers.live is not None, "the follower's connection to listen", WAIT)
+        _from_another_process(url, sid)  # a cancel, which the run hears, and which writes no event
+        wait_for(lambda: _watch(store, sid).heard, "the cancel to be pushed to the run", WAIT)
+        other = postgres.Store(engine)
+        try:  # an event written elsewhere (the run waits in its request): the follower is woken
+            holder = store.holder(sid)
+            assert holder is not None
+            other.append_events(sid, holder, [agent.eventlog.encode("note", {"from": "elsewhere"})], keep=100)
+        finally:
+            other.close()
+        follower.join(WAIT)
+        assert woke == [True]
+        assert sent == {"cancels": [f"LISTEN {CANCEL_CHANNEL}"], "events": [f"LISTEN {CHANNEL}"]}
+    finally:
+        result = _finish(run, model)
+    assert result.stop_reason == "cancelled" and tools.ran == ["lookup"]  # the second never ran

@@ -462,7 +462,7 @@ def test_postgres_followers_wake_on_a_write_from_another_process(engine: Engine)
     finally:
         writer.stdin.close()
         writer.wait(30)
-    thread = store._listener._thread
+    thread = store._followers._thread
     assert thread is not None and thread.is_alive()
     store.close()
     assert not thread.is_alive()
@@ -470,7 +470,7 @@ def test_postgres_followers_wake_on_a_write_from_another_process(engine: Engine)
     store.close()
     dropped = postgres.Store(engine)
     assert dropped.wait_for_events(sid, 0, 1) is True
-    thread = dropped._listener._thread
+    thread = dropped._followers._thread
     del dropped  # never closed: collected all the same, and its thread stops
     gc.collect()
     assert thread is not None

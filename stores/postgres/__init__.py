@@ -236,8 +236,10 @@ class Store(SQLStore):
     own that ``close`` closes.
 
     Cancels: ``cancel`` notifies the channel ``agent_cancels`` as it commits, and a leased run of this
-    store watches it on the same connection (``watch_cancel``, ``contract.CancelWatcher``), so its check
-    before an idempotent tool needs no round trip while that connection listens."""
+    store watches it on another connection of its own (``watch_cancel``, ``contract.CancelWatcher``), so
+    its check before an idempotent tool needs no round trip while that connection listens. Each listening
+    connection is opened by its first use: a process that only runs agents listens for cancels alone, and
+    its own event writes do not wake it."""
 
     backend = "PostgreSQL"
     raw_statements = True
@@ -280,10 +282,12 @@ class Store(SQLStore):
                         "idle": f"{round(self.transaction_timeout * 1000)}ms"}
         self._push_cancels = push_cancels
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        # The listener's thread holds the engine, not the store, so a store dropped unclosed is collected,
-        # and then stops its thread too.
-        self._listener = Listener(functools.partial(_listening_connection, engine))
+        # The listeners' threads hold the engine, not the store, so a store dropped unclosed is collected,
+        # and then stops its threads too. One for cancels (runs), one for events (followers): listener.py.
+        self._listener = Listener(functools.partial(_listening_connection, engine), CANCEL_CHANNEL)
+        self._followers = Listener(functools.partial(_listening_connection, engine), CHANNEL)
         weakref.finalize(self, self._listener.close, 0)
+        weakref.finalize(self, self._followers.close, 0)
 
     def autocommits(self, read_only: bool) -> bool:
         return read_only
@@ -377,7 +381,7 @@ class Store(SQLStore):
         after, _ = eventlog.check_read(after, 1)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
             raise ArgumentError(f"wait_for_events(timeout=) must be finite seconds >= 0, got {timeout!r}")
-        return self._listener.wait(session, float(timeout), lambda: self._last_event(session) > after)
+        return self._followers.wait(session, float(timeout), lambda: self._last_event(session) > after)
 
     def _last_event(self, session: str) -> int:
         last = self._transaction(
@@ -387,14 +391,16 @@ class Store(SQLStore):
         return 0 if last is None else int(last)  # type: ignore[call-overload]
 
     def close(self) -> None:
-        """Stop listening for events and cancels (the thread and its connection; a later wait or run starts
-        them again; a run in flight meanwhile reads its cancel flag). The engine is the caller's: dispose of
-        it yourself."""
+        """Stop listening for events and cancels (the threads and their connections; a later wait or run
+        starts them again; a run in flight meanwhile reads its cancel flag). The engine is the caller's:
+        dispose of it yourself."""
         self._listener.close()
+        self._followers.close()
 
     def after_fork(self) -> None:
         super().after_fork()
         self._listener.forget()
+        self._followers.forget()
 
     def is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in _TRANSIENT

@@ -1,5 +1,5 @@
-"""Waking followers of PostgreSQL event logs, and hearing cancels: one LISTEN connection per store, fanned
-out to its waiters and its runs' watches.
+"""Waking followers of PostgreSQL event logs, and hearing cancels: a LISTEN connection per store and channel,
+fanned out to its waiters (events) or its runs' watches (cancels).
 
 Every write of events runs ``pg_notify('agent_events', <session id>)`` in its transaction, so PostgreSQL
 delivers the notification when the events are committed, to every connection listening on the channel.
@@ -7,11 +7,17 @@ A store that has followers keeps one such connection, in one thread, and wakes t
 notified session (``Store.wait_for_events``). Waits are bounded, and a waiter re-reads the session's last
 number once it knows the listener is live, so a notification sent before it began waiting is not missed.
 
-A cancel runs ``pg_notify('agent_cancels', '<epoch> <session id>')`` in its statement, and the same
-connection listens for it: a run of this process holding that lease (a ``Watch``, ``Store.watch_cancel``)
-then knows without a round trip. What the run may conclude from hearing nothing depends on the connection
-having listened, unbroken, since before its last read of the flag: each connection that LISTENs gets a new
-number (``Watch.listening``), and the number is withdrawn as soon as the connection is known lost.
+A cancel runs ``pg_notify('agent_cancels', '<epoch> <session id>')`` in its statement, and a store whose
+runs watch their leases keeps a connection listening for it: a run of this process holding that lease (a
+``Watch``, ``Store.watch_cancel``) then knows without a round trip. What the run may conclude from hearing
+nothing depends on the connection having listened, unbroken, since before its last read of the flag: each
+connection that LISTENs gets a new number (``Watch.listening``), and the number is withdrawn as soon as the
+connection is known lost.
+
+The two are separate connections, each started by its first use: a process that runs agents and follows no
+log does not listen for events. If it did, each of its runs' own event writes would wake its listening
+thread, whose turn for the GIL, on the run's path, cost a step with the event log about 0.15 ms, more than
+the write's own NOTIFY (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -69,10 +75,14 @@ class Watch:
 class Listener:
     """Started by the first wait or watch and stopped by ``close``; a later one starts it again. ``connect``
     returns an open psycopg connection this object owns and closes (one the engine made, detached from
-    its pool: the engine's connect arguments, not a pooled slot)."""
+    its pool: the engine's connect arguments, not a pooled slot). ``channel``: what it LISTENs on,
+    ``CHANNEL`` (for waits) or ``CANCEL_CHANNEL`` (for watches)."""
 
-    def __init__(self, connect: Callable[[], Any]) -> None:
+    def __init__(self, connect: Callable[[], Any], channel: str) -> None:
+        if channel not in (CHANNEL, CANCEL_CHANNEL):
+            raise ValueError(f"a listener listens on {CHANNEL!r} or {CANCEL_CHANNEL!r}, not {channel!r}")
         self._connect = connect
+        self.channel = channel
         self._cond = threading.Condition()
         self._waiting: dict[str, int] = {}
         """Sessions with waiters: how many."""
@@ -170,8 +180,7 @@ class Listener:
             try:
                 conn = self._connect()
                 conn.autocommit = True
-                conn.execute(f"LISTEN {CHANNEL}")
-                conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                conn.execute(f"LISTEN {self.channel}")
                 with self._cond:
                     self._connections += 1
                     if self._stop is stop:  # a closed listener's thread speaks for nobody
@@ -183,9 +192,9 @@ class Listener:
                 if self._stop is stop:
                     self.live = None  # at once, before anything else: no run relies on a connection known lost
                 if not stop.is_set():
-                    log.warning("PostgreSQL store: listening for events and cancels failed (%s: %s); followers "
-                                "poll and runs read their cancel flag until it reconnects, in %.1f s",
-                                type(exc).__name__, exc, pause)
+                    log.warning("PostgreSQL store: listening on %s failed (%s: %s); %s until it reconnects, in "
+                                "%.1f s", self.channel, type(exc).__name__, exc,
+                                "followers poll" if self.channel == CHANNEL else "runs read their cancel flag", pause)
             finally:
                 with self._cond:
                     if self._stop is stop:
