@@ -321,6 +321,42 @@ def test_the_usual_save_with_events_is_one_transaction_that_never_writes_the_ses
     store.close()
 
 
+def test_the_usual_save_with_events_keeps_the_newest_under_the_cap_and_numbers_on_across_store_objects(
+    tmp_path: Path,
+) -> None:
+    """The usual step's events, read-numbered from the log: with a cap, the log keeps exactly the newest
+    ``keep``, its numbers consecutive; a second store object (which knows no floor: it reads the numbers first) and the
+    first again go on from the newest, and a log numbered by an earlier version on the session row
+    (``event_seq``, no event left) goes on after that number."""
+    path = tmp_path / "cap.db"
+    store, other = sqlite.open(path), sqlite.open(path)
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced("s", holder, msgs, take_steers=False)
+    written = 0
+    for step in range(6):
+        for writer in (store, other, store):
+            msgs.append(agent.Message.assistant(f"a{step}"))
+            notes = [agent.eventlog.encode("note", {"n": written + k}) for k in range(3)]
+            writer.save_fenced_events("s", holder, msgs, take_steers=True, events=notes, keep=7)
+            written += 3
+            kept = store.events("s", 0, 100)
+            assert [e.data["n"] for e in kept] == list(range(max(0, written - 7), written))
+            assert [e.seq for e in kept] == list(range(kept[0].seq, kept[0].seq + len(kept)))
+    assert store.messages("s") == msgs
+    newest = store.events("s", 0, 100)[-1].seq
+    with store.engine.begin() as conn:  # as a log an earlier version numbered on the row, its events gone
+        conn.exec_driver_sql("DELETE FROM agent_events WHERE session_id = 's'")
+        conn.exec_driver_sql(f"UPDATE agent_sessions SET event_seq = {newest + 50} WHERE session_id = 's'")
+    for writer in (other, store):
+        msgs.append(agent.Message.assistant("after"))
+        writer.save_fenced_events("s", holder, msgs, take_steers=True, events=[agent.eventlog.encode("x", {})],
+                                  keep=7)
+    assert [e.seq for e in store.events("s", 0, 100)] == [newest + 51, newest + 52]
+    store.close()
+    other.close()
+
+
 def test_delete_and_prune_drop_the_events_rows(tmp_path: Path) -> None:
     store = sqlite.open(tmp_path / "drop.db")
     for sid in ("deleted", "pruned"):
