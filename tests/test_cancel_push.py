@@ -10,9 +10,11 @@ is a round trip only when the push cannot answer (docs/runs/leases.md, "What eac
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,7 +28,7 @@ from agent_sessions import Content, Message, Role
 from agent_sessions.contract import CancelWatcher
 from agent_sessions.run.react import CANCELLED
 from stores import memory, postgres, sqlite
-from stores.postgres.listener import CANCEL_CHANNEL, CHANNEL, Listener
+from stores.postgres.listener import CANCEL_CHANNEL, CHANNEL, FOLLOWED, Listener
 from storetest.crossprocess import wait_for
 from tests import servers
 
@@ -468,6 +470,10 @@ class _Recording:
         setattr(self._conn, name, value)
 
 
+def _listens(sent: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {name: [q for q in queries if q.startswith("LISTEN")] for name, queries in sent.items()}
+
+
 def test_a_run_publishing_events_listens_for_cancels_alone_and_a_follower_for_events_alone(
     store: Counted, engine: Engine, url: str
 ) -> None:
@@ -485,7 +491,7 @@ def test_a_run_publishing_events_listens_for_cancels_alone_and_a_follower_for_ev
     try:
         _second_request_with_the_listener_live(store, model)
         assert store._followers._thread is None, "nothing follows: no connection listens for events"
-        assert sent == {"cancels": [f"LISTEN {CANCEL_CHANNEL}"], "events": []}
+        assert _listens(sent) == {"cancels": [f"LISTEN {CANCEL_CHANNEL}"], "events": []}
 
         last = max(e.seq for e in store.events(sid, 0, 100))
         woke: list[bool] = []
@@ -503,7 +509,115 @@ def test_a_run_publishing_events_listens_for_cancels_alone_and_a_follower_for_ev
             other.close()
         follower.join(WAIT)
         assert woke == [True]
-        assert sent == {"cancels": [f"LISTEN {CANCEL_CHANNEL}"], "events": [f"LISTEN {CHANNEL}"]}
+        assert _listens(sent) == {"cancels": [f"LISTEN {CANCEL_CHANNEL}"], "events": [f"LISTEN {CHANNEL}"]}
     finally:
         result = _finish(run, model)
     assert result.stop_reason == "cancelled" and tools.ran == ["lookup"]  # the second never ran
+
+
+def test_event_writes_notify_only_while_a_follower_listens(store: Counted, engine: Engine, url: str) -> None:
+    """A write of events notifies ``agent_events`` only while some connection listening there holds
+    ``FOLLOWED`` (a follower of any store, any process): with none, its NOTIFY is skipped (a connection
+    LISTENing without the lock hears nothing); once a follower listens, every write notifies, and that
+    connection hears them too; once it stops, writes go quiet again."""
+    sid = f"followed-{uuid.uuid4().hex[:8]}"
+    holder = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 60)
+    pooled = engine.raw_connection()
+    bare = pooled.driver_connection  # a LISTEN without the lock: it hears what is sent, and no more
+    pooled.detach()
+    assert bare is not None
+    try:
+        bare.rollback()
+        bare.autocommit = True
+        bare.execute(f"LISTEN {CHANNEL}")
+
+        def heard() -> list[str]:
+            return [n.payload for n in bare.notifies(timeout=0.5)]
+
+        note = agent.eventlog.encode("note", {})
+        msgs = [Message.user("q")]
+        store.save_fenced(sid, holder, msgs, take_steers=True)  # (a general save with events always notifies)
+        store.append_events(sid, holder, [note], keep=100)
+        msgs.append(Message.assistant("a"))
+        store.save_fenced_events(sid, holder, msgs, take_steers=True, events=[note], keep=100)  # the usual step
+        assert heard() == [], "nothing follows: no notification"
+
+        follower = postgres.Store(engine)
+        try:
+            assert follower.wait_for_events(sid, 0, 5) is True  # events there already: it starts listening
+            wait_for(lambda: follower._followers.live is not None, "the follower to listen", WAIT)
+            store.append_events(sid, holder, [note], keep=100)
+            msgs.append(Message.assistant("b"))
+            store.save_fenced_events(sid, holder, msgs, take_steers=True, events=[note], keep=100)
+            assert heard() == [sid, sid]
+        finally:
+            follower.close()
+        wait_for(lambda: not _follows(engine), "the follower's lock to go with its connection", WAIT)
+        store.append_events(sid, holder, [note], keep=100)
+        assert heard() == []
+    finally:
+        bare.close()
+        store.release(sid, holder)
+
+
+def _follows(engine: Engine) -> bool:
+    """Does a connection of this database hold ``FOLLOWED`` (a follower listens)?"""
+    with engine.connect() as conn:
+        return bool(conn.execute(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND ((classid::bigint << 32) | objid::bigint) = :key AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"), {"key": FOLLOWED}).scalar())
+
+
+ONE_WRITE = """
+import random, sys, time
+import agent_sessions as agent
+from agent_sessions.eventlog import encode
+from tests import servers
+
+store = servers.postgres_store(sys.argv[1])
+holder = agent.Holder("writer", 2, sys.argv[3], 0.0, epoch=int(sys.argv[4]))
+print("ready", flush=True)
+for line in sys.stdin:
+    time.sleep(float(line))  # somewhere in the follower's start: its connect, its lock, its LISTEN
+    store.append_events(sys.argv[2], holder, [encode("note", {})], keep=1000)
+    print("written", flush=True)
+store.close()
+"""
+
+
+def test_a_write_racing_the_first_followers_start_wakes_it(store: Counted, engine: Engine, url: str) -> None:
+    """Nobody follows, so writes skip their NOTIFY, while the first follower starts (connects, takes
+    ``FOLLOWED``, LISTENs, reads the last number): a write from another process, landed at a random moment
+    of that start, still wakes the wait or is found by its read; never missed until the wait's timeout."""
+    sid = f"race-{uuid.uuid4().hex[:8]}"
+    holder = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 300)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", ONE_WRITE, url, sid, holder.token, str(holder.epoch)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        rng = random.Random(7)
+        for round_ in range(15):
+            wait_for(lambda: not _follows(engine), "no follower to hold FOLLOWED", WAIT)
+            last = store.append_events(sid, holder, [agent.eventlog.encode("mark", {})], keep=1000)
+            follower = postgres.Store(engine)
+            try:
+                writer.stdin.write(f"{rng.uniform(0, 0.015):.4f}\n")
+                writer.stdin.flush()
+                if round_ % 3 == 0:  # written (unnotified) before the follower starts: its first read finds it
+                    assert writer.stdout.readline().strip() == "written"
+                started = time.monotonic()
+                woke = follower.wait_for_events(sid, last, 10)
+                took = time.monotonic() - started
+                if round_ % 3:
+                    assert writer.stdout.readline().strip() == "written"
+                assert woke is True and took < 5, f"round {round_}: woken {woke} after {took:.2f} s"
+            finally:
+                follower.close()
+    finally:
+        writer.stdin.close()
+        writer.wait(WAIT)
+        store.release(sid, holder)

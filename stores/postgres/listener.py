@@ -1,11 +1,12 @@
 """Waking followers of PostgreSQL event logs, and hearing cancels: a LISTEN connection per store and channel,
 fanned out to its waiters (events) or its runs' watches (cancels).
 
-Every write of events runs ``pg_notify('agent_events', <session id>)`` in its transaction, so PostgreSQL
-delivers the notification when the events are committed, to every connection listening on the channel.
-A store that has followers keeps one such connection, in one thread, and wakes the threads waiting on the
-notified session (``Store.wait_for_events``). Waits are bounded, and a waiter re-reads the session's last
-number once it knows the listener is live, so a notification sent before it began waiting is not missed.
+Every write of events runs ``pg_notify('agent_events', <session id>)`` in its transaction while anything
+listens (``FOLLOWED``), so PostgreSQL delivers the notification when the events are committed, to every
+connection listening on the channel. A store that has followers keeps one such connection, in one thread,
+and wakes the threads waiting on the notified session (``Store.wait_for_events``). Waits are bounded, and a
+waiter re-reads the session's last number once it knows the listener is live, so a notification sent before
+it began waiting is not missed.
 
 A cancel runs ``pg_notify('agent_cancels', '<epoch> <session id>')`` in its statement, and a store whose
 runs watch their leases keeps a connection listening for it: a run of this process holding that lease (a
@@ -31,7 +32,16 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 CHANNEL = "agent_events"
-"""The channel every event write notifies, its payload the session id."""
+"""The channel every event write notifies while anything follows, its payload the session id."""
+FOLLOWED = int.from_bytes(b"agentevs", "big")
+"""The advisory lock (a bigint key, 7018690069353821811) a connection listening on ``CHANNEL`` holds shared
+for as long as it listens. A write of events asks ``pg_try_advisory_xact_lock`` of it in its statement and
+notifies only when that fails: someone listens, or another writer holds it this instant. When it succeeds,
+nobody listens, and the write holds it until its commit, so a listener starting meanwhile waits for that
+commit before it LISTENs, and its waiter's first read (after the LISTEN) sees the write."""
+LOCK_WAIT = "5s"
+"""How long a listener waits for ``FOLLOWED`` (a write holds it for one statement) before it gives up and
+connects again (logged)."""
 CANCEL_CHANNEL = "agent_cancels"
 """The channel every cancel notifies, its payload the cancelled lease's epoch, a space and the session id."""
 POLL_SECONDS = 0.5
@@ -180,6 +190,9 @@ class Listener:
             try:
                 conn = self._connect()
                 conn.autocommit = True
+                if self.channel == CHANNEL:  # writers notify only while someone holds FOLLOWED (above)
+                    conn.execute(f"SET lock_timeout = '{LOCK_WAIT}'")
+                    conn.execute(f"SELECT pg_advisory_lock_shared({FOLLOWED})")
                 conn.execute(f"LISTEN {self.channel}")
                 with self._cond:
                     self._connections += 1
