@@ -793,12 +793,14 @@ class Machine:
                             or not child.is_alive(), CHILD)
             if not in_tool or not child.is_alive():
                 return self._reported(op, out, "ended before its tool")
+            try:  # it may have ended since it was seen alive (its tool done): then it is past its tool
+                os.kill(child.pid or 0, signal.SIGKILL if op.kind == "kill" else signal.SIGSTOP)
+            except ProcessLookupError:
+                return self._reported(op, out, "ended before the signal")
             if op.kind == "kill":
-                os.kill(child.pid or 0, signal.SIGKILL)
                 child.join(10)
                 op.reached.set()
                 return "killed in its tool"
-            os.kill(child.pid or 0, signal.SIGSTOP)
             _wait(lambda: session.holder() is None, 15)  # its 1 s lease lapses on the store's clock
             op.reached.set()
             op.go.wait(HOLD)  # the round's other ops run now

@@ -76,8 +76,20 @@ class ServerStoreContract(storetest.StoreContract):
             cls.engine = engine
             yield
 
+    @pytest.fixture(autouse=True)
+    def _closing(self) -> Iterator[None]:
+        """Each test's stores closed as it ends: a MySQL store keeps up to two of the class's engine's 20
+        connections until it is closed or collected, and collection comes when the GC runs, so ten unclosed
+        stores of earlier tests could leave a test waiting out the pool's timeout."""
+        self.made: list[SQLStore] = []
+        yield
+        for store in self.made:
+            store.close()
+
     def make_store(self) -> SQLStore:
-        return self.backend.store(self.engine)
+        store = self.backend.store(self.engine)
+        self.made.append(store)
+        return store
 
     def process_factory(self) -> functools.partial[SQLStore]:
         return functools.partial(self.backend.in_another_process, self.backend.url)
