@@ -30,11 +30,10 @@ from .endpoints import Endpoint
 from .errors import ArgumentError, AwaitingApproval, SessionBusy, TranscriptConflict
 from .journal import Journal
 from .lease import Lease
-from .messages import Message, Role, turn_open
+from .messages import Message, turn_open
 from .result import Result
 from .run import busy, turns
 from .run.runner import Runner
-from .run.turns import answered
 from .session import open
 from .spec import Spec
 from .values import SessionInfo
@@ -169,8 +168,9 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
     queued = [] if waits else _queued(store, session, lease, msgs)
     if lease.holder.cancelled and queued:
         # The cancel stopped the turn in progress, not the messages queued behind it: answered as below,
-        # each a new turn. The first is handed this lease, which came with the cancel, so it closes the
-        # cancelled turn's reply unrun.
+        # each a new turn. The first is handed this lease, which came with the cancel: a reply the cancelled
+        # turn left in the journal is closed first (its results kept, nothing of it run: busy._answer_head),
+        # and the first queued turn closes any other unfinished reply unrun.
         return _answering(spec, queued[-1])
     if lease.holder.cancelled or waits:
         if lease.holder.cancelled:
@@ -181,7 +181,7 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
             or store.pending_steers(session) or queued):
         store.mark_finished(session, lease.holder, text)
         return "finished"
-    at = _open_turn(msgs)
+    at = busy.open_turn(msgs)
     if at is None and queued and not turn_open(msgs):
         # Messages queued for the session (Runner.turn(if_busy="queue")) whose callers are gone: answered in
         # the order they were accepted, each by its own turn, up to the last one queued when this looked.
@@ -211,14 +211,6 @@ def _queued(store: LifecycleStore, session: str, lease: Lease, msgs: Sequence[Me
         log.info("session %r: dropped queued turn %r, which the transcript holds already", session, queued[0])
         queued = store.queued(session)
     return [key for key in queued if turns.keyed(msgs, key) is None]
-
-
-def _open_turn(msgs: Sequence[Message]) -> int | None:
-    """The index of the last keyed user message, if no answer follows it: the turn to continue."""
-    for i in range(len(msgs) - 1, -1, -1):
-        if msgs[i].role is Role.USER and msgs[i].key:
-            return i if answered(msgs, i) is None else None
-    return None
 
 
 def _left_open(store: LifecycleStore, session: str, spec: Spec, result: Result) -> None:

@@ -263,3 +263,141 @@ def test_an_interrupt_delivered_again_while_its_message_waits_cancels_nothing_mo
     result = agent.Runner().turn(agent.Spec(session=agent.open("chat", store)), "stop, do this instead", "k",
                                  Answer("done instead"), if_busy="interrupt")
     assert result.text == "done instead" and store.queued("chat") == []
+
+
+class _Died(BaseException):
+    """A worker dying inside a tool: nothing of the run's code handles it (as a kill, its lease then lapses)."""
+
+
+def _no_orphans_sent(request: list[dict[str, object]]) -> bool:
+    """Does a chat completions request hold a result for every tool call it sends? (A provider refuses one that
+    does not: a 400.)"""
+    results = {m.get("tool_call_id") for m in request if m.get("role") == "tool"}
+    calls = [c["id"] for m in request for c in m.get("tool_calls") or []]  # type: ignore[attr-defined]
+    return all(c in results for c in calls)
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_queued_message_waits_for_the_unfinished_turn_of_a_holder_that_died(
+    backend: str, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker answering "pay order 7" dies inside its second tool: ``charge`` (not idempotent) finished, its
+    result waits in the journal; ``ship`` (not idempotent) started, its outcome unknown. A second message,
+    queued meanwhile, gets the lease. Its caller goes on with the unfinished turn first, as a resume would
+    (the journal replayed: neither tool runs again, the model is told ship's outcome is unknown), and only
+    then takes its own message from the queue. (Taking it first dropped the journal: the model was asked
+    both messages afresh, with no sign anything had run, and charged and shipped a second time.)"""
+    from agent_sessions.journal import UNKNOWN_OUTCOME
+    from agent_sessions.testing.model_server import ModelServer, Reply, Request, openai
+    from stores import sqlite
+    from storetest.runs import assert_no_orphans
+
+    caplog.set_level(logging.INFO, logger="agent_sessions")
+
+    def respond(request: Request) -> Reply:
+        messages = request.json["messages"]
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+        since = messages[last + 1:]
+        if since and since[-1]["role"] == "tool":
+            return openai("done: " + " | ".join(m["content"] for m in since if m["role"] == "tool"))
+        new = [m["content"] for m in since if m["role"] == "user"]
+        if "pay order 7" in new:  # asked to pay, with nothing in the transcript saying it was done: it pays
+            n = len(messages)
+            return openai(None, [(f"charge-{n}", "charge", '{"n": 7}'), (f"ship-{n}", "ship", '{"n": 7}')])
+        return openai("answer to: " + " | ".join(new))
+
+    ran: list[str] = []
+    entered, go = threading.Event(), threading.Event()
+
+    @agent.tool(idempotent=False)
+    def charge(n: int) -> str:
+        """Charge the card for the order."""
+        ran.append("charge")
+        return "charged"
+
+    @agent.tool(idempotent=False)
+    def ship(n: int) -> str:
+        """Ship the order."""
+        ran.append("ship")
+        if ran.count("ship") == 1:  # the first worker dies in here, once the second message is queued
+            entered.set()
+            go.wait(10)
+            raise _Died
+        return "shipped"
+
+    store = memory.Store() if backend == "memory" else sqlite.open(str(tmp_path / "chat.db"))
+    spec = agent.Spec(session=agent.open("chat", store), tools=[charge, ship], lease_wait=10)
+    outcomes: dict[str, object] = {}
+    with ModelServer(respond) as model:
+        def send(text: str, key: str) -> None:
+            endpoint = agent.endpoints.OpenAIChat(model.url + "/v1", "m", max_retries=0)
+            try:
+                outcomes[key] = agent.Runner().turn(spec, text, key, endpoint)
+            except _Died as died:
+                outcomes[key] = died
+
+        first = threading.Thread(target=send, args=("pay order 7", "k1"))
+        first.start()
+        assert entered.wait(10)
+        second = threading.Thread(target=send, args=("and my invoice?", "k2"))
+        second.start()
+        while "k2" not in store.queued("chat"):
+            threading.Event().wait(0.005)
+        go.set()  # the first worker dies; the second caller gets the lease
+        first.join(20)
+        second.join(20)
+        requests = [r.json["messages"] for r in model.requests]
+        again = agent.Runner().turn(spec, "pay order 7", "k1",
+                                    agent.endpoints.OpenAIChat(model.url + "/v1", "m", max_retries=0))
+    assert isinstance(outcomes["k1"], _Died)
+    assert ran == ["charge", "ship"], f"a tool that was not idempotent ran again: {ran}"
+    result = outcomes["k2"]
+    assert isinstance(result, agent.Result) and result.text == "answer to: and my invoice?", result
+    stored = store.messages("chat")
+    assert_no_orphans(stored)
+    answer = f"done: charged | Error: {UNKNOWN_OUTCOME}"  # what the model read (an error result, over HTTP)
+    assert all(_no_orphans_sent(r) for r in requests), requests
+    assert [(m.role.value, m.key, m.text) for m in stored] == [
+        ("user", "k1", "pay order 7"), ("assistant", "", ""), ("user", "", ""),
+        ("assistant", "", answer),
+        ("user", "k2", "and my invoice?"), ("assistant", "", "answer to: and my invoice?")]
+    results = {c.tool_call_id.split("-")[0]: c for c in stored[2].content}
+    assert results["charge"].text == "charged" and not results["charge"].is_error  # the result kept
+    assert results["ship"].is_error and results["ship"].text == UNKNOWN_OUTCOME  # not run again
+    assert len(requests) == 3  # the first turn's reply, its answer, the second's: none asked twice
+    assert (again.stop_reason, again.text, again.steps) == ("answered", answer, 0)
+    assert store.queued("chat") == [] and store.journal("chat") is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("goes on with the unfinished turn" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_queued_message_waits_for_tool_calls_the_transcript_holds_without_results(
+    backend: str, tmp_path: pathlib.Path
+) -> None:
+    """The stored transcript ends with a reply's tool calls and no results (saved so by hand, or a fork cut
+    there). The queue's head is taken only once the turn has gone on and answered them: appended after them,
+    it would leave the calls unanswered for good, and every later request would send them so (a 400)."""
+    from stores import sqlite
+    from storetest.runs import assert_no_orphans
+
+    looked: list[int] = []
+
+    @agent.tool
+    def lookup(n: int) -> str:
+        """Look the order up."""
+        looked.append(n)
+        return f"order {n} found"
+
+    store = memory.Store() if backend == "memory" else sqlite.open(str(tmp_path / "chat.db"))
+    store.save("chat", [agent.Message.user("find order 7", key="k0"),
+                        agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "lookup", '{"n": 7}')])])
+    spec = agent.Spec(session=agent.open("chat", store), tools=[lookup])
+    result = agent.Runner().turn(spec, "and order 8?", "k1", Echo())
+    assert result.text == "answer to and order 8?" and looked == [7]
+    stored = store.messages("chat")
+    assert_no_orphans(stored)
+    assert [(m.role.value, m.key) for m in stored] == [("user", "k0"), ("assistant", ""), ("user", ""),
+                                                        ("assistant", ""), ("user", "k1"), ("assistant", "")]
+    assert stored[2].content[0].text == "order 7 found" and not stored[3].tool_calls  # k0's turn answered
+    assert stored[-2:] == [agent.Message.user("and order 8?", key="k1"), agent.Message.assistant(result.text)]

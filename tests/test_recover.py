@@ -323,3 +323,82 @@ def test_a_forced_delete_while_the_sweep_runs_a_turn_is_not_undone(kind: str, tm
     assert isinstance(r.error, (agent.LeaseLost, agent.TranscriptDeleted)), r.error
     assert store.messages("gone") == [] and store.info("gone") is None
     assert agent.recover(store, lambda info: (agent.Spec(), model), grace=0) == []
+
+
+class Closes:
+    """Answers a tool step by quoting its results, and any other request by naming the message it answers."""
+
+    requests = 0
+
+    def complete(self, system: str, messages: list[agent.Message], tools: object) -> agent.Message:
+        self.requests += 1
+        last = messages[-1]
+        if any(c.tool_call_id for c in last.content):
+            return agent.Message.assistant("done: " + " | ".join(c.text for c in last.content))
+        return agent.Message.assistant(f"re: {last.text}")
+
+
+@pytest.mark.parametrize("cancelled", [False, True], ids=["open", "cancelled"])
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_stranded_turn_with_a_journal_is_closed_before_the_queue_is_answered(
+    kind: str, cancelled: bool, tmp_path: object
+) -> None:
+    """A worker died inside its turn's tools (the journal holds its reply: ``charge`` finished, ``ship``
+    started; neither idempotent), with a message queued behind it, and, in one case, the turn cancelled. The
+    sweep keeps what the journal says before the queue's turn: the reply and its results (``charge``'s result
+    replayed, ``ship``'s outcome unknown: neither runs again) go into the transcript, and then the queued
+    message is answered. (The cancelled case took the queued message first, which dropped the journal: the
+    reply and the result of the charge that happened were lost.)"""
+    from pathlib import Path
+
+    from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
+    from stores import sqlite
+    from storetest.runs import assert_no_orphans
+
+    ran: list[str] = []
+
+    @agent.tool(idempotent=False)
+    def charge(n: int) -> str:
+        """Charge the card."""
+        ran.append("charge")
+        return "charged"
+
+    @agent.tool(idempotent=False)
+    def ship(n: int) -> str:
+        """Ship the order."""
+        ran.append("ship")
+        return "shipped"
+
+    store = memory.Store() if kind == "memory" else sqlite.open(Path(str(tmp_path)) / "j.db")
+    holder = store.acquire("j", agent.Holder("dead", 1, claimant().token, 0.0), 30)
+    asked = agent.Message.user("pay order 7", key="k0")
+    store.save_fenced("j", holder, [asked], take_steers=False)
+    reply = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("charge-1", "charge", '{"n": 7}'),
+                                                 agent.Content.tool_call("ship-1", "ship", '{"n": 7}')])
+    journal = Journal(1, fingerprint([asked]), reply, started=["charge-1", "ship-1"],
+                      results={"charge-1": agent.Content.tool_result("charge-1", "charged")})
+    store.put_journal("j", holder, journal.to_json())  # the worker dies inside ship
+    store.enqueue("j", "k1", "question 1")
+    if cancelled:
+        assert store.cancel("j")
+    store.release("j", holder)  # its lease lapses: nobody runs the session
+    model = Closes()
+    done = agent.recover(store, lambda info: (agent.Spec(tools=[charge, ship]), model), grace=0)
+    if not cancelled:  # the turn goes on (its answer) in one sweep, the queue is answered by the next
+        assert [r.outcome for r in done] == ["recovered"]
+        done = agent.recover(store, lambda info: (agent.Spec(tools=[charge, ship]), model), grace=0)
+    assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
+    assert done[0].result.text == "re: question 1"
+    assert ran == [], "a tool that was not idempotent ran again"
+    stored = store.messages("j")
+    assert_no_orphans(stored)
+    answer = [] if cancelled else [("assistant", "", f"done: charged | {UNKNOWN_OUTCOME}")]
+    assert [(m.role.value, m.key, m.text) for m in stored] == [
+        ("user", "k0", "pay order 7"), ("assistant", "", ""), ("user", "", ""), *answer,
+        ("user", "k1", "question 1"), ("assistant", "", "re: question 1")]
+    assert stored[1] == reply
+    results = {c.tool_call_id: c for c in stored[2].content}
+    assert results["charge-1"].text == "charged" and not results["charge-1"].is_error  # the result kept
+    assert results["ship-1"].is_error and results["ship-1"].text == UNKNOWN_OUTCOME  # not run again
+    assert model.requests == len(answer) + 1  # a cancelled turn asks nothing more
+    assert store.queued("j") == [] and store.journal("j") is None and stranded_ids(store) == []

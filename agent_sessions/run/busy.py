@@ -9,7 +9,9 @@ The caller chooses, per call (``if_busy``):
   waits for the lease, and with it answers the queue from its head, one message per turn (``take_queued``
   moves the head into the transcript; the turn runs as ``turns`` continues a stored keyed turn), until its
   own message is answered, and returns that answer. Whoever holds the lease answers the head: a caller
-  that died leaves its message to the next one. A holder does not drain the queue before it returns.
+  that died leaves its message to the next one. A holder does not drain the queue before it returns. A turn
+  the transcript leaves unfinished with its reply in the journal (its holder died among the tools) goes on
+  first, the journal honoured: ``take_queued`` would drop it (``_unfinished_first``).
 - ``"steer"``: the message joins the running run as a keyed steer (``add_steer_once``); the run takes it
   before its next model request. The caller waits until the transcript holds the steer followed by an
   answer, and returns that answer, whichever process made it. When the lease is free while the steer still
@@ -35,6 +37,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal, Protocol, get_args
 
@@ -44,7 +47,7 @@ from ..errors import ArgumentError, AwaitingApproval, SessionBusy, StillQueued, 
 from ..events import Events
 from ..journal import Journal
 from ..lease import Lease
-from ..messages import Message, Role
+from ..messages import Message, Role, unanswered
 from ..result import Result
 from ..spec import Spec
 from . import turns
@@ -198,8 +201,9 @@ def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueSt
         queue.take_queued(session.id, lease.holder, append=False)  # delivered another way already
         log.info("session %r: dropped queued turn %r, which the transcript holds already", session.id, waiting[0])
         waiting = queue.queued(session.id)
-    if stored and not _answered_last(stored):
-        _no_approvals_waiting(session, queue)
+    if stored and not _answered_last(stored) and _unfinished_first(run, spec, session, queue, lease, stored,
+                                                                   endpoint, waiting[0] if waiting else None):
+        return None  # the lease is given back; the queue's head is taken under the next one
     head = queue.take_queued(session.id, lease.holder)
     if head is None:
         # Neither in the transcript nor queued: the session was deleted (its queue with it) after enqueue.
@@ -217,17 +221,47 @@ def _answered_last(stored: list[Message]) -> bool:
     return stored[-1].role is Role.ASSISTANT and not stored[-1].tool_calls
 
 
-def _no_approvals_waiting(session: RunSession, queue: QueueStore) -> None:
-    """The turn in the transcript waits for decisions on its tool calls: taking the next message now would
-    drop the waiting reply and its decisions, as a new turn would (``persistence.Leased.resume``). Raise
-    ``AwaitingApproval``, taking nothing: the queued messages wait for the turn to go on."""
+def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, lease: Lease,
+                      stored: list[Message], endpoint: Endpoint, head: str | None) -> bool:
+    """Under the lease, before the queue's head is taken: does the transcript's turn leave something that the
+    transcript does not hold yet? Its reply waits in the journal (its holder died among the reply's tools: which
+    calls started, the results waiting to ride the next save), or the transcript ends with tool calls without
+    results (a plain save, a fork). ``take_queued`` drops the journal, as every save that writes does, and
+    would append the head after those calls: taking it now would lose that reply, so a model asked afresh
+    runs a non-idempotent tool that ran once again, a finished tool's result is forgotten, and the calls are
+    never answered. Then that turn goes on first, as a resume goes on with it (``go_on``: what is left of its
+    ``max_steps``; the journal replayed, a started non-idempotent call's outcome unknown; a turn that was
+    cancelled only has its reply closed, and the cancel handed on), and ``True``: the caller gives the lease
+    back and takes the head under the next one.
+
+    The turn waits for decisions on its tool calls: taking the next message now would drop the waiting
+    reply and its decisions, as a new turn would (``persistence.Leased.resume``). Raise ``AwaitingApproval``,
+    taking nothing: the queued messages wait for the turn to go on."""
     text = queue.journal(session.id)
-    if text is None:
-        return
-    journal = Journal.from_json(text, f"session {session.id!r}")
-    if journal.approvals:
+    journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
+    if journal is not None and journal.approvals:
         raise AwaitingApproval(session.id, [c for c, a in journal.approvals.items() if a.decision is None]
                                or list(journal.approvals))
+    waits = journal is not None and journal.answers(stored)
+    if not (waits or unanswered(stored)):
+        return False
+    at = open_turn(stored)
+    planned = (spec, stored) if at is None else turns.plan(session, spec, stored, stored[at], at)
+    budget, todo = (replace(spec, max_steps=0), stored) if isinstance(planned, Result) else planned
+    how = (f"its reply waits in the journal, {len(journal.started)} call(s) started, {len(journal.results)} "
+           f"result(s) kept" if waits and journal is not None else "it ends with tool calls that have no results")
+    log.info("session %r: goes on with the unfinished turn %s (%s%s)%s", session.id,
+             "of a plain run" if at is None else repr(stored[at].key), how,
+             "; it was cancelled: its calls are closed, none runs" if lease.holder.cancelled else "",
+             "" if head is None else f" before taking turn {head!r} from the queue")
+    run(budget, todo, endpoint, None, True, lease)
+    return True
+
+
+def open_turn(stored: Sequence[Message]) -> int | None:
+    """The index of the last keyed user message (a turn of ``Runner.turn``), if no answer follows it."""
+    at = next((i for i in range(len(stored) - 1, -1, -1) if stored[i].key and stored[i].role is Role.USER), None)
+    return at if at is not None and turns.answered(stored, at) is None else None
 
 
 def _still_queued(session: RunSession, queue: QueueStore, key: str, spec: Spec, busy: SessionBusy) -> StillQueued:
