@@ -24,6 +24,11 @@ UNKNOWN_OUTCOME = (
     "the outcome of this call is unknown: the run that made it stopped while the tool ran, and the tool "
     "is not idempotent, so it was not run again"
 )
+NOT_RUN_SUPERSEDED = (
+    "not run: the run that made this call stopped before it, and the conversation went on with a new message"
+)
+"""A call of a reply left in the journal by a run that stopped (its lease lapsed), when a run with new input
+comes first: the reply goes back in its place with its calls closed (``persistence.Leased.resume``)."""
 
 
 TAIL = 2

@@ -656,12 +656,16 @@ class RunStoreContract:
         with pytest.raises(_Crash):
             agent.Runner().run(spec, [Message.user("go")], ToolsThenAnswer(["charge"]))
         # A new turn on the same history (a new user message): the journal answers the transcript without
-        # it, not this one, so its call is not replayed here; the new turn's own call runs.
+        # it, not this one, so its call is not replayed here. Its reply goes back in its place, the call
+        # closed as it stood (started, its outcome unknown), before the new message: the model sees it.
         msgs = [*store.messages(sid), Message.user("something else")]
         result = agent.Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))
-        assert ran == ["charge", "charge"]
-        assert result.messages[3].content[0].text == "charged"
-        assert store.journal(sid) is None
+        assert ran == ["charge"]
+        assert [(m.role, len(m.tool_calls)) for m in result.messages] == [
+            (Role.USER, 0), (Role.ASSISTANT, 1), (Role.USER, 0), (Role.USER, 0), (Role.ASSISTANT, 0)]
+        assert result.messages[2].content[0].text == UNKNOWN_OUTCOME
+        assert result.messages[3].text == "something else"
+        assert store.messages(sid) == result.messages and store.journal(sid) is None
 
     def test_no_stored_transcript_holds_a_tool_call_without_its_result(self) -> None:
         store = self.run_store()

@@ -401,3 +401,167 @@ def test_a_queued_message_waits_for_tool_calls_the_transcript_holds_without_resu
                                                         ("assistant", ""), ("user", "k1"), ("assistant", "")]
     assert stored[2].content[0].text == "order 7 found" and not stored[3].tool_calls  # k0's turn answered
     assert stored[-2:] == [agent.Message.user("and order 8?", key="k1"), agent.Message.assistant(result.text)]
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+@pytest.mark.parametrize("how", ["run", "turn"])
+def test_new_input_after_a_stopped_run_closes_its_reply_and_runs_nothing_again(
+    backend: str, how: str, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker answering "pay order 7" stops inside its reply's second tool (``charge`` finished, its result
+    in the journal; ``ship`` started; ``notify`` never did) and its lease lapses. New input comes before any
+    resume or sweep: ``Runner.run`` with a new message after the transcript, or ``Runner.turn`` of another
+    key. The reply goes back in its place, each call closed as it stood (charged; ship's outcome unknown;
+    notify not run), and the model answers the new message with that in view. (Before, the first save
+    dropped the journal: the model, asked both messages afresh with no sign anything had run, charged and
+    shipped a second time.)"""
+    from agent_sessions.journal import NOT_RUN_SUPERSEDED, UNKNOWN_OUTCOME
+    from agent_sessions.testing.model_server import ModelServer, Reply, Request, openai
+    from stores import sqlite
+    from storetest.runs import assert_no_orphans
+
+    caplog.set_level(logging.INFO, logger="agent_sessions")
+
+    def respond(request: Request) -> Reply:
+        messages = request.json["messages"]
+        if any(m["role"] == "tool" and m["content"] == "charged" for m in messages):
+            return openai("answer to: " + messages[-1]["content"])  # it sees the charge was made
+        if any(m["role"] == "user" and m["content"] == "pay order 7" for m in messages):
+            n = len(messages)  # asked to pay, nothing saying it was done: it pays (again)
+            return openai(None, [(f"charge-{n}", "charge", "{}"), (f"ship-{n}", "ship", "{}"),
+                                 (f"notify-{n}", "notify", "{}")])
+        return openai("answer to: " + messages[-1]["content"])
+
+    ran: list[str] = []
+
+    @agent.tool(idempotent=False)
+    def charge() -> str:
+        """Charge the card for the order."""
+        ran.append("charge")
+        return "charged"
+
+    @agent.tool(idempotent=False)
+    def ship() -> str:
+        """Ship the order."""
+        ran.append("ship")
+        if ran.count("ship") == 1:
+            raise _Died  # the worker stops in here: its lease lapses
+        return "shipped"
+
+    @agent.tool(idempotent=False)
+    def notify() -> str:
+        """Tell the customer."""
+        ran.append("notify")
+        return "notified"
+
+    store = memory.Store() if backend == "memory" else sqlite.open(str(tmp_path / "chat.db"))
+    spec = agent.Spec(session=agent.open("chat", store), tools=[charge, ship, notify], lease_ttl=1.0, lease_wait=10)
+    with ModelServer(respond) as model:
+        endpoint = agent.endpoints.OpenAIChat(model.url + "/v1", "m", max_retries=0)
+        with pytest.raises(_Died):
+            agent.Runner().turn(spec, "pay order 7", "k1", endpoint)
+        assert store.journal("chat") is not None
+        if how == "run":
+            result = agent.Runner().run(spec, [*store.messages("chat"), agent.Message.user("and my invoice?")],
+                                        endpoint)
+        else:
+            result = agent.Runner().turn(spec, "and my invoice?", "k2", endpoint, if_busy="reject")
+        requests = [r.json["messages"] for r in model.requests]
+    assert ran == ["charge", "ship"], f"a tool that is not idempotent ran again: {ran}"
+    assert result.text == "answer to: and my invoice?", result
+    stored = store.messages("chat")
+    assert_no_orphans(stored)
+    assert [(m.role.value, m.text) for m in stored] == [
+        ("user", "pay order 7"), ("assistant", ""), ("user", ""), ("user", "and my invoice?"),
+        ("assistant", "answer to: and my invoice?")]
+    results = {c.tool_call_id.split("-")[0]: c for c in stored[2].content}
+    assert results["charge"].text == "charged" and not results["charge"].is_error
+    assert results["ship"].is_error and results["ship"].text == UNKNOWN_OUTCOME
+    assert results["notify"].is_error and results["notify"].text == NOT_RUN_SUPERSEDED
+    assert len(requests) == 2 and all(_no_orphans_sent(r) for r in requests), requests
+    assert store.journal("chat") is None
+    assert any("closed before the new input" in r.getMessage() for r in caplog.records)
+
+
+KILLED_IN_SHIP = """
+import sys, time
+import agent_sessions as agent
+from stores import sqlite
+from storetest.scripted import ToolsThenAnswer
+
+path, ledger = sys.argv[1], sys.argv[2]
+
+
+@agent.tool(idempotent=False)
+def charge(n: int) -> str:
+    \"\"\"Charge.\"\"\"
+    with open(ledger, "a") as f:
+        f.write("charge\\n")
+    return "charged"
+
+
+@agent.tool(idempotent=False)
+def ship(n: int) -> str:
+    \"\"\"Ship.\"\"\"
+    with open(ledger, "a") as f:
+        f.write("ship\\n")
+    print("in ship", flush=True)
+    time.sleep(60)  # killed in here
+    return "shipped"
+
+
+spec = agent.Spec(session=agent.open("s", sqlite.open(path)), tools=[charge, ship], lease_ttl=1.0)
+agent.Runner().run(spec, [agent.Message.user("pay order 7")], ToolsThenAnswer(["charge", "ship"]))
+"""
+
+
+def test_new_input_after_a_worker_killed_in_a_tool_runs_nothing_of_its_reply_again(tmp_path: pathlib.Path) -> None:
+    """The same across processes: a worker is SIGKILLed inside ``ship`` (``charge`` finished before it), and
+    another process, once the lease lapsed, runs a new message on the session: each tool ran once, and the
+    stored transcript holds the killed reply with charge's result and ship's outcome unknown."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from agent_sessions.journal import UNKNOWN_OUTCOME
+    from stores import sqlite
+    from storetest.runs import assert_no_orphans
+    from storetest.scripted import ToolsThenAnswer
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    path, ledger = tmp_path / "s.db", tmp_path / "ledger"
+    ledger.touch()
+    child = subprocess.Popen([sys.executable, "-c", KILLED_IN_SHIP, str(path), str(ledger)], stdout=subprocess.PIPE,
+                             text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "in ship"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+
+    @agent.tool(idempotent=False)
+    def charge(n: int) -> str:
+        """Charge."""
+        with open(ledger, "a") as f:
+            f.write("charge\n")
+        return "charged"
+
+    @agent.tool(idempotent=False)
+    def ship(n: int) -> str:
+        """Ship."""
+        with open(ledger, "a") as f:
+            f.write("ship\n")
+        return "shipped"
+
+    store = sqlite.open(path)
+    spec = agent.Spec(session=agent.open("s", store), tools=[charge, ship], lease_ttl=1.0, lease_wait=15)
+    result = agent.Runner().run(spec, [*store.messages("s"), agent.Message.user("and my invoice?")],
+                                ToolsThenAnswer(["charge", "ship"]))
+    assert ledger.read_text().split() == ["charge", "ship"], "a tool that is not idempotent ran again"
+    stored = store.messages("s")
+    assert_no_orphans(stored)
+    assert [m.text for m in stored if m.role is agent.Role.USER and m.text] == ["pay order 7", "and my invoice?"]
+    assert [c.text for c in stored[2].content] == ["charged", UNKNOWN_OUTCOME]
+    assert result.stop_reason == "answered" and stored[-1] == result.messages[-1]
+    store.close()

@@ -41,7 +41,7 @@ from ..errors import (
     TranscriptDeleted,
 )
 from ..events import Sink
-from ..journal import UNKNOWN_OUTCOME, Approval, Journal, fingerprint
+from ..journal import NOT_RUN_SUPERSEDED, UNKNOWN_OUTCOME, Approval, Journal, fingerprint
 from ..lease import Lease
 from ..messages import Content, Message, Role, incarnations_read, unanswered
 from ..result import Result
@@ -394,6 +394,19 @@ class Leased:
                                                                                               self.start):
             raise AwaitingApproval(self.session, [c for c, a in journal.approvals.items() if a.decision is None]
                                    or list(journal.approvals))
+        if journal is not None and not self.replace and _started_anew(journal, transcript, self.start):
+            # A run stopped among the tools of a reply the transcript does not hold (its lease lapsed), and this
+            # run brings new input after the transcript that reply answered. The first save would drop the
+            # journal with the reply: a finished call's result lost, and a model asked afresh free to run
+            # again what ran. So the reply goes back in its place, each call closed as it stands (its result
+            # kept, a started non-idempotent call's outcome unknown, the rest not run), before the input.
+            closed = Message(Role.USER, [_superseded(journal, c) for c in journal.reply.tool_calls])
+            at = journal.at - self.start
+            transcript[at:at] = [journal.reply, closed]
+            log.info("session %r: a stopped run's reply (%d call(s), %d started, %d result(s) kept) is closed "
+                     "before the new input", self.session, len(journal.reply.tool_calls), len(journal.started),
+                     len(journal.results))
+            return
         if journal is not None and journal.answers(transcript, self.start) and self._is_stored(transcript):
             self.journal = journal  # the reply waits in the journal: finish it
             self.journal_text = text
@@ -785,6 +798,17 @@ def _holds(stored: Sequence[Message], msgs: Sequence[Message]) -> bool:
     """Does ``stored`` begin with ``msgs`` (as far as a save that may have landed can tell: its length and its
     last message; before the save the session held fewer)?"""
     return bool(msgs) and len(stored) >= len(msgs) and stored[len(msgs) - 1] == msgs[-1]
+
+
+def _superseded(journal: Journal, call: Content) -> Content:
+    """What a call of a stopped run's reply gets when new input comes first: its result, "outcome unknown"
+    if it started and is not idempotent, else that it was not run."""
+    done = journal.results.get(call.id)
+    if done is not None:
+        return done
+    if call.id in journal.started:
+        return Content.tool_result(call.id, UNKNOWN_OUTCOME, is_error=True)
+    return Content.tool_result(call.id, NOT_RUN_SUPERSEDED, is_error=True)
 
 
 def _started_anew(journal: Journal, transcript: Sequence[Message], start: int) -> bool:
