@@ -25,7 +25,8 @@ UNKNOWN_OUTCOME = (
     "is not idempotent, so it was not run again"
 )
 NOT_RUN_SUPERSEDED = (
-    "not run: the run that made this call stopped before it, and the conversation went on with a new message"
+    "no result: the run that made this call stopped before this call's result was kept, and the conversation "
+    "went on with a new message, so it was not run again"
 )
 """A call of a reply left in the journal by a run that stopped (its lease lapsed), when a run with new input
 comes first: the reply goes back in its place with its calls closed (``persistence.Leased.resume``)."""
