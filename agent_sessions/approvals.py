@@ -185,9 +185,9 @@ def _decide_rest(store: ApprovalStore, session: str) -> Journal | None:
     raise StoreError(f"session {session!r}: the journal changed under each of {ATTEMPTS} attempts to cancel")
 
 
-def closing_result(journal: Journal, call: Content) -> Content:
+def closing_result(journal: Journal, call: Content, unrun: str = CANCELLED_APPROVED) -> Content:
     """What a call of a closed turn's reply gets: its result, its denial, "outcome unknown" for a started
-    non-idempotent call, else that the turn was cancelled before it ran."""
+    non-idempotent call, else ``unrun``: by default, that the turn was cancelled before it ran."""
     done = journal.results.get(call.id)
     if done is not None:
         return done
@@ -196,7 +196,7 @@ def closing_result(journal: Journal, call: Content) -> Content:
         return Content.tool_result(call.id, result_text(approval.decision), is_error=True)
     if call.id in journal.started:
         return Content.tool_result(call.id, UNKNOWN_OUTCOME, is_error=True)
-    return Content.tool_result(call.id, CANCELLED_APPROVED, is_error=True)
+    return Content.tool_result(call.id, unrun, is_error=True)
 
 
 def _already(session: str, call_id: str, decision: Decision) -> AlreadyDecided:

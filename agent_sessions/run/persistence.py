@@ -386,9 +386,7 @@ class Leased:
         if self.closing and journal is not None and _started_anew(journal, transcript, self.start):
             # The cancelled turn's reply waits in the journal while the new input follows the transcript it
             # answered: the reply goes back in its place, with its calls answered unrun, before the input.
-            closed = Message(Role.USER, [self._closing(journal, c) for c in journal.reply.tool_calls])
-            at = journal.at - self.start
-            transcript[at:at] = [journal.reply, closed]
+            self._put_back(journal, transcript, self._closing)
             return
         if journal is not None and journal.approvals and not self.replace and _started_anew(journal, transcript,
                                                                                               self.start):
@@ -400,9 +398,7 @@ class Leased:
             # journal with the reply: a finished call's result lost, and a model asked afresh free to run
             # again what ran. So the reply goes back in its place, each call closed as it stands (its result
             # kept, a started non-idempotent call's outcome unknown, the rest not run), before the input.
-            closed = Message(Role.USER, [_superseded(journal, c) for c in journal.reply.tool_calls])
-            at = journal.at - self.start
-            transcript[at:at] = [journal.reply, closed]
+            self._put_back(journal, transcript, _superseded)
             log.info("session %r: a stopped run's reply (%d call(s), %d started, %d result(s) kept) is closed "
                      "before the new input", self.session, len(journal.reply.tool_calls), len(journal.started),
                      len(journal.results))
@@ -470,6 +466,13 @@ class Leased:
         """Are steers waiting (new input for the session), as a store with the lifecycle can tell without
         taking them? Asked only of a run handed a cancel."""
         return isinstance(self.store, LifecycleStore) and bool(self.store.pending_steers(self.session))
+
+    def _put_back(self, journal: Journal, transcript: list[Message],
+                  result: Callable[[Journal, Content], Content]) -> None:
+        """The journal's reply back in its place in ``transcript``, followed by ``result`` of each of its calls,
+        before the new input that follows the transcript it answered (``_started_anew``)."""
+        at = journal.at - self.start
+        transcript[at:at] = [journal.reply, Message(Role.USER, [result(journal, c) for c in journal.reply.tool_calls])]
 
     @staticmethod
     def _closing(journal: Journal, call: Content) -> Content:
@@ -801,14 +804,10 @@ def _holds(stored: Sequence[Message], msgs: Sequence[Message]) -> bool:
 
 
 def _superseded(journal: Journal, call: Content) -> Content:
-    """What a call of a stopped run's reply gets when new input comes first: its result, "outcome unknown"
-    if it started and is not idempotent, else that it was not run."""
-    done = journal.results.get(call.id)
-    if done is not None:
-        return done
-    if call.id in journal.started:
-        return Content.tool_result(call.id, UNKNOWN_OUTCOME, is_error=True)
-    return Content.tool_result(call.id, NOT_RUN_SUPERSEDED, is_error=True)
+    """What a call of a stopped run's reply gets when new input comes first: as a closed turn's call
+    (``approvals.closing_result``: its result, "outcome unknown" if it started and is not idempotent), else
+    that it was not run again."""
+    return approvals.closing_result(journal, call, NOT_RUN_SUPERSEDED)
 
 
 def _started_anew(journal: Journal, transcript: Sequence[Message], start: int) -> bool:

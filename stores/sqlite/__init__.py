@@ -327,12 +327,12 @@ class Store(SQLStore):
         step, in the loop, it cost 0.047-0.055 ms with the general ``_log_events``, 0.037-0.042 ms so
         (docs/performance.md)."""
         holder = step.holder
-        assert holder is not None and self._driver is not None  # save_fenced_events; raw_statements
+        assert holder is not None  # save_fenced_events
         session, records, keep = step.session, step.events, step.keep
         n = len(records)
         params = {"sid": session, "lease_token": holder.token, "lease_epoch": holder.epoch, "known": step.known,
                   "n": n, "clock": eventlog.first_seq(time.time())}
-        number = self._driver.compiled(_NUMBER_EVENTS[step.unsteered], params)
+        number = self._compiled(_NUMBER_EVENTS[step.unsteered], params)
         items, offset = step.items, step.offset
         rows = [(session, offset + i, items[i].to_json()) for i in range(step.start, len(items))]
         floor: int | None = None
