@@ -35,11 +35,15 @@ save waiting 868 ms beside a 10,000-session prune)."""
 
 
 class Lifecycle(SQLBase):
-    """``LifecycleStore``, and the hooks a dialect overrides for it: ``starts_with``, ``row_values``."""
+    """``LifecycleStore``, and the hooks a dialect overrides for it: ``starts_with``, ``row_values``,
+    ``windowed_walk``."""
 
     row_values = True
     """A listing's keyset bounds are row values, ``(updated, session_id) < (:u, :id)`` (see
     ``listing.Statements``); False: MySQL, whose optimizer reads no index range for them."""
+    windowed_walk = False
+    """A common value's walk carries its window as a derived table cut by LIMIT (``listing``): True only
+    where the database pulls that table lazily in the index's order (PostgreSQL)."""
 
     def list_sessions(
         self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None,
@@ -63,7 +67,8 @@ class Lifecycle(SQLBase):
                  limit: int) -> list[Any]:
         """``limit + 1`` rows (the extra one says a next page exists): when every wanted value is common,
         by the walk through the window of the newest ``WALK_PER_ROW * (limit + 1)`` sessions past the
-        cursor, if that holds them; else by the tags plan, driven by the rarest value if it is not common."""
+        cursor, if that holds them (the window's end read first, or carried along: ``windowed_walk``);
+        else by the tags plan, driven by the rarest value if it is not common."""
         statements = self._listing_statements
         rows = limit + 1
         keys = len(wanted)
@@ -75,6 +80,12 @@ class Lifecycle(SQLBase):
             rarest = min(range(keys), key=counted.__getitem__)
             if counted[rarest] < common:
                 rare = rarest
+            elif self.windowed_walk:
+                found = conn.execute(statements.windowed_walk(keys, prefix, cursor is not None),
+                                     listing.params(wanted, rows=rows, window=listing.WALK_PER_ROW * rows,
+                                                    **after)).all()
+                if len(found) == rows:
+                    return list(found)
             else:
                 end = conn.execute(statements.window_end(cursor is not None),
                                    {"skip": listing.WALK_PER_ROW * rows - 1, **after}).first()

@@ -13,12 +13,17 @@ range, stopping at the cap): below ``COMMON_PER_ROW`` entries per row of the pag
 and a walk could be long. A common value whose sessions are all old would make the walk long too, so it
 reads at most a window of ``WALK_PER_ROW`` sessions per row of the page, down to the window's last row
 (``window_end``, read first from the same index); when the window holds too few, the tags plan gives the
-page. So a page is always exactly the tags plan's, and costs at most that plus one window.
+page. So a page is always exactly the tags plan's, and costs at most that plus one window. On PostgreSQL
+the walk carries its window instead (``windowed_walk``): a derived table of the sessions cut at the window's
+size, which PostgreSQL pulls row by row in the index's order, so the window's end is never read and the
+page is one statement; SQLite would sort that derived table's rows again (probing the whole window first)
+and MariaDB would build it by a full scan and a sort, so there the window's end is read first.
 
 The walk's result is used only when it is a full page, or when no window end was found (fewer sessions
 are left past the cursor than a window holds, so the walk had no bound): either way it is, by itself, the
 newest matching rows past the cursor, so it is right even when the window's end was read at another
-snapshot (PostgreSQL's reads run in autocommit).
+snapshot. (The windowed walk cannot tell a short window from a thin one, so a page it leaves short is the
+tags plan's: only the last pages of a common value pay that.)
 
 Every value is a bound parameter (``params``): a statement's shape depends only on how many keys are
 wanted, which of them drives the tags plan, whether a cursor or a window's end is given, and the prefix,
@@ -31,7 +36,19 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import BindParameter, ColumnElement, Integer, Select, and_, bindparam, func, or_, select, tuple_
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Integer,
+    Select,
+    Subquery,
+    and_,
+    bindparam,
+    func,
+    or_,
+    select,
+    tuple_,
+)
 
 from .tables import messages, sessions, tags
 
@@ -85,6 +102,7 @@ class Statements:
         self.counts = functools.lru_cache(maxsize=_SHAPES)(self._counts)
         self.window_end = functools.lru_cache(maxsize=_SHAPES)(self._window_end)
         self.walk = functools.lru_cache(maxsize=_SHAPES)(self._walk)
+        self.windowed_walk = functools.lru_cache(maxsize=_SHAPES)(self._windowed_walk)
         self.by_tags = functools.lru_cache(maxsize=_SHAPES)(self._by_tags)
 
     def _counts(self, keys: int) -> Select[Any]:
@@ -129,6 +147,27 @@ class Statements:
             else:
                 query = query.where(S.updated >= updated, or_(S.updated > updated, S.session_id >= last))
         return _with_counts(query)
+
+    def _windowed_walk(self, keys: int, prefix: str, after: bool) -> Select[Any]:
+        """As ``walk``, its window carried along: up to ``rows`` sessions among the ``window`` newest past
+        the cursor, newest first. The window is the index (updated, session_id) read backwards and cut at
+        ``window`` rows; each row is probed as the page pulls it, so the read stops at the page's end.
+        ``window`` is written into the statement's text: bound, PostgreSQL's generic plan (psycopg prepares
+        a statement at its fifth use) takes the cut for a tenth of the table, and sorts the whole of it
+        (40 ms at 100,000 sessions, against 2.5)."""
+        S = sessions.c
+        window = select(S.session_id, S.created, S.updated, S.metadata, S.spec_name, S.open_since)
+        if after:
+            window = window.where(self._past())
+        walked = (window.order_by(S.updated.desc(), S.session_id.desc())
+                  .limit(bindparam("window", type_=Integer, literal_execute=True)).subquery("walked"))
+        W = walked.c
+        query = _probed(select(W.session_id, W.created, W.updated, W.metadata, W.spec_name, W.open_since),
+                        W.session_id, range(keys))
+        if prefix:
+            query = query.where(self.starts_with(W.session_id, prefix))
+        return _counted(query.order_by(W.updated.desc(), W.session_id.desc())
+                        .limit(bindparam("rows", type_=Integer)).subquery())
 
     def _by_tags(self, keys: int, rare: int | None, prefix: str, after: bool) -> Select[Any]:
         """Up to ``rows`` sessions past the cursor, newest first, found by the tags' index (name, value).
@@ -192,7 +231,12 @@ def _probed(query: Select[Any], session_id: ColumnElement[str], keys: Any) -> Se
 def _with_counts(query: Select[Any]) -> Select[Any]:
     """The first ``rows`` rows of ``query`` newest first, then the message counts of those rows only."""
     S = sessions.c
-    chosen = query.order_by(S.updated.desc(), S.session_id.desc()).limit(bindparam("rows", type_=Integer)).subquery()
+    return _counted(query.order_by(S.updated.desc(), S.session_id.desc())
+                    .limit(bindparam("rows", type_=Integer)).subquery())
+
+
+def _counted(chosen: Subquery) -> Select[Any]:
+    """The rows of ``chosen`` (a page of sessions), newest first, each with its message count."""
     count = select(func.count()).where(messages.c.session_id == chosen.c.session_id).scalar_subquery()
     c = chosen.c
     return (select(c.session_id, c.created, c.updated, c.metadata, count, c.spec_name, c.open_since)

@@ -249,6 +249,9 @@ class Store(SQLStore):
     schema_hint = "create the tables by running stores.postgres.SCHEMA in your migration"
     dialects = ("postgresql",)
     engine_hint = "create_engine('postgresql+psycopg://...') once and pass it"
+    # A common value's listing page is one statement: the walk's window a derived table, pulled lazily in
+    # the index's order (stores/_sql/listing.py).
+    windowed_walk = True
 
     lock_new = (
         postgresql.insert(sessions).values(session_id=sql.SID)
