@@ -257,6 +257,38 @@ class EventContract:
         store.save_fenced_events(sid, holder, [Message.user("q")], take_steers=False, events=_texts(2), keep=3)
         assert [e.seq for e in store.events(sid, 0, 100)] == [last - 0, last + 1, last + 2]
 
+    def test_the_cap_holds_the_newest_keep_after_every_write_of_either_path(self) -> None:
+        """A store may skip the cap's drop while it knows the log has room (PostgreSQL's one-statement step):
+        so after each write, by a save's riding events or an append of its own, of one to three events, the
+        log holds exactly the newest ``keep`` (or all, while fewer). A second store object writing between
+        them may leave a few more until the first writes twice, never fewer than the newest ``keep``."""
+        store = self.event_store()
+        sid = _sid("cap-each-")
+        holder = store.acquire(sid, _claimant(), 30)
+        msgs = [Message.user("q")]
+        given: list[int] = []
+
+        def write(writer: EventStore, i: int) -> None:
+            n = 1 + i % 3
+            if i % 2:
+                last = writer.append_events(sid, holder, _texts(n, f"w{i}"), keep=4)
+            else:
+                msgs.append(Message.assistant(f"a{i}"))
+                writer.save_fenced_events(sid, holder, msgs, take_steers=False, events=_texts(n, f"w{i}"), keep=4)
+                last = store.events(sid, 0, 100)[-1].seq
+            given.extend(range(last - n + 1, last + 1))
+
+        for i in range(12):
+            write(store, i)
+            assert [e.seq for e in store.events(sid, 0, 100)] == given[-4:], f"write {i}"
+        other = self.another(store)
+        for i in range(12, 24):
+            write(other if i % 3 == 0 else store, i)
+            kept = [e.seq for e in store.events(sid, 0, 100)]
+            assert kept[-4:] == given[-4:] and kept == given[-len(kept):], f"write {i}"
+            if i % 3 == 2:  # the second write in a row by ``store``
+                assert kept == given[-4:], f"write {i}"
+
     def test_the_log_goes_with_its_session_and_a_new_one_numbers_above_it(self) -> None:
         self.requires(Capability.LIFECYCLE)
         store = self.event_store()

@@ -120,23 +120,27 @@ def _claim_seq(count: int) -> str:
     return f"event_seq = COALESCE(event_seq, {_FIRST} - 1) + {count}"
 
 
-def _log(count: int) -> str:
+def _log(count: int, trim: bool = True) -> str:
     """The rest of a statement whose CTE ``claim`` returned the session's id and its last event number:
     store ``count`` events (``:e0`` ...) under the numbers claimed, drop the log's events beyond ``:keep``
-    (the new ones beyond it are not stored: a statement's DELETE sees none of its own INSERTs), notify the
-    followers when it commits if there are any (``listener.FOLLOWED``: a NOTIFY nobody hears still cost
-    the step with events about 0.04 ms), and return the last number; no row when the claim matched nothing. An
+    if ``trim`` (the new ones beyond it are not stored: a statement's DELETE sees none of its own INSERTs),
+    notify the followers when it commits if there are any (``listener.FOLLOWED``: a NOTIFY nobody hears
+    still cost the step with events about 0.04 ms), and return the last number and, if ``trim``, the log's
+    oldest number before the statement (``NULL``: it held none); no row when the claim matched nothing. An
     append that waited on the row for a concurrent one does not see that one's events (its snapshot is
-    older), so the log may hold a few beyond ``keep`` until the next append drops them."""
+    older), so the log may hold a few beyond ``keep`` until the next append drops them. Without ``trim``
+    (``Store._trims``: the store knows the log holds room for these) the step skips the DELETE, which cost
+    it 0.04-0.05 ms even when it dropped nothing."""
     rows = ", ".join(f"({i + 1}, CAST(:e{i} AS TEXT))" for i in range(count))
+    dropped = ("dropped AS (DELETE FROM agent_events AS e USING claim "
+               "WHERE e.session_id = claim.session_id AND e.seq <= claim.event_seq - CAST(:keep AS BIGINT)) ")
+    oldest = "(SELECT min(seq) FROM agent_events WHERE session_id = claim.session_id)"
     return (
         ", added AS (INSERT INTO agent_events (session_id, seq, body) "
         f"SELECT claim.session_id, claim.event_seq - {count} + v.k, v.body FROM claim, (VALUES {rows}) AS v(k, body) "
-        f"WHERE v.k > {count} - CAST(:keep AS BIGINT)), "
-        "dropped AS (DELETE FROM agent_events AS e USING claim "
-        "WHERE e.session_id = claim.session_id AND e.seq <= claim.event_seq - CAST(:keep AS BIGINT)) "
+        f"WHERE v.k > {count} - CAST(:keep AS BIGINT)){', ' + dropped if trim else ' '}"
         f"SELECT claim.event_seq, CASE WHEN pg_try_advisory_xact_lock({FOLLOWED}) THEN NULL "
-        f"ELSE pg_notify('{CHANNEL}', claim.session_id) END FROM claim"
+        f"ELSE pg_notify('{CHANNEL}', claim.session_id) END, {oldest if trim else 'NULL'} FROM claim"
     )
 
 
@@ -155,8 +159,8 @@ def _turned(turning: bool) -> str:
     return f", {OPEN_SINCE}" if turning else ""
 
 
-@functools.cache  # at most 4 x MAX_APPEND x MAX_RIDING entries: never evicted
-def _append_riding(count: int, unsteered: bool, events: int, turning: bool) -> TextClause:
+@functools.cache  # at most 8 x MAX_APPEND x MAX_RIDING entries: never evicted
+def _append_riding(count: int, unsteered: bool, events: int, turning: bool, trim: bool) -> TextClause:
     """A leased run's usual save with its events (``save_fenced_events``), in one statement: ``_append``'s
     claim also claims the event numbers, its INSERT becomes a CTE, and ``_log`` stores the events. The claim
     matches or nothing is written."""
@@ -169,7 +173,7 @@ def _append_riding(count: int, unsteered: bool, events: int, turning: bool) -> T
         f"AND NOT cancelled{guard} RETURNING session_id, event_seq), "
         "saved AS (INSERT INTO agent_messages (session_id, seq, body) "
         f"SELECT claim.session_id, v.seq, v.body FROM claim, (VALUES {rows}) AS v(seq, body))"
-        + _log(events)
+        + _log(events, trim)
     )
 
 
@@ -286,6 +290,8 @@ class Store(SQLStore):
         self._bounds = {"lock": f"{round(self.lock_wait * 1000)}ms",
                         "idle": f"{round(self.transaction_timeout * 1000)}ms"}
         self._push_cancels = push_cancels
+        self._event_last: dict[str, int] = {}
+        """The last event number this store wrote to each session's log (``_trims``), bounded like ``_known``."""
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         # The listeners' threads hold the engine, not the store, so a store dropped unclosed is collected,
         # and then stops its threads too. One for cancels (runs), one for events (followers): listener.py.
@@ -327,11 +333,16 @@ class Store(SQLStore):
         if step.events:
             assert step.holder is not None  # save_fenced_events
             params.update(_event_params(step.events, step.keep))
-            riding = _append_riding(count, step.unsteered, len(step.events), step.turning)
+            n = len(step.events)
+            trim = self._trims(step.session, n, step.keep)
+            riding = _append_riding(count, step.unsteered, n, step.turning, trim)
             row = self._transaction(
                 "save", step.session, lambda conn: self.run(conn, riding, params).first(), read_only=True
             )
-            return version if row is not None else None
+            if row is None:
+                return None
+            self._logged(step.session, n, step.keep, row, trim)
+            return version
         statement = _append(count, step.unsteered, step.holder is not None, step.turning)
         inserted = self._transaction(
             "save", step.session, lambda conn: self.run(conn, statement, params).rowcount, read_only=True
@@ -357,7 +368,28 @@ class Store(SQLStore):
         )
         if row is None:
             raise self.lease_lost(session, holder)
+        self._logged(session, len(records), keep, row, True)
         return int(row[0])
+
+    def _trims(self, session: str, n: int, keep: int) -> bool:
+        """Whether a write of ``n`` events to ``session``'s log must drop what falls beyond ``keep``: unless
+        this store wrote the log's last number and knows its oldest (``_logged``) and the log has room for
+        ``n`` more. Another writer's events since leave the log a few beyond ``keep`` until a write here
+        that trims (the next, once ``_logged`` has seen their numbers), as a concurrent append does
+        (``_log``); nothing is dropped that should stay."""
+        floor, last = self._event_floor.get(session), self._event_last.get(session)
+        return floor is None or last is None or last + n - keep >= floor
+
+    def _logged(self, session: str, n: int, keep: int, row: Any, trimmed: bool) -> None:
+        """Remember what a write of ``n`` events left (its row: the last number, and if ``trimmed`` the oldest
+        before it): the log's last number, and its oldest (``_floor``)."""
+        last = int(row[0])
+        if trimmed:
+            before = last - n + 1 if row[2] is None else int(row[2])
+            self._floor(session, max(before, last - keep + 1))
+        if len(self._event_last) >= self._known.size and session not in self._event_last:
+            self._event_last.clear()
+        self._event_last[session] = last
 
     def notify(self, conn: Connection, session: str) -> None:
         self.run(conn, _NOTIFY, {"sid": session})
