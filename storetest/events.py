@@ -289,6 +289,32 @@ class EventContract:
             if i % 3 == 2:  # the second write in a row by ``store``
                 assert kept == given[-4:], f"write {i}"
 
+    def test_the_cap_holds_the_newest_keep_after_a_large_write_then_a_small_one_by_one_store(self) -> None:
+        """One store object, no other writer: a save with more events than one statement carries
+        (PostgreSQL's ``MAX_RIDING``, 16: the transaction path) or a save with events that takes the
+        general transaction (``replace=True``), then a save with one event: the log holds exactly the
+        newest ``keep`` after each, as after any write of either path by a lone writer."""
+        store = self.event_store()
+        for big in (False, True):
+            sid = _sid("cap-big-")
+            holder = store.acquire(sid, _claimant(), 30)
+            msgs = [Message.user("q")]
+            for i in range(5):  # the log full, its cap known
+                msgs.append(Message.assistant(f"a{i}"))
+                store.save_fenced_events(sid, holder, msgs, take_steers=False, events=_texts(1, f"s{i}"), keep=4)
+            msgs.append(Message.assistant("big"))
+            if big:
+                store.save_fenced_events(sid, holder, msgs, take_steers=False, events=_texts(20, "big"), keep=4)
+            else:
+                store.save_fenced_events(sid, holder, msgs, take_steers=False, replace=True,
+                                         events=_texts(2, "replace"), keep=4)
+            after_big = [e.seq for e in store.events(sid, 0, 100)]
+            assert len(after_big) == 4, after_big
+            msgs.append(Message.assistant("small"))
+            store.save_fenced_events(sid, holder, msgs, take_steers=False, events=_texts(1, "small"), keep=4)
+            kept = [e.seq for e in store.events(sid, 0, 100)]
+            assert kept == list(range(after_big[-1] - 2, after_big[-1] + 2)), (big, kept)
+
     def test_the_log_goes_with_its_session_and_a_new_one_numbers_above_it(self) -> None:
         self.requires(Capability.LIFECYCLE)
         store = self.event_store()
