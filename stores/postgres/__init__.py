@@ -391,6 +391,13 @@ class Store(SQLStore):
             self._event_last.clear()
         self._event_last[session] = last
 
+    def _floor(self, session: str, floor: int) -> None:
+        """As ``SQLStore._floor``; a write that learned only the floor (the transaction paths: a save of
+        more than ``MAX_RIDING`` events, the save's general transaction, a large ``append_events``) leaves
+        the log's last number unknown here, so the next step trims (``_logged`` sets it again after)."""
+        super()._floor(session, floor)
+        self._event_last.pop(session, None)
+
     def notify(self, conn: Connection, session: str) -> None:
         self.run(conn, _NOTIFY, {"sid": session})
 
