@@ -172,7 +172,7 @@ def _check_the_walk(store: SQLStore, cursor: bool) -> None:
         generic = _explain_generic(store, statement, parameters)
         window = r"Limit  \(cost=\S+ rows=(\d+).*\n.*Index Scan Backward[^(]*\(cost=\S+ rows=(\d+)"
         cut, read = map(int, re.findall(window, generic)[0])
-        assert cut == min(listing.WALK_PER_ROW * 51, read), generic
+        assert cut == min(listing.window(51), read), generic
         for each in (plan, generic):
             assert re.search(r"Index (Only )?Scan Backward using agent_sessions_by_updated", each), each
             assert "Sort" not in each, each

@@ -67,7 +67,8 @@ class Lifecycle(SQLBase):
                  limit: int) -> list[Any]:
         """``limit + 1`` rows (the extra one says a next page exists): when every wanted value is common,
         by the walk through the window of the newest ``WALK_PER_ROW * (limit + 1)`` sessions past the
-        cursor, if that holds them (the window's end read first, or carried along: ``windowed_walk``);
+        cursor, if that holds them (the window's end read first, or carried along: ``windowed_walk``, whose
+        window is rounded up to a power of two, ``listing.window``);
         else by the tags plan, driven by the rarest value if it is not common."""
         statements = self._listing_statements
         rows = limit + 1
@@ -82,8 +83,7 @@ class Lifecycle(SQLBase):
                 rare = rarest
             elif self.windowed_walk:
                 found = conn.execute(statements.windowed_walk(keys, prefix, cursor is not None),
-                                     listing.params(wanted, rows=rows, window=listing.WALK_PER_ROW * rows,
-                                                    **after)).all()
+                                     listing.params(wanted, rows=rows, window=listing.window(rows), **after)).all()
                 if len(found) == rows:
                     return list(found)
             else:

@@ -82,6 +82,14 @@ def params(wanted: Mapping[str, str], **more: Any) -> dict[str, Any]:
     return out
 
 
+def window(rows: int) -> int:
+    """The sessions a windowed walk reads at most for a page of ``rows``: ``WALK_PER_ROW`` per row, rounded
+    up to a power of two (1,024 for a page of 50), since the window is written into the statement's text
+    (``Statements.windowed_walk``). A larger window changes no page: a walk's result is used only when
+    it is a full page, which is the newest matching rows past the cursor whatever the window."""
+    return 1 << (WALK_PER_ROW * rows - 1).bit_length()
+
+
 def cursor_params(prefix: str, cursor: Cursor | None) -> dict[str, Any]:
     """``after_updated`` and ``after_id`` of ``cursor``, ``end_updated`` and ``end_id`` with ``prefix="end"``."""
     return {} if cursor is None else {f"{prefix}_updated": cursor[0], f"{prefix}_id": cursor[1]}
@@ -154,7 +162,9 @@ class Statements:
         ``window`` rows; each row is probed as the page pulls it, so the read stops at the page's end.
         ``window`` is written into the statement's text: bound, PostgreSQL's generic plan (psycopg prepares
         a statement at its fifth use) takes the cut for a tenth of the table, and sorts the whole of it
-        (40 ms at 100,000 sessions, against 2.5)."""
+        (40 ms at 100,000 sessions, against 2.5). So each window is a statement of its own on the server,
+        and ``window`` rounds the window up to a power of two: a handful of them whatever limits callers
+        ask for, not one per limit crowding the connection's prepared statements."""
         S = sessions.c
         window = select(S.session_id, S.created, S.updated, S.metadata, S.spec_name, S.open_since)
         if after:
