@@ -16,8 +16,9 @@ reads at most a window of ``WALK_PER_ROW`` sessions per row of the page, down to
 page. So a page is always exactly the tags plan's, and costs at most that plus one window. On PostgreSQL
 the walk carries its window instead (``windowed_walk``): a derived table of the sessions cut at the window's
 size, which PostgreSQL pulls row by row in the index's order, so the window's end is never read and the
-page is one statement; SQLite would sort that derived table's rows again (probing the whole window first)
-and MariaDB would build it by a full scan and a sort, so there the window's end is read first.
+walk is one statement after the count; SQLite would sort that derived table's rows again (probing the
+whole window first) and MariaDB would build it by a full scan and a sort, so there the window's end is
+read first.
 
 The walk's result is used only when it is a full page, or when no window end was found (fewer sessions
 are left past the cursor than a window holds, so the walk had no bound): either way it is, by itself, the
