@@ -174,3 +174,38 @@ def test_a_resume_that_finished_the_stopped_turn_first_refuses_the_stale_new_inp
         agent.Runner().run(spec, stale, ToolsThenAnswer(["charge", "ship"]))
     assert ran == ["charge", "ship"]
     assert_no_orphans(store.messages("s"))
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_cancel_between_the_journal_read_and_the_first_save_closes_the_reply_and_runs_nothing(
+    backend: str, tmp_path: pathlib.Path
+) -> None:
+    """A worker dies inside ``ship`` (``charge`` finished). New input comes, and a cancel lands exactly between
+    the new run's read of the journal and its first save (the store's ``journal`` cancels as it returns).
+    The save reports the cancel: the run stops before asking the model, with the stopped reply put back and
+    its calls closed as they stood, nothing run again, and the new message kept after it; the journal is
+    gone, so a later run neither replays nor repeats it."""
+    ran: list[str] = []
+    store = _store(backend, tmp_path)
+    spec = agent.Spec(session=agent.open("s", store), tools=_tools(ran, "ship"))
+    with pytest.raises(_Died):
+        agent.Runner().run(spec, [agent.Message.user("pay order 7")], ToolsThenAnswer(["charge", "ship"]))
+    assert store.journal("s") is not None
+
+    read = type(store).journal
+
+    def journal_then_cancel(self: agent.RunStore, session: str) -> str | None:
+        text = read(self, session)
+        if text is not None:
+            self.cancel(session)  # lands before the run's first save
+        return text
+
+    store.__class__ = type("CancelledAfterItsJournalRead", (type(store),), {"journal": journal_then_cancel})
+    model = ToolsThenAnswer(["charge", "ship"])
+    result = agent.Runner().run(spec, [*store.messages("s"), agent.Message.user("and my invoice?")], model)
+    assert result.stop_reason == "cancelled" and ran == ["charge", "ship"]
+    stored = store.messages("s")
+    assert_no_orphans(stored)
+    assert [c.text for c in stored[2].content] == ["charged", UNKNOWN_OUTCOME]
+    assert stored[3].text == "and my invoice?" and len(stored) == 4
+    assert read(store, "s") is None
