@@ -25,31 +25,20 @@ def _store(backend: str, tmp_path: pathlib.Path) -> agent.RunStore:
 
 
 def _tools(ran: list[str], die_in: str, *, lookup_idempotent: bool = True) -> list[agent.Tool]:
-    @agent.tool(idempotent=False)
-    def charge(n: int) -> str:
-        """Charge."""
-        ran.append("charge")
-        if die_in == "charge" and ran.count("charge") == 1:
-            raise _Died
-        return "charged"
+    """``charge`` and ``ship`` (not idempotent) and ``lookup``: each notes its call in ``ran``, and the one named
+    ``die_in`` kills its worker the first time it runs."""
 
-    @agent.tool(idempotent=False)
-    def ship(n: int) -> str:
-        """Ship."""
-        ran.append("ship")
-        if die_in == "ship" and ran.count("ship") == 1:
-            raise _Died
-        return "shipped"
+    def step(name: str, done: str, description: str, idempotent: bool) -> agent.Tool:
+        def run(n: int) -> str:
+            ran.append(name)
+            if die_in == name and ran.count(name) == 1:
+                raise _Died
+            return done
 
-    @agent.tool(idempotent=lookup_idempotent)
-    def lookup(n: int) -> str:
-        """Look the order up."""
-        ran.append("lookup")
-        if die_in == "lookup" and ran.count("lookup") == 1:
-            raise _Died
-        return "order 7: 3 items"
+        return agent.tool(name=name, description=description, idempotent=idempotent)(run)
 
-    return [charge, ship, lookup]
+    return [step("charge", "charged", "Charge.", False), step("ship", "shipped", "Ship.", False),
+            step("lookup", "order 7: 3 items", "Look the order up.", lookup_idempotent)]
 
 
 # -- problems --------------------------------------------------------------------------------------------

@@ -92,10 +92,14 @@ class EventLog(SQLBase):
         self.run(conn, sql.ADD_EVENTS, [{"session_id": session, "seq": seq, "body": text} for seq, text in numbered])
 
     def _floor(self, session: str, floor: int) -> None:
-        """Remember the log's floor, a transaction having committed it; bounded like ``_known``."""
-        if len(self._event_floor) >= self._known.size and session not in self._event_floor:
-            self._event_floor.clear()
-        self._event_floor[session] = floor
+        """Remember the log's floor, a transaction having committed it."""
+        self._remember(self._event_floor, session, floor)
+
+    def _remember(self, memory: dict[str, int], session: str, value: int) -> None:
+        """``memory[session] = value``, the memory bounded like ``_known``: emptied when it is full."""
+        if len(memory) >= self._known.size and session not in memory:
+            memory.clear()
+        memory[session] = value
 
     def claim(self, conn: Connection, params: dict[str, Any], **shape: bool) -> int | None:
         """Claim ``params["n"]`` event numbers (``sql.claim_events`` of ``shape``): the last number given, or

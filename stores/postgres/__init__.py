@@ -253,8 +253,8 @@ class Store(SQLStore):
     schema_hint = "create the tables by running stores.postgres.SCHEMA in your migration"
     dialects = ("postgresql",)
     engine_hint = "create_engine('postgresql+psycopg://...') once and pass it"
-    # A common value's listing page is one statement: the walk's window a derived table, pulled lazily in
-    # the index's order (stores/_sql/listing.py).
+    # A common value's walk carries its window (a derived table, pulled lazily in the index's order), so
+    # the page is the count and the walk, without a read of the window's end (stores/_sql/listing.py).
     windowed_walk = True
 
     lock_new = (
@@ -387,9 +387,7 @@ class Store(SQLStore):
         if trimmed:
             before = last - n + 1 if row[2] is None else int(row[2])
             self._floor(session, max(before, last - keep + 1))
-        if len(self._event_last) >= self._known.size and session not in self._event_last:
-            self._event_last.clear()
-        self._event_last[session] = last
+        self._remember(self._event_last, session, last)
 
     def _floor(self, session: str, floor: int) -> None:
         """As ``SQLStore._floor``; a write that learned only the floor (the transaction paths: a save of
