@@ -42,6 +42,9 @@ _ADD_MESSAGES = "INSERT INTO agent_messages (session_id, seq, body) VALUES (?, ?
 _ADD_EVENTS = "INSERT INTO agent_events (session_id, seq, body) VALUES (?, ?, ?)"
 """The step's rows, on the driver (``Store._append_logged_raw``): what ``sql.APPEND`` and ``sql.ADD_EVENTS``
 compile to here, without building their parameters as dicts."""
+_Usual = tuple[str, tuple[Message, ...], tuple[Message, ...], sqlite3.Connection]
+"""What the usual step knows once ``Store._usual`` has checked it: the known version and transcript, the
+transcript given, the thread's driver connection."""
 _NUMBER_EVENTS = {unsteered: sql.number_events(save=True, unsteered=unsteered) for unsteered in (False, True)}
 """The step's claim (``Store.claim``), by whether the save takes steers: built once, as the step looks it up."""
 
@@ -186,20 +189,33 @@ class Store(SQLStore):
                 return saved
         return super().save_fenced(session, holder, msgs, take_steers=take_steers, replace=replace, start=start)
 
-    def _step(self, session: str, holder: Holder, msgs: Sequence[Message], take: bool) -> Saved | None:
-        """A run's usual step, with the least Python: new messages appended to the transcript this object
-        knows, in the one autocommitted INSERT of ``append``, built here directly (no ``sql.Step``, no call
-        through ``SQLStore._save`` and ``append``). Its Python runs right after the previous step's fsync,
-        with cold caches, where each call and object costs two to three times what it does in a loop, and
-        it is most of what the step costs over the raw driver's: with ``synchronous=FULL``, 0.165-0.173 ms a
-        step against 0.184-0.196 through ``_save`` as it was, the raw driver's 0.108 (N=10 and 1,000).
+    def save_fenced_events(
+        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
+        events: Sequence[str], keep: int, start: int = 0,
+    ) -> Saved:
+        """The usual step of a run with the log on first (``_step_logged``); anything else the way every SQL
+        store saves with events."""
+        if not replace and type(start) is int and start == 0 and events:
+            records = eventlog.check_append(events, keep)
+            saved = self._step_logged(session, holder, msgs, take_steers, records, keep)
+            if saved is not None:
+                return saved
+        return super().save_fenced_events(session, holder, msgs, take_steers=take_steers, replace=replace,
+                                          events=events, keep=keep, start=start)
 
-        What ``SQLStore._save`` checks, checked the same way: the given transcript extends
-        the known one (the very objects, or equal ones: ``messages_after``), so a replaced earlier message
-        is never left unsaved; the new messages are valid and short enough; a failure forgets the session.
-        ``None``: not the usual step (an unknown session, nothing new or too much, a journal to drop, the
-        turn opened or closed, a listener, an open transaction), or the INSERT matched nothing or met another
-        writer's rows; the general save then does it all (checking the messages again: a rare path)."""
+    def _usual(self, session: object, msgs: Sequence[Message]) -> _Usual | None:
+        """A run's usual step, with the least Python: new messages appended to the transcript this object
+        knows, written here directly (no ``sql.Step``, no call through ``SQLStore._save`` and ``append``). Its
+        Python runs right after the previous step's fsync, with cold caches, where each call and object costs
+        two to three times what it does in a loop, and it is most of what the step costs over the raw
+        driver's: with ``synchronous=FULL``, 0.165-0.173 ms a step against 0.184-0.196 through ``_save`` as
+        it was, the raw driver's 0.108 (N=10 and 1,000); with the log on, the same held (docs/performance.md).
+
+        What ``SQLStore._save`` checks, checked the same way: the given transcript extends the known one (the
+        very objects, or equal ones: ``messages_after``), so a replaced earlier message is never left unsaved;
+        the new messages are valid and short enough (``_rows``); a failure forgets the session. ``None``: not
+        the usual step (an unknown session, nothing new or too much, the turn opened or closed, a listener, an
+        open transaction); the general save then does it all (checking the messages again: a rare path)."""
         if type(session) is not str:
             return None  # the general save refuses it
         known = self._known.get(session)  # (a session it knows passed validate.session_id as it was saved or read)
@@ -207,24 +223,41 @@ class Store(SQLStore):
             return None
         version, before = known
         items, shared = validate.messages_after(msgs, before)
-        count = len(items) - shared
-        if shared != len(before) or not 0 < count <= sql.MAX_APPEND:
+        if shared != len(before) or not 0 < len(items) - shared <= sql.MAX_APPEND:
             return None
         if turn_open(items) != turn_open(before):
             return None  # open_since changes: a second statement (append's transaction)
         driver = self._held()[1]
         if instrumented(self.engine) or driver.in_transaction:
             return None  # listeners see it through SQLAlchemy; inside a transaction autocommit commits nothing
+        return version, before, items, driver
+
+    def _bodies(self, items: tuple[Message, ...], start: int) -> list[str]:
+        """The new messages' stored JSON, each refused before anything is written if the store cannot keep
+        it, as the general save does."""
         limit = self.message_limit()
+        bodies = [items[i].to_json() for i in range(start, len(items))]
+        for body in bodies:
+            if len(body) > limit:
+                validate.stored_size(items, start, limit, f"{self.backend} store")
+        return bodies
+
+    def _step(self, session: str, holder: Holder, msgs: Sequence[Message], take: bool) -> Saved | None:
+        """The usual step (``_usual``) without events: the one autocommitted INSERT of ``append``. ``None``:
+        not the usual step, or the INSERT matched nothing (a steer, a cancel, a lost lease, another version)
+        or met another writer's rows."""
+        usual = self._usual(session, msgs)
+        if usual is None:
+            return None
+        version, before, items, driver = usual
+        shared = len(before)
         values: list[Any] = []
-        for i in range(shared, len(items)):
-            body = items[i].to_json()
-            if len(body) > limit:  # refused before anything is written, as the general save does
-                validate.stored_size(items, shared, limit, f"{self.backend} store")
+        for i, body in enumerate(self._bodies(items, shared), shared):
             values += (i, body)
         values += (session, version, holder.token, holder.epoch)
         if take:
             values.append(session)
+        count = len(items) - shared
         try:
             if session in self._journaled:
                 inserted = self._dropping_journal(driver, session, _append_sql(count, take, True, False), values)
@@ -242,6 +275,27 @@ class Store(SQLStore):
             return None
         self._known.put(session, version, items, after=before)
         self._journaled.discard(session)
+        return Saved([], False)
+
+    def _step_logged(
+        self, session: str, holder: Holder, msgs: Sequence[Message], take: bool, records: list[str], keep: int
+    ) -> Saved | None:
+        """The usual step (``_usual``) with its events: ``_logged``'s one transaction on the driver. A journal
+        to drop goes the general way (its transaction drops it beside the claim)."""
+        usual = self._usual(session, msgs)
+        if usual is None or session in self._journaled:
+            return None
+        version, before, items, driver = usual
+        shared = len(before)
+        rows = [(session, i, body) for i, body in enumerate(self._bodies(items, shared), shared)]
+        try:
+            written = self._logged(session, holder, version, rows, take, records, keep, self._held()[0], driver)
+        except BaseException:
+            self._known.forget(session)
+            raise
+        if not written:
+            return None
+        self._known.put(session, version, items, after=before)
         return Saved([], False)
 
     def _dropping_journal(self, driver: sqlite3.Connection, session: str, append: str, values: list[Any]) -> int:
@@ -314,38 +368,46 @@ class Store(SQLStore):
         return step.known if inserted == count else None
 
     def _append_logged_raw(self, step: sql.Step, conn: Connection, driver: sqlite3.Connection) -> str | None:
+        """A leased run's step with its events reached through the general save (``SQLStore._save``: a session
+        this object had not read yet, say): ``_logged`` with the step's rows."""
+        holder = step.holder
+        assert holder is not None  # save_fenced_events
+        items, offset, session = step.items, step.offset, step.session
+        rows = [(session, offset + i, items[i].to_json()) for i in range(step.start, len(items))]
+        written = self._logged(session, holder, step.known, rows, step.unsteered, step.events, step.keep, conn, driver)
+        return step.known if written else None
+
+    def _logged(
+        self, session: str, holder: Holder, known: str, rows: list[tuple[str, int, str]], unsteered: bool,
+        records: Sequence[str], keep: int, conn: Connection, driver: sqlite3.Connection,
+    ) -> bool:
         """A leased run's usual step with its events (``save_fenced_events``), on the driver as the plain
         append is: BEGIN IMMEDIATE; the event numbers, read from the log where ``append_if_current`` would
-        match (``claim``); the messages; the events; COMMIT. The session row is read, never written, so the
-        step adds only the events' pages to the WAL. Nothing matched (a steer, a cancel, a journal, a lost
-        lease, another version), or another writer's messages at these positions: nothing is written, and
-        the save runs its transaction, which sorts out which.
+        match (``claim``); the messages (``rows``); the events; COMMIT. The session row is read, never
+        written, so the step adds only the events' pages to the WAL. Nothing matched (a steer, a cancel, a
+        journal, a lost lease, another version), or another writer's messages at these positions: nothing is
+        written (False), and the save runs its transaction, which sorts out which.
 
         The events go in with one ``executemany`` when the store knows the log's floor and nothing falls to
         the cap (the usual step); otherwise ``_log_events`` stores them and drops what the cap cuts. Every
         step of a run with the log on takes this path, so it builds no more than it sends: over the plain
         step, in the loop, it cost 0.047-0.055 ms with the general ``_log_events``, 0.037-0.042 ms so
         (docs/performance.md)."""
-        holder = step.holder
-        assert holder is not None  # save_fenced_events
-        session, records, keep = step.session, step.events, step.keep
         n = len(records)
-        params = {"sid": session, "lease_token": holder.token, "lease_epoch": holder.epoch, "known": step.known,
+        params = {"sid": session, "lease_token": holder.token, "lease_epoch": holder.epoch, "known": known,
                   "n": n, "clock": eventlog.first_seq(time.time())}
-        number = self._compiled(_NUMBER_EVENTS[step.unsteered], params)
-        items, offset = step.items, step.offset
-        rows = [(session, offset + i, items[i].to_json()) for i in range(step.start, len(items))]
+        number = self._compiled(_NUMBER_EVENTS[unsteered], params)
         floor: int | None = None
         try:
             driver.execute("BEGIN IMMEDIATE")
             claimed = driver.execute(number.sql, number.values(params)).fetchone()
             if claimed is None:
                 driver.execute("ROLLBACK")
-                return None
+                return False
             driver.executemany(_ADD_MESSAGES, rows)
             last = int(claimed[0])
-            known = self._event_floor.get(session)
-            if known is not None and n <= keep and last - keep < known:  # the cap drops nothing
+            oldest = self._event_floor.get(session)
+            if oldest is not None and n <= keep and last - keep < oldest:  # the cap drops nothing
                 first = last - n + 1
                 driver.executemany(_ADD_EVENTS, [(session, first + i, text) for i, text in enumerate(records)])
             else:
@@ -356,7 +418,7 @@ class Store(SQLStore):
                 driver.execute("ROLLBACK")
             cause = exc.orig if isinstance(exc, DBAPIError) else exc
             if isinstance(cause, sqlite3.IntegrityError):  # another writer appended at these positions first
-                return None
+                return False
             wrapped = exc if isinstance(exc, DBAPIError) else DBAPIError.instance("append", None, exc, sqlite3.Error)
             raise self._error("save", session, wrapped) from exc
         except BaseException:
@@ -365,7 +427,7 @@ class Store(SQLStore):
             raise
         if floor is not None:
             self._floor(session, floor)
-        return step.known
+        return True
 
     def claim(self, conn: Connection, params: dict[str, Any], **shape: bool) -> int | None:
         """The event numbers read from the log, not claimed on the session row (``sql.number_events``): every
