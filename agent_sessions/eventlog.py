@@ -92,16 +92,6 @@ def pointer(index: int, digested: str, call: str = "") -> str:
     return ref + ',"id":' + encode_basestring_ascii(call) + "}" if call else ref + "}"
 
 
-def encode_pointing(kind: str, data: Mapping[str, Any], ref: str, at: float) -> str:
-    """``encode(kind, data, at)`` with ``data["ref"]`` the ``pointer`` text ``ref``, written directly: a step
-    writes a few of these on the run's path, and ``json.dumps`` cost three times the text. ``data``'s other
-    values are str, int or float, as those of the ``POINTING`` kinds are."""
-    text = f'{{"kind":"{kind}","at":{at!r},"data":{{'
-    for k, v in data.items():
-        text += f'"{k}":{ref if k == "ref" else encode_basestring_ascii(v) if type(v) is str else repr(v)},'
-    return text[:-1] + "}}" if data else text + "}}"
-
-
 def encode_flat(kind: str, data: Mapping[str, Any], at: float | None = None) -> str:
     """``encode(kind, data, at)``, the same text, written directly when each of ``data``'s values is a str, an
     int or a finite float (a run's ``step_started``, ``text``, ``compacted``, ``steer_applied``, ``failed``:

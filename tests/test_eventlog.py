@@ -13,7 +13,7 @@ import pytest
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, StoredEvent, eventlog
 from agent_sessions.contract import EventStore, LifecycleStore, when
-from agent_sessions.run.publisher import LOOKBACK, Pointing
+from agent_sessions.run.publisher import LOOKBACK, _Called, _Finished, _Replied
 from stores import memory
 from storetest.scripted import ToolsThenAnswer
 
@@ -145,10 +145,9 @@ def test_the_publisher_points_only_at_a_message_the_write_stores_and_near_its_en
     reply = Message(Role.ASSISTANT, [call])
     result = Content.tool_result("c1", "found")
     results = Message(Role.USER, [result])
-    event = Pointing("model_response", {"step": 1, "ref": None, "seconds": 0.5}, reply)
-    called = Pointing("tool_called", {"step": 1, "ref": None}, call)
-    finished = Pointing("tool_finished", {"step": 1, "call_id": "c1", "name": "grep", "ref": None, "seconds": 0.25},
-                        result)
+    event = _Replied(1, reply, 0.5)
+    called = _Called(1, call)
+    finished = _Finished(1, call, result, 0.25)
     msgs = [Message.user("q"), reply, results]
     digests: dict[int, str] = {}
     assert json.loads(event.render(msgs, digests))["data"] == {
@@ -181,10 +180,16 @@ def test_a_flat_event_is_written_as_json_dumps_would(data: dict[str, object]) ->
     assert eventlog.encode_flat("note", data).isascii()
 
 
-@pytest.mark.parametrize("text", ["c1", 'a "quoted" \\ id', "\ud800 \x00 é 😀", ""])
-def test_a_pointing_event_is_written_as_json_dumps_would(text: str) -> None:
-    data = {"step": 3, "call_id": text, "name": text, "ref": None, "seconds": 1e-06}
-    written = eventlog.encode_pointing("tool_finished", data, eventlog.pointer(7, "ab" * 16, text), 1.5)
-    assert written.isascii()
-    assert json.loads(written) == json.loads(eventlog.encode("tool_finished", {
-        **data, "ref": {"index": 7, "digest": "ab" * 16, **({"id": text} if text else {})}}, 1.5))
+@pytest.mark.parametrize("text", ["c1", 'a "quoted" \\ id', "\ud800 \x00 é 😀"])
+@pytest.mark.parametrize("seconds", [0.25, 1e-06, 0.0, 12345.678901])
+def test_the_publishers_own_pointing_events_are_written_as_json_dumps_would(text: str, seconds: float) -> None:
+    """Each kind the publisher makes writes its text by a template of its own (``text``): byte for byte what
+    ``encode`` writes of the same event with the pointer in place."""
+    call = Content.tool_call(text, text, "{}")
+    reply = Message(Role.ASSISTANT, [call])
+    result = Content.tool_result(text, "found")
+    ref = eventlog.pointer(7, "ab" * 16, text)
+    for event in (_Replied(3, reply, seconds), _Called(3, call), _Finished(3, call, result, seconds)):
+        written = event.text(ref)
+        assert written == eventlog.encode(event.kind, {**event.data, "ref": json.loads(ref)}, event.at)
+        assert written.isascii()

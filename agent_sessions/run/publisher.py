@@ -9,9 +9,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any, Literal
 
-from ..eventlog import POINTING, digest, encode, encode_flat, encode_pointing, part, pointer
+from ..eventlog import POINTING, digest, encode, encode_flat, part, pointer
 from ..events import Sink
 from ..messages import Content, Message
 from ..result import Result
@@ -33,13 +34,15 @@ is, in a run) the event is written whole."""
 class Pointing:
     """An event about a message (``eventlog.POINTING``: the model's reply, a call of it, a result) not yet
     written: in a write that stores the message it points at it (``eventlog.pointer``), in any other it
-    carries it whole (``eventlog.part``), as ``render`` decides."""
+    carries it whole (``eventlog.part``), as ``render`` decides. The publisher makes one of the subclasses
+    below, each writing its kind's text by a template of its own (``text``)."""
 
     __slots__ = ("at", "data", "kind", "target")
-
-    def __init__(self, kind: str, data: dict[str, Any], target: Message | Content) -> None:
-        self.kind, self.data, self.target, self.at = kind, data, target, time.time()
-        """``data`` holds ``ref`` (``None`` here) where the pointer, or ``target`` whole, goes."""
+    kind: str
+    data: dict[str, Any]
+    """Holds ``ref`` (``None`` here) where the pointer, or ``target`` whole, goes."""
+    target: Message | Content
+    at: float
 
     def render(self, msgs: Sequence[Message] | None, digests: dict[int, str], start: int = 0) -> str:
         """The event's text for a write that stores ``msgs`` (``None``: no message), the transcript from index
@@ -54,7 +57,57 @@ class Pointing:
         if digested is None:
             digested = digests[index] = digest(msgs[index])
         call = "" if isinstance(target, Message) else target.id or target.tool_call_id
-        return encode_pointing(self.kind, self.data, pointer(start + index, digested, call), self.at)
+        return self.text(pointer(start + index, digested, call))
+
+    def text(self, ref: str) -> str:
+        """``eventlog.encode(kind, data, at)`` with ``data["ref"]`` the ``pointer`` text ``ref``, the same text,
+        written by the kind's own template: a step writes three of these on the run's path, where
+        ``json.dumps`` cost three times the text and a general writer (a loop over ``data``) twice."""
+        raise NotImplementedError
+
+
+class _Replied(Pointing):
+    """``model_response``: ``{step, ref, seconds}``."""
+
+    __slots__ = ()
+
+    def __init__(self, step: int, message: Message, seconds: float) -> None:
+        self.kind, self.target, self.at = "model_response", message, time.time()
+        self.data = {"step": step, "ref": None, "seconds": seconds}
+
+    def text(self, ref: str) -> str:
+        data = self.data
+        return (f'{{"kind":"model_response","at":{self.at!r},"data":{{"step":{data["step"]!r},"ref":{ref},'
+                f'"seconds":{data["seconds"]!r}}}}}')
+
+
+class _Called(Pointing):
+    """``tool_called``: ``{step, ref}``."""
+
+    __slots__ = ()
+
+    def __init__(self, step: int, call: Content) -> None:
+        self.kind, self.target, self.at = "tool_called", call, time.time()
+        self.data = {"step": step, "ref": None}
+
+    def text(self, ref: str) -> str:
+        return f'{{"kind":"tool_called","at":{self.at!r},"data":{{"step":{self.data["step"]!r},"ref":{ref}}}}}'
+
+
+class _Finished(Pointing):
+    """``tool_finished``: ``{step, call_id, name, ref, seconds}``."""
+
+    __slots__ = ()
+
+    def __init__(self, step: int, call: Content, result: Content, seconds: float) -> None:
+        self.kind, self.target, self.at = "tool_finished", result, time.time()
+        self.data = {"step": step, "call_id": call.id, "name": call.name, "ref": None, "seconds": seconds}
+
+    def text(self, ref: str) -> str:
+        data = self.data
+        return (f'{{"kind":"tool_finished","at":{self.at!r},"data":{{"step":{data["step"]!r},'
+                f'"call_id":{encode_basestring_ascii(data["call_id"])},"name":{encode_basestring_ascii(data["name"])},'
+                f'"ref":{ref},"seconds":{data["seconds"]!r}}}}}')
 
 
 def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
@@ -244,7 +297,7 @@ class Publisher(Sink):
     def model_response(self, step: int, message: Message, started: float) -> None:
         self.inner.model_response(step, message, started)
         seconds = round(time.perf_counter() - started, 6)
-        self.add_record(Pointing("model_response", {"step": step, "ref": None, "seconds": seconds}, message))
+        self.add_record(_Replied(step, message, seconds))
 
     def text_delta(self, step: int, text: str) -> None:
         self.inner.text_delta(step, text)
@@ -261,13 +314,12 @@ class Publisher(Sink):
 
     def tool_called(self, step: int, call: Content) -> float:
         self.inner.tool_called(step, call)
-        self.add_record(Pointing("tool_called", {"step": step, "ref": None}, call))
+        self.add_record(_Called(step, call))
         return time.perf_counter()
 
     def tool_finished(self, step: int, call: Content, result: Content, seconds: float) -> None:
         self.inner.tool_finished(step, call, result, seconds)
-        self.add_record(Pointing("tool_finished", {"step": step, "call_id": call.id, "name": call.name, "ref": None,
-                                                   "seconds": round(seconds, 6)}, result))
+        self.add_record(_Finished(step, call, result, round(seconds, 6)))
 
     def approval_requested(self, step: int, call: Content) -> None:
         self.inner.approval_requested(step, call)
