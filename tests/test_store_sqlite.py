@@ -415,3 +415,38 @@ def test_a_step_whose_events_fail_to_insert_writes_nothing_and_raises_a_store_er
     seqs = [e.seq for e in store.events("s", 0, 100)]
     assert seqs == list(range(seqs[0], seqs[0] + 3))
     store.close()
+
+
+def test_a_usual_step_that_goes_the_general_way_saves_a_transcript_given_as_an_iterator(tmp_path: Path) -> None:
+    """The usual step (``_step``, ``_step_logged``) reads the transcript given; when it then leaves the save to
+    the general path (a cancel, a journal, the turn closed), that path must see the same messages, not an
+    iterator the first read emptied (it raised TranscriptConflict, as if the transcript had been cut)."""
+    store = sqlite.open(tmp_path / "iter.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced("s", holder, msgs, take_steers=False)
+    store.cancel("s")
+    msgs.append(agent.Message.user("more"))
+    saved = store.save_fenced_events("s", holder, (m for m in msgs),  # type: ignore[arg-type]
+                                     take_steers=False, events=[agent.eventlog.encode("n", {})], keep=5)
+    assert saved == agent.Saved([], True)
+    msgs.append(agent.Message.assistant("a"))  # the turn closes: the general way too
+    assert store.save_fenced("s", holder, iter(msgs), take_steers=False) == agent.Saved(  # type: ignore[arg-type]
+        [], True)
+    assert sqlite.open(tmp_path / "iter.db").messages("s") == msgs
+    assert _stored(store, "s") == (3, 1)
+    store.close()
+
+
+@pytest.mark.parametrize("session", [5, "", "x" * 1000, None])
+def test_a_save_with_bad_events_and_a_bad_session_id_names_the_session_id_first(
+    tmp_path: Path, session: object,
+) -> None:
+    """As every SQL store's save_fenced_events checks them: the session id before the events."""
+    store = sqlite.open(tmp_path / "order.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    for events in ([1], "not a list"):
+        with pytest.raises(agent.ArgumentError, match="session id"):
+            store.save_fenced_events(session, holder, [agent.Message.user("q")],  # type: ignore[arg-type]
+                                     take_steers=False, events=events, keep=5)  # type: ignore[arg-type]
+    store.close()

@@ -196,7 +196,11 @@ class Store(SQLStore):
         """The usual step of a run with the log on first (``_step_logged``); anything else the way every SQL
         store saves with events."""
         if not replace and type(start) is int and start == 0 and events:
-            records = eventlog.check_append(events, keep)
+            try:
+                records = eventlog.check_append(events, keep)
+            except ArgumentError:
+                validate.session_id(session)  # a bad session id is what the general save names first
+                raise
             saved = self._step_logged(session, holder, msgs, take_steers, records, keep)
             if saved is not None:
                 return saved
@@ -218,6 +222,8 @@ class Store(SQLStore):
         open transaction); the general save then does it all (checking the messages again: a rare path)."""
         if type(session) is not str:
             return None  # the general save refuses it
+        if type(msgs) is not list and not isinstance(msgs, Sequence):
+            return None  # read once here, an iterator would reach the general save empty
         known = self._known.get(session)  # (a session it knows passed validate.session_id as it was saved or read)
         if known is None:
             return None
