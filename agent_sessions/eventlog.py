@@ -131,9 +131,13 @@ def first_seq(now: float) -> int:
 def check_append(events: object, keep: object) -> list[str]:
     if isinstance(events, str) or not isinstance(events, Sequence) or not events:
         raise ArgumentError("append_events(events=) must be a non-empty sequence of str")
-    for text in events:
+    for i, text in enumerate(events):
         if not isinstance(text, str):
             raise ArgumentError(f"each event must be a str (its JSON text), got {type(text).__name__}")
+        if "\x1e" in text:
+            raise ArgumentError(f"events[{i}] holds a raw U+001E, which no JSON text does (a control character is "
+                                "escaped inside a string and not allowed outside one); SQL stores separate a "
+                                "write's events by it")
     check_keep(keep)
     return list(events)
 

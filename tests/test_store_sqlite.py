@@ -2,12 +2,17 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
 import threading
+import time
 import tracemalloc
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import event
 
 import agent_sessions as agent
@@ -263,12 +268,15 @@ def test_a_prefix_is_case_sensitive_and_literal(tmp_path: Path) -> None:
 
 
 def _stored(store: sqlite.Store, sid: str) -> tuple[int, int]:
-    """The session's rows in agent_messages and agent_events, as the file holds them."""
+    """The session's messages and events, as the file holds them: a row of agent_messages each; a row of
+    agent_events each, or all of a write's in one (a batch: its body a U+001E before each event's text)."""
     with store.engine.connect() as conn:
-        return tuple(  # type: ignore[return-value]
-            conn.exec_driver_sql(f"SELECT count(*) FROM {table} WHERE session_id = ?", (sid,)).scalar()
-            for table in ("agent_messages", "agent_events")
-        )
+        messages = conn.exec_driver_sql("SELECT count(*) FROM agent_messages WHERE session_id = ?", (sid,)).scalar()
+        events = conn.exec_driver_sql(
+            "SELECT coalesce(sum(CASE WHEN substr(body, 1, 1) = char(30) "
+            "THEN length(body) - length(replace(body, char(30), '')) ELSE 1 END), 0) "
+            "FROM agent_events WHERE session_id = ?", (sid,)).scalar()
+    return int(messages or 0), int(events or 0)  # type: ignore[call-overload]
 
 
 def test_a_save_with_events_is_one_transaction_writing_both_or_neither(tmp_path: Path) -> None:
@@ -307,7 +315,7 @@ def test_the_usual_save_with_events_is_one_transaction_that_never_writes_the_ses
         last = store.save_fenced_events("s", holder, msgs, take_steers=True, events=notes, keep=100)
     verbs = [" ".join(q.split()[:3]) for q, _ in seen]
     assert verbs == ["BEGIN IMMEDIATE", "SELECT coalesce((SELECT max(agent_events.seq)", "INSERT INTO agent_messages",
-                     "INSERT INTO agent_events", "INSERT INTO agent_events", "INSERT INTO agent_events", "COMMIT"]
+                     "INSERT INTO agent_events", "COMMIT"]  # the three events in one row
     assert last == agent.Saved([], False) and not any("agent_sessions SET" in q for q, _ in seen)
     seqs = [e.seq for e in store.events("s", 0, 100)]
     assert seqs == list(range(seqs[0], seqs[0] + 4))
@@ -449,4 +457,104 @@ def test_a_save_with_bad_events_and_a_bad_session_id_names_the_session_id_first(
         with pytest.raises(agent.ArgumentError, match="session id"):
             store.save_fenced_events(session, holder, [agent.Message.user("q")],  # type: ignore[arg-type]
                                      take_steers=False, events=events, keep=5)  # type: ignore[arg-type]
+    store.close()
+
+
+# -- the event log's batches: a write's events in one row ---------------------------------------------------
+
+def _legacy_rows(store: sqlite.Store, sid: str, texts: list[str]) -> None:
+    """Events as a store of the previous version wrote them, a row each, numbered on from the log (or the
+    clock), as its append did."""
+    with store.engine.begin() as conn:
+        newest = conn.exec_driver_sql("SELECT max(seq) FROM agent_events WHERE session_id = ?", (sid,)).scalar()
+        first = int(newest) + 1 if newest is not None else agent.eventlog.first_seq(time.time())
+        for i, text in enumerate(texts):
+            conn.exec_driver_sql("INSERT INTO agent_events (session_id, seq, body) VALUES (?, ?, ?)",
+                                 (sid, first + i, text))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    writes=st.lists(st.tuples(st.integers(1, 7), st.sampled_from(["save", "append", "legacy", "other"])),
+                    min_size=1, max_size=14),
+    keep=st.integers(1, 12),
+    reads=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 9)), max_size=4),
+)
+def test_a_batched_log_reads_as_a_log_of_a_row_per_event_would(
+    tmp_path: Path, writes: list[tuple[int, str]], keep: int, reads: list[tuple[int, int]],
+) -> None:
+    """Whatever mix of writes (the usual step's one transaction, an append, a second store object that knows
+    no floor, rows a previous version wrote one per event), the log reads as the model of it: exactly the
+    newest ``keep`` events, numbered consecutively, each text byte for byte; any ``after`` and ``limit``
+    (inside a batch too) read the model's slice; the cap's cuts inside a batch keep the rest of it."""
+    path = tmp_path / f"batches-{uuid.uuid4().hex}.db"
+    store, other = sqlite.open(path), sqlite.open(path)
+    try:
+        holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+        msgs = [agent.Message.user("q")]
+        store.save_fenced("s", holder, msgs, take_steers=False)
+        model: list[str] = []  # every text written, oldest first
+        for w, (n, how) in enumerate(writes):
+            texts = [agent.eventlog.encode("note", {"w": w, "i": i, "odd": '"\\\n\u00e9\U0001f600'}) for i in range(n)]
+            if how == "save":
+                msgs = [*msgs, agent.Message.assistant(f"a{w}")]
+                store.save_fenced_events("s", holder, msgs, take_steers=False, events=texts, keep=keep)
+            elif how == "append":
+                store.append_events("s", holder, texts, keep=keep)
+            elif how == "other":
+                other.append_events("s", holder, texts, keep=keep)
+            else:
+                _legacy_rows(store, "s", texts)
+            model += texts
+            if how == "legacy":  # the previous version's append kept its cap as it went; this one added rows only
+                continue
+            got = store.events("s", 0, 1000)
+            seqs = [e.seq for e in got]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+            assert [e.data for e in got] == [json.loads(t)["data"] for t in model[-keep:]], (w, how)
+        every = store.events("s", 0, 1000)
+        assert _stored(store, "s")[1] == len(every)
+        for after_step, limit in reads:
+            after = every[0].seq - 1 + after_step if every else after_step
+            assert store.events("s", after, limit) == [e for e in every if e.seq > after][:limit]
+    finally:
+        store.close()
+        other.close()
+
+
+def test_the_cap_cuts_inside_a_batch_and_keeps_the_rest_byte_for_byte(tmp_path: Path) -> None:
+    store = sqlite.open(tmp_path / "cut.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    texts = [agent.eventlog.encode("note", {"n": n, "text": f'{n} "é" \\ \x00'}) for n in range(10)]
+    last = store.append_events("s", holder, texts[:5], keep=100)  # one row of five
+    assert _stored(store, "s") == (0, 5)
+    store.append_events("s", holder, texts[5:7], keep=4)  # the cut falls inside the first batch: 7 - 4 = 3 go
+    got = store.events("s", 0, 100)
+    assert [e.seq for e in got] == list(range(last - 1, last + 3))
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT seq, body FROM agent_events WHERE session_id = 's' ORDER BY seq").all()
+    assert rows == [(last, "\x1e" + "\x1e".join(texts[3:5])), (last + 2, "\x1e" + "\x1e".join(texts[5:7]))]
+    store.append_events("s", holder, texts[7:8], keep=2)  # cut again inside a batch: one event left in it, alone
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT seq, body FROM agent_events WHERE session_id = 's' ORDER BY seq").all()
+    assert rows == [(last + 2, texts[6]), (last + 3, texts[7])]
+    assert [agent.eventlog.decode(e.seq, t).data for e, t in zip(store.events("s", 0, 100), texts[6:8], strict=True)]
+    store.close()
+
+
+@pytest.mark.parametrize("where", ["append", "save"])
+def test_an_event_text_holding_the_batch_separator_is_refused_before_anything_is_written(
+    tmp_path: Path, where: str,
+) -> None:
+    store = sqlite.open(tmp_path / "sep.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    store.save_fenced("s", holder, [agent.Message.user("q")], take_steers=False)
+    bad = [agent.eventlog.encode("note", {}), '{"kind":"note","at":1.0,"data":{}}\x1e']
+    with pytest.raises(agent.ArgumentError, match=r"events\[1\] holds a raw U\+001E"):
+        if where == "append":
+            store.append_events("s", holder, bad, keep=100)
+        else:
+            store.save_fenced_events("s", holder, [agent.Message.user("q"), agent.Message.assistant("a")],
+                                     take_steers=False, events=bad, keep=100)
+    assert _stored(store, "s") == (1, 0)
     store.close()

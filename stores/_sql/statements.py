@@ -401,6 +401,19 @@ LAST_EVENT = select(S.event_seq).where(S.session_id == SID)
 FIRST_EVENT = select(func.min(E.seq)).where(E.session_id == SID)
 """The oldest event the session's log holds (``None``: none), by the primary key: read once per session by a
 store, which then knows when the cap has anything to drop."""
+OLDEST_EVENT_ROW = select(E.seq, E.body).where(E.session_id == SID).order_by(E.seq).limit(1)
+"""The row of the oldest event, for a store whose rows may be batches (``events.unbatched``)."""
+EVENT_ROW_AFTER = (
+    select(E.seq, E.body)
+    .where(and_(E.session_id == SID, E.seq > bindparam("after", type_=BigInteger())))
+    .order_by(E.seq)
+    .limit(1)
+)
+CUT_EVENT_ROW = (
+    update(events)
+    .where(and_(E.session_id == SID, E.seq == bindparam("row_seq", type_=BigInteger())))
+    .values(body=bindparam("row_body"))
+)
 ADD_EVENTS = insert(events)
 DROP_EVENTS = delete(events).where(and_(E.session_id == SID, E.seq <= bindparam("cut", type_=BigInteger())))
 """The events beyond the newest ``keep``: a log's numbers are consecutive, so those at or below ``last - keep``."""

@@ -35,6 +35,7 @@ from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.base import NOT_WATCHING, NotWatching
 from .._sql.driver import Compiled, instrumented
+from .._sql.events import batch
 from .._sql.tables import SCHEMA_5_COLUMNS, SCHEMA_5_INDEXES, SCHEMA_VERSION, ddl, queue, sessions, steer_keys
 
 BUSY_TIMEOUT_MS = 30_000
@@ -133,6 +134,7 @@ says which; a file of agent-sessions 0.1 has 0 and the table agent_sessions)."""
 class Store(SQLStore):
     backend = "SQLite"
     raw_statements = True
+    batches = True  # a write's events in one row (stores/_sql/events.py)
     schema_hint = "stores.sqlite.open creates the tables; was the file replaced after it was opened?"
     # Reads need no write lock: in WAL mode a deferred transaction reads beside a writer.
 
@@ -414,8 +416,12 @@ class Store(SQLStore):
             last = int(claimed[0])
             oldest = self._event_floor.get(session)
             if oldest is not None and n <= keep and last - keep < oldest:  # the cap drops nothing
-                first = last - n + 1
-                driver.executemany(_ADD_EVENTS, [(session, first + i, text) for i, text in enumerate(records)])
+                joined = batch(records)  # the usual step's events, in one row
+                if joined is not None:
+                    driver.execute(_ADD_EVENTS, (session, last, joined))
+                else:
+                    first = last - n + 1
+                    driver.executemany(_ADD_EVENTS, [(session, first + i, text) for i, text in enumerate(records)])
             else:
                 floor = self._log_events(conn, session, last, records, keep)
             driver.execute("COMMIT")
@@ -454,7 +460,7 @@ class Store(SQLStore):
             return
         driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
         try:
-            driver.executemany(_ADD_EVENTS, [(session, seq, text) for seq, text in numbered])
+            driver.executemany(_ADD_EVENTS, [(session, seq, text) for seq, text in self.rows_of(numbered)])
         except sqlite3.Error as exc:
             raise DBAPIError.instance(_ADD_EVENTS, None, exc, sqlite3.Error) from exc
 
