@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,9 @@ _NAMES = ("role", "key", "content", "type", "text", "id", "name", "arguments", "
 _SUBSTITUTES = ["", "x", "\x00", "k" * 256, 0, 1, 1.0, True, False, None, [], {}, "user", "assistant", "text",
                 "tool_call", "tool_result", "compaction", -1, 2**63, [{"type": "text", "text": "t"}]]
 """What a field's value becomes: empty, of another type, another role or content type, too long."""
-_VALUES = st.sampled_from(_SUBSTITUTES) | strategies.json_values
+_VALUES = (st.sampled_from(_SUBSTITUTES) | strategies.json_values).map(copy.deepcopy)
+"""A copy each time: the example changes what it was given in place (a block ``{}`` then gets a field), and a
+substitute shared between examples made Hypothesis draw differently on replaying one (FlakyStrategyDefinition)."""
 
 
 def _dicts(data: dict[str, Any]) -> list[dict[str, Any]]:
