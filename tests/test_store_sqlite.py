@@ -558,3 +558,28 @@ def test_an_event_text_holding_the_batch_separator_is_refused_before_anything_is
                                      take_steers=False, events=bad, keep=100)
     assert _stored(store, "s") == (1, 0)
     store.close()
+
+
+def test_a_write_of_many_events_is_rows_of_at_most_batch_max_and_a_cut_rewrites_one(tmp_path: Path) -> None:
+    """A write of more events than a row holds (``BATCH_MAX``) is several batches; the cap cutting inside
+    the oldest rewrites that one row, and every event reads back in order, byte for byte."""
+    from stores._sql.events import BATCH_MAX
+
+    store = sqlite.open(tmp_path / "many.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    texts = [agent.eventlog.encode("note", {"n": n}) for n in range(2 * BATCH_MAX + 3)]
+    last = store.append_events("s", holder, texts, keep=10_000)
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT seq, body FROM agent_events WHERE session_id = 's' ORDER BY seq").all()
+    assert [seq for seq, _ in rows] == [last - BATCH_MAX - 3, last - 3, last]
+    assert [body.count("\x1e") for _, body in rows] == [BATCH_MAX, BATCH_MAX, 3]
+    assert [e.seq for e in store.events("s", 0, 1000)] == list(range(last - len(texts) + 1, last + 1))
+    store.append_events("s", holder, texts[:1], keep=len(texts) - 5)  # cuts 6 from the first batch
+    got = store.events("s", 0, 1000)
+    assert len(got) == len(texts) - 5 and [e.data for e in got] == [
+        json.loads(t)["data"] for t in [*texts, texts[0]][6:]]
+    assert store.events("s", got[0].seq, 1) == [got[1]]
+    with store.engine.connect() as conn:
+        first = conn.exec_driver_sql("SELECT body FROM agent_events WHERE session_id = 's' ORDER BY seq").first()
+    assert first is not None and first[0] == "\x1e" + "\x1e".join(texts[6:BATCH_MAX])
+    store.close()

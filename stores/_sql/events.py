@@ -7,14 +7,15 @@ claim rides the usual append's transaction (``_append_logged``), or the save's g
 overrides ``claim`` to read the numbers from the log inside its write transaction instead of writing them
 on the row (``statements.number_events``), and runs the usual step with events on its driver.
 
-A row holds one event, or (a store with ``batches``: SQLite) all of one write's events, a *batch*: its body
-``BATCH`` followed by their texts, each after a ``BATCH``, numbered up to the row's seq. A step's four events
-are then one row, not four: one cell in the table and one in its key's index instead of four each (in the
-loop, SQLite's step with the log on 1.23-1.25x the step without, against 1.28-1.30x: docs/performance.md).
-No JSON text holds ``BATCH`` (a control character: escaped inside a string, not allowed outside one), so a
-batch splits back into the very texts written; a write whose texts are not all JSON without it stores them a
-row each. Readers take both forms (``unbatched``), so a log written a row per event goes on as it was; the
-cap drops whole rows and cuts the batch it falls inside (``_cut``).
+A row holds one event, or (a store with ``batches``: SQLite) up to ``BATCH_MAX`` of one write's events, a
+*batch*: its body ``BATCH`` followed by their texts, each after a ``BATCH``, numbered up to the row's seq. A
+step's four events are then one row, not four: one cell in the table and one in its key's index instead of
+four each (in the loop, SQLite's step with the log on 1.25-1.28x the step without, against 1.30x:
+docs/performance.md). No JSON text holds ``BATCH`` (a control character: escaped inside a string, not allowed
+outside one), and every append refuses a text that does (``eventlog.check_append``), so a batch splits back
+into the very texts written. Readers take both forms (``unbatched``), so a log written a row per event goes
+on as it was; the cap drops whole rows and cuts the batch it falls inside (``_cut``), rewriting at most
+``BATCH_MAX`` events.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ BATCH = "\x1e"
 """What a batch row's body begins with and separates its events by (ASCII's record separator)."""
 
 
+BATCH_MAX = 64
+"""The most events one row holds: a cut inside a batch rewrites the row (``_cut``), so a write of thousands
+of events is rows of this many, not one row every later trimming write would rewrite."""
+
+
 def batch(texts: Sequence[str]) -> str | None:
-    """One body for ``texts``, a write's events, when they are two or more. None holds ``BATCH``: every
-    append checks that (``eventlog.check_append``)."""
-    return BATCH + BATCH.join(texts) if len(texts) > 1 else None
+    """One body for ``texts``, some of a write's events (two to ``BATCH_MAX``; otherwise ``None``). None holds
+    ``BATCH``: every append checks that (``eventlog.check_append``)."""
+    return BATCH + BATCH.join(texts) if 1 < len(texts) <= BATCH_MAX else None
 
 
 def unbatched(seq: int, body: str) -> list[tuple[int, str]]:
@@ -124,10 +130,16 @@ class EventLog(SQLBase):
                                         for seq, text in self.rows_of(numbered)])
 
     def rows_of(self, numbered: list[tuple[int, str]]) -> list[tuple[int, str]]:
-        """The rows that store ``numbered`` (consecutive events, ``(seq, text)`` each): one batch under the last
-        number where the store ``batches`` them and ``batch`` can join them, else a row each."""
-        joined = batch([text for _, text in numbered]) if self.batches else None
-        return numbered if joined is None else [(numbered[-1][0], joined)]
+        """The rows that store ``numbered`` (consecutive events, ``(seq, text)`` each): where the store
+        ``batches`` them, batches of up to ``BATCH_MAX``, each under its last number; else a row each."""
+        if not self.batches or len(numbered) < 2:
+            return numbered
+        rows = []
+        for at in range(0, len(numbered), BATCH_MAX):
+            part = numbered[at:at + BATCH_MAX]
+            joined = batch([text for _, text in part])
+            rows.append(part[-1] if joined is None else (part[-1][0], joined))
+        return rows
 
     def _oldest(self, conn: Connection, session: str) -> int | None:
         """The number of the oldest event the session's log holds (``None``: none)."""
@@ -181,9 +193,10 @@ class EventLog(SQLBase):
             read_only=True, reads=True,
         )
         try:
-            out = [eventlog.decode(number, text) for seq, body in rows
-                   for number, text in unbatched(int(seq), str(body)) if number > after]
-            return out[:limit]  # each row holds at least one event above ``after``: ``limit`` rows hold enough
+            # Each row holds at least one event above ``after``: ``limit`` rows hold enough.
+            stored = [(number, text) for seq, body in rows
+                      for number, text in unbatched(int(seq), str(body)) if number > after][:limit]
+            return [eventlog.decode(number, text) for number, text in stored]
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{self.backend} store: session {session!r} holds a corrupt event: {exc}") from exc
 

@@ -416,7 +416,7 @@ class Store(SQLStore):
             last = int(claimed[0])
             oldest = self._event_floor.get(session)
             if oldest is not None and n <= keep and last - keep < oldest:  # the cap drops nothing
-                joined = batch(records)  # the usual step's events, in one row
+                joined = batch(records)  # the usual step's events, in one row (up to BATCH_MAX)
                 if joined is not None:
                     driver.execute(_ADD_EVENTS, (session, last, joined))
                 else:
