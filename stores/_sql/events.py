@@ -158,9 +158,10 @@ class EventLog(SQLBase):
         row = self.run(conn, sql.EVENT_ROW_AFTER, {"sid": session, "after": cut}).first()
         if row is None:
             return
-        kept = [(seq, text) for seq, text in unbatched(int(row[0]), str(row[1])) if seq > cut]
-        if len(kept) < str(row[1]).count(BATCH):  # a batch the cut falls inside
-            body = batch([text for _, text in kept]) if len(kept) > 1 else kept[0][1]
+        held = unbatched(int(row[0]), str(row[1]))
+        kept = [(seq, text) for seq, text in held if seq > cut]
+        if len(kept) < len(held):  # a batch the cut falls inside: the rest of it, as a write of them stores it
+            [(_, body)] = self.rows_of(kept)
             self.run(conn, sql.CUT_EVENT_ROW, {"sid": session, "row_seq": int(row[0]), "row_body": body})
 
     def _floor(self, session: str, floor: int) -> None:

@@ -35,7 +35,6 @@ from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.base import NOT_WATCHING, NotWatching
 from .._sql.driver import Compiled, instrumented
-from .._sql.events import batch
 from .._sql.tables import SCHEMA_5_COLUMNS, SCHEMA_5_INDEXES, SCHEMA_VERSION, ddl, queue, sessions, steer_keys
 
 BUSY_TIMEOUT_MS = 30_000
@@ -43,9 +42,9 @@ _ADD_MESSAGES = "INSERT INTO agent_messages (session_id, seq, body) VALUES (?, ?
 _ADD_EVENTS = "INSERT INTO agent_events (session_id, seq, body) VALUES (?, ?, ?)"
 """The step's rows, on the driver (``Store._append_logged_raw``): what ``sql.APPEND`` and ``sql.ADD_EVENTS``
 compile to here, without building their parameters as dicts."""
-_Usual = tuple[str, tuple[Message, ...], tuple[Message, ...], sqlite3.Connection]
+_Usual = tuple[str, tuple[Message, ...], tuple[Message, ...], Connection, sqlite3.Connection]
 """What the usual step knows once ``Store._usual`` has checked it: the known version and transcript, the
-transcript given, the thread's driver connection."""
+transcript given, the thread's connection and its driver connection (``Store._held``)."""
 _NUMBER_EVENTS = {unsteered: sql.number_events(save=True, unsteered=unsteered) for unsteered in (False, True)}
 """The step's claim (``Store.claim``), by whether the save takes steers: built once, as the step looks it up."""
 
@@ -219,7 +218,7 @@ class Store(SQLStore):
 
         What ``SQLStore._save`` checks, checked the same way: the given transcript extends the known one (the
         very objects, or equal ones: ``messages_after``), so a replaced earlier message is never left unsaved;
-        the new messages are valid and short enough (``_rows``); a failure forgets the session. ``None``: not
+        the new messages are valid and short enough (``_bodies``); a failure forgets the session. ``None``: not
         the usual step (an unknown session, nothing new or too much, the turn opened or closed, a listener, an
         open transaction); the general save then does it all (checking the messages again: a rare path)."""
         if type(session) is not str:
@@ -235,10 +234,10 @@ class Store(SQLStore):
             return None
         if turn_open(items) != turn_open(before):
             return None  # open_since changes: a second statement (append's transaction)
-        driver = self._held()[1]
+        conn, driver = self._held()
         if instrumented(self.engine) or driver.in_transaction:
             return None  # listeners see it through SQLAlchemy; inside a transaction autocommit commits nothing
-        return version, before, items, driver
+        return version, before, items, conn, driver
 
     def _bodies(self, items: tuple[Message, ...], start: int) -> list[str]:
         """The new messages' stored JSON, each refused before anything is written if the store cannot keep
@@ -257,7 +256,7 @@ class Store(SQLStore):
         usual = self._usual(session, msgs)
         if usual is None:
             return None
-        version, before, items, driver = usual
+        version, before, items, _, driver = usual
         shared = len(before)
         values: list[Any] = []
         for i, body in enumerate(self._bodies(items, shared), shared):
@@ -293,11 +292,11 @@ class Store(SQLStore):
         usual = self._usual(session, msgs)
         if usual is None or session in self._journaled:
             return None
-        version, before, items, driver = usual
+        version, before, items, conn, driver = usual
         shared = len(before)
         rows = [(session, i, body) for i, body in enumerate(self._bodies(items, shared), shared)]
         try:
-            written = self._logged(session, holder, version, rows, take, records, keep, self._held()[0], driver)
+            written = self._logged(session, holder, version, rows, take, records, keep, conn, driver)
         except BaseException:
             self._known.forget(session)
             raise
@@ -396,11 +395,11 @@ class Store(SQLStore):
         journal, a lost lease, another version), or another writer's messages at these positions: nothing is
         written (False), and the save runs its transaction, which sorts out which.
 
-        The events go in with one ``executemany`` when the store knows the log's floor and nothing falls to
-        the cap (the usual step); otherwise ``_log_events`` stores them and drops what the cap cuts. Every
-        step of a run with the log on takes this path, so it builds no more than it sends: over the plain
-        step, in the loop, it cost 0.047-0.055 ms with the general ``_log_events``, 0.037-0.042 ms so
-        (docs/performance.md)."""
+        The events go in as they are (``add_events``: one batch row) when the store knows the log's floor and
+        nothing falls to the cap (the usual step); otherwise ``_log_events`` stores them and drops what the cap
+        cuts. Every step of a run with the log on takes this path, so it builds no more than it sends: over
+        the plain step, in the loop, it cost 0.047-0.055 ms with the general ``_log_events``, 0.037-0.042 ms
+        so (docs/performance.md)."""
         n = len(records)
         params = {"sid": session, "lease_token": holder.token, "lease_epoch": holder.epoch, "known": known,
                   "n": n, "clock": eventlog.first_seq(time.time())}
@@ -416,12 +415,8 @@ class Store(SQLStore):
             last = int(claimed[0])
             oldest = self._event_floor.get(session)
             if oldest is not None and n <= keep and last - keep < oldest:  # the cap drops nothing
-                joined = batch(records)  # the usual step's events, in one row (up to BATCH_MAX)
-                if joined is not None:
-                    driver.execute(_ADD_EVENTS, (session, last, joined))
-                else:
-                    first = last - n + 1
-                    driver.executemany(_ADD_EVENTS, [(session, first + i, text) for i, text in enumerate(records)])
+                first = last - n + 1  # the usual step's events, in one row (``add_events``)
+                self.add_events(conn, session, [(first + i, text) for i, text in enumerate(records)])
             else:
                 floor = self._log_events(conn, session, last, records, keep)
             driver.execute("COMMIT")
