@@ -583,3 +583,23 @@ def test_a_write_of_many_events_is_rows_of_at_most_batch_max_and_a_cut_rewrites_
         first = conn.exec_driver_sql("SELECT body FROM agent_events WHERE session_id = 's' ORDER BY seq").first()
     assert first is not None and first[0] == "\x1e" + "\x1e".join(texts[6:BATCH_MAX])
     store.close()
+
+
+def test_a_step_with_events_after_another_process_force_deleted_the_session_writes_nothing(tmp_path: Path) -> None:
+    """The usual step's transcript is this object's memory, read before the write: a forced delete by
+    another store object landing between leaves the step's guarded read matching no row, so nothing is
+    written, not the messages, not the events, not the session row again, and the save says why."""
+    path = tmp_path / "deleted.db"
+    store, other = sqlite.open(path), sqlite.open(path)
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced_events("s", holder, msgs, take_steers=True, events=[agent.eventlog.encode("a", {})], keep=100)
+    assert other.delete("s", force=True) is True
+    with pytest.raises((agent.LeaseLost, agent.TranscriptDeleted)):
+        store.save_fenced_events("s", holder, [*msgs, agent.Message.assistant("late")], take_steers=True,
+                                 events=[agent.eventlog.encode("b", {})] * 3, keep=100)
+    assert _stored(store, "s") == (0, 0) and other.holder("s") is None
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM agent_sessions WHERE session_id = 's'").scalar() == 0
+    store.close()
+    other.close()
