@@ -13,7 +13,8 @@ import pytest
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, StoredEvent, eventlog
 from agent_sessions.contract import EventStore, LifecycleStore, when
-from agent_sessions.run.publisher import LOOKBACK, _Called, _Finished, _Replied
+from agent_sessions.events import SILENT
+from agent_sessions.run.publisher import LOOKBACK, Publisher, _Called, _Finished, _Replied
 from stores import memory
 from storetest.scripted import ToolsThenAnswer
 
@@ -191,5 +192,17 @@ def test_the_publishers_own_pointing_events_are_written_as_json_dumps_would(text
     ref = eventlog.pointer(7, "ab" * 16, text)
     for event in (_Replied(3, reply, seconds), _Called(3, call), _Finished(3, call, result, seconds)):
         written = event.text(ref)
-        assert written == eventlog.encode(event.kind, {**event.data, "ref": json.loads(ref)}, event.at)
+        field = eventlog.POINTING[event.kind]
+        data = {("ref" if k == field else k): v for k, v in event.data(json.loads(ref)).items()}
+        assert written == eventlog.encode(event.kind, data, event.at)
         assert written.isascii()
+
+
+@pytest.mark.parametrize("step", [0, 1, 12345])
+def test_the_step_started_event_is_written_as_json_dumps_would(step: int) -> None:
+    """``step_started`` (one on every step) is written by its own template: ``encode``'s text, byte for byte."""
+    publisher = Publisher(SILENT, lambda records: None)
+    publisher.step_started(step)
+    [written] = publisher.take()
+    assert isinstance(written, str)
+    assert written == eventlog.encode("step_started", {"step": step}, json.loads(written)["at"])

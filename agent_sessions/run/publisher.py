@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ..eventlog import POINTING, digest, encode, encode_flat, part, pointer
 from ..events import Sink
@@ -35,29 +35,33 @@ class Pointing:
     """An event about a message (``eventlog.POINTING``: the model's reply, a call of it, a result) not yet
     written: in a write that stores the message it points at it (``eventlog.pointer``), in any other it
     carries it whole (``eventlog.part``), as ``render`` decides. The publisher makes one of the subclasses
-    below, each writing its kind's text by a template of its own (``text``)."""
+    below, each writing its kind's text by a template of its own (``text``); its fields are slots, not a
+    dict, as one is made for each reply, call and result of a run."""
 
-    __slots__ = ("at", "data", "kind", "target")
-    kind: str
-    data: dict[str, Any]
-    """Holds ``ref`` (``None`` here) where the pointer, or ``target`` whole, goes."""
+    __slots__ = ("at", "step", "target")
+    kind: ClassVar[str]
     target: Message | Content
+    step: int
     at: float
 
     def render(self, msgs: Sequence[Message] | None, digests: dict[int, str], start: int = 0) -> str:
         """The event's text for a write that stores ``msgs`` (``None``: no message), the transcript from index
         ``start`` on; ``digests`` those of the messages pointed at in this write so far, by place."""
         target = self.target
-        index = None if msgs is None else _place(target, msgs)
-        if msgs is None or index is None:
-            field = POINTING[self.kind]
-            return encode(self.kind, {(field if k == "ref" else k): (part(target) if k == "ref" else v)
-                                      for k, v in self.data.items()}, self.at)
-        digested = digests.get(index)
-        if digested is None:
-            digested = digests[index] = digest(msgs[index])
-        call = "" if isinstance(target, Message) else target.id or target.tool_call_id
-        return self.text(pointer(start + index, digested, call))
+        if msgs is not None:
+            index = _place(target, msgs)
+            if index is not None:
+                digested = digests.get(index)
+                if digested is None:
+                    digested = digests[index] = digest(msgs[index])
+                call = "" if isinstance(target, Message) else target.id or target.tool_call_id
+                return self.text(pointer(start + index, digested, call))
+        return encode(self.kind, self.data(part(target)), self.at)
+
+    def data(self, whole: dict[str, Any]) -> dict[str, Any]:
+        """The event's data carrying its message (or call, or result) ``whole`` (``eventlog.POINTING``'s
+        field), for a write that does not store it."""
+        raise NotImplementedError
 
     def text(self, ref: str) -> str:
         """``eventlog.encode(kind, data, at)`` with ``data["ref"]`` the ``pointer`` text ``ref``, the same text,
@@ -69,45 +73,54 @@ class Pointing:
 class _Replied(Pointing):
     """``model_response``: ``{step, ref, seconds}``."""
 
-    __slots__ = ()
+    __slots__ = ("seconds",)
+    kind = "model_response"
 
     def __init__(self, step: int, message: Message, seconds: float) -> None:
-        self.kind, self.target, self.at = "model_response", message, time.time()
-        self.data = {"step": step, "ref": None, "seconds": seconds}
+        self.step, self.target, self.seconds, self.at = step, message, seconds, time.time()
+
+    def data(self, whole: dict[str, Any]) -> dict[str, Any]:
+        return {"step": self.step, POINTING[self.kind]: whole, "seconds": self.seconds}
 
     def text(self, ref: str) -> str:
-        data = self.data
-        return (f'{{"kind":"model_response","at":{self.at!r},"data":{{"step":{data["step"]!r},"ref":{ref},'
-                f'"seconds":{data["seconds"]!r}}}}}')
+        return (f'{{"kind":"model_response","at":{self.at!r},"data":{{"step":{self.step!r},"ref":{ref},'
+                f'"seconds":{self.seconds!r}}}}}')
 
 
 class _Called(Pointing):
     """``tool_called``: ``{step, ref}``."""
 
     __slots__ = ()
+    kind = "tool_called"
 
     def __init__(self, step: int, call: Content) -> None:
-        self.kind, self.target, self.at = "tool_called", call, time.time()
-        self.data = {"step": step, "ref": None}
+        self.step, self.target, self.at = step, call, time.time()
+
+    def data(self, whole: dict[str, Any]) -> dict[str, Any]:
+        return {"step": self.step, POINTING[self.kind]: whole}
 
     def text(self, ref: str) -> str:
-        return f'{{"kind":"tool_called","at":{self.at!r},"data":{{"step":{self.data["step"]!r},"ref":{ref}}}}}'
+        return f'{{"kind":"tool_called","at":{self.at!r},"data":{{"step":{self.step!r},"ref":{ref}}}}}'
 
 
 class _Finished(Pointing):
     """``tool_finished``: ``{step, call_id, name, ref, seconds}``."""
 
-    __slots__ = ()
+    __slots__ = ("call", "seconds")
+    kind = "tool_finished"
 
     def __init__(self, step: int, call: Content, result: Content, seconds: float) -> None:
-        self.kind, self.target, self.at = "tool_finished", result, time.time()
-        self.data = {"step": step, "call_id": call.id, "name": call.name, "ref": None, "seconds": seconds}
+        self.step, self.call, self.target, self.seconds, self.at = step, call, result, seconds, time.time()
+
+    def data(self, whole: dict[str, Any]) -> dict[str, Any]:
+        return {"step": self.step, "call_id": self.call.id, "name": self.call.name, POINTING[self.kind]: whole,
+                "seconds": self.seconds}
 
     def text(self, ref: str) -> str:
-        data = self.data
-        return (f'{{"kind":"tool_finished","at":{self.at!r},"data":{{"step":{data["step"]!r},'
-                f'"call_id":{encode_basestring_ascii(data["call_id"])},"name":{encode_basestring_ascii(data["name"])},'
-                f'"ref":{ref},"seconds":{data["seconds"]!r}}}}}')
+        call = self.call
+        return (f'{{"kind":"tool_finished","at":{self.at!r},"data":{{"step":{self.step!r},'
+                f'"call_id":{encode_basestring_ascii(call.id)},"name":{encode_basestring_ascii(call.name)},'
+                f'"ref":{ref},"seconds":{self.seconds!r}}}}}')
 
 
 def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
@@ -236,10 +249,18 @@ class Publisher(Sink):
         return record
 
     def add_record(self, record: str | Pointing) -> None:
+        """``_add`` after the model text so far: every event of a step comes this way, so it is ``_add``
+        written out (one call, one hold of the lock)."""
         with self.lock:
             if self.text:
                 self._close_text()
-            self._add(record)
+            now = time.monotonic()
+            buffer = self.buffer
+            if not buffer:
+                self.oldest = now
+            buffer.append(record)
+            if now - self.oldest >= FLUSH_SECONDS:
+                self.flush()
 
     def _add(self, record: str | Pointing) -> None:
         now = time.monotonic()
@@ -275,7 +296,8 @@ class Publisher(Sink):
 
     def step_started(self, step: int) -> None:
         self.inner.step_started(step)
-        self.add("step_started", {"step": step})
+        # ``encode_flat("step_started", {"step": step})``, the same text: one on every step's path
+        self.add_record(f'{{"kind":"step_started","at":{time.time()!r},"data":{{"step":{int(step)!r}}}}}')
 
     def steer_applied(self, step: int, text: str, index: int, source: Literal["run", "session"]) -> None:
         self.inner.steer_applied(step, text, index, source)
@@ -291,7 +313,8 @@ class Publisher(Sink):
 
     def model_request(self, step: int, messages: int) -> float:
         self.inner.model_request(step, messages)
-        self.flush()  # a follower sees what led to the request while the model thinks
+        if self.buffer or self.text:  # (usually empty: the save before the request took them)
+            self.flush()  # a follower sees what led to the request while the model thinks
         return time.perf_counter()
 
     def model_response(self, step: int, message: Message, started: float) -> None:

@@ -35,6 +35,7 @@ from .._sql import SQLStore, metadata
 from .._sql import statements as sql
 from .._sql.base import NOT_WATCHING, NotWatching
 from .._sql.driver import Compiled, instrumented
+from .._sql.events import BATCH_MAX, batch
 from .._sql.tables import SCHEMA_5_COLUMNS, SCHEMA_5_INDEXES, SCHEMA_VERSION, ddl, queue, sessions, steer_keys
 
 BUSY_TIMEOUT_MS = 30_000
@@ -45,8 +46,19 @@ compile to here, without building their parameters as dicts."""
 _Usual = tuple[str, tuple[Message, ...], tuple[Message, ...], Connection, sqlite3.Connection]
 """What the usual step knows once ``Store._usual`` has checked it: the known version and transcript, the
 transcript given, the thread's connection and its driver connection (``Store._held``)."""
-_NUMBER_EVENTS = {unsteered: sql.number_events(save=True, unsteered=unsteered) for unsteered in (False, True)}
-"""The step's claim (``Store.claim``), by whether the save takes steers: built once, as the step looks it up."""
+
+
+@functools.cache
+def _claim_sql(unsteered: bool) -> str:
+    """The step's claim (``sql.number_events``) compiled for SQLite, its parameters by position in the order
+    ``Store._logged`` gives them (the session, the clock, 1, the count, the session, the lease, the known
+    version, and the session again if the save takes steers): the step builds that tuple directly."""
+    names = ["sid", "clock", "param_1", "n", "sid", "lease_token", "lease_epoch", "known"]
+    names += ["sid"] if unsteered else []
+    compiled = sql.number_events(save=True, unsteered=unsteered).compile(dialect=sqlite_dialect())
+    if list(compiled.positiontup or ()) != names or compiled.params.get("param_1") != 1:
+        raise RuntimeError(f"number_events binds {compiled.positiontup}, not {names}")
+    return compiled.string
 
 
 @functools.lru_cache(maxsize=8 * sql.MAX_APPEND)
@@ -395,28 +407,27 @@ class Store(SQLStore):
         journal, a lost lease, another version), or another writer's messages at these positions: nothing is
         written (False), and the save runs its transaction, which sorts out which.
 
-        The events go in as they are (``add_events``: one batch row) when the store knows the log's floor and
-        nothing falls to the cap (the usual step); otherwise ``_log_events`` stores them and drops what the cap
-        cuts. Every step of a run with the log on takes this path, so it builds no more than it sends: over
+        The events go in one row (a batch, as ``add_events`` joins them) when the store knows the log's floor,
+        they fit one batch and nothing falls to the cap (the usual step); otherwise ``_log_events`` stores them
+        and drops what the cap cuts. Every step of a run with the log on takes this path, so it builds no more
+        than it sends (the claim's parameters as a tuple, its statement compiled once: ``_claim_sql``): over
         the plain step, in the loop, it cost 0.047-0.055 ms with the general ``_log_events``, 0.037-0.042 ms
         so (docs/performance.md)."""
         n = len(records)
-        params = {"sid": session, "lease_token": holder.token, "lease_epoch": holder.epoch, "known": known,
-                  "n": n, "clock": eventlog.first_seq(time.time())}
-        number = self._compiled(_NUMBER_EVENTS[unsteered], params)
+        claim = (session, eventlog.first_seq(time.time()), 1, n, session, holder.token, holder.epoch, known)
         floor: int | None = None
         try:
             driver.execute("BEGIN IMMEDIATE")
-            claimed = driver.execute(number.sql, number.values(params)).fetchone()
+            claimed = driver.execute(_claim_sql(unsteered), (*claim, session) if unsteered else claim).fetchone()
             if claimed is None:
                 driver.execute("ROLLBACK")
                 return False
             driver.executemany(_ADD_MESSAGES, rows)
             last = int(claimed[0])
             oldest = self._event_floor.get(session)
-            if oldest is not None and n <= keep and last - keep < oldest:  # the cap drops nothing
-                first = last - n + 1  # the usual step's events, in one row (``add_events``)
-                self.add_events(conn, session, [(first + i, text) for i, text in enumerate(records)])
+            if oldest is not None and n <= keep and n <= BATCH_MAX and last - keep < oldest:
+                # the cap drops nothing: the usual step's events in one row, as ``add_events`` writes them
+                driver.execute(_ADD_EVENTS, (session, last, records[0] if n == 1 else batch(records)))
             else:
                 floor = self._log_events(conn, session, last, records, keep)
             driver.execute("COMMIT")
