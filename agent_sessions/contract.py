@@ -153,7 +153,9 @@ class RunStore(Store, Protocol):
         transcript must be a prefix of ``msgs`` (``TranscriptConflict`` otherwise, naming both lengths):
         the new messages are appended. With ``take_steers`` the waiting steers are taken and appended after
         ``msgs`` as user messages, in the same step. A save that writes anything also deletes the journal
-        (the save holds the reply and its results now); one with nothing to write writes nothing."""
+        (the save holds the reply and its results now); one with nothing to write writes nothing.
+        ``take_steers`` and ``replace`` are bools: anything else is an ``ArgumentError`` before anything is
+        read or written (``validate.save_start``)."""
 
     def journal(self, session: str) -> str | None:
         """The session's tool journal as stored, or ``None``."""

@@ -214,9 +214,14 @@ def read_back(stop: object, count: object) -> None:
         raise ArgumentError(f"read_back(count=) must be an int >= 1, got {count!r}")
 
 
-def save_start(start: object, replace: bool) -> int:
-    """A ``TailStore`` save's ``start`` (the index of its first message), checked: a replacing save writes
-    the whole transcript, so it has none."""
+def save_start(start: object, replace: object, take_steers: object) -> int:
+    """A fenced save's arguments beside the transcript, checked: ``take_steers`` and ``replace`` are bools
+    (each decides the shape of the save's statement, so a truthy string or ``None`` is refused rather than
+    read one way by one store and another by the next), and a ``TailStore`` save's ``start`` (the index of
+    its first message) an int >= 0; a replacing save writes the whole transcript, so it has none."""
+    for name, flag in (("take_steers", take_steers), ("replace", replace)):
+        if type(flag) is not bool:
+            raise ArgumentError(f"save_fenced({name}=) must be a bool, got {flag!r}")
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise ArgumentError(f"save_fenced(start=) must be an int >= 0, got {start!r}")
     if start and replace:

@@ -10,6 +10,7 @@ process (``stalls.Stalled``); ``crossprocess`` stops a real process with SIGSTOP
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 import agent_sessions as agent
 from agent_sessions import Content, Holder, Message, RunStore
+from agent_sessions.eventlog import encode
 from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.run.react import CANCELLED
 
@@ -121,6 +123,31 @@ class FencingContract:
         store.release(sid, a)
         assert _state(store, sid) == before
         assert store.take_steers(sid) == ["for b"]  # the stale saves took no steer
+
+    def test_a_save_whose_flags_are_not_bools_is_an_argument_error_and_writes_nothing(self) -> None:
+        """``take_steers`` and ``replace`` each decide what a save does (take the steers, replace the
+        transcript): a value that is not a bool (a truthy string, ``None``, 1) is refused before anything is
+        read or written, by the save with events too, whatever the store's usual step would have made of it."""
+        store = self.run_store()
+        sid = _sid("flags-")
+        held = store.acquire(sid, _claimant(), 30)
+        history = [Message.user("q")]
+        store.save_fenced(sid, held, history, take_steers=False)
+        store.add_steer(sid, "waiting")
+        step = [*history, Message.assistant("a")]
+        saves: list[Any] = [store.save_fenced]
+        if isinstance(store, agent.EventStore):
+            saves.append(functools.partial(store.save_fenced_events, events=[encode("note", {})], keep=10))
+        for save in saves:
+            for bad in ("yes", "", None, 1, 0):
+                with pytest.raises(agent.ArgumentError, match="take_steers"):
+                    save(sid, held, step, take_steers=bad)
+                with pytest.raises(agent.ArgumentError, match="replace"):
+                    save(sid, held, step, take_steers=True, replace=bad)
+        assert self.another(store).messages(sid) == history
+        if isinstance(store, agent.EventStore):
+            assert store.events(sid, 0, 10) == []
+        assert store.save_fenced(sid, held, step, take_steers=True).steers == ["waiting"]
 
     def test_the_first_fenced_save_must_extend_the_stored_transcript(self) -> None:
         store = self.run_store()

@@ -77,7 +77,7 @@ class EventLog(SQLBase):
         """The save and the append in one step: the dialect's one-statement append where it can carry the
         events (PostgreSQL), otherwise the save's transaction, which appends them after its write."""
         validate.session_id(session)
-        start = validate.save_start(start, replace)
+        start = validate.save_start(start, replace, take_steers)
         records = eventlog.check_append(events, keep) if events else []
         eventlog.check_keep(keep)
         return self._save(session, msgs, holder, take=take_steers, replace=replace, events=records, keep=keep,

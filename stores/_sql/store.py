@@ -65,7 +65,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
         start: int = 0,
     ) -> Saved:
-        start = validate.save_start(start, replace)
+        start = validate.save_start(start, replace, take_steers)
         return self._save(session, msgs, holder, take=take_steers, replace=replace, offset=start)
 
     def _save(

@@ -213,7 +213,7 @@ class Store:
         start: int = 0,
     ) -> Saved:
         validate.session_id(session)
-        start = validate.save_start(start, replace)
+        start = validate.save_start(start, replace, take_steers)
         items = validate.messages(msgs, trusted=self._transcripts.get(session, ())[start:])
         with self._lock:
             return self._save_fenced(session, holder, items, take_steers, replace, start)
@@ -274,7 +274,7 @@ class Store:
         events: Sequence[str], keep: int, start: int = 0,
     ) -> Saved:
         validate.session_id(session)
-        start = validate.save_start(start, replace)
+        start = validate.save_start(start, replace, take_steers)
         items = validate.messages(msgs, trusted=self._transcripts.get(session, ())[start:])
         records = eventlog.check_append(events, keep) if events else []
         eventlog.check_keep(keep)

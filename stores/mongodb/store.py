@@ -225,7 +225,7 @@ class Store(Lifecycle, EventLog, Approvals, Lease, Pages):
         message of the document's tail, whose messages before ``start`` this process knows (or reads from
         the document): an append rewrites the document's tail, so it needs all of it."""
         validate.session_id(session)
-        offset = validate.save_start(start, replace)
+        offset = validate.save_start(start, replace, take_steers)
         known = self._known.get(session) if not offset else None
         if offset:
             covered = self._known.covering(session, offset)

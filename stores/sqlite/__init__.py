@@ -196,7 +196,7 @@ class Store(SQLStore):
         start: int = 0,
     ) -> Saved:
         """The usual step of a run first (``_step``); anything else the way every SQL store saves."""
-        if not replace and type(start) is int and start == 0:
+        if replace is False and type(take_steers) is bool and type(start) is int and start == 0:
             saved = self._step(session, holder, msgs, take_steers)
             if saved is not None:
                 return saved
@@ -208,7 +208,7 @@ class Store(SQLStore):
     ) -> Saved:
         """The usual step of a run with the log on first (``_step_logged``); anything else the way every SQL
         store saves with events."""
-        if not replace and type(start) is int and start == 0 and events:
+        if replace is False and type(take_steers) is bool and type(start) is int and start == 0 and events:
             try:
                 records = eventlog.check_append(events, keep)
             except ArgumentError:
