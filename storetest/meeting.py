@@ -308,6 +308,46 @@ class CancelMeetsContract:
         assert later.stop_reason == "answered", "a new turn is not cancelled by the cancel of an earlier one"
         assert ("and cc the team" in [m.text for m in later.messages]) == steered
 
+    @pytest.mark.parametrize("fails", ["stale transcript", "events callback"])
+    def test_29_2_a_cancelled_turn_stays_cancelled_when_the_next_run_fails_before_closing_it(self, fails: str) -> None:
+        """The turn is cancelled and returns. The next run to take the lease gets the cancel with it and brings
+        new input, so it is to close the turn in the save before its first request; it fails before that save
+        lands (a transcript read before the turn wrote its work: ``TranscriptConflict``; an events callback
+        raising on the step's first event). The turn is still open: its redelivery must stop, cancelled, with
+        no model request and no tool, as if that run had never taken the lease; a new turn after it is
+        answered. (Found by the model of concurrent operations: seed 1956223834, on SQLite and then memory.)"""
+        store = self.run_store()
+        sid = _sid("turn-cancel-handed")
+        sent: list[str] = []
+        other = agent.open(sid, self.another(store))
+        stale = [Message.user("read before the turn wrote")]
+
+        def cancel_then(request: int) -> None:
+            if request == 2:
+                assert other.cancel() is True
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=8)
+        first = _CallsThenAnswer("email", '{"to": "a@example.com"}', rounds=3, before=cancel_then)
+        assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "cancelled"
+        assert sent == ["a@example.com"]
+        failing = _CallsThenAnswer("email", '{"to": "c@example.com"}', rounds=3)
+        if fails == "stale transcript":
+            with pytest.raises(agent.TranscriptConflict):
+                agent.Runner().run(spec, stale, failing)
+        else:
+            def callback(event: object) -> None:
+                raise RuntimeError("the events callback fails")
+
+            with pytest.raises(RuntimeError, match="callback fails"):
+                agent.Runner().run(spec, [*store.messages(sid), Message.user("and c")], failing, callback)
+        assert (failing.requests, sent) == (0, ["a@example.com"])
+        again = _CallsThenAnswer("email", '{"to": "b@example.com"}', rounds=3)
+        repeat = agent.Runner().turn(spec, "email everyone", "msg-1", again)
+        assert (repeat.stop_reason, again.requests, sent) == ("cancelled", 0, ["a@example.com"])
+        later = agent.Runner().turn(spec, "a new question", "msg-2", Answer("a new answer"))
+        assert later.stop_reason == "answered", "a new turn is not cancelled by the cancel of an earlier one"
+        assert not agent.orphaned_tool_calls(store.messages(sid))
+
     def test_29_2_a_redelivered_turn_that_stopped_at_max_steps_stays_stopped(self) -> None:
         store = self.run_store()
         sid = _sid("turn-steps")

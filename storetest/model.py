@@ -53,6 +53,10 @@ REGRESSION_SEEDS: list[Any] = [
     # found by the hour's soak after the fixes: a redelivery of a turn a later turn had taken up went on with
     # that turn's work (a request, a tool) under its own budget, after the later turn stopped at max_steps
     pytest.param(PROCESSES, "all", 3494613216, 20, id="soak-a-redelivery-goes-on-with-a-later-turn-p"),
+    # found by the suite's random programs (2026-12-07, SQLite): a run that took a turn's cancel with the lease,
+    # to close that turn before its new input, failed first (TranscriptConflict) and the cancel went with it;
+    # the turn's redelivery then went on with it and paid
+    pytest.param(PROCESSES, "all", 1956223834, 14, id="model-a-run-failing-before-it-closed-a-turn-lost-its-cancel-p"),
 ]
 """Programs the machine failed while it was built (``pytest.param(stores, mix, seed, ops)``), replayed with
 every known mix left out but their own: each met one of issue 29's bugs (its number first in the id; "new":

@@ -234,6 +234,9 @@ class Leased:
         a compare-and-swap against it, since people may be deciding meanwhile."""
         self.closing = False
         """Handed a cancel with new input: the cancelled turn's reply, resumed, is closed unrun (``replay``)."""
+        self.cancel_taken = False
+        """The lease came with a cancel of the turn in progress and this run is to close that turn (``closing``):
+        until the save that closes it lands, the cancel is the run's to hand on if it fails (``_hand_on_cancel``)."""
         self.fresh: bool | None = None
         """The cancel flag a journal write just returned, with no tool run since: the next call's check."""
         self.unwritten = False
@@ -303,6 +306,25 @@ class Leased:
                     # to the log, while the lease is still the run's (its writes are fenced by it).
                     self.held = False
                     self.publisher.failing(exc)
+        if isinstance(exc, BaseException) and self.cancel_taken and self.lease.lost is None:
+            self._hand_on_cancel(exc)
+
+    def _hand_on_cancel(self, exc: BaseException) -> None:
+        """The lease came with the cancel of the turn in progress, which this run was to close before its new
+        input (``closing``, in the save before its first request), and it fails before that save landed (a
+        stale transcript's ``TranscriptConflict``, say): the turn is still open and its cancel taken. So the
+        cancel goes back on this run's lease, whose release hands it on, and a redelivery of that turn stops
+        as it would have had this run never taken the lease, rather than go on with it (run its tools). Best
+        effort, on the lease the run still holds (its heartbeat renews it to the release): the run's own
+        error is the one that propagates. A worker killed in that window takes the cancel with it."""
+        try:
+            if not self.store.check(self.session, self.lease.holder):
+                self.store.cancel(self.session)
+            log.info("session %r: the run failed (%s) before it closed the cancelled turn; the cancel is handed "
+                     "on", self.session, type(exc).__name__)
+        except Exception as error:  # noqa: BLE001 - a lease lost meanwhile took the cancel with it
+            log.warning("session %r: the cancel of the turn this run was to close could not be handed on (%s: %s)",
+                        self.session, type(error).__name__, error)
 
     def store_steers(self, steers: Sequence[str]) -> list[str]:
         return _store_steers(lambda text: self.store.add_steer(self.session, text), self.session, steers)
@@ -374,7 +396,7 @@ class Leased:
             # starts anything and hands the cancel on in turn. A run that continues a turn (``continuing``:
             # a redelivered ``Runner.turn``) is that turn's: it stops, and the steers wait for the next one.
             if not self.continuing and (self.new_input or self._begins_turn(transcript) or self._steers_wait()):
-                self.closing = True
+                self.closing = self.cancel_taken = True
                 log.info("session %r: the turn in progress was cancelled; closing it before the new input",
                          self.session)
             else:
@@ -498,6 +520,7 @@ class Leased:
     def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
         self.closing = False  # the cancelled turn's reply, if any, is answered: the new turn goes on
         saved = self._save(transcript, take_steers=True)
+        self.cancel_taken = False  # the cancelled turn is closed in the store: its cancel is spent
         transcript.extend(Message.user(t) for t in saved.steers)
         self.journal = None  # the save holds the reply and its results: the store dropped the journal
         return saved.steers, saved.cancelled
