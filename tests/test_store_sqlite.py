@@ -603,3 +603,35 @@ def test_a_step_with_events_after_another_process_force_deleted_the_session_writ
         assert conn.exec_driver_sql("SELECT count(*) FROM agent_sessions WHERE session_id = 's'").scalar() == 0
     store.close()
     other.close()
+
+
+@pytest.mark.parametrize("take", [False, True])
+def test_the_usual_step_past_batch_max_and_at_the_cap_stores_rows_of_at_most_batch_max(
+    tmp_path: Path, take: bool
+) -> None:
+    """The usual step with events writes a row of at most ``BATCH_MAX`` events itself; more, or a write the
+    cap cuts, go through ``_log_events``: every event reads back, in order, numbered consecutively, and no
+    row holds more than a batch. (Checked against the code before the step wrote its row itself by a
+    differential run: identical bytes at every step.)"""
+    from stores._sql.events import BATCH_MAX
+
+    store = sqlite.open(tmp_path / "step.db")
+    holder = store.acquire("s", agent.Holder("h", 1, "t" * 32, 0.0), 30)
+    msgs = [agent.Message.user("q")]
+    store.save_fenced("s", holder, msgs, take_steers=take)
+    written: list[str] = []
+    for step, (n, keep) in enumerate([(1, 1000), (BATCH_MAX, 1000), (BATCH_MAX + 1, 1000), (3, 1000),
+                                      (2, BATCH_MAX + 4), (BATCH_MAX + 1, BATCH_MAX + 1)]):
+        msgs = [*msgs, agent.Message.assistant(f"a{step}")]
+        texts = [agent.eventlog.encode("note", {"step": step, "i": i, "f": 1.5, "b": True}) for i in range(n)]
+        saved = store.save_fenced_events("s", holder, msgs, take_steers=take, events=texts, keep=keep)
+        assert saved == agent.Saved([], False)
+        written = [*written, *texts][-keep:]
+        got = store.events("s", 0, 1000)
+        assert [json.dumps(json.loads(t)["data"]) for t in written] == [json.dumps(e.data) for e in got]
+        assert [e.seq for e in got] == list(range(got[-1].seq - len(got) + 1, got[-1].seq + 1))
+        with store.engine.connect() as conn:
+            bodies = [b for (b,) in conn.exec_driver_sql("SELECT body FROM agent_events ORDER BY seq")]
+        assert all(b.count("\x1e") <= BATCH_MAX for b in bodies)
+    assert store.messages("s") == msgs
+    store.close()
