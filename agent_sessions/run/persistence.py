@@ -233,10 +233,9 @@ class Leased:
         """The journal's text as stored, when this run read it (a resume): a change to its approvals is
         a compare-and-swap against it, since people may be deciding meanwhile."""
         self.closing = False
-        """Handed a cancel with new input: the cancelled turn's reply, resumed, is closed unrun (``replay``)."""
-        self.cancel_taken = False
-        """The lease came with a cancel of the turn in progress and this run is to close that turn (``closing``):
-        until the save that closes it lands, the cancel is the run's to hand on if it fails (``_hand_on_cancel``)."""
+        """Handed a cancel with new input: the cancelled turn's reply, resumed, is closed unrun (``replay``),
+        and the turn closed by the save before the first request. Until that save lands, the cancel is the
+        run's to hand on if it fails (``_hand_on_cancel``)."""
         self.fresh: bool | None = None
         """The cancel flag a journal write just returned, with no tool run since: the next call's check."""
         self.unwritten = False
@@ -306,7 +305,7 @@ class Leased:
                     # to the log, while the lease is still the run's (its writes are fenced by it).
                     self.held = False
                     self.publisher.failing(exc)
-        if isinstance(exc, BaseException) and self.cancel_taken and self.lease.lost is None:
+        if isinstance(exc, BaseException) and self.closing and self.lease.lost is None:
             self._hand_on_cancel(exc)
 
     def _hand_on_cancel(self, exc: BaseException) -> None:
@@ -396,7 +395,7 @@ class Leased:
             # starts anything and hands the cancel on in turn. A run that continues a turn (``continuing``:
             # a redelivered ``Runner.turn``) is that turn's: it stops, and the steers wait for the next one.
             if not self.continuing and (self.new_input or self._begins_turn(transcript) or self._steers_wait()):
-                self.closing = self.cancel_taken = True
+                self.closing = True
                 log.info("session %r: the turn in progress was cancelled; closing it before the new input",
                          self.session)
             else:
@@ -518,9 +517,8 @@ class Leased:
         return True
 
     def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
-        self.closing = False  # the cancelled turn's reply, if any, is answered: the new turn goes on
         saved = self._save(transcript, take_steers=True)
-        self.cancel_taken = False  # the cancelled turn is closed in the store: its cancel is spent
+        self.closing = False  # the cancelled turn is closed in the store (its cancel spent): the new turn goes on
         transcript.extend(Message.user(t) for t in saved.steers)
         self.journal = None  # the save holds the reply and its results: the store dropped the journal
         return saved.steers, saved.cancelled

@@ -249,18 +249,10 @@ class Publisher(Sink):
         return record
 
     def add_record(self, record: str | Pointing) -> None:
-        """``_add`` after the model text so far: every event of a step comes this way, so it is ``_add``
-        written out (one call, one hold of the lock)."""
         with self.lock:
             if self.text:
                 self._close_text()
-            now = time.monotonic()
-            buffer = self.buffer
-            if not buffer:
-                self.oldest = now
-            buffer.append(record)
-            if now - self.oldest >= FLUSH_SECONDS:
-                self.flush()
+            self._add(record)
 
     def _add(self, record: str | Pointing) -> None:
         now = time.monotonic()
