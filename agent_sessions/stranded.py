@@ -177,8 +177,9 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
             store.cancel(session)  # handed a cancel with the lease: hand it on, as a run would
         store.mark_finished(session, lease.holder, text)
         return "waiting"
-    if not (turn_open(msgs) or (journal is not None and journal.answers(msgs))
-            or store.pending_steers(session) or queued):
+    waiting_reply = journal is not None and journal.answers(msgs)
+    steers = bool(store.pending_steers(session))
+    if not (turn_open(msgs) or waiting_reply or steers or queued):
         store.mark_finished(session, lease.holder, text)
         return "finished"
     at = busy.open_turn(msgs)
@@ -190,6 +191,15 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
         # A turn the transcript holds goes on as Runner.turn goes on with it (what is left of its
         # max_steps, or its Result as it stands), and nothing is queued for it.
         return lambda endpoint, held: busy.go_on(Runner()._turn_run, spec, msgs, at, endpoint, held)
+    if not steers and not queued:
+        # A plain run's turn, left open by a worker that died in it: what is left of its budget, counted as
+        # ``turns.plan`` counts a keyed turn's (a turn makes max_steps requests in all, however often it is
+        # taken up). Steers waiting are new input: that run answers them with a budget of its own.
+        made = turns.replies(msgs, turns.turn_start(msgs)) + int(waiting_reply)
+        if made >= spec.max_steps and not waiting_reply:
+            store.mark_finished(session, lease.holder, text)
+            return "finished"
+        spec = replace(spec, max_steps=max(0, spec.max_steps - made))  # 0: only finish the waiting reply
     return lambda endpoint, held: Runner()._turn_run(spec, msgs, endpoint, None, False, held)
 
 

@@ -36,6 +36,7 @@ from .runs import RunStoreContract
 from .steer_keys import SteerKeyContract
 from .stranded import StrandedContract
 from .strategies import VERBATIM_ARGUMENTS
+from .sweep import SweepContract
 from .tail import TailContract
 
 settings.register_profile(
@@ -69,7 +70,8 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract):
+                    ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract,
+                    SweepContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

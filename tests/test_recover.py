@@ -50,15 +50,14 @@ def test_a_live_run_keeps_its_session() -> None:
     assert _recover(store2, listed.sessions[0], _resolve).outcome == "busy"
 
 
-def test_a_turn_waiting_for_a_decision_is_cleared_then_finished_once_decided() -> None:
+def test_a_turn_waiting_for_a_decision_is_left_alone_then_finished_once_decided() -> None:
     store = memory.Store()
     session = agent.open("approve-me", store)
     result = agent.Runner().turn(agent.Spec(session=session, tools=[refund], name="support"), "refund order 7",
                                  "t-1", ToolsThenAnswer(["refund"]))
     assert result.pending_approvals
-    assert "approve-me" in stranded_ids(store)  # the save cannot know a person owes it
-    assert [(r.session, r.outcome) for r in agent.recover(store, _resolve, grace=0)] == [("approve-me", "waiting")]
-    assert "approve-me" not in stranded_ids(store)
+    assert "approve-me" not in stranded_ids(store)  # the run returned: a person owes it, not a sweep
+    assert agent.recover(store, _resolve, grace=0) == []
     session.approve(result.pending_approvals[0].call_id)  # a decision: the turn can go on, nobody resumes it
     done = agent.recover(store, _resolve, grace=0)
     assert [(r.session, r.outcome) for r in done] == [("approve-me", "recovered")]

@@ -43,7 +43,7 @@ from ..errors import (
 from ..events import Sink
 from ..journal import NOT_RUN_SUPERSEDED, UNKNOWN_OUTCOME, Approval, Journal, fingerprint
 from ..lease import Lease
-from ..messages import Content, Message, Role, incarnations_read, unanswered
+from ..messages import Content, Message, Role, incarnations_read, turn_open, unanswered
 from ..result import Result
 from ..spec import Spec
 from ..tools import Tool
@@ -740,17 +740,33 @@ class Leased:
         if self.publisher is None:
             if len(transcript) != self.written:
                 self._save(transcript, take_steers=False)
+        else:
+            with self.publisher.lock:  # the watcher must not write ``finished`` before the save it rides in
+                finished = self.publisher.finishing(result)
+                try:
+                    if len(transcript) != self.written:
+                        self._save(transcript, take_steers=False)
+                    else:
+                        self.publisher.flush()
+                except BaseException:
+                    self.publisher.buffer.remove(finished)  # the run fails instead: ``failed`` is its last event
+                    raise
+        self._end_turn(transcript, result)
+
+    def _end_turn(self, transcript: Sequence[Message], result: Result) -> None:
+        """The run returns, so its turn has ended however it ended: a turn it leaves open in the transcript
+        (stopped at ``max_steps`` after tool results, or waiting for decisions) is no stranded run, and no
+        sweep may run it again (with a fresh budget). Its mark is cleared under this run's own lease, only
+        while nothing came since (a steer, a queued message, a decision, which are new input: the mark
+        stays for the sweep). A cancelled turn is kept from the sweep by its cancel, handed on. One round
+        trip, only for a run that ends without an answer."""
+        if result.stop_reason not in ("max_steps", "awaiting_approval") or not isinstance(self.store,
+                                                                                          LifecycleStore):
             return
-        with self.publisher.lock:  # the watcher must not write ``finished`` before the save it rides in
-            finished = self.publisher.finishing(result)
-            try:
-                if len(transcript) != self.written:
-                    self._save(transcript, take_steers=False)
-                else:
-                    self.publisher.flush()
-            except BaseException:
-                self.publisher.buffer.remove(finished)  # the run fails instead: ``failed`` is its last event
-                raise
+        if not turn_open(transcript) and result.stop_reason == "max_steps":
+            return
+        journal = self.journal_text if result.stop_reason == "awaiting_approval" else None
+        self.store.mark_finished(self.session, self.lease.holder, journal)
 
     def _save(self, msgs: Sequence[Message], take_steers: bool, replace: bool | None = None) -> Saved:
         """``replace``: by default, the spec's, for the run's first write only. The events buffered so far

@@ -183,6 +183,15 @@ def _later_turn(msgs: Sequence[Message], at: int) -> int | None:
     return None
 
 
+def turn_start(msgs: Sequence[Message]) -> int:
+    """Where the transcript's last turn begins: its last user message with text (a plain run's message, or a
+    steer it took); -1 when it has none."""
+    for i in range(len(msgs) - 1, -1, -1):
+        if msgs[i].role is Role.USER and msgs[i].text:
+            return i
+    return -1
+
+
 def replies(msgs: Sequence[Message], at: int) -> int:
     """The model's replies to the turn starting at ``at``: the requests it has made."""
     return sum(1 for m in msgs[at + 1:] if m.role is Role.ASSISTANT)

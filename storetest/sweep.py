@@ -1,0 +1,151 @@
+"""A turn ends once: a run that returned, however it ended, is no stranded run, and the sweep
+(``agent.recover``) gives a turn a worker left open only what is left of its budget. Run through the real
+loop on the store under test, so a store whose marks or fences differ from the contract fails here.
+
+Other tests share the database, so the sweep's ``resolve`` takes only this test's session and skips the rest.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import agent_sessions as agent
+from agent_sessions import Content, LifecycleStore, Message, Role, RunStore, Tool
+from agent_sessions.journal import UNKNOWN_OUTCOME
+
+from .capabilities import Capability
+from .stranded import stranded_ids
+
+
+class _Died(BaseException):
+    """A worker dying inside a tool: nothing in the loop catches it."""
+
+
+class Charges:
+    """A model that calls the non-idempotent ``charge`` on every request (a run only ends by its budget), and
+    the tool itself: counts the requests and the charges; ``die_at`` (a charge's number) raises ``_Died``
+    inside that charge, after it was made."""
+
+    def __init__(self, die_at: int = 0) -> None:
+        self.requests = 0
+        self.charges = 0
+        self.die_at = die_at
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        self.requests += 1
+        return Message(Role.ASSISTANT, [Content.tool_call(f"charge-{uuid.uuid4().hex[:8]}", "charge", "{}")])
+
+    def tool(self) -> Tool:
+        def charge() -> str:
+            """Charge the card (not idempotent)."""
+            self.charges += 1
+            if self.charges == self.die_at:
+                raise _Died()
+            return f"charged {self.charges}"
+
+        return agent.tool(name="charge", idempotent=False)(charge)
+
+
+class SweepContract:
+    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
+
+    def make_store(self) -> Any:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def _sweep_store(self) -> Any:
+        self.requires(Capability.LIFECYCLE)
+        self.requires(Capability.RUN_STORE)
+        store = self.make_store()
+        assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
+        return store
+
+    @staticmethod
+    def _sweep(store: Any, sid: str, spec: agent.Spec, model: Charges) -> list[agent.Recovered]:
+        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+            return (spec, model) if info.id == sid else None
+
+        return [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+
+    def test_a_run_stopped_at_max_steps_is_not_stranded_and_no_sweep_runs_it_again(self) -> None:
+        store = self._sweep_store()
+        sid = f"storetest-sweep-spent-{uuid.uuid4().hex}"
+        model = Charges()
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
+        result = agent.Runner().run(spec, [Message.user("charge me")], model)
+        assert (result.stop_reason, model.requests, model.charges) == ("max_steps", 2, 2)
+        assert sid not in stranded_ids(store), "a run that returned left its turn listed as stranded"
+        assert self._sweep(store, sid, spec, model) == []
+        assert (model.requests, model.charges) == (2, 2), "the sweep ran a turn that had ended at max_steps"
+
+    def test_the_sweep_gives_a_plain_turn_only_what_is_left_of_its_budget(self) -> None:
+        store = self._sweep_store()
+        sid = f"storetest-sweep-left-{uuid.uuid4().hex}"
+        model = Charges(die_at=1)  # the worker dies inside the first request's charge
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
+        try:
+            agent.Runner().run(spec, [Message.user("charge me")], model)
+        except _Died:
+            pass
+        else:  # pragma: no cover
+            raise AssertionError("the run did not die in its tool")
+        assert sid in stranded_ids(store)
+        (swept,) = self._sweep(store, sid, spec, model)
+        assert swept.outcome == "recovered" and swept.result is not None
+        assert swept.result.stop_reason == "max_steps"
+        # one request made before the crash, one left: its charge runs; the first is not run again
+        assert (model.requests, model.charges) == (2, 2)
+        assert sid not in stranded_ids(store)
+
+    def test_the_sweep_runs_nothing_of_a_plain_turn_that_spent_its_budget_before_it_died(self) -> None:
+        store = self._sweep_store()
+        sid = f"storetest-sweep-died-{uuid.uuid4().hex}"
+        model = Charges(die_at=2)  # dies inside the charge of its last allowed request
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
+        try:
+            agent.Runner().run(spec, [Message.user("charge me")], model)
+        except _Died:
+            pass
+        else:  # pragma: no cover
+            raise AssertionError("the run did not die in its tool")
+        (swept,) = self._sweep(store, sid, spec, model)
+        assert swept.outcome == "recovered" and swept.result is not None
+        assert (model.requests, model.charges) == (2, 2), "the sweep asked again past the turn's budget"
+        outcome = [c.text for m in store.messages(sid) for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
+        assert outcome[-1] == UNKNOWN_OUTCOME, outcome
+        assert sid not in stranded_ids(store)
+
+    def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
+        store = self._sweep_store()
+        self.requires(Capability.APPROVALS)
+        sid = f"storetest-sweep-asks-{uuid.uuid4().hex}"
+
+        @agent.tool(name="refund", idempotent=False, needs_approval=True)
+        def refund() -> str:
+            """Refund (a person approves it first)."""
+            return "refunded"
+
+        class Once:
+            def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+                if messages[-1].role is Role.USER and messages[-1].text:
+                    return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
+                return Message.assistant("refund done")
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[refund])
+        result = agent.Runner().run(spec, [Message.user("refund order 7")], Once())
+        assert result.stop_reason == "awaiting_approval"
+        assert sid not in stranded_ids(store), "a run waiting for a person left its turn listed as stranded"
+        agent.open(sid, store).approve("r1")
+        assert sid in stranded_ids(store), "a decision must open the turn for the sweep"
+
+        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+            return (spec, Once()) if info.id == sid else None
+
+        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        assert swept.outcome == "recovered" and swept.result is not None
+        assert swept.result.text == "refund done"
+        assert sid not in stranded_ids(store)
