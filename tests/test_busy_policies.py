@@ -35,7 +35,7 @@ def _held(store: agent.RunStore, sid: str) -> tuple[agent.Run, threading.Event]:
 
 
 def test_a_queued_message_that_waits_too_long_is_stored_and_answered_later(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="agent_sessions")
+    caplog.set_level(logging.DEBUG, logger="agent_sessions")
     store = memory.Store()
     run, go = _held(store, "chat")
     held = store.holder("chat")
@@ -59,9 +59,31 @@ def test_a_queued_message_that_waits_too_long_is_stored_and_answered_later(caplo
     assert (result.text, model.requests) == ("the answer to b", 1)
     assert [m.key for m in store.messages("chat")][-2:] == ["msg-2", ""] and store.queued("chat") == []
     lines = [r.getMessage() for r in caplog.records]
-    assert any("turn 'msg-2' queued at position 1; waiting up to 0.2 s" in line for line in lines), lines
+    assert any(f"is held by {held.describe()}; waiting up to 0.2 s for it (lease_wait)" in line
+               for line in lines), lines
     assert any("turn 'msg-2' still queued (position 1) after waiting 0.2 s" in line for line in lines), lines
     assert any("turn 'msg-2' answered (answered)" in line for line in lines), lines
+
+
+def test_an_uncontended_turn_logs_no_wait_and_a_message_behind_others_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Contention is logged where there is some: a turn on an idle session passes through the queue without an
+    INFO line about queueing or waiting; one queued behind another message says how many are ahead."""
+    caplog.set_level(logging.INFO, logger="agent_sessions")
+    store = memory.Store()
+    result = agent.Runner().turn(agent.Spec(session=agent.open("idle", store), lease_wait=90), "a", "msg-1",
+                                 Answer("the answer to a"))
+    assert result.text == "the answer to a"
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [line for line in said if "queued" in line or "waiting" in line], said
+    caplog.clear()
+    store.acquire("busy", agent.Holder("worker-2", 4242, "a-token", 0.0), 30)  # another run holds it
+    store.enqueue("busy", "msg-1", "first")
+    with pytest.raises(agent.StillQueued):
+        agent.Runner().turn(agent.Spec(session=agent.open("busy", store), lease_wait=0), "second", "msg-2",
+                            Answer("never asked"))
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert any("turn 'msg-2' queued at position 2, behind 1 message(s)" in line for line in said), said
 
 
 def test_queued_messages_are_answered_in_order_each_by_its_own_turn_whoever_waits() -> None:

@@ -585,9 +585,10 @@ def test_hostile_ids_steers_and_metadata_print_as_one_row_each(tmp_path: Path) -
 
     info = printed_lines(run_cli("info", HOSTILE["lf"], store=str(path)).out)
     assert [line for line in info if line.startswith("run:")] == ["run:       none"]
-    assert info[0] == "id:        h-lf\\x0a" + FORGED and info[-2] == "  hurry\\x0arun:       none"
-    assert info[-1] == "approvals: 0 waiting"
-    assert len(info) == 9, info  # id, created, updated, messages, metadata, run, steers, the one steer, approvals
+    assert info[0] == "id:        h-lf\\x0a" + FORGED and info[-4] == "  hurry\\x0arun:       none"
+    assert info[-3:] == ["queued:    0 waiting", "in flight: none", "approvals: 0 waiting"]
+    # id, created, updated, messages, metadata, run, steers, the one steer, queued, in flight, approvals
+    assert len(info) == 11, info
     assert run_cli("info", HOSTILE["lf"], "--json", store=str(path)).doc["pending_steers"] == [
         "hurry\nrun:       none"]
     assert printed_lines(run_cli("metadata", HOSTILE["cr"], store=str(path)).out) == [

@@ -326,13 +326,18 @@ def _text(content: Any) -> str:
 def _arguments(schema: dict[str, Any], asked: Sequence[str]) -> dict[str, Any]:
     """Arguments for a tool of JSON schema ``schema``, from what the user said (``asked``, newest first): a
     string is the newest word that looks like a file name (``lease.go``), else the newest message; a
-    number is 1, a boolean false."""
-    words = (w.strip(".,;:!?\"'`()") for text in asked for w in text.split())
+    number is the last number of the newest message (80 in "refund order 1182, 80 euros"), else 1; a
+    boolean false."""
+    words = [w.strip(".,;:!?\"'`()") for text in asked for w in text.split()]
     word = next((w for w in words if "." in w), asked[0] if asked else "")
+    newest = [w.strip(".,;:!?()") for w in (asked[0].split() if asked else [])]
+    numbers = [int(w) for w in newest if w.isdigit()]
+    number = numbers[-1] if numbers else 1
     made: dict[str, Any] = {}
     for name, prop in (schema.get("properties") or {}).items():
         kind = prop.get("type") if isinstance(prop, dict) else None
-        made[name] = {"integer": 1, "number": 1, "boolean": False, "array": [], "object": {}}.get(str(kind), word)
+        made[name] = {"integer": number, "number": number, "boolean": False, "array": [], "object": {}}.get(
+            str(kind), word)
     return made
 
 
