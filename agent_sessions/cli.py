@@ -768,7 +768,7 @@ def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
     finally:
         restore()
     summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "nothing to do"
-    return Outcome(None, [], note=f"work stopped: {summary}")
+    return Outcome({"stopped": counts}, [], note=f"work stopped: {summary}")
 
 
 def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:

@@ -309,3 +309,39 @@ def test_a_projects_own_stores_package_is_named_from_the_wheel_too(venv: Path, t
                     "except agent_sessions.StoresShadowed as e:\n    print(e.found, e.expected)"],
                    cwd=tmp_path, env=clean_env()).stdout.split()
     assert imported[0] == str(foreign) and Path(imported[1]).is_relative_to(venv.parent.parent), imported
+
+
+def test_check_validates_agent_sessions_and_errors_speak_django(venv: Path, tmp_path: Path) -> None:
+    """``manage.py check`` refuses AGENT_SESSIONS with a misspelt key, an alias DATABASES lacks, or a RESOLVE
+    that does not import (it used to accept them all, and the error came at the store's first use). On
+    PostgreSQL before ``migrate``, a command says to run ``manage.py migrate``, not the SQL the migration
+    runs; the store's connections carry an application_name."""
+    home = tmp_path / "project"
+    name = servers.database_name("djops")
+    servers.database_url(servers.POSTGRES_URL, name)  # created, not migrated
+    write_project(home, "postgresql", servers.POSTGRES_URL, name)
+    settings = (home / "site_settings.py").read_text()
+    try:
+        for extra, code, says in (
+                ('AGENT_SESSIONS = {"DATABASES": "default"}', "E002", "unknown keys ['DATABASES']"),
+                ('AGENT_SESSIONS = {"DATABASE": "replica"}', "E002", "'replica', which is not in DATABASES"),
+                ('AGENT_SESSIONS = {"RESOLVE": "shop.agent.resolve"}', "E003", "cannot be imported"),
+                ('AGENT_SESSIONS = {"SWEEP_SECONDS": -1}', "E002", "SWEEP_SECONDS'] must be a number of seconds >= 0")):
+            (home / "site_settings.py").write_text(settings + extra + "\n")
+            out = manage(venv, home, "check", code=1)
+            assert f"(agent_sessions.{code})" in out.stderr and says in out.stderr, out.stderr
+        (home / "site_settings.py").write_text(settings + 'AGENT_SESSIONS = {"RESOLVE": "site_settings.resolve"}\n'
+                                               "def resolve(info):\n    return None\n")
+        assert "no issues" in manage(venv, home, "check").stdout
+        missing = manage(venv, home, "agent_sessions", "list", code=4).stderr
+        assert "run `python manage.py migrate`" in missing and "SCHEMA" not in missing, missing
+        manage(venv, home, "migrate", "--noinput")
+        (home / "names.py").write_text(
+            "import os\nos.environ.setdefault('DJANGO_SETTINGS_MODULE', 'site_settings')\nimport django\n"
+            "django.setup()\nfrom agent_sessions.contrib.django import store\nstore().info('none')\n"
+            "from django.db import connection\nwith connection.cursor() as c:\n"
+            "    c.execute('SELECT DISTINCT application_name FROM pg_stat_activity WHERE datname = current_database()')\n"
+            "    print(sorted(r[0] for r in c.fetchall()))\n")
+        assert "'agent-sessions'" in run([str(venv), "names.py"], cwd=home, env=clean_env()).stdout
+    finally:
+        servers.drop_databases(servers.POSTGRES_URL, {name})
