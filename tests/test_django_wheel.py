@@ -340,7 +340,8 @@ def test_check_validates_agent_sessions_and_errors_speak_django(venv: Path, tmp_
             "import os\nos.environ.setdefault('DJANGO_SETTINGS_MODULE', 'site_settings')\nimport django\n"
             "django.setup()\nfrom agent_sessions.contrib.django import store\nstore().info('none')\n"
             "from django.db import connection\nwith connection.cursor() as c:\n"
-            "    c.execute('SELECT DISTINCT application_name FROM pg_stat_activity WHERE datname = current_database()')\n"
+            "    c.execute('SELECT DISTINCT application_name FROM pg_stat_activity'\n"
+            "              ' WHERE datname = current_database()')\n"
             "    print(sorted(r[0] for r in c.fetchall()))\n")
         assert "'agent-sessions'" in run([str(venv), "names.py"], cwd=home, env=clean_env()).stdout
     finally:
