@@ -427,7 +427,7 @@ class Pages:
             page.scripted = len(replies)
             page.substitutions[MODEL] = page.model.url + "/v1"
         else:
-            assert path not in SCRIPTS | SHIPPED, f"{path} has scripted replies but no block uses {MODEL}"
+            assert path not in {*SCRIPTS, *SHIPPED}, f"{path} has scripted replies but no block uses {MODEL}"
         for literal in DATABASES:
             if literal in used:
                 self.databases.empty(literal)
