@@ -30,11 +30,13 @@ from urllib.parse import unquote, unquote_plus
 
 from . import lifecycle
 from .contract import ApprovalStore, Holder, LifecycleStore, QueueStore, RunStore, Scalar, SessionInfo, Store, when
+from .endpoints import Endpoint
 from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, UnknownApproval, Unsupported
 from .journal import Journal
 from .messages import ContentType, Message
 from .session import StoreSession
 from .session import open as open_session
+from .spec import Spec
 from .stranded import Recovered, Resolve, recover
 from .values import PendingApproval, SessionPage
 
@@ -743,6 +745,10 @@ def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
     the next look: a worker outlives a database restart."""
     lifecycle_store, resolve, out = _lifecycle(store, "work"), _resolve(args), args.stdout
     stop = threading.Event()
+
+    def resolving(info: SessionInfo) -> tuple[Spec, Endpoint] | None:  # once stopping, the rest of the page waits
+        return None if stop.is_set() else resolve(info)
+
     restore = _stop_on_signals(stop)
     ends = math.inf if args.run_for is None else time.monotonic() + args.run_for
     counts: dict[str, int] = {}
@@ -751,7 +757,7 @@ def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
         while not stop.is_set() and time.monotonic() < ends:
             started = time.monotonic()
             try:
-                done = recover(lifecycle_store, resolve, limit=args.limit, grace=args.grace)
+                done = recover(lifecycle_store, resolving, limit=args.limit, grace=args.grace)
             except (StoreError, *args.failures) as exc:
                 _say(args.stderr, f"{args.prog}: work: the sweep failed ({safe(_one_line(str(exc)))}); trying again")
                 done = []

@@ -18,6 +18,9 @@ from .messages import Message
 from .run import turns
 from .values import Decision, Holder, PendingApproval, Scalar, SessionInfo, StoredEvent
 
+ANSWER_TAIL = 64
+"""Messages from the transcript's end ``StoreSession.answer`` reads first, looking for the keyed message."""
+
 
 class StoreSession:
     """The Session ``open`` returns: one conversation of one store."""
@@ -99,9 +102,7 @@ class StoreSession:
         deadline = time.monotonic() + timeout
         pause = 0.02
         while True:
-            msgs = self.store.messages(self.id)
-            at = turns.keyed(msgs, key)
-            found = None if at is None else turns.answered(msgs, at)
+            found = self._answer(key)
             left = deadline - time.monotonic()
             if found is not None or left <= 0:
                 return found
@@ -191,6 +192,22 @@ class StoreSession:
                 f"Session.{op}() needs a store implementing agent_sessions.EventStore; {self.store!r} does not"
             )
         return self.store
+
+    def _answer(self, key: str) -> Message | None:
+        """``answer``'s one look. A store with the lifecycle reads the transcript's end first (the message
+        of a turn being waited for is usually there), and a message still queued is not in the transcript
+        at all: the whole transcript is read only when the key is in neither."""
+        store = self.store
+        if isinstance(store, LifecycleStore):
+            tail = store.tail(self.id, ANSWER_TAIL)
+            at = turns.keyed(tail, key)
+            if at is not None:
+                return turns.answered(tail, at)
+            if len(tail) < ANSWER_TAIL or (isinstance(store, QueueStore) and key in store.queued(self.id)):
+                return None  # the tail is the whole transcript, or the message waits in the queue
+        msgs = store.messages(self.id)
+        at = turns.keyed(msgs, key)
+        return None if at is None else turns.answered(msgs, at)
 
     def _queue_store(self, op: str) -> QueueStore:
         if not isinstance(self.store, QueueStore):

@@ -218,26 +218,39 @@ def sweep(limit: int = LIMIT, grace: float = GRACE) -> dict[str, int]:
 
 
 class Watch(threading.Thread):
-    """A worker's watch (a daemon thread of its main process): every ``seconds``, one indexed query for a
-    stranded session; when there is one, the ``sweep`` task is sent (it expires unrun after two periods, so
-    sweeps never pile up behind busy pool processes). The main process runs no turn itself."""
+    """A worker's watch (a daemon thread of its main process): every ``seconds``, one indexed query for the
+    stranded sessions; when one of them is the application's (``resolve`` gives it a spec), the ``sweep``
+    task is sent (it expires unrun after two periods, so sweeps never pile up behind busy pool processes).
+    The main process runs no turn itself."""
 
-    def __init__(self, app: Any, store: Callable[[], agent.Store], seconds: float) -> None:
+    def __init__(self, app: Any, store: Callable[[], agent.Store], resolve: Resolve, seconds: float) -> None:
         super().__init__(name="agent-sessions-watch", daemon=True)
-        self.app, self.store, self.seconds = app, store, seconds
+        self.app, self.store, self.resolve, self.seconds = app, store, resolve, seconds
         self.stop = threading.Event()
 
     def run(self) -> None:
         log.info("agent-sessions: this worker looks for turns nobody answers every %g s", self.seconds)
         while not self.stop.wait(self.seconds):
             try:
-                store = self.store()
-                if isinstance(store, agent.LifecycleStore) and store.list_sessions(
-                        limit=1, stranded=True, grace=GRACE).sessions:
+                if self.stranded():
                     self.app.send_task(SWEEP, expires=2 * self.seconds)
             except Exception as exc:  # noqa: BLE001 - a database blip must not end the watch
                 log.warning("agent-sessions: looking for stranded turns failed (%s: %s); looking again in %g s",
                             type(exc).__name__, exc, self.seconds)
+
+    def stranded(self) -> bool:
+        """Is a session stranded that the sweep would finish? One the application's ``resolve`` leaves alone
+        (``None``) would have a sweep sent for it at every look, for nothing."""
+        store = self.store()
+        if not isinstance(store, agent.LifecycleStore):
+            return False
+        for info in store.list_sessions(limit=LIMIT, stranded=True, grace=GRACE):
+            try:
+                if self.resolve(info) is not None:
+                    return True
+            except Exception:  # noqa: BLE001 - the sweep runs it and reports what it raises
+                return True
+        return False
 
 
 _watch: Watch | None = None
@@ -260,7 +273,7 @@ def _start_watch(sender: Any = None, **kwargs: Any) -> None:
         log.warning("agent-sessions: this worker does not look for turns nobody answers: no resolve "
                     "(AGENT_SESSIONS['RESOLVE'], or configure(resolve=...))")
         return
-    _watch = Watch(sender.app, made.store, seconds)
+    _watch = Watch(sender.app, made.store, resolve, seconds)
     _watch.start()
 
 
