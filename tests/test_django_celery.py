@@ -38,6 +38,7 @@ from sqlalchemy import make_url
 
 from agent_sessions.testing.model_server import ModelServer, Reply, Request, openai
 from tests import servers, wheel
+from tests import test_django_wheel as wheel_project
 
 LEASE_TTL = 10
 """The project's Spec.lease_ttl (30 by default): how long a dead worker's session stays blocked."""
@@ -120,15 +121,7 @@ def resolve(info):
     return spec, agent.endpoints.OpenAIChat(os.environ["MODEL_URL"], "support-model")
 """
 
-MANAGE = """\
-import os
-import sys
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proj.settings")
-from django.core.management import execute_from_command_line
-
-execute_from_command_line(sys.argv)
-"""
+MANAGE = wheel_project.MANAGE.replace('"site_settings"', '"proj.settings"')
 
 ASK = """\
 import dataclasses
