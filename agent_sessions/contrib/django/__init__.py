@@ -5,9 +5,11 @@
     AGENT_SESSIONS = {"DATABASE": "default"}     # the DATABASES alias that holds the tables (the default)
 
 Then ``manage.py migrate`` creates the tables, and ``agent_sessions.contrib.django.store()`` is the store,
-in views, Celery tasks and commands alike. ``views.events`` streams a session's event log as server-sent
-events; it is served only where a project ``include``s ``agent_sessions.contrib.django.urls`` (behind the
-project's own authorization: docs/django.md).
+in views, Celery tasks and commands alike. Messages are answered by the Celery tasks of
+``agent_sessions.contrib.celery`` (Celery's ``autodiscover_tasks()`` finds them in ``tasks.py``) or by
+``manage.py agent_sessions work``, with the project's ``AGENT_SESSIONS["RESOLVE"]``. ``views.events`` streams
+a session's event log as server-sent events; it is served only where a project ``include``s
+``agent_sessions.contrib.django.urls`` (behind the project's own authorization: docs/django.md).
 
 Why not hand the store Django's connection? Django keeps one DB-API connection per thread, opened and
 closed around requests, with its own autocommit and ``atomic()`` bookkeeping; the store needs connections
