@@ -6,6 +6,8 @@ import logging
 from . import approvals, contract, endpoints, eventlog, events, lifecycle, shadowing, validate
 from .contract import (
     ApprovalStore,
+    CancelWatch,
+    CancelWatcher,
     EventStore,
     LifecycleStore,
     QueueStore,
@@ -48,7 +50,7 @@ from .session import StoreSession, open
 from .spec import Pattern, Spec
 from .stranded import Recovered, recover
 from .tools import Tool, tool
-from .values import Holder, PendingApproval, Saved, SessionInfo, SessionPage, StoredEvent
+from .values import Decision, Holder, PendingApproval, Saved, SessionInfo, SessionPage, StoredEvent
 
 __version__ = "0.1.0"
 
@@ -61,10 +63,13 @@ __all__ = [
     "ApprovalStore",
     "ArgumentError",
     "AwaitingApproval",
+    "CancelWatch",
+    "CancelWatcher",
     "Conflict",
     "Content",
     "ContentType",
     "ContextOverflow",
+    "Decision",
     "Endpoint",
     "EndpointError",
     "EventStore",

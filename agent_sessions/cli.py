@@ -14,22 +14,29 @@ import contextlib
 import importlib
 import json
 import logging
+import math
 import os
 import re
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TextIO
 from urllib.parse import unquote, unquote_plus
 
 from . import lifecycle
-from .contract import ApprovalStore, Holder, LifecycleStore, RunStore, Scalar, SessionInfo, Store, when
+from .contract import ApprovalStore, Holder, LifecycleStore, QueueStore, RunStore, Scalar, SessionInfo, Store, when
+from .endpoints import Endpoint
 from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, UnknownApproval, Unsupported
+from .journal import Journal
 from .messages import ContentType, Message
 from .session import StoreSession
 from .session import open as open_session
+from .spec import Spec
 from .stranded import Recovered, Resolve, recover
 from .values import PendingApproval, SessionPage
 
@@ -37,6 +44,13 @@ PROG = "python -m agent_sessions"
 ENV_STORE = "AGENT_SESSIONS_STORE"
 CONNECT_TIMEOUT = 10
 """Seconds to wait for a database server to answer before giving up (exit code 4)."""
+WORK_EVERY = 1.0
+"""``work``: seconds between two looks for stranded turns (each one indexed query when none is)."""
+WORK_GRACE = 1.0
+"""``work``: a turn open for less is left to the caller that may be about to run it. Short, since in a
+deployment without a task queue ``work`` is what answers a message handed over with ``Session.enqueue``."""
+APPLICATION_NAME = "agent-sessions"
+"""What the store's PostgreSQL connections say they are (``pg_stat_activity.application_name``)."""
 
 OK, NOTHING, USAGE, MISSING_DRIVER, STORE_FAILED, CONFLICT = 0, 1, 2, 3, 4, 5
 EXIT_CODES = {
@@ -233,6 +247,8 @@ def _open_sql(target: Target) -> Opened:
     options: dict[str, Any] = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
     if target.kind == "mysql" and "charset" not in url.query:
         url = url.update_query_dict({"charset": "utf8mb4"})  # the store keeps any Unicode text
+    if target.kind == "postgres" and "application_name" not in url.query:
+        options["application_name"] = f"{APPLICATION_NAME} cli"  # pg_stat_activity says whose connection it is
     engine = create_engine(url, connect_args=options, pool_size=1)
     store: Store = postgres.Store(engine) if target.kind == "postgres" else mysql.Store(engine)
     return Opened(store, engine.dispose, (SQLAlchemyError,))
@@ -459,12 +475,31 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
                   "FUNCTION(info) returns (Spec, Endpoint) to finish a session with, or None to leave it; "
                   "info.spec names the spec its last run used. Exit 0 when every session was finished or left "
                   "(none stranded included: schedule it), 4 when a run failed (it is tried again next time).")
-    sub.add_argument("--resolve", metavar="MODULE:FUNCTION", required=True, type=resolver,
-                     help="the application's function choosing the spec and endpoint, e.g. myapp.agent:resolve")
+    resolve_help = ("the application's function choosing the spec and endpoint, e.g. myapp.agent:resolve"
+                    + ("" if store_option else " (default: settings.AGENT_SESSIONS['RESOLVE'])"))
+    sub.add_argument("--resolve", metavar="MODULE:FUNCTION", type=resolver, help=resolve_help)
     sub.add_argument("--limit", metavar="N", type=positive, default=100,
                      help="look at most at N stranded sessions (default 100)")
     sub.add_argument("--grace", metavar="DURATION", type=duration, default=10.0,
                      help="leave turns open for less than this (a caller may be about to run them; default 10s)")
+
+    sub = command("work", cmd_work, "answer every message left to the sweep, until stopped: recover in a loop "
+                  "(the worker of a deployment without a task queue)",
+                  "Every --every it finishes what is stranded (agent.recover): messages handed over with "
+                  "Session.enqueue or left queued by a caller that gave up, turns whose worker died (once their "
+                  "lease has lapsed), turns whose calls were approved or denied. One line per session it acted on "
+                  "(--json: one JSON document per line). SIGTERM or SIGINT stops it after the turn in progress "
+                  "(a second one at once); --for stops it after a while. Run as many as you like: each turn is "
+                  "finished once. Exit 0 when stopped so.")
+    sub.add_argument("--resolve", metavar="MODULE:FUNCTION", type=resolver, help=resolve_help)
+    sub.add_argument("--every", metavar="DURATION", type=duration, default=WORK_EVERY,
+                     help=f"how often to look for stranded turns (default {span(WORK_EVERY)})")
+    sub.add_argument("--grace", metavar="DURATION", type=duration, default=WORK_GRACE,
+                     help=f"leave turns open for less than this (default {span(WORK_GRACE)})")
+    sub.add_argument("--limit", metavar="N", type=positive, default=100,
+                     help="sessions finished at most per look (default 100)")
+    sub.add_argument("--for", metavar="DURATION", dest="run_for", type=duration,
+                     help="stop after this long (default: run until stopped)")
 
     command("schema", cmd_schema, "print the DDL that creates the store's tables (the CLI runs none)",
             "For the operator's migration: python -m agent_sessions --store URL schema | psql ... "
@@ -507,8 +542,7 @@ def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
         total = len(every)
         msgs = every if args.all else every[total - lifecycle.last_count(args.last):]
     holder = session.holder() if isinstance(store, RunStore) else None
-    steers = session.pending_steers() if info is not None else []
-    waiting = session.pending_approvals() if isinstance(store, ApprovalStore) else []
+    waits = _waits(session)
     first = total - len(msgs)
     head = f"session {safe(session.id)}: {total} message{'' if total == 1 else 's'}"
     if info is not None:
@@ -518,14 +552,13 @@ def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
         lines.append(f"metadata: {safe(lifecycle.encode_metadata(info.metadata))}")
     if holder is not None:
         lines.append(f"run: {safe(holder.describe())}" + (", asked to cancel" if holder.cancelled else ""))
-    lines += _waiting_lines(steers, waiting)
+    lines += waits.lines()
     if first:
         lines.append(f"... {first} earlier message{'' if first == 1 else 's'} (--all shows them)")
     for number, message in enumerate(msgs, start=first + 1):
         lines += format_message(message, number)
     return Outcome({"id": session.id, "info": None if info is None else info_doc(info),
-                    "holder": holder_doc(holder), "pending_steers": steers,
-                    "pending_approvals": [approval_doc(p) for p in waiting], "total": total, "first": first,
+                    "holder": holder_doc(holder), **waits.doc(), "total": total, "first": first,
                     "messages": [m.to_dict() for m in msgs]}, lines)
 
 
@@ -534,19 +567,23 @@ def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
     info = session.info()
     if info is None:
         return _absent(session, None)
-    holder, steers = session.holder(), session.pending_steers()
-    waiting = session.pending_approvals() if isinstance(store, ApprovalStore) else []
+    holder = session.holder()
+    waits = _waits(session)
     lines = [f"id:        {safe(info.id)}", f"created:   {_time(info.created)} UTC",
              f"updated:   {_time(info.updated)} UTC", f"messages:  {info.messages}",
              f"metadata:  {safe(lifecycle.encode_metadata(info.metadata))}",
              f"run:       {'none' if holder is None else safe(holder.describe())}",
-             f"steers:    {len(steers)} waiting"]
-    lines += [f"  {safe(s)}" for s in steers]
-    lines.append(f"approvals: {len(waiting)} waiting" + (f" (approve or deny: {PROG} approve SID CALL_ID)"
-                                                          if waiting else ""))
-    lines += [f"  {approval_line(p)}" for p in waiting]
-    return Outcome({**info_doc(info), "holder": holder_doc(holder), "pending_steers": steers,
-                    "pending_approvals": [approval_doc(p) for p in waiting]}, lines)
+             f"steers:    {len(waits.steers)} waiting"]
+    lines += [f"  {safe(s)}" for s in waits.steers]
+    lines.append(f"queued:    {len(waits.queued)} waiting" + (" (each answered by a turn of its own, in this order)"
+                                                              if waits.queued else ""))
+    lines += [f"  key {safe(k)}" for k in waits.queued]
+    lines.append(f"in flight: {waits.flight_summary()}")
+    lines += [f"  {line}" for line in waits.flight_lines()]
+    lines.append(f"approvals: {len(waits.approvals)} waiting" + (f" (approve or deny: {PROG} approve SID CALL_ID)"
+                                                                  if waits.approvals else ""))
+    lines += [f"  {approval_line(p)}" for p in waits.approvals]
+    return Outcome({**info_doc(info), "holder": holder_doc(holder), **waits.doc()}, lines)
 
 
 def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
@@ -557,7 +594,18 @@ def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
         return Outcome({"id": session.id, "steered": False},
                        [f"a steer with key {safe(args.key)} was left for session {safe(session.id)} already; "
                         "not stored again"])
-    later = "" if _exists(session) is not False else " (it does not exist yet: the steer waits for its first run)"
+    running = session.holder() is not None if isinstance(store, RunStore) else None
+    if running:
+        later = ": its run takes it before its next model request"
+    elif args.key is not None:
+        # A keyed steer is a message waiting for an answer (Runner.turn(if_busy="steer") leaves it so): with no
+        # run to take it, it opens the session's turn, and the sweep answers it with a run of its own.
+        later = ("; no run holds the session, so a keyed steer waits as a message of its own: the sweep "
+                 "(recover: work, the Celery workers) runs the session to answer it")
+    elif _exists(session) is False:
+        later = " (it does not exist yet: the steer waits for its first run)"
+    else:
+        later = "; no run holds the session now: its next run takes it" if running is False else ""
     return Outcome({"id": session.id, "steered": True}, [f"steer left for session {safe(session.id)}{later}"])
 
 
@@ -606,8 +654,9 @@ def _decide(args: argparse.Namespace, store: Store, approved: bool) -> Outcome:
         return Outcome(doc, code=NOTHING, note=str(exc))
     verb = "approved" if decision.approved else "denied"
     return Outcome({**doc, "decided": True, "approved": decision.approved, "reason": decision.reason},
-                   [f"{verb} call {safe(args.call_id)} of session {safe(session.id)}: the session's next run "
-                    f"{'runs it' if decision.approved else 'gives the model the reason'}"])
+                   [f"{verb} call {safe(args.call_id)} of session {safe(session.id)}: once no call waits, the turn "
+                    f"goes on and {'runs it' if decision.approved else 'gives the model the reason'}, in the "
+                    "session's next run or the sweep's (recover: work, the Celery workers)"])
 
 
 def cmd_holder(args: argparse.Namespace, store: Store) -> Outcome:
@@ -670,18 +719,89 @@ def cmd_stranded(args: argparse.Namespace, store: Store) -> Outcome:
                  lambda i: (i.open_since or i.updated, i.spec or "-"))
 
 
+def _resolve(args: argparse.Namespace) -> Resolve:
+    """``--resolve``, or what the front door gives (Django: ``AGENT_SESSIONS['RESOLVE']``)."""
+    chosen: Resolve | None = getattr(args, "resolve", None) or args.default_resolve
+    if chosen is None:
+        raise Exit(USAGE, f"{args.command} needs --resolve MODULE:FUNCTION (the function choosing the spec and "
+                          "endpoint of each session; in Django, AGENT_SESSIONS['RESOLVE'])")
+    return chosen
+
+
 def cmd_recover(args: argparse.Namespace, store: Store) -> Outcome:
-    done = recover(_lifecycle(store, "recover"), args.resolve, limit=args.limit, grace=args.grace)
+    done = recover(_lifecycle(store, "recover"), _resolve(args), limit=args.limit, grace=args.grace)
     failed = [r for r in done if r.outcome == "failed"]
     lines = [f"{safe(r.session):<30} {r.outcome}{_recovered_detail(r)}" for r in done] or ["no stranded sessions"]
-    doc = {"sessions": [{"id": r.session, "outcome": r.outcome, "spec": r.spec,
-                         "stop_reason": None if r.result is None else r.result.stop_reason,
-                         "error": None if r.error is None else f"{type(r.error).__name__}: {r.error}"}
-                        for r in done]}
+    doc = {"sessions": [_recovered_doc(r) for r in done]}
     if failed:
         return Outcome(doc, lines, code=STORE_FAILED, note=f"{len(failed)} of {len(done)} stranded turns failed; "
                                                          "the next recover tries them again")
     return Outcome(doc, lines)
+
+
+def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
+    """``recover`` every ``--every`` until a signal (or ``--for``) stops it, printing a line per session it
+    acted on as it goes. A sweep that fails (the database went away) is said on stderr and tried again at
+    the next look: a worker outlives a database restart."""
+    lifecycle_store, resolve, out = _lifecycle(store, "work"), _resolve(args), args.stdout
+    stop = threading.Event()
+
+    def resolving(info: SessionInfo) -> tuple[Spec, Endpoint] | None:  # once stopping, the rest of the page waits
+        return None if stop.is_set() else resolve(info)
+
+    restore = _stop_on_signals(stop)
+    ends = math.inf if args.run_for is None else time.monotonic() + args.run_for
+    counts: dict[str, int] = {}
+    log.info("work: looking for stranded turns every %s (grace %s)", span(args.every), span(args.grace))
+    try:
+        while not stop.is_set() and time.monotonic() < ends:
+            started = time.monotonic()
+            try:
+                done = recover(lifecycle_store, resolving, limit=args.limit, grace=args.grace)
+            except (StoreError, *args.failures) as exc:
+                _say(args.stderr, f"{args.prog}: work: the sweep failed ({safe(_one_line(str(exc)))}); trying again")
+                done = []
+            for r in done:
+                if r.outcome in ("busy", "skipped"):  # another worker has it, or it is not this application's
+                    continue
+                counts[r.outcome] = counts.get(r.outcome, 0) + 1
+                if args.json:
+                    _say(out, json.dumps({**_recovered_doc(r), "at": datetime.now(UTC).isoformat()}))
+                else:
+                    _say(out, f"{_time(datetime.now(UTC))} {safe(r.session):<30} {r.outcome}{_recovered_detail(r)}")
+                out.flush()
+            stop.wait(max(0.0, min(args.every - (time.monotonic() - started), ends - time.monotonic())))
+    finally:
+        restore()
+    summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "nothing to do"
+    return Outcome({"stopped": counts}, [], note=f"work stopped: {summary}")
+
+
+def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
+    """SIGTERM and SIGINT set ``stop`` (the turn in progress ends first); a second one interrupts at once.
+    Signals are the main thread's: elsewhere (``call_command`` on a thread) only ``--for`` stops it."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        log.warning("work: %s: stopping after the turn in progress (again: at once)", signal.Signals(signum).name)
+        stop.set()
+
+    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def _recovered_doc(r: Recovered) -> dict[str, Any]:
+    return {"id": r.session, "outcome": r.outcome, "spec": r.spec,
+            "stop_reason": None if r.result is None else r.result.stop_reason,
+            "error": None if r.error is None else f"{type(r.error).__name__}: {r.error}"}
 
 
 def _recovered_detail(r: Recovered) -> str:
@@ -787,15 +907,79 @@ def approval_line(pending: PendingApproval) -> str:
             f"asked {_time(pending.asked)} UTC{deadline}")
 
 
-def _waiting_lines(steers: Sequence[str], waiting: Sequence[PendingApproval]) -> list[str]:
-    lines = []
-    if steers:
-        lines.append(f"steers waiting: {len(steers)}")
-        lines += [f"  {safe(text)}" for text in steers]
-    if waiting:
-        lines.append(f"calls waiting for a decision: {len(waiting)} (approve SID CALL_ID, or deny)")
-        lines += [f"  {approval_line(p)}" for p in waiting]
-    return lines
+@dataclass
+class Waits:
+    """Everything that waits on a session, as ``show`` and ``info`` print it: the steers for its next model
+    request, the messages queued for turns of their own, the reply whose tool calls are in flight (the tool
+    journal: a run running them, or one that stopped among them), and the calls waiting for a decision."""
+
+    steers: list[str] = field(default_factory=list)
+    queued: list[str] = field(default_factory=list)
+    journal: Journal | None = None
+    approvals: list[PendingApproval] = field(default_factory=list)
+
+    def calls(self) -> list[tuple[str, str, str]]:
+        """Each call of the journal's reply: its id, its tool, and where it stands."""
+        if self.journal is None:
+            return []
+        found = []
+        for call in self.journal.reply.tool_calls:
+            approval = self.journal.approvals.get(call.id)
+            if call.id in self.journal.results:
+                state = "result kept" + (" (error)" if self.journal.results[call.id].is_error else "")
+            elif call.id in self.journal.started:
+                state = "started, no result yet (if its run died: outcome unknown, not run again unless idempotent)"
+            elif approval is not None and approval.decision is None:
+                state = "waits for a decision"
+            elif approval is not None and approval.decision is not None:
+                verdict = "approved" if approval.decision.approved else "denied"
+                state = f"{verdict} ({approval.decision.by}), not run yet"
+            else:
+                state = "not started"
+            found.append((call.id, call.name, state))
+        return found
+
+    def flight_summary(self) -> str:
+        if self.journal is None:
+            return "none"
+        n = len(self.journal.reply.tool_calls)
+        return f"a reply with {n} tool call{'' if n == 1 else 's'}, after message #{self.journal.at}"
+
+    def flight_lines(self) -> list[str]:
+        return [f"{safe(call)}  {safe(tool)}: {state}" for call, tool, state in self.calls()]
+
+    def lines(self) -> list[str]:
+        lines = []
+        if self.steers:
+            lines.append(f"steers waiting: {len(self.steers)}")
+            lines += [f"  {safe(text)}" for text in self.steers]
+        if self.queued:
+            lines.append(f"messages queued: {len(self.queued)} (each answered by a turn of its own, in this order)")
+            lines += [f"  key {safe(key)}" for key in self.queued]
+        if self.journal is not None:
+            lines.append(f"in flight: {self.flight_summary()}")
+            lines += [f"  {line}" for line in self.flight_lines()]
+        if self.approvals:
+            lines.append(f"calls waiting for a decision: {len(self.approvals)} (approve SID CALL_ID, or deny)")
+            lines += [f"  {approval_line(p)}" for p in self.approvals]
+        return lines
+
+    def doc(self) -> dict[str, Any]:
+        return {"pending_steers": self.steers, "queued": self.queued,
+                "in_flight": None if self.journal is None else {
+                    "after": self.journal.at,
+                    "calls": [{"call_id": c, "tool": t, "state": st} for c, t, st in self.calls()]},
+                "pending_approvals": [approval_doc(p) for p in self.approvals]}
+
+
+def _waits(session: StoreSession) -> Waits:
+    """What waits on ``session``, as far as its store can tell (a capability it lacks waits on nothing)."""
+    store = session.store
+    text = store.journal(session.id) if isinstance(store, RunStore) else None
+    return Waits(steers=session.pending_steers() if isinstance(store, LifecycleStore) else [],
+                 queued=session.queued() if isinstance(store, QueueStore) else [],
+                 journal=None if text is None else Journal.from_json(text, f"session {session.id!r}"),
+                 approvals=session.pending_approvals() if isinstance(store, ApprovalStore) else [])
 
 
 def span(seconds: float) -> str:
@@ -843,18 +1027,20 @@ def _one_line(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None, *, store: Store | None = None,
          make_store: Callable[[], Store] | None = None, prog: str = PROG,
-         stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+         stdout: TextIO | None = None, stderr: TextIO | None = None, resolve: Resolve | None = None) -> int:
     """Run one command and return its exit code (``EXIT_CODES``). ``store``: use this store instead of
     opening ``--store``, for an application that builds its own or a test's; ``make_store``: the same,
     built only once a command needs it (the Django app's ``manage.py agent_sessions``, whose store() may be
     misconfigured: it raises ``Exit``). ``prog`` names the front door in help and messages; ``stdout`` and
-    ``stderr`` are where it prints (``sys.stdout`` and ``sys.stderr`` when ``None``)."""
+    ``stderr`` are where it prints (``sys.stdout`` and ``sys.stderr`` when ``None``). ``resolve``: what
+    ``recover`` and ``work`` use when no ``--resolve`` is given (the Django app's ``AGENT_SESSIONS['RESOLVE']``)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # argparse prints to sys.*
             args = build_parser(prog, store_option=make_store is None).parse_args(argv)
     except SystemExit as exc:  # argparse printed --help, or the usage error; returned, for an embedding caller
         return exc.code if isinstance(exc.code, int) else USAGE
+    args.stdout, args.stderr, args.prog, args.default_resolve, args.failures = out, err, prog, resolve, ()
     level = logging.DEBUG if args.debug else logging.WARNING
     logging.basicConfig(level=level, format=f"{prog}: %(levelname)s %(name)s: %(message)s")  # no-op if configured
     try:
@@ -880,6 +1066,8 @@ def classify(exc: Exception) -> tuple[int, str]:
     """The exit code and the message for an error a command raised."""
     if isinstance(exc, Exit):
         return exc.code, str(exc)
+    if isinstance(exc, ImportError):  # StoresShadowed, or a driver missing where the application builds the store
+        return MISSING_DRIVER, str(exc)
     if isinstance(exc, Conflict | SessionExists):
         return CONFLICT, str(exc)
     if isinstance(exc, ArgumentError):
@@ -899,6 +1087,7 @@ def _run(args: argparse.Namespace, given: Store | None) -> Outcome:
     if args.command == "schema":
         return cmd_schema(args, target)
     opened = open_store(target)
+    args.failures = opened.failures
     try:
         return args.run(args, opened.store)  # type: ignore[no-any-return]
     except StoreError as exc:

@@ -7,13 +7,19 @@ store offers the protocol it needs and raising ``Unsupported`` otherwise.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from . import approvals, context, eventlog, lifecycle, validate
-from .contract import ApprovalStore, EventStore, LifecycleStore, RunStore, SteerKeyStore, Store
+from .contract import ApprovalStore, EventStore, LifecycleStore, QueueStore, RunStore, SteerKeyStore, Store
 from .errors import ArgumentError, Unsupported
 from .messages import Message
+from .run import turns
 from .values import Decision, Holder, PendingApproval, Scalar, SessionInfo, StoredEvent
+
+ANSWER_TAIL = 64
+"""Messages from the transcript's end ``StoreSession.answer`` reads first, looking for the keyed message."""
 
 
 class StoreSession:
@@ -65,6 +71,43 @@ class StoreSession:
                 "not (steer without a key, or use a store that keeps steer keys)"
             )
         return self.store.add_steer_once(self.id, text, key)
+
+    def enqueue(self, text: str, key: str) -> int:
+        """Store ``text`` as a message of its own, under ``key``, for a turn that answers it later: in the
+        session's queue (a ``QueueStore``), behind the messages accepted before it, as ``Runner.turn`` stores
+        a message that arrives while the session is busy. Nothing runs here. Whoever holds the session next
+        answers the queue from its head: a ``Runner.turn`` of the session, or the sweep (``agent.recover``:
+        ``python -m agent_sessions work``, the Celery workers of ``agent_sessions.contrib.celery``), so a web
+        request can hand a message over and answer at once. A key once accepted is not stored again, so
+        sending again after a failure is safe. Returns the message's place among those waiting (1: next; 0:
+        taken already). ``answer(key)`` reads its answer."""
+        validate.turn_key(key, "Session.enqueue(key=)")
+        validate.steer_text(text, "Session.enqueue(text)")
+        return self._queue_store("enqueue").enqueue(self.id, key, text)
+
+    def queued(self) -> list[str]:
+        """The keys of the messages waiting in the session's queue for a turn of their own, oldest first."""
+        return self._queue_store("queued").queued(self.id)
+
+    def answer(self, key: str, timeout: float = 0.0) -> Message | None:
+        """The reply that answered the turn whose message has ``key`` (``Runner.turn``, ``enqueue``): the first
+        reply after that message without tool calls, whichever process made it. ``None`` while there is none
+        (the message is queued, its turn runs or waits for a decision), or no message has that key. With
+        ``timeout`` (seconds), it waits that long at most for the answer, reading the transcript again after
+        0.02 s, then twice as long each time, up to 0.5 s: how a caller that handed its message over (to a
+        Celery task, to the sweep) waits for it whichever worker answers."""
+        validate.turn_key(key, "Session.answer(key)")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
+            raise ArgumentError(f"Session.answer(timeout=) must be a finite number of seconds >= 0, got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        pause = 0.02
+        while True:
+            found = self._answer(key)
+            left = deadline - time.monotonic()
+            if found is not None or left <= 0:
+                return found
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.5)
 
     def take_steers(self) -> list[str]:
         return self.store.take_steers(self.id)
@@ -147,6 +190,29 @@ class StoreSession:
         if not isinstance(self.store, EventStore):
             raise Unsupported(
                 f"Session.{op}() needs a store implementing agent_sessions.EventStore; {self.store!r} does not"
+            )
+        return self.store
+
+    def _answer(self, key: str) -> Message | None:
+        """``answer``'s one look. A store with the lifecycle reads the transcript's end first (the message
+        of a turn being waited for is usually there), and a message still queued is not in the transcript
+        at all: the whole transcript is read only when the key is in neither."""
+        store = self.store
+        if isinstance(store, LifecycleStore):
+            tail = store.tail(self.id, ANSWER_TAIL)
+            at = turns.keyed(tail, key)
+            if at is not None:
+                return turns.answered(tail, at)
+            if len(tail) < ANSWER_TAIL or (isinstance(store, QueueStore) and key in store.queued(self.id)):
+                return None  # the tail is the whole transcript, or the message waits in the queue
+        msgs = store.messages(self.id)
+        at = turns.keyed(msgs, key)
+        return None if at is None else turns.answered(msgs, at)
+
+    def _queue_store(self, op: str) -> QueueStore:
+        if not isinstance(self.store, QueueStore):
+            raise Unsupported(
+                f"Session.{op}() needs a store implementing agent_sessions.QueueStore; {self.store!r} does not"
             )
         return self.store
 

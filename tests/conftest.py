@@ -8,6 +8,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,6 +72,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if uses_mongo and "AGENT_SESSIONS_MONGO_URL" not in os.environ and not servers.mongo_reachable():
         pytest.skip(f"no MongoDB server at {servers.MONGO_URL}: run the suite with scripts/test, or start one "
                     "with `eval \"$(scripts/servers start)\"` (or set AGENT_SESSIONS_MONGO_URL)")
+
+
+@pytest.fixture(scope="session")
+def wheel_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of a fresh venv holding the wheel built from this tree, with every extra
+    (tests/wheel.py): what a pip user has, for the tests that must not see the tree. Built once a session."""
+    from tests import wheel
+
+    try:
+        return wheel.build(tmp_path_factory.mktemp("wheel"))
+    except wheel.Failed as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture

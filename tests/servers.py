@@ -154,14 +154,15 @@ def list_databases(base: str, prefix: str = PREFIX, timeout: int = CONNECT_TIMEO
     return {n for n in names if is_ours(n, prefix)}
 
 
-def drop_databases(base: str, names: set[str] | list[str]) -> None:
-    """DROP each of ``names`` (each one of this run's, ``is_ours``) on ``base``'s server, if it exists:
-    on PostgreSQL WITH (FORCE), ending a session a test left open (a pooled connection, a listener)."""
+def drop_databases(base: str, names: set[str] | list[str], prefix: str = PREFIX) -> None:
+    """DROP each of ``names`` (each one of this run's, ``is_ours``; ``prefix``: Django's test databases of this
+    run's are ``test_`` + it) on ``base``'s server, if it exists: on PostgreSQL WITH (FORCE), ending a
+    session a test left open (a pooled connection, a listener)."""
     admin = _admin(base)
     try:
         with admin.connect() as conn:
             for name in names:
-                assert is_ours(name) and name.replace("_", "").isalnum(), f"{name!r} is not one of this run's"
+                assert is_ours(name, prefix) and name.replace("_", "").isalnum(), f"{name!r} is not one of this run's"
                 if admin.dialect.name == "postgresql":
                     conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 else:

@@ -50,3 +50,61 @@ def test_the_checks_see_a_name_that_is_missing() -> None:
     """The matching is not vacuous: a name the page does not have is found missing."""
     assert not named_in_code("NoSuchName") and not named_in_code("Spe")
     assert named_in_code("Spec") and named_in_code("StoresShadowed")
+
+
+def _classes(annotation: object) -> set[type]:
+    """The classes an annotation names (``X | None``, ``list[X]``, ``Iterator[X]``...)."""
+    import types
+    import typing
+
+    found: set[type] = set()
+    origin = typing.get_origin(annotation)
+    if origin is not None:
+        for arg in typing.get_args(annotation):
+            found |= _classes(arg)
+        if isinstance(origin, type) and origin is not types.UnionType:
+            found.add(origin)
+    elif isinstance(annotation, type):
+        found.add(annotation)
+    return found
+
+
+def _public_callables() -> list[tuple[str, object, object]]:
+    """(label, callable, where its return types must be importable from): every function and method of a
+    class in ``agent_sessions.__all__`` (from ``agent_sessions``), and of a public module there (from that
+    module, or ``agent_sessions``)."""
+    found: list[tuple[str, object, object]] = []
+
+    def members(obj: object, label: str, home: object) -> None:
+        if inspect.isfunction(obj):
+            found.append((label, obj, home))
+        elif isinstance(obj, type):
+            for name, value in vars(obj).items():
+                if not name.startswith("_") and callable(value):
+                    found.append((f"{label}.{name}", value, home))
+
+    for name in agent.__all__:
+        value = getattr(agent, name)
+        if inspect.ismodule(value):
+            for inner, member in vars(value).items():
+                if not inner.startswith("_") and getattr(member, "__module__", None) == value.__name__:
+                    members(member, f"{name}.{inner}", value)
+        else:
+            members(value, name, agent)
+    return found
+
+
+def test_every_type_a_public_function_returns_is_importable_from_where_it_is() -> None:
+    """``session.approve(...)`` returns a ``Decision``: a caller can name it as ``agent.Decision`` (a function of
+    a public module, ``agent.endpoints.streaming``, may return a type of that module)."""
+    import typing
+
+    missing = []
+    for label, function, home in _public_callables():
+        for cls in _classes(typing.get_type_hints(function).get("return")):
+            if cls.__module__ in ("builtins", "typing", "collections.abc", "datetime", "collections"):
+                continue
+            if getattr(agent, cls.__name__, None) is not cls and getattr(home, cls.__name__, None) is not cls:
+                missing.append(f"{label} -> {cls.__module__}.{cls.__name__}")
+    assert missing == [], missing
+    assert any(label == "StoreSession.approve" for label, _, _ in _public_callables())

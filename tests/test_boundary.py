@@ -8,8 +8,9 @@ import sys
 import pytest
 
 DRIVERS = ("sqlalchemy", "psycopg", "pymysql", "pymongo", "bson", "sqlite3")
-EXTRAS = ("opentelemetry",)
-"""Optional packages only a module of their own loads (agent_sessions.otel): never the core."""
+EXTRAS = ("opentelemetry", "django", "celery", "kombu")
+"""Optional packages only a module of their own loads (agent_sessions.otel, agent_sessions.contrib): never
+the core, and not the command line."""
 
 
 def loaded_after(statement: str) -> list[str]:
@@ -23,7 +24,8 @@ def loaded_after(statement: str) -> list[str]:
 
 
 def test_importing_the_core_loads_no_driver() -> None:
-    loaded = loaded_after("import agent_sessions, agent_sessions.endpoints, agent_sessions.run.react")
+    loaded = loaded_after("import agent_sessions, agent_sessions.endpoints, agent_sessions.run.react, "
+                          "agent_sessions.cli, agent_sessions.contrib")
     assert "agent_sessions" in loaded
     assert [m for m in (*DRIVERS, *EXTRAS) if m in loaded] == []
 

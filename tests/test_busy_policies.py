@@ -8,6 +8,7 @@ import logging
 import pathlib
 import pickle
 import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 import agent_sessions as agent
 from stores import memory
 from storetest.scripted import Answer, ToolsThenAnswer
+from tests.four_method_store import FourMethodStore
 from tests.test_lease import holding
 
 
@@ -35,7 +37,7 @@ def _held(store: agent.RunStore, sid: str) -> tuple[agent.Run, threading.Event]:
 
 
 def test_a_queued_message_that_waits_too_long_is_stored_and_answered_later(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="agent_sessions")
+    caplog.set_level(logging.DEBUG, logger="agent_sessions")
     store = memory.Store()
     run, go = _held(store, "chat")
     held = store.holder("chat")
@@ -59,9 +61,31 @@ def test_a_queued_message_that_waits_too_long_is_stored_and_answered_later(caplo
     assert (result.text, model.requests) == ("the answer to b", 1)
     assert [m.key for m in store.messages("chat")][-2:] == ["msg-2", ""] and store.queued("chat") == []
     lines = [r.getMessage() for r in caplog.records]
-    assert any("turn 'msg-2' queued at position 1; waiting up to 0.2 s" in line for line in lines), lines
+    assert any(f"is held by {held.describe()}; waiting up to 0.2 s for it (lease_wait)" in line
+               for line in lines), lines
     assert any("turn 'msg-2' still queued (position 1) after waiting 0.2 s" in line for line in lines), lines
     assert any("turn 'msg-2' answered (answered)" in line for line in lines), lines
+
+
+def test_an_uncontended_turn_logs_no_wait_and_a_message_behind_others_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Contention is logged where there is some: a turn on an idle session passes through the queue without an
+    INFO line about queueing or waiting; one queued behind another message says how many are ahead."""
+    caplog.set_level(logging.INFO, logger="agent_sessions")
+    store = memory.Store()
+    result = agent.Runner().turn(agent.Spec(session=agent.open("idle", store), lease_wait=90), "a", "msg-1",
+                                 Answer("the answer to a"))
+    assert result.text == "the answer to a"
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [line for line in said if "queued" in line or "waiting" in line], said
+    caplog.clear()
+    store.acquire("busy", agent.Holder("worker-2", 4242, "a-token", 0.0), 30)  # another run holds it
+    store.enqueue("busy", "msg-1", "first")
+    with pytest.raises(agent.StillQueued):
+        agent.Runner().turn(agent.Spec(session=agent.open("busy", store), lease_wait=0), "second", "msg-2",
+                            Answer("never asked"))
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert any("turn 'msg-2' queued at position 2, behind 1 message(s)" in line for line in said), said
 
 
 def test_queued_messages_are_answered_in_order_each_by_its_own_turn_whoever_waits() -> None:
@@ -565,3 +589,38 @@ def test_new_input_after_a_worker_killed_in_a_tool_runs_nothing_of_its_reply_aga
     assert [c.text for c in stored[2].content] == ["charged", UNKNOWN_OUTCOME]
     assert result.stop_reason == "answered" and stored[-1] == result.messages[-1]
     store.close()
+
+
+def test_enqueue_hands_a_message_over_and_answer_reads_its_answer_whoever_made_it() -> None:
+    """``Session.enqueue`` stores a message for a turn of its own without running anything; ``answer(key)`` is
+    ``None`` while it waits, the reply that answered it once a turn did (found at the transcript's end, or
+    further back), and waits up to ``timeout`` for another thread's turn to answer it."""
+    store = memory.Store()
+    session = agent.open("handed", store)
+    assert session.enqueue("what is a lease?", "msg-1") == 1
+    assert session.enqueue("what is a lease?", "msg-1") == 1  # sent again: stored once
+    assert session.queued() == ["msg-1"] and session.answer("msg-1") is None and session.answer("nope") is None
+    spec = agent.Spec(session=session, name="support")
+    done = agent.recover(store, lambda info: (spec, Answer("a lease is a claim")), grace=0)
+    assert [r.outcome for r in done] == ["recovered"]
+    assert session.answer("msg-1") == agent.Message.assistant("a lease is a claim") and session.queued() == []
+    for i in range(40):  # the answered message is now far from the transcript's end
+        agent.Runner().turn(spec, f"more {i}", f"more-{i}", Answer(f"answer {i}"))
+    assert session.answer("msg-1") == agent.Message.assistant("a lease is a claim")
+    session.enqueue("and the renewal?", "msg-2")
+    started = time.monotonic()
+    later = threading.Timer(0.3, lambda: agent.recover(store, lambda info: (spec, Answer("it renews")), grace=0))
+    later.start()
+    try:
+        assert session.answer("msg-2", timeout=30) == agent.Message.assistant("it renews")
+    finally:
+        later.join(30)
+    assert 0.2 < time.monotonic() - started < 30
+    assert session.answer("msg-3", timeout=0.1) is None  # a bounded wait for what never comes
+    for bad in ({"key": ""}, {"key": "k", "timeout": -1}, {"key": "k", "timeout": float("inf")}):
+        with pytest.raises(agent.ArgumentError):
+            session.answer(**bad)  # type: ignore[arg-type]
+    with pytest.raises(agent.ArgumentError):
+        session.enqueue("", "msg-4")
+    with pytest.raises(agent.Unsupported):
+        agent.open("s", FourMethodStore()).enqueue("hi", "k")

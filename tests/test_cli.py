@@ -585,9 +585,10 @@ def test_hostile_ids_steers_and_metadata_print_as_one_row_each(tmp_path: Path) -
 
     info = printed_lines(run_cli("info", HOSTILE["lf"], store=str(path)).out)
     assert [line for line in info if line.startswith("run:")] == ["run:       none"]
-    assert info[0] == "id:        h-lf\\x0a" + FORGED and info[-2] == "  hurry\\x0arun:       none"
-    assert info[-1] == "approvals: 0 waiting"
-    assert len(info) == 9, info  # id, created, updated, messages, metadata, run, steers, the one steer, approvals
+    assert info[0] == "id:        h-lf\\x0a" + FORGED and info[-4] == "  hurry\\x0arun:       none"
+    assert info[-3:] == ["queued:    0 waiting", "in flight: none", "approvals: 0 waiting"]
+    # id, created, updated, messages, metadata, run, steers, the one steer, queued, in flight, approvals
+    assert len(info) == 11, info
     assert run_cli("info", HOSTILE["lf"], "--json", store=str(path)).doc["pending_steers"] == [
         "hurry\nrun:       none"]
     assert printed_lines(run_cli("metadata", HOSTILE["cr"], store=str(path)).out) == [
@@ -636,3 +637,89 @@ def test_stranded_lists_open_turns_and_recover_finishes_those_resolve_knows(back
     for bad, says in (("tests.nowhere:resolve", "cannot import"), ("resolve", "MODULE:FUNCTION")):
         refused = run_cli("recover", "--resolve", bad, store=backend.url)  # a usage error, as argparse says it
         assert refused.code == 2 and says in refused.err and not refused.out, refused
+
+
+# -- what waits on a session, and the worker that answers it (issue 44) ----------------------------------------
+
+
+def test_info_and_show_list_everything_that_waits_on_a_session(mem: InProcess) -> None:
+    """A turn waiting for a decision on one call (its reply in the tool journal), a steer, two messages
+    queued behind it: info and show print each, and --json has each."""
+    class Asks:  # the model: one call of refund
+        def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
+            return agent.Message(agent.Role.ASSISTANT, [Content.tool_call("call_9", "refund", '{"order": "7"}')])
+
+    @agent.tool(idempotent=False, needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order.
+
+        Args:
+            order: the order
+        """
+        return "refunded"
+
+    session = agent.open("waits", mem.store)
+    result = agent.Runner().turn(agent.Spec(session=session, tools=[refund]), "refund 7", "msg-1", Asks())
+    assert result.stop_reason == "awaiting_approval"
+    session.steer("be brief")
+    session.enqueue("and order 8?", "msg-2")
+    session.enqueue("and order 9?", "msg-3")
+    info = mem("info", "waits").out
+    assert "\nsteers:    1 waiting\n  be brief\n" in info, info
+    assert "\nqueued:    2 waiting (each answered by a turn of its own, in this order)\n  key msg-2\n  key msg-3\n" \
+        in info, info
+    assert "\nin flight: a reply with 1 tool call, after message #1\n  call_9  refund: waits for a decision\n" in info
+    assert "\napprovals: 1 waiting" in info and '\n  call_9  refund({"order": "7"})' in info, info
+    shown = mem("show", "waits").out
+    assert "messages queued: 2 (each answered by a turn of its own, in this order)\n  key msg-2\n  key msg-3\n" \
+        in shown and "in flight: a reply with 1 tool call" in shown, shown
+    doc = mem("info", "waits", "--json").doc
+    assert doc["queued"] == ["msg-2", "msg-3"] and doc["pending_steers"] == ["be brief"]
+    assert doc["in_flight"] == {"after": 1, "calls": [{"call_id": "call_9", "tool": "refund",
+                                                       "state": "waits for a decision"}]}
+    session.approve("call_9")
+    assert "call_9  refund: approved (person), not run yet" in mem("info", "waits").out
+    assert mem("show", "waits", "--json").doc["queued"] == ["msg-2", "msg-3"]
+
+
+def test_steer_says_who_takes_it(mem: InProcess) -> None:
+    saved(mem.store, "idle")
+    assert mem("steer", "idle", "be brief").out == ("steer left for session idle; no run holds the session now: its "
+                                                    "next run takes it\n")
+    keyed = mem("steer", "idle", "and order 8?", "--key", "k-1").out
+    assert keyed.startswith("steer left for session idle; no run holds the session, so a keyed steer waits as a "
+                            "message of its own: the sweep"), keyed
+    mem.store.acquire("idle", claimant(), 60)
+    assert mem("steer", "idle", "hurry").out == ("steer left for session idle: its run takes it before its next "
+                                                 "model request\n")
+
+
+def test_work_answers_what_is_left_until_a_signal_stops_it(backend: Backend, tmp_path: Path) -> None:
+    """``work``: the sweep in a loop. A stranded turn and a message handed over with enqueue are answered;
+    SIGTERM ends it (exit 0) with a summary; --for ends it too; without --resolve it is a usage error."""
+    import signal
+
+    _stranded(backend.store, "w-stranded", "support")
+    _stranded(backend.store, "w-queued", "support")
+    backend.store.save("w-queued", [*backend.store.messages("w-queued"), agent.Message.assistant("done")])
+    agent.open("w-queued", backend.store).enqueue("and order 8?", "msg-8")
+    environ = {k: v for k, v in os.environ.items() if k != cli.ENV_STORE}
+    environ["PYTHONPATH"] = str(Path(__file__).parent.parent)
+    worker = subprocess.Popen([sys.executable, "-m", "agent_sessions", "--store", backend.url, "work", "--resolve",
+                               "tests.stranded_resolve:resolve", "--every", "0.2s", "--grace", "0s"], env=environ,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for session, key in (("w-stranded", "turn-w-stranded"), ("w-queued", "msg-8")):
+            answer = agent.open(session, backend.store).answer(key, timeout=60)
+            assert answer is not None and answer.role is agent.Role.ASSISTANT, (session, worker.poll())
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    rows = sorted(line.split()[2:4] for line in out.splitlines())
+    assert rows == [["w-queued", "recovered"], ["w-stranded", "recovered"]], out
+    assert err.endswith("work stopped: 2 recovered\n"), err
+    ran = run_cli("work", "--resolve", "tests.stranded_resolve:resolve", "--for", "0.5s", "--json",
+                  store=backend.url, env={"PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert (ran.code, ran.doc) == (0, {"stopped": {}}) and ran.err.endswith("work stopped: nothing to do\n"), ran
+    one_line_error(run_cli("work", store=backend.url), 2, "work needs --resolve MODULE:FUNCTION")

@@ -819,7 +819,8 @@ def test_approve_prints_each_waiting_calls_arguments_on_its_own_row(memory: Any)
     assert len(rows) == 1 and rows[0].startswith("r1\\x0ar3  refund({\"order\":\\x0a\"7\"}\\x0ar2  refund({})"), rows
     assert as_json("approvals", "h-approve\n")["pending_approvals"][0]["arguments"] == hostile
     decided = printed_lines(command("approve", "h-approve\n", "r1\nr3"))
-    assert decided == ["approved call r1\\x0ar3 of session h-approve\\x0a: the session's next run runs it"], decided
+    assert decided == ["approved call r1\\x0ar3 of session h-approve\\x0a: once no call waits, the turn goes on and "
+                       "runs it, in the session's next run or the sweep's (recover: work, the Celery workers)"], decided
 
 
 def test_the_command_lists_stranded_turns_and_recovers_them(memory: Any) -> None:

@@ -1,7 +1,8 @@
 """The app's test support, each in a process of its own (Django's settings are per process): ``reset()``
 closes every connection the store opened to the database (the engine's pool and PostgreSQL's listener),
 which is what lets Django drop a test database; ``empty_store()`` refuses a database that is not Django's
-test database. ``manage.py test`` with ``StoreTestMixin`` end to end is tests/test_django_wheel.py."""
+test database. ``manage.py test`` with the store used plainly and with ``StoreTestMixin``, end to end, is
+tests/test_django_wheel.py."""
 
 from __future__ import annotations
 
@@ -74,5 +75,6 @@ def test_reset_closes_the_pool_and_the_listener_on_postgresql() -> None:
 
 def test_empty_store_refuses_a_database_that_is_not_the_test_database(tmp_path: Path) -> None:
     refused, kept = child(REFUSE, DJANGO_APP_STATE=str(tmp_path), DJANGO_DB_URL="")
-    assert refused.startswith("refused: empty_store() deletes every session; it runs only on Django's test database")
+    assert refused.startswith("refused: empty_store() deletes every session; it runs only on the test database of "
+                              "a test run")
     assert kept == "kept: 1"

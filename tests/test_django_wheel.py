@@ -1,79 +1,37 @@
-"""The Django app as a user gets it: the wheel built from the tree, installed with its `django,sqlite` extras
-into a fresh venv, a new Django project with the app in INSTALLED_APPS, and every management command run
-there as its own process: migrate, steer, show, sessions, prune, cancel, and `migrate agent_sessions zero`.
-
-Nothing comes from the network: one `pip download`, pinned to the versions in this venv (pip's cache or
-the machine's local index), fills a wheelhouse, and the install runs with --no-index from it."""
+"""The Django app as a user gets it: the wheel built from the tree, installed with its extras into a fresh
+venv (tests/wheel.py), a new Django project with the app in INSTALLED_APPS, and every management command
+run there as its own process: migrate, steer, show, sessions, prune, cancel, and `migrate agent_sessions
+zero`; `manage.py test` on PostgreSQL and MySQL with Django's default test settings, twice."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ("agent_sessions", "stores", "storetest", "setup.cfg", "pyproject.toml", "README.md", "LICENSE",
-          "MANIFEST.in", "CHANGELOG.md")
-DRIVERS = ("sqlalchemy", "psycopg", "pymysql", "pymongo", "bson", "django")
-EXTRAS = "django,sqlite,postgres"
+from tests import servers, wheel
+
+DRIVERS = ("sqlalchemy", "psycopg", "pymysql", "pymongo", "bson", "django", "celery")
 
 
 def run(cmd: list[str], *, timeout: float = 120, cwd: Path | None = None, env: dict[str, str] | None = None,
         code: int = 0) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
-    if out.returncode != code:
-        pytest.fail(f"{' '.join(cmd)} exited {out.returncode}, not {code}\n--- stdout\n{out.stdout}\n"
-                    f"--- stderr\n{out.stderr}")
-    return out
+    try:
+        return wheel.run(cmd, timeout=timeout, cwd=cwd, env=env, code=code)
+    except wheel.Failed as exc:
+        pytest.fail(str(exc))
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """No pip configuration, no PYTHONPATH, no settings module of this process."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV", "DJANGO_"))}
-    env.update(extra)
-    return env
+clean_env = wheel.clean_env
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv (no pip of its own) holding the wheel with the django, sqlite and postgres extras: its
-    python."""
-    base = tmp_path_factory.mktemp("django_wheel")
-    tree = base / "tree"
-    tree.mkdir()
-    for name in SOURCE:  # a clean copy: a build in the working tree would read its stale egg-info
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(ROOT / name, tree / name)
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
-         str(base / "dist"), str(tree)], timeout=300)
-    [wheel] = (base / "dist").glob("stored_agent_sessions-*.whl")
-
-    frozen = run([sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"]).stdout
-    pins = [line for line in frozen.splitlines() if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==\S+", line)]
-    house = base / "wheelhouse"
-    house.mkdir()
-    (house / "constraints.txt").write_text("\n".join(pins) + "\n")
-    run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary", ":all:",
-         "--dest", str(house), "--constraint", str(house / "constraints.txt"), f"{wheel}[{EXTRAS}]"], timeout=300)
-
-    home = base / "venv"
-    run([sys.executable, "-m", "venv", "--without-pip", str(home)])
-    python = home / "bin" / "python"
-    offline = clean_env(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(house),
-                        PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", f"{wheel}[{EXTRAS}]"],
-        timeout=300, env=offline)
-    return python
+@pytest.fixture(scope="session")
+def venv(wheel_python: Path) -> Path:
+    """The python of a fresh venv holding the wheel built from this tree (tests/wheel.py)."""
+    return wheel_python
 
 
 SETTINGS = """\
@@ -183,7 +141,7 @@ def test_the_app_installed_from_the_wheel_migrates_and_its_commands_run(venv: Pa
     assert Path(where.strip()).is_relative_to(venv.parent.parent)  # the installed wheel, not this tree
 
     assert manage(venv, project, "agent_sessions", "steer", "w-1", "check the expiry").stdout == \
-        "steer left for session w-1\n"
+        "steer left for session w-1; no run holds the session now: its next run takes it\n"
     streamed = run([str(venv), "events.py", "w-1"], cwd=project, env=clean_env()).stdout
     assert streamed == "/agent/sessions/w-1/events 200 text/event-stream 'retry: 500\\n\\n'\n"
     refused = manage(venv, project, "agent_sessions", "steer", "w-1", "", code=2)
@@ -221,75 +179,121 @@ def test_the_schema_helper_runs_from_the_wheel(venv: Path, project: Path) -> Non
     assert out.startswith('"""The store\'s tables, schema ')
 
 
-# A new project on PostgreSQL whose tests use the store, as a user writes them: two TestCases, each of
-# which sees an empty store, saves, and starts the PostgreSQL listener (the connection that used to keep
-# Django from dropping the test database).
-PG_SETTINGS = """\
+# A new project whose tests use the store, as a user writes them, on Django's default test settings (no
+# TEST key, no TEST_RUNNER): one module uses the store plainly, as it uses the ORM; the other through
+# StoreTestMixin. Each test sees an empty store whatever another test saved, saves, and starts
+# PostgreSQL's listener (the connection that used to keep Django from dropping the test database).
+DB_SETTINGS = """\
 SECRET_KEY = "test-only"
 INSTALLED_APPS = ["agent_sessions.contrib.django", "shop"]
 DATABASES = {{"default": {{
-    "ENGINE": "django.db.backends.postgresql", "NAME": {name!r}, "USER": {user!r}, "HOST": {host!r},
-    "PORT": {port!r}, "PASSWORD": {password!r}, "TEST": {{"NAME": {test_name!r}}},
+    "ENGINE": {engine!r}, "NAME": {name!r}, "USER": {user!r}, "HOST": {host!r}, "PORT": {port!r},
+    "PASSWORD": {password!r},
 }}}}
 USE_TZ = True
 """
 
-PG_TESTS = """\
-from django.test import TestCase
+MYSQL_DRIVER = """\
+import pymysql  # Django's MySQL backend is written for mysqlclient; PyMySQL stands in for it here
+
+pymysql.install_as_MySQLdb()
+"""
+
+STORY = """\
+from django.test import TestCase, TransactionTestCase
 
 import agent_sessions as agent
 from agent_sessions.contrib.django import store
-from agent_sessions.contrib.django.testing import StoreTestMixin
+{mixin_import}
 
 
-class Story(StoreTestMixin):
-    mine = ""
-    other = ""
-
-    def test_the_store_starts_empty_and_keeps_what_a_test_saves(self):
-        self.assertIsNone(store().info(self.other), "a row of the other TestCase leaked into this one")
-        self.assertEqual(store().list_sessions().sessions, [])
-        self.assertEqual(store().pending_steers(self.other), [])
-        session = agent.open(self.mine, store())
+class Story:
+    def check_empty_then_save(self, mine):
+        self.assertEqual(store().list_sessions().sessions, [], "a session of another test leaked into this one")
+        session = agent.open(mine, store())
         session.save([agent.Message.user("review lease.go")])
         session.steer("and token.go")
-        self.assertEqual(store().wait_for_events(self.mine, 0, 0.05), 0)  # starts the LISTEN connection
-        self.assertEqual(store().info(self.mine).messages, 1)
+        session.enqueue("and the renewal", "msg-2")
+        if hasattr(store(), "wait_for_events"):
+            self.assertFalse(store().wait_for_events(mine, 0, 0.05))  # PostgreSQL: starts the LISTEN connection
+        self.assertEqual(store().info(mine).messages, 1)
+        self.assertEqual([s.id for s in store().list_sessions().sessions], [mine])
+
+    def test_one(self):
+        self.check_empty_then_save(type(self).__name__ + "-1")
+
+    def test_two(self):
+        self.check_empty_then_save(type(self).__name__ + "-2")
 
 
-class FirstTests(Story, TestCase):
-    mine, other = "first-1", "second-1"
+class {style}First({bases}Story, TestCase):
+    pass
 
 
-class SecondTests(Story, TestCase):
-    mine, other = "second-1", "first-1"
+class {style}Second({bases}Story, TestCase):
+    pass
+
+
+class {style}Transactional({bases}Story, TransactionTestCase):
+    pass
 """
 
 
-def test_manage_py_test_on_postgresql_runs_twice_isolates_tests_and_leaves_no_database(
-        venv: Path, tmp_path: Path) -> None:
+def write_project(home: Path, vendor: str, url: str, name: str) -> None:
     from sqlalchemy import make_url
 
-    from tests import servers
-
-    url = make_url(servers.POSTGRES_URL)
-    names = {servers.database_name("djwheel"), servers.database_name("djwheel_test")}
-    home = tmp_path / "pgproject"
+    parts = make_url(url)
     (home / "shop").mkdir(parents=True)
     (home / "shop" / "__init__.py").write_text("")
-    (home / "shop" / "tests.py").write_text(PG_TESTS)
-    (home / "site_settings.py").write_text(PG_SETTINGS.format(
-        name=servers.database_name("djwheel"), test_name=servers.database_name("djwheel_test"),
-        user=url.username or "", password=url.password or "", host=url.host or "", port=str(url.port or "")))
+    (home / "shop" / "test_plain.py").write_text(STORY.format(mixin_import="", style="Plain", bases=""))
+    (home / "shop" / "test_mixin.py").write_text(STORY.format(
+        mixin_import="from agent_sessions.contrib.django.testing import StoreTestMixin", style="Mixin",
+        bases="StoreTestMixin, "))
+    engine = "django.db.backends.postgresql" if vendor == "postgresql" else "django.db.backends.mysql"
+    (home / "site_settings.py").write_text((MYSQL_DRIVER if vendor == "mysql" else "") + DB_SETTINGS.format(
+        engine=engine, name=name, user=parts.username or "", password=parts.password or "", host=parts.host or "",
+        port=str(parts.port or "")))
     (home / "manage.py").write_text(MANAGE)
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "mysql"])
+def test_manage_py_test_with_default_settings_runs_twice_isolates_tests_and_leaves_no_database(
+        venv: Path, tmp_path: Path, vendor: str) -> None:
+    """Django's default test settings: the test database is ``test_`` + NAME, and TEST_RUNNER is Django's.
+    Twelve tests in six classes (three plain, three with StoreTestMixin; TestCase and TransactionTestCase),
+    run twice: every test starts from an empty store, and no test database is left behind."""
+    base = servers.POSTGRES_URL if vendor == "postgresql" else servers.MYSQL_URL
+    name = servers.database_name(f"dj{vendor[:2]}")
+    test_name = "test_" + name
+    home = tmp_path / "project"
+    write_project(home, vendor, base, name)
     try:
         for _ in range(2):  # a database left behind would stop the second run at Django's prompt (or fail it)
             out = manage(venv, home, "test", "--noinput", "-v", "2")
-            assert "Ran 2 tests" in out.stderr and "\nOK\n" in out.stderr, out.stderr
+            assert "Ran 12 tests" in out.stderr and "\nOK\n" in out.stderr, out.stderr
             assert "Applying agent_sessions.0001_initial... OK" in out.stderr + out.stdout
-            assert servers.list_databases(servers.POSTGRES_URL) & names == set()
+            assert f"Destroying test database for alias 'default' ('{test_name}')" in out.stderr, out.stderr
+            assert servers.list_databases(base, prefix="test_" + servers.PREFIX) == set()
     finally:
-        servers.drop_databases(servers.POSTGRES_URL, names)
+        servers.drop_databases(base, {test_name}, prefix="test_" + servers.PREFIX)
+
+
+def test_the_store_is_refused_outside_a_test_run_and_a_real_database_is_never_emptied(
+        venv: Path, tmp_path: Path) -> None:
+    """``empty_store()`` (what StoreTestMixin and the test command call) refuses a database that is not a
+    test run's, even one named like a test database: nothing is read or deleted (the database need not
+    even exist)."""
+    home = tmp_path / "project"
+    write_project(home, "postgresql", servers.POSTGRES_URL, "test_" + servers.database_name("djreal"))
+    (home / "try_empty.py").write_text(
+        "import os\nos.environ.setdefault('DJANGO_SETTINGS_MODULE', 'site_settings')\nimport django\n"
+        "django.setup()\nfrom django.core.exceptions import ImproperlyConfigured\n"
+        "from agent_sessions.contrib.django.testing import empty_store\n"
+        "try:\n    empty_store()\nexcept ImproperlyConfigured as e:\n    print('refused:', e)\n")
+    out = run([str(venv), "try_empty.py"], cwd=home, env=clean_env()).stdout
+    assert out.startswith("refused: empty_store() deletes every session; it runs only on the test database "
+                          "of a test run"), out
+    assert out.rstrip().endswith("with no test run set up"), out
 
 
 def test_a_projects_own_stores_package_is_named_from_the_wheel_too(venv: Path, tmp_path: Path) -> None:
@@ -305,3 +309,40 @@ def test_a_projects_own_stores_package_is_named_from_the_wheel_too(venv: Path, t
                     "except agent_sessions.StoresShadowed as e:\n    print(e.found, e.expected)"],
                    cwd=tmp_path, env=clean_env()).stdout.split()
     assert imported[0] == str(foreign) and Path(imported[1]).is_relative_to(venv.parent.parent), imported
+
+
+def test_check_validates_agent_sessions_and_errors_speak_django(venv: Path, tmp_path: Path) -> None:
+    """``manage.py check`` refuses AGENT_SESSIONS with a misspelt key, an alias DATABASES lacks, or a RESOLVE
+    that does not import (it used to accept them all, and the error came at the store's first use). On
+    PostgreSQL before ``migrate``, a command says to run ``manage.py migrate``, not the SQL the migration
+    runs; the store's connections carry an application_name."""
+    home = tmp_path / "project"
+    name = servers.database_name("djops")
+    servers.database_url(servers.POSTGRES_URL, name)  # created, not migrated
+    write_project(home, "postgresql", servers.POSTGRES_URL, name)
+    settings = (home / "site_settings.py").read_text()
+    try:
+        for extra, code, says in (
+                ('AGENT_SESSIONS = {"DATABASES": "default"}', "E002", "unknown keys ['DATABASES']"),
+                ('AGENT_SESSIONS = {"DATABASE": "replica"}', "E002", "'replica', which is not in DATABASES"),
+                ('AGENT_SESSIONS = {"RESOLVE": "shop.agent.resolve"}', "E003", "cannot be imported"),
+                ('AGENT_SESSIONS = {"SWEEP_SECONDS": -1}', "E002", "SWEEP_SECONDS'] must be a number of seconds >= 0")):
+            (home / "site_settings.py").write_text(settings + extra + "\n")
+            out = manage(venv, home, "check", code=1)
+            assert f"(agent_sessions.{code})" in out.stderr and says in out.stderr, out.stderr
+        (home / "site_settings.py").write_text(settings + 'AGENT_SESSIONS = {"RESOLVE": "site_settings.resolve"}\n'
+                                               "def resolve(info):\n    return None\n")
+        assert "no issues" in manage(venv, home, "check").stdout
+        missing = manage(venv, home, "agent_sessions", "list", code=4).stderr
+        assert "run `python manage.py migrate`" in missing and "SCHEMA" not in missing, missing
+        manage(venv, home, "migrate", "--noinput")
+        (home / "names.py").write_text(
+            "import os\nos.environ.setdefault('DJANGO_SETTINGS_MODULE', 'site_settings')\nimport django\n"
+            "django.setup()\nfrom agent_sessions.contrib.django import store\nstore().info('none')\n"
+            "from django.db import connection\nwith connection.cursor() as c:\n"
+            "    c.execute('SELECT DISTINCT application_name FROM pg_stat_activity'\n"
+            "              ' WHERE datname = current_database()')\n"
+            "    print(sorted(r[0] for r in c.fetchall()))\n")
+        assert "'agent-sessions'" in run([str(venv), "names.py"], cwd=home, env=clean_env()).stdout
+    finally:
+        servers.drop_databases(servers.POSTGRES_URL, {name})

@@ -1,4 +1,12 @@
-"""Every ```python block of README.md and docs/**/*.md runs, so a doc cannot drift from the code.
+"""Every ```python block of README.md and docs/**/*.md runs, against the installed wheel, so a doc cannot drift
+from the code, nor lean on the repository.
+
+Where the blocks run: in a fresh venv holding the wheel built from this tree (tests/wheel.py), as a pip user
+has the library: ``test_the_blocks_run_against_the_installed_wheel`` runs this module again there, in a
+child pytest, from a copy of ``tests/``, ``docs/`` and ``README.md`` alone (no ``agent_sessions``, ``stores``,
+``examples`` beside them), and fails with the child's report unless every block passed. Set
+``AGENT_SESSIONS_DOCS_FROM=tree`` to run the blocks here, against the tree, one test per block (quicker to
+look into one).
 
 How the blocks run:
 
@@ -25,8 +33,9 @@ How the blocks run:
 - A page that talks to the model has its replies scripted in ``SCRIPTS``, so each of its runs answers
   the same way every time; when the page ends, every scripted reply must have been used, and every
   thread the page started must have ended. ``CHECKS`` holds what a page's code claims beyond not raising.
-- docs/integrations.md imports the Celery example, which keeps its broker and its store in
-  ``CELERY_EXAMPLE_STATE``: set to the page's directory while the page runs.
+- A page of ``SHIPPED`` talks to the scripted model server the wheel ships
+  (``agent_sessions.testing.model_server``, its default script) instead of replies scripted here: what a
+  reader gets who starts ``python -m agent_sessions.testing.model_server``.
 """
 
 from __future__ import annotations
@@ -36,8 +45,9 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sqlite3
-import sys
+import subprocess
 import threading
 import time
 import types
@@ -54,10 +64,17 @@ from sqlalchemy import Engine, create_engine, make_url
 
 import agent_sessions as agent
 import storetest
+from agent_sessions.testing.model_server import ModelServer as Shipped
+from agent_sessions.testing.model_server import scripted
 from tests import servers
 from tests.model_server import ModelServer, Reply, Request, Script, openai, sse
 
 ROOT = Path(__file__).resolve().parent.parent
+WHERE = os.environ.get("AGENT_SESSIONS_DOCS_FROM", "wheel")
+"""``wheel``: this process runs the blocks in the wheel's venv (a child pytest, ``child`` there); ``tree``:
+it runs them itself, against the tree."""
+if WHERE == "child":  # the child must see the installed wheel, never a tree
+    assert "site-packages" in agent.__file__ and not (ROOT / "agent_sessions").exists(), agent.__file__
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))]
 BLOCK_SECONDS = 60.0
 THREAD_SECONDS = 30.0
@@ -192,10 +209,6 @@ SCRIPTS: dict[str, Callable[[Page], list[Script]]] = {
     "docs/runs/leases.md": lambda page: [
         openai("Line 42."),
     ],
-    "docs/runs/approvals.md": lambda page: [
-        openai(calls=[("call_1", "refund", '{"order": "1182", "amount": 80}')]),
-        openai("Refunded 80 euros on order 1182."),
-    ],
     "docs/runs/events.md": lambda page: [
         openai(calls=[("call_1", "lookup", '{"order": "1182"}')]),
         openai("Order 1182 was delivered 3 days ago."),
@@ -213,6 +226,16 @@ SCRIPTS: dict[str, Callable[[Page], list[Script]]] = {
         Reply({"error": {"message": "invalid api key"}}, status=401),
     ],
 }
+
+
+SHIPPED = {"docs/runs/approvals.md"}
+"""Pages whose model is the scripted server the wheel ships, with its default script."""
+
+
+def check_approvals(page: Page) -> None:
+    # Against the shipped server: the refund of 80 asked for approval, ran once approved, and was answered.
+    msgs = page.ns["session"].messages()
+    assert page.ns["result"].stop_reason == "answered" and msgs[2].content[0].text == "refunded 80 on 1182"
 
 
 def check_readme(page: Page) -> None:
@@ -266,6 +289,7 @@ def check_api(page: Page) -> None:
 
 CHECKS: dict[str, Callable[[Page], None]] = {
     "docs/api.md": check_api,
+    "docs/runs/approvals.md": check_approvals,
     "README.md": check_readme,
     "docs/sessions.md": check_sessions,
     "docs/runs/fork.md": check_fork,
@@ -359,7 +383,7 @@ class Page:
     ns: dict[str, Any] = field(default_factory=dict)
     done: int = 0
     failed: str | None = None
-    model: ModelServer | None = None
+    model: ModelServer | Shipped | None = None
     scripted: int = 0
     substitutions: dict[str, str] = field(default_factory=dict)
     threads: set[threading.Thread] = field(default_factory=set)
@@ -392,7 +416,10 @@ class Pages:
         page.cwd = os.getcwd()
         self.current = page
         used = "".join(b.code for b in blocks if b.not_run is None)
-        if MODEL in used:
+        if MODEL in used and path in SHIPPED:
+            page.model = Shipped(scripted)
+            page.substitutions[MODEL] = page.model.url + "/v1"
+        elif MODEL in used:
             assert path in SCRIPTS, f"{path} talks to the model: script its replies in SCRIPTS"
             page.model = ModelServer()
             replies = SCRIPTS[path](page)
@@ -400,14 +427,11 @@ class Pages:
             page.scripted = len(replies)
             page.substitutions[MODEL] = page.model.url + "/v1"
         else:
-            assert path not in SCRIPTS, f"{path} has scripted replies but no block uses {MODEL}"
+            assert path not in {*SCRIPTS, *SHIPPED}, f"{path} has scripted replies but no block uses {MODEL}"
         for literal in DATABASES:
             if literal in used:
                 self.databases.empty(literal)
                 page.substitutions[literal] = self.databases.url(literal)
-        if path == "docs/integrations.md":
-            self.environ(page, CELERY_EXAMPLE_STATE=str(page.dir), CELERY_BROKER_URL=None, AGENT_SESSIONS_DB=None)
-            sys.modules.pop("examples.celery_worker.tasks", None)  # it reads the environment on import
         os.chdir(page.dir)
         return page
 
@@ -429,7 +453,7 @@ class Pages:
             left = self.join(page)
             if check:
                 assert not left, f"{page.path} left threads running: {left}"
-                if page.model is not None:
+                if page.model is not None and page.path not in SHIPPED:
                     unused = page.scripted - len(page.model.requests)
                     assert unused == 0, (f"{page.path}: {len(page.model.requests)} model requests, "
                                          f"{page.scripted} replies scripted")
@@ -444,8 +468,6 @@ class Pages:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-            if page.path == "docs/integrations.md":
-                sys.modules.pop("examples.celery_worker.tasks", None)
             release(page.ns)
             if page.model is not None:
                 page.model.close()
@@ -509,7 +531,30 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pages]:
             opened.databases.drop()
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+HERE = BLOCKS if WHERE in ("tree", "child") else []
+"""The blocks this process runs: every one, unless it hands them to the wheel's venv."""
+
+
+@pytest.mark.skipif(WHERE != "wheel", reason="this process runs the blocks itself")
+def test_the_blocks_run_against_the_installed_wheel(wheel_python: Path, tmp_path: Path) -> None:
+    """This module again, in a child pytest in the wheel's venv, from a copy of the tests and the pages alone:
+    every block of every page must pass there, against what ``pip install`` gives."""
+    from tests import wheel
+
+    copy = tmp_path / "docs-from-wheel"
+    shutil.copytree(ROOT / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "docs", copy / "docs")
+    shutil.copy2(ROOT / "README.md", copy / "README.md")
+    env = wheel.clean_env(AGENT_SESSIONS_DOCS_FROM="child")
+    done = subprocess.run([str(wheel_python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
+                           "tests/test_docs.py"], cwd=copy, env=env, capture_output=True, text=True, timeout=1500)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    print(f"\ndocs' blocks in the wheel's venv ({wheel_python}): {summary}")
+    assert done.returncode == 0, f"{done.stdout[-8000:]}\n{done.stderr[-3000:]}"
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+
+
+@pytest.mark.parametrize("block", HERE, ids=[b.id for b in HERE])
 def test_block(block: Block, pages: Pages) -> None:
     page = pages.open(block.page)
     if page.failed:

@@ -75,3 +75,16 @@ def test_importing_a_store_module_raises_the_librarys_error(project: tuple[Path,
         assert out.stdout == f"imported {ROOT / 'stores' / 'memory' / '__init__.py'}\n"
     else:
         assert out.stdout == f"shadowed {foreign}\n"
+
+
+def test_the_django_command_exits_as_the_cli_does(project: tuple[Path, Path | None]) -> None:
+    """``manage.py agent_sessions`` is the CLI on the app's store: a foreign ``stores`` is its exit 3 too, with
+    the same words, not "unexpected StoresShadowed" (exit 4)."""
+    home, foreign = project
+    out = run(home, "-m", "django", "agent_sessions", "list", "--settings", "site_settings")
+    if foreign is None:
+        assert (out.returncode, out.stdout) == (0, "no sessions\n"), out.stderr
+        return
+    assert out.returncode == 3, out.stderr
+    assert f"the package 'stores' that Python imports is {foreign}" in out.stderr
+    assert "unexpected" not in out.stderr and "Traceback" not in out.stderr

@@ -125,8 +125,13 @@ def _queued(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, 
         # A repeat (a task delivered again): what a turn always did. Its key, had it come in another way (a
         # turn of another policy), is queued now too: the holder that meets it drops it (``_answer_head``).
         return turns.turn(run, spec, text, key, endpoint, events)
-    log.info("session %r: turn %r queued at position %d; waiting up to %g s for the session (lease_wait)",
-             session.id, key, position, spec.lease_wait)
+    # Contention is said where there is some: messages queued ahead of this one here, a run holding the
+    # lease by the lease's own wait (``lease.Lease``). An uncontended turn passes through the queue quietly.
+    if position > 1:
+        log.info("session %r: turn %r queued at position %d, behind %d message(s); waiting up to %g s for the "
+                 "session (lease_wait)", session.id, key, position, position - 1, spec.lease_wait)
+    else:
+        log.debug("session %r: turn %r queued at position %d", session.id, key, position)
     return _wait_and_answer(run, spec, session, queue, key, endpoint, events)
 
 
@@ -166,7 +171,9 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: Que
     started = time.monotonic()
     deadline = started + spec.lease_wait
     wait = spec.lease_wait
+    rounds = 0
     while True:
+        rounds += 1
         lease = handed if handed is not None else Lease(queue, session.id, spec.lease_ttl, wait, spec.name)
         handed = None
         try:
@@ -183,8 +190,9 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: Que
             lease.__exit__(None, None, None)
         wait = max(0.0, deadline - time.monotonic())
         if result is not None:
-            log.info("session %r: turn %r answered (%s) %.1f s after it was queued", session.id, key,
-                     result.stop_reason, time.monotonic() - started)
+            # INFO when it answered others' messages first (the lease's own wait says so at INFO too).
+            log.log(logging.INFO if rounds > 1 else logging.DEBUG, "session %r: turn %r answered (%s) %.1f s after "
+                    "it was queued", session.id, key, result.stop_reason, time.monotonic() - started)
             return result
 
 

@@ -4,7 +4,7 @@ real HTTP on 127.0.0.1, answering from a script rather than a language model. St
     python -m agent_sessions.testing.model_server [--port 8080]     prints "listening on http://127.0.0.1:8080/v1"
 
 Started so, it answers as ``scripted`` does: a user message gets a call of the first tool offered (its
-string arguments filled from the message), a tool's result gets an answer quoting its first line, and
+arguments filled from the message: ``_arguments``), a tool's result gets an answer quoting its first line, and
 with no tool offered the answer repeats the message. Deterministic, so a quick start or a test can say
 what comes back. In code, ``ModelServer(respond)`` serves any ``respond(request) -> Reply`` (the tests'
 queue of replies, the example's script), recording every request body byte for byte.
@@ -324,15 +324,24 @@ def _text(content: Any) -> str:
 
 
 def _arguments(schema: dict[str, Any], asked: Sequence[str]) -> dict[str, Any]:
-    """Arguments for a tool of JSON schema ``schema``, from what the user said (``asked``, newest first): a
-    string is the newest word that looks like a file name (``lease.go``), else the newest message; a
-    number is 1, a boolean false."""
-    words = (w.strip(".,;:!?\"'`()") for text in asked for w in text.split())
+    """Arguments for a tool of JSON schema ``schema``, from what the user said (``asked``, newest first). A
+    parameter named in the newest message takes the word after its name ("refund order 1182": ``order`` is
+    "1182"). Otherwise a string is the newest word that looks like a file name (``lease.go``), else the
+    newest message; a number the last number of the newest message ("80 euros"), else 1; a boolean false."""
+    words = [w.strip(".,;:!?\"'`()") for text in asked for w in text.split()]
     word = next((w for w in words if "." in w), asked[0] if asked else "")
+    newest = [w.strip(".,;:!?\"'`()") for w in (asked[0].split() if asked else [])]
+    numbers = [int(w) for w in newest if w.isdigit()]
     made: dict[str, Any] = {}
     for name, prop in (schema.get("properties") or {}).items():
-        kind = prop.get("type") if isinstance(prop, dict) else None
-        made[name] = {"integer": 1, "number": 1, "boolean": False, "array": [], "object": {}}.get(str(kind), word)
+        kind = str(prop.get("type") if isinstance(prop, dict) else None)
+        after = next((newest[i + 1] for i in range(len(newest) - 1) if newest[i].lower() == name.lower()), None)
+        if kind in ("integer", "number"):
+            made[name] = int(after) if after is not None and after.isdigit() else (numbers[-1] if numbers else 1)
+        elif kind in ("boolean", "array", "object"):
+            made[name] = {"boolean": False, "array": [], "object": {}}[kind]
+        else:
+            made[name] = after if after is not None else word
     return made
 
 

@@ -5,9 +5,11 @@
     AGENT_SESSIONS = {"DATABASE": "default"}     # the DATABASES alias that holds the tables (the default)
 
 Then ``manage.py migrate`` creates the tables, and ``agent_sessions.contrib.django.store()`` is the store,
-in views, Celery tasks and commands alike. ``views.events`` streams a session's event log as server-sent
-events; it is served only where a project ``include``s ``agent_sessions.contrib.django.urls`` (behind the
-project's own authorization: docs/django.md).
+in views, Celery tasks and commands alike. Messages are answered by the Celery tasks of
+``agent_sessions.contrib.celery`` (Celery's ``autodiscover_tasks()`` finds them in ``tasks.py``) or by
+``manage.py agent_sessions work``, with the project's ``AGENT_SESSIONS["RESOLVE"]``. ``views.events`` streams
+a session's event log as server-sent events; it is served only where a project ``include``s
+``agent_sessions.contrib.django.urls`` (behind the project's own authorization: docs/django.md).
 
 Why not hand the store Django's connection? Django keeps one DB-API connection per thread, opened and
 closed around requests, with its own autocommit and ``atomic()`` bookkeeping; the store needs connections
@@ -29,17 +31,27 @@ from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-u
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
 import agent_sessions as agent
+from agent_sessions.stranded import Resolve
 
 log = logging.getLogger(__name__)
 
-SETTINGS = ("DATABASE", "STORE", "SSE_SECONDS")
+SETTINGS = ("DATABASE", "STORE", "SSE_SECONDS", "RESOLVE", "SWEEP_SECONDS")
 """The keys of ``settings.AGENT_SESSIONS``: ``DATABASE``, the DATABASES alias holding the tables
 ("default"); ``STORE``, the dotted path of a function of no arguments returning the store, for a store
 that is not built from DATABASES (MongoDB; ``stores.memory`` in tests). With ``STORE`` set the migration
 creates no table. ``SSE_SECONDS`` (30): how long one response of the events view lasts at most
-(``views.events``), so a browser that left holds no worker for long."""
+(``views.events``), so a browser that left holds no worker for long. ``RESOLVE``: the dotted path of the
+project's ``agent.recover`` resolve function (``info -> (Spec, Endpoint) | None``), what the Celery tasks of
+``agent_sessions.contrib.celery`` and ``manage.py agent_sessions work``/``recover`` answer messages with.
+``SWEEP_SECONDS`` (5): how often each Celery worker looks for a turn nobody answers (0: never; beat's
+sweep instead)."""
 
 SSE_SECONDS = 30.0
+SWEEP_SECONDS = 5.0
+APPLICATION_NAME = "agent-sessions"
+"""What the store's PostgreSQL connections say they are in ``pg_stat_activity`` (beside the project's own
+``OPTIONS["application_name"]``, if it sets one), so an operator tells them from Django's."""
+MIGRATE_HINT = "run `python manage.py migrate` (the app agent_sessions' migration creates them)"
 
 _lock = threading.Lock()
 _store: agent.Store | None = None
@@ -100,7 +112,30 @@ def options() -> dict[str, Any]:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
         raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['SSE_SECONDS'] must be a number of seconds > 0, "
                                    f"got {seconds!r}")
-    return {"DATABASE": alias, "STORE": conf.get("STORE"), "SSE_SECONDS": float(seconds)}
+    sweep = conf.get("SWEEP_SECONDS", SWEEP_SECONDS)
+    if isinstance(sweep, bool) or not isinstance(sweep, (int, float)) or not 0 <= sweep < math.inf:
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['SWEEP_SECONDS'] must be a number of seconds >= 0 "
+                                   f"(0: the workers do not sweep), got {sweep!r}")
+    for key in ("STORE", "RESOLVE"):
+        if conf.get(key) is not None and (not isinstance(conf[key], str) or "." not in conf[key]):
+            raise ImproperlyConfigured(f"settings.AGENT_SESSIONS[{key!r}] must be the dotted path of a function "
+                                       f"(\"myproject.agent.{key.lower()}\"), got {conf[key]!r}")
+    return {"DATABASE": alias, "STORE": conf.get("STORE"), "SSE_SECONDS": float(seconds),
+            "RESOLVE": conf.get("RESOLVE"), "SWEEP_SECONDS": float(sweep)}
+
+
+def resolve() -> Resolve | None:
+    """The project's resolve function (``AGENT_SESSIONS["RESOLVE"]``), imported; ``None`` when not set."""
+    path = options()["RESOLVE"]
+    if path is None:
+        return None
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['RESOLVE'] ({path}) cannot be imported: {exc}") from exc
+    if not callable(found):
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['RESOLVE'] ({path}) is not callable")
+    return found  # type: ignore[no-any-return]
 
 
 def _build() -> tuple[agent.Store, Any]:
@@ -157,9 +192,11 @@ def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> agent.Stor
     if vendor == "postgresql":
         from stores import postgres
 
+        own = connect_args.get("application_name")
+        connect_args["application_name"] = f"{own} ({APPLICATION_NAME})" if own else APPLICATION_NAME
         url = URL.create("postgresql+psycopg", db.get("USER") or None, db.get("PASSWORD") or None, host, port,
                          db.get("NAME") or None)
-        return postgres.Store(create_engine(url, pool_size=5, connect_args=connect_args))
+        return _speaking_django(postgres.Store(create_engine(url, pool_size=5, connect_args=connect_args)))
     from stores import mysql
 
     if host is not None and host.startswith("/"):  # as Django's backend reads it: a Unix socket
@@ -167,7 +204,15 @@ def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> agent.Stor
     connect_args["charset"] = "utf8mb4"  # the store's text is utf8mb4, whatever Django's connections use
     url = URL.create("mysql+pymysql", db.get("USER") or None, db.get("PASSWORD") or None, host, port,
                      db.get("NAME") or None)
-    return mysql.Store(create_engine(url, pool_size=5, connect_args=connect_args))
+    return _speaking_django(mysql.Store(create_engine(url, pool_size=5, connect_args=connect_args)))
 
 
-__all__ = ["SETTINGS", "options", "reset", "store"]
+def _speaking_django(made: agent.Store) -> agent.Store:
+    """A missing table is the project's unapplied migration: the store's error says ``manage.py migrate``
+    rather than the SQL to run, which the migration runs."""
+    if isinstance(getattr(type(made), "schema_hint", None), str):
+        made.schema_hint = MIGRATE_HINT  # type: ignore[attr-defined]
+    return made
+
+
+__all__ = ["SETTINGS", "options", "reset", "resolve", "store"]

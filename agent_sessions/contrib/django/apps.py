@@ -17,9 +17,10 @@ class AgentSessionsConfig(AppConfig):  # type: ignore[misc]
         setting_changed.connect(_settings_changed, dispatch_uid="agent_sessions.contrib.django")
         from django.core.checks import register  # type: ignore[import-untyped]
 
-        from .checks import stores_not_shadowed
+        from .checks import settings_valid, stores_not_shadowed
 
         register(stores_not_shadowed)
+        register(settings_valid)
 
 
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:

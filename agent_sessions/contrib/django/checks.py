@@ -1,16 +1,47 @@
 """The app's system checks (``manage.py check``, and before ``runserver``, ``migrate`` and ``test``): a
 project whose own package is named ``stores`` hides the library's stores, and every command that builds
-the store would fail with a bare ImportError; the check says so before, with what to do."""
+the store would fail with a bare ImportError; ``settings.AGENT_SESSIONS`` with a key misspelt, an alias
+``DATABASES`` lacks or a function that does not import would fail at the store's first use. The checks say
+so before, with what to do."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.core.checks import Error  # type: ignore[import-untyped]
+from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
+from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
 from agent_sessions.shadowing import foreign_stores
 
 STORES_SHADOWED = "agent_sessions.E001"
+SETTINGS_INVALID = "agent_sessions.E002"
+FUNCTION_MISSING = "agent_sessions.E003"
+
+
+def settings_valid(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """``settings.AGENT_SESSIONS`` as ``options()`` reads it at the store's first use, and the functions it
+    names (``STORE``, ``RESOLVE``) importable and callable."""
+    from . import options
+
+    try:
+        conf = options()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint="The keys and their values: docs/django.md, Settings.", id=SETTINGS_INVALID)]
+    errors = []
+    for key in ("STORE", "RESOLVE"):
+        if conf[key] is None:
+            continue
+        try:
+            found = import_string(conf[key])
+        except ImportError as exc:
+            errors.append(Error(f"settings.AGENT_SESSIONS[{key!r}] ({conf[key]}) cannot be imported: {exc}",
+                                id=FUNCTION_MISSING))
+            continue
+        if not callable(found):
+            errors.append(Error(f"settings.AGENT_SESSIONS[{key!r}] ({conf[key]}) is not callable",
+                                id=FUNCTION_MISSING))
+    return errors
 
 
 def stores_not_shadowed(app_configs: Any = None, **kwargs: Any) -> list[Error]:
@@ -24,4 +55,4 @@ def stores_not_shadowed(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         id=STORES_SHADOWED)]
 
 
-__all__ = ["STORES_SHADOWED", "stores_not_shadowed"]
+__all__ = ["FUNCTION_MISSING", "SETTINGS_INVALID", "STORES_SHADOWED", "settings_valid", "stores_not_shadowed"]

@@ -1,5 +1,10 @@
 """Django tests that use the store: each test starts from an empty store, and the test database can be
-dropped at the end.
+dropped at the end, whichever way a project writes its tests.
+
+``manage.py test`` (the app's own ``test`` command: Django's, with the project's ``TEST_RUNNER`` wrapped by
+``StoreRunner``) does both with no setting: after each test that used the store it empties it (as Django
+undoes a test's ORM writes), and it closes the store before it drops the test databases. A test runner of
+its own (``pytest-django``, ``python -m unittest``) gets the same per class from the mixin:
 
     from django.test import TestCase
     from agent_sessions.contrib.django.testing import StoreTestMixin
@@ -7,18 +12,21 @@ dropped at the end.
     class ReviewTests(StoreTestMixin, TestCase):
         ...
 
-Why a mixin: Django's ``TestCase`` undoes a test's writes by rolling back a transaction on Django's own
+Why: Django's ``TestCase`` undoes a test's writes by rolling back a transaction on Django's own
 connection, and ``TransactionTestCase`` by flushing the tables of Django's models. The store writes through
 an engine of its own (its transactions, its listener and its lease heartbeat need connections of their
 own: see the app's module docstring), and its tables are not models, so neither reaches its rows: without
-the mixin a session saved in one test is still there in the next. And the engine keeps connections to the
+this a session saved in one test is still there in the next. And the engine keeps connections to the
 test database open in its pool, so PostgreSQL refuses to drop it ("is being accessed by other users")
-unless the store is closed first, which the mixin does at the end of each test class.
+unless the store is closed first.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import unittest
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
@@ -59,14 +67,39 @@ def empty_store() -> int:
 
 
 def _refuse_unless_test_database(name: str | None) -> None:
+    """Under a test runner (``setup_test_environment`` ran: Django's, pytest-django's), the connection's
+    database is the test database the runner made: it renamed ``NAME`` to it, ``TEST["NAME"]`` or
+    ``test_`` + the name (a parallel run's clones add ``_N``). The name is read as the connection has it now,
+    since the runner renamed it in place: the test name computed again from it would be ``test_test_...``."""
+    from django.core import mail  # type: ignore[import-untyped]
     from django.db import connections  # type: ignore[import-untyped]
+    from django.db.backends.base.creation import TEST_DATABASE_PREFIX  # type: ignore[import-untyped]
 
     connection = connections[options()["DATABASE"]]
-    expected = connection.creation._get_test_db_name()
-    if name is None or str(name) != str(expected) or connection.settings_dict.get("NAME") != expected:
+    current = connection.settings_dict.get("NAME")
+    configured = (connection.settings_dict.get("TEST") or {}).get("NAME")
+    under_test = hasattr(mail, "outbox")  # what django.test.utils.setup_test_environment sets up, and only it
+    test_name = current is not None and (
+        (configured is not None and str(current) == str(configured))
+        or os.path.basename(str(current)).startswith(TEST_DATABASE_PREFIX))
+    if not (under_test and test_name and name is not None and str(name) == str(current)):
         raise ImproperlyConfigured(
-            f"empty_store() deletes every session; it runs only on Django's test database ({expected!r}), "
-            f"and the store's database is {name!r}: run it under `manage.py test`")
+            f"empty_store() deletes every session; it runs only on the test database of a test run "
+            f"(manage.py test, pytest-django), and the store's database is {name!r}"
+            + ("" if under_test else ", with no test run set up"))
+
+
+def store_used() -> bool:
+    """Has this process built the app's store (so there may be rows to empty, and connections to close)?"""
+    from . import _store
+
+    return _store is not None
+
+
+def empty_if_used() -> None:
+    """``empty_store()``, when a test used the store: what ``StoreRunner`` does after each test."""
+    if store_used():
+        empty_store()
 
 
 class StoreTestMixin:
@@ -87,14 +120,56 @@ class StoreTestMixin:
             super().tearDownClass()  # type: ignore[misc]
 
 
-class DiscoverRunner(_DjangoRunner):  # type: ignore[misc]
-    """Django's runner, closing the store before it drops the test databases: for a project whose tests
-    use the store outside ``StoreTestMixin`` (``TEST_RUNNER = "agent_sessions.contrib.django.testing.
-    DiscoverRunner"``), which would otherwise leave its pool holding the test database open."""
+class StoreRunner:
+    """A test runner's mixin (before Django's ``DiscoverRunner``, or a runner based on it): each test that
+    used the store has it emptied after it, and the store is closed before the test databases are
+    dropped, so the tests may use the store plainly, as they use the ORM. The app's ``test`` command puts it
+    before the project's ``TEST_RUNNER`` (``runner_for``)."""
+
+    def build_suite(self, *args: Any, **kwargs: Any) -> Any:
+        suite = super().build_suite(*args, **kwargs)  # type: ignore[misc]
+        for test in _tests(suite):
+            test.addCleanup(empty_if_used)  # a cleanup travels with its test to a parallel run's process
+        return suite
 
     def teardown_databases(self, old_config: Any, **kwargs: Any) -> None:
         reset()
-        super().teardown_databases(old_config, **kwargs)
+        super().teardown_databases(old_config, **kwargs)  # type: ignore[misc]
 
 
-__all__ = ["DiscoverRunner", "StoreTestMixin", "empty_store"]
+def _tests(suite: Any) -> Iterator[unittest.TestCase]:
+    """Every test of a suite, a parallel run's (its ``subsuites``) too."""
+    for part in getattr(suite, "subsuites", None) or suite:
+        if isinstance(part, unittest.TestCase):
+            yield part
+        else:
+            yield from _tests(part)
+
+
+class DiscoverRunner(StoreRunner, _DjangoRunner):  # type: ignore[misc]
+    """Django's runner with ``StoreRunner``: what ``manage.py test`` runs when ``TEST_RUNNER`` is Django's.
+    Name it in ``TEST_RUNNER`` for a ``test`` command that is not the app's (another app's coming first)."""
+
+
+def runner_for(path: str | None) -> str:
+    """The dotted path of the test runner ``manage.py test`` runs: the one ``path`` (``--testrunner``, else
+    ``TEST_RUNNER``) names, with ``StoreRunner`` before it unless it has it. Django's test command imports
+    the runner by its path, so a runner made here is kept in this module, as ``ConfiguredRunner``."""
+    from django.conf import settings  # type: ignore[import-untyped]
+    from django.test.utils import get_runner  # type: ignore[import-untyped]
+
+    runner = get_runner(settings, path)
+    if issubclass(runner, StoreRunner):
+        return path or str(settings.TEST_RUNNER)
+    global ConfiguredRunner
+    ConfiguredRunner = type(runner.__name__, (StoreRunner, runner), {"__module__": __name__,
+                                                                      "__qualname__": "ConfiguredRunner"})
+    return f"{__name__}.ConfiguredRunner"
+
+
+ConfiguredRunner: type | None = None
+"""The project's runner with ``StoreRunner`` before it, once ``runner_for`` made it."""
+
+
+__all__ = ["DiscoverRunner", "StoreRunner", "StoreTestMixin", "empty_if_used", "empty_store", "runner_for",
+           "store_used"]

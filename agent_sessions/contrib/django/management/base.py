@@ -19,8 +19,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import agent_sessions as agent
 from agent_sessions import cli
+from agent_sessions.stranded import Resolve
 
-from .. import store
+from .. import options, resolve, store
 
 _DJANGO_OPTIONS = ("--settings", "--pythonpath")
 """What ``manage.py`` reads before it picks the command (``ManagementUtility``), and may stand anywhere on
@@ -41,11 +42,29 @@ def without_django_options(argv: Sequence[str]) -> list[str]:
 
 
 def project_store() -> agent.Store:
-    """The app's store; a misconfigured one is the CLI's exit 4 with Django's message."""
+    """The app's store; a misconfigured one is the CLI's exit 4 with Django's message (a driver missing, or
+    a project's own ``stores`` package, is its exit 3, as from the CLI)."""
     try:
         return store()
     except ImproperlyConfigured as exc:
         raise cli.Exit(cli.STORE_FAILED, f"the agent-sessions store is misconfigured: {exc}") from exc
+
+
+def project_resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+    """``AGENT_SESSIONS["RESOLVE"]``, imported when ``recover`` or ``work`` first calls it."""
+    try:
+        found = resolve()
+    except ImproperlyConfigured as exc:
+        raise cli.Exit(cli.USAGE, str(exc)) from exc
+    assert found is not None  # given to the CLI only when the setting is there
+    return found(info)
+
+
+def _configured_resolve() -> Resolve | None:
+    try:
+        return project_resolve if options()["RESOLVE"] is not None else None
+    except ImproperlyConfigured:
+        return None  # the store's first use says what is wrong
 
 
 class CliCommand(BaseCommand):  # type: ignore[misc]
@@ -66,7 +85,8 @@ class CliCommand(BaseCommand):  # type: ignore[misc]
         return str(type(self).__module__.rpartition(".")[2])
 
     def run_cli(self, argv: Sequence[str], out: Any, err: Any) -> int:
-        return cli.main(list(argv), make_store=project_store, prog=self.prog(), stdout=out, stderr=err)
+        return cli.main(list(argv), make_store=project_store, prog=self.prog(), stdout=out, stderr=err,
+                        resolve=_configured_resolve())
 
     def run_from_argv(self, argv: list[str]) -> None:
         """``manage.py agent_sessions ...``: the rest of the line is the CLI's, help included."""
