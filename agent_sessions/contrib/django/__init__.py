@@ -32,12 +32,14 @@ import agent_sessions as agent
 
 log = logging.getLogger(__name__)
 
-SETTINGS = ("DATABASE", "STORE", "SSE_SECONDS")
+SETTINGS = ("DATABASE", "STORE", "SSE_SECONDS", "RESOLVE")
 """The keys of ``settings.AGENT_SESSIONS``: ``DATABASE``, the DATABASES alias holding the tables
 ("default"); ``STORE``, the dotted path of a function of no arguments returning the store, for a store
 that is not built from DATABASES (MongoDB; ``stores.memory`` in tests). With ``STORE`` set the migration
 creates no table. ``SSE_SECONDS`` (30): how long one response of the events view lasts at most
-(``views.events``), so a browser that left holds no worker for long."""
+(``views.events``), so a browser that left holds no worker for long. ``RESOLVE``: the dotted path of the
+project's ``agent.recover`` resolve function (``info -> (Spec, Endpoint) | None``), which the console's
+"recover" calls to finish a stranded session (without it, the console offers no recover)."""
 
 SSE_SECONDS = 30.0
 
@@ -100,7 +102,11 @@ def options() -> dict[str, Any]:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
         raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['SSE_SECONDS'] must be a number of seconds > 0, "
                                    f"got {seconds!r}")
-    return {"DATABASE": alias, "STORE": conf.get("STORE"), "SSE_SECONDS": float(seconds)}
+    resolve = conf.get("RESOLVE")
+    if resolve is not None and (not isinstance(resolve, str) or "." not in resolve):
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['RESOLVE'] must be the dotted path of a function "
+                                   f"(e.g. 'myproject.agent.resolve'), got {resolve!r}")
+    return {"DATABASE": alias, "STORE": conf.get("STORE"), "SSE_SECONDS": float(seconds), "RESOLVE": resolve}
 
 
 def _build() -> tuple[agent.Store, Any]:
