@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -354,16 +355,21 @@ def test_an_operator_with_only_the_view_permission_sees_but_cannot_act(site: Sit
     assert log_entries(site, sid) == [("approver", 2, "Denied call v-1 (refund): not today")]
 
 
+def logged_in(site: Site, user: str) -> requests.Session:
+    """An HTTP client logged in to the admin as ``user`` (a browser's cookies, without the browser)."""
+    client = requests.Session()
+    assert client.get(site.url("/admin/login/"), timeout=WAIT).status_code == 200
+    logged = client.post(site.url("/admin/login/?next=/admin/"), timeout=WAIT, data={
+        "username": user, "password": PASSWORD, "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        "next": "/admin/"})
+    assert logged.url == site.url("/admin/"), logged.url
+    return client
+
+
 def test_a_post_without_the_csrf_token_is_refused(site: Site) -> None:
     import agent_sessions as agent
 
-    client = requests.Session()
-    page = client.get(site.url("/admin/login/"), timeout=WAIT)
-    token = client.cookies["csrftoken"]
-    assert page.status_code == 200
-    logged = client.post(site.url("/admin/login/?next=/admin/"), timeout=WAIT, data={
-        "username": "root", "password": PASSWORD, "csrfmiddlewaretoken": token, "next": "/admin/"})
-    assert logged.url == site.url("/admin/")
+    client = logged_in(site, "root")
     steer = site.session_url("con-csrf-1").replace("/change/", "/steer/")
     assert client.post(steer, data={"text": "no token"}, timeout=WAIT).status_code == 403
     assert agent.open("con-csrf-1", site.store).pending_steers() == []
@@ -371,6 +377,42 @@ def test_a_post_without_the_csrf_token_is_refused(site: Site) -> None:
                         allow_redirects=False, timeout=WAIT)
     assert taken.status_code == 302 and agent.open("con-csrf-1", site.store).pending_steers() == ["with the token"]
     assert client.get(steer, timeout=WAIT).status_code == 405  # an action is a POST
+
+
+def test_two_operators_deciding_one_call_at_once_store_and_log_one_decision(site: Site) -> None:
+    """Two operators click at the same moment, one to approve and one to deny: the decision is a
+    compare-and-swap, so one is stored and logged, and the other's page says the call was decided already."""
+    import agent_sessions as agent
+
+    sid = "con-race-1"
+    ask_for_approval(site, sid, "race-1", '{"order": "8", "amount": 500}')
+    clients = {"approver": logged_in(site, "approver"), "root": logged_in(site, "root")}
+    start = threading.Barrier(len(clients))
+    pages: dict[str, str] = {}
+
+    def decide(user: str, action: str) -> None:
+        client = clients[user]
+        url = site.session_url(sid).replace("/change/", f"/{action}/")
+        start.wait(WAIT)
+        pages[user] = client.post(url, data={"call_id": "race-1", "reason": f"{user} says {action}"}, timeout=WAIT,
+                                  headers={"X-CSRFToken": client.cookies["csrftoken"]}).text
+
+    threads = [threading.Thread(target=decide, args=("approver", "approve")),
+               threading.Thread(target=decide, args=("root", "deny"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    [entry] = log_entries(site, sid)
+    user, flag, said = entry
+    other = "root" if user == "approver" else "approver"
+    assert flag == 2 and said == ("Approved call race-1 (refund): approver says approve" if user == "approver"
+                                  else "Denied call race-1 (refund): root says deny")
+    told = {who: re.findall(r'<li class="(success|error)">(.*?)</li>', page.split('class="messagelist"')[1],
+                            re.DOTALL)[0] for who, page in pages.items()}
+    assert told[user] == ("success", said), told
+    assert told[other][0] == "error" and "was already decided" in told[other][1], told
+    assert agent.open(sid, site.store).pending_approvals() == []
 
 
 def test_an_approver_approves_a_call_and_the_page_follows_the_run_in_another_process(site: Site,
@@ -523,10 +565,19 @@ def test_a_stranded_session_is_recovered_from_the_page(site: Site, browser: Any)
 HOSTILE = '<script>window.consolePwned = "script"</script><img src=x onerror="window.consolePwned = \'img\'">'
 
 
+def ran_nothing(driver: Any, where: str) -> None:
+    """No markup of the store's made an element, and no script of it ran: once every image the page has
+    (none, when it is all text) has loaded or failed, so an ``onerror`` would have run."""
+    from selenium.webdriver.common.by import By
+
+    until(driver, lambda d: d.execute_script("return [...document.images].every(i => i.complete)"), "the images")
+    assert driver.execute_script("return window.consolePwned === undefined"), where
+    assert not driver.find_elements(By.CSS_SELECTOR, "#content img, #content script"), where
+
+
 def test_markup_in_a_transcript_shows_as_text_and_runs_nothing(site: Site, browser: Any) -> None:
     """What users typed and tools returned, and ids and metadata, reach the page as text: on the list, the
     session page (rendered, and arriving live through the event stream) and the approvals inbox."""
-    from selenium.webdriver.common.by import By
 
     import agent_sessions as agent
     from tests.console_site.agent import endpoint, spec
@@ -553,13 +604,16 @@ def test_markup_in_a_transcript_shows_as_text_and_runs_nothing(site: Site, brows
     run = agent.Runner().start(dataclasses.replace(spec(), tools=[fetch_page], session=agent.open(sid, site.store)),
                                [agent.Message.user(f"read {HOSTILE}")], endpoint())
     try:
-        until(browser, lambda d: "fetch_page finished: the page says: <script>" in text_of(d, "#console-events-list"),
+        until(browser, lambda d: "tool_finished" in text_of(d, "#console-events-list"),
               "the tool's result to arrive through the event stream")
+        ran_nothing(browser, "the tool's result, arriving through the event stream")
+        assert f"fetch_page finished: the page says: {HOSTILE}" in text_of(browser, "#console-events-list")
         gate.set()
         assert run.wait(WAIT).stop_reason == "answered"
     finally:
         gate.set()
     until(browser, lambda d: f"it says {HOSTILE}" in text_of(d, "#console-transcript"), "the answer, as text")
+    ran_nothing(browser, "the session page, following the run live")
     transcript = text_of(browser, "#console-transcript")
     assert f"the page says: {HOSTILE}" in transcript and f"steer {HOSTILE}" in transcript
     assert f'"url": {json.dumps(HOSTILE)}' in transcript  # the call's arguments, pretty-printed, as text
@@ -567,8 +621,7 @@ def test_markup_in_a_transcript_shows_as_text_and_runs_nothing(site: Site, brows
     for url in (site.url(ADMIN), site.url("/admin/agent_sessions/approval/"), site.session_url(sid),
                 site.url(ADMIN + "log/")):
         open_page(browser, url)
-        assert browser.execute_script("return window.consolePwned === undefined"), url
-        assert not browser.find_elements(By.CSS_SELECTOR, "#content img, #content script"), url
+        ran_nothing(browser, url)
     open_page(browser, site.url("/admin/agent_sessions/approval/"))
     assert f'"order": {json.dumps(HOSTILE)}' in text_of(browser, "#content")
     open_page(browser, site.url(ADMIN + "?q=con-xss"))
