@@ -45,6 +45,7 @@ USERS = {
     "viewer": ["view_session"],
     "approver": ["view_session", "decide_session"],
     "operator": ["view_session", "steer_session", "cancel_session", "recover_session", "delete_session"],
+    "nobody": [],  # staff, so the admin lets them in, without a permission of the console's
 }
 STRANDED = "con-stranded-1"
 
@@ -379,6 +380,18 @@ def test_a_post_without_the_csrf_token_is_refused(site: Site) -> None:
     assert client.get(steer, timeout=WAIT).status_code == 405  # an action is a POST
 
 
+def test_a_staff_user_without_the_view_permission_reads_nothing(site: Site) -> None:
+    import agent_sessions as agent
+
+    agent.open("con-hidden-1", site.store).save([agent.Message.user("private")])
+    client = logged_in(site, "nobody")
+    for path in (ADMIN, ADMIN + "log/", "/admin/agent_sessions/approval/", ADMIN + "con-hidden-1/change/",
+                 ADMIN + "con-hidden-1/events/"):
+        answer = client.get(site.url(path), timeout=WAIT)
+        assert answer.status_code == 403 and "private" not in answer.text, path
+    assert "Sessions" not in client.get(site.url("/admin/"), timeout=WAIT).text  # not on the admin's index
+
+
 def test_two_operators_deciding_one_call_at_once_store_and_log_one_decision(site: Site) -> None:
     """Two operators click at the same moment, one to approve and one to deny: the decision is a
     compare-and-swap, so one is stored and logged, and the other's page says the call was decided already."""
@@ -668,5 +681,48 @@ def test_the_list_shows_each_state_filters_searches_and_pages(site: Site, browse
     found = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#console-sessions .console-id")]
     assert "con-state-waiting" in found and all(f in ("con-state-waiting", "con-xss-asks") for f in found), found
     assert "sessions read for this page" in text_of(browser, ".console-paging")
+    open_page(browser, site.url(ADMIN + "?spec=support&q=con-state-"))
+    found = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#console-sessions .console-id")]
+    assert sorted(found) == ["con-state-running", "con-state-waiting"], found
+
+    odd = "con-odd/a_b:%2F?#&x=1 \u202e\n."  # every character the admin quotes, and more, has a page
+    store.save(odd, [agent.Message.user("odd one")])
+    open_page(browser, site.url(ADMIN + "?q=con-odd"))
+    browser.find_element(By.CSS_SELECTOR, "#console-sessions a.console-id").click()
+    until(browser, lambda d: "odd one" in text_of(d, "#console-transcript"), "the odd id's page")
+    assert browser.execute_script("return document.querySelector('h1 .console-id').textContent") == odd
     store.release("con-state-running", held_lease)
     store.release("con-state-cancelling", cancel_lease)
+
+
+def test_a_long_transcript_pages_from_its_end_and_folds_what_a_summary_covers(site: Site, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    import agent_sessions as agent
+
+    msgs: list[agent.Message] = []
+    for i in range(60):
+        msgs += [agent.Message.user(f"question {i}"), agent.Message.assistant(f"answer {i}")]
+    msgs.append(agent.Message(agent.Role.USER, [agent.Content.compaction("they asked sixty questions", 0, 100)]))
+    msgs += [agent.Message.user("question 60"), agent.Message.assistant("answer 60")]
+    site.store.save("con-long-1", msgs)  # 123 messages; #121 summarises #1 to #100
+    login(browser, site, "viewer")
+    open_page(browser, site.session_url("con-long-1"))
+
+    def numbers(driver: Any) -> list[int]:
+        return [int(e.get_attribute("textContent").lstrip("#")) for e in driver.find_elements(
+            By.CSS_SELECTOR, "#console-transcript article > header .console-number")]
+
+    assert numbers(browser) == list(range(123, 73, -1))  # newest first, 50 of them
+    assert "newest first, #123 to #74 of 123" in text_of(browser, "#console-transcript h2")
+    summary = browser.find_element(By.CSS_SELECTOR, "#m121 details.console-summary")
+    assert summary.get_attribute("open") is None and "Summary of #1 to #100" in summary.text
+    folded = browser.find_element(By.CSS_SELECTOR, "details.console-covered")  # #100 and below, under #121
+    assert folded.get_attribute("open") is None and "summarised by #121" in folded.text
+    browser.find_element(By.ID, "console-older").click()
+    until(browser, lambda d: "before=73" in d.current_url, "the older page")
+    assert numbers(browser) == list(range(73, 23, -1))
+    browser.find_element(By.ID, "console-older").click()
+    until(browser, lambda d: "before=23" in d.current_url, "the oldest page")
+    assert numbers(browser) == list(range(23, 0, -1)) and not browser.find_elements(By.ID, "console-older")
+    assert "question 0" in text_of(browser, "#m1")
