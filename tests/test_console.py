@@ -30,7 +30,7 @@ from sqlalchemy import create_engine, make_url, text
 
 from tests import servers
 from tests.model_server import ModelServer, Reply, Request, openai
-from tests.test_django_app import PortTaken, _free_port, stop, wait_until_serving
+from tests.test_django_app import runserver, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 MANAGE = ROOT / "tests" / "console_site" / "manage.py"
@@ -98,23 +98,9 @@ def fresh_database() -> str:
 
 
 def serve(env: dict[str, str], output: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`runserver` of the console's project on a free port (tried again on another if it was taken
-    meanwhile); --insecure serves the admin's and the console's static files with DEBUG off."""
-    for _ in range(3):
-        port = _free_port()
-        with open(output, "wb") as log:
-            server = subprocess.Popen([sys.executable, str(MANAGE), "runserver", f"127.0.0.1:{port}", "--noreload",
-                                       "--insecure"], env=env, stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_until_serving(server, base, output)
-            return server, base
-        except PortTaken:
-            stop(server)
-        except BaseException:
-            stop(server)
-            raise
-    raise AssertionError(f"runserver found three free ports taken; its output:\n{output.read_text()}")
+    """`runserver` of the console's project; --insecure serves the admin's and the console's static files
+    with DEBUG off."""
+    return runserver(env, output, MANAGE, "--insecure")
 
 
 def stranded(store: Any, session: str, text: str) -> None:
@@ -484,55 +470,58 @@ def test_an_approver_approves_a_call_and_the_page_follows_the_run_in_another_pro
     shot(browser, "log")
 
 
+def act_on_a_running_turn(site: Site, browser: Any, session: str, question: str, act: Callable[[Any], None],
+                          first: Reply, *more: Reply) -> tuple[dict[str, Any], int]:
+    """A turn of ``session`` run by a process of its own, inside its first model request (``first`` is held
+    until then) while the page does ``act``; the run's last line, and how many model requests came before."""
+    gate = threading.Event()
+    site.model.push(held(gate, first), *more)
+    asked = len(site.model.requests)
+    run = Child(site, "tests.console_site.run_turn", session, question)
+    try:
+        run.wait_for(lambda line: "started" in line, "the run to start")
+        wait_for_requests(site.model, asked + 1)
+        open_page(browser, site.session_url(session))
+        assert f"pid {run.process.pid}" in text_of(browser, "#console-lease")  # the other process holds it
+        following(browser)
+        act(browser)
+        following(browser)
+        gate.set()
+        return run.wait_for(lambda line: "stop_reason" in line, "the run's end"), asked
+    finally:
+        gate.set()
+        run.stop()
+
+
 def test_a_steer_and_a_cancel_from_the_page_land_in_runs_of_other_processes(site: Site, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
     import agent_sessions as agent
 
     login(browser, site, "operator")
-    steered = threading.Event()
-    site.model.push(held(steered, openai(calls=[("l-9", "lookup", '{"order": "9"}')])),
-                    openai("order 9 was delivered; the courier confirms it"))
-    asked = len(site.model.requests)
-    run = Child(site, "tests.console_site.run_turn", "con-steer-1", "where is order 9?")
-    try:
-        run.wait_for(lambda line: "started" in line, "the run to start")
-        wait_for_requests(site.model, asked + 1)  # inside its first model request
-        open_page(browser, site.session_url("con-steer-1"))
-        assert "running" in text_of(browser, "#console-state h2")
-        assert f"pid {run.process.pid}" in text_of(browser, "#console-lease")
-        following(browser)
-        browser.find_element(By.ID, "console-steer-text").send_keys("check the courier too")
-        browser.find_element(By.CSS_SELECTOR, "#console-steer button").click()
-        until(browser, lambda d: "Steered: check the courier too" in text_of(d, ".messagelist"), "the steer")
-        following(browser)
-        steered.set()
-        assert run.wait_for(lambda line: "stop_reason" in line, "the run's end")["stop_reason"] == "answered"
-    finally:
-        steered.set()
-        run.stop()
+
+    def steer(driver: Any) -> None:
+        assert "running" in text_of(driver, "#console-state h2")
+        driver.find_element(By.ID, "console-steer-text").send_keys("check the courier too")
+        driver.find_element(By.CSS_SELECTOR, "#console-steer button").click()
+        until(driver, lambda d: "Steered: check the courier too" in text_of(d, ".messagelist"), "the steer")
+
+    ended, asked = act_on_a_running_turn(site, browser, "con-steer-1", "where is order 9?", steer,
+                                         openai(calls=[("l-9", "lookup", '{"order": "9"}')]),
+                                         openai("order 9 was delivered; the courier confirms it"))
+    assert ended["stop_reason"] == "answered"
     assert site.model.requests[asked + 1].json["messages"][-1] == {"role": "user", "content": "check the courier too"}
     until(browser, lambda d: "check the courier too" in text_of(d, "#console-transcript .console-steer"),
           "the steer to show where it landed")
     assert "order 9 was delivered" in text_of(browser, "#console-transcript")
 
-    cancelled = threading.Event()
-    site.model.push(held(cancelled, openai(calls=[("l-10", "lookup", '{"order": "10"}')])))  # no second reply
-    asked = len(site.model.requests)
-    run = Child(site, "tests.console_site.run_turn", "con-cancel-1", "where is order 10?")
-    try:
-        run.wait_for(lambda line: "started" in line, "the run to start")
-        wait_for_requests(site.model, asked + 1)
-        open_page(browser, site.session_url("con-cancel-1"))
-        following(browser)
-        browser.find_element(By.CSS_SELECTOR, "#console-cancel button").click()
-        until(browser, lambda d: "Cancelled the turn: its run stops" in text_of(d, ".messagelist"), "the cancel")
-        following(browser)
-        cancelled.set()
-        assert run.wait_for(lambda line: "stop_reason" in line, "the run's end")["stop_reason"] == "cancelled"
-    finally:
-        cancelled.set()
-        run.stop()
+    def cancel(driver: Any) -> None:
+        driver.find_element(By.CSS_SELECTOR, "#console-cancel button").click()
+        until(driver, lambda d: "Cancelled the turn: its run stops" in text_of(d, ".messagelist"), "the cancel")
+
+    ended, asked = act_on_a_running_turn(site, browser, "con-cancel-1", "where is order 10?", cancel,
+                                         openai(calls=[("l-10", "lookup", '{"order": "10"}')]))  # no second reply
+    assert ended["stop_reason"] == "cancelled"
     until(browser, lambda d: "turn finished (cancelled)" in text_of(d, "#console-live-status"), "the cancel landing")
     assert len(site.model.requests) == asked + 1  # the run asked the model nothing after the cancel
     assert [c.tool_call_id for m in agent.open("con-cancel-1", site.store).messages() for c in m.content
@@ -691,8 +680,23 @@ def test_the_list_shows_each_state_filters_searches_and_pages(site: Site, browse
     browser.find_element(By.CSS_SELECTOR, "#console-sessions a.console-id").click()
     until(browser, lambda d: "odd one" in text_of(d, "#console-transcript"), "the odd id's page")
     assert browser.execute_script("return document.querySelector('h1 .console-id').textContent") == odd
-    store.release("con-state-running", held_lease)
     store.release("con-state-cancelling", cancel_lease)
+
+    # A delete refused while a live run holds the session, then forced: the run's next write fails.
+    client = logged_in(site, "operator")
+    delete = site.session_url("con-state-running").replace("/change/", "/delete/")
+    refused = client.post(delete, headers={"X-CSRFToken": client.cookies["csrftoken"]}, timeout=WAIT)
+    assert "Not deleted: a live run holds the session (pid 4242 on worker-3" in refused.text
+    assert store.info("con-state-running") is not None
+    forced = client.post(delete, data={"force": "on"}, headers={"X-CSRFToken": client.cookies["csrftoken"]},
+                         timeout=WAIT)
+    assert forced.url == site.url(ADMIN) and "Deleted the session (forced, while a run held it)." in forced.text
+    assert store.info("con-state-running") is None
+    with pytest.raises(agent.LeaseLost):
+        store.save_fenced("con-state-running", held_lease, [agent.Message.user("busy"), agent.Message.assistant("x")],
+                          take_steers=False)
+    assert log_entries(site, "con-state-running") == [("operator", 3, "Deleted the session (forced, while a run "
+                                                                       "held it).")]
 
 
 def test_a_long_transcript_pages_from_its_end_and_folds_what_a_summary_covers(site: Site, browser: Any) -> None:
