@@ -463,11 +463,6 @@ def test_an_approver_approves_a_call_and_the_page_follows_the_run_in_another_pro
     results = [c for m in msgs for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
     assert [(r.tool_call_id, r.text) for r in results] == [("r-7", "refunded 80 on order 7")]  # run once
     assert log_entries(site, sid) == [("approver", 2, "Approved call r-7 (refund): within policy")]
-    login(browser, site, "root")
-    open_page(browser, site.url(ADMIN + "log/"))
-    assert "approver" in text_of(browser, "#console-log") and "Approved call r-7 (refund): within policy" in \
-        text_of(browser, "#console-log")
-    shot(browser, "log")
 
 
 def act_on_a_running_turn(site: Site, browser: Any, session: str, question: str, act: Callable[[Any], None],
@@ -730,3 +725,17 @@ def test_a_long_transcript_pages_from_its_end_and_folds_what_a_summary_covers(si
     until(browser, lambda d: "before=23" in d.current_url, "the oldest page")
     assert numbers(browser) == list(range(23, 0, -1)) and not browser.find_elements(By.ID, "console-older")
     assert "question 0" in text_of(browser, "#m1")
+
+
+def test_what_operators_did_shows_each_action_with_its_user(site: Site, browser: Any) -> None:
+    """The admin's log, as the console lists it, after the tests above: every kind of action, by whom."""
+    from selenium.webdriver.common.by import By
+
+    login(browser, site, "viewer")
+    open_page(browser, site.url(ADMIN + "log/"))
+    rows = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in browser.find_elements(By.CSS_SELECTOR, "#console-log tbody tr")]
+    done = {(who, what.split(":")[0].split(" call")[0].rstrip(".")) for _, who, _, what in rows}
+    assert {("approver", "Approved"), ("approver", "Denied"), ("operator", "Steered"),
+            ("operator", "Cancelled the turn"), ("operator", "Recovered"), ("operator", "Deleted the session")} <= done
+    shot(browser, "log")
