@@ -87,13 +87,17 @@ print(sorted(p.codename for p in Permission.objects.filter(content_type__app_lab
 """
 
 
-def fresh_database() -> str:
-    """The console's own PostgreSQL database, made anew: Django's tables and the store's, nothing else."""
-    name = servers.database_name("console")
+def drop_database(name: str) -> None:
     admin = create_engine(make_url(servers.POSTGRES_URL).set(database="postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+def fresh_database() -> str:
+    """The console's own PostgreSQL database, made anew: Django's tables and the store's, nothing else."""
+    name = servers.database_name("console")
+    drop_database(name)
     return servers.database_url(servers.POSTGRES_URL, name)
 
 
@@ -137,6 +141,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         store.close()
         store.engine.dispose()
         model.close()
+        if os.environ.get("AGENT_SESSIONS_KEEP_DATABASES") != "1":
+            drop_database(make_url(url).database or "")
 
 
 @pytest.fixture(scope="module")
