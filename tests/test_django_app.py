@@ -382,7 +382,8 @@ def test_bad_agent_sessions_settings_are_improperly_configured(django_state: Pat
                        ({"STORE": "tests.test_django_app.not_a_store"}, "returned str, not an agent_sessions Store"),
                        ({"SSE_SECONDS": 0}, "['SSE_SECONDS'] must be a number of seconds > 0, got 0"),
                        ({"SSE_SECONDS": "30"}, "['SSE_SECONDS'] must be a number of seconds > 0, got '30'"),
-                       ({"SSE_SECONDS": float("nan")}, "got nan")):
+                       ({"SSE_SECONDS": float("nan")}, "got nan"),
+                       ({"RESOLVE": 3}, "['RESOLVE'] must be the dotted path of a function")):
         with override_settings(AGENT_SESSIONS=conf), pytest.raises(ImproperlyConfigured) as raised:
             store()
         assert says in str(raised.value)

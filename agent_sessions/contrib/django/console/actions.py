@@ -76,7 +76,10 @@ def recover(store: agent.Store, session: str) -> str:
         raise Refused("Set AGENT_SESSIONS['RESOLVE'] to the project's resolve function to recover from here.")
     if not isinstance(store, agent.LifecycleStore):
         raise Refused("this store cannot list stranded sessions (it is not an agent_sessions.LifecycleStore)")
-    resolve = import_string(path)
+    try:
+        resolve = import_string(path)
+    except ImportError as exc:
+        raise Refused(f"Not recovered: AGENT_SESSIONS['RESOLVE'] ({path}) cannot be imported: {exc}") from exc
 
     def this_one(info: agent.SessionInfo) -> Any:
         return resolve(info) if info.id == session else None
