@@ -139,15 +139,17 @@ def wait_until_serving(server: subprocess.Popen[bytes], base: str, output: Path)
     raise AssertionError(f"runserver {state} (last error: {last!r}); its output:\n{said[-5000:]}")
 
 
-def runserver(env: dict[str, str], output: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A serving `manage.py runserver` and its base URL. Its port is found free, then bound by another
-    process a second later: another program (a second copy of the suite) may take it in between, so a
-    refused bind is tried again on another port, three times in all."""
+def runserver(env: dict[str, str], output: Path, manage: Path = MANAGE,
+              *options: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A serving `manage.py runserver` (of the example project, or of ``manage``, with ``options``) and its
+    base URL. Its port is found free, then bound by another process a second later: another program (a
+    second copy of the suite) may take it in between, so a refused bind is tried again on another port,
+    three times in all."""
     for _ in range(3):
         port = _free_port()
         with open(output, "wb") as log:  # a file, not a pipe nobody reads: its request log cannot fill it
-            server = subprocess.Popen([sys.executable, str(MANAGE), "runserver", f"127.0.0.1:{port}", "--noreload"],
-                                      env=env, stdout=log, stderr=subprocess.STDOUT)
+            server = subprocess.Popen([sys.executable, str(manage), "runserver", f"127.0.0.1:{port}", "--noreload",
+                                       *options], env=env, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
         try:
             wait_until_serving(server, base, output)
@@ -380,7 +382,8 @@ def test_bad_agent_sessions_settings_are_improperly_configured(django_state: Pat
                        ({"STORE": "tests.test_django_app.not_a_store"}, "returned str, not an agent_sessions Store"),
                        ({"SSE_SECONDS": 0}, "['SSE_SECONDS'] must be a number of seconds > 0, got 0"),
                        ({"SSE_SECONDS": "30"}, "['SSE_SECONDS'] must be a number of seconds > 0, got '30'"),
-                       ({"SSE_SECONDS": float("nan")}, "got nan")):
+                       ({"SSE_SECONDS": float("nan")}, "got nan"),
+                       ({"RESOLVE": 3}, "['RESOLVE'] must be the dotted path of a function")):
         with override_settings(AGENT_SESSIONS=conf), pytest.raises(ImproperlyConfigured) as raised:
             store()
         assert says in str(raised.value)

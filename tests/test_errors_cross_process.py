@@ -25,12 +25,17 @@ from hypothesis import strategies as st
 import agent_sessions as agent
 import stores
 
+DJANGO_LOADS = ("agent_sessions.contrib.django.models", "agent_sessions.contrib.django.admin",
+                "agent_sessions.contrib.django.console")
+"""Modules only a configured Django project imports (its app registry loads the app's models and admin, and
+the admin the console's pages): they need Django's settings to import, and define no error of the library."""
+
 
 def _modules() -> Iterator[str]:
     for package in (agent, stores):
         for found in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            if not found.name.endswith("__main__"):  # the CLI: importing it runs it
-                yield found.name
+            if not found.name.endswith("__main__") and not found.name.startswith(DJANGO_LOADS):  # __main__: the CLI
+                yield found.name                                                                  # runs when imported
 
 
 def _subclasses(cls: type[agent.AgentError]) -> Iterator[type[agent.AgentError]]:

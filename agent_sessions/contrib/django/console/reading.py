@@ -1,0 +1,529 @@
+"""What the console shows, read through the library's public API: a session's state and what waits on it,
+a page of its transcript read from the end, its newest events, the calls waiting for a decision.
+
+Nothing here reads in proportion to the store: the list is one page of ``list_sessions`` (indexed), a
+filter the stores cannot index reads at most ``SCAN`` sessions a request, a transcript page is one
+``read_back`` of ``MESSAGES`` messages (``TailStore``), and the newest events are found by a few one-row
+reads of the log. Everything returned is plain data for the templates, which escape it: nothing read
+from the store is ever markup.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import agent_sessions as agent
+from agent_sessions import lifecycle
+from agent_sessions.contract import EventStore, LifecycleStore, QueueStore, RunStore, TailStore
+from agent_sessions.journal import Journal
+from agent_sessions.messages import ContentType
+
+PAGE = 50
+"""Sessions a list page shows."""
+MESSAGES = 50
+"""Messages a transcript page shows."""
+EVENTS = 30
+"""Events of the log a session page shows before it follows the log live."""
+SCAN = 500
+"""Sessions a request reads at most to fill a page of a filter no store indexes (a state other than
+stranded, a spec) or the approvals inbox; the page then offers to go on from where it stopped."""
+GRACE = 10.0
+"""Seconds a turn may be open with no run on it before the console calls it stranded: ``agent.recover``'s
+default, so what the console calls stranded is what a sweep would take."""
+
+STATES = {
+    "running": "running",
+    "cancelling": "cancel asked",
+    "waiting": "waiting for approval",
+    "decided": "decided, not yet run",
+    "queued": "messages queued",
+    "stranded": "stranded",
+    "cancelled": "cancelled",
+    "open": "turn open",
+    "idle": "idle",
+}
+"""A session's state at a glance (the list's filter and badge), and how the page names it."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of the journal's reply: what the model asked, and how far it got."""
+
+    id: str
+    tool: str
+    arguments: str
+    status: str
+    """``waiting``, ``approved``, ``denied``, ``running`` (started, no result yet), ``done``, ``not started``."""
+    detail: str = ""
+    """The decision's reason and who took it, or the result's text."""
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class Look:
+    """One session as the console shows it: the store's ``SessionInfo`` and everything waiting on it."""
+
+    info: agent.SessionInfo
+    state: str
+    holder: agent.Holder | None = None
+    steers: list[str] = field(default_factory=list)
+    queued: list[str] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    pending: list[agent.PendingApproval] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return STATES[self.state]
+
+    @property
+    def recoverable(self) -> bool:
+        """An open turn no run holds and nothing else waits on: ``agent.recover`` would take it."""
+        return self.state in ("stranded", "open", "decided")
+
+    @property
+    def expires(self) -> datetime | None:
+        """When the run's lease ends unless renewed (the store's clock)."""
+        return None if self.holder is None else agent.contract.when(self.holder.expires)
+
+    @property
+    def metadata(self) -> list[tuple[str, str]]:
+        return [(k, json.dumps(v, ensure_ascii=False)) for k, v in sorted(self.info.metadata.items())]
+
+
+def look(store: agent.Store, info: agent.SessionInfo, stranded: Stranded | None = None) -> Look:
+    """``info``'s session with what waits on it and its state (a few reads: the lease, the steers, the
+    queue, the journal; the approvals only when the journal has some)."""
+    holder = store.holder(info.id) if isinstance(store, RunStore) else None
+    steers = store.pending_steers(info.id) if isinstance(store, LifecycleStore) else []
+    queued = store.queued(info.id) if isinstance(store, QueueStore) else []
+    text = store.journal(info.id) if isinstance(store, RunStore) else None
+    journal = None if text is None else Journal.from_json(text, f"session {info.id!r}")
+    pending: list[agent.PendingApproval] = []
+    if journal is not None and journal.approvals and isinstance(store, agent.ApprovalStore):
+        pending = agent.open(info.id, store).pending_approvals()
+    calls = [] if journal is None else in_flight(journal, {p.call_id for p in pending})
+    state = state_of(info, holder, queued, journal, pending, stranded or Stranded.of(store, info))
+    return Look(info, state, holder, steers, queued, calls, pending)
+
+
+def state_of(info: agent.SessionInfo, holder: agent.Holder | None, queued: Sequence[str], journal: Journal | None,
+             pending: Sequence[agent.PendingApproval], stranded: Stranded) -> str:
+    """The one word for a session's state; the first that holds, in this order."""
+    if holder is not None:
+        return "cancelling" if holder.cancelled else "running"
+    if pending:
+        return "waiting"
+    if journal is not None and journal.approvals:
+        return "decided"
+    if queued:
+        return "queued"
+    if info.open_since is None:
+        return "idle"
+    if time.time() - info.open_since.timestamp() < GRACE:
+        return "open"
+    if info.id in stranded.ids:
+        return "stranded"
+    return "cancelled" if stranded.complete else "open"
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """The stranded sessions, as one page of the store's index of open sessions holds them: an open turn
+    past ``GRACE`` that is not among them was cancelled (``list_sessions(stranded=True)`` leaves cancelled
+    turns out). ``complete``: the page held them all, so an absence means that."""
+
+    ids: frozenset[str]
+    complete: bool
+
+    @classmethod
+    def of(cls, store: agent.Store, *infos: agent.SessionInfo) -> Stranded:
+        """Read only when one of ``infos`` could be stranded (an open turn past the grace): one indexed
+        query of at most ``lifecycle.MAX_PAGE`` rows, of the open sessions alone."""
+        now = time.time()
+        if not isinstance(store, LifecycleStore) or not any(
+                i.open_since is not None and now - i.open_since.timestamp() >= GRACE for i in infos):
+            return cls(frozenset(), False)
+        page = store.list_sessions(limit=lifecycle.MAX_PAGE, stranded=True, grace=GRACE)
+        return cls(frozenset(i.id for i in page), page.next is None)
+
+
+def in_flight(journal: Journal, pending: set[str]) -> list[Call]:
+    """The journal's reply, call by call: waiting for a decision, decided, started, finished."""
+    calls = []
+    for call in journal.reply.tool_calls:
+        approval = journal.approvals.get(call.id)
+        result = journal.results.get(call.id)
+        if result is not None:
+            calls.append(Call(call.id, call.name, call.arguments, "done", result.text, result.is_error))
+        elif call.id in journal.started:
+            calls.append(Call(call.id, call.name, call.arguments, "running"))
+        elif call.id in pending:
+            calls.append(Call(call.id, call.name, call.arguments, "waiting"))
+        elif approval is not None and approval.decision is not None:
+            decision = approval.decision
+            why = f"by {decision.by}" + (f": {decision.reason}" if decision.reason else "")
+            calls.append(Call(call.id, call.name, call.arguments, "approved" if decision.approved else "denied", why))
+        else:
+            calls.append(Call(call.id, call.name, call.arguments, "not started"))
+    return calls
+
+
+# -- the list ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A page of the list: the sessions shown, the cursor of the next page, and for a filter the stores do
+    not index, how many sessions this request read to find them (``None``: an indexed page)."""
+
+    rows: list[Look]
+    next: str | None
+    scanned: int | None = None
+
+
+@dataclass(frozen=True)
+class Query:
+    """What the list is asked for: ``prefix`` of the id and ``where`` of the metadata (both indexed), a
+    ``state`` and a ``spec`` (read session by session, but for ``stranded``: its own index)."""
+
+    prefix: str = ""
+    where: Mapping[str, agent.contract.Scalar] = field(default_factory=dict)
+    state: str = ""
+    spec: str = ""
+
+
+def parse_search(text: str) -> tuple[str, dict[str, agent.contract.Scalar]]:
+    """The search box: ``key=value`` terms filter by metadata (a value read as JSON when it parses, as the
+    command line's ``--where``: ``n=17`` is a number, ``n="17"`` text), any other term is the start of the
+    id. ``ArgumentError`` for two id terms."""
+    prefix, where = "", {}
+    for term in text.split():
+        key, sep, raw = term.partition("=")
+        if sep and key:
+            try:
+                value: Any = json.loads(raw)
+            except ValueError:
+                value = raw
+            where[key] = value
+        elif prefix:
+            raise agent.ArgumentError(f"search by one id prefix at a time, got {prefix!r} and {term!r}")
+        else:
+            prefix = term
+    return prefix, where
+
+
+def listing(store: LifecycleStore, query: Query, after: str | None) -> Listing:
+    """The page of the list ``query`` asks for, after the cursor ``after``."""
+    if query.state == "stranded":
+        return _stranded_page(store, query, after)
+    if not query.state and not query.spec:
+        page = store.list_sessions(query.prefix, dict(query.where) or None, PAGE, after)
+        stranded = Stranded.of(store, *page.sessions)
+        return Listing([look(store, info, stranded) for info in page.sessions], page.next)
+    rows: list[Look] = []
+    scanned = 0
+    cursor = after
+    while len(rows) < PAGE and scanned < SCAN:
+        page = store.list_sessions(query.prefix, dict(query.where) or None, min(100, SCAN - scanned), cursor)
+        scanned += len(page)
+        candidates = [i for i in page.sessions if not query.spec or i.spec == query.spec]
+        stranded = Stranded.of(store, *candidates)
+        rows += [found for found in (look(store, info, stranded) for info in candidates)
+                 if not query.state or found.state == query.state]
+        cursor = page.next
+        if cursor is None:
+            break
+    return Listing(rows, cursor, scanned)
+
+
+def _stranded_page(store: LifecycleStore, query: Query, after: str | None) -> Listing:
+    """Stranded sessions, oldest open first, through the index of the open sessions; a search narrows the
+    page (that index has no id or metadata key)."""
+    page = store.list_sessions(limit=PAGE, after=after, stranded=True, grace=GRACE)
+    known = Stranded(frozenset(i.id for i in page), False)
+    infos = [i for i in page.sessions if i.id.startswith(query.prefix) and (not query.spec or i.spec == query.spec)
+             and all(k in i.metadata and json.dumps(i.metadata[k]) == json.dumps(v) for k, v in query.where.items())]
+    return Listing([look(store, info, known) for info in infos], page.next)
+
+
+# -- a transcript, a page at a time from its end -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a message as the page shows it."""
+
+    kind: str
+    """``text``, ``call``, ``result`` or ``summary``."""
+    text: str = ""
+    call_id: str = ""
+    tool: str = ""
+    arguments: str = ""
+    """A call's arguments, indented when they parse as JSON, else as the model wrote them."""
+    result: str | None = None
+    """A call's result, when the transcript read holds it."""
+    is_error: bool = False
+    covers: tuple[int, int] = (0, 0)
+    """A summary's range of message numbers, first and last (numbers count from 1, as the CLI's)."""
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One message of a transcript page."""
+
+    number: int
+    role: str
+    blocks: list[Block]
+    key: str = ""
+    steer: bool = False
+    """A user's text that landed in a turn already under way (after a tool's results, or after the
+    turn's input): a steer, taken by the run before its next model request."""
+    results_of: int = 0
+    """For a message of tool results all shown with their calls: the number of the calls' message."""
+    summarised_by: int = 0
+    """The number of a summary on this page that covers this message."""
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """A page of a transcript, newest first, and where the pages beside it begin."""
+
+    messages: list[Shown]
+    total: int
+    first: int
+    """The index of the oldest message shown."""
+    older: int | None
+    """``before=`` of the page of older messages (``None``: this page reaches the first)."""
+    has_newer: bool
+    newer: int | None
+    """``before=`` of the page of newer messages (``None`` with ``has_newer``: the newest page)."""
+
+    @property
+    def numbers(self) -> tuple[int, int]:
+        """The numbers of the oldest and the newest message shown (they count from 1)."""
+        return self.first + 1, self.first + len(self.messages)
+
+
+def transcript(store: agent.Store, session: str, before: int | None, total: int) -> Transcript:
+    """The ``MESSAGES`` messages before index ``before`` (``None``: the newest), read with one message more
+    on each side (the one before says whether the first is a steer, the one after holds the results of the
+    last's calls): one ``read_back`` on a ``TailStore``, whatever the transcript's length; the whole
+    transcript on a store that cannot read from the end. ``total``: the length ``info`` gave."""
+    if before is not None and (isinstance(before, bool) or not isinstance(before, int) or before < 0):
+        raise agent.ArgumentError(f"before= must be an int >= 0, got {before!r}")
+    if isinstance(store, TailStore):
+        if before is None:
+            start, msgs = store.read_back(session, None, MESSAGES + 1)
+            end = start + len(msgs)
+        else:
+            start, msgs = store.read_back(session, before + 1, MESSAGES + 2)
+            end = min(before, start + len(msgs))
+        window = {start + i: m for i, m in enumerate(msgs)}
+    else:
+        every = store.messages(session)
+        end = len(every) if before is None else min(before, len(every))
+        window = {i: every[i] for i in range(max(0, end - MESSAGES - 1), min(end + 1, len(every)))}
+    first = max(0, end - MESSAGES)
+    shown = [_shown(window, i) for i in range(first, end)]
+    _fold(shown)
+    total = end if before is None else max(total, end)
+    newer = None if before is None or end + MESSAGES >= total else end + MESSAGES
+    return Transcript(list(reversed(shown)), total, first, first if first > 0 else None, before is not None and
+                      end < total, newer)
+
+
+def _shown(window: Mapping[int, agent.Message], index: int) -> Shown:
+    message = window[index]
+    following = window.get(index + 1)
+    results = {} if following is None else {c.tool_call_id: c for c in following.content
+                                             if c.type is ContentType.TOOL_RESULT}
+    blocks: list[Block] = []
+    for c in message.content:
+        if c.type is ContentType.TEXT:
+            blocks.append(Block("text", c.text))
+        elif c.type is ContentType.TOOL_CALL:
+            result = results.get(c.id)
+            blocks.append(Block("call", call_id=c.id, tool=c.name, arguments=pretty(c.arguments),
+                                result=None if result is None else result.text,
+                                is_error=False if result is None else result.is_error))
+        elif c.type is ContentType.TOOL_RESULT:
+            blocks.append(Block("result", c.text, call_id=c.tool_call_id, is_error=c.is_error))
+        else:
+            blocks.append(Block("summary", c.text, covers=(c.start + 1, c.end)))
+    previous = window.get(index - 1)
+    calls = set() if previous is None else {c.id for c in previous.tool_calls}
+    result_ids = [b.call_id for b in blocks if b.kind == "result"]
+    paired = bool(result_ids) and len(result_ids) == len(blocks) and set(result_ids) <= calls
+    steer = (message.role is agent.Role.USER and not message.key and previous is not None
+             and previous.role is agent.Role.USER and bool(blocks) and all(b.kind == "text" for b in blocks))
+    return Shown(index + 1, message.role.value, blocks, message.key, steer, index if paired else 0)
+
+
+def _fold(shown: list[Shown]) -> None:
+    """Mark the messages a summary on the page covers, so the page folds them under it."""
+    covered: dict[int, int] = {}
+    for m in shown:
+        for b in m.blocks:
+            if b.kind == "summary":
+                for number in range(b.covers[0], b.covers[1] + 1):
+                    covered.setdefault(number, m.number)
+    for i, m in enumerate(shown):
+        if m.number in covered:
+            shown[i] = Shown(m.number, m.role, m.blocks, m.key, m.steer, m.results_of, covered[m.number])
+
+
+def pretty(arguments: str) -> str:
+    """A call's arguments indented, when they are JSON; else exactly as the model wrote them."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if not isinstance(parsed, (dict, list)):
+        return arguments
+    return json.dumps(parsed, indent=2, ensure_ascii=False)
+
+
+# -- the event log -----------------------------------------------------------------------------------------------
+
+
+def newest_events(store: agent.Store, session: str, count: int = EVENTS) -> tuple[list[agent.StoredEvent], int]:
+    """The session's ``count`` newest events (oldest first, joined with their messages) and the seq of the
+    newest (0: none), without reading the log from its start: a log's seqs are consecutive, so the newest
+    is found by one-row reads (``EventStore.events(after, 1)``, doubling the step, then halving), about
+    2 log2(length) of them. ``([], 0)`` for a store without an event log."""
+    if not isinstance(store, EventStore):
+        return [], 0
+    oldest = store.events(session, 0, 1)
+    if not oldest:
+        return [], 0
+    newest = _newest(lambda seq: bool(store.events(session, seq - 1, 1)), oldest[0].seq)
+    after = max(oldest[0].seq - 1, newest - count)
+    return agent.open(session, store).events(after=after, limit=count), newest
+
+
+def _newest(exists: Callable[[int], bool], known: int) -> int:
+    """The largest seq for which ``exists`` (some seq at or above it is stored) holds, from one ``known``
+    to hold: doubling steps up, then a binary search between the last that held and the first that did not."""
+    step = 1
+    while known + step <= agent.eventlog.MAX_SEQ and exists(known + step):
+        known += step
+        step *= 2
+    high = min(known + step, agent.eventlog.MAX_SEQ + 1)  # does not hold (or is past the largest seq)
+    while high - known > 1:
+        middle = (known + high) // 2
+        if exists(middle):
+            known = middle
+        else:
+            high = middle
+    return known
+
+
+def event_line(kind: str, data: Mapping[str, Any]) -> str:
+    """An event in a few words, for the page's log (the page's script says the same of the events it
+    follows live: console.js, ``describe``)."""
+    call = data.get("call") or {}
+    result = data.get("result") or {}
+    if kind == "step_started":
+        return f"step {data.get('step')} started"
+    if kind == "steer_applied":
+        return f"steer landed at #{int(data.get('index', 0)) + 1}: {data.get('text', '')}"
+    if kind == "text":
+        return f"text: {data.get('text', '')}"
+    if kind == "model_response":
+        message = data.get("message") or {}
+        content = message.get("content", [])
+        names = [c.get("name", "") for c in content if c.get("type") == "tool_call"]
+        texts = [c.get("text", "") for c in content if c.get("type") == "text"]
+        return "model replied" + (f": calls {', '.join(names)}" if names else f": {' '.join(texts)}")
+    if kind == "tool_called":
+        return f"running {call.get('name', '')} ({call.get('id', '')})"
+    if kind == "tool_finished":
+        error = " with an error" if result.get("is_error") else ""
+        return f"{data.get('name', '')} finished{error}: {result.get('text', '')}"
+    if kind == "approval_requested":
+        return f"asks approval for {call.get('name', '')} ({call.get('id', '')})"
+    if kind == "approval_decided":
+        verb = "approved" if data.get("approved") else "denied"
+        return f"{call.get('name', '')} {verb} by {data.get('by', '')}" + (
+            f": {data['reason']}" if data.get("reason") else "")
+    if kind == "compacted":
+        return f"compacted #{int(data.get('start', 0)) + 1} to #{data.get('end', 0)}"
+    if kind == "finished":
+        return f"finished ({data.get('stop_reason', '')}): {data.get('text', '')}"
+    if kind == "failed":
+        return f"failed: {data.get('type', '')}: {data.get('message', '')}"
+    return kind
+
+
+# -- the approvals inbox -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A call waiting for a decision, with the conversation that led to it."""
+
+    session: str
+    call: agent.PendingApproval
+    arguments: str
+    context: list[Shown]
+    """The messages before the reply, oldest first, and the reply's own text."""
+    reply: str
+
+
+@dataclass(frozen=True)
+class Inbox:
+    calls: list[Asked]
+    scanned: int
+    next: str | None
+    """Where the next request goes on reading sessions (``None``: every session was read)."""
+
+
+CONTEXT = 3
+"""Messages before a waiting reply the inbox shows."""
+
+
+def inbox(store: LifecycleStore, after: str | None) -> Inbox:
+    """Every call waiting for a decision among up to ``SCAN`` sessions (newest updated first, from
+    ``after``), oldest asked first. No store indexes the sessions whose turn waits for a decision, so the
+    inbox reads each session's journal: one read a session, and the approvals only where it has some."""
+    found: list[Asked] = []
+    scanned = 0
+    cursor = after
+    while scanned < SCAN:
+        page = store.list_sessions(limit=min(100, SCAN - scanned), after=cursor)
+        scanned += len(page)
+        for info in page.sessions:
+            found += _asked(store, info.id)
+        cursor = page.next
+        if cursor is None:
+            break
+    found.sort(key=lambda a: (a.call.asked, a.session, a.call.call_id))
+    return Inbox(found, scanned, cursor)
+
+
+def _asked(store: agent.Store, session: str) -> Iterator[Asked]:
+    if not isinstance(store, agent.ApprovalStore):
+        return
+    text = store.journal(session)
+    if text is None:
+        return
+    journal = Journal.from_json(text, f"session {session!r}")
+    if not any(a.decision is None for a in journal.approvals.values()):
+        return
+    waiting = agent.open(session, store).pending_approvals()
+    if not waiting:
+        return
+    window: dict[int, agent.Message] = {}
+    if isinstance(store, TailStore):
+        start, msgs = store.read_back(session, journal.at, CONTEXT + 1)
+        window = {start + i: m for i, m in enumerate(msgs)}
+    indexes = sorted(window)
+    context = [_shown(window, i) for i in (indexes[1:] if len(indexes) > CONTEXT else indexes)]
+    reply = " ".join(c.text for c in journal.reply.content if c.type is ContentType.TEXT)
+    for call in waiting:
+        yield Asked(session, call, pretty(call.arguments), context, reply)
