@@ -14,7 +14,7 @@ from typing import Any
 try:
     from sqlalchemy import Connection, Engine, delete, text
     from sqlalchemy.dialects import mysql
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
         "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'stored-agent-sessions[mysql]'"
@@ -190,8 +190,11 @@ class Store(SQLStore):
                 or instrumented(self.engine)):
             # a second statement (events, the journal, open_since), or a listener that must see it: a transaction
             return super().append(step)
-        kept = self._kept.take()
-        if kept is None:  # all in use, or none kept
+        try:
+            kept = self._kept.take()
+        except SQLAlchemyError as exc:  # the pool had no connection to give within its pool_timeout
+            raise self._error("save", step.session, exc) from exc
+        if kept is None:  # all in use, none kept, or none could be kept
             return super().append(step)
         return self._append_kept(kept, step, count)
 
