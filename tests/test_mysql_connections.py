@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
@@ -22,12 +24,8 @@ WAIT = 10.0
 
 
 @pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    url = servers.database_url(servers.MYSQL_URL, servers.database_name("myconn"))
-    engine = create_engine(url)
-    servers.fresh_schema(engine)
-    engine.dispose()
-    yield url
+def url() -> str:
+    return servers.fresh_database(servers.MYSQL_URL, "myconn")
 
 
 @pytest.fixture
@@ -35,6 +33,18 @@ def admin(url: str) -> Iterator[Engine]:
     engine = create_engine(url, pool_size=1)
     yield engine
     engine.dispose()
+
+
+@contextmanager
+def _store(url: str, **options: Any) -> Iterator[mysql.Store]:
+    """A store on an engine of its own (``options``), closed and disposed of at the end."""
+    engine = create_engine(url, **options)
+    store = mysql.Store(engine)
+    try:
+        yield store
+    finally:
+        store.close()
+        engine.dispose()
 
 
 def _run(store: mysql.Store) -> tuple[str, agent.Holder, list[agent.Message]]:
@@ -59,6 +69,13 @@ def _step(store: mysql.Store, sid: str, held: agent.Holder, msgs: list[agent.Mes
     return None
 
 
+def _goes_on(store: mysql.Store, sid: str, held: agent.Holder, msgs: list[agent.Message]) -> None:
+    """The run's next steps are saved, and the session holds every step saved."""
+    assert _step(store, sid, held, msgs) is None
+    assert _step(store, sid, held, msgs) is None
+    assert mysql.Store(store.engine).messages(sid) == msgs
+
+
 def _idle(admin: Engine) -> list[int]:
     """The server's ids of the idle connections to the test database, but the admin's own."""
     with admin.connect() as conn:
@@ -77,12 +94,10 @@ def _gone(admin: Engine, ids: list[int]) -> None:
 
 @pytest.mark.parametrize("how", ["kill", "wait_timeout"])
 def test_a_step_after_the_server_dropped_the_idle_connections(url: str, admin: Engine, how: str) -> None:
-    engine = create_engine(url, pool_size=3)  # no pool_pre_ping: the pool hands out what it has
-    store = mysql.Store(engine)
-    try:
+    with _store(url, pool_size=3) as store:  # no pool_pre_ping: the pool hands out what it has
         sid, held, msgs = _run(store)
-        if how == "wait_timeout":  # each of the store's connections times out one second after its last use
-            with engine.connect() as conn:
+        if how == "wait_timeout":  # the store's connection times out one second after its last use
+            with store.engine.connect() as conn:
                 conn.exec_driver_sql("SET SESSION wait_timeout = 1")
         dropped = _idle(admin)
         assert dropped, "the store's connection is idle in the pool"
@@ -92,12 +107,7 @@ def test_a_step_after_the_server_dropped_the_idle_connections(url: str, admin: E
                     conn.exec_driver_sql(f"KILL CONNECTION {thread}")
         _gone(admin, dropped)
         _step(store, sid, held, msgs)  # saved, or a StoreError
-        assert _step(store, sid, held, msgs) is None
-        assert _step(store, sid, held, msgs) is None
-        assert mysql.Store(engine).messages(sid) == msgs
-    finally:
-        store.close()
-        engine.dispose()
+        _goes_on(store, sid, held, msgs)
 
 
 @pytest.fixture
@@ -119,39 +129,26 @@ def limited(url: str, admin: Engine) -> Iterator[str]:
 
 
 def test_a_step_at_the_connection_limit_is_a_store_error(limited: str) -> None:
-    engine = create_engine(limited, pool_size=3)
-    store = mysql.Store(engine)
-    try:
+    with _store(limited, pool_size=3) as store:
         sid, held, msgs = _run(store)
-        holding = [engine.connect() for _ in range(2)]  # the account's two: the store's idle one and a new one
+        holding = [store.engine.connect() for _ in range(2)]  # the account's two: the store's idle one, a new one
         try:
             error = _step(store, sid, held, msgs)
             assert error is not None and "1226" in str(error), error  # the server refused a third
         finally:
             for conn in holding:
                 conn.close()
-        assert _step(store, sid, held, msgs) is None
-        assert _step(store, sid, held, msgs) is None
-        assert mysql.Store(engine).messages(sid) == msgs
-    finally:
-        store.close()
-        engine.dispose()
+        _goes_on(store, sid, held, msgs)
 
 
 def test_a_step_when_the_pool_has_no_connection_to_give_is_a_store_error(url: str) -> None:
-    engine = create_engine(url, pool_size=2, max_overflow=0, pool_timeout=0.2)
-    store = mysql.Store(engine)
-    try:
+    with _store(url, pool_size=2, max_overflow=0, pool_timeout=0.2) as store:
         sid, held, msgs = _run(store)
-        holding = [engine.connect() for _ in range(2)]  # the whole pool, in the caller's hands
+        holding = [store.engine.connect() for _ in range(2)]  # the whole pool, in the caller's hands
         try:
             error = _step(store, sid, held, msgs)
             assert error is not None, "no connection to save with"
         finally:
             for conn in holding:
                 conn.close()
-        assert _step(store, sid, held, msgs) is None
-        assert mysql.Store(engine).messages(sid) == msgs
-    finally:
-        store.close()
-        engine.dispose()
+        _goes_on(store, sid, held, msgs)
