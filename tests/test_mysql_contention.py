@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -37,12 +38,12 @@ def url() -> str:
 
 
 CREATOR = """
-import json, logging, sys, time
+import json, logging, sys
 from sqlalchemy import create_engine
 import agent_sessions as agent
 from stores import mysql
 
-url, run, me, start, sessions = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+url, run, me, sessions = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 retried = []
 
 class Retries(logging.Handler):
@@ -52,7 +53,8 @@ class Retries(logging.Handler):
 logging.getLogger("stores._sql.store").addHandler(Retries(logging.WARNING))
 store = mysql.Store(create_engine(url, pool_size=2))
 store.message_limit()  # what a store reads once, and a connection, before the start
-time.sleep(max(0.0, start - time.time()))
+print("ready", flush=True)
+sys.stdin.readline()  # all at once
 failed = []
 for i in range(sessions):
     try:  # the sessions made at the same moment by the processes are neighbours in every index
@@ -70,15 +72,23 @@ def test_processes_creating_sessions_at_once_never_deadlock(url: str) -> None:
     run = uuid.uuid4().hex[:8]
     proxy = Proxy(int(make_url(url).port or 3306), delay=0.0005).start()
     via = make_url(url).set(port=proxy.port).render_as_string(hide_password=False)
-    start = time.time() + 3.0  # all started and connected by then, on a machine as slow as CI's
     children = [
-        subprocess.Popen([sys.executable, "-c", CREATOR, via, run, str(p), str(start), str(SESSIONS)],
+        subprocess.Popen([sys.executable, "-c", CREATOR, via, run, str(p), str(SESSIONS)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
         for p in range(PROCESSES)
     ]
     reports = []
     try:
+        deadline = time.monotonic() + 60
+        for child in children:  # each started, its store connected
+            assert child.stdout is not None
+            assert select.select([child.stdout], [], [], max(0.0, deadline - time.monotonic()))[0], "not ready"
+            assert child.stdout.readline().strip() == "ready", child.stderr
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
         for child in children:
             out, err = child.communicate(timeout=60)
             assert child.returncode == 0, err
