@@ -109,6 +109,16 @@ def fresh_schema(engine: Engine) -> None:
                 conn.exec_driver_sql(statement)
 
 
+def fresh_database(base: str, suffix: str) -> str:
+    """The URL of the database ``database_name(suffix)`` on ``base``'s server, made if it is missing, with
+    the store's tables made fresh (``fresh_schema``)."""
+    url = database_url(base, database_name(suffix))
+    engine = create_engine(url)
+    fresh_schema(engine)
+    engine.dispose()
+    return url
+
+
 def postgres_store(url: str = POSTGRES_URL) -> postgres.Store:
     return postgres.Store(_engine(url, pool_size=2))
 

@@ -3,6 +3,7 @@ the child's own, and the parent's connections survive the child."""
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -10,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
 import agent_sessions as agent
 from stores import sqlite
@@ -87,3 +89,52 @@ def test_a_forked_child_reopens_the_sqlite_file(tmp_path: Path) -> None:
                              len(store.messages("s")))[1])
     assert out == "2"
     assert store.messages("s")[-1] == agent.Message.user("child")
+
+
+CONNECTIONS = {
+    # Each of the server's connections to the test database but the caller's own, and what moves whenever
+    # a connection is sent anything: MariaDB's id of its last query, PostgreSQL's time of its last change.
+    "postgresql": "SELECT pid, state_change, query FROM pg_stat_activity WHERE datname = current_database() "
+                  "AND pid <> pg_backend_pid()",
+    "mysql": "SELECT ID, QUERY_ID, INFO FROM information_schema.PROCESSLIST WHERE DB = DATABASE() "
+             "AND ID <> CONNECTION_ID()",
+}
+
+
+@pytest.mark.parametrize("base", [servers.POSTGRES_URL, servers.MYSQL_URL], ids=["postgres", "mysql"])
+def test_a_forked_child_sends_nothing_on_the_parents_connections(base: str) -> None:
+    """Seen from the server: each connection the parent's store holds is as the parent left it after a
+    child was forked, worked with the store on connections of its own, collected what it dropped of the
+    parent's, and exited."""
+    url = servers.database_url(base, servers.database_name("forksilent"))
+    store: SQLStore = (servers.postgres_store if url.startswith("postgresql") else servers.mysql_store)(url)
+    servers.fresh_schema(store.engine)
+    observer = create_engine(url, poolclass=NullPool)
+    sid = f"fork-{os.getpid()}"
+    holder = store.acquire(sid, agent.Holder("parent", os.getpid(), "p" * 32, 0.0), 30)
+    msgs = [agent.Message.user("parent")]
+    for i in range(3):  # a run's steps: the store holds whatever connections its steps need
+        msgs.append(agent.Message.user(f"step {i}"))
+        store.save_fenced(sid, holder, msgs, take_steers=True)
+
+    def seen() -> dict[object, tuple[object, ...]]:
+        with observer.connect() as conn:
+            return {row[0]: tuple(row) for row in conn.execute(text(CONNECTIONS[store.engine.dialect.name]))}
+
+    before = seen()
+    assert before, "the parent's store holds connections"
+
+    def child() -> str:
+        store.save(f"{sid}-child", [agent.Message.user("child")])
+        gc.collect()  # whatever the child dropped of the parent's is collected now
+        return "done"
+
+    assert _in_child(child) == "done"
+    after = seen()
+    assert {key: after.get(key) for key in before} == before, "the child sent something on a parent's connection"
+    msgs.append(agent.Message.user("after the child"))
+    store.save_fenced(sid, holder, msgs, take_steers=True)
+    assert store.messages(sid) == msgs
+    getattr(store, "close", lambda: None)()
+    store.engine.dispose()
+    observer.dispose()

@@ -145,10 +145,12 @@ class Lifecycle(SQLBase):
             row = self.run(conn, sql.LOCK_METADATA, {"sid": session}).first()
             if row is None:
                 return None
-            merged = lifecycle.merge_metadata(lifecycle.decode_metadata(row[0]), changes)
+            before = lifecycle.decode_metadata(row[0])
+            merged = lifecycle.merge_metadata(before, changes)
             stored = lifecycle.encode_metadata(merged) if merged else None
             self.run(conn, sql.SET_METADATA, {"sid": session, "metadata": stored})
-            self.run(conn, sql.CLEAR_TAGS, {"sid": session})
+            if before:  # its tags, each by its key (SQLAlchemy expands the list: not one of the driver's)
+                conn.execute(sql.DROP_TAGS, {"sid": session, "names": sorted(before)})
             if merged:
                 self.run(conn, sql.ADD_TAG, [
                     {"session_id": session, "name": k, "value": lifecycle.metadata_value(k, v)}

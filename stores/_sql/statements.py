@@ -52,15 +52,24 @@ NOW = db_now()
 
 # -- schema 5: the open turn (stranded runs) ------------------------------------------------------------------
 
-WAITING = or_(exists().where(steers.c.session_id == SID),
-              exists().where(and_(queue.c.session_id == SID, queue.c.taken == false())))
-"""Input waits for the session, a steer or a queued message: a save that answers its turn leaves it open
-while this holds (PostgreSQL's one-statement append says the same: stores/postgres ``OPEN_SINCE``)."""
+def input_waits(session: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Input waits for ``session`` (``SID``, or the session column of the row a statement reads), a steer or
+    a queued message: a save that answers its turn leaves it open while this holds (PostgreSQL's
+    one-statement append says the same: stores/postgres ``OPEN_SINCE``)."""
+    return or_(exists().where(steers.c.session_id == session),
+               exists().where(and_(queue.c.session_id == session, queue.c.taken == false())))
+
+
+WAITING = input_waits(SID)
 OPEN_SINCE = case(
     (or_(bindparam("open", type_=Boolean()), WAITING), func.coalesce(S.open_since, db_now())), else_=null()
 )
 """What a save sets ``open_since`` to: kept (or now) when the transcript it leaves is open (``:open``,
 ``messages.turn_open``) or input waits, NULL when it closes the turn."""
+OPENED = case((bindparam("open", type_=Boolean()), func.coalesce(S.open_since, db_now())), else_=null())
+"""``OPEN_SINCE`` for a writer that read, with the session row locked, whether input waits, and folded it into
+``:open``: no subquery in its ``UPDATE`` (MySQL reads one with locks, which reach the steers and queue of the
+sessions beside this one)."""
 SET_OPEN = update(sessions).where(S.session_id == SID).values(open_since=OPEN_SINCE)
 """An append that opens or closes the turn: the second statement of its transaction. Like the append, it
 leaves ``updated`` (the heartbeat's renewal moves it)."""
@@ -100,6 +109,10 @@ STATE = select(
 SET_VERSION = update(sessions).where(S.session_id == SID).values(
     version=bindparam("version"), journal=null(), updated=NOW, open_since=OPEN_SINCE
 )
+SET_VERSION_OPENED = update(sessions).where(S.session_id == SID).values(
+    version=bindparam("version"), journal=null(), updated=NOW, open_since=OPENED
+)
+"""``SET_VERSION`` with ``OPENED``: ``:open`` says whether the turn stays open, input waiting included."""
 DROP_JOURNAL = update(sessions).where(S.session_id == SID).values(journal=null(), updated=NOW)
 
 # -- the lease -------------------------------------------------------------------------------------------
@@ -268,6 +281,9 @@ SET_METADATA = update(sessions).where(S.session_id == SID).values(
     metadata=bindparam("metadata", type_=LongText), updated=NOW
 )
 CLEAR_TAGS = delete(tags).where(T.session_id == SID)
+DROP_TAGS = delete(tags).where(and_(T.session_id == SID, T.name.in_(bindparam("names", expanding=True))))
+"""The tags of these keys (a session's tags are its metadata's keys): each row by its primary key, so on MySQL
+the DELETE locks them alone, not (as ``CLEAR_TAGS``'s range does) the next session's first tag as well."""
 ADD_TAG = insert(tags)
 LOCK_LEASE = (
     select(S.host, S.pid, S.token, S.expires, S.cancelled, S.epoch, (S.expires > db_now()).label("live"))

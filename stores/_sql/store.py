@@ -51,9 +51,10 @@ from .tables import messages, sessions
 
 class SQLStore(Lifecycle, EventLog, Approvals, Lease):
     """Subclasses say what differs: the upsert, how steers are taken, which errors mean what. What a dialect
-    overrides: here ``add_steer_key``, ``lock_new`` or ``lock_session``, ``share_lock``, ``append``, ``_put_journal``,
-    ``take`` and ``message_limit``; ``claim`` and ``notify`` (events.py); ``starts_with`` (lifecycle.py);
-    ``insert_session``, ``run``, ``is_transient``, ``after_fork`` and ``_connection`` (base.py)."""
+    overrides: here ``add_steer_key``, ``lock_new`` or ``lock_session``, ``lock_row``, ``trim``, ``set_version``,
+    ``share_lock``, ``append``, ``_put_journal``, ``take`` and ``message_limit``; ``claim`` and ``notify``
+    (events.py); ``starts_with`` (lifecycle.py); ``insert_session``, ``run``, ``is_transient``, ``after_fork``
+    and ``_connection`` (base.py)."""
 
     # -- the Store protocol --------------------------------------------------------------------------
 
@@ -154,7 +155,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         if holder is None:
             row = self.lock_session(conn, session)
         else:
-            locked = self.run(conn, sql.LOCK, {"sid": session}).first()
+            locked = self.run(conn, self.lock_row, {"sid": session}).first()
             if locked is None or locked[1] != holder.token or locked[2] != holder.epoch:
                 raise lost(session, holder, None if locked is None else locked[1:3])
             row = locked
@@ -164,7 +165,8 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
             start = self._stored_prefix(conn, session, items, shared if same else 0, offset)
         else:
             start = shared if same else 0
-            self.run(conn, sql.TRIM, {"sid": session, "start": start})
+            if stored_version is not None:  # no version: no transcript, no message to delete
+                self.trim(conn, session, start, row)
         waiting = take and self.run(conn, sql.ANY_STEER, {"sid": session}).first() is not None
         taken = self.take(conn, session) if waiting else []
         saved = items + tuple(Message.user(text) for text in taken)
@@ -172,7 +174,7 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
         if holder is not None and not replace and start == len(saved):
             return result, stored_version, saved  # nothing to write, so nothing written
         version = os.urandom(16).hex()
-        self.run(conn, sql.SET_VERSION, {"sid": session, "version": version, "open": turn_open(saved)})
+        self.set_version(conn, session, version, turn_open(saved), row)
         if start < len(saved):
             self.run(
                 conn,
@@ -429,6 +431,20 @@ class SQLStore(Lifecycle, EventLog, Approvals, Lease):
 
     lock_new: ClassVar[Executable | None] = None
     """The dialect's ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` of ``lock_session``."""
+
+    lock_row: ClassVar[Executable] = sql.LOCK
+    """The session row read and locked by a leased run's general save: ``sql.LOCK``'s columns first (MySQL
+    reads more: what its ``trim`` and ``set_version`` need to know)."""
+
+    def trim(self, conn: Connection, session: str, start: int, row: Sequence[Any]) -> None:
+        """Delete the messages of ``session`` (which has a transcript) from ``start`` on; ``row`` is the
+        locked row (``lock_row``, ``lock_session``)."""
+        self.run(conn, sql.TRIM, {"sid": session, "start": start})
+
+    def set_version(self, conn: Connection, session: str, version: str, opened: bool, row: Sequence[Any]) -> None:
+        """The general save's write of the session row: a new ``version``, no journal, and ``open_since``
+        kept open while the transcript is (``opened``) or input waits."""
+        self.run(conn, sql.SET_VERSION, {"sid": session, "version": version, "open": opened})
 
     def lock_session(self, conn: Connection, session: str) -> Sequence[Any]:
         """The session row (``sql.LOCK``'s columns), locked to the transaction's end, made first if there is

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 try:
-    from sqlalchemy import Connection, Engine, delete, text
+    from sqlalchemy import Connection, Engine, bindparam, delete, func, select, text
     from sqlalchemy.dialects import mysql
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 except ImportError as exc:  # pragma: no cover
     raise ImportError(
         "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'stored-agent-sessions[mysql]'"
@@ -28,7 +28,7 @@ from .._sql import statements as sql
 from .._sql.base import LOCK_WAIT, TRANSACTION_TIMEOUT
 from .._sql.clock import db_now
 from .._sql.driver import instrumented
-from .._sql.tables import events, queue, sessions, steer_keys, steers, tags
+from .._sql.tables import SessionId, events, messages, queue, sessions, steer_keys, steers, tags
 from .kept import Conn, Kept, default_most
 
 _DIALECT = mysql.dialect()
@@ -105,6 +105,28 @@ _FIRST_WORD = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNO
 _PACKET = text("SELECT @@max_allowed_packet")
 _MAKE = mysql.insert(sessions).values(session_id=sql.SID).on_duplicate_key_update(updated=sql.NOW)
 
+# -- no lock beyond the session's own rows -----------------------------------------------------------------
+# Under REPEATABLE READ (MySQL's default) InnoDB locks the gaps of what a writing statement reads: a range
+# DELETE locks the first row past its range (the next session's first message), and the subqueries of an
+# UPDATE are read with next-key locks (on the steers and queue of the sessions beside this one, when this one
+# has none). Other sessions' inserts wait on those, and concurrent first saves of new sessions deadlocked. So
+# the general save reads what it needs with the row lock, in the SELECT that takes it (whose subqueries are
+# plain reads, made once the lock is held, and every writer of the session's messages or queue holds that
+# lock), and deletes only the rows that are there, ending on the session's own last one.
+_ROW = sessions.c.session_id
+_LAST = select(func.max(messages.c.seq)).where(messages.c.session_id == _ROW).scalar_subquery()
+_LOCK = select(*sql.LOCK.selected_columns, sql.input_waits(_ROW).label("waiting"), _LAST.label("last")).where(
+    _ROW == sql.SID).with_for_update()
+"""``sql.LOCK``, and whether input waits and the stored transcript's last index (``_WAITS``, ``_LAST_SEQ``).
+Each subquery names the locked row, not ``:sid``: one that does not is evaluated once, as the statement is
+planned, before the row's lock is granted, and would read what was there before the writer it waited for."""
+_WAITS, _LAST_SEQ = 4, 5
+_TRIM = text(
+    "DELETE FROM agent_messages WHERE session_id = :sid AND seq >= :start AND seq <= :last LIMIT :count"
+).bindparams(bindparam("sid", type_=SessionId))
+"""The messages from ``:start`` to the last, whose count (a transcript is numbered from 0 without a hole) is
+the ``LIMIT``: the DELETE stops at the last one, and does not read, so lock, the row after it."""
+
 
 class Store(SQLStore):
     backend = "MySQL or MariaDB"
@@ -142,13 +164,27 @@ class Store(SQLStore):
         super().after_fork()
         self._kept.forget()
 
+    lock_row = _LOCK
+
     def lock_session(self, conn: Connection, session: str) -> Sequence[Any]:
         """No RETURNING: the upsert (which takes the row's exclusive lock, not the shared one of INSERT
-        IGNORE's duplicate check, so waiters queue rather than deadlock), then the locked row read."""
+        IGNORE's duplicate check, so waiters queue rather than deadlock), then the locked row read
+        (``_LOCK``)."""
         self.run(conn, _MAKE, {"sid": session})
-        row = self.run(conn, sql.LOCK, {"sid": session}).first()
+        row = self.run(conn, _LOCK, {"sid": session}).first()
         assert row is not None  # made just before, and locked
         return row
+
+    def trim(self, conn: Connection, session: str, start: int, row: Sequence[Any]) -> None:
+        """Only the messages there are (``row``'s last index, read with the lock): none, no DELETE."""
+        last = row[_LAST_SEQ]
+        if last is not None and last >= start:
+            self.run(conn, _TRIM, {"sid": session, "start": start, "last": last, "count": last - start + 1})
+
+    def set_version(self, conn: Connection, session: str, version: str, opened: bool, row: Sequence[Any]) -> None:
+        """Whether input waits as ``row`` read it (a steer a save takes makes its transcript open anyway)."""
+        opened = opened or bool(row[_WAITS])
+        self.run(conn, sql.SET_VERSION_OPENED, {"sid": session, "version": version, "open": opened})
 
     # INSERT IGNORE, not ON DUPLICATE KEY UPDATE: PyMySQL counts found rows, so an update that changes
     # nothing would count 1 as an insert does; an ignored row counts 0.
@@ -190,8 +226,11 @@ class Store(SQLStore):
                 or instrumented(self.engine)):
             # a second statement (events, the journal, open_since), or a listener that must see it: a transaction
             return super().append(step)
-        kept = self._kept.take()
-        if kept is None:  # all in use, or none kept
+        try:
+            kept = self._kept.take()
+        except SQLAlchemyError as exc:  # the pool had no connection to give within its pool_timeout
+            raise self._error("save", step.session, exc) from exc
+        if kept is None:  # all in use, none kept, or none could be kept
             return super().append(step)
         return self._append_kept(kept, step, count)
 

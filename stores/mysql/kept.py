@@ -10,8 +10,9 @@ What that costs the caller is pool slots: a kept connection is never back in the
 lives. So the store keeps few, shared by its threads (a thread takes a spare one for the statement and gives
 it back), makes one only while it has fewer than ``most``, and takes the ordinary path when all are busy.
 ``close`` gives them back (autocommit off again, as the pool handed them out); a forked child forgets its
-parent's without touching them. A connection that turns out dead is invalidated and dropped, and the step
-then runs its transaction through the pool, which finds whatever the lost statement did.
+parent's without sending anything on them. A connection that turns out dead is invalidated and dropped, and
+the step then runs its transaction through the pool, which finds whatever the lost statement did; one that
+cannot be kept (dead in the pool, or refused by the server) leaves the step to the pool too.
 """
 
 from __future__ import annotations
@@ -83,7 +84,12 @@ class Kept:
         """Moved on by ``close`` and ``forget``: a connection of an older one is not taken back."""
 
     def take(self) -> Conn | None:
-        """A kept connection, or ``None``: all ``most`` are in use (or none may be kept)."""
+        """A kept connection, or ``None``: all ``most`` are in use (or none may be kept), or keeping one failed
+        in the driver (the pool handed out a connection the server had dropped, or the server refused a new
+        one: too many connections). Then the step goes through the pool, as every other statement does, and
+        meets there what the pool does about it (``pool_pre_ping``, or an error the store reports as
+        ``StoreError``). A pool that has nothing to give within its ``pool_timeout`` raises SQLAlchemy's
+        ``TimeoutError``, as it would to the pool's path."""
         with self._lock:
             if self._spare:
                 return self._spare.pop()
@@ -91,17 +97,21 @@ class Kept:
                 return None
             self._count += 1
             generation = self._generation
+        error = self.engine.dialect.loaded_dbapi.Error
         proxy = None
         try:
             proxy = self.engine.raw_connection()
-            return Conn(proxy, generation, self.engine.dialect.loaded_dbapi.Error)
-        except BaseException:
+            return Conn(proxy, generation, error)
+        except BaseException as exc:
             with self._lock:
                 if generation == self._generation:
                     self._count -= 1
             if proxy is not None:
-                proxy.invalidate()
-            raise
+                proxy.invalidate(exc)
+            if not isinstance(exc, error):
+                raise
+            log.warning("MySQL store: no connection could be kept (%s); the step goes through the pool", exc)
+            return None
 
     def give(self, conn: Conn) -> None:
         """Back to the spares after a statement, or to the pool if the store was closed meanwhile."""
@@ -129,11 +139,17 @@ class Kept:
         _release(spare)
 
     def forget(self) -> None:
-        """In a forked child: the parent's connections are not ours to use, nor to close."""
+        """In a forked child: the parent's connections are not ours to use, nor to close. Each is detached
+        from its pool first: a pool proxy that is collected while checked out is given back to its pool,
+        which resets it (a ``ROLLBACK`` on the parent's line). Detached, the proxy has no such finalizer,
+        and the driver's connection, collected, closes only the child's copy of the socket."""
         with self._lock:
+            spare = list(self._spare)
             self._spare.clear()
             self._count = 0
             self._generation += 1
+        for conn in spare:
+            conn.proxy.detach()
 
 
 def _release(spare: list[Conn]) -> None:

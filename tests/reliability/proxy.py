@@ -1,15 +1,20 @@
 """A TCP proxy in front of a database server, so a test can stop "the server" (refuse and cut every
-connection) and bring it back on the same port, without touching the real server."""
+connection) and bring it back on the same port, without touching the real server, or put the server a
+network hop away (``delay``)."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
 
 class Proxy:
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, delay: float = 0.0) -> None:
+        """``delay``: seconds each chunk waits before it is passed on, each way (a database one network hop
+        away: 0.0005 makes a round trip about a millisecond longer)."""
         self.upstream = ("127.0.0.1", upstream_port)
+        self.delay = delay
         self.port = 0
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
@@ -74,6 +79,8 @@ class Proxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
+                if self.delay:
+                    time.sleep(self.delay)
                 sink.sendall(data)
         except OSError:
             pass
