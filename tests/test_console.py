@@ -1,11 +1,14 @@
 """The operator's console (agent_sessions.contrib.django's pages in the admin), in a real headless Chromium
 (Debian's chromium and chromium-driver, through Selenium) against `manage.py runserver` (a real process) on
 PostgreSQL: tests/console_site is the project. Runs the console acts on are in processes of their own
-(tests/console_site/run_turn.py, sweeper.py), or in this one; the store is read and written here through
-the library, as any other process would.
+(tests/console_site/run_turn.py, and the project's `manage.py agent_sessions work`, which continues a turn
+the console decided), or in this one; the store is read and written here through the library, as any
+other process would.
 
-Each page's screenshot is saved into docs/img/ (docs/django.md shows them). Every wait is on a condition
-(WebDriverWait, a child's line, a database row), bounded.
+Each page's screenshot is saved into the module's temporary directory, or into the directory
+AGENT_SESSIONS_SCREENSHOTS names (relative to the checkout): `AGENT_SESSIONS_SCREENSHOTS=docs/img` retakes
+the pictures docs/django.md shows. Every wait is on a condition (WebDriverWait, a child's line, a database
+row), bounded.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from tests.test_django_app import runserver, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 MANAGE = ROOT / "tests" / "console_site" / "manage.py"
-SHOTS = ROOT / "docs" / "img"
+SHOTS_ENV = "AGENT_SESSIONS_SCREENSHOTS"
+"""Where the pages' screenshots go (docs/img retakes docs/django.md's); the module's temporary directory
+otherwise, so a run of the suite leaves the checkout as it found it."""
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 WAIT = 60.0
 """Seconds a wait for another process gets: far more than it takes, so a loaded machine is no failure."""
@@ -58,6 +63,7 @@ class Site:
     model: ModelServer
     state: Path
     db_url: str
+    shots: Path
 
     def url(self, path: str) -> str:
         return self.base + path
@@ -135,7 +141,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     stranded(store, STRANDED, "where is my refund?")  # the grace a turn gets runs while the other tests do
     server, base = serve(env, state / "runserver.log")
     try:
-        yield Site(base, env, store, model, state, url)
+        yield Site(base, env, store, model, state, url, ROOT / (os.environ.get(SHOTS_ENV) or state / "screenshots"))
     finally:
         stop(server)
         store.close()
@@ -212,9 +218,9 @@ def following(driver: Any) -> None:
         "return document.getElementById('console-live').dataset.connected === '1'"), "the event stream")
 
 
-def shot(driver: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(SHOTS / f"console-{name}.png"))
+def shot(site: Site, driver: Any, name: str) -> None:
+    site.shots.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(site.shots / f"console-{name}.png")), name
 
 
 POST = """
@@ -235,10 +241,10 @@ def forged_post(driver: Any, url: str, body: dict[str, str]) -> int:
 
 
 class Child:
-    """A process of the console's project, its stdout read line by line as JSON."""
+    """A process of the console's project (Python run with ``args``), its stdout read line by line as JSON."""
 
-    def __init__(self, site: Site, module: str, *args: str, env: dict[str, str] | None = None) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", module, *args], env={**site.env, **(env or {})},
+    def __init__(self, site: Site, *args: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen([sys.executable, *args], env={**site.env, **(env or {})},
                                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.errors: list[str] = []
@@ -262,6 +268,7 @@ class Child:
                 return line
 
     def stop(self) -> None:
+        """SIGTERM to its pid, then a bounded wait (SIGKILL after it)."""
         stop(self.process)  # type: ignore[arg-type]
 
 
@@ -422,8 +429,9 @@ def test_two_operators_deciding_one_call_at_once_store_and_log_one_decision(site
 
 def test_an_approver_approves_a_call_and_the_page_follows_the_run_in_another_process(site: Site,
                                                                                     browser: Any) -> None:
-    """The decision is stored by the page; a sweeping process (as a deployment's worker) runs the approved
-    call; the page, never reloaded, shows the call running, then the turn answered."""
+    """The decision is stored by the page; the project's `manage.py agent_sessions work` (a deployment's
+    worker without Celery, with the project's RESOLVE) runs the approved call, as it continues a decision
+    taken in any process; the page, never reloaded, shows the call running, then the turn answered."""
     from selenium.webdriver.common.by import By
 
     import agent_sessions as agent
@@ -431,13 +439,17 @@ def test_an_approver_approves_a_call_and_the_page_follows_the_run_in_another_pro
     sid = "con-approve-1"
     ask_for_approval(site, sid, "r-7", '{"order": "7", "amount": 80}', "refund order 7, 80 euros please")
     site.model.push(openai("refunded 80 on order 7: it reaches the card in 3 days"))
-    sweeper = Child(site, "tests.console_site.sweeper", "300", env={"CONSOLE_RESOLVE_PREFIX": "con-approve"})
+    # The project's worker, started before the decision as a deployment's is. A turn waiting for a person is not
+    # open, so it has nothing to do until the decision marks the turn open again. Its resolve takes this test's
+    # sessions alone: the other tests' stay as they are.
+    waiting = site.store.info(sid)
+    assert waiting is not None and waiting.open_since is None, waiting
+    work = Child(site, str(MANAGE), "agent_sessions", "work", "--json", env={"CONSOLE_RESOLVE_PREFIX": "con-approve"})
     try:
-        sweeper.wait_for(lambda line: line.get("sweeping"), "the sweeper to start")
         login(browser, site, "approver")
         open_page(browser, site.url("/admin/agent_sessions/approval/"))
         assert "r-7" in text_of(browser, "#content") and '"amount": 80' in text_of(browser, "#content")
-        shot(browser, "approvals")
+        shot(site, browser, "approvals")
         browser.find_element(By.CSS_SELECTOR, f"a[href='{site.session_url(sid)[len(site.base):]}']").click()
         until(browser, lambda d: "waiting for approval" in text_of(d, "#console-state h2"), "the waiting call")
         following(browser)
@@ -452,19 +464,21 @@ def test_an_approver_approves_a_call_and_the_page_follows_the_run_in_another_pro
               "the page to show the call running")
         until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".console-call-running"),
               "the journal's call to show as running")
-        shot(browser, "running")
+        shot(site, browser, "running")
         (site.state / "release-refund-7").touch()
         until(browser, lambda d: "it reaches the card in 3 days" in text_of(d, "#console-transcript"),
               "the page to show the turn answered")
         until(browser, lambda d: "turn finished (answered)" in text_of(d, "#console-live-status"), "the end")
         assert browser.execute_script("return window.consoleNotReloaded") is True, "the page was reloaded"
         assert "refunded 80 on order 7" in text_of(browser, "#console-transcript .console-result")
-        shot(browser, "session")
-        done = sweeper.wait_for(lambda line: line.get("session") == sid and line["outcome"] != "waiting",
-                                "the sweeper's run")  # before the decision, it found the turn waiting
+        shot(site, browser, "session")
+        done = work.wait_for(lambda line: line.get("id") == sid, "the worker's run of the decided turn")
         assert done["outcome"] == "recovered" and done["stop_reason"] == "answered", done
     finally:
-        sweeper.stop()
+        work.stop()
+    assert work.process.returncode == 0, "".join(work.errors)  # SIGTERM stops it between two looks
+    assert work.wait_for(lambda line: "stopped" in line, "the worker's last line") == {
+        "stopped": {"recovered": 1}}
     msgs = agent.open(sid, site.store).messages()
     results = [c for m in msgs for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
     assert [(r.tool_call_id, r.text) for r in results] == [("r-7", "refunded 80 on order 7")]  # run once
@@ -478,7 +492,7 @@ def act_on_a_running_turn(site: Site, browser: Any, session: str, question: str,
     gate = threading.Event()
     site.model.push(held(gate, first), *more)
     asked = len(site.model.requests)
-    run = Child(site, "tests.console_site.run_turn", session, question)
+    run = Child(site, "-m", "tests.console_site.run_turn", session, question)
     try:
         run.wait_for(lambda line: "started" in line, "the run to start")
         wait_for_requests(site.model, asked + 1)
@@ -553,7 +567,7 @@ def test_a_stranded_session_is_recovered_from_the_page(site: Site, browser: Any)
     until(browser, shows_stranded, "the turn to count as stranded")
     open_page(browser, site.url(ADMIN + "?state=stranded"))
     assert STRANDED in text_of(browser, "#console-sessions")
-    shot(browser, "stranded")
+    shot(site, browser, "stranded")
     open_page(browser, site.session_url(STRANDED))
     site.model.push(openai("your refund left yesterday"))
     browser.find_element(By.CSS_SELECTOR, "#console-recover button").click()
@@ -620,7 +634,7 @@ def test_markup_in_a_transcript_shows_as_text_and_runs_nothing(site: Site, brows
     transcript = text_of(browser, "#console-transcript")
     assert f"the page says: {HOSTILE}" in transcript and f"steer {HOSTILE}" in transcript
     assert f'"url": {json.dumps(HOSTILE)}' in transcript  # the call's arguments, pretty-printed, as text
-    shot(browser, "untrusted")
+    shot(site, browser, "untrusted")
     for url in (site.url(ADMIN), site.url("/admin/agent_sessions/approval/"), site.session_url(sid),
                 site.url(ADMIN + "log/")):
         open_page(browser, url)
@@ -657,7 +671,7 @@ def test_the_list_shows_each_state_filters_searches_and_pages(site: Site, browse
         row = browser.find_element(By.XPATH, f"//table[@id='console-sessions']//tr[.//a[text()='{sid}']]")
         assert row.find_element(By.CSS_SELECTOR, ".console-state").text == state, (sid, row.text)
     assert "pid 4242 on worker-3" in text_of(browser, "#console-sessions")
-    shot(browser, "sessions")
+    shot(site, browser, "sessions")
 
     first = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#console-sessions .console-id")]
     browser.find_element(By.ID, "console-next").click()
@@ -744,4 +758,4 @@ def test_what_operators_did_shows_each_action_with_its_user(site: Site, browser:
     done = {(who, what.split(":")[0].split(" call")[0].rstrip(".")) for _, who, _, what in rows}
     assert {("approver", "Approved"), ("approver", "Denied"), ("operator", "Steered"),
             ("operator", "Cancelled the turn"), ("operator", "Recovered"), ("operator", "Deleted the session")} <= done
-    shot(browser, "log")
+    shot(site, browser, "log")

@@ -1,6 +1,7 @@
 """The agent of the console's test project: its tools, its one spec, the store and the model endpoint as a
 process of it makes them, and ``resolve`` (``AGENT_SESSIONS["RESOLVE"]``): what finishes a stranded turn,
-from the console's page (the web process) or from the sweeper (another process)."""
+from the console's page (the web process) or from the project's `manage.py agent_sessions work` (another
+process)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def store() -> Any:
 
 def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
     """Finish a session with the spec its last run named; only the sessions whose id starts with
-    CONSOLE_RESOLVE_PREFIX (when set), so a sweeper started by one test leaves the other tests' sessions."""
+    CONSOLE_RESOLVE_PREFIX (when set), so a worker started by one test leaves the other tests' sessions."""
     if not info.id.startswith(os.environ.get("CONSOLE_RESOLVE_PREFIX", "")):
         return None
     return spec(info.spec or "support"), endpoint()
