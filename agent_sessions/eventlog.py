@@ -39,21 +39,19 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import Any, get_args
 
-from .contract import EventStore, EventWaiter, LifecycleStore
+from .contract import EventStore, EventWaiter
 from .errors import ArgumentError
+from .events import Event, Reported
 from .messages import Content, ContentType, Message
 from .values import StoredEvent, when
 
 log = logging.getLogger(__name__)
 
-KINDS = (
-    "step_started", "steer_applied", "text", "model_response", "tool_called", "tool_finished",
-    "approval_requested", "approval_decided", "compacted", "finished", "failed",
-)
-"""What a run publishes, each with its own ``data`` (docs/runs/events.md lists them)."""
+KINDS: dict[str, type[Reported]] = {kind.kind: kind for kind in get_args(Event) if kind.kind}
+"""What a run publishes, by name, each the event class that declares it (``events.Reported``): its ``data``
+and whether it points at a message. docs/runs/events.md lists them."""
 ENDS = frozenset({"finished", "failed"})
 """The last event of a run; a session's log goes on with its next run."""
 
@@ -85,29 +83,27 @@ def digest(message: Message) -> str:
     return hashlib.blake2b(message.to_json().encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def pointer(index: int, digested: str, call: str = "") -> str:
-    """An event's ``ref``, as JSON text: ``{"index", "digest"}`` of the message at ``index`` of the transcript
-    (its ``digest``, ``digested``), and ``"id"``, ``call``, for an event about a call of it or its result."""
-    ref = f'{{"index":{index},"digest":"{digested}"'
-    return ref + ',"id":' + encode_basestring_ascii(call) + "}" if call else ref + "}"
+def pointer(index: int, digested: str, call: str = "") -> dict[str, Any]:
+    """An event's ``ref``: ``{"index", "digest"}`` of the message at ``index`` of the transcript (its
+    ``digest``, ``digested``), and ``"id"``, ``call``, for an event about a call of it or its result."""
+    return {"index": index, "digest": digested, "id": call} if call else {"index": index, "digest": digested}
 
 
-def encode_flat(kind: str, data: Mapping[str, Any], at: float | None = None) -> str:
-    """``encode(kind, data, at)``, the same text, written directly when each of ``data``'s values is a str, an
-    int or a finite float (a run's ``step_started``, ``text``, ``compacted``, ``steer_applied``, ``failed``:
-    one or more on every step's path, where ``json.dumps`` cost five times the text); anything else (a nested
-    value, a bool, NaN) by ``encode``. ``kind`` and ``data``'s keys are the publisher's own names, written as
-    they are."""
-    text = f'{{"kind":"{kind}","at":{time.time() if at is None else at!r},"data":{{'
-    for k, v in data.items():
-        kind_of = type(v)
-        if kind_of is str:
-            text += f'"{k}":{encode_basestring_ascii(v)},'
-        elif kind_of is int or (kind_of is float and math.isfinite(v)):
-            text += f'"{k}":{v!r},'
+def record(event: Reported, at: float | None = None, ref: Mapping[str, Any] | None = None) -> str:
+    """``event``'s stored text (``encode``): its ``data()``, each message, call or result in it as ``part``
+    writes it and each float to the microsecond; with ``ref`` (a ``pointer``), that in place of the field
+    the event ``points`` at."""
+    data: dict[str, Any] = {}
+    for name, value in event.data().items():
+        if ref is not None and name == event.points:
+            data["ref"] = ref
+        elif isinstance(value, (Message, Content)):
+            data[name] = part(value)
+        elif isinstance(value, float):
+            data[name] = round(value, 6)
         else:
-            return encode(kind, data, at)
-    return text[:-1] + "}}" if data else text + "}}"
+            data[name] = value
+    return encode(event.kind, data, at)
 
 
 def part(item: Message | Content) -> dict[str, Any]:
@@ -167,7 +163,7 @@ def _shown(value: object) -> str:
 
 # -- joining the events that point at a message ---------------------------------------------------------
 
-POINTING = {"model_response": "message", "tool_called": "call", "tool_finished": "result"}
+POINTING = {name: kind.points for name, kind in KINDS.items() if kind.points}
 """The kinds whose ``data`` may hold a ``ref`` where the field named here goes, and that field."""
 GONE = "gone"
 """``unresolved`` reason: the transcript no longer reaches the message (deleted, pruned, cut short)."""
@@ -182,7 +178,7 @@ def resolve(store: EventStore, session: str, events: list[StoredEvent]) -> list[
     ``None`` there and ``unresolved: {index, reason}`` (``GONE``, ``REPLACED``). Events without a pointer
     (every other kind, and events stored whole) come back as they are.
 
-    The messages are read after the events: with a ``LifecycleStore``, its length (``info``) and the
+    The messages are read after the events: the session's length (``info``) and the
     ``tail`` from the lowest place pointed at; should any digest not match there (the transcript changed
     between the two reads, or since the event was written), the whole transcript in one read, which
     decides."""
@@ -190,7 +186,7 @@ def resolve(store: EventStore, session: str, events: list[StoredEvent]) -> list[
     if not refs:
         return events
     wanted = {ref[:2] for ref in refs.values()}
-    found = _tail(store, session, min(index for index, _ in wanted)) if isinstance(store, LifecycleStore) else {}
+    found = _tail(store, session, min(index for index, _ in wanted))
     good = {ref for ref in wanted if _matches(found.get(ref[0]), ref[1])}
     if good != wanted:
         found = dict(enumerate(store.messages(session)))
@@ -211,7 +207,7 @@ def _ref(data: Mapping[str, Any]) -> tuple[int, str, str] | None:
     return index, want, call
 
 
-def _tail(store: LifecycleStore, session: str, lowest: int) -> dict[int, Message]:
+def _tail(store: EventStore, session: str, lowest: int) -> dict[int, Message]:
     """The messages from ``lowest`` on, by their place, as far as two reads (not one atomic step) can say."""
     info = store.info(session)
     if info is None or info.messages <= lowest:

@@ -46,13 +46,15 @@ class Lease:
 
     ``holder`` is what the run's writes carry."""
 
-    def __init__(self, store: RunStore, session: str, ttl: float, wait: float, spec: str | None = None) -> None:
+    def __init__(self, store: RunStore, session: str, ttl: float, wait: float, spec: str | None = None,
+                 turn: str | None = None) -> None:
         self.store = store
         self.session = session
         self.ttl = ttl
         self.wait = wait
-        self.holder = replace(claimant(), spec=spec)
-        """``spec``: the run's ``Spec.name``, which ``acquire`` records on the session."""
+        self.holder = replace(claimant(), spec=spec, turn=turn)
+        """``spec``: the run's ``Spec.name``, which ``acquire`` records on the session; ``turn``: the key of
+        the turn it runs, recorded with the lease (``Holder.turn``)."""
         self.lost: LeaseLost | None = None
         """Set by the heartbeat when a renewal found the lease taken over."""
         self._stop = threading.Event()

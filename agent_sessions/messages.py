@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from .errors import MessageError
@@ -53,30 +52,14 @@ _REQUIRED_NON_EMPTY: dict[ContentType, tuple[str, ...]] = {
     ContentType.TOOL_RESULT: ("tool_call_id",),
     ContentType.COMPACTION: ("end",),
 }
+_KEYS: dict[ContentType, frozenset[str]] = {kind: frozenset({"type", *fields}) for kind, fields in _FIELDS.items()}
+"""What a content block's JSON form may hold, per type."""
+_TYPES: dict[object, ContentType] = {kind.value: kind for kind in ContentType}
+_ROLES: dict[object, Role] = {role.value: role for role in Role}
+"""Looked up by value: calling an Enum to convert costs more than the rest of a block's checks."""
 _STR_FIELDS = ("text", "id", "name", "arguments", "tool_call_id")
 _INT_FIELDS = ("start", "end")
 MAX_KEY_LENGTH = 255
-
-
-def _encode(message: Message) -> str:
-    """``json.dumps(message.to_dict(), separators=(",", ":"))``, the same text, written directly: it is
-    one of the few things a store does per message on every step, and building the dicts and an encoder
-    for them cost twice the escaping of the strings (C, as in json). tests/test_messages.py checks it
-    against json.dumps on arbitrary messages."""
-    blocks = []
-    for c in message.content:
-        block = '{"type":"' + c.type + '"'  # a StrEnum is its value
-        for name in _FIELDS[c.type]:
-            value = getattr(c, name)
-            if value is True or value is False:
-                block += f',"{name}":' + ("true" if value else "false")
-            elif type(value) is int:
-                block += f',"{name}":{value}'
-            else:
-                block += f',"{name}":' + encode_basestring_ascii(value)
-        blocks.append(block + "}")
-    key = ',"key":' + encode_basestring_ascii(message.key) if message.key else ""
-    return '{"role":"' + message.role + '"' + key + ',"content":[' + ",".join(blocks) + "]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +82,9 @@ class Content:
     """A compaction's range: it summarises the transcript's messages ``[start, end)``."""
 
     def __post_init__(self) -> None:
-        try:
-            kind = ContentType(self.type)
-        except ValueError:
-            raise MessageError(
-                f"Content.type must be one of {[t.value for t in ContentType]}, got {self.type!r}"
-            ) from None
+        kind = _TYPES.get(self.type) if isinstance(self.type, str) else None
+        if kind is None:
+            raise MessageError(f"Content.type must be one of {[t.value for t in ContentType]}, got {self.type!r}")
         object.__setattr__(self, "type", kind)
         for name in _STR_FIELDS:
             value = getattr(self, name)
@@ -153,13 +133,11 @@ class Content:
     def from_dict(cls, data: Mapping[str, Any]) -> Content:
         if not isinstance(data, Mapping):
             raise MessageError(f"content must be a JSON object, got {type(data).__name__}")
-        try:
-            kind = ContentType(str(data.get("type")))
-        except ValueError:
-            raise MessageError(f"unknown content type {data.get('type')!r}") from None
-        unknown = set(data) - {"type", *_FIELDS[kind]}
-        if unknown:
-            raise MessageError(f"{kind.value} content has unknown fields {sorted(unknown)}")
+        kind = _TYPES.get(str(data.get("type")))
+        if kind is None:
+            raise MessageError(f"unknown content type {data.get('type')!r}")
+        if not _KEYS[kind].issuperset(data):
+            raise MessageError(f"{kind.value} content has unknown fields {sorted(set(data) - _KEYS[kind])}")
         return cls(kind, **{k: v for k, v in data.items() if k != "type"})
 
 
@@ -173,12 +151,17 @@ class Message:
     """A caller's idempotency key for the message ("" for none): ``Runner.turn`` appends a keyed user
     message only if no message with that key is stored, so a repeated task does not ask twice. Stored
     with the message; never sent to a model."""
+    steer: bool = field(default=False, compare=False)
+    """A user message that came as a steer (``Run.steer``, ``session.steer``, taken before a model request):
+    it joins the turn in progress, and begins none of its own. Stored with the message; not compared (how a
+    message came is not what it says)."""
     usage: Mapping[str, int] | None = field(default=None, repr=False, compare=False, hash=False)
     """The token counts the provider reported for the request that produced this reply (its own field
     names), or ``None``. Not part of the message: not compared, not stored."""
     _json: str | None = field(default=None, init=False, repr=False, compare=False, hash=False)
-    _origin: tuple[str, object] | None = field(default=None, init=False, repr=False, compare=False, hash=False)
-    """Where a store read this message from: (session, the session's incarnation), set by ``read_from``."""
+    _origin: tuple[str, object, int] | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+    """Where a store read this message from: (session, the session's incarnation, its index there or -1),
+    set by ``read_from``."""
 
     def __init__(
         self,
@@ -186,14 +169,13 @@ class Message:
         content: Iterable[Content] = (),
         *,
         key: str = "",
+        steer: bool = False,
         usage: Mapping[str, int] | None = None,
     ) -> None:
-        try:
-            object.__setattr__(self, "role", Role(role))
-        except ValueError:
-            raise MessageError(
-                f"Message.role must be one of {[r.value for r in Role]}, got {role!r}"
-            ) from None
+        checked = _ROLES.get(role) if isinstance(role, str) else None
+        if checked is None:
+            raise MessageError(f"Message.role must be one of {[r.value for r in Role]}, got {role!r}")
+        object.__setattr__(self, "role", checked)
         if isinstance(content, (str, bytes, Content)):
             raise MessageError("Message.content must be a list of Content, not a single value")
         items = tuple(content)
@@ -205,13 +187,16 @@ class Message:
             raise MessageError(f"Message.key must be a str of at most {MAX_KEY_LENGTH} characters without NUL, "
                                f"got {key!r}")
         object.__setattr__(self, "key", key)
+        if type(steer) is not bool or (steer and checked is not Role.USER):
+            raise MessageError(f"Message.steer must be a bool, and True only for a user message, got {steer!r}")
+        object.__setattr__(self, "steer", steer)
         object.__setattr__(self, "usage", usage)
         object.__setattr__(self, "_json", None)
         object.__setattr__(self, "_origin", None)
 
     @classmethod
-    def user(cls, text: str, *, key: str = "") -> Message:
-        return cls(Role.USER, [Content.from_text(text)], key=key)
+    def user(cls, text: str, *, key: str = "", steer: bool = False) -> Message:
+        return cls(Role.USER, [Content.from_text(text)], key=key, steer=steer)
 
     @classmethod
     def assistant(cls, text: str) -> Message:
@@ -228,24 +213,17 @@ class Message:
 
     def to_dict(self) -> dict[str, Any]:
         head: dict[str, Any] = {"role": self.role.value, "key": self.key} if self.key else {"role": self.role.value}
+        if self.steer:
+            head["steer"] = True
         return {**head, "content": [c.to_dict() for c in self.content]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Message:
-        """Check ``data`` (the JSON form, decoded) and build the message. The usual shapes take a fast path
-        (``_decoded``); anything else, right or wrong, is left to the checks below, which say what is wrong."""
-        if type(data) is dict and cls is Message:
-            message = _decoded(data)
-            if message is not None:
-                return message
-        return cls._checked(data)
-
-    @classmethod
-    def _checked(cls, data: Mapping[str, Any]) -> Message:
-        """``from_dict`` without the fast path: every check, each failure its own ``MessageError``."""
+        """Check ``data`` (the JSON form, decoded) and build the message; each failure its own
+        ``MessageError``."""
         if not isinstance(data, Mapping):
             raise MessageError(f"a message must be a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"role", "key", "content"}
+        unknown = set(data) - {"role", "key", "steer", "content"}
         if unknown:
             raise MessageError(f"message has unknown fields {sorted(unknown)}")
         content = data.get("content", [])
@@ -254,166 +232,32 @@ class Message:
         key = data.get("key", "")
         if not isinstance(key, str) or ("key" in data and not key):
             raise MessageError(f"message key must be a non-empty string, got {key!r}")
-        return cls(data.get("role", ""), [Content.from_dict(c) for c in content], key=key)
+        steer = data.get("steer", False)
+        if "steer" in data and steer is not True:
+            raise MessageError(f"message steer must be true when present, got {steer!r}")
+        return cls(data.get("role", ""), [Content.from_dict(c) for c in content], key=key, steer=steer)
 
     def to_json(self) -> str:
-        """The stored form. ASCII-only on purpose: it survives any column charset, and lone
-        surrogates or NUL in a text round-trip as escapes instead of failing inside a driver."""
+        """The stored form: ``to_dict`` as compact JSON. ASCII-only on purpose: it survives any column charset,
+        and lone surrogates or NUL in a text round-trip as escapes instead of failing inside a driver. A
+        message read from a store keeps the text it was read from (``from_json``), byte for byte."""
         cached = self._json
         if cached is None:
-            cached = _encode(self)
+            cached = json.dumps(self.to_dict(), separators=(",", ":"))
             object.__setattr__(self, "_json", cached)
         return cached
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Message:
-        """The message ``to_json`` wrote. Every read of a transcript decodes each of its messages, so the
-        usual text takes a fast path (``_from_text``); any other is decoded and checked as below."""
-        if type(text) is str and cls is Message:
-            message = _from_text(text)
-            if message is not None:
-                return message
-        return cls._checked_json(text)
-
-    @classmethod
-    def _checked_json(cls, text: str | bytes) -> Message:
-        """``from_json`` without the fast path: json.loads and every check of ``_checked``."""
+        """The message ``to_json`` wrote, checked as ``from_dict`` checks."""
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise MessageError(f"stored message is not valid JSON: {exc}") from exc
-        message = cls._checked(data)
+        message = cls.from_dict(data)
         if isinstance(text, str):
             object.__setattr__(message, "_json", text)
         return message
-
-
-# -- decoding a stored message fast -------------------------------------------------------------------------
-#
-# Reading a transcript decodes every message: the checks of ``from_dict`` and the dataclass constructors
-# cost twice json.loads itself. ``_decoded`` recognises exactly the shapes ``to_json`` writes (every field of
-# a block present, each of its JSON type) and builds the objects slot by slot; on any other shape it returns
-# None and ``from_dict`` runs the full checks, so what is refused, and the error saying why, stay theirs.
-# tests/test_messages.py checks the two agree on arbitrary input.
-
-_new = object.__new__
-_ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
-# The slots' own descriptors: setting through one is a call, with no attribute lookup or frozen check.
-_set_type, _set_text, _set_id, _set_name, _set_arguments, _set_tool_call_id, _set_is_error, _set_start, _set_end = (
-    vars(Content)[name].__set__ for name in ("type", *_STR_FIELDS, "is_error", *_INT_FIELDS)
-)
-_set_role, _set_content, _set_key, _set_usage, _set_json, _set_origin = (
-    vars(Message)[name].__set__ for name in ("role", "content", "key", "usage", "_json", "_origin")
-)
-
-_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-"""What json.loads runs (the C scanner, the default settings), without its two Python layers and two
-whitespace matches: a fifth of json.loads on a 1 KB message."""
-
-
-def _from_text(text: str) -> Message | None:
-    """``Message.from_json(text)`` when ``text`` is one JSON value with no surrounding whitespace, as
-    ``to_json`` writes, of a shape ``_decoded`` knows; else ``None``. Where the scan succeeds and ends at the
-    end of the text, json.loads would have returned the same value; anything else (whitespace, a BOM,
-    trailing data, invalid JSON) is left to json.loads and its error."""
-    try:
-        data, end = _scan(text, 0)
-    except (StopIteration, ValueError, RecursionError):  # no value at 0, invalid, too deep: json.loads says
-        return None
-    if end != len(text) or type(data) is not dict:
-        return None
-    return _decoded(data, text)
-
-
-def _decoded(data: dict[str, Any], stored: str | None = None) -> Message | None:
-    """The message ``data`` holds if it has exactly a shape ``to_json`` writes, else ``None`` (then
-    ``Message._checked`` decides). Exact types (``type(x) is str``), so nothing a check would refuse or
-    convert gets through. ``stored``: the JSON ``data`` came from, kept as the message's stored form."""
-    size = len(data)
-    key: Any = ""
-    if size == 3:
-        key = data.get("key")
-        if type(key) is not str or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
-            return None
-    elif size != 2:
-        return None
-    role_name = data.get("role")
-    blocks = data.get("content")
-    if type(role_name) is not str or type(blocks) is not list:
-        return None
-    role = _ROLES.get(role_name)
-    if role is None:
-        return None
-    items = []
-    for block in blocks:
-        if type(block) is not dict:
-            return None
-        kind = block.get("type")
-        c = _new(Content)
-        if kind == "tool_result":
-            call_id = block.get("tool_call_id")
-            text = block.get("text")
-            is_error = block.get("is_error")
-            if (len(block) != 4 or type(call_id) is not str or not call_id or type(text) is not str
-                    or type(is_error) is not bool):
-                return None
-            _set_type(c, ContentType.TOOL_RESULT)
-            _set_text(c, text)
-            _set_id(c, "")
-            _set_name(c, "")
-            _set_arguments(c, "")
-            _set_tool_call_id(c, call_id)
-            _set_is_error(c, is_error)
-        elif kind == "tool_call":
-            call_id = block.get("id")
-            name = block.get("name")
-            arguments = block.get("arguments")
-            if (len(block) != 4 or type(call_id) is not str or not call_id or type(name) is not str or not name
-                    or type(arguments) is not str):
-                return None
-            _set_type(c, ContentType.TOOL_CALL)
-            _set_text(c, "")
-            _set_id(c, call_id)
-            _set_name(c, name)
-            _set_arguments(c, arguments)
-            _set_tool_call_id(c, "")
-            _set_is_error(c, False)
-        elif kind == "text" or kind == "compaction":
-            text = block.get("text")
-            start: Any = 0
-            end: Any = 0
-            if kind == "text":
-                if len(block) != 2 or type(text) is not str:
-                    return None
-            else:
-                start, end = block.get("start"), block.get("end")
-                if (len(block) != 4 or type(text) is not str or type(start) is not int or type(end) is not int
-                        or not 0 <= start < end):
-                    return None
-            _set_type(c, ContentType.TEXT if kind == "text" else ContentType.COMPACTION)
-            _set_text(c, text)
-            _set_id(c, "")
-            _set_name(c, "")
-            _set_arguments(c, "")
-            _set_tool_call_id(c, "")
-            _set_is_error(c, False)
-            _set_start(c, start)
-            _set_end(c, end)
-            items.append(c)
-            continue
-        else:
-            return None
-        _set_start(c, 0)
-        _set_end(c, 0)
-        items.append(c)
-    m = _new(Message)
-    _set_role(m, role)
-    _set_content(m, tuple(items))
-    _set_key(m, key)
-    _set_usage(m, None)
-    _set_json(m, stored)
-    _set_origin(m, None)
-    return m
 
 
 # -- where a transcript was read from ------------------------------------------------------------------------
@@ -427,12 +271,22 @@ def _decoded(data: dict[str, Any], stored: str | None = None) -> Message | None:
 # conversation under the same id is written as usual.
 
 
-def read_from(msgs: Iterable[Message], session: str, incarnation: object) -> None:
+def read_from(msgs: Iterable[Message], session: str, incarnation: object, start: int | None = None) -> None:
     """Mark ``msgs`` as read from ``session`` in its incarnation ``incarnation`` (a store's read calls this
-    on the messages it returns; the mark is not part of the message: not compared, not stored)."""
-    origin = (session, incarnation)
-    for m in msgs:
-        _set_origin(m, origin)
+    on the messages it returns; the mark is not part of the message: not compared, not stored); ``start``:
+    the index of the first of them in the stored transcript, when the store says."""
+    if start is None:
+        origin = (session, incarnation, -1)
+        for m in msgs:
+            object.__setattr__(m, "_origin", origin)
+        return
+    for i, m in enumerate(msgs, start):
+        object.__setattr__(m, "_origin", (session, incarnation, i))
+
+
+def origin(message: Message) -> tuple[str, object, int] | None:
+    """Where ``message`` was read from (``read_from``), or ``None``."""
+    return message._origin
 
 
 def incarnations_read(msgs: Iterable[Message], session: str) -> set[object]:

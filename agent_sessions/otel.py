@@ -51,6 +51,7 @@ from .events import (
     Finished,
     ModelRequest,
     ModelResponse,
+    Reported,
     Saved,
     SteerApplied,
     StepStarted,
@@ -231,21 +232,12 @@ class Tracing:
                     tool.span.add_event("exception", {"exception.message": text[:MAX_DESCRIPTION]})
                     tool.span.set_status(Status(StatusCode.ERROR, text[:MAX_DESCRIPTION]))
                 self._end_through(tool)
-        elif isinstance(event, SteerApplied):
-            self._open[-1].span.add_event("agent_sessions.steer", {
-                STEP: event.step, "agent_sessions.steer.source": event.source,
-                "agent_sessions.steer.index": event.index,
-            })
-        elif isinstance(event, Compacted):
-            compaction = {STEP: event.step, "agent_sessions.compaction.start": event.start,
-                          "agent_sessions.compaction.end": event.end,
-                          "agent_sessions.compaction.index": event.index,
-                          "agent_sessions.compaction.tokens_before": event.tokens_before,
-                          "agent_sessions.compaction.tokens_after": event.tokens_after}
-            self._open[-1].span.add_event("agent_sessions.compacted", compaction)
-            self._open[-1].span.set_attributes(compaction)
-        elif isinstance(event, Saved):
-            self._open[-1].span.add_event("agent_sessions.saved", {STEP: event.step, MESSAGES: event.messages})
+        elif type(event) in NOTED:
+            name, prefix = NOTED[type(event)]
+            attributes = noted(event, prefix)
+            self._open[-1].span.add_event(name, attributes)
+            if isinstance(event, Compacted):
+                self._open[-1].span.set_attributes(attributes)
         elif isinstance(event, Finished):
             run = self._open[0]
             run.span.set_attributes({STEPS: event.result.steps, STOP_REASON: event.result.stop_reason})
@@ -312,6 +304,23 @@ class Tracing:
             if entry.kind == "chat" and isinstance(error, EndpointError) and error.status is not None:
                 entry.span.set_attribute(HTTP_STATUS, error.status)
         self._end_run()
+
+
+NOTED: dict[type[Event], tuple[str, str]] = {
+    SteerApplied: ("agent_sessions.steer", "agent_sessions.steer."),
+    Compacted: ("agent_sessions.compacted", "agent_sessions.compaction."),
+    Saved: ("agent_sessions.saved", "agent_sessions."),
+}
+"""The events that are a span event on the innermost open span (a compaction's attributes are set on its step
+as well): the span event's name, and the prefix of its attributes' names."""
+
+
+def noted(event: Reported, prefix: str) -> dict[str, Any]:
+    """An event's fields (its ``data()``, as declared in ``events``) as span attributes named ``prefix`` and
+    the field (``step``: ``agent_sessions.step``, as on every span). A ``text`` (a steer's: what a person
+    wrote) is left out, as every span leaves out what anyone wrote."""
+    return {STEP if name == "step" else prefix + name: value for name, value in event.data().items()
+            if name != "text" and isinstance(value, (str, bool, int, float))}
 
 
 def usage_attributes(usage: Mapping[str, int]) -> dict[str, int]:

@@ -158,11 +158,12 @@ class StoreSession:
         """The calls waiting for a person's decision, in the order the model made them."""
         return approvals.pending(self._approval_store("pending_approvals"), self.id)
 
-    def approve(self, call_id: str) -> Decision:
-        """Approve the waiting call ``call_id``; the session's next run runs it (once). Exactly one of
-        concurrent decisions on a call is stored: the others raise ``AlreadyDecided``, as does a call
-        past its deadline; an id that waits for nothing raises ``UnknownApproval``."""
-        return approvals.decide(self._approval_store("approve"), self.id, call_id, True, "")
+    def approve(self, call_id: str, reason: str = "") -> Decision:
+        """Approve the waiting call ``call_id`` (``reason``: why, kept with the decision); the session's next
+        run runs it (once). Exactly one of concurrent decisions on a call is stored: the others raise
+        ``AlreadyDecided``, as does a call past its deadline; an id that waits for nothing raises
+        ``UnknownApproval``."""
+        return approvals.decide(self._approval_store("approve"), self.id, call_id, True, reason)
 
     def deny(self, call_id: str, reason: str = "") -> Decision:
         """Deny the waiting call ``call_id``: the next run gives it an error result carrying ``reason``,

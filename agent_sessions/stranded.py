@@ -69,11 +69,13 @@ class Recovered:
     """What the run raised (``failed``)."""
 
 
-def recover(store: LifecycleStore, resolve: Resolve, limit: int = 100, grace: float = 10.0) -> list[Recovered]:
+def recover(store: LifecycleStore, resolve: Resolve, limit: int = 100, grace: float = 10.0, *,
+            session: str | None = None) -> list[Recovered]:
     """Finish the turns of up to ``limit`` stranded sessions, oldest first (each page shuffled, so replicas
     sweeping at once mostly take different sessions), and say what became of each. ``grace`` (seconds):
     a turn open for less is left alone, so the sweep does not race a caller about to run it. Safe to run
-    from many processes at once; each turn is finished once."""
+    from many processes at once; each turn is finished once. ``session``: that one session alone, if it is
+    stranded (``SessionInfo.stranded``; ``grace`` is not asked: an operator asks for it), else ``[]``."""
     if not isinstance(store, LifecycleStore) or not isinstance(store, RunStore):
         raise ArgumentError(f"recover needs a store with the lifecycle and runs (LifecycleStore and RunStore), "
                             f"got {type(store).__name__}")
@@ -81,6 +83,9 @@ def recover(store: LifecycleStore, resolve: Resolve, limit: int = 100, grace: fl
         raise ArgumentError(f"recover(resolve=) must be callable, got {resolve!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ArgumentError(f"recover(limit=) must be an int >= 1, got {limit!r}")
+    if session is not None:
+        info = store.info(session)
+        return [] if info is None or not info.stranded else [_recover(store, info, resolve)]
     done: list[Recovered] = []
     after: str | None = None
     while len(done) < limit:
@@ -188,10 +193,20 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
         # the order they were accepted, each by its own turn, up to the last one queued when this looked.
         return _answering(spec, queued[-1])
     if at is not None:
-        # A turn the transcript holds goes on as Runner.turn goes on with it (what is left of its
-        # max_steps, or its Result as it stands), and nothing is queued for it.
-        return lambda endpoint, held: busy.go_on(Runner()._turn_run, spec, msgs, at, endpoint, held)
-    if not steers and not queued:
+        planned = turns.plan(turns.run_session(spec, msgs[at].key), spec, msgs, msgs[at], at)
+        if not isinstance(planned, Result):
+            # A turn the transcript holds goes on as Runner.turn goes on with it (what is left of its
+            # max_steps), and nothing is queued for it.
+            budget, todo = planned
+            return lambda endpoint, held: Runner()._turn_run(budget, todo, endpoint, None, True, held)
+        # That turn has ended (answered, taken up by a later one, out of budget): what is open is the input
+        # that came after it, a turn of its own with a budget of its own.
+        if queued:
+            return _answering(spec, queued[-1])
+        if not steers:
+            store.mark_finished(session, lease.holder, text)
+            return "finished"
+    elif not steers and not queued:
         # A plain run's turn, left open by a worker that died in it: what is left of its budget, counted as
         # ``turns.plan`` counts a keyed turn's (a turn makes max_steps requests in all, however often it is
         # taken up). Steers waiting are new input: that run answers them with a budget of its own.

@@ -175,7 +175,7 @@ def deliverable_steer(text: str, limit: int | None, store: str) -> None:
     stored form is larger than its text: each non-ASCII character becomes an escape of up to 12 bytes)."""
     if limit is None:
         return
-    size = len(Message.user(text).to_json())
+    size = len(Message.user(text, steer=True).to_json())
     if size > limit:
         raise ArgumentError(
             f"the steer is {size:,} bytes as it would be stored (JSON, non-ASCII escaped); the {store} keeps "

@@ -33,6 +33,11 @@ class Holder:
     """The name of the run's ``Spec`` (``Spec.name``): ``acquire`` records it on the session with the lease,
     and it stays after the release, so a sweep of stranded sessions knows what to finish one with
     (``SessionInfo.spec``). Stores return ``None`` here: it is written, not read back."""
+    turn: str | None = None
+    """The key of the turn the run holding the lease runs (``Runner.turn``'s message), which ``acquire``
+    records with the lease, so a cancel says which turn it stopped. On a lease ``acquire`` returns with
+    ``cancelled=True`` (a cancel handed on): the turn that cancel was of (``None``: a plain run's, or not
+    known)."""
 
     def describe(self) -> str:
         until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.expires))
@@ -46,6 +51,9 @@ class Saved:
 
     steers: list[str]
     cancelled: bool
+    keys: list[str] | None = field(default=None, compare=False)
+    """The keys the steers were left with ("" for none), in order, where the store keeps them in the
+    transcript (``Message.user(text, key=key)``); ``None``: the store appends them without."""
 
 
 # -- the lifecycle ---------------------------------------------------------------------------------------------
@@ -72,6 +80,21 @@ class SessionInfo:
     """Since when the session's last turn has been open (a message waiting for its answer), on the store's
     clock; ``None`` when it is finished. A hint kept by every write: it may say open for a finished turn
     (``agent.recover`` clears it), never finished for an open one."""
+    holder: Holder | None = None
+    """The live lease (a run holds the session now), or ``None``."""
+    cancelled: bool = False
+    """A cancel was asked of the session's run and no run has acted on it yet (it stops whichever run goes
+    on with that turn)."""
+    steers: int = 0
+    """Steers waiting for the session's next model request."""
+    queued: int = 0
+    """Messages queued for the session (``Runner.turn(if_busy="queue")``), waiting for a turn each."""
+
+    @property
+    def stranded(self) -> bool:
+        """Its turn is open and nothing will answer it unless something does (``agent.recover``): no live run
+        holds it, and no cancel stopped it (unless messages are queued behind the cancelled turn)."""
+        return self.open_since is not None and self.holder is None and (not self.cancelled or self.queued > 0)
 
 
 @dataclass(frozen=True, slots=True)

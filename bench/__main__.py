@@ -10,6 +10,10 @@
 ``--only persistence`` runs the per-step persistence and loop rows alone (no steers, peers, reading, events or
 context), into bench/results/persistence.json.
 
+``--only trips`` runs the round-trip rows alone (bench/trips.py: each server store through a counting, delaying
+TCP hop: the exchanges of a run's start and of a loop step, and a step's time at an added RTT beside the
+one-statement floor), into bench/results/trips.json.
+
 ``--only reading`` runs the reading and managing rows alone (bench/reading.py: transcripts, tails, listing
 and prune at 100,000 sessions), into bench/results/reading.json unless ``--json`` says otherwise.
 
@@ -29,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import backends, context, encode, events, ours, peers, reading, steers
+from . import backends, context, encode, events, ours, peers, reading, steers, trips
 from .floors import floor_for
 from .workload import SIZES
 
@@ -79,6 +83,7 @@ def run(args: argparse.Namespace, persistence_only: bool = False) -> dict[str, A
         # The event log's rows before the rows that load 100,000 sessions (reading) and messages (context):
         # what those leave behind (PostgreSQL's autovacuum, SQLite's checkpoints) lands on whatever runs next.
         report["events"] = events.run([n for n in names if n not in backends.VARIANTS], tmp, args.events_rounds)
+        report["trips"] = trips.run([n for n in trips.SERVERS if n in names or n == "redis"], args.rtt / 1000)
         report["reading"] = _reading(args, names, tmp)
         report["context"] = context.run([n for n in names if n != "memory" and n not in backends.VARIANTS], tmp,
                                         args.context_rounds)
@@ -137,6 +142,8 @@ def tables(report: dict[str, Any]) -> str:
     lines += ["", encode.line(report["encode"])]
     if report.get("reading"):
         lines += ["", reading.tables(report["reading"])]
+    if report.get("trips"):
+        lines += ["", trips.tables(report["trips"])]
     if report.get("events"):
         lines += ["", events.tables(report["events"])]
     if report.get("context"):
@@ -153,7 +160,8 @@ def main() -> None:
     parser.add_argument("--peer-rounds", type=int, default=60, help="rounds for the slow peers (LangGraph)")
     parser.add_argument("--steer-procs", type=int, default=4, help="adding processes (as many take)")
     parser.add_argument("--steers-per-proc", type=int, default=250)
-    parser.add_argument("--only", choices=["all", "persistence", "reading", "events", "context"], default="all",
+    parser.add_argument("--only", choices=["all", "persistence", "reading", "events", "context", "trips"],
+                        default="all",
                         help="persistence: only the per-step persistence and loop rows; reading: only the "
                              "reading and managing rows (bench/reading.py); events: only the event log's rows "
                              "(bench/events.py)")
@@ -162,6 +170,7 @@ def main() -> None:
     parser.add_argument("--events-rounds", type=int, default=1000,
                         help="steps of each of the event log's loop rows (off and on), in runs of ten")
     parser.add_argument("--reading-rounds", type=int, default=50)
+    parser.add_argument("--rtt", type=float, default=1.0, help="ms added to each exchange of the round-trip rows")
     parser.add_argument("--context-rounds", type=int, default=40, help="rounds of the long-conversation rows")
     parser.add_argument("--prune-batch", type=int, default=500, help="limit= of each call in the per-batch prune")
     parser.add_argument("--json", default=None, help="default: bench/results/latest.json (reading.json with "
@@ -180,6 +189,11 @@ def main() -> None:
             report = {"machine": machine(), "context": context.run(names, tmp, args.context_rounds)}
         text = context.tables(report["context"])
         args.json = args.json or str(results / "context.json")
+    elif args.only == "trips":
+        names = [s for s in args.stores.split(",") if s in trips.SERVERS] or list(trips.SERVERS)
+        report = {"machine": machine(), "trips": trips.run(names, args.rtt / 1000)}
+        text = trips.tables(report["trips"])
+        args.json = args.json or str(results / "trips.json")
     elif args.only == "events":
         with tempfile.TemporaryDirectory() as tmp:
             names = [s for s in args.stores.split(",") if s and s not in backends.VARIANTS]

@@ -75,14 +75,13 @@ class RawReader:
         if self.name == "sqlite":
             return [loads(body) for (body,) in self.conn.execute(self.sql, (session,))]
         if self.name == "mongodb":
-            # What the store's layout takes: the session document, then its pages of bodies by _id.
-            from stores.mongodb import PAGES, SESSIONS, Layout
+            # What the store's layout takes: the session document, then the parts its pages name, by _id.
+            from stores.mongodb import PARTS, SESSIONS
 
-            doc = self.db[SESSIONS].find_one({"_id": session}, {"steers": 0})
-            layout = Layout.of(doc["version"])
-            ids = [f"{layout.generation}:{k}" for k in range(layout.pages)]
-            pages = {p["_id"]: p["bodies"] for p in self.db[PAGES].find({"_id": {"$in": ids}})} if ids else {}
-            bodies = [b for i in ids for b in pages[i]] + list(doc.get("tail") or [])
+            doc = self.db[SESSIONS].find_one({"_id": session}, {"tail": 1, "pages": 1})
+            ids = [e["p"] for e in doc.get("pages") or []]
+            parts = {p["_id"]: p["texts"] for p in self.db[PARTS].find({"_id": {"$in": ids}})} if ids else {}
+            bodies = [b for e in doc.get("pages") or [] for b in parts[e["p"]][:e["n"]]] + list(doc.get("tail") or [])
             return [loads(b) for b in bodies]
         self.cursor.execute(self.sql, (session,))
         rows = [loads(body) for (body,) in self.cursor.fetchall()]
@@ -111,7 +110,7 @@ def reading_stores(name: str, tmp: str) -> tuple[agent.Store, agent.Store, RawRe
         from stores import mongodb
 
         db = backends.mongo_database()
-        return mongodb.Store(db), mongodb.Store(db, remember=0), RawReader(name, db)
+        return mongodb.Store(db), mongodb.Store(db), RawReader(name, db)  # a store remembers no transcript
     return None
 
 

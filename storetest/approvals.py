@@ -155,6 +155,44 @@ class ApprovalContract(ContractMixin):
         assert again.stop_reason == "awaiting_approval" and again.steps == 0
         assert len(lines(tmp_path / "requests")) == 1, "a run started while a call waits made a model request"
 
+    def test_a_decision_landing_before_an_unanswered_journal_write_is_read_back_keeps_the_request(
+            self, tmp_path: Path) -> None:
+        """The journal write naming the calls that wait for a decision lands, but its answer is lost
+        (``OutcomeUnknown``); before the run reads it back, a person approves the call. The read-back finds
+        the journal with that decision: it landed, so the run announces the request (``approval_requested``)
+        and does not fail; the approved call runs once, when the turn goes on."""
+        store = self.approval_store()
+        sid = _sid()
+        other: Any = self.another(store)
+
+        class LosesTheAnswer:
+            def __getattr__(self, name: str) -> Any:
+                attr = getattr(store, name)
+                if name != "put_journal":
+                    return attr
+
+                def put_journal(session: str, holder: agent.Holder, journal: str, **options: Any) -> bool:
+                    cancelled = bool(attr(session, holder, journal, **options))
+                    if '"approvals"' in journal and '"approved"' not in (other.journal(session) or ""):
+                        agent.open(session, other).approve("call_refund")
+                        raise agent.OutcomeUnknown("the answer of the journal write was lost (test)")
+                    return cancelled
+
+                return put_journal
+
+        heard: list[str] = []
+        spec = agent.Spec(session=agent.open(sid, LosesTheAnswer()), tools=[lookup_tool(str(tmp_path)),
+                                                                           refund_tool(str(tmp_path))])
+        result = agent.Runner().run(spec, [Message.user("refund order 7")], RefundThenAnswer(str(tmp_path / "req")),
+                                    lambda event: heard.append(type(event).__name__))
+        assert "ApprovalRequested" in heard, heard
+        assert result.stop_reason in ("awaiting_approval", "answered"), result
+        again = agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=spec.tools),
+                                   store.messages(sid), RefundThenAnswer(str(tmp_path / "req")))
+        assert again.stop_reason == "answered"
+        assert lines(tmp_path / "refunds") == ["ran"]
+        _no_orphans(store, sid)
+
     def test_an_approved_call_runs_once_and_a_denied_one_gets_the_reason(self, tmp_path: Path) -> None:
         store = self.approval_store()
         for approve in (True, False):

@@ -327,6 +327,9 @@ class Scripted:
         self.n = n
         self.script = script
         self.crash = crash
+        self.asked = 0
+        """Requests made: names each call apart, though one operation may serve two turns (one left unfinished
+        before its own)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "op": None}
@@ -337,14 +340,15 @@ class Scripted:
         if self.crash == "model":
             raise Crash("killed while waiting for the model")
         tag, made = turn_of(messages)
+        self.asked += 1
         rounds, calls = SCRIPTS[self.script]
         if tag is None or made >= rounds:
             odd = " lone \ud800 surrogate" if self.op is not None and "\ud800" in self.op.text else ""
             return Message.assistant(f"a-{self.n}-{made} {tag}{odd}")  # the surrogate mix: in the reply too
         content = []
         for i, (name, ask) in enumerate(calls):
-            order = f"c{self.n}-{made}-{i}"  # what the call is for: its own, even where two calls share an id
-            call_id = f"c{self.n}-{made}-0" if self.script == "duplicate_ids" else order
+            order = f"c{self.n}-{self.asked}-{i}"  # what the call is for: its own, even where two calls share an id
+            call_id = f"c{self.n}-{self.asked}-0" if self.script == "duplicate_ids" else order
             self.ledger.write(t="reply", sid=self.sid, call=order, turn=tag, op=self.n, at=now())
             content.append(Content.tool_call(call_id, name, json.dumps(
                 {"sid": self.sid, "turn": tag, "order": order, "ask": ask})))

@@ -9,13 +9,24 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_sessions import ArgumentError, Holder, LeaseLost, LifecycleStore, Message, QueueStore, SessionBusy
+import agent_sessions as agent
+from agent_sessions import (
+    ArgumentError,
+    Content,
+    Holder,
+    LeaseLost,
+    Message,
+    QueueStore,
+    Role,
+    SessionBusy,
+)
 
 from . import strategies
 from .capabilities import Capability
@@ -23,10 +34,8 @@ from .crossprocess import enqueue_across_processes
 from .mixin import ContractMixin
 from .steer_keys import KEYS
 
-
-@runtime_checkable
-class QueueLifecycle(QueueStore, LifecycleStore, Protocol):
-    """A store keeping a queue and the lifecycle: whose delete and prune must remove the queue."""
+QueueLifecycle = QueueStore
+"""A store keeping a queue and the lifecycle: whose delete and prune must remove the queue."""
 
 
 def _sid(tag: str) -> str:
@@ -35,6 +44,31 @@ def _sid(tag: str) -> str:
 
 def _claimant() -> Holder:
     return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
+
+
+class _Died(BaseException):
+    """A caller dying: nothing in the library catches it."""
+
+
+class _Holding:
+    """Answers ``text`` once let go (``go``), saying when it was asked (``entered``); with ``calls``, its
+    first reply calls ``lookup`` (so a cancel that came meanwhile stops the run before the tool)."""
+
+    def __init__(self, text: str, calls: bool = False) -> None:
+        self.text, self.calls, self.entered, self.go = text, calls, threading.Event(), threading.Event()
+
+    def complete(self, system: str, messages: Sequence[Message], tools: object) -> Message:
+        self.entered.set()
+        self.go.wait(20)
+        if self.calls and not any(m.tool_calls for m in messages):
+            return Message(Role.ASSISTANT, [Content.tool_call(f"c-{uuid.uuid4().hex[:6]}", "lookup", "{}")])
+        return Message.assistant(self.text)
+
+
+@agent.tool(name="lookup")
+def _lookup() -> str:
+    """Look something up (idempotent)."""
+    return "found"
 
 
 class QueueContract(ContractMixin):
@@ -49,6 +83,43 @@ class QueueContract(ContractMixin):
         store = self.queue_store()
         assert isinstance(store, QueueLifecycle)
         return store
+
+    def test_an_interrupt_delivered_again_cancels_nothing_more(self) -> None:
+        """``Runner.turn(if_busy="interrupt")`` cancels the run in progress, then queues its message. Its first
+        delivery dies between the two; another caller's turn takes the session; the interrupt is delivered
+        again. That second delivery must not stop the other caller's turn: the interrupt was sent once."""
+        self.requires(Capability.RUN_STORE)
+        store = self.queue_store()
+        sid = _sid("interrupt")
+        first = _Holding("the first answer")
+        running = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), [Message.user("first")], first)
+        assert first.entered.wait(20)
+
+        class DiesBeforeQueueing:
+            def __getattr__(self, name: str) -> Any:
+                if name == "enqueue":
+                    def dies(*args: object, **kwargs: object) -> int:
+                        raise _Died()
+                    return dies
+                return getattr(store, name)
+
+        with pytest.raises(_Died):
+            agent.Runner().turn(agent.Spec(session=agent.open(sid, DiesBeforeQueueing()), lease_wait=0.0),
+                                "stop that", "k-interrupt", _Holding("never"), if_busy="interrupt")
+        first.go.set()
+        running.wait(20)  # answered: the cancel came while it waited on its model, which answered
+        other = _Holding("the other answer", calls=True)
+        theirs = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[_lookup]),
+                                      [*store.messages(sid), Message.user("another caller's question")], other)
+        assert other.entered.wait(20)
+        try:
+            with pytest.raises(agent.StillQueued):
+                agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=0.0), "stop that",
+                                    "k-interrupt", _Holding("never"), if_busy="interrupt")
+        finally:
+            other.go.set()
+        got = theirs.wait(20)
+        assert got.stop_reason == "answered", f"a delivery of one interrupt stopped a later turn: {got}"
 
     def test_a_queued_key_is_accepted_once_in_order_and_is_no_steer(self) -> None:
         store = self.queue_store()

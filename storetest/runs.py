@@ -335,6 +335,120 @@ class RunStoreContract:
         assert store.save_fenced(sid, a, [Message.user("still mine")], take_steers=True).steers == []
         assert store.messages(sid) == [Message.user("still mine")]
 
+    def test_a_replaced_history_never_forgets_a_call_that_ran(self) -> None:
+        """A run died inside a non-idempotent tool: its reply waits in the journal, the call started. A run
+        replacing the history (``Spec.replace_transcript``) must not drop that reply silently: given a
+        history that still holds what the reply answered, it puts the reply back closed as it stands (the
+        call's outcome unknown, not run again); given one that does not, it writes nothing and says so."""
+        store = self.run_store()
+        sid = _sid()
+        ran: list[str] = []
+
+        class _Died(BaseException):
+            pass
+
+        @agent.tool(name="charge", idempotent=False)
+        def charge(n: int) -> str:
+            """Charge the card (not idempotent)."""
+            ran.append("charge")
+            raise _Died()
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
+        with pytest.raises(_Died):
+            agent.Runner().run(spec, [Message.user("charge me")], ToolsThenAnswer(["charge"]))
+        stored, journal = store.messages(sid), store.journal(sid)
+        assert journal is not None and ran == ["charge"]
+        replacing = agent.Spec(session=agent.open(sid, store), tools=[charge], replace_transcript=True)
+        with pytest.raises(agent.ArgumentError, match="replace_transcript"):
+            agent.Runner().run(replacing, [Message.user("an edited question")], ToolsThenAnswer(["charge"]))
+        assert (store.messages(sid), store.journal(sid)) == (stored, journal)
+        result = agent.Runner().run(replacing, [*stored, Message.user("and then?")], ToolsThenAnswer([], 0))
+        assert result.stop_reason == "answered" and ran == ["charge"]
+        outcome = [c.text for m in store.messages(sid) for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
+        assert outcome == [UNKNOWN_OUTCOME]
+
+    def test_a_save_whose_refusal_went_unanswered_still_takes_the_waiting_steer(self) -> None:
+        """The first save of a resume is refused (a steer waits, so it must take it), and the answer of that
+        refusal is lost (``OutcomeUnknown`` below the store). Read back, the save did not land: the run saves
+        again, takes the steer, and its model's first request holds it; nothing is taken for landed that did
+        not land."""
+        store: Any = self.run_store()
+        if getattr(store, "backend", None) is None:
+            pytest.skip("a store without a backend to lose an answer below")
+        backend: Any = store.backend
+        sid = _sid()
+        store.save(sid, [Message.user("the question")])
+        store.add_steer(sid, "and mind the expiry")
+        lost: list[bool] = []
+
+        class LosesARefusal:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(backend, name)
+
+            def write(self, session: str, guard: Any, change: Any) -> Any:
+                written = backend.write(session, guard, change)
+                if not written.done and not lost and guard.no_steers:
+                    lost.append(True)
+                    raise agent.OutcomeUnknown("the answer of a refused write was lost (test)")
+                return written
+
+        store.backend = LosesARefusal()
+        try:
+            seen: list[list[str]] = []
+
+            class Notes:
+                def complete(self, system: str, messages: Any, tools: Any) -> Message:
+                    seen.append([m.text for m in messages])
+                    return Message.assistant("noted")
+
+            agent.Runner().run(agent.Spec(session=agent.open(sid, store)), store.messages(sid), Notes())
+        finally:
+            store.backend = backend
+        assert lost == [True]
+        assert seen == [["the question", "and mind the expiry"]]
+        assert store.pending_steers(sid) == []
+
+    def test_an_acquire_asked_again_after_its_answer_was_lost_keeps_the_cancel_it_was_handed(self) -> None:
+        """``Lease`` asks an acquisition whose answer was lost (``OutcomeUnknown``) again, with the same token:
+        the second answer must say what the first would have, the cancel it was handed included."""
+        store = self.run_store()
+        sid = _sid()
+        a = store.acquire(sid, _claimant("a"), 30)
+        assert store.cancel(sid) is True
+        store.release(sid, a)
+        claimant = _claimant("b")
+        first = store.acquire(sid, claimant, 30)
+        again = store.acquire(sid, claimant, 30)  # the same acquisition, asked again
+        assert (first.token, first.cancelled) == (claimant.token, True)
+        assert (again.token, again.epoch, again.cancelled) == (claimant.token, first.epoch, True)
+
+    def test_a_failed_run_gives_no_steer_back_to_a_session_deleted_meanwhile(self) -> None:
+        """A run fails with a steer given to it (``Run.steer``) in no stored transcript: it is left as the
+        session's waiting steer, fenced by the run's lease, so never under a session a forced delete erased
+        meanwhile (a new conversation under the id would take it); it is handed back on the exception."""
+        self.requires(Capability.LIFECYCLE)
+        store = self.run_store()
+        sid = _sid()
+        held: list[agent.Run] = []
+        started = threading.Event()
+        other: Any = self.another(store)
+
+        class DeletesThenFails:
+            def complete(self, system: str, messages: Any, tools: Any) -> Message:
+                assert started.wait(30)
+                held[0].steer("a late thought")
+                assert other.delete(sid, force=True)
+                raise agent.EndpointError("the model is down")
+
+        run = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), [Message.user("q")],
+                                   DeletesThenFails())
+        held.append(run)
+        started.set()
+        with pytest.raises(agent.AgentError) as failed:
+            run.wait(30)
+        assert getattr(failed.value, "unapplied_steers", None) == ["a late thought"]
+        assert other.pending_steers(sid) == [] and other.messages(sid) == []
+
     def test_cancel_marks_a_held_lease_a_renewal_keeps_it_and_the_next_holder_is_handed_it(self) -> None:
         store = self.run_store()
         sid = _sid()
@@ -351,8 +465,12 @@ class RunStoreContract:
         assert b.cancelled is True, "a released lease's cancel is handed to the next holder"
         assert store.check(sid, b) is False  # whose own lease starts without one
         store.release(sid, b)
+        b1 = store.acquire(sid, _claimant("b1"), 30)
+        assert b1.cancelled is True, "a handed cancel its holder did not act on is handed on"
+        store.save_fenced(sid, b1, [Message.user("the next question")], take_steers=True, closes=True)
+        store.release(sid, b1)
         b2 = store.acquire(sid, _claimant("b2"), 0.2)
-        assert b2.cancelled is False, "a handed cancel is handed once"
+        assert b2.cancelled is False, "a handed cancel a save closed is spent"
         wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
         assert store.cancel(sid) is True  # lapsed, but nobody took it: b2 may be alive, renewing late
         assert store.check(sid, b2) is True

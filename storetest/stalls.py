@@ -9,9 +9,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from typing import Any
 
-from agent_sessions import Holder, Message, RunStore, Saved
+from agent_sessions import Holder, RunStore
 
 
 class Stalled:
@@ -28,22 +29,6 @@ class Stalled:
     def thaw(self) -> None:
         self._running.set()
 
-    # -- Store ---------------------------------------------------------------------------------------
-
-    def save(self, session: str, msgs: Sequence[Message]) -> None:
-        self.store.save(session, msgs)
-
-    def messages(self, session: str) -> list[Message]:
-        return self.store.messages(session)
-
-    def add_steer(self, session: str, text: str) -> None:
-        self.store.add_steer(session, text)
-
-    def take_steers(self, session: str) -> list[str]:
-        return self.store.take_steers(session)
-
-    # -- RunStore ------------------------------------------------------------------------------------
-
     def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
         got = self.store.acquire(session, holder, ttl)
         if got.token == holder.token and self.on_acquire is not None:
@@ -54,28 +39,5 @@ class Stalled:
         self._running.wait(60)
         self.store.renew(session, holder, ttl)
 
-    def release(self, session: str, holder: Holder) -> None:
-        self.store.release(session, holder)
-
-    def holder(self, session: str) -> Holder | None:
-        return self.store.holder(session)
-
-    def cancel(self, session: str) -> bool:
-        return self.store.cancel(session)
-
-    def check(self, session: str, holder: Holder) -> bool:
-        return self.store.check(session, holder)
-
-    def save_fenced(
-        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False
-    ) -> Saved:
-        return self.store.save_fenced(session, holder, msgs, take_steers=take_steers, replace=replace)
-
-    def journal(self, session: str) -> str | None:
-        return self.store.journal(session)
-
-    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
-        return self.store.put_journal(session, holder, journal, unless_cancelled=unless_cancelled)
-
-    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
-        self.store.fork(source, target, at, allow_unanswered=allow_unanswered)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)  # everything else: the store under test, as it is

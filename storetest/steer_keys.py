@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Protocol, runtime_checkable
 
 import pytest
 from hypothesis import given
@@ -30,9 +29,8 @@ KEYS = st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "
 """Keys a caller may use: printable characters, 1 to 255 of them."""
 
 
-@runtime_checkable
-class KeyedLifecycle(SteerKeyStore, LifecycleStore, Protocol):
-    """A store keeping steer keys and the lifecycle: whose delete and prune must forget the keys."""
+KeyedLifecycle = SteerKeyStore
+"""A store keeping steer keys and the lifecycle: whose delete and prune must forget the keys."""
 
 
 def _sid(tag: str) -> str:
@@ -193,6 +191,62 @@ class SteerKeyContract(ContractMixin):
         check()
 
 
+    def test_a_keyed_steer_joins_the_turn_it_lands_in_and_its_redelivery_is_answered(self) -> None:
+        """A keyed steer waits; a turn's run takes it with the turn's own message in its first save, and fails
+        (its model is down). The steer joined that turn: delivered again, the turn goes on and is answered
+        (its answer covers the steer), where taking the keyed steer for a later turn would leave it
+        ``superseded`` and unanswered."""
+        self.requires(Capability.RUN_STORE)
+        store = self.steer_key_store()
+        sid = _sid("joins")
+        assert store.add_steer_once(sid, "and mind the expiry", "steer-key") is True
+        spec = agent.Spec(session=agent.open(sid, store))
+
+        class Down:
+            def complete(self, system: str, messages: object, tools: object) -> Message:
+                raise agent.EndpointError("the model is down")
+
+        with pytest.raises(agent.EndpointError):
+            agent.Runner().turn(spec, "the question", "turn-key", Down())
+        stored = store.messages(sid)
+        assert [(m.text, m.key, m.steer) for m in stored] == [("the question", "turn-key", False),
+                                                             ("and mind the expiry", "steer-key", True)]
+        again = agent.Runner().turn(spec, "the question", "turn-key", _Reply("both answered"))
+        assert (again.stop_reason, again.text) == ("answered", "both answered")
+
+    def test_a_steered_turn_retried_gets_its_own_answer_never_an_earlier_one_of_the_same_text(self) -> None:
+        """A turn with ``if_busy="steer"`` left its "yes" as a keyed steer while a run held the session, and
+        the caller's retry (the one ``StillQueued`` asks for) comes while it still waits. The session holds an
+        earlier "yes" already, answered. The retry must wait for its own message's answer, not return that
+        one: identity, not text, says which message is the caller's."""
+        self.requires(Capability.RUN_STORE)
+        store = self.steer_key_store()
+        assert isinstance(store, RunStore)
+        sid = _sid("yes")
+        session = agent.open(sid, store)
+        first = agent.Runner().run(agent.Spec(session=session), [Message.user("yes")], _Reply("the first answer"))
+        assert first.text == "the first answer"
+        entered, go = threading.Event(), threading.Event()
+        holding = agent.Runner().start(agent.Spec(session=session, lease_ttl=30),
+                                       [*session.messages(), Message.user("tell me more")],
+                                       _Reply("more", entered, go))
+        try:
+            assert entered.wait(20), "the holding run never asked its model"
+            spec = agent.Spec(session=agent.open(sid, store), lease_wait=0.0)
+            for _ in range(2):  # the turn, then its retry while its steer still waits
+                with pytest.raises(agent.StillQueued):
+                    agent.Runner().turn(spec, "yes", "k-yes-2", _Reply("never asked"), if_busy="steer")
+        finally:
+            go.set()
+        assert holding.wait(20).text == "more"
+        mine = agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=10.0), "yes", "k-yes-2",
+                                   _Reply("the second answer"), if_busy="steer")
+        assert mine.text == "the second answer"
+        again = agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=0.0), "yes", "k-yes-2",
+                                    _Reply("never asked"), if_busy="steer")
+        assert (again.text, again.steps) == ("the second answer", 0)
+
+
 def _race(store: SteerKeyStore, sid: str, n: int) -> list[bool]:
     """``n`` threads, released together, each sending a steer of its own to ``sid`` under one key."""
     barrier = threading.Barrier(n)
@@ -214,3 +268,16 @@ def _race(store: SteerKeyStore, sid: str, n: int) -> list[bool]:
     assert not errors, errors
     assert not any(t.is_alive() for t in threads), "a sender did not return within 120 s"
     return results
+
+
+class _Reply:
+    """Answers ``text``; with ``entered`` and ``go``, says it was asked and waits to be let go first."""
+
+    def __init__(self, text: str, entered: threading.Event | None = None, go: threading.Event | None = None) -> None:
+        self.text, self.entered, self.go = text, entered, go
+
+    def complete(self, system: str, messages: object, tools: object) -> Message:
+        if self.entered is not None and self.go is not None:
+            self.entered.set()
+            self.go.wait(20)
+        return Message.assistant(self.text)

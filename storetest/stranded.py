@@ -35,8 +35,8 @@ RESULT = Message(Role.USER, [Content.tool_result("c1", "package lease")])
 ANSWER = Message.assistant("the lease")
 
 
-class StrandedStore(LifecycleStore, RunStore):
-    """What the contract exercises: the lifecycle's listing and the run lease."""
+StrandedStore = RunStore
+"""What the contract exercises: the lifecycle's listing and the run lease."""
 
 
 def _sid(tag: str) -> str:
@@ -92,6 +92,38 @@ class StrandedContract:
         assert closed is not None and closed.open_since is None
         assert sid not in stranded_ids(store)
 
+    def test_a_fork_cut_inside_a_turn_is_open_and_a_fork_of_an_answer_is_not(self) -> None:
+        """A fork is a conversation that exists from the fork on: cut where its turn is open (a question, tool
+        results waiting for the model), that turn waits for its answer like any other, so the sweep sees it."""
+        store = self.stranded_store()
+        self.requires(Capability.RUN_STORE)
+        source, open_fork, closed_fork = _sid("fork-src"), _sid("fork-open"), _sid("fork-closed")
+        store.save(source, [QUESTION, CALL, RESULT, ANSWER])
+        store.fork(source, open_fork, 3)
+        store.fork(source, closed_fork, 4)
+        opened, closed = store.info(open_fork), store.info(closed_fork)
+        assert opened is not None and opened.open_since is not None
+        assert closed is not None and closed.open_since is None
+        ids = stranded_ids(store)
+        assert open_fork in ids and closed_fork not in ids
+
+    def test_info_says_who_holds_the_session_what_waits_and_whether_it_is_stranded(self) -> None:
+        store = self.stranded_store()
+        sid = _sid("info")
+        store.save(sid, [QUESTION])
+        info = store.info(sid)
+        assert info is not None and (info.holder, info.cancelled, info.steers, info.queued) == (None, False, 0, 0)
+        assert info.stranded
+        holder = store.acquire(sid, _holder("support-agent"), 30)
+        store.add_steer(sid, "one more thing")
+        held = store.info(sid)
+        assert held is not None and held.holder is not None and held.holder.token == holder.token
+        assert held.steers == 1 and not held.stranded
+        assert store.cancel(sid) is True
+        store.release(sid, holder)
+        cancelled = store.info(sid)
+        assert cancelled is not None and cancelled.cancelled and cancelled.holder is None and not cancelled.stranded
+
     def test_every_fenced_save_keeps_the_mark_and_a_live_lease_hides_the_session(self) -> None:
         store = self.stranded_store()
         sid = _sid("fenced")
@@ -143,7 +175,7 @@ class StrandedContract:
             pytest.skip("the store keeps no steer keys")
         sid = _sid("steer")
         store.save(sid, [QUESTION, ANSWER])
-        listed = cast(LifecycleStore, store)
+        listed = store
         assert sid not in stranded_ids(listed)
         assert store.add_steer_once(sid, "and the renewal?", "steer-1") is True
         assert sid in stranded_ids(listed)
@@ -176,7 +208,7 @@ class StrandedContract:
         holder = store.acquire(sid, _holder(), 30)
         assert store.cancel(sid) is True
         store.release(sid, holder)
-        listed = cast(LifecycleStore, store)
+        listed = store
         assert sid not in stranded_ids(listed)
         if not isinstance(store, QueueStore):
             return
@@ -196,7 +228,7 @@ class StrandedContract:
         if not isinstance(store, QueueStore):
             pytest.skip("the store keeps no queue")
         sid = _sid("keep")
-        listed = cast(LifecycleStore, store)
+        listed = store
         store.save(sid, [QUESTION, ANSWER])
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
         before = listed.info(sid)

@@ -149,3 +149,88 @@ class SweepContract:
         assert swept.outcome == "recovered" and swept.result is not None
         assert swept.result.text == "refund done"
         assert sid not in stranded_ids(store)
+
+    def test_a_redelivered_turn_that_stopped_at_max_steps_never_takes_a_later_answer(self) -> None:
+        """Turn k stops at its ``max_steps``; a later run answers newer input; k delivered again must say how
+        k ended (``max_steps``), not return that later answer as its own."""
+        store = self._sweep_store()
+        sid = f"storetest-sweep-later-{uuid.uuid4().hex}"
+        model = Charges()
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
+        first = agent.Runner().turn(spec, "charge me", "k-1", model)
+        assert first.stop_reason == "max_steps"
+        later = agent.Runner().run(spec, [*store.messages(sid), Message.user("and now?")], _Says("the later answer"))
+        assert later.text == "the later answer"
+        again = agent.Runner().turn(spec, "charge me", "k-1", model)
+        assert (again.stop_reason, again.text, again.steps) == ("max_steps", "", 0), again
+        assert model.charges == 1
+
+    def test_a_keyed_steer_behind_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep(self) -> None:
+        """A turn stops at its ``max_steps``; then a keyed steer comes, with nobody running the session. The
+        turn has ended; the steer is input of its own, which the sweep answers, once."""
+        store = self._sweep_store()
+        sid = f"storetest-sweep-steer-{uuid.uuid4().hex}"
+        model = Charges()
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
+        assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
+        assert agent.open(sid, store).steer("and what about this?", key="s-1") is True
+        answering = _Says("about that")
+
+        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+            return (spec, answering) if info.id == sid else None
+
+        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        assert swept.outcome == "recovered" and swept.result is not None and swept.result.text == "about that"
+        assert store.pending_steers(sid) == [] and sid not in stranded_ids(store)
+        assert [r for r in agent.recover(store, resolve, grace=0) if r.session == sid] == []
+        assert model.charges == 1 and answering.requests == 1
+
+    def test_a_cancelled_turn_whose_calls_were_decided_lets_the_queue_behind_it_be_answered(self) -> None:
+        """A turn waits for a decision on a refund; it is approved; a run holding the session is cancelled
+        (``cancel()`` is True) and lets go; a message is queued behind. The sweep closes the cancelled turn
+        (the approved refund does not run: the turn was cancelled) and answers the queued message."""
+        store = self._sweep_store()
+        self.requires(Capability.APPROVALS)
+        sid = f"storetest-sweep-decided-{uuid.uuid4().hex}"
+        refunds: list[str] = []
+
+        @agent.tool(name="refund", idempotent=False, needs_approval=True)
+        def refund() -> str:
+            """Refund (a person approves it first)."""
+            refunds.append("refund")
+            return "refunded"
+
+        class RefundThenAnswer:
+            def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+                if messages[-1].role is Role.USER and messages[-1].text == "refund order 7":
+                    return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
+                return Message.assistant(f"re: {messages[-1].text}")
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[refund])
+        assert agent.Runner().run(spec, [Message.user("refund order 7")], RefundThenAnswer()).stop_reason == (
+            "awaiting_approval")
+        agent.open(sid, store).approve("r1")
+        holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
+        assert agent.open(sid, store).cancel() is True  # a run held it: that run was to stop
+        store.release(sid, holder)
+        assert store.enqueue(sid, "q-1", "what next?") == 1
+
+        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+            return (spec, RefundThenAnswer()) if info.id == sid else None
+
+        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        assert swept.outcome == "recovered", swept
+        assert refunds == [], "the cancelled turn's approved call ran"
+        assert store.messages(sid)[-1].text == "re: what next?" and store.queued(sid) == []
+
+
+class _Says:
+    """Answers ``text`` to every request, counting them."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.requests = 0
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        self.requests += 1
+        return Message.assistant(self.text)

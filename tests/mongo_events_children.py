@@ -1,5 +1,5 @@
 """What the child processes of the MongoDB event log's tests run (spawned: each its own client): a writer
-that is killed between writing its page and the update that would name it, and appenders racing."""
+that is killed between writing its part and the update that would name it, and appenders racing."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests import servers
 
 
 class _StopsAfterInserting:
-    """The event pages of a store, passed through, but the first insert then reports and waits forever."""
+    """The parts collection of a store, passed through, but the first insert then reports and waits forever."""
 
     def __init__(self, collection: Any, out: Any) -> None:
         self.collection, self.out = collection, out
@@ -29,13 +29,13 @@ class _StopsAfterInserting:
 
 
 def dies_after_its_page(sid: str, holder: agent.Holder, n: int, out: Any) -> None:
-    """Append ``n`` events to a log whose tail they overflow: the page is written, then the process waits
+    """Append ``n`` events to a log whose tail they overflow: the part is written, then the process waits
     to be killed before its update."""
     try:
         store = servers.mongo_store()
-        store._event_pages = _StopsAfterInserting(store._event_pages, out)  # type: ignore[assignment]
+        store.mongo.parts = _StopsAfterInserting(store.mongo.parts, out)  # type: ignore[assignment]
         store.append_events(sid, holder, [encode("note", {"tag": "dead", "n": i}) for i in range(n)], keep=10_000)
-        out.put("appended")  # never: the page is written first, and the process dies there
+        out.put("appended")  # never: the part is written first, and the process dies there
     except BaseException:  # noqa: BLE001 - reported to the parent
         out.put(traceback.format_exc())
 

@@ -55,6 +55,7 @@ MYSQL_URL = _on_prefix(os.environ.get(
 MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
 MONGO_DATABASE = PREFIX
 """The Mongo database of the conformance tests (the others are ``database_name(suffix)`` too)."""
+REDIS_URL = os.environ.get("AGENT_SESSIONS_REDIS_URL", "redis://127.0.0.1:6379/0")
 REDIS_KEY_PREFIX = f"{PREFIX}:"
 """Every Redis key the suite writes starts with this (the Celery tests' broker keys)."""
 

@@ -77,8 +77,8 @@ class Target:
     def accepted(self, sid: str) -> list[str]:
         """The keys the store queued for ``sid``, in the order it accepted them."""
         if self.kind == "mongodb":
-            doc = self.store._sessions.find_one({"_id": sid}, {"queue_keys": 1})
-            return list(doc.get("queue_keys") or []) if doc else []
+            doc = self.store.mongo.documents.find_one({"_id": sid}, {"keys": 1})  # queue keys are "q:key"
+            return [k[2:] for k in doc.get("keys") or [] if k.startswith("q:")] if doc else []
         with self.store.engine.connect() as conn:
             rows = conn.execute(text("SELECT turn_key FROM agent_queue WHERE session_id = :s ORDER BY id"),
                                 {"s": sid}).all()

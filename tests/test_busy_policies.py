@@ -200,8 +200,8 @@ def test_a_steer_left_after_the_last_request_is_answered_by_its_caller() -> None
 
 def test_an_idle_session_answers_every_policy_at_once() -> None:
     """Nobody holds the session: each policy's message is answered by its own caller, and a repeat returns
-    that answer. A steer is still stored as one (its key is how a repeat finds it): unkeyed in the
-    transcript."""
+    that answer. A steer is still stored as one, and lands in the transcript with its key (how a repeat finds
+    it, and never another message of the same text)."""
     store = memory.Store()
     spec = agent.Spec(session=agent.open("chat", store))
     for i, policy in enumerate(("queue", "steer", "reject", "interrupt")):
@@ -210,7 +210,7 @@ def test_an_idle_session_answers_every_policy_at_once() -> None:
         again = agent.Runner().turn(spec, f"q{i}", f"k{i}", Answer("never"), if_busy=policy)  # type: ignore[arg-type]
         assert (again.text, again.steps) == (f"a{i}", 0)
     assert [(m.key, m.text) for m in store.messages("chat")] == [
-        ("k0", "q0"), ("", "a0"), ("", "q1"), ("", "a1"), ("k2", "q2"), ("", "a2"), ("k3", "q3"), ("", "a3")]
+        ("k0", "q0"), ("", "a0"), ("k1", "q1"), ("", "a1"), ("k2", "q2"), ("", "a2"), ("k3", "q3"), ("", "a3")]
     with pytest.raises(agent.ArgumentError, match="if_busy"):
         agent.Runner().turn(spec, "q", "k9", Answer("never"), if_busy="later")  # type: ignore[arg-type]
 

@@ -41,6 +41,7 @@ How the blocks run:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import json
 import os
@@ -51,6 +52,7 @@ import subprocess
 import threading
 import time
 import types
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +66,8 @@ from sqlalchemy import Engine, create_engine, make_url
 
 import agent_sessions as agent
 import storetest
+from agent_sessions import eventlog
+from agent_sessions.events import Reported
 from agent_sessions.testing.model_server import ModelServer as Shipped
 from agent_sessions.testing.model_server import scripted
 from tests import servers
@@ -609,3 +613,49 @@ def test_every_address_is_one_the_test_replaces() -> None:
 
 def test_some_blocks_are_found() -> None:
     assert len(BLOCKS) >= 20 and {b.page for b in BLOCKS} >= {"README.md", "docs/sessions.md"}
+
+
+def _example(kind: type[Reported]) -> Reported:
+    """An event of ``kind`` with a value of its type in each field (the first of a ``Literal``'s)."""
+    values: dict[object, object] = {
+        int: 1, str: "x", float: 0.5, bool: True, agent.Content: agent.Content.tool_call("c1", "grep", "{}"),
+        agent.Message: agent.Message.user("q"), agent.Result: agent.Result([], "", 0, "answered", []),
+        BaseException: KeyError("x"),
+    }
+    hints = typing.get_type_hints(kind)
+    return kind(**{f.name: (typing.get_args(hints[f.name])[0] if typing.get_origin(hints[f.name]) is typing.Literal
+                            else values[hints[f.name]]) for f in dataclasses.fields(kind)})
+
+
+def _tables(page: str, heading: str) -> list[list[list[str]]]:
+    """The tables of the section ``heading`` of ``page``: each a list of its rows' cells, header and rule left out."""
+    text = (ROOT / page).read_text()
+    section = text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    tables: list[list[list[str]]] = []
+    rows: list[list[str]] = []
+    for line in [*section.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            tables.append(rows[2:])
+            rows = []
+    return tables
+
+
+FIELD = re.compile(r"`([a-z_]+)(?::[^`]*)?`")
+"""A field named in a table's cell: ```step```, or ```ref: {index, digest}```; not ```"run"``` nor ```{id, name}```."""
+
+
+def test_the_documented_event_kinds_are_the_declared_ones() -> None:
+    """docs/runs/events.md's table of what is published is the declaration (``agent_sessions.events``: each
+    event's ``kind`` and the fields of its ``data()``), kind by kind in its order; and its table of the events
+    that point says, for each kind with ``points``, which field the stored ``ref`` stands for."""
+    published, pointing = _tables("docs/runs/events.md", "## What is published")[0], _tables(
+        "docs/runs/events.md", "## Events that point at their message")[0]
+    declared = {name: list(_example(kind).data()) for name, kind in eventlog.KINDS.items()}
+    assert {FIELD.findall(kind)[0]: FIELD.findall(data) for kind, data in published} == declared
+    assert [FIELD.findall(kind)[0] for kind, _ in published] == list(declared)
+    documented = {FIELD.findall(kind)[0]: (FIELD.findall(stored), FIELD.findall(read))
+                  for kind, stored, read in pointing}
+    assert documented == {name: (["ref" if field == points else field for field in declared[name]], declared[name])
+                          for name, points in eventlog.POINTING.items()}

@@ -4,17 +4,20 @@ message's JSON verbatim, one without the lifecycle, and where the Publisher writ
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
+from unittest import mock
 
 import pytest
 
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, StoredEvent, eventlog
-from agent_sessions.contract import EventStore, LifecycleStore, when
-from agent_sessions.events import SILENT
-from agent_sessions.run.publisher import LOOKBACK, Publisher, _Called, _Finished, _Replied
+from agent_sessions.contract import when
+from agent_sessions.events import SILENT, ModelResponse, Sink, ToolCalled, ToolFinished
+from agent_sessions.run.publisher import LOOKBACK, Pointing, Publisher
 from stores import memory
 from storetest.scripted import ToolsThenAnswer
 
@@ -106,33 +109,6 @@ def test_a_store_that_does_not_keep_the_json_verbatim_still_joins() -> None:
                                {"text": "trouvé 1", "is_error": False}, transcript[3].to_dict()]
 
 
-class NoLifecycle:
-    """An EventStore with nothing of the LifecycleStore: a third-party store may be one."""
-
-    def __init__(self) -> None:
-        self.inner = memory.Store()
-        self.reads = 0
-
-    def messages(self, session: str) -> list[Message]:
-        self.reads += 1
-        return self.inner.messages(session)
-
-
-for _name in ("save", "add_steer", "take_steers", "acquire", "renew", "release", "holder", "cancel", "check",
-              "save_fenced", "journal", "put_journal", "fork", "append_events", "save_fenced_events", "events"):
-    setattr(NoLifecycle, _name, lambda self, *a, _name=_name, **k: getattr(self.inner, _name)(*a, **k))
-
-
-def test_an_event_store_without_the_lifecycle_joins_from_the_whole_transcript() -> None:
-    plain = NoLifecycle()
-    store: Any = plain
-    assert isinstance(store, EventStore) and not isinstance(store, LifecycleStore)
-    transcript = _run(store)
-    plain.reads = 0
-    events = agent.open("s", store).events()
-    assert plain.reads == 1 and _joined(events)[-1] == transcript[3].to_dict()
-
-
 def test_an_event_without_a_usable_pointer_is_handed_out_as_stored() -> None:
     store = memory.Store()
     odd = [StoredEvent(1, "model_response", when(0.0), {"step": 1, "ref": "not a pointer"}),
@@ -146,9 +122,9 @@ def test_the_publisher_points_only_at_a_message_the_write_stores_and_near_its_en
     reply = Message(Role.ASSISTANT, [call])
     result = Content.tool_result("c1", "found")
     results = Message(Role.USER, [result])
-    event = _Replied(1, reply, 0.5)
-    called = _Called(1, call)
-    finished = _Finished(1, call, result, 0.25)
+    event = Pointing(ModelResponse(1, reply, 0.5))
+    called = Pointing(ToolCalled(1, call))
+    finished = Pointing(ToolFinished(1, call, result, 0.25))
     msgs = [Message.user("q"), reply, results]
     digests: dict[int, str] = {}
     assert json.loads(event.render(msgs, digests))["data"] == {
@@ -168,41 +144,58 @@ def test_the_publisher_points_only_at_a_message_the_write_stores_and_near_its_en
     assert "message" in json.loads(event.render(far, {}))["data"]
 
 
-@pytest.mark.parametrize("data", [
-    {"step": 3}, {}, {"step": 1, "text": 'a "quoted" \\ \ud800 \x00 é 😀\n'},
-    {"step": 2, "start": 0, "end": 7, "index": 9},
-    {"seconds": 1e-06, "at": -2.5, "big": 2**70}, {"flag": True}, {"x": None}, {"x": float("nan")}, {"x": float("inf")},
-    {"usage": {"in": 3}}, {"ids": ["c1"]},
-])
-def test_a_flat_event_is_written_as_json_dumps_would(data: dict[str, object]) -> None:
-    """``encode_flat`` writes the text itself for str, int and finite float values, and hands anything else
-    (a bool, None, NaN, a nested value) to ``encode``: either way, exactly ``encode``'s text."""
-    assert eventlog.encode_flat("note", data, 1.5) == eventlog.encode("note", data, 1.5)
-    assert eventlog.encode_flat("note", data).isascii()
+def _published(listening: bool) -> list[str]:
+    """What a Publisher stores of one event of each kind (``time.time()`` fixed, the reply's ``seconds``
+    blanked: a clock's): the events about a message pointing at them, then whole, then ``finished`` and
+    ``failed``, and what it appended on its own before the request (the steer and the text, flushed)."""
+    appended: list[list[str]] = []
+    call = Content.tool_call("c1", "grep", '{"z":1,"a":[1, 2],"z":3}')
+    odd = Content.tool_call('q"\\\ud800', "gr\u00e9p", "not json")
+    reply = Message(Role.ASSISTANT, [Content.from_text("looking \ud800 \u00e9 \U0001F600"), call, odd])
+    result = Content.tool_result("c1", "found \x00 it", True)
+    results = Message(Role.USER, [result, Content.tool_result(odd.id, "x")])
+    with mock.patch("time.time", return_value=1234.5678):
+        publisher = Publisher(Sink(lambda event: None) if listening else SILENT, appended.append)
+        publisher.step_started(3)
+        publisher.steer_applied(3, 'stop "that"', 7, "session")
+        publisher.compacted(3, 0, 5, 6, 1000, 200)
+        publisher.text_delta(3, "hel")
+        publisher.text_delta(3, "lo \ud800")
+        publisher.model_response(3, reply, publisher.model_request(3, 9))
+        publisher.tool_finished(3, call, result, 0.1234567 + 0 * publisher.tool_called(3, call))
+        publisher.tool_called(3, odd)
+        publisher.tool_finished(3, odd, results.content[1], 2.0)
+        publisher.approval_requested(3, call)
+        publisher.approval_decided(3, call, False, "no \u00e9", "deadline")
+        records = publisher.take()
+        texts = [*Publisher.render(records, [Message.user("q"), reply, results], 10), *Publisher.render(records)]
+        texts.append(publisher.finishing(agent.Result(
+            messages=[], text="done \ud800", steps=3, stop_reason="awaiting_approval", unapplied_steers=["s"],
+            usage={"prompt_tokens": 5},
+            pending_approvals=[agent.PendingApproval("c1", "grep", "{}", when(0.0), None)])))
+        publisher.take()
+        publisher.failing(KeyError("x \u00e9"))
+    texts += [text for batch in appended for text in batch]
+    return [re.sub(r'"seconds":[0-9.e-]+}}$', '"seconds":S}}', text) if '"model_response"' in text else text
+            for text in texts]
 
 
-@pytest.mark.parametrize("text", ["c1", 'a "quoted" \\ id', "\ud800 \x00 é 😀"])
-@pytest.mark.parametrize("seconds", [0.25, 1e-06, 0.0, 12345.678901])
-def test_the_publishers_own_pointing_events_are_written_as_json_dumps_would(text: str, seconds: float) -> None:
-    """Each kind the publisher makes writes its text by a template of its own (``text``): byte for byte what
-    ``encode`` writes of the same event with the pointer in place."""
-    call = Content.tool_call(text, text, "{}")
-    reply = Message(Role.ASSISTANT, [call])
-    result = Content.tool_result(text, "found")
-    ref = eventlog.pointer(7, "ab" * 16, text)
-    for event in (_Replied(3, reply, seconds), _Called(3, call), _Finished(3, call, result, seconds)):
-        written = event.text(ref)
-        field = eventlog.POINTING[event.kind]
-        data = {("ref" if k == field else k): v for k, v in event.data(json.loads(ref)).items()}
-        assert written == eventlog.encode(event.kind, data, event.at)
-        assert written.isascii()
+STORED = "46af81861f1079837b361479613e5224004667b962e383a9f250f3dfeeafa6ae"
+"""The sha256 of what ``_published`` gives (its texts, a line each): each kind's stored text as the templates
+and ``encode_flat`` of an earlier version wrote it, byte for byte, so a log written before reads as it did
+and a reader sees no change."""
 
 
-@pytest.mark.parametrize("step", [0, 1, 12345])
-def test_the_step_started_event_is_written_as_json_dumps_would(step: int) -> None:
-    """``step_started`` (one on every step) is written by its own template: ``encode``'s text, byte for byte."""
-    publisher = Publisher(SILENT, lambda records: None)
-    publisher.step_started(step)
-    [written] = publisher.take()
-    assert isinstance(written, str)
-    assert written == eventlog.encode("step_started", {"step": step}, json.loads(written)["at"])
+@pytest.mark.parametrize("listening", [False, True], ids=["silent", "listened"])
+def test_each_kind_is_stored_as_declared_byte_for_byte(listening: bool) -> None:
+    """Every kind's stored text, derived from its declaration (``agent_sessions.events``), whole and pointing:
+    the bytes docs/runs/events.md describes, with or without a listener of the run's own."""
+    texts = _published(listening)
+    parsed = [text.replace('"seconds":S', '"seconds":0') for text in texts]
+    assert [json.loads(text)["kind"] for text in parsed] == [
+        "model_response", "tool_called", "tool_finished", "tool_called", "tool_finished", "approval_requested",
+        "approval_decided", "model_response", "tool_called", "tool_finished", "tool_called", "tool_finished",
+        "approval_requested", "approval_decided", "finished", "step_started", "steer_applied", "compacted", "text",
+        "failed"]
+    assert all(text.isascii() and json.dumps(json.loads(text), separators=(",", ":")) == text for text in parsed)
+    assert hashlib.sha256("\n".join(texts).encode()).hexdigest() == STORED, "\n".join(texts)

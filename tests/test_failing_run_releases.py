@@ -33,12 +33,12 @@ class EventsDown(memory.Store):
 
     def save_fenced_events(
         self, session: str, holder: agent.Holder, msgs: Sequence[agent.Message], *, take_steers: bool,
-        replace: bool = False, events: Sequence[str], keep: int,
+        replace: bool = False, events: Sequence[str], keep: int, closes: bool = False,
     ) -> agent.Saved:
         if self.down.is_set():
             raise agent.OutcomeUnknown(f"save of session {session!r} may have happened (test)")
         return super().save_fenced_events(session, holder, msgs, take_steers=take_steers, replace=replace,
-                                          events=events, keep=keep)
+                                          events=events, keep=keep, closes=closes)
 
 
 def test_a_run_failing_with_its_events_unwritten_releases_its_lease(model: ModelServer) -> None:

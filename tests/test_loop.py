@@ -53,10 +53,10 @@ class CountingStore(memory.Store):
 
     def save_fenced(
         self, session: str, holder: agent.Holder, msgs: Sequence[agent.Message], *, take_steers: bool,
-        replace: bool = False,
+        replace: bool = False, closes: bool = False,
     ) -> agent.Saved:
         self.takes += take_steers
-        saved = super().save_fenced(session, holder, msgs, take_steers=take_steers, replace=replace)
+        saved = super().save_fenced(session, holder, msgs, take_steers=take_steers, replace=replace, closes=closes)
         self.saves.append(len(msgs) + len(saved.steers))
         return saved
 
@@ -211,10 +211,11 @@ class CountingEventStore(memory.Store):
         return super().append_events(session, holder, events, keep=keep)
 
     def save_fenced_events(self, session: str, holder: agent.Holder, msgs: Sequence[agent.Message], *,
-                           take_steers: bool, replace: bool = False, events: Sequence[str], keep: int) -> agent.Saved:
+                           take_steers: bool, replace: bool = False, events: Sequence[str], keep: int,
+                           closes: bool = False) -> agent.Saved:
         self.rides.append(len(events))
         return super().save_fenced_events(session, holder, msgs, take_steers=take_steers, replace=replace,
-                                          events=events, keep=keep)
+                                          events=events, keep=keep, closes=closes)
 
 
 def test_published_events_ride_in_the_saves_and_a_step_with_quick_tools_costs_no_write(model: ModelServer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -12,18 +13,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agent_sessions as agent
-from agent_sessions import messages, validate
+from agent_sessions import validate
 from agent_sessions.errors import MessageError
 from storetest import strategies
 
+_EVERY_BLOCK = agent.Message(agent.Role.ASSISTANT, [
+    agent.Content.from_text("t \ud800 \x00 \u00e9 \U0001F600\n"),
+    agent.Content.tool_call("c1", "gr\u00e9p", '{"z":1,"a":[1, 2],"z":3}'),
+    agent.Content.tool_result("c1", 'r "q" \\', True), agent.Content.compaction("s", 2, 5)], key="k-1")
 
-@given(strategies.messages)
-def test_to_json_is_json_dumps_of_to_dict(message: agent.Message) -> None:
-    """to_json writes the text itself (it is on every step's path); it must be exactly what json.dumps
-    gives, so transcripts stored before and after read the same."""
-    expected = json.dumps(message.to_dict(), separators=(",", ":"))
-    assert agent.Message(message.role, message.content).to_json() == expected
-    assert expected.isascii()
+
+def test_the_stored_form_is_the_same_bytes() -> None:
+    """What every store keeps of a message: these bytes, as every version has written them (a transcript
+    stored before reads the same, and a pointer's digest of it still matches); the model's arguments as it
+    wrote them, inside a JSON string."""
+    assert _EVERY_BLOCK.to_json() == (
+        '{"role":"assistant","key":"k-1","content":['
+        '{"type":"text","text":"t \\ud800 \\u0000 \\u00e9 \\ud83d\\ude00\\n"},'
+        '{"type":"tool_call","id":"c1","name":"gr\\u00e9p","arguments":"{\\"z\\":1,\\"a\\":[1, 2],\\"z\\":3}"},'
+        '{"type":"tool_result","tool_call_id":"c1","text":"r \\"q\\" \\\\","is_error":true},'
+        '{"type":"compaction","text":"s","start":2,"end":5}]}')
+    assert agent.Message.user("q").to_json() == '{"role":"user","content":[{"type":"text","text":"q"}]}'
 
 
 @given(strategies.messages)
@@ -31,7 +41,7 @@ def test_to_json_round_trips(message: agent.Message) -> None:
     assert agent.Message.from_json(message.to_json()) == message
 
 
-# -- the fast decoding path agrees with the checked one -------------------------------------------------------
+# -- any input: a message, or a MessageError ---------------------------------------------------------------
 
 _NAMES = ("role", "key", "content", "type", "text", "id", "name", "arguments", "tool_call_id", "is_error", "start",
           "end", "usage")
@@ -76,47 +86,49 @@ def _message_data(draw: st.DrawFn) -> object:
 
 
 def _outcome(decode: Callable[[], agent.Message]) -> tuple[object, ...]:
-    """What a decoding gave, down to each field's type (``1`` equals ``True``; a ``Role`` equals its str)."""
+    """What a decoding gave: a MessageError and its text, or a message whose every field has its own type
+    (``1`` equals ``True``, a ``Role`` its str: not enough). Any other exception fails the test."""
     try:
         m = decode()
     except MessageError as exc:
         return ("MessageError", str(exc))
-    blocks = tuple(
-        tuple((getattr(c, f), type(getattr(c, f))) for f in ("type", *_CONTENT_FIELDS)) for c in m.content
-    )
-    return (type(m), m.role, type(m.role), m.key, type(m.key), type(m.content), m.usage, m._json, blocks)
+    assert type(m) is agent.Message and type(m.role) is agent.Role and type(m.key) is str
+    assert type(m.content) is tuple and m.usage is None
+    for c in m.content:
+        assert type(c.type) is agent.ContentType and type(c.is_error) is bool
+        assert all(type(getattr(c, f)) is str for f in ("text", "id", "name", "arguments", "tool_call_id"))
+        assert type(c.start) is int and type(c.end) is int
+    return ("Message", m.to_dict())
 
 
-_CONTENT_FIELDS = ("text", "id", "name", "arguments", "tool_call_id", "is_error", "start", "end")
-
-
-def _agree(data: object, text: str) -> None:
-    assert _outcome(lambda: agent.Message.from_json(text)) == _outcome(lambda: agent.Message._checked_json(text))
-    assert _outcome(lambda: agent.Message.from_dict(data)) == _outcome(  # type: ignore[arg-type]
-        lambda: agent.Message._checked(data))  # type: ignore[arg-type]
+def _decoded(data: object, text: str) -> tuple[object, ...]:
+    """``from_json(text)``, which must say what ``from_dict`` says of what ``text`` decodes to."""
+    outcome = _outcome(lambda: agent.Message.from_json(text))
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        assert outcome[0] == "MessageError" and str(outcome[1]).startswith("stored message is not valid JSON")
+        return outcome
+    assert outcome == _outcome(lambda: agent.Message.from_dict(decoded))
+    return outcome
 
 
 @settings(max_examples=500)
 @given(_message_data(), st.sampled_from(["", "", "", " ", "\n", "\ufeff"]),
        st.sampled_from(["", "", "", " ", "x", "}"]), st.booleans())
-def test_fast_decoding_agrees_with_the_checks(data: object, before: str, after: str, ascii: bool) -> None:
-    """from_json and from_dict take a fast path on the shapes to_json writes: on anything, they give what
-    the full checks give (the same message, fields of the same types, the same stored text), or the same
-    MessageError."""
-    _agree(data, before + json.dumps(data, separators=(",", ":"), ensure_ascii=ascii) + after)
-
-
-_EVERY_BLOCK = agent.Message(agent.Role.ASSISTANT, [
-    agent.Content.from_text("t"), agent.Content.tool_call("c1", "grep", "{}"),
-    agent.Content.tool_result("c1", "r", True), agent.Content.compaction("s", 2, 5)], key="k-1")
+def test_any_input_is_a_message_or_a_message_error(data: object, before: str, after: str, ascii: bool) -> None:
+    """from_json and from_dict on anything (a stored form changed in a few places, any JSON value, text around
+    it): a message of well-typed fields, or a MessageError saying what is wrong; never another exception."""
+    _decoded(data, before + json.dumps(data, separators=(",", ":"), ensure_ascii=ascii) + after)
 
 
 @pytest.mark.parametrize("base", [_EVERY_BLOCK, agent.Message.user("q")], ids=["every-block", "plain"])
-def test_each_single_change_decodes_as_the_checks_say(base: agent.Message) -> None:
+def test_each_single_change_is_refused_as_before(base: agent.Message) -> None:
     """Every field of every kind of block (and of the message) replaced by each of the usual wrong values,
-    removed, or joined by an extra field: each a single change the fast path must notice, or decode as
-    the checks do. Exhaustive, where the property above samples."""
-    cases = 0
+    removed, or joined by an extra field: each decodes to a message of well-typed fields or is refused with a
+    MessageError, and all of them as before (the digest of their outcomes, errors' texts included, is the one
+    an earlier version gave). Exhaustive, where the property above samples."""
+    outcomes = []
     for place in range(len(_dicts(base.to_dict()))):
         names = sorted(_dicts(base.to_dict())[place])
         for name in [*names, "extra"]:
@@ -127,23 +139,52 @@ def test_each_single_change_decodes_as_the_checks_say(base: agent.Message) -> No
                     target.pop(name, None)
                 else:
                     target[name] = value
-                _agree(data, json.dumps(data, separators=(",", ":")))
-                cases += 1
-    assert cases > len(_SUBSTITUTES) * 3
+                outcomes.append(_decoded(data, json.dumps(data, separators=(",", ":"))))
+    assert len(outcomes) > len(_SUBSTITUTES) * 3
+    assert hashlib.sha256(repr(outcomes).encode()).hexdigest() == _SINGLE_CHANGES[base is _EVERY_BLOCK]
 
 
+_SINGLE_CHANGES = {True: "c4358ce6fca2a4edcbfbee1aac1d72ee0fb2668d744d1c7dc3b9cd3788b2b8a9",
+                   False: "86dd6584ce6430aa228403b13fb97b68ac80baf55382b7f1acb8a39aa5c83c96"}
 _DELETE = object()
 
 
+@pytest.mark.parametrize(("data", "error"), [
+    ([], "a message must be a JSON object, got list"),
+    ({"role": "user", "content": [], "usage": {}}, "message has unknown fields ['usage']"),
+    ({"role": "system", "content": []}, "Message.role must be one of ['user', 'assistant'], got 'system'"),
+    ({"role": "user", "content": {}}, "message content must be a JSON array"),
+    ({"role": "user", "key": "", "content": []}, "message key must be a non-empty string, got ''"),
+    ({"role": "user", "key": "k" * 256, "content": []}, "Message.key must be a str of at most 255 characters"),
+    ({"role": "user", "content": [{"type": "image"}]}, "unknown content type 'image'"),
+    ({"role": "user", "content": [{"type": "text", "text": 1}]}, "Content.text must be a str, got int"),
+    ({"role": "user", "content": [{"type": "tool_result", "tool_call_id": "c", "text": "", "is_error": 1}]},
+     "Content.is_error must be a bool, got int"),
+    ({"role": "user", "content": [{"type": "text", "text": "", "id": "c"}]}, "text content has unknown fields"),
+    ({"role": "user", "content": [{"type": "tool_call", "id": "", "name": "n", "arguments": ""}]},
+     "tool_call content needs a non-empty id"),
+    ({"role": "user", "content": [{"type": "compaction", "text": "", "start": True, "end": 2}]},
+     "Content.start must be an int >= 0, got True"),
+    ({"role": "user", "content": [{"type": "compaction", "text": "", "start": 3, "end": 2}]},
+     "a compaction's range [start, end) must not be empty"),
+])
+def test_hostile_input_is_refused_with_a_message_error(data: object, error: str) -> None:
+    for decode in (lambda: agent.Message.from_dict(data), lambda: agent.Message.from_json(json.dumps(data))):  # type: ignore[arg-type]
+        with pytest.raises(MessageError) as caught:
+            decode()
+        assert str(caught.value).startswith(error)
+    with pytest.raises(MessageError, match="not valid JSON"):
+        agent.Message.from_json('{"role":"user","content":[]} x')
+
+
 @given(strategies.messages, st.sampled_from(["", "k-1", "k" * 255]))
-def test_stored_messages_take_the_fast_path(message: agent.Message, key: str) -> None:
-    """What to_json writes is what the fast path recognises (else it would never run), and it builds the
-    message to_json came from."""
+def test_a_stored_message_reads_back_with_its_stored_text(message: agent.Message, key: str) -> None:
+    """What to_json writes reads back as the message it came from, keeping that very text as its stored form
+    (what a pointer's digest is taken of)."""
     stored = agent.Message(message.role, message.content, key=key).to_json()
-    fast = messages._from_text(stored)
-    assert fast is not None
-    assert _outcome(lambda: fast) == _outcome(lambda: agent.Message._checked_json(stored))
-    assert fast.to_json() is stored
+    read = agent.Message.from_json(stored)
+    assert read == agent.Message(message.role, message.content, key=key)
+    assert read.to_json() is stored
 
 
 # -- the prefix check of every save (validate.is_extension, compared in C without a copy) ------------------------

@@ -401,3 +401,21 @@ def test_a_stranded_turn_with_a_journal_is_closed_before_the_queue_is_answered(
     assert results["ship-1"].is_error and results["ship-1"].text == UNKNOWN_OUTCOME  # not run again
     assert model.requests == len(answer) + 1  # a cancelled turn asks nothing more
     assert store.queued("j") == [] and store.journal("j") is None and stranded_ids(store) == []
+
+
+def test_one_session_is_recovered_alone_and_only_if_stranded() -> None:
+    """``recover(..., session=)``: what an operator asks of one session (the console's recover): that session's
+    turn is finished if it is stranded; another stranded one is left; a finished or held one gives ``[]``."""
+    store = memory.Store()
+    _stranded(store, "mine")
+    _stranded(store, "other")
+    info = store.info("mine")
+    assert info is not None and info.stranded and info.holder is None and not info.cancelled
+    done = agent.recover(store, _resolve, session="mine")
+    assert [(r.session, r.outcome) for r in done] == [("mine", "recovered")]
+    assert agent.recover(store, _resolve, session="mine") == []
+    assert "other" in stranded_ids(store)
+    store.acquire("other", claimant(), 30)
+    held = store.info("other")
+    assert held is not None and held.holder is not None and not held.stranded
+    assert agent.recover(store, _resolve, session="other") == []

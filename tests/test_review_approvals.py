@@ -46,15 +46,15 @@ def _waiting(store: Any, sid: str = "s") -> tuple[agent.Spec, agent.StoreSession
 
 
 class CancelWhileResuming(memory.Store):
-    """Calls ``hook`` once, inside the first journal read made while a run holds the lease."""
+    """Calls ``hook`` once, inside the first look at the journal made by a run holding the lease."""
 
     hook: Any = None
 
-    def journal(self, session: str) -> str | None:
+    def journal_as_taken(self, session: str, holder: agent.Holder) -> str | None:
         hook, self.hook = self.hook, None
         if hook is not None and self.holder(session) is not None:
             hook()
-        return super().journal(session)
+        return super().journal_as_taken(session, holder)
 
 
 def test_a_cancel_reaching_a_run_that_finds_the_turn_still_waiting_closes_the_turn() -> None:

@@ -182,14 +182,16 @@ def test_a_cancel_between_the_journal_read_and_the_first_save_closes_the_reply_a
     assert store.journal("s") is not None
 
     read = type(store).journal
+    taken = type(store).journal_as_taken
 
-    def journal_then_cancel(self: agent.RunStore, session: str) -> str | None:
-        text = read(self, session)
+    def journal_then_cancel(self: agent.RunStore, session: str, holder: agent.Holder) -> str | None:
+        text = taken(self, session, holder)
         if text is not None:
             self.cancel(session)  # lands before the run's first save
         return text
 
-    store.__class__ = type("CancelledAfterItsJournalRead", (type(store),), {"journal": journal_then_cancel})
+    store.__class__ = type("CancelledAfterItsJournalRead", (type(store),),
+                           {"journal_as_taken": journal_then_cancel})
     model = ToolsThenAnswer(["charge", "ship"])
     result = agent.Runner().run(spec, [*store.messages("s"), agent.Message.user("and my invoice?")], model)
     assert result.stop_reason == "cancelled" and ran == ["charge", "ship"]

@@ -12,20 +12,18 @@ is kept in tests/upgrade/ as that version exported it.
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pymongo
 import pytest
 from sqlalchemy import Engine, create_engine, inspect, text
 
 import agent_sessions as agent
 from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
-from stores import mongodb, mysql, postgres, sqlite
+from stores import mysql, postgres, sqlite
 from stores._sql import SCHEMA_VERSION
 from storetest.scripted import ToolsThenAnswer
 from storetest.stranded import stranded_ids
@@ -339,197 +337,3 @@ def test_a_sqlite_file_of_schema_4_is_upgraded_to_5_and_the_first_sweep_finds_th
     _check_stranded(store)
     store.close()
     fresh.close()
-
-
-def test_a_mongodb_database_of_schema_1_upgrades_with_mongodb_upgrade() -> None:
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.MONGO_URL, serverSelectionTimeoutMS=10_000)
-    db = client[servers.database_name("upgrade")]
-    for collection in ("agent_sessions", "agent_pages", "agent_runs", "agent_journals"):
-        db.drop_collection(collection)
-    rows = _rows()
-    bodies = [r["body"] for r in rows["agent_messages"] if r["session_id"] == "talk"]
-    db.agent_sessions.insert_many([
-        {"_id": "talk", "version": f"{uuid.uuid4().hex}:{len(bodies)}", "tail": bodies,
-         "steers": [{"id": uuid.uuid4().hex, "text": s["text"]} for s in rows["agent_steers"]]},
-        {"_id": "crashed", "version": f"{uuid.uuid4().hex}:1", "tail": [CRASHED[0].to_json()]},
-    ])
-    db.agent_journals.insert_one({"_id": "crashed", "body": JOURNAL})
-    run = rows["agent_runs"][0]
-    db.agent_runs.insert_one({"_id": "held", **{k: v for k, v in run.items() if k != "session_id"}})
-    mongodb.upgrade(db)
-    mongodb.upgrade(db)  # safe to run again
-    assert set(db.list_collection_names()) <= {"agent_sessions", "agent_pages", "agent_events"}
-    try:
-        _check(mongodb.Store(db))
-    finally:
-        client.close()
-
-
-def test_a_mongodb_database_of_the_previous_shape_gains_created_updated_and_is_listed() -> None:
-    """Session documents as the store wrote them before the lifecycle (no created, updated, metadata or
-    tags), inserted directly: ``mongodb.upgrade`` backfills them, and the lifecycle calls then work."""
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.MONGO_URL, serverSelectionTimeoutMS=10_000)
-    db = client[servers.database_name("upgrade2")]
-    for collection in ("agent_sessions", "agent_pages", "agent_runs", "agent_journals"):
-        db.drop_collection(collection)
-    long = [agent.Message.user(f"m{i}") for i in range(mongodb.PAGE + 8)]
-    generation = uuid.uuid4().hex
-    db.agent_pages.insert_one({"_id": f"{generation}:0", "bodies": [m.to_json() for m in long[:mongodb.PAGE]]})
-    far = time.time() + 3600
-    db.agent_sessions.insert_many([
-        {"_id": "long", "version": f"{generation}:{len(long)}:{mongodb.PAGE}:1",
-         "tail": [m.to_json() for m in long[mongodb.PAGE:]], "epoch": 2, "token": None, "host": None, "pid": None,
-         "expires": None, "cancelled": False},
-        {"_id": "talk", "version": f"{uuid.uuid4().hex}:{len(TALK)}", "tail": [m.to_json() for m in TALK],
-         "steers": [{"id": uuid.uuid4().hex, "text": "first ✓"}]},
-        {"_id": "held", "epoch": 1, "token": "f" * 32, "host": "web-3", "pid": 4121, "expires": far,
-         "cancelled": False},
-        {"_id": "crashed", "version": f"{uuid.uuid4().hex}:1:0:0", "tail": [CRASHED[0].to_json()],
-         "journal": JOURNAL, "epoch": 1, "token": None, "host": None, "pid": None, "expires": None,
-         "cancelled": False},
-        {"_id": "waiting", "steers": [{"id": uuid.uuid4().hex, "text": "for a session not yet written"}]},
-    ])
-    # not a shape the store wrote: metadata without its tags (set by hand, or a backup restored without
-    # them); the upgrade derives the tags, which is what makes ``where`` find it
-    db.agent_sessions.insert_one({"_id": "labelled", "version": f"{uuid.uuid4().hex}:0:0:0", "tail": [],
-                                  "metadata": '{"n":1.0,"user":"u-9"}'})
-    try:
-        started = time.time()
-        mongodb.upgrade(db)
-        mongodb.create_indexes(db)
-        store = mongodb.Store(db)
-        infos = {s.id: s for s in store.list_sessions()}
-        assert set(infos) == {"long", "talk", "held", "crashed", "labelled"}  # steers alone: no session, as before
-        assert [s.id for s in store.list_sessions(where={"user": "u-9", "n": 1.0})] == ["labelled"]
-        assert list(store.list_sessions(where={"n": 1})) == []
-        assert store.info("waiting") is None and store.pending_steers("waiting") == ["for a session not yet written"]
-        assert {i: (s.messages, dict(s.metadata)) for i, s in infos.items()} == {
-            "long": (len(long), {}), "talk": (len(TALK), {}), "held": (0, {}), "crashed": (1, {}),
-            "labelled": (0, {"n": 1.0, "user": "u-9"})}
-        for info in infos.values():
-            assert info.created == info.updated and abs(info.updated.timestamp() - started) < 60
-        mongodb.upgrade(db)  # safe to run again: the times it set stay
-        assert {s.id: s for s in store.list_sessions()} == infos
-        assert store.messages("talk") == TALK and store.tail("long", 10) == long[-10:]
-        assert store.journal("crashed") == JOURNAL
-        # Every session with a transcript is marked open by the upgrade (the first sweep clears the finished
-        # ones); the held one has none and a live run.
-        found = set(stranded_ids(store))
-        assert {"long", "talk", "crashed", "labelled"} <= found and "held" not in found
-        with pytest.raises(agent.SessionBusy):
-            store.delete("held")
-        store.set_metadata("talk", {"user": "u-17"})
-        assert [s.id for s in store.list_sessions(where={"user": "u-17"})] == ["talk"]
-        assert store.list_sessions().sessions[0].id == "talk"  # the newest update
-        assert store.delete("long") is True and db.agent_pages.count_documents({}) == 0
-    finally:
-        client.close()
-
-
-def test_a_mongodb_database_from_before_the_event_log_upgrades_and_a_held_run_publishes() -> None:
-    """Documents from before the event log (lifecycle fields, no event log, no agent_events):
-    ``mongodb.upgrade`` has nothing to move; a run leased before the upgrade (its document has no log)
-    appends events, the first write starting its log on the server's clock, and the one-update step then
-    carries the events."""
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.MONGO_URL, serverSelectionTimeoutMS=10_000)
-    db = client[servers.database_name("upgrade3")]
-    for collection in ("agent_sessions", "agent_pages", "agent_events", "agent_runs", "agent_journals"):
-        db.drop_collection(collection)
-    now = db.client.admin.command("hello")["localTime"]
-    db.agent_sessions.insert_one(
-        {"_id": "held", "version": f"{uuid.uuid4().hex}:{len(TALK)}:0:0", "tail": [m.to_json() for m in TALK],
-         "epoch": 3, "token": "f" * 32, "host": "web-3", "pid": 4121, "expires": time.time() + 3600,
-         "cancelled": False, "created": now, "updated": now})
-    try:
-        mongodb.upgrade(db)
-        mongodb.upgrade(db)  # safe to run again
-        assert "agent_events" not in db.list_collection_names()
-        store = mongodb.Store(db)
-        held = store.holder("held")
-        assert held is not None and held.epoch == 3
-        msgs = store.messages("held")
-        first = store.save_fenced_events("held", held, [*msgs, agent.Message.user("more")], take_steers=False,
-                                         events=[agent.eventlog.encode("step_started", {"step": 1})], keep=100)
-        assert first.steers == []
-        last = store.append_events("held", held, [agent.eventlog.encode("finished", {})], keep=100)
-        events = store.events("held", 0, 100)
-        assert [e.kind for e in events] == ["step_started", "finished"] and events[-1].seq == last
-        assert events[0].seq == last - 1 and abs(last / 1e6 - time.time()) < 3600  # first_seq, not 1
-        assert store.messages("held") == [*TALK, agent.Message.user("more")]
-        with pytest.raises(agent.LeaseLost):  # the fence holds for the claim of an upgraded document too
-            store.append_events("held", agent.Holder("web-3", 4121, "f" * 32, 0.0, epoch=2), ["{}"], keep=100)
-    finally:
-        client.close()
-
-
-def _legacy_log(db: Any, session: str, start: int, last: int, stored: list[int], **fields: Any) -> None:
-    """A session's document and its event log as the first event log wrote them: ``events_from``/``events_last`` on the
-    document, and one document per event in ``agent_events`` (only ``stored``: the cap and a writer that
-    died between its claim and its insert leave numbers with no document)."""
-    now = db.client.admin.command("hello")["localTime"]
-    db.agent_sessions.insert_one({"_id": session, "version": f"{uuid.uuid4().hex}:{len(TALK)}:0:0",
-                                  "tail": [m.to_json() for m in TALK], "created": now, "updated": now,
-                                  "events_from": start, "events_last": last, **fields})
-    db.agent_events.insert_many([{"session": session, "seq": seq, "text": agent.eventlog.encode(
-        "note", {"n": seq - start, "session": session})} for seq in stored])
-
-
-def test_a_mongodb_event_log_of_one_document_per_event_reads_then_moves_into_pages() -> None:
-    """The first event log kept each event as a document of ``agent_events``. Before ``upgrade`` the store
-    reads those logs as they are (a follower skipping the gaps they have); a held run's next write moves its
-    log into pages, numbers kept; ``upgrade`` moves the others and drops ``agent_events``, and every log
-    reads the same."""
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.MONGO_URL, serverSelectionTimeoutMS=10_000)
-    db = client[servers.database_name("upgrade4")]
-    for collection in (*mongodb.COLLECTIONS, "agent_runs", "agent_journals"):
-        db.drop_collection(collection)
-    start = 1_796_000_000_000_000
-    held = {"epoch": 2, "token": "f" * 32, "host": "web-3", "pid": 4121, "expires": time.time() + 3600,
-            "cancelled": False}
-    # the cap deleted the first 10; a writer died between its claim (50..52) and its insert
-    old = [start + i for i in [*range(10, 50), *range(53, 100)]]
-    _legacy_log(db, "held", start, start + 99, old, **held)
-    _legacy_log(db, "idle", start, start + 40, [start + i for i in range(41)])
-    # a late insert of a deleted session's writer, numbered below the recreated session's log
-    _legacy_log(db, "again", start + 500, start + 504, [start + 497, *range(start + 500, start + 505)])
-    _legacy_log(db, "dropped", start, start + 3, [start, start + 1, start + 2, start + 3])
-    _legacy_log(db, "moved", start, start + 3, [start, start + 1, start + 2, start + 3], **{**held, "token": "e" * 32})
-    db.agent_events.create_index([("session", 1), ("seq", 1)], name="session_seq", unique=True)
-    try:
-        store = mongodb.Store(db)
-        before = {sid: store.events(sid, 0, 1000) for sid in ("held", "idle", "again")}
-        assert [e.seq for e in before["held"]] == old
-        assert [e.data["n"] for e in before["again"]] == [0, 1, 2, 3, 4]
-        following = agent.open("held", mongodb.Store(db)).follow(after=start + 45, timeout=30)
-        assert [e.seq for e in itertools.islice(following, 8)] == [start + i for i in (46, 47, 48, 49, 53, 54, 55, 56)]
-        holder = store.holder("held")
-        assert holder is not None
-        store.save_fenced_events("held", holder, [*TALK, agent.Message.user("more")], take_steers=False,
-                                 events=[agent.eventlog.encode("step_started", {"step": 1})], keep=10_000)
-        doc = db.agent_sessions.find_one({"_id": "held"})
-        assert doc is not None and doc["events_legacy"] == start + 99 and doc["events_tail"] != []
-        moved = store.events("held", 0, 1000)
-        assert moved[:-1] == before["held"] and moved[-1].seq == start + 100 and moved[-1].kind == "step_started"
-        assert [e.seq for e in store.events("held", start + 48, 4)] == [start + 49, start + 53, start + 54, start + 55]
-        last = store.append_events("held", holder, [agent.eventlog.encode("note", {})] * 40, keep=10_000)
-        assert last == start + 140 and len(store.events("held", 0, 1000)) == len(old) + 41
-        # deleting a session takes its events in agent_events with it, moved or not
-        mover = store.holder("moved")
-        assert mover is not None and store.append_events("moved", mover, ["{}"], keep=10) == start + 4
-        assert store.delete("dropped") and store.delete("moved", force=True)
-        assert db.agent_events.count_documents({"session": {"$in": ["dropped", "moved"]}}) == 0
-        mongodb.upgrade(db)
-        mongodb.upgrade(db)  # safe to run again
-        assert "agent_events" not in db.list_collection_names()
-        assert db.agent_sessions.count_documents({"events_legacy": {"$exists": True}}) == 0
-        after = mongodb.Store(db)
-        assert after.events("idle", 0, 1000) == before["idle"] and after.events("again", 0, 1000) == before["again"]
-        assert after.events("held", 0, 1000)[:len(old)] == before["held"]
-        assert after.events("held", start + 5, 3) == before["held"][:3]
-        again = after.acquire("again", agent.Holder("web-1", 1, "a" * 32, 0.0), 30)
-        assert after.append_events("again", again, [agent.eventlog.encode("note", {})], keep=3) == start + 505
-        assert [e.seq for e in after.events("again", 0, 100)] == [start + 503, start + 504, start + 505]
-        assert after.delete("held", force=True) and after.delete("idle") and after.delete("again", force=True)
-        assert db.agent_event_pages.count_documents({}) == 0
-    finally:
-        client.close()

@@ -16,7 +16,8 @@ The caller chooses, per call (``if_busy``):
   before its next model request. The caller waits until the transcript holds the steer followed by an
   answer, and returns that answer, whichever process made it. When the lease is free while the steer still
   waits (it came after the run's last request, or nobody was running), the caller takes the lease and runs
-  the session itself. A steer taken into the transcript carries no key: the caller finds it by its text.
+  the session itself. A steer taken into the transcript carries its key, so the caller (and a repeat of
+  it) finds its own message, never another of the same text.
 - ``"reject"``: ``SessionBusy`` at once, nothing written.
 - ``"interrupt"``: the running run is cancelled (``RunStore.cancel``: it stops at its next check; a started
   non-idempotent tool is still recorded), then the message is queued as ``"queue"`` queues it, and answered
@@ -94,9 +95,12 @@ def turn(run: HandedRun, spec: Spec, text: str, key: str, endpoint: Endpoint, ev
             # very message's.
             return _queued(run, spec, session, queue, text, key, endpoint, events)
         held = store.holder(session.id)
-        if held is not None and store.cancel(session.id):
+        # Once per key: a delivery that died between this cancel and the enqueue below, delivered again,
+        # must not stop whichever run holds the session by then (another caller's turn).
+        if store.cancel(session.id, once=key):
             log.info("session %r is held by %s; turn %r cancelled that run, and waits up to %g s for the lease "
-                     "(lease_wait)", session.id, held.describe(), key, spec.lease_wait)
+                     "(lease_wait)", session.id, "a run" if held is None else held.describe(), key,
+                     spec.lease_wait)
         if queue is not None:
             # Stored after the cancel, as "queue" stores it: a wait that runs out (the cancelled run has not
             # stopped yet; lease_wait 0) leaves the message to the session's next holder or the sweep, not
@@ -174,7 +178,9 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: Que
     rounds = 0
     while True:
         rounds += 1
-        lease = handed if handed is not None else Lease(queue, session.id, spec.lease_ttl, wait, spec.name)
+        # Taken for this caller's turn: a cancel landing before any message is taken is of that turn (a queued
+        # message taken under the lease makes the lease its turn's: ``take_queued``).
+        lease = handed if handed is not None else Lease(queue, session.id, spec.lease_ttl, wait, spec.name, key)
         handed = None
         try:
             lease.__enter__()
@@ -247,9 +253,9 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
     taking nothing: the queued messages wait for the turn to go on."""
     text = queue.journal(session.id)
     journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
-    if journal is not None and journal.approvals:
-        raise AwaitingApproval(session.id, [c for c, a in journal.approvals.items() if a.decision is None]
-                               or list(journal.approvals))
+    undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
+    if undecided:
+        raise AwaitingApproval(session.id, undecided)
     waits = journal is not None and journal.answers(stored)
     if not (waits or unanswered(stored)):
         return False
@@ -267,8 +273,10 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
 
 
 def open_turn(stored: Sequence[Message]) -> int | None:
-    """The index of the last keyed user message (a turn of ``Runner.turn``), if no answer follows it."""
-    at = next((i for i in range(len(stored) - 1, -1, -1) if stored[i].key and stored[i].role is Role.USER), None)
+    """The index of the last keyed user message that begins a turn (of ``Runner.turn``; a keyed steer that
+    joined a turn in progress is that turn's), if no answer follows it."""
+    at = next((i for i in range(len(stored) - 1, -1, -1)
+               if stored[i].key and stored[i].role is Role.USER and turns.begins(stored, i)), None)
     return at if at is not None and turns.answered(stored, at) is None else None
 
 
@@ -288,10 +296,8 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
              endpoint: Endpoint, events: Events | None) -> Result:
     store = session.store
     # Stored as a steer even when nobody holds the session: its key is how a repeat finds it (a steer taken
-    # into the transcript carries no key), and with the lease free this caller runs it at once, below.
-    since = len(session.messages())
-    if not keys.add_steer_once(session.id, text, key):
-        since = 0  # sent before (a redelivery): it may have been taken any time since
+    # into the transcript keeps its key), and with the lease free this caller runs it at once, below.
+    keys.add_steer_once(session.id, text, key)  # False: sent before (a repeat), stored once
     started = time.monotonic()
     deadline = started + spec.lease_wait
     log.info("session %r: turn %r left as a steer for its run; waiting up to %g s for its answer (lease_wait)",
@@ -299,15 +305,15 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
     pause = 0.02
     while True:
         stored = session.messages()
-        at = _steer_at(stored, text, key, since)
-        answer = None if at is None else turns.answered(stored, at)
+        at = turns.keyed(stored, key)
+        answer = None if at is None else turns.answered(stored, at, spec.max_steps)
         if answer is not None:
             log.info("session %r: steered turn %r answered after waiting %.1f s", session.id, key,
                      time.monotonic() - started)
             return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
                           unapplied_steers=[], usage={})
         if store.holder(session.id) is None:
-            result = _run_steered(run, spec, session, text, key, since, endpoint, events)
+            result = _run_steered(run, spec, session, key, endpoint, events)
             if result is not None:
                 log.info("session %r: steered turn %r answered by this caller after waiting %.1f s", session.id,
                          key, time.monotonic() - started)
@@ -326,45 +332,30 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
         pause = min(pause * 2, POLL_MAX)
 
 
-def _steer_at(msgs: list[Message], text: str, key: str, since: int) -> int | None:
-    """Where the transcript holds the steered message: a message with its key (it came as a turn of its own),
-    or else the first user message from ``since`` on with its text and no key (a steer taken into a run
-    carries no key: ``RunStore.save_fenced`` appends its text)."""
-    at = turns.keyed(msgs, key)
-    if at is not None:
-        return at
-    for i in range(since, len(msgs)):
-        if msgs[i].role is Role.USER and not msgs[i].key and msgs[i].text == text:
-            return i
-    return None
-
-
-def _run_steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str, since: int,
-                 endpoint: Endpoint, events: Events | None) -> Result | None:
+def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
+                 events: Events | None) -> Result | None:
     """The lease is free while the steer waits (it came after the holder's last request, or the holder died):
     take it and run the session, which takes the steers into its first request. ``None``: someone else took
     the lease first, or answered the steer meanwhile (the caller looks again)."""
     store = session.store
-    lease = Lease(store, session.id, spec.lease_ttl, 0.0, spec.name)
+    lease = Lease(store, session.id, spec.lease_ttl, 0.0, spec.name, key)
     try:
         lease.__enter__()
     except SessionBusy:
         return None
     try:
         stored = session.messages()
-        at = _steer_at(stored, text, key, since)
-        if at is not None and stored[at].key == key:
-            planned = turns.plan(session, spec, stored, stored[at], at)  # it came as a turn (not busy after all)
+        at = turns.keyed(stored, key)
+        if at is not None:  # taken into the transcript: a turn like any other, answered or to go on with
+            planned = turns.plan(session, spec, stored, stored[at], at)
             if isinstance(planned, Result):
                 return planned if planned.stop_reason != "superseded" else None
             budget, todo = planned
             return run(budget, todo, endpoint, events, True, lease)
-        if at is None and isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
+        if isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
             raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
-        if at is not None and turns.answered(stored, at) is not None:
-            return None  # answered meanwhile: the caller reads it
         result = run(spec, stored, endpoint, events, False, lease)
-        at = _steer_at(result.messages, text, key, since)
+        at = turns.keyed(result.messages, key)
         return result if at is not None and turns.answered(result.messages, at) is not None else None
     finally:
         if not lease.closed:

@@ -8,12 +8,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from json.encoder import encode_basestring_ascii
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Sequence
 
-from ..eventlog import POINTING, digest, encode, encode_flat, part, pointer
-from ..events import Sink
+from ..eventlog import digest, pointer, record
+from ..events import SILENT, Event, Events, Failed, Finished, ModelRequest, Reported, Sink, TextDelta
 from ..messages import Content, Message
 from ..result import Result
 
@@ -32,95 +30,29 @@ is, in a run) the event is written whole."""
 
 
 class Pointing:
-    """An event about a message (``eventlog.POINTING``: the model's reply, a call of it, a result) not yet
-    written: in a write that stores the message it points at it (``eventlog.pointer``), in any other it
-    carries it whole (``eventlog.part``), as ``render`` decides. The publisher makes one of the subclasses
-    below, each writing its kind's text by a template of its own (``text``); its fields are slots, not a
-    dict, as one is made for each reply, call and result of a run."""
+    """An event about a message (its kind ``points`` at one: the model's reply, a call of it, a result) not
+    yet written: in a write that stores the message it points at it (``eventlog.pointer``), in any other it
+    carries it whole, as ``render`` decides."""
 
-    __slots__ = ("at", "step", "target")
-    kind: ClassVar[str]
-    target: Message | Content
-    step: int
-    at: float
+    __slots__ = ("at", "event")
+
+    def __init__(self, event: Reported) -> None:
+        self.event, self.at = event, time.time()
 
     def render(self, msgs: Sequence[Message] | None, digests: dict[int, str], start: int = 0) -> str:
         """The event's text for a write that stores ``msgs`` (``None``: no message), the transcript from index
         ``start`` on; ``digests`` those of the messages pointed at in this write so far, by place."""
-        target = self.target
-        if msgs is not None:
-            index = _place(target, msgs)
-            if index is not None:
-                digested = digests.get(index)
-                if digested is None:
-                    digested = digests[index] = digest(msgs[index])
-                call = "" if isinstance(target, Message) else target.id or target.tool_call_id
-                return self.text(pointer(start + index, digested, call))
-        return encode(self.kind, self.data(part(target)), self.at)
-
-    def data(self, whole: dict[str, Any]) -> dict[str, Any]:
-        """The event's data carrying its message (or call, or result) ``whole`` (``eventlog.POINTING``'s
-        field), for a write that does not store it."""
-        raise NotImplementedError
-
-    def text(self, ref: str) -> str:
-        """``eventlog.encode(kind, data, at)`` with ``data["ref"]`` the ``pointer`` text ``ref``, the same text,
-        written by the kind's own template: a step writes three of these on the run's path, where
-        ``json.dumps`` cost three times the text and a general writer (a loop over ``data``) twice."""
-        raise NotImplementedError
-
-
-class _Replied(Pointing):
-    """``model_response``: ``{step, ref, seconds}``."""
-
-    __slots__ = ("seconds",)
-    kind = "model_response"
-
-    def __init__(self, step: int, message: Message, seconds: float) -> None:
-        self.step, self.target, self.seconds, self.at = step, message, seconds, time.time()
-
-    def data(self, whole: dict[str, Any]) -> dict[str, Any]:
-        return {"step": self.step, POINTING[self.kind]: whole, "seconds": self.seconds}
-
-    def text(self, ref: str) -> str:
-        return (f'{{"kind":"model_response","at":{self.at!r},"data":{{"step":{self.step!r},"ref":{ref},'
-                f'"seconds":{self.seconds!r}}}}}')
-
-
-class _Called(Pointing):
-    """``tool_called``: ``{step, ref}``."""
-
-    __slots__ = ()
-    kind = "tool_called"
-
-    def __init__(self, step: int, call: Content) -> None:
-        self.step, self.target, self.at = step, call, time.time()
-
-    def data(self, whole: dict[str, Any]) -> dict[str, Any]:
-        return {"step": self.step, POINTING[self.kind]: whole}
-
-    def text(self, ref: str) -> str:
-        return f'{{"kind":"tool_called","at":{self.at!r},"data":{{"step":{self.step!r},"ref":{ref}}}}}'
-
-
-class _Finished(Pointing):
-    """``tool_finished``: ``{step, call_id, name, ref, seconds}``."""
-
-    __slots__ = ("call", "seconds")
-    kind = "tool_finished"
-
-    def __init__(self, step: int, call: Content, result: Content, seconds: float) -> None:
-        self.step, self.call, self.target, self.seconds, self.at = step, call, result, seconds, time.time()
-
-    def data(self, whole: dict[str, Any]) -> dict[str, Any]:
-        return {"step": self.step, "call_id": self.call.id, "name": self.call.name, POINTING[self.kind]: whole,
-                "seconds": self.seconds}
-
-    def text(self, ref: str) -> str:
-        call = self.call
-        return (f'{{"kind":"tool_finished","at":{self.at!r},"data":{{"step":{self.step!r},'
-                f'"call_id":{encode_basestring_ascii(call.id)},"name":{encode_basestring_ascii(call.name)},'
-                f'"ref":{ref},"seconds":{self.seconds!r}}}}}')
+        event = self.event
+        target = event.data()[event.points]
+        index = None if msgs is None else _place(target, msgs)
+        if index is None:
+            return record(event, self.at)
+        assert msgs is not None
+        digested = digests.get(index)
+        if digested is None:
+            digested = digests[index] = digest(msgs[index])
+        call = "" if isinstance(target, Message) else target.id or target.tool_call_id
+        return record(event, self.at, pointer(start + index, digested, call))
 
 
 def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
@@ -141,8 +73,8 @@ def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
 
 
 class Publisher(Sink):
-    """The sink of a run with ``publish_events``: each event goes to the run's own sink (the user's
-    callback, or ``SILENT``) and into a buffer the log gets.
+    """The sink of a run with ``publish_events``: each event goes to the run's own listener (the user's
+    callback, if the run has one) and into a buffer the log gets (``_publish``).
 
     The buffer goes to the store: with the save before each model request and the final save (riding in
     them, ``Leased`` takes it under ``lock``), and on its own (``append``) when the run is about to wait on
@@ -158,7 +90,7 @@ class Publisher(Sink):
     __slots__ = (
         "append",
         "buffer",
-        "inner",
+        "listener",
         "lock",
         "oldest",
         "stopping",
@@ -171,7 +103,8 @@ class Publisher(Sink):
     )
 
     def __init__(self, inner: Sink, append: Callable[[list[str]], object]) -> None:
-        self.inner = inner
+        super().__init__(self._publish)
+        self.listener: Events | None = None if inner is SILENT else inner.events
         self.append = append
         self.buffer: list[str | Pointing] = []
         self.oldest = 0.0
@@ -243,110 +176,65 @@ class Publisher(Sink):
                     self.restore(records)
                     raise
 
-    def add(self, kind: str, data: Mapping[str, Any]) -> str:
-        record = encode_flat(kind, data)
-        self.add_record(record)
-        return record
-
-    def add_record(self, record: str | Pointing) -> None:
+    def add(self, entry: str | Pointing) -> None:
         with self.lock:
             if self.text:
                 self._close_text()
-            self._add(record)
+            self._add(entry)
 
-    def _add(self, record: str | Pointing) -> None:
+    def _add(self, entry: str | Pointing) -> None:
         now = time.monotonic()
         if not self.buffer:
             self.oldest = now
-        self.buffer.append(record)
+        self.buffer.append(entry)
         if now - self.oldest >= FLUSH_SECONDS:
             self.flush()
 
     def _close_text(self) -> None:
         """The model text so far as one ``text`` event (the callers check that there is any)."""
         text, self.text, self.text_chars = "".join(self.text), [], 0
-        self._add(encode_flat("text", {"step": self.text_step, "text": text}, self.text_at))
+        self._add(record(TextDelta(self.text_step, text), self.text_at))
 
     def finishing(self, result: Result) -> str:
         """The run returns ``result``: its ``finished`` event (returned), which rides in the final save."""
-        return self.add("finished", {
-            "stop_reason": result.stop_reason, "steps": result.steps, "text": result.text,
-            "usage": dict(result.usage), "pending_approvals": [p.call_id for p in result.pending_approvals],
-        })
+        finished = record(Finished(result))
+        self.add(finished)
+        return finished
 
     def failing(self, error: BaseException) -> None:
         """Best effort, before the lease is released: a run whose lease was lost cannot write it. (The add
         may flush too, when what a failed write put back is old enough: that failure is as harmless.)"""
         try:
-            self.add("failed", {"type": f"{type(error).__module__}.{type(error).__qualname__}",
-                                "message": str(error)})
+            self.add(record(Failed(error)))
             self.flush()
         except Exception as exc:  # noqa: BLE001 - the run's own error is the one that propagates
             log.warning("the failed event could not be published (%s: %s)", type(exc).__name__, exc)
 
-    # The Sink
+    # What the Sink reports
 
-    def step_started(self, step: int) -> None:
-        self.inner.step_started(step)
-        # ``encode_flat("step_started", {"step": step})``, the same text: one on every step's path
-        self.add_record(f'{{"kind":"step_started","at":{time.time()!r},"data":{{"step":{int(step)!r}}}}}')
+    def _publish(self, event: Event) -> None:
+        """Each event the loop reports (this Sink's own ``events``): to the run's own listener, then to the
+        log as its kind says. ``Finished`` and ``Failed`` are the log's already (``finishing``, ``failing``:
+        written before the lease goes); ``Saved`` and ``ModelRequest`` stay in process, but a request flushes
+        what came after the save (the steers it took), so a follower sees it while the model thinks."""
+        if self.listener is not None:
+            self.listener(event)
+        if isinstance(event, TextDelta):
+            self._text_delta(event)
+        elif isinstance(event, ModelRequest):
+            if self.buffer or self.text:  # (usually empty: the save before the request took them)
+                self.flush()
+        elif event.kind and not isinstance(event, (Finished, Failed)):
+            self.add(Pointing(event) if event.points else record(event))
 
-    def steer_applied(self, step: int, text: str, index: int, source: Literal["run", "session"]) -> None:
-        self.inner.steer_applied(step, text, index, source)
-        self.add("steer_applied", {"step": step, "text": text, "index": index, "source": source})
-
-    def saved(self, step: int, messages: int) -> None:
-        self.inner.saved(step, messages)
-
-    def compacted(self, step: int, start: int, end: int, index: int, before: int, after: int) -> None:
-        self.inner.compacted(step, start, end, index, before, after)
-        self.add("compacted", {"step": step, "start": start, "end": end, "index": index, "tokens_before": before,
-                               "tokens_after": after})
-
-    def model_request(self, step: int, messages: int) -> float:
-        self.inner.model_request(step, messages)
-        if self.buffer or self.text:  # (usually empty: the save before the request took them)
-            self.flush()  # a follower sees what led to the request while the model thinks
-        return time.perf_counter()
-
-    def model_response(self, step: int, message: Message, started: float) -> None:
-        self.inner.model_response(step, message, started)
-        seconds = round(time.perf_counter() - started, 6)
-        self.add_record(_Replied(step, message, seconds))
-
-    def text_delta(self, step: int, text: str) -> None:
-        self.inner.text_delta(step, text)
+    def _text_delta(self, event: TextDelta) -> None:
         now = time.monotonic()
         with self.lock:
             if not self.text:
-                self.text_step, self.text_at, self.text_started = step, time.time(), now
+                self.text_step, self.text_at, self.text_started = event.step, time.time(), now
                 if not self.buffer:
                     self.oldest = now
-            self.text.append(text)
-            self.text_chars += len(text)
+            self.text.append(event.text)
+            self.text_chars += len(event.text)
             if self.text_chars >= TEXT_CHARS or now - self.text_started >= TEXT_SECONDS:
                 self.flush()
-
-    def tool_called(self, step: int, call: Content) -> float:
-        self.inner.tool_called(step, call)
-        self.add_record(_Called(step, call))
-        return time.perf_counter()
-
-    def tool_finished(self, step: int, call: Content, result: Content, seconds: float) -> None:
-        self.inner.tool_finished(step, call, result, seconds)
-        self.add_record(_Finished(step, call, result, round(seconds, 6)))
-
-    def approval_requested(self, step: int, call: Content) -> None:
-        self.inner.approval_requested(step, call)
-        self.add("approval_requested", {"step": step, "call": part(call)})
-
-    def approval_decided(self, step: int, call: Content, approved: bool, reason: str, by: str) -> None:
-        self.inner.approval_decided(step, call, approved, reason, by)
-        self.add("approval_decided", {"step": step, "call": part(call), "approved": approved, "reason": reason,
-                                      "by": by})
-
-    def finished(self, result: Result) -> None:
-        self.inner.finished(result)  # the log's own was written with the final save (``finishing``)
-
-    def failed(self, error: BaseException) -> None:
-        self.inner.failed(error)  # the log's own was written before the lease went (``failing``)

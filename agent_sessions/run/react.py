@@ -31,6 +31,7 @@ from ..spec import Spec
 from ..tools import Tool
 from .persistence import Keeping, keeping
 from .steerbox import SteerBox
+from .turns import running
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ def run(
     sid = getattr(spec.session, "id", None)
     started = time.monotonic()
     try:
-        with keeping(spec, continuing=continuing, start=start_of(transcript), lease=lease) as keep:
+        with keeping(spec, continuing=continuing, start=start_of(transcript), lease=lease,
+                     turn=running(transcript, continuing)) as keep:
             log.info("run of session %r starts: %s, epoch %s, %d messages, max_steps %d, tools %s",
                      sid, "continuing its turn" if continuing else "new", keep.epoch, len(transcript),
                      spec.max_steps, [t.name for t in spec.toolbox])
@@ -283,7 +285,7 @@ def _run_tools(
 def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink) -> list[str]:
     """Append the steers of the run's own box; return them."""
     for text in steers:
-        transcript.append(Message.user(text))
+        transcript.append(Message.user(text, steer=True))
         emit.steer_applied(step, text, start_of(transcript) + len(transcript) - 1, "run")
     return steers
 

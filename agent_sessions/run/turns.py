@@ -23,7 +23,7 @@ from dataclasses import replace
 from ..contract import RunSession, is_run_session
 from ..endpoints import Endpoint
 from ..errors import ArgumentError, TranscriptConflict, TranscriptDeleted
-from ..events import Event, Events, Failed, SteerApplied, StepStarted
+from ..events import Compacted, Event, Events, Failed, SteerApplied, StepStarted
 from ..journal import Journal
 from ..messages import Message, Role
 from ..result import Result
@@ -96,7 +96,7 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
             f"session {session.id!r}: the turn key {key!r} is already used by message {at}, whose text "
             f"differs from this one; a key names one message"
         )
-    answer = answered(stored, at)
+    answer = answered(stored, at, spec.max_steps)
     if answer is not None:
         log.info("session %r: turn %r was answered already; returning its answer", session.id, key)
         return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
@@ -125,8 +125,8 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
 class _Attempt:
     """The events of one attempt of a turn. An attempt another delivery's save refuses is refused at its
     first write, which the turn absorbs (it reads again): its listener must never hear of it, neither that
-    it began nor that it failed. So what comes before that write (``StepStarted``, the run's own steers)
-    and a ``Failed`` are held back until the write is past (the first other event: ``Saved``, a tool's,
+    it began nor that it failed. So what comes before that write (``StepStarted``, a compaction, the run's
+    own steers) and a ``Failed`` are held back until the write is past (the first other event: ``Saved``, a tool's,
     ...) or the turn gives up (``report``); everything else is passed on as it comes."""
 
     def __init__(self, events: Events | None) -> None:
@@ -138,7 +138,7 @@ class _Attempt:
         if self.events is None:
             return
         if self.held is not None:
-            if isinstance(event, (StepStarted, SteerApplied, Failed)):
+            if isinstance(event, (StepStarted, Compacted, SteerApplied, Failed)):
                 self.held.append(event)
                 return
             held, self.held = self.held, None
@@ -176,18 +176,41 @@ def _reply_waiting(session: RunSession, stored: Sequence[Message]) -> int:
 
 def _later_turn(msgs: Sequence[Message], at: int) -> int | None:
     """The index of the first message after ``at`` that begins another turn (a user message with a key of its
-    own), or ``None``. Steers and a plain run's messages carry no key: they are not turns."""
+    own that came as no steer), or ``None``. A plain run's messages carry no key: they are not turns; a steer,
+    keyed or not, joins the turn it lands in."""
     for i in range(at + 1, len(msgs)):
-        if msgs[i].key and msgs[i].role is Role.USER:
+        if msgs[i].key and msgs[i].role is Role.USER and not msgs[i].steer:
             return i
     return None
 
 
-def turn_start(msgs: Sequence[Message]) -> int:
-    """Where the transcript's last turn begins: its last user message with text (a plain run's message, or a
-    steer it took); -1 when it has none."""
+def begins(msgs: Sequence[Message], i: int) -> bool:
+    """Does user message ``i`` begin a turn: it came as no steer, or as a steer after the turn before it had
+    ended with an answer (or with nothing before it), so no run was in a turn for it to join?"""
+    if not msgs[i].steer:
+        return True
+    for j in range(i - 1, -1, -1):
+        if not msgs[j].steer:
+            return msgs[j].role is Role.ASSISTANT and not msgs[j].tool_calls
+    return True
+
+
+def running(msgs: Sequence[Message], continuing: bool) -> str | None:
+    """The key of the turn a run of ``msgs`` runs: a new turn's (its keyed message ends them), or, going on
+    with one, the last keyed user message's; ``None`` for a plain run."""
     for i in range(len(msgs) - 1, -1, -1):
-        if msgs[i].role is Role.USER and msgs[i].text:
+        if msgs[i].role is Role.USER and msgs[i].key:
+            return msgs[i].key if continuing or i == len(msgs) - 1 else None
+        if not continuing:
+            return None
+    return None
+
+
+def turn_start(msgs: Sequence[Message]) -> int:
+    """Where the transcript's last turn begins: its last user message with text that begins one (a plain run's
+    message, or steers that came when no turn was in progress: ``begins``); -1 when it has none."""
+    for i in range(len(msgs) - 1, -1, -1):
+        if msgs[i].role is Role.USER and msgs[i].text and begins(msgs, i):
             return i
     return -1
 
@@ -197,10 +220,17 @@ def replies(msgs: Sequence[Message], at: int) -> int:
     return sum(1 for m in msgs[at + 1:] if m.role is Role.ASSISTANT)
 
 
-def answered(msgs: Sequence[Message], at: int) -> Message | None:
-    """The reply that answered the turn starting at ``at``: the first later reply with no tool calls.
-    ``None`` while the turn is unfinished (a worker died in it, or it stopped before an answer)."""
+def answered(msgs: Sequence[Message], at: int, budget: int | None = None) -> Message | None:
+    """The reply that answered the turn starting at ``at``: the first later reply with no tool calls, among
+    the first ``budget`` replies (its ``max_steps``: a reply past them answered something after the turn
+    had stopped, a later run's). ``None`` while the turn is unfinished (a worker died in it, or it stopped
+    before an answer)."""
+    made = 0
     for message in msgs[at + 1:]:
-        if message.role is Role.ASSISTANT and not message.tool_calls:
-            return message
+        if message.role is Role.ASSISTANT:
+            made += 1
+            if budget is not None and made > budget:
+                return None
+            if not message.tool_calls:
+                return message
     return None

@@ -1,529 +1,224 @@
-"""A store that lives as long as the process: for tests, scripts and single-process services."""
+"""A store that lives as long as the process: for tests, scripts and single-process services.
+
+The backend is a dict of sessions under one lock: every read and write is a few dict and list steps, so
+each is atomic by holding it. Its clock is this process's (``time.time``): there is no other to disagree.
+"""
 
 from __future__ import annotations
 
-import copy
-import heapq
 import threading
 import time
-from collections import deque
-from collections.abc import Mapping, Sequence
+import uuid
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 
-from agent_sessions import (
-    ArgumentError,
-    Holder,
-    LeaseLost,
-    Message,
-    Saved,
-    SessionBusy,
-    SessionExists,
-    TranscriptConflict,
-    eventlog,
-    lifecycle,
-    validate,
+from agent_sessions.backed import BackedStore, new_incarnation
+from agent_sessions.backend import (
+    CANCEL,
+    Acquire,
+    Change,
+    Guard,
+    Idle,
+    Open,
+    Queued,
+    Recent,
+    Release,
+    Renew,
+    Row,
+    Snapshot,
+    Steer,
+    Want,
+    Written,
+    first_seq,
+    indexed,
 )
-from agent_sessions.contract import Scalar, SessionInfo, SessionPage, StoredEvent, when
-from agent_sessions.messages import read_from, turn_open
-
-PRUNE_BATCH = 500
-"""Sessions deleted under one hold of the lock: other threads get a turn between batches."""
 
 
 @dataclass
-class _Run:
-    """A session's lease, journal, steers and row. ``epoch`` outlives the holder, so it only ever grows.
-    ``created`` is ``None`` until something writes the session (steers alone do not make it exist)."""
-
-    holder: Holder | None = None
-    handed: bool = False
-    """A cancel the lease had when it was released: the next holder is handed it (``acquire``)."""
-    epoch: int = 0
-    journal: str | None = None
-    steers: deque[str] = field(default_factory=deque)
-    steer_keys: set[str] = field(default_factory=set)
-    """The keys of the steers accepted with one (``add_steer_once``); they go with the session."""
-    queue: deque[tuple[str, str]] = field(default_factory=deque)
-    """The messages queued for the session's next turns (``enqueue``): (key, text), oldest first."""
-    queue_keys: dict[str, str] = field(default_factory=dict)
-    """Every key ``enqueue`` accepted, with its text, taken or not; they go with the session."""
-    created: float | None = None
-    updated: float = 0.0
-    metadata: dict[str, Scalar] = field(default_factory=dict)
-    events: deque[tuple[int, str]] = field(default_factory=deque)
-    """The event log: (seq, the event's text), oldest first, at most the last append's ``keep``."""
-    last_seq: int = 0
-    """The last number given; 0 before the first append. Goes with the session on delete."""
-    open_since: float | None = None
-    """Since when the session's turn has been open (``LifecycleStore.list_sessions(stranded=True)``)."""
-    spec: str | None = None
-    """The ``Holder.spec`` of the last lease taken."""
+class _Session:
+    row: Row
+    messages: list[str] = field(default_factory=list)
+    steers: list[Steer] = field(default_factory=list)
+    queue: list[Queued] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)
+    events: list[tuple[int, str]] = field(default_factory=list)
 
 
-class Store:
-    """Thread-safe; one lock guards everything, since every operation is a few dict and deque steps.
-    Expiry is decided by this process's clock (``time.time``): there is no other process to disagree.
-    Followers of a session's events wait on a condition of that lock (``wait_for_events``)."""
+def _empty(session: str) -> Row:
+    return Row(session, False, "", 0.0, 0.0, 0, 0, 0, None, 0, 0.0, "", 0, None, None, False, None, False, None,
+               None, "{}", 0, 0, 0, 0.0)
+
+
+class Backend:
+    """The sessions of one process, under one lock; a condition of that lock wakes event followers."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
-        self._transcripts: dict[str, tuple[Message, ...]] = {}
-        self._runs: dict[str, _Run] = {}
-        self._next_log = 0
-        self._last_created = 0.0
-        """Above every seq this store gave: a new log starts at least here, whatever the clock did."""
+        self._sessions: dict[str, _Session] = {}
+        self._identity = uuid.uuid4().hex
 
-    def save(self, session: str, msgs: Sequence[Message]) -> None:
-        validate.session_id(session)
-        items = validate.messages(msgs, trusted=self._transcripts.get(session, ()))
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    def read(self, session: str, want: Want) -> Snapshot | None:
         with self._lock:
-            self._transcripts[session] = items
-            run = self._touch(session)
-            run.journal = None
-            _mark(run, turn_open(items))
-
-    def messages(self, session: str) -> list[Message]:
-        validate.session_id(session)
-        with self._lock:
-            return self._read(session, self._transcripts.get(session, ()))
-
-    def add_steer(self, session: str, text: str) -> None:
-        validate.session_id(session)
-        validate.steer_text(text)
-        with self._lock:
-            self._run(session).steers.append(text)
-
-    def take_steers(self, session: str) -> list[str]:
-        validate.session_id(session)
-        with self._lock:
-            return self._take(session)
-
-    def add_steer_once(self, session: str, text: str, key: str) -> bool:
-        validate.session_id(session)
-        validate.steer_text(text)
-        validate.steer_key(key)
-        with self._lock:
-            run = self._run(session)
-            if key in run.steer_keys:
-                return False
-            run.steer_keys.add(key)
-            run.steers.append(text)
-            _mark(run, True)
-            return True
-
-    # -- QueueStore ------------------------------------------------------------------------------------
-
-    def enqueue(self, session: str, key: str, text: str) -> int:
-        validate.session_id(session)
-        validate.turn_key(key)
-        validate.steer_text(text, "queued message")
-        with self._lock:
-            run = self._run(session)
-            accepted = run.queue_keys.get(key)
-            if accepted is None:
-                run.queue_keys[key] = text
-                run.queue.append((key, text))
-            elif accepted != text:
-                raise validate.queued_text_differs(session, key)
-            self._touch(session)
-            if accepted is None:
-                _mark(run, True)  # a message waits: the turn is open (stranded runs)
-            keys = [k for k, _ in run.queue]
-            return keys.index(key) + 1 if key in keys else 0
-
-    def queued(self, session: str) -> list[str]:
-        validate.session_id(session)
-        with self._lock:
-            run = self._runs.get(session)
-            return [] if run is None else [k for k, _ in run.queue]
-
-    def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
-        validate.session_id(session)
-        with self._lock:
-            run = self._fenced(session, holder)
-            if not run.queue:
+            s = self._sessions.get(session)
+            if s is None:
                 return None
-            key, text = run.queue.popleft()
-            message = Message.user(text, key=key)
-            if not append:
-                return message
-            self._transcripts[session] = (*self._transcripts.get(session, ()), message)
-            run.journal = None
-            self._touch(session)
-            return message
+            start, texts = 0, []
+            if want.start is not None or want.last is not None:
+                stop = len(s.messages) if want.stop is None else min(want.stop, len(s.messages))
+                start = want.start if want.start is not None else max(stop - (want.last or 0), 0)
+                texts = s.messages[start:stop]
+            return Snapshot(replace(s.row, now=time.time()), start, texts, list(s.steers) if want.steers else [],
+                            list(s.queue) if want.queue else [], frozenset(k for k in want.keys if k in s.keys))
 
-    # -- RunStore --------------------------------------------------------------------------------------
-
-    def acquire(self, session: str, holder: Holder, ttl: float) -> Holder:
-        validate.session_id(session)
+    def write(self, session: str, guard: Guard, change: Change) -> Written:
         with self._lock:
-            run = self._run(session)
             now = time.time()
-            if run.holder is not None and run.holder.expires > now:
-                return run.holder
-            handed = run.handed or (run.holder is not None and run.holder.cancelled)
-            run.epoch += 1
-            run.holder = replace(holder, expires=now + ttl, cancelled=False, epoch=run.epoch)
-            run.handed = False
-            run.spec = holder.spec
-            self._touch(session)
-            return replace(run.holder, cancelled=True) if handed else run.holder
+            s = self._sessions.get(session)
+            row = _empty(session) if s is None else s.row
+            if not _holds(guard, s, row, now):
+                return Written(False, None if s is None else replace(row, now=now))
+            if change.empty:
+                return Written(True, replace(row, now=now))
+            if change.delete:
+                self._sessions.pop(session, None)
+                return Written(True, None if s is None else replace(row, now=now))
+            if s is None:
+                s = self._sessions[session] = _Session(row)
+            self._apply(s, change, now)
+            return Written(True, s.row)
 
-    def renew(self, session: str, holder: Holder, ttl: float) -> None:
-        validate.session_id(session)
+    def _apply(self, s: _Session, change: Change, now: float) -> None:
+        row = s.row
+        version = row.version + 1
+        fields: dict[str, object] = {"version": version, "now": now}
+        if change.exist:
+            if not row.exists:
+                fields.update(exists=True, incarnation=new_incarnation(), created=now)
+            fields["updated"] = max(row.updated, now)
+        if change.splice is not None:
+            at, texts = change.splice
+            del s.messages[at:]
+            s.messages.extend(texts)
+            fields.update(length=len(s.messages), edits=row.edits + 1)
+        if change.take_steers:
+            taken = set(change.take_steers)
+            s.steers = [x for x in s.steers if x.id not in taken]
+        if change.add_steer is not None:
+            s.steers.append(Steer(version, *change.add_steer))
+        if change.push is not None:
+            s.queue.append(Queued(version, *change.push))
+        if change.pop is not None:
+            s.queue = [q for q in s.queue if q.id != change.pop]
+        if change.add_key is not None:
+            s.keys.add(change.add_key)
+        if change.drop_key is not None:
+            s.keys.discard(change.drop_key)
+        if change.sets_journal:
+            fields["journal"] = change.journal
+        lease = change.lease
+        if isinstance(lease, Acquire):
+            fields.update(token=lease.token, epoch=row.epoch + 1, expires=now + lease.ttl, host=lease.host,
+                          pid=lease.pid, spec=lease.spec, turn=lease.turn, handed=row.handed or row.cancelled,
+                          cancelled=False)
+        elif isinstance(lease, Renew):
+            fields["expires"] = now + lease.ttl
+        elif isinstance(lease, Release):
+            fields.update(token=None, handed=row.handed or row.cancelled, cancelled=False)
+        elif lease == CANCEL:
+            fields.update(cancelled=True, cancelled_turn=row.turn)
+        if change.sets_turn:
+            fields["turn"] = change.turn
+        if change.handed is not None:
+            fields["handed"] = change.handed
+        if change.open == "set":
+            fields["open_since"] = now if row.open_since is None else row.open_since
+        elif change.open == "clear":
+            fields["open_since"] = None
+        if change.metadata is not None:
+            fields["metadata"] = change.metadata
+        if change.events:
+            seq = row.last_seq or first_seq(now) - 1
+            for text in change.events:
+                seq += 1
+                s.events.append((seq, text))
+            del s.events[:-change.keep]
+            fields["last_seq"] = seq
+            self._appended.notify_all()
+        s.row = replace(row, **fields, steers=len(s.steers), queued=len(s.queue))  # type: ignore[arg-type]
+
+    def events(self, session: str, after: int, limit: int) -> list[tuple[int, str]]:
         with self._lock:
-            run = self._fenced(session, holder)
-            run.holder = replace(run.holder or holder, expires=time.time() + ttl)
-            self._touch(session)
-
-    def release(self, session: str, holder: Holder) -> None:
-        validate.session_id(session)
-        with self._lock:
-            run = self._run(session)
-            if _same(run.holder, holder):
-                run.handed = self._cancelled(run)  # kept for the next holder
-                run.holder = None
-                self._touch(session)
-
-    def holder(self, session: str) -> Holder | None:
-        validate.session_id(session)
-        with self._lock:
-            held = self._run(session).holder
-            return held if held is not None and held.expires > time.time() else None
-
-    def cancel(self, session: str) -> bool:
-        validate.session_id(session)
-        with self._lock:
-            run = self._run(session)
-            if run.holder is None:
-                return False
-            run.holder = replace(run.holder, cancelled=True)
-            self._touch(session)
-            return True
-
-    def check(self, session: str, holder: Holder) -> bool:
-        validate.session_id(session)
-        with self._lock:
-            return self._cancelled(self._fenced(session, holder))
-
-    def save_fenced(
-        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
-        start: int = 0,
-    ) -> Saved:
-        validate.session_id(session)
-        start = validate.save_start(start, replace, take_steers)
-        items = validate.messages(msgs, trusted=self._transcripts.get(session, ())[start:])
-        with self._lock:
-            return self._save_fenced(session, holder, items, take_steers, replace, start)
-
-    def journal(self, session: str) -> str | None:
-        validate.session_id(session)
-        with self._lock:
-            return self._run(session).journal
-
-    def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
-        validate.session_id(session)
-        with self._lock:
-            run = self._fenced(session, holder)
-            cancelled = self._cancelled(run)
-            if not (cancelled and unless_cancelled):
-                run.journal = journal
-                self._touch(session)
-            return cancelled
-
-    def swap_journal(self, session: str, expected: str, journal: str) -> bool:
-        validate.session_id(session)
-        with self._lock:
-            run = self._runs.get(session)
-            if run is None or run.journal != expected:
-                return False
-            run.journal = journal
-            _mark(run, True)  # a decision: the turn can go on
-            self._touch(session)
-            return True
-
-    def fork(self, source: str, target: str, at: int | None, *, allow_unanswered: bool = False) -> None:
-        validate.session_id(source)
-        validate.session_id(target)
-        with self._lock:
-            if source not in self._transcripts:
-                raise ArgumentError(f"cannot fork session {source!r}: it has no transcript")
-            msgs = self._transcripts[source]
-            validate.fork_index(at, len(msgs), source)
-            if at:
-                validate.fork_cut(msgs[at - 1], at, source, allow_unanswered)
-            if target in self._transcripts:
-                raise SessionExists(f"cannot fork {source!r} into {target!r}: {target!r} already has a transcript")
-            # Copies: a message object is marked with the session it was read from (``_read``), so two
-            # sessions must not share one.
-            self._transcripts[target] = tuple(Message(m.role, m.content, key=m.key) for m in msgs[:at])
-            self._touch(target)
-
-    # -- EventStore ------------------------------------------------------------------------------------
-
-    def append_events(self, session: str, holder: Holder, events: Sequence[str], *, keep: int) -> int:
-        validate.session_id(session)
-        records = eventlog.check_append(events, keep)
-        with self._lock:
-            return self._append(self._fenced(session, holder), records, keep)
-
-    def save_fenced_events(
-        self, session: str, holder: Holder, msgs: Sequence[Message], *, take_steers: bool, replace: bool = False,
-        events: Sequence[str], keep: int, start: int = 0,
-    ) -> Saved:
-        validate.session_id(session)
-        start = validate.save_start(start, replace, take_steers)
-        items = validate.messages(msgs, trusted=self._transcripts.get(session, ())[start:])
-        records = eventlog.check_append(events, keep) if events else []
-        eventlog.check_keep(keep)
-        with self._lock:
-            saved = self._save_fenced(session, holder, items, take_steers, replace, start)
-            if records:
-                self._append(self._run(session), records, keep)
-            return saved
-
-    def events(self, session: str, after: int, limit: int) -> list[StoredEvent]:
-        validate.session_id(session)
-        after, limit = eventlog.check_read(after, limit)
-        with self._lock:
-            run = self._runs.get(session)
-            kept = [] if run is None else [e for e in run.events if e[0] > after][:limit]
-        return [eventlog.decode(seq, text) for seq, text in kept]
+            s = self._sessions.get(session)
+            return [] if s is None else [e for e in s.events if e[0] > after][:limit]
 
     def wait_for_events(self, session: str, after: int, timeout: float) -> bool:
-        validate.session_id(session)
         with self._appended:
             return self._appended.wait_for(lambda: self._last_seq(session) > after, timeout)
 
-    # -- LifecycleStore --------------------------------------------------------------------------------
+    def _last_seq(self, session: str) -> int:
+        s = self._sessions.get(session)
+        return 0 if s is None else s.row.last_seq
 
-    def list_sessions(
-        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None,
-        *, stranded: bool = False, grace: float = 0.0,
-    ) -> SessionPage:
-        """Every session tested, the newest ``limit + 1`` of those kept by a heap (not all sorted),
-        and only they described."""
-        if stranded:
-            return self._stranded(lifecycle.check_stranded(prefix, where, limit, after, grace), limit, after)
-        wanted = lifecycle.check_listing(prefix, where, limit, after)
-        cut = None if after is None else lifecycle.decode_cursor(after)
-        with self._lock:
-            keys = heapq.nlargest(limit + 1, (
-                (run.updated, sid)
-                for sid, run in self._runs.items()
-                if run.created is not None
-                and sid.startswith(prefix)
-                and (cut is None or (run.updated, sid) < cut)
-                and all(k in run.metadata and lifecycle.metadata_value(k, run.metadata[k]) == v
-                        for k, v in wanted.items())
-            ))
-            rows = [(updated, self._info(sid, self._runs[sid])) for updated, sid in keys]
-        return lifecycle.page(rows, limit)
-
-    def _stranded(self, grace: float, limit: int, after: str | None) -> SessionPage:
-        cut = None if after is None else lifecycle.decode_cursor(after)
+    def sessions(self, query: Recent | Open | Idle) -> list[Row]:
         with self._lock:
             now = time.time()
-            keys = heapq.nsmallest(limit + 1, (
-                (run.open_since, sid)
-                for sid, run in self._runs.items()
-                if run.created is not None and run.open_since is not None and run.open_since <= now - grace
-                and (run.holder is None or run.holder.expires <= now)
-                and (not (self._cancelled(run) or run.handed) or run.queue)  # a cancel stops a run, not the queue
-                and (cut is None or (run.open_since, sid) > cut)
-            ))
-            rows = [(since, self._info(sid, self._runs[sid])) for since, sid in keys]
-        return lifecycle.page(rows, limit)
+            rows = [replace(s.row, now=now) for s in self._sessions.values() if s.row.exists]
+        if isinstance(query, Recent):
+            rows = [r for r in rows if r.session.startswith(query.prefix)
+                    and (query.after is None or (r.updated, r.session) < query.after)
+                    and set(query.where) <= set(indexed(r.metadata))]
+            return sorted(rows, key=lambda r: (r.updated, r.session), reverse=True)[:query.limit]
+        if isinstance(query, Open):
+            rows = [r for r in rows if r.open_since is not None and r.open_since <= now - query.grace
+                    and (query.after is None or (r.open_since, r.session) > query.after)]
+            return sorted(rows, key=lambda r: (r.open_since or 0.0, r.session))[:query.limit]
+        rows = [r for r in rows if r.updated < now - query.idle_for]
+        return sorted(rows, key=lambda r: (r.updated, r.session))[:query.limit]
 
-    def mark_finished(self, session: str, holder: Holder, journal: str | None) -> bool:
-        validate.session_id(session)
-        with self._lock:
-            run = self._fenced(session, holder)
-            if run.journal != journal or run.steers or run.queue:
-                return False
-            run.open_since = None
-            return True
+    def close(self) -> None:
+        pass
 
-    def info(self, session: str) -> SessionInfo | None:
-        validate.session_id(session)
-        with self._lock:
-            run = self._runs.get(session)
-            return None if run is None or run.created is None else self._info(session, run)
+    def __repr__(self) -> str:
+        return "memory"
 
-    def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
-        validate.session_id(session)
-        with self._lock:
-            run = self._run(session)
-            run.metadata = lifecycle.merge_metadata(run.metadata, changes)
-            self._touch(session)
-            return dict(run.metadata)
 
-    def delete(self, session: str, *, force: bool = False) -> bool:
-        validate.session_id(session)
-        with self._lock:
-            run = self._runs.get(session)
-            if run is not None and run.holder is not None and run.holder.expires > time.time() and not force:
-                raise SessionBusy(
-                    f"session {session!r} is held by a live run ({run.holder.host}, pid {run.holder.pid}); "
-                    f"delete(force=True) deletes it anyway and the run fails with LeaseLost",
-                    run.holder,
-                )
-            existed = self._transcripts.pop(session, None) is not None
-            existed |= run is not None and (run.created is not None or bool(run.steers) or bool(run.steer_keys)
-                                            or bool(run.queue_keys))
-            self._runs.pop(session, None)
-            return existed
+def _holds(guard: Guard, s: _Session | None, row: Row, now: float) -> bool:
+    held = row.token is not None
+    steers = set() if s is None else {x.id for x in s.steers}
+    return ((guard.exists is None or guard.exists == row.exists)
+            and (guard.incarnation is None or guard.incarnation == row.incarnation)
+            and (guard.version is None or guard.version == row.version)
+            and (guard.length is None or guard.length == row.length)
+            and (guard.edits is None or guard.edits == row.edits)
+            and (guard.lease is None or (row.token, row.epoch) == guard.lease)
+            and not (guard.lease_free and held and row.expires > now)
+            and not (guard.lease_held and not held)
+            and not (guard.not_cancelled and row.cancelled)
+            and not (guard.no_steers and row.steers)
+            and set(guard.steers) <= steers
+            and (not guard.checks_journal or guard.journal == row.journal)
+            and not (guard.no_queue and row.queued)
+            and (guard.queue_head is None or (s is not None and bool(s.queue) and s.queue[0].id == guard.queue_head))
+            and (guard.key_absent is None or s is None or guard.key_absent not in s.keys))
 
-    def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
-        idle = lifecycle.idle_seconds(idle_for)
-        limit = lifecycle.prune_limit(limit)
-        deleted = 0
-        while limit is None or deleted < limit:
-            batch = PRUNE_BATCH if limit is None else min(PRUNE_BATCH, limit - deleted)
-            with self._lock:
-                now = time.time()
-                idle_ones = [
-                    sid for sid, run in self._runs.items()
-                    if run.created is not None and run.updated < now - idle
-                    and (run.holder is None or run.holder.expires <= now)
-                ][:batch]
-                for sid in idle_ones:
-                    self._runs.pop(sid, None)
-                    self._transcripts.pop(sid, None)
-            deleted += len(idle_ones)
-            if len(idle_ones) < batch:
-                break
-        return deleted
 
-    def tail(self, session: str, last: int) -> list[Message]:
-        validate.session_id(session)
-        last = lifecycle.last_count(last)
-        with self._lock:
-            return self._read(session, self._transcripts.get(session, ())[-last:]) if last else []
+class Store(BackedStore):
+    """Thread-safe; every operation holds one lock for a few dict and list steps. Followers of a session's
+    events wait on a condition of that lock (``wait_for_events``)."""
 
-    def read_back(self, session: str, stop: int | None, count: int) -> tuple[int, list[Message]]:
-        validate.session_id(session)
-        validate.read_back(stop, count)
-        with self._lock:
-            stored = self._transcripts.get(session, ())
-            end = len(stored) if stop is None else min(stop, len(stored))
-            first = max(end - count, 0)
-            return (first, self._read(session, stored[first:end])) if end > first else (0, [])
+    def __init__(self) -> None:
+        self._memory = Backend()
+        super().__init__(self._memory, name="memory store")
 
-    def pending_steers(self, session: str) -> list[str]:
-        validate.session_id(session)
-        with self._lock:
-            run = self._runs.get(session)
-            return [] if run is None else list(run.steers)
-
-    # -- under the lock --------------------------------------------------------------------------------
-
-    def _save_fenced(
-        self, session: str, holder: Holder, items: tuple[Message, ...], take_steers: bool, replace: bool,
-        start: int = 0,
-    ) -> Saved:
-        run = self._fenced(session, holder)
-        stored = self._transcripts.get(session, ())
-        if not replace and (len(stored) < start or not validate.is_extension(stored[start:], items)):
-            raise TranscriptConflict(session, len(stored), start + len(items))
-        taken = self._take(session) if take_steers else []
-        items = stored[:start] + items if start else items
-        if taken or items != stored or replace:
-            self._transcripts[session] = saved = items + tuple(Message.user(t) for t in taken)
-            run.journal = None
-            _mark(run, turn_open(saved))
-            self._touch(session)
-        return Saved(taken, self._cancelled(run))
-
-    def _append(self, run: _Run, records: list[str], keep: int) -> int:
-        """Number ``records`` on from the log's last (a new log from the clock: ``first_seq``), drop the
-        oldest beyond ``keep``, wake the followers."""
-        seq = run.last_seq or max(eventlog.first_seq(time.time()), self._next_log) - 1
-        for text in records:
-            seq += 1
-            run.events.append((seq, text))
-        run.last_seq = seq
-        self._next_log = max(self._next_log, seq + 1)
-        while len(run.events) > keep:
-            run.events.popleft()
-        self._appended.notify_all()
-        return seq
-
-    def _last_seq(self, session: str) -> int:
-        run = self._runs.get(session)
-        return 0 if run is None else run.last_seq
-
-    def _run(self, session: str) -> _Run:
-        run = self._runs.get(session)
-        if run is None:
-            run = self._runs[session] = _Run()
-        return run
-
-    def _touch(self, session: str) -> _Run:
-        """The session was written: it exists from now, and ``updated`` moves on (never back). ``created``
-        is the session's incarnation too (``_read``): no two are the same, whatever the clock did."""
-        run = self._run(session)
-        now = time.time()
-        if run.created is None:
-            run.created = self._last_created = max(now, self._last_created + 1e-5)
-        run.updated = max(run.updated, now)
-        return run
-
-    def _read(self, session: str, msgs: tuple[Message, ...]) -> list[Message]:
-        """``msgs`` as a read returns them, marked with the session's incarnation (``messages.read_from``).
-
-        Copies, as the other stores' reads decode objects of their own: the stored objects are the ones
-        callers saved (an app's few-shot constants, messages copied into another session), and a mark set
-        on them would be another caller's too: their own messages refused after a delete, or a read's mark
-        overwritten by a read of another session (the erasure check then skipped)."""
-        run = self._runs.get(session)
-        if not msgs or run is None or run.created is None:
-            return list(msgs)
-        copies = [copy.copy(m) for m in msgs]
-        read_from(copies, session, when(run.created))
-        return copies
-
-    def _info(self, session: str, run: _Run) -> SessionInfo:
-        assert run.created is not None
-        return SessionInfo(session, when(run.created), when(run.updated),
-                           len(self._transcripts.get(session, ())), dict(run.metadata), run.spec,
-                           None if run.open_since is None else when(run.open_since))
-
-    def _take(self, session: str) -> list[str]:
-        run = self._runs.get(session)
-        if run is None or not run.steers:
-            return []
-        taken = list(run.steers)
-        run.steers.clear()
-        return taken
-
-    def _fenced(self, session: str, holder: Holder) -> _Run:
-        run = self._run(session)
-        if not _same(run.holder, holder):
-            token = None if run.holder is None else run.holder.token
-            raise LeaseLost.superseded(session, holder.epoch, token, run.epoch)
-        return run
-
-    @staticmethod
-    def _cancelled(run: _Run) -> bool:
-        return run.holder is not None and run.holder.cancelled
+    def wait_for_events(self, session: str, after: int, timeout: float) -> bool:
+        return self._memory.wait_for_events(session, after, timeout)
 
     def __repr__(self) -> str:
         return "memory.Store()"
 
 
-def _mark(run: _Run, opened: bool) -> None:
-    """A write left the turn ``opened`` (or a steer waits: input too): keep ``open_since``, or clear it."""
-    if opened or run.steers or run.queue:
-        run.open_since = run.open_since if run.open_since is not None else time.time()
-    else:
-        run.open_since = None
-
-
-def _same(held: Holder | None, holder: Holder) -> bool:
-    return held is not None and held.token == holder.token and held.epoch == holder.epoch
-
-
-__all__ = ["Store"]
+__all__ = ["Backend", "Store"]

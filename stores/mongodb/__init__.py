@@ -1,46 +1,46 @@
-"""A store in MongoDB, over the caller's pymongo ``Database``.
+"""A store in MongoDB, over the caller's pymongo ``Database``: ``mongodb.Store(db)``.
 
-It relies only on what a standalone mongod gives: single-document atomicity, no transactions. A session's
-document is its commit point: it holds the steers waiting for it, the transcript's version and its last few
-messages, the tool journal, the run lease, the lifecycle's fields and the event log's numbers, so every
-write of a leased run is one update of that document whose filter carries the run's token and epoch.
-
-One module per part, read in this order:
-
-- ``store.py``: ``Store``, the transcript (save, messages, fork), the steers, the fenced save and the journal;
-  the parts below joined in as mixins;
-- ``lease.py``: the run lease (acquire, renew, release, holder, cancel, check);
-- ``pages.py``: a transcript's reads and writes, the tail in the session's document and the pages beside
-  it; ``layout.py``: what lies where (``Layout``, ``PAGE``), and the version that names it;
-- ``events.py``: the event log (``EventStore``): its events and their numbers in the session's document, the
-  older ones in pages it names; ``eventlayout.py``: what lies where, and the update that claims numbers;
-- ``lifecycle.py``: ``LifecycleStore`` (list, info, metadata, delete, prune, tail, pending steers);
-- ``approvals.py``: ``ApprovalStore``'s journal swap;
-- ``document.py``: what every part writes on the session's document alike; ``base.py``: the collections,
-  the server's clock, errors;
-- ``schema.py``: the collections, ``INDEXES``, ``create_indexes`` and ``upgrade``, for the caller's migration.
+It needs only what a standalone mongod gives: single-document atomicity, no transactions. A session's
+document in ``agent_sessions`` is its row and its commit point; every write is one ``find_one_and_update``
+of it whose pipeline evaluates the guard (``backend``, ``pipeline``). Messages, events and long steers that
+do not fit the document are parts in ``agent_parts``, written before the update that names them
+(``layout``). The collections, indexes and schema: ``schema`` (``create_indexes``, ``upgrade``).
 """
 
 from __future__ import annotations
 
-try:  # the driver first, so that a missing one says how to install it, whichever module needs it
-    import pymongo  # noqa: F401
-except ImportError as exc:  # pragma: no cover
+from typing import Any
+
+try:  # the driver first, so that a missing one says how to install it
+    from pymongo.database import Database
+except ImportError as exc:  # pragma: no cover - the extra's job
     raise ImportError(
         "stores.mongodb requires pymongo. Install it with: pip install 'stored-agent-sessions[mongodb]'"
     ) from exc
 
-from .layout import EVENT_PAGE as EVENT_PAGE
-from .layout import EVENT_PAGE_BYTES as EVENT_PAGE_BYTES
-from .layout import EVENT_TAIL_BYTES as EVENT_TAIL_BYTES
-from .layout import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
-from .layout import PAGE
-from .layout import PAGE_BYTES as PAGE_BYTES
-from .layout import TAIL_BYTES as TAIL_BYTES
-from .layout import Layout as Layout
-from .lifecycle import PRUNE_BATCH as PRUNE_BATCH
-from .schema import COLLECTIONS, EVENT_PAGES, EVENTS, INDEXES, PAGES, SESSIONS, create_indexes, upgrade
-from .store import Store
+from agent_sessions.backed import BackedStore
+from agent_sessions.errors import ArgumentError
 
-__all__ = ["COLLECTIONS", "EVENTS", "EVENT_PAGES", "INDEXES", "PAGE", "PAGES", "SESSIONS", "Store", "create_indexes",
-           "upgrade"]
+from .backend import Backend
+from .layout import EVENT_PAGE, EVENT_TAIL_BYTES, ITEM_BYTES, MAX_MESSAGE_BYTES, PAGE, PAGE_BYTES, TAIL_BYTES
+from .schema import COLLECTIONS, INDEXES, PARTS, SCHEMA, SCHEMA_VERSION, SESSIONS, create_indexes, upgrade
+
+
+class Store(BackedStore):
+    """Sessions in ``database`` (yours: the store never closes its client)."""
+
+    def __init__(self, database: Database[Any]) -> None:
+        if not isinstance(database, Database):
+            raise ArgumentError(
+                f"mongodb.Store needs a pymongo Database (client['name']), got {type(database).__name__}")
+        self.database = database
+        self.mongo = Backend(database)
+        super().__init__(self.mongo, max_message_bytes=MAX_MESSAGE_BYTES, name="MongoDB store")
+
+    def __repr__(self) -> str:
+        return f"mongodb.Store({self.backend!r})"
+
+
+__all__ = ["COLLECTIONS", "EVENT_PAGE", "EVENT_TAIL_BYTES", "INDEXES", "ITEM_BYTES", "MAX_MESSAGE_BYTES", "PAGE",
+           "PAGE_BYTES", "PARTS", "SCHEMA", "SCHEMA_VERSION", "SESSIONS", "TAIL_BYTES", "Backend", "Store",
+           "create_indexes", "upgrade"]

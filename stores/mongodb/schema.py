@@ -1,101 +1,74 @@
-"""The collections, and what the caller's migration runs: ``create_indexes`` (the indexes beyond ``_id``
-that the store's queries use) and, for a database written by an older version, ``upgrade``.
+"""The collections, their indexes and the schema's version: what the caller's migration runs
+(``create_indexes``, or ``upgrade``, which also brings a database of an older schema up to this one).
 
-Every query of a run is by ``_id`` (the event log's pages too: the session's document names them);
-listing and pruning walk ``(updated, _id)``.
+The schema is a document of ``agent_schema``: ``{_id: "schema", version, identity}``, made by whichever
+comes first, ``create_indexes``, ``upgrade`` or a store's first need of ``identity`` (the random token that
+names the database: ``Backend.identity``). A store refuses a database whose schema is newer than it knows.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from typing import Any
 
-from pymongo.collection import Collection
+from pymongo import ReturnDocument
 from pymongo.database import Database
 
-from agent_sessions import StoreError, lifecycle
-
-from .document import tags_of
-from .eventlayout import upgrade_log
+from agent_sessions.errors import StoreError
 
 SESSIONS = "agent_sessions"
-PAGES = "agent_pages"
-EVENT_PAGES = "agent_event_pages"
-EVENTS = "agent_events"
-"""The earlier event log, one document per event: read until ``upgrade`` (or the session's next write of events)
-moves a log into pages, and dropped by ``upgrade``."""
-COLLECTIONS = (SESSIONS, PAGES, EVENT_PAGES, EVENTS)
-_TRIES = 100
+"""One document per session: its row, the waiting steers and queue, the accepted keys, the newest messages
+and events, and the list of its parts."""
+PARTS = "agent_parts"
+"""What does not fit a session's document: pages of messages, pages of events, long steers and queued
+messages. Each is written before the update of the session's document that names it, and read only
+through that document."""
+SCHEMA = "agent_schema"
+COLLECTIONS = (SESSIONS, PARTS, SCHEMA)
+SCHEMA_VERSION = 1
 
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     (SESSIONS, [("updated", -1), ("_id", -1)], {"name": "updated_id"}),
     (SESSIONS, [("tags", 1), ("updated", -1), ("_id", -1)], {"name": "tags_updated_id"}),
-    # schema 5, stranded runs: only the open sessions have the field, so the sweep reads only them.
-    (SESSIONS, [("open_since", 1)], {"name": "open_since", "sparse": True}),
+    (SESSIONS, [("open_since", 1), ("_id", 1)], {"name": "open_since_id", "sparse": True}),
+    (PARTS, [("session", 1), ("generation", 1), ("seal", 1)], {"name": "session_generation_seal"}),
 ]
-"""(collection, keys, options) for each index beyond ``_id`` the store's queries use: ``updated_id`` for
-``list_sessions`` newest first (keyset pages on ``(updated, _id)``) and for ``prune`` (oldest first, a
-range on ``updated``); ``tags_updated_id``, multikey, for a listing filtered by metadata (``where``). The
-event log needs none: its pages are read and deleted by ``_id``. ``open_since``, sparse, for
-``list_sessions(stranded=True)``: it holds the sessions whose turn is open, none of the finished ones."""
+"""(collection, keys, options) of each index beyond ``_id``: ``updated_id`` for the newest-first listing
+(keyset pages on ``(updated, _id)``) and for prune (oldest first); ``tags_updated_id``, multikey, for a
+listing filtered by metadata; ``open_since_id``, sparse, for the sweep of stranded turns: only the open
+sessions have the field, so the sweep never reads a finished one; ``session_generation_seal`` for
+deleting a session's parts, and the parts a writer left behind."""
+
+UPGRADES: dict[int, Callable[[Database[Any]], None]] = {}
+"""``UPGRADES[n]`` brings a database of schema ``n`` to ``n + 1`` (none yet: schema 1 is the first)."""
 
 
 def create_indexes(database: Database[Any]) -> None:
-    """Create ``INDEXES`` (idempotent: an index already there is left as it is)."""
+    """Create ``INDEXES`` and the schema's document (idempotent: what is there stays as it is)."""
     for collection, keys, options in INDEXES:
         database[collection].create_index(keys, **options)
+    schema_of(database)
 
 
 def upgrade(database: Database[Any]) -> None:
-    """Bring a database written by an older agent-sessions up to date, for the caller's migration. Safe to
-    run again. Run it with no run in flight: a lease moves with epoch 1, which no run of the old version
-    carries, and a log moves as it was read.
-
-    - 0.1: leases (``agent_runs``) and tool journals (``agent_journals``) move onto their session's
-      document, where one update both checks a run's lease and writes;
-    - 0.2: the lifecycle's fields (``_backfill_lifecycle``);
-    - the earlier event log, one document per event in ``agent_events``: each session's log moves into pages
-      (``eventlayout.upgrade_log``, numbers kept), then ``agent_events`` is dropped."""
-    sessions = database[SESSIONS]
-    for doc in database["agent_journals"].find():
-        sessions.update_one({"_id": doc["_id"]}, {"$set": {"journal": doc["body"]}}, upsert=True)
-    for doc in database["agent_runs"].find():
-        lease = {k: doc.get(k) for k in ("host", "pid", "token", "expires")}
-        sessions.update_one(
-            {"_id": doc["_id"]},
-            {"$set": {**lease, "cancelled": bool(doc.get("cancelled"))}, "$max": {"epoch": 1}},
-            upsert=True,
-        )
-    database.drop_collection("agent_journals")
-    database.drop_collection("agent_runs")
-    _backfill_lifecycle(sessions)
-    old_logs = [doc["_id"] for doc in sessions.find({"events_last": {"$exists": True},
-                                                     "events_log": {"$exists": False}}, {"_id": 1})]
-    for session in old_logs:
-        for _ in range(_TRIES):
-            if upgrade_log(sessions, database[EVENT_PAGES], database[EVENTS], session):
-                break
-        else:  # something keeps appending to it the old way: its events would be lost with agent_events
-            raise StoreError(f"MongoDB upgrade: the event log of session {session!r} kept changing while it "
-                             "was moved: is a run of the older version still writing?")
-    database.drop_collection(EVENTS)  # what is left there no log reads: moved, capped, or of a deleted session
-    sessions.update_many({"events_legacy": {"$exists": True}}, {"$unset": {"events_legacy": ""}})
-    # -- stranded runs (schema 5): every session with a transcript is open since its last write, too many and
-    # never too few; the first sweep (agent.recover) looks at each once and clears the finished ones.
-    # Run again, it marks the finished ones again, and the next sweep clears them again.
-    sessions.update_many({"version": {"$exists": True}, "open_since": {"$exists": False}},
-                         [{"$set": {"open_since": "$updated"}}])
+    """Bring ``database`` to ``SCHEMA_VERSION`` (each step of ``UPGRADES`` in turn), then ``create_indexes``.
+    Safe to run again; run it with no run of an older version in flight."""
+    version = int(schema_of(database)["version"])
+    while version < SCHEMA_VERSION:
+        UPGRADES[version](database)
+        version += 1
+        database[SCHEMA].update_one({"_id": "schema"}, {"$set": {"version": version}})
+    create_indexes(database)
 
 
-def _backfill_lifecycle(sessions: Collection[Any]) -> None:
-    """agent-sessions 0.2 (no lifecycle): a session's document gains ``created`` and ``updated``, both the
-    upgrade's time on the server's clock (0.2 kept no such time), and ``tags`` from its ``metadata``. A
-    document that was written (a transcript, a lease now or before, a journal) is a session; one holding
-    only steers is not, as before."""
-    written = {"$or": [{"version": {"$exists": True}}, {"epoch": {"$exists": True}},
-                       {"journal": {"$exists": True}}]}
-    sessions.update_many({"created": {"$exists": False}, **written},
-                         [{"$set": {"created": {"$ifNull": ["$updated", "$$NOW"]},
-                                    "updated": {"$ifNull": ["$updated", "$$NOW"]}}}])
-    for doc in sessions.find({"metadata": {"$type": "string"}, "tags": {"$exists": False}}, {"metadata": 1}):
-        tags = tags_of(lifecycle.decode_metadata(doc["metadata"]))
-        sessions.update_one({"_id": doc["_id"], "metadata": doc["metadata"]}, {"$set": {"tags": tags}})
+def schema_of(database: Database[Any]) -> dict[str, Any]:
+    """The schema's document, made now if the database has none (a new database is of this schema)."""
+    doc = database[SCHEMA].find_one_and_update(
+        {"_id": "schema"}, {"$setOnInsert": {"version": SCHEMA_VERSION, "identity": uuid.uuid4().hex}},
+        upsert=True, return_document=ReturnDocument.AFTER)
+    assert doc is not None  # upserted
+    if int(doc["version"]) > SCHEMA_VERSION:
+        raise StoreError(f"MongoDB store: database {database.name!r} is of schema {doc['version']}, newer than "
+                         f"this agent-sessions knows ({SCHEMA_VERSION}): upgrade agent-sessions")
+    return dict(doc)

@@ -41,11 +41,13 @@ pytestmark = pytest.mark.skipif(not servers.mongo_reachable(), reason="no MongoD
 
 UPSTREAM = pymongo.uri_parser.parse_uri(servers.MONGO_URL)["nodelist"][0][1]
 DATABASE = servers.database_name("faultmongo")
-SAVE = r'^(update|findAndModify) agent_sessions .*"version"'
-"""A transcript's write (an append, or a rewrite)."""
+SAVE = r'^findAndModify agent_sessions .*"edits":\{"\$add"'
+"""A transcript's write (its messages spliced)."""
 ACQUIRE = r'^findAndModify agent_sessions .*"epoch":\{"\$add"'
 """An acquisition: the update that raises the epoch."""
-RELEASE = r'^update agent_sessions .*"token":null,"host":null'
+RELEASE = r'^findAndModify agent_sessions .*"token":null'
+EVENTS = r'^findAndModify agent_sessions .*"last_seq":\{"\$add"'
+"""A write of events (a save's, or events alone)."""
 
 
 def _client(port: int, **options: Any) -> pymongo.MongoClient[Any]:
@@ -330,7 +332,7 @@ def test_a_write_of_events_that_went_unanswered_but_landed_doubles_nothing(
     goes on; each event is in the log once, and the log ends with one ``finished``, no ``failed``."""
     sid = f"sack-{uuid.uuid4().hex[:12]}"
     spec = agent.Spec(session=agent.open(sid, _store(proxy.port)), tools=[slow_lookup], publish_events=True)
-    rule = Rule("lose_ack", r'^(update|findAndModify) agent_sessions .*"events_', nth=nth)
+    rule = Rule("lose_ack", EVENTS, nth=nth)
     result = _steered_run(spec, model, "and look at d", "slow_lookup", lambda: proxy.arm(rule))
     assert result.stop_reason == "answered" and result.text == "done"
     assert rule.fired, proxy.statements
@@ -372,8 +374,8 @@ def test_a_run_whose_failed_event_cannot_be_written_either_still_ends_and_frees_
                                [agent.Message.user("go")], _endpoint(model))  # the log begun: a save is one update
     spec = agent.Spec(session=agent.open(sid, _store(proxy.port)), publish_events=True, lease_ttl=30)
     rules = [proxy.arm(Rule("cut_before", SAVE)),  # matched first: the save carrying events
-             proxy.arm(Rule("cut_before", r'^(update|findAndModify) agent_sessions .*"events_'))]
-    with pytest.raises(agent.OutcomeUnknown, match="save of session"):
+             proxy.arm(Rule("cut_before", EVENTS))]
+    with pytest.raises(agent.OutcomeUnknown, match="write of session .* may have happened"):
         agent.Runner().run(spec, [*first.messages, agent.Message.user("again")], _endpoint(model))
     assert all(rule.fired for rule in rules), proxy.log
     assert direct.holder(sid) is None and direct.messages(sid) == first.messages
@@ -444,3 +446,59 @@ def test_a_frozen_worker_with_a_socket_timeout_is_bounded_too(proxy: FaultProxy,
         assert rule.fired and time.monotonic() - started < 3
     finally:
         proxy.thaw()
+
+
+# -- round trips ----------------------------------------------------------------------------------------------
+
+
+class _CountingModel:
+    """Calls ``tool`` at once, ``steps`` times, then answers; notes how many requests the proxy has seen at
+    each of its own requests."""
+
+    def __init__(self, tool: str, proxy: FaultProxy, steps: int) -> None:
+        self.tool, self.proxy, self.steps = tool, proxy, steps
+        self.seen: list[int] = []
+
+    def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
+        self.seen.append(len(self.proxy.statements))
+        if len(self.seen) > self.steps:
+            return agent.Message.assistant("done")
+        call = agent.Content.tool_call(f"c{len(self.seen)}", self.tool, '{"q": "x"}')
+        return agent.Message(agent.Role.ASSISTANT, [call])
+
+
+@agent.tool
+def _look(q: str) -> str:
+    """Look something up."""
+    return "found " + q * 200
+
+
+@agent.tool(idempotent=False)
+def _charge(q: str) -> str:
+    """Charge once."""
+    return "charged " + q * 200
+
+
+@pytest.mark.parametrize(("tool", "publish", "step", "start"), [(_look, False, 2, 3), (_charge, False, 2, 3),
+                                                                 (_look, True, 2, 3)])
+def test_the_round_trips_of_a_runs_start_and_of_its_usual_step(
+    via: mongodb.Store, proxy: FaultProxy, tool: agent.Tool, publish: bool, step: int, start: int
+) -> None:
+    """Counted by the proxy, each request one round trip. A run's start (from ``Runner.run`` to its first
+    request to the model, given the transcript it read): the acquire, the read of the journal, the save
+    of the new input. A usual step: the save, and before an idempotent tool the read of the cancel flag (a
+    standalone mongod cannot push a cancel), before a non-idempotent one the journal's write; the events
+    ride in the save. Every few dozen messages or events a step also plans a page: the refused update (it
+    says it found no room), a read of the layout, the page's insert, the update that names it, and an
+    unacknowledged delete of what nothing names (not waited for)."""
+    sid = f"rt-{uuid.uuid4().hex[:12]}"
+    via.save(sid, _transcript(1))
+    read = via.messages(sid)
+    proxy.statements.clear()
+    model = _CountingModel(tool.name, proxy, 40)
+    spec = agent.Spec(session=agent.open(sid, via), tools=[tool], max_steps=41, publish_events=publish)
+    agent.Runner().run(spec, [*read, agent.Message.user("go")], model)
+    steps = [b - a for a, b in zip(model.seen, model.seen[1:], strict=False)]
+    print(f"{tool.name}, events {'on' if publish else 'off'}: run start {model.seen[0]}, steps {sorted(steps)}")
+    assert model.seen[0] == start
+    assert steps.count(step) >= len(steps) - 8 and max(steps) <= step + 5

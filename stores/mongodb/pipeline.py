@@ -1,0 +1,263 @@
+"""A guarded write as one pipeline update of the session's document, which the server evaluates whole.
+
+The stages: the guard (``_ok``) and whether the change fits the document as it stands (``_fit``: the
+messages' and events' room, or, for a planned write, the document as it was planned on: ``layout``); then
+the document replaced by itself merged with every field the change sets, only when both hold (``$cond``
+evaluates only the branch it takes), so a refused write changes nothing and costs little; a field the
+change removes is merged as null and then removed. The update also sets ``write``, the mark a client reads
+its outcome by: its own token when the change was made; the token's ``spill`` when the guard held but the
+change did not fit (the one field a refused write sets: the client then plans it with parts, ``layout``);
+otherwise left as it was. ``$$NOW`` is one time through the whole command.
+
+Every value from the caller is a ``$literal``: a text starting with ``$`` stays a text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent_sessions.backend import CANCEL, Acquire, Change, Guard, Release, Renew, indexed
+
+from .layout import EVENT_PAGE, EVENT_TAIL_BYTES, PAGE, TAIL_BYTES, Plan, size
+
+NOW = {"$divide": [{"$toLong": "$$NOW"}, 1000]}
+"""Seconds since 1970 on the server's clock."""
+FIRST_SEQ = {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
+"""``backend.first_seq`` of the server's clock."""
+ROW = {name: 1 for name in ("exists", "incarnation", "created", "updated", "version", "length", "edits", "token",
+                            "epoch", "expires", "host", "pid", "spec", "turn", "cancelled", "cancelled_turn", "handed",
+                            "journal", "open_since", "metadata", "last_seq", "write", "at", "taken_from")
+       } | {"steers.id": 1, "queue.id": 1}
+"""What a write answers with, and a listing reads: the row (steers and queue items by id alone, to count)."""
+START = {"$ifNull": ["$events_start", FIRST_SEQ]}
+"""The number of the log's first event (a log the write begins starts at the server's clock)."""
+
+
+def lit(value: Any) -> dict[str, Any]:
+    return {"$literal": value}
+
+
+def num(name: str) -> dict[str, Any]:
+    return {"$ifNull": ["$" + name, 0]}
+
+
+def array(path: str) -> dict[str, Any]:
+    return {"$ifNull": ["$" + path, []]}
+
+
+def bytes_of(texts: Any) -> dict[str, Any]:
+    return {"$sum": {"$map": {"input": texts, "in": {"$strLenBytes": "$$this"}}}}
+
+
+def holds(guard: Guard) -> Any:
+    """The guard as an expression over the document as it stands (``true`` when it asks nothing)."""
+    terms: list[Any] = []
+    if guard.exists is not None:
+        terms.append({"$eq": [{"$ifNull": ["$exists", False]}, guard.exists]})
+    if guard.incarnation is not None:
+        terms.append({"$eq": [{"$ifNull": ["$incarnation", ""]}, lit(guard.incarnation)]})
+    for name in ("version", "length", "edits"):
+        if getattr(guard, name) is not None:
+            terms.append({"$eq": [num(name), getattr(guard, name)]})
+    if guard.lease is not None:
+        token, epoch = guard.lease
+        terms += [{"$eq": [{"$ifNull": ["$token", None]}, lit(token)]}, {"$eq": [num("epoch"), epoch]}]
+    if guard.lease_free:
+        terms.append({"$or": [{"$eq": [{"$ifNull": ["$token", None]}, None]}, {"$lte": ["$expires", NOW]}]})
+    if guard.lease_held:
+        terms.append({"$ne": [{"$ifNull": ["$token", None]}, None]})
+    if guard.not_cancelled:
+        terms.append({"$ne": ["$cancelled", True]})
+    if guard.no_steers:
+        terms.append({"$eq": [{"$size": array("steers")}, 0]})
+    if guard.steers:
+        terms.append({"$setIsSubset": [lit(list(guard.steers)), array("steers.id")]})
+    if guard.checks_journal:
+        terms.append({"$eq": [{"$ifNull": ["$journal", None]}, lit(guard.journal)]})
+    if guard.no_queue:
+        terms.append({"$eq": [{"$size": array("queue")}, 0]})
+    if guard.queue_head is not None:
+        terms.append({"$eq": [{"$arrayElemAt": [array("queue.id"), 0]}, guard.queue_head]})
+    if guard.key_absent is not None:
+        terms.append({"$eq": [{"$in": [lit(guard.key_absent), array("keys")]}, False]})
+    return {"$and": terms} if terms else lit(True)
+
+
+def holds_on_nothing(guard: Guard) -> bool:
+    """Whether ``guard`` holds for a session the store keeps nothing of (then a write may make its
+    document)."""
+    return (not guard.exists and guard.incarnation in (None, "") and guard.version in (None, 0)
+            and guard.length in (None, 0) and guard.edits in (None, 0) and guard.lease is None
+            and not guard.lease_held and not guard.steers and guard.journal in (None, Guard().journal)
+            and guard.queue_head is None)
+
+
+def update(guard: Guard, change: Change, token: str, spill: str, fresh: tuple[str, str],
+           plan: Plan | None) -> list[Any]:
+    """The pipeline of one write. ``fresh``: the generation and incarnation this write gives a document
+    that has none."""
+    fits: list[Any] = []
+    if plan is not None:
+        fits = [{"$eq": ["$generation", lit(plan.generation)]}, {"$eq": [num("seal"), plan.seal]}]
+        fits += [{"$eq": [num(name), value]} for name, value in (("edits", plan.edits), ("last_seq", plan.last_seq))
+                 if value is not None]
+    else:
+        if change.splice is not None:
+            fits.append(_room(*change.splice))
+        if change.events:
+            fits.append(_event_room(change.events, change.keep))
+    fields = {**_fields(change, fresh, plan), "write": token}
+    removed = [name for name, value in fields.items() if value is None or name == "taken_from"]
+    done = {"$mergeObjects": ["$$ROOT", fields]}
+    spilled = {"$mergeObjects": ["$$ROOT", {"write": spill}]}
+    first = {"_now": NOW, **({"_start": START} if change.events else {}), "_ok": holds(guard),
+             "_fit": {"$and": fits} if fits else True}
+    stages: list[Any] = [
+        {"$set": first},
+        {"$replaceWith": {"$cond": [{"$and": ["$_ok", "$_fit"]}, done, {"$cond": ["$_ok", spilled, "$$ROOT"]}]}},
+        {"$unset": list(first)}]
+    if removed:  # null: the field goes (a document stores no null at its top)
+        stages.append({"$set": {name: {"$cond": [{"$eq": ["$" + name, None]}, "$$REMOVE", "$" + name]}
+                                for name in removed}})
+    return stages
+
+
+def _room(at: int, texts: tuple[str, ...]) -> Any:
+    """The two splices the server makes alone: all messages replaced in a document with no pages, or an
+    append that leaves the tail fewer than ``PAGE`` messages and at most ``TAIL_BYTES``. Any other is
+    planned (``layout``)."""
+    bytes_ = sum(map(size, texts))
+    if at == 0:
+        return {"$and": [{"$eq": [{"$size": array("pages")}, 0]}, len(texts) < PAGE, bytes_ <= TAIL_BYTES]}
+    return {"$and": [{"$eq": [num("length"), at]}, {"$lt": [{"$size": array("tail")}, PAGE - len(texts)]},
+                     {"$lte": [num("tail_bytes"), TAIL_BYTES - bytes_]}]}
+
+
+def _event_room(texts: tuple[str, ...], keep: int) -> Any:
+    """The events fit the tail, and the cap drops no page (a page is dropped by a planned write)."""
+    head = {"$arrayElemAt": [array("event_pages"), 0]}
+    past_head = {"$let": {"vars": {"h": head}, "in": {"$add": [START, "$$h.f", "$$h.n"]}}}
+    return {"$and": [{"$lt": [{"$add": [{"$size": array("events")}, len(texts)]}, EVENT_PAGE]},
+                     {"$lte": [{"$add": [num("events_bytes"), sum(map(size, texts))]}, EVENT_TAIL_BYTES]},
+                     {"$or": [{"$eq": [{"$size": array("event_pages")}, 0]},
+                              {"$gt": [past_head, {"$subtract": [{"$add": [_last(texts), 1]}, keep]}]}]}]}
+
+
+def _last(texts: tuple[str, ...]) -> Any:
+    """The number of the write's last event."""
+    before = {"$cond": [{"$gt": [num("last_seq"), 0]}, "$last_seq", {"$subtract": [START, 1]}]}
+    return {"$add": [before, len(texts)]}
+
+
+def _fields(change: Change, fresh: tuple[str, str], plan: Plan | None) -> dict[str, Any]:
+    """Each field the change sets, as its new value (over the document before it); ``None``: removed."""
+    out: dict[str, Any] = {"generation": {"$ifNull": ["$generation", fresh[0]]},
+                           "version": {"$add": [num("version"), 1]}, "at": "$_now"}
+    version = out["version"]
+    if plan is not None:
+        out["seal"] = {"$add": [num("seal"), 1]}
+    if change.exist:
+        out.update(exists=True, incarnation={"$ifNull": ["$incarnation", lit(fresh[1])]},
+                   created={"$ifNull": ["$created", "$_now"]}, updated={"$max": [num("updated"), "$_now"]})
+    if change.splice is not None:
+        at, texts = change.splice
+        out.update(length=at + len(texts), edits={"$add": [num("edits"), 1]})
+        if plan is not None:
+            out.update({name: lit(plan.fields[name]) for name in ("tail", "tail_bytes", "pages")})
+        elif at == 0:
+            out.update(tail=lit(list(texts)), tail_bytes=sum(map(size, texts)))
+        else:
+            out.update(tail={"$concatArrays": [array("tail"), lit(list(texts))]},
+                       tail_bytes={"$add": [num("tail_bytes"), sum(map(size, texts))]})
+    refs = {} if plan is None else plan.items
+    if change.take_steers or change.add_steer is not None:
+        steers: Any = array("steers")
+        if change.take_steers:
+            taken = {"$in": ["$$this.id", lit(list(change.take_steers))]}
+            steers = {"$filter": {"input": steers, "cond": {"$eq": [taken, False]}}}  # mongoeco knows no $not
+        if change.add_steer is not None:
+            text, key = change.add_steer
+            item = {"id": version, "key": lit(key), **_text(text, refs.get("steers"))}
+            steers = {"$concatArrays": [steers, [item]]}
+        out["steers"] = steers
+    if change.pop is not None or change.push is not None:
+        queue: Any = array("queue")
+        if change.pop is not None:
+            queue = {"$filter": {"input": queue, "cond": {"$ne": ["$$this.id", change.pop]}}}
+        if change.push is not None:
+            key, text = change.push
+            item = {"id": version, "key": lit(key), **_text(text, refs.get("queue"))}
+            queue = {"$concatArrays": [queue, [item]]}
+        out["queue"] = queue
+    if change.add_key is not None or change.drop_key is not None:
+        keys = array("keys")  # kept in the order accepted
+        if change.drop_key is not None:
+            keys = {"$filter": {"input": keys, "cond": {"$ne": ["$$this", lit(change.drop_key)]}}}
+        if change.add_key is not None:
+            accepted = lit(change.add_key)
+            keys = {"$cond": [{"$in": [accepted, keys]}, keys, {"$concatArrays": [keys, [accepted]]}]}
+        out["keys"] = keys
+    if change.sets_journal:
+        out["journal"] = None if change.journal is None else lit(change.journal)
+    out.update(_lease(change))
+    if change.sets_turn:
+        out["turn"] = None if change.turn is None else lit(change.turn)
+    if change.handed is not None:
+        out["handed"] = change.handed
+    if change.open == "set":
+        out["open_since"] = {"$ifNull": ["$open_since", "$_now"]}
+    elif change.open == "clear":
+        out["open_since"] = None
+    if change.metadata is not None:
+        out.update(metadata=lit(change.metadata), tags=lit(_tags(change.metadata)))
+    if change.events:
+        out.update(_events(change.events, change.keep, plan))
+    return out
+
+
+def _text(text: str, ref: str | None) -> dict[str, Any]:
+    """An item's text, or the part that holds it."""
+    return {"text": lit(text)} if ref is None else {"ref": ref}
+
+
+def _lease(change: Change) -> dict[str, Any]:
+    lease = change.lease
+    if isinstance(lease, Acquire):
+        held = {"$ne": [{"$ifNull": ["$token", None]}, None]}  # lapsed: what is taken over, for the log
+        return {"taken_from": {"$cond": [held, {"token": "$token", "host": "$host", "pid": "$pid"}, None]},
+                "token": lit(lease.token), "epoch": {"$add": [num("epoch"), 1]},
+                "expires": {"$add": ["$_now", lease.ttl]}, "host": lit(lease.host), "pid": lease.pid,
+                "spec": None if lease.spec is None else lit(lease.spec),
+                "turn": None if lease.turn is None else lit(lease.turn),
+                "handed": {"$or": [{"$eq": ["$handed", True]}, {"$eq": ["$cancelled", True]}]}, "cancelled": False}
+    if isinstance(lease, Renew):
+        return {"expires": {"$add": ["$_now", lease.ttl]}}
+    if isinstance(lease, Release):
+        return {"token": None, "handed": {"$or": [{"$eq": ["$handed", True]}, {"$eq": ["$cancelled", True]}]},
+                "cancelled": False}
+    if lease == CANCEL:
+        return {"cancelled": True, "cancelled_turn": {"$ifNull": ["$turn", None]}}
+    return {}
+
+
+def _events(texts: tuple[str, ...], keep: int, plan: Plan | None) -> dict[str, Any]:
+    """The events numbered on from ``last_seq`` (a new log from the server's clock), and the cap."""
+    out: dict[str, Any] = {"events_start": "$_start", "last_seq": _last(texts)}
+    if plan is not None:
+        fields = plan.fields
+        out.update({name: lit(fields[name]) for name in ("events", "events_bytes", "event_pages")})
+        out["events_from"] = {"$add": ["$_start", fields["events_floor"]]}
+        return out
+    grown = {"$concatArrays": [array("events"), lit(list(texts))]}
+    out.update(events={"$slice": [grown, -keep]},
+               events_bytes={"$cond": [{"$lte": [{"$size": grown}, keep]},
+                                       {"$add": [num("events_bytes"), sum(map(size, texts))]},
+                                       bytes_of({"$slice": [grown, -keep]})]},
+               events_from={"$max": [{"$ifNull": ["$events_from", "$_start"]},
+                                     {"$subtract": [{"$add": [_last(texts), 1]}, keep]}]})
+    return out
+
+
+def _tags(metadata: str) -> list[str]:
+    """``"key=<the value's JSON>"`` per key: what a listing's ``where`` matches (keys have no ``=``)."""
+    return [f"{k}={v}" for k, v in indexed(metadata)]

@@ -1,0 +1,254 @@
+"""A store in Redis, through the caller's redis-py client: every write one Lua script, every read another.
+
+Give it your client (``redis.Redis``; the store never makes or closes connections) and a key prefix:
+``redis.Store(client, prefix="myapp:agent:")``. A session's keys share a hash tag (``{session}``), so one
+script touches one slot; the listing indexes are three sorted sets under the prefix.
+
+**Durability** is the server's: with ``appendonly yes`` and ``appendfsync always`` a write is on disk
+when the call returns; with ``appendfsync everysec`` (Redis's usual production setting) a power loss
+may lose the last second of writes; without the append-only file, a restart loses everything since the
+last snapshot. The store's guarantees between processes (fencing, each steer taken once, a tool run at
+most once) hold whatever the setting, as long as the server keeps what it acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any, TypeVar
+
+from agent_sessions.backed import BackedStore, new_incarnation
+from agent_sessions.backend import (
+    CANCEL,
+    Acquire,
+    Change,
+    Guard,
+    Idle,
+    Open,
+    Queued,
+    Recent,
+    Release,
+    Renew,
+    Row,
+    Snapshot,
+    Steer,
+    Want,
+    Written,
+)
+from agent_sessions.errors import OutcomeUnknown, StoreError
+
+try:
+    import redis
+except ImportError as exc:  # pragma: no cover - the extra's job
+    raise ImportError("stores.redis requires redis-py: pip install 'stored-agent-sessions[redis]'") from exc
+
+_T = TypeVar("_T")
+WRITE = resources.files(__package__).joinpath("write.lua").read_text()
+READ = resources.files(__package__).joinpath("read.lua").read_text()
+BATCH = 200
+"""Index entries a listing reads at a time."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Backend:
+    def __init__(self, client: redis.Redis, prefix: str = "agent_sessions:") -> None:
+        self.client = client
+        self.prefix = prefix
+        self._write = client.register_script(WRITE)
+        self._read = client.register_script(READ)
+        self._identity: str | None = None
+        self._updated, self._open = f"{prefix}index:updated", f"{prefix}index:open"
+
+    @property
+    def identity(self) -> str:
+        if self._identity is None:
+            key = f"{self.prefix}identity"
+            self._call("identity", "", lambda: self.client.set(key, uuid.uuid4().hex, nx=True))
+            self._identity = _text(self._call("identity", "", lambda: self.client.get(key)))
+        return self._identity
+
+    def _keys(self, session: str) -> list[str]:
+        base = f"{self.prefix}{{{session}}}:"
+        return [base + part for part in ("row", "messages", "steers", "queue", "keys", "events")]
+
+    def _call(self, what: str, session: str, call: Callable[[], _T], *, writes: bool = False) -> _T:
+        try:
+            return call()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            error = OutcomeUnknown if writes else StoreError
+            raise error(f"redis store: {what} of session {session!r}: {exc}") from exc
+        except redis.RedisError as exc:
+            raise StoreError(f"redis store: {what} of session {session!r}: {exc}") from exc
+
+    def read(self, session: str, want: Want) -> Snapshot | None:
+        asked = {k: v for k, v in (("start", want.start), ("stop", want.stop), ("last", want.last),
+                                    ("steers", want.steers), ("queue", want.queue), ("keys", list(want.keys)))
+                 if v is not None}
+        got = self._call("read", session, lambda: self._read(self._keys(session)[:5], [json.dumps(asked)]))
+        if not got:
+            return None
+        flat, now, steers, queued, start, texts, waiting, queue, keys = got
+        return Snapshot(_row(session, flat, now, steers, queued), int(start), [_text(t) for t in texts],
+                        [Steer(*json.loads(item)) for item in waiting], [Queued(*json.loads(item)) for item in queue],
+                        frozenset(_text(k) for k in keys))
+
+    def write(self, session: str, guard: Guard, change: Change) -> Written:
+        keys = [*self._keys(session), self._updated, self._open]
+        mkeys = "[]" if change.metadata is None else json.dumps(
+            [f"{self.prefix}index:meta:{k}={v}" for k, v in _indexed(change.metadata)])
+        args = [session, json.dumps(_guard(guard)), json.dumps(_change(change)), mkeys, new_incarnation()]
+        got = self._call("write", session, lambda: self._write(keys, args), writes=True)
+        row = None if len(got) == 1 else _row(session, *got[1:])
+        return Written(bool(got[0]), row)
+
+    def events(self, session: str, after: int, limit: int) -> list[tuple[int, str]]:
+        key = self._keys(session)[5]
+        got = self._call("events", session, lambda: self.client.zrangebyscore(key, f"({after}", "+inf", 0, limit))
+        return [(int(seq), text) for seq, _, text in (_text(m).partition(":") for m in got)]
+
+    def sessions(self, query: Recent | Open | Idle) -> list[Row]:
+        return self._call("listing", "", lambda: self._sessions(query))
+
+    def _sessions(self, query: Recent | Open | Idle) -> list[Row]:
+        now = self._now()
+        if isinstance(query, Idle):
+            found = self.client.zrangebyscore(self._updated, "-inf", f"({now - query.idle_for}", 0, query.limit)
+            return [r for r in self._rows([_text(s) for s in found]) if r.exists]
+        if isinstance(query, Open):
+            rows: list[Row] = []
+            low = "-inf" if query.after is None else query.after[0]
+            offset = 0
+            while len(rows) < query.limit:
+                page = self.client.zrangebyscore(self._open, low, now - query.grace, offset, BATCH, withscores=True)
+                offset += len(page)
+                wanted = [s for s, score in _scored(page) if query.after is None or (score, s) > query.after]
+                rows += [r for r in self._rows(wanted) if r.exists and r.open_since is not None]
+                if len(page) < BATCH:
+                    break
+            return sorted(rows, key=lambda r: (r.open_since or 0.0, r.session))[:query.limit]
+        index = self._updated if not query.where else f"{self.prefix}index:meta:{query.where[0][0]}={query.where[0][1]}"
+        high: str | float = "+inf" if query.after is None else query.after[0]
+        rows, offset = [], 0
+        while len(rows) < query.limit:
+            page = self.client.zrevrangebyscore(index, high, "-inf", offset, BATCH, withscores=True)
+            offset += len(page)
+            wanted = [s for s, score in _scored(page)
+                      if s.startswith(query.prefix) and (query.after is None or (score, s) < query.after)]
+            rows += [r for r in self._rows(wanted)
+                     if r.exists and set(query.where) <= set(_indexed(r.metadata))]
+            if len(page) < BATCH:
+                break
+        return sorted(rows, key=lambda r: (r.updated, r.session), reverse=True)[:query.limit]
+
+    def _rows(self, sessions: Sequence[str]) -> list[Row]:
+        pipe = self.client.pipeline(transaction=False)
+        for session in sessions:
+            self._read(self._keys(session)[:5], ["{}"], client=pipe)
+        return [_row(s, *got[:4]) for s, got in zip(sessions, pipe.execute(), strict=True) if got]
+
+    def _now(self) -> float:
+        seconds, micros = self.client.time()
+        return float(seconds) + float(micros) / 1_000_000
+
+    def close(self) -> None:
+        pass  # the client is the caller's
+
+    def __repr__(self) -> str:
+        return f"redis prefix {self.prefix!r}"
+
+
+def _row(session: str, flat: Sequence[Any], now: Any, steers: Any, queued: Any) -> Row:
+    f = {_text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+    open_since = f.get("open")
+    return Row(session, f.get("exists") == "1", f.get("inc", ""), float(f.get("created", 0)),
+               float(f.get("updated", 0)), int(f.get("version", 0)), int(f.get("length", 0)), int(f.get("edits", 0)),
+               f.get("token"), int(f.get("epoch", 0)), float(f.get("expires", 0)), f.get("host", ""),
+               int(f.get("pid", 0)), f.get("spec"), f.get("turn"), f.get("cancelled") == "1", f.get("cturn"),
+               f.get("handed") == "1",
+               f.get("journal"), None if open_since is None else float(open_since), f.get("meta", "{}"),
+               int(f.get("last_seq", 0)), int(steers), int(queued), float(_text(now)))
+
+
+def _scored(page: Any) -> list[tuple[str, float]]:
+    """A sorted set's (member, score) pairs, members as text."""
+    return [(_text(member), float(score)) for member, score in page]
+
+
+def _indexed(metadata: str) -> list[tuple[str, str]]:
+    return [(k, json.dumps(v)) for k, v in json.loads(metadata).items()]
+
+
+def _guard(guard: Guard) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("exists", "incarnation", "version", "length", "edits", "queue_head", "key_absent"):
+        value = getattr(guard, name)
+        if value is not None:
+            out[name] = value
+    if guard.lease is not None:
+        out["lease"] = list(guard.lease)
+    for name in ("lease_free", "lease_held", "not_cancelled", "no_steers", "no_queue"):
+        if getattr(guard, name):
+            out[name] = True
+    if guard.steers:
+        out["steers"] = list(guard.steers)
+    if guard.checks_journal:
+        out["journal"] = [guard.journal]
+    return out
+
+
+def _change(change: Change) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if change.exist:
+        out["exist"] = True
+    if change.delete:
+        out["delete"] = True
+    if change.splice is not None:
+        out["splice"] = [change.splice[0], list(change.splice[1])]
+    if change.take_steers:
+        out["take_steers"] = list(change.take_steers)
+    for name in ("add_steer", "push"):
+        value = getattr(change, name)
+        if value is not None:
+            out[name] = list(value)
+    for name in ("pop", "add_key", "drop_key", "open", "metadata"):
+        value = getattr(change, name)
+        if value is not None:
+            out[name] = value
+    if change.sets_journal:
+        out["journal"] = [change.journal]
+    if change.sets_turn:
+        out["turn"] = [change.turn]
+    if change.handed is not None:
+        out["handed"] = change.handed
+    lease = change.lease
+    if isinstance(lease, Acquire):
+        out["lease"] = {"acquire": {"host": lease.host, "pid": lease.pid, "token": lease.token, "spec": lease.spec,
+                                    "ttl": lease.ttl, "turn": lease.turn}}
+    elif isinstance(lease, Renew):
+        out["lease"] = {"renew": {"ttl": lease.ttl}}
+    elif isinstance(lease, Release):
+        out["lease"] = {"release": True}
+    elif lease == CANCEL:
+        out["lease"] = {"cancel": True}
+    if change.events:
+        out["events"], out["keep"] = list(change.events), change.keep
+    return out
+
+
+class Store(BackedStore):
+    """Sessions in Redis, through ``client`` (yours: the store never closes it), every key under
+    ``prefix``."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "agent_sessions:") -> None:
+        super().__init__(Backend(client, prefix), name="redis store")
+
+    def __repr__(self) -> str:
+        return f"redis.Store({self.backend!r})"
+
+
+__all__ = ["Backend", "Store"]
