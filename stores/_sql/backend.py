@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Delete,
     Engine,
     Select,
     and_,
@@ -88,6 +89,13 @@ def _children(guard: Guard, sid: ColumnElement[str]) -> list[ColumnElement[Any]]
             select(func.min(qu.id)).where(qu.session_id == sid).scalar_subquery(),
             select(func.count()).where(k.session_id == sid, k.accepted_key == (guard.key_absent or ""))
             .scalar_subquery()]
+
+
+def _bounded(statement: Delete, count: int) -> Delete:
+    """``statement``, deleting the session's ``count`` rows it matches, stopped by MySQL's ``LIMIT`` at the
+    last: InnoDB would otherwise read on to the next row of the index, another session's, and wait for the
+    lock on it of a writer of that session (READ COMMITTED too)."""
+    return statement.with_dialect_options(mysql_limit=count)
 
 
 _oldest = select(func.min(events.c.seq)).where(events.c.session_id == S.session_id).scalar_subquery()
@@ -171,7 +179,8 @@ class SQLBackend:
                 again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write)
                 if again and attempt < RETRIES:
                     attempt += 1
-                    log.info("%s: %s of %r: %s; running it again", self.name, what, session, exc.orig)
+                    log.warning("%s: %s of %r: %s; running it again (attempt %d of %d)", self.name, what, session,
+                                exc.orig, attempt, RETRIES)
                     time.sleep(0.002 * 2**attempt * random.random())
                     continue
                 raise self._error(what, session, exc, committing and write) from exc
@@ -316,8 +325,14 @@ class SQLBackend:
             return Written(True, base)
         if change.delete:
             if row is not None:
+                known = {messages: row.length, steers: row.steers, queue: row.queued,
+                          meta: len(indexed(row.metadata))}
                 for table in CHILDREN:
-                    conn.execute(delete(table).where(table.c.session_id == session))
+                    gone = delete(table).where(table.c.session_id == session)
+                    if table not in known:
+                        conn.execute(gone)
+                    elif known[table]:
+                        conn.execute(_bounded(gone, known[table]))
                 conn.execute(delete(sessions).where(S.session_id == session))
             return Written(True, row)
         counts = self._children_change(conn, session, base, change, oldest)
@@ -338,7 +353,8 @@ class SQLBackend:
         if change.splice is not None:
             at, texts = change.splice
             if at < row.length:
-                conn.execute(delete(messages).where(messages.c.session_id == session, messages.c.idx >= at))
+                conn.execute(_bounded(delete(messages).where(messages.c.session_id == session,
+                                                             messages.c.idx >= at), row.length - at))
             if texts:
                 conn.execute(insert(messages), [{"session_id": session, "idx": at + i, "body": body}
                                                 for i, body in enumerate(texts)])
@@ -362,7 +378,8 @@ class SQLBackend:
             conn.execute(insert(keys).values(session_id=session, accepted_key=change.add_key))
         if change.metadata is not None:
             if row.metadata != "{}":
-                conn.execute(delete(meta).where(meta.c.session_id == session))
+                kept = len(indexed(row.metadata))
+                conn.execute(_bounded(delete(meta).where(meta.c.session_id == session), kept))
             pairs = indexed(change.metadata)
             if pairs:
                 conn.execute(insert(meta), [{"session_id": session, "name": n, "value": v} for n, v in pairs])
