@@ -9,6 +9,7 @@ from sqlalchemy import ColumnElement, Connection, Engine
 from sqlalchemy.dialects import postgresql
 
 from agent_sessions.backed import BackedStore
+from agent_sessions.backend import Change
 
 from .._sql import SchemaMismatch, SQLBackend, ddl, metadata
 from .._sql.clock import db_now
@@ -19,8 +20,8 @@ SCHEMA: str = ";\n\n".join(ddl(postgresql.dialect())) + ";\n"  # type: ignore[no
 class Backend(SQLBackend):
     hint = "create the tables by running stores.postgres.SCHEMA in your migration"
 
-    def begin(self, conn: Connection, write: bool) -> None:
-        if not write:
+    def begin(self, conn: Connection, write: Change | None) -> None:
+        if write is None:
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
 
     def clock(self) -> ColumnElement[float]:
