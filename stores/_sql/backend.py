@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 import uuid
 import weakref
@@ -59,6 +60,7 @@ from agent_sessions.errors import AgentError, OutcomeUnknown, StoreError
 from .tables import (
     CHILDREN,
     SCHEMA_VERSION,
+    TABLES,
     SchemaMismatch,
     SessionId,
     events,
@@ -98,6 +100,7 @@ def _bounded(statement: Delete, count: int) -> Delete:
     return statement.with_dialect_options(mysql_limit=count)
 
 
+_TABLE = re.compile(r"\b(?:" + "|".join(t.name for t in TABLES) + r")\b")
 _oldest = select(func.min(events.c.seq)).where(events.c.session_id == S.session_id).scalar_subquery()
 """The oldest event kept, read with the row: a write that adds events trims the log only when it must."""
 
@@ -202,8 +205,9 @@ class SQLBackend:
         if refined is not None:
             return refined
         low = cause.lower()
-        if any(s in low for s in ("no such table", "doesn't exist", "does not exist", "undefinedtable")):
-            return StoreError(f"{self.name}: {what} failed: a table is missing ({cause}); {self.hint}")
+        missing = _TABLE.search(cause)
+        if missing and any(s in low for s in ("no such table", "doesn't exist", "does not exist", "undefinedtable")):
+            return StoreError(f"{self.name}: table {missing.group(0)!r} does not exist ({what}); {self.hint}")
         return StoreError(f"{self.name}: {what} failed: {cause}")
 
     # -- identity ----------------------------------------------------------------------------------------
