@@ -169,21 +169,22 @@ class SQLBackend:
 
     def _run(self, what: str, session: str, work: Callable[[Connection], T], write: Change | None = None) -> T:
         """``work`` in one transaction, run again after a deadlock, or (having written nothing) on a dead
-        pooled connection. A connection lost while committing a write is ``OutcomeUnknown``."""
+        pooled connection. A connection lost while committing what a write changed is ``OutcomeUnknown``; a
+        refused write changed nothing, so losing its COMMIT is no doubt about anything (it runs again)."""
         if self._identity is None and what != "identity":
             _ = self.identity
         attempt = 0
         while True:
-            committing = False
+            changed = False
             try:
                 with self._connection() as conn:
                     self.begin(conn, write)
                     result = work(conn)
-                    committing = True
+                    changed = write is not None and not write.empty and isinstance(result, Written) and result.done
                     conn.commit()
                 return result
             except DBAPIError as exc:
-                fresh = exc.connection_invalidated and not committing
+                fresh = exc.connection_invalidated and not changed
                 again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write is not None)
                 if again and attempt < RETRIES:
                     attempt += 1
@@ -191,7 +192,7 @@ class SQLBackend:
                                 exc.orig, attempt, RETRIES)
                     time.sleep(0.002 * 2**attempt * random.random())
                     continue
-                raise self._error(what, session, exc, committing and write is not None) from exc
+                raise self._error(what, session, exc, changed) from exc
             except SQLAlchemyError as exc:
                 raise self._error(what, session, exc, False) from exc
 
