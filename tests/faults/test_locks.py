@@ -47,7 +47,9 @@ def frozen(database: tuple[str, str, Engine]) -> Iterator[tuple[str, FaultProxy,
     proxy = FaultProxy(database[0], int(make_url(database[1]).port or 0)).start()
     silent = _store(database, proxy.port)
     silent.save(sid, [agent.Message.user("hi")])
-    rule = proxy.arm(Rule("freeze", r"^\s*COMMIT", after="FROM agent_sessions"))
+    # The COMMIT after the acquisition's last statement (the row's UPDATE on MySQL; its locking SELECT ... FROM
+    # agent_sessions elsewhere).
+    rule = proxy.arm(Rule("freeze", r"^\s*COMMIT", after="FROM agent_sessions|^UPDATE agent_sessions"))
     outcome: list[BaseException | agent.Holder] = []
 
     def acquire() -> None:

@@ -12,7 +12,7 @@ import pytest
 import agent_sessions as agent
 from tests.model_server import ModelServer, openai
 
-from .proxy import FaultProxy, Rule
+from .proxy import FaultProxy, Rule, every_attempt
 
 DATABASE = "faultsteerkeys"
 """This module's database (conftest.py's ``database`` fixture; ``proxy`` and ``model`` are conftest.py's too)."""
@@ -30,7 +30,7 @@ def _rule(proxy: FaultProxy) -> Rule:
     session's mark of an open turn that follows it): answered by the database, the answer dropped, the
     connection cut."""
     return proxy.arm(Rule("lose_ack", r"^\s*COMMIT",
-                          after="INSERT INTO agent_steers|UPDATE agent_sessions SET .*open_since"))
+                          after="INSERT INTO agent_steers|(INSERT INTO|UPDATE) agent_sessions.*open_since"))
 
 
 def test_an_unkeyed_steer_sent_again_after_a_lost_answer_is_stored_twice(
@@ -78,10 +78,11 @@ def test_a_keyed_steer_cut_before_the_database_had_it_is_stored_by_the_retry(
     via, direct = stores
     sid = f"cut-{uuid.uuid4().hex[:12]}"
     session = agent.open(sid, via)
-    rule = proxy.arm(Rule(fault, "INSERT INTO agent_steers"))
+    rules = every_attempt(proxy, fault, "INSERT INTO agent_steers")
     with pytest.raises(agent.StoreError) as raised:
         session.steer("look at b", key="req-2")
-    assert rule.fired and not isinstance(raised.value, agent.OutcomeUnknown), raised.value
+    assert rules[0].fired and not isinstance(raised.value, agent.OutcomeUnknown), raised.value
+    proxy.disarm()
     assert direct.pending_steers(sid) == []  # type: ignore[attr-defined]
     assert session.steer("look at b", key="req-2") is True
     assert direct.take_steers(sid) == ["look at b"]

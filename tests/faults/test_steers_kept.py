@@ -17,7 +17,7 @@ import agent_sessions as agent
 from tests import servers
 from tests.model_server import ModelServer, Reply, Request, openai
 
-from .proxy import FaultProxy, Rule
+from .proxy import FaultProxy, Rule, every_attempt
 
 WAIT = 10.0
 
@@ -146,21 +146,17 @@ def test_a_steer_whose_save_was_cut_is_kept_for_the_resume(
     sid = f"scut-{uuid.uuid4().hex[:12]}"
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
-    rule = Rule("cut_before", "INSERT INTO agent_messages")
-    # On MySQL the step's statement goes first on a kept connection; cut there, the save runs its transaction
-    # through the pool, which would take the steer and land: so that one's INSERT is cut too.
-    again = Rule("cut_before", "INSERT INTO agent_messages")
+    rules: list[Rule] = []
 
-    def arm() -> None:
-        proxy.arm(rule)
-        if database[0] == "mysql":
-            proxy.arm(again)
+    def arm() -> None:  # MySQL runs a write cut before its COMMIT again, so every attempt is cut
+        rules.extend(every_attempt(proxy, "cut_before", "INSERT INTO agent_messages",
+                                   5 if database[0] == "mysql" else 1))
 
     failed = _failed_run(spec, model, "and look at c", openai(calls=[("c1", "lookup", '{"key": "a"}')]), arm=arm)
     # On PostgreSQL the step is one autocommitted statement, so a cut line leaves its outcome unknown, and
     # the run reads the session back to find it did not land; on MySQL the transaction's COMMIT was never sent.
-    assert rule.fired and isinstance(failed, agent.StoreError)
-    assert database[0] != "mysql" or again.fired
+    assert all(rule.fired for rule in rules) and isinstance(failed, agent.StoreError)
+    proxy.disarm()
     assert not getattr(failed, "unapplied_steers", [])
     direct = _store(database)
     assert _count(direct.messages(sid), "and look at c") == 0
@@ -205,10 +201,12 @@ def test_events_of_a_save_cut_before_it_landed_are_written_once_with_failed(
     sid = f"sevc-{uuid.uuid4().hex[:12]}"
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup], publish_events=True)
-    rule = Rule("cut_before", "INSERT INTO agent_messages")
+    rules: list[Rule] = []
     failed = _failed_run(spec, model, "and look at f", openai(calls=[("c1", "lookup", '{"key": "a"}')]),
-                         arm=lambda: proxy.arm(rule))
-    assert rule.fired and isinstance(failed, agent.StoreError)
+                         arm=lambda: rules.extend(every_attempt(proxy, "cut_before", "INSERT INTO agent_messages",
+                                                                5 if database[0] == "mysql" else 1)))
+    assert rules[0].fired and isinstance(failed, agent.StoreError)
+    proxy.disarm()
     events = agent.open(sid, _store(database)).events(limit=1000)
     kinds = [(e.kind, e.data.get("step"), e.data.get("text"), e.data.get("call_id")) for e in events]
     assert len(kinds) == len(set(kinds)), kinds
