@@ -135,7 +135,7 @@ def test_the_app_installed_from_the_wheel_migrates_and_its_commands_run(venv: Pa
     assert tables(project) == (
         {"agent_store", "agent_sessions", "agent_messages", "agent_steers", "agent_queue", "agent_keys", "agent_events",
          "agent_metadata"},
-        0)
+        1)
 
     where = run([str(venv), "save.py", "w-1", "review lease.go", "and token.go"], cwd=project, env=clean_env()).stdout
     assert Path(where.strip()).is_relative_to(venv.parent.parent)  # the installed wheel, not this tree

@@ -8,6 +8,7 @@ that hold a call back or stand in for a process dying right after a store call r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import threading
@@ -18,12 +19,14 @@ from typing import Any
 
 import pymongo
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, insert
 
 import agent_sessions as agent
 from agent_sessions import Content, Holder, Message, Role, RunStore
+from agent_sessions.backend import empty_row
 from agent_sessions.journal import UNKNOWN_OUTCOME
 from stores import memory, mongodb, mysql, postgres, sqlite
+from stores._sql.tables import sessions
 from storetest.crossprocess import wait_for
 from storetest.scripted import Answer, ToolsThenAnswer
 from storetest.stalls import Stalled
@@ -348,17 +351,18 @@ def sql_engine(request: pytest.FixtureRequest) -> Iterator[tuple[Any, type[Any]]
 
 
 def test_a_fork_racing_the_first_acquire_of_its_target_is_not_refused(sql_engine: tuple[Any, type[Any]]) -> None:
-    """SQLStore.fork reads the target's row without a lock and inserts it when missing; a run's first
-    acquire of that id (NEW_LEASE, in its own transaction) that commits in between makes the fork's insert
-    fail on the key, which fork reports as SessionExists "just created", although the row holds only a
-    lease (fork fills such a row when it finds it: "a row holding only a lease has no transcript")."""
+    """A fork whose target's row another transaction is making (a run's first acquire, before its COMMIT)
+    waits for it, and then fills the row, which holds a lease but no transcript: it is not refused as a
+    session that exists (the old SQLStore.fork reported SessionExists "just created")."""
     engine, store_class = sql_engine
     store = store_class(engine)
     source, target = _sid("fsrc"), _sid("ftgt")
     store.save(source, [Message.user("q"), Message.assistant("a")])
     outcome: list[BaseException | None] = []
     with engine.begin() as conn:  # a first acquire(target), caught between making the row and its COMMIT
-        conn.execute(store.insert_session(target))
+        row = dataclasses.replace(empty_row(target), version=1, token="t" * 32, epoch=1, expires=time.time() + 30)
+        conn.execute(insert(sessions).values({c.name: getattr(row, {"session_id": "session", "exists_": "exists"}
+                                                                .get(c.name, c.name)) for c in sessions.columns}))
 
         def fork() -> None:
             try:

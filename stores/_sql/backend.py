@@ -40,6 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from agent_sessions.backend import (
+    Acquire,
     Change,
     Guard,
     Idle,
@@ -355,6 +356,9 @@ class SQLBackend:
             return Written(True, row)
         counts = self._children_change(conn, session, base, change, oldest)
         new = next_row(base, change, base.now, *counts)
+        if isinstance(change.lease, Acquire) and base.token is not None:
+            log.info("%s: session %r: the lease of pid %s on %s (token %s…) had expired; taken over at epoch %s",
+                     self.name, session, base.pid, base.host, base.token[:8], new.epoch)
         values = {name: getattr(new, "session" if name == "session_id" else name.rstrip("_")) for name in _FIELDS}
         if row is None:
             conn.execute(insert(sessions).values(values))

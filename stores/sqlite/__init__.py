@@ -16,6 +16,7 @@ from typing import Any
 
 try:
     from sqlalchemy import ColumnElement, Connection, and_, create_engine, event, func, literal
+    from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import DBAPIError
 except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundary.py in a bare venv
@@ -27,9 +28,11 @@ from agent_sessions import ArgumentError
 from agent_sessions.backed import BackedStore
 from agent_sessions.backend import Change
 
-from .._sql import SchemaMismatch, SQLBackend, metadata
+from .._sql import SchemaMismatch, SQLBackend, ddl, metadata
 from .._sql.tables import SCHEMA_VERSION
 
+SCHEMA: list[str] = [*ddl(sqlite_dialect()), f"PRAGMA user_version = {SCHEMA_VERSION}"]
+"""What ``open`` runs in a new file (each ``IF NOT EXISTS``), the schema stamped as the file's user_version."""
 BUSY_TIMEOUT_MS = 30_000
 POOL_SIZE = 8
 """Connections of the file kept open between operations; more threads at once open more, closed after."""
@@ -95,7 +98,8 @@ def open(path: str | os.PathLike[str], *, synchronous: str = "FULL", watch_cance
             engine.dispose()
             raise SchemaMismatch(f"SQLite store: {name} was written by an earlier version of agent-sessions "
                                  f"(no table agent_store); this version reads and writes schema {SCHEMA_VERSION}")
-        metadata.create_all(conn)
+        for statement in SCHEMA:  # as the Django app's migration runs them: the same file either way
+            conn.exec_driver_sql(statement)
         conn.commit()
     return Store(engine)
 

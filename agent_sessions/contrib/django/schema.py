@@ -113,7 +113,7 @@ def _old_schema(connection: Any) -> Exception:
 def current() -> tuple[int, dict[str, list[str]]]:
     """The schema version and, per vendor, the CREATE statements the stores export today: PostgreSQL's
     ``SCHEMA`` split into its statements, MySQL's ``SCHEMA``, and for SQLite what ``stores.sqlite.open``
-    creates in a new file."""
+    creates in a new file, with the ``PRAGMA user_version`` (the schema) it stamps the file with."""
     from sqlalchemy.dialects import sqlite as sqlite_dialect
 
     from stores import mysql, postgres
@@ -121,16 +121,19 @@ def current() -> tuple[int, dict[str, list[str]]]:
 
     pg = [s.strip() for s in postgres.SCHEMA.strip().removesuffix(";").split(";\n\n")]
     assert ";\n\n".join(pg) + ";\n" == postgres.SCHEMA, "postgres.SCHEMA is no longer split by ';\\n\\n'"
-    lite = ddl(sqlite_dialect.dialect())
+    lite = [*ddl(sqlite_dialect.dialect()), f"PRAGMA user_version = {SCHEMA_VERSION}"]
     return SCHEMA_VERSION, {"postgresql": pg, "mysql": list(mysql.SCHEMA), "sqlite": lite}
 
 
 def drops(create: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-    """Each vendor's DROP statements: the tables ``create`` makes, last first."""
+    """Each vendor's DROP statements: the tables ``create`` makes, last first; on SQLite, the file's
+    ``user_version`` back to 0, as a new file's."""
     out: dict[str, list[str]] = {}
     for vendor, statements in create.items():
         tables = [m[2] for m in map(_CREATE.match, statements) if m is not None and m[1] == "TABLE"]
         out[vendor] = [f"DROP TABLE IF EXISTS {table}" for table in reversed(tables)]
+        if vendor == "sqlite":
+            out[vendor].append("PRAGMA user_version = 0")
     return out
 
 

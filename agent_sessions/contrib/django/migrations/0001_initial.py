@@ -237,6 +237,7 @@ CREATE: dict[str, list[str]] = {
         '\tPRIMARY KEY (session_id, name)\n'
         ')',
         'CREATE INDEX IF NOT EXISTS agent_metadata_lookup ON agent_metadata (name, value, session_id)',
+        'PRAGMA user_version = 1',
     ],
 }
 """What the stores exported: postgres.SCHEMA, mysql.SCHEMA, and what sqlite.open creates."""
@@ -271,6 +272,7 @@ DROP: dict[str, list[str]] = {
         'DROP TABLE IF EXISTS agent_messages',
         'DROP TABLE IF EXISTS agent_sessions',
         'DROP TABLE IF EXISTS agent_store',
+        'PRAGMA user_version = 0',
     ],
 }
 """The tables, last first."""
