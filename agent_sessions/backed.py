@@ -538,14 +538,18 @@ class BackedStore:
             head = snap.queue[0]
             message = Message.user(head.text, key=head.key)
             row = snap.row
+            # The key goes with the item: from here the transcript holds the message and its key (or held it
+            # already: ``append=False``), so the key rows are only those of messages waiting. A message sent
+            # again after this is queued again, and whoever meets it at the head drops it unanswered, since
+            # the transcript holds its key (``busy._answer_head``, ``stranded._queued``).
             if append:
                 guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id, length=row.length,
                               edits=row.edits)
                 change = Change(exist=True, pop=head.id, splice=(row.length, (message.to_json(),)), journal=None,
-                                turn=head.key)
+                                turn=head.key, drop_key=_key("q", head.key))
             else:
                 guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id)
-                change = Change(pop=head.id)
+                change = Change(pop=head.id, drop_key=_key("q", head.key))
             written = self.backend.write(session, guard, change)
             if written.done:
                 assert written.row is not None
