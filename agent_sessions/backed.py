@@ -527,6 +527,21 @@ class BackedStore:
                 return position
         return 0
 
+    def withdraw(self, session: str, key: str) -> bool:
+        """Take ``key``'s message out of the queue, unanswered, if it waits there: for a message sent again
+        after the transcript took it (its caller answers from the transcript). Guarded by what it read, so
+        the item it removes is the one it found."""
+        validate.session_id(session)
+        for _ in range(ATTEMPTS):
+            snap = self.backend.read(session, Want(queue=True))
+            item = None if snap is None else next((q for q in snap.queue if q.key == key), None)
+            if snap is None or item is None:
+                return False
+            if self.backend.write(session, Guard(version=snap.row.version),
+                                  Change(pop=item.id, drop_key=_key("q", key))).done:
+                return True
+        raise self._busy("withdraw", session)
+
     def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
         validate.session_id(session)
         for _ in range(ATTEMPTS):

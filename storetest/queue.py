@@ -188,6 +188,7 @@ class QueueContract(ContractMixin):
         assert store.queued(sid) == ["k1"]
         again = agent.Runner().turn(spec, "question 1", "k1", model, if_busy="queue")
         assert again.text == "answer 2" and model.requests == 3  # its own answer, from the transcript
+        assert store.queued(sid) == []  # and the copy sent again waits for nothing
         agent.open(sid, store).enqueue("question 1", "k1")
         swept = [r for r in agent.recover(store, lambda info: (spec, model) if info.id == sid else None, grace=0)
                  if r.session == sid]
