@@ -80,7 +80,8 @@ class StoreSession:
         ``python -m agent_sessions work``, the Celery workers of ``agent_sessions.contrib.celery``), so a web
         request can hand a message over and answer at once. A key is queued once while its message waits,
         and a message whose key the transcript holds is dropped unanswered by whoever meets it, so sending
-        again after a failure is safe. Returns the message's place among those waiting (1: next). ``answer(key)`` reads its answer."""
+        again after a failure is safe. Returns the message's place among those waiting (1: next).
+        ``answer(key)`` reads its answer."""
         validate.turn_key(key, "Session.enqueue(key=)")
         validate.steer_text(text, "Session.enqueue(text)")
         return self._queue_store("enqueue").enqueue(self.id, key, text)

@@ -478,7 +478,8 @@ def test_the_round_trips_of_a_runs_start_and_of_its_usual_step(
     """Counted by the proxy, each request one round trip. A run's start (from ``Runner.run`` to its first
     request to the model, given the transcript it read): the acquire (its answer carries the journal), the
     save of the new input. A usual step: the save (whose answer carries the cancel flag the idempotent tool
-    is checked by), and before a non-idempotent tool the journal's write; the events ride in the save. Every few dozen messages or events a step also plans a page: the refused update (it
+    is checked by), and before a non-idempotent tool the journal's write; the events ride in the save.
+    Every few dozen messages or events a step also plans a page: the refused update (it
     says it found no room), a read of the layout, the page's insert, the update that names it, and an
     unacknowledged delete of what nothing names (not waited for)."""
     sid = f"rt-{uuid.uuid4().hex[:12]}"
