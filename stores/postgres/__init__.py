@@ -94,9 +94,9 @@ class Store(BackedStore):
         self._push_cancels = push_cancels
         # The listeners' threads hold the engine, not the store, so a store dropped unclosed is collected,
         # and then stops its threads too. One for cancels (runs), one for events (followers).
-        self._cancels = Listener(functools.partial(_listening_connection, engine), CANCEL_CHANNEL)
+        self._listener = Listener(functools.partial(_listening_connection, engine), CANCEL_CHANNEL)
         self._followers = Listener(functools.partial(_listening_connection, engine), CHANNEL)
-        weakref.finalize(self, self._cancels.close, 0)
+        weakref.finalize(self, self._listener.close, 0)
         weakref.finalize(self, self._followers.close, 0)
         _LIVE.add(self)
 
@@ -106,7 +106,7 @@ class Store(BackedStore):
         validate.session_id(session)
         if not self._push_cancels:
             return NOT_WATCHING
-        return self._cancels.watch(session, holder.epoch)
+        return self._listener.watch(session, holder.epoch)
 
     def wait_for_events(self, session: str, after: int, timeout: float) -> bool:
         """Wait for a notification of ``session`` (``contract.EventWaiter``), at most ``timeout`` seconds."""
@@ -119,14 +119,14 @@ class Store(BackedStore):
     def close(self) -> None:
         """Stop listening (the threads and their connections; a later wait or watch starts them again). The
         engine is the caller's: dispose of it yourself."""
-        self._cancels.close()
+        self._listener.close()
         self._followers.close()
 
     def after_fork(self) -> None:
         """In a forked child: the parent's pooled and listening connections (and its threads) are not this
         process's; it drops them without closing them (they are still the parent's) and opens its own."""
         self.engine.dispose(close=False)
-        self._cancels.forget()
+        self._listener.forget()
         self._followers.forget()
 
     def __repr__(self) -> str:
