@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover
 from agent_sessions import ArgumentError, Holder, eventlog, validate
 from agent_sessions.backed import BackedStore
 
-from .._sql.tables import SCHEMA_VERSION, ddl, metadata
+from .._sql import SCHEMA_VERSION, SchemaMismatch, ddl, metadata
 from .backend import Backend
 from .listener import CANCEL_CHANNEL, CHANNEL, Listener, Watch
 
@@ -123,9 +123,8 @@ class Store(BackedStore):
         self._followers.close()
 
     def after_fork(self) -> None:
-        """In a forked child: the parent's pooled and listening connections (and its threads) are not this
-        process's; it drops them without closing them (they are still the parent's) and opens its own."""
-        self.engine.dispose(close=False)
+        """In a forked child: the parent's listening connections and threads are not this process's (its
+        pool is dropped by ``SQLBackend``'s own at-fork handler)."""
         self._listener.forget()
         self._followers.forget()
 
@@ -149,4 +148,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-__all__ = ["LOCK_WAIT", "SCHEMA", "SCHEMA_VERSION", "Backend", "Store", "metadata"]
+__all__ = ["LOCK_WAIT", "SCHEMA", "SCHEMA_VERSION", "Backend", "SchemaMismatch", "Store", "metadata"]

@@ -1,0 +1,366 @@
+"""The backend of every SQL store (``agent_sessions.backend``) over a SQLAlchemy Engine, in Core statements.
+
+A write is one transaction: lock the session's row (``lock``: ``SELECT ... FOR UPDATE``, or SQLite's
+``BEGIN IMMEDIATE``), evaluate the guard in Python (``Guard.holds``, shared with the memory store), change
+the child tables, and write the row the shared arithmetic computed (``next_row``). A read is one
+transaction too, so all its parts are of one moment. The dialects differ only in the hooks of ``SQLBackend``
+(how a transaction begins, the store's clock, a prefix match, which errors to retry).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Select,
+    and_,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+
+from agent_sessions.backend import (
+    Change,
+    Guard,
+    Idle,
+    Open,
+    Queued,
+    Recent,
+    Row,
+    Snapshot,
+    Steer,
+    Want,
+    Written,
+    empty_row,
+    first_events,
+    indexed,
+    next_row,
+)
+from agent_sessions.errors import OutcomeUnknown, StoreError
+
+from .tables import CHILDREN, SCHEMA_VERSION, SchemaMismatch, events, keys, messages, queue, sessions, steers, store
+from .tables import tags as meta
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+RETRIES = 4
+"""Times a transaction is run again after a deadlock, or a new session's row another writer made first."""
+S = sessions.c
+_ROW = [c for c in sessions.c]
+_FIELDS = [c.name for c in _ROW]
+
+
+class SQLBackend:
+    """A backend over ``engine``; ``name`` says which database in errors ("SQLite store")."""
+
+    hint = "create the tables first"
+    """What a ``StoreError`` for a missing table tells the caller to do."""
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self.engine = engine
+        self.name = name
+        self._identity: str | None = None
+        _LIVE.add(self)
+
+    # -- the dialect's hooks -----------------------------------------------------------------------------
+
+    def begin(self, conn: Connection, write: bool) -> None:
+        """Begin ``conn``'s transaction (a write's, or a read's that sees one moment)."""
+
+    def clock(self) -> ColumnElement[float]:
+        """The store's clock as a SQL expression."""
+        raise NotImplementedError
+
+    def lock(self, query: Select[Any]) -> Select[Any]:
+        """``query`` of the session's row, locking it for the write's transaction."""
+        return query.with_for_update()
+
+    def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
+        return column.startswith(prefix, autoescape=True)
+
+    def retry(self, exc: DBAPIError) -> bool:
+        """A deadlock or the like: the transaction was rolled back and may simply run again."""
+        return False
+
+    def refine(self, exc: DBAPIError, what: str) -> StoreError | None:
+        """A more precise error for ``exc`` than the plain ``StoreError`` (a lock wait given up)."""
+        return None
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's connections without closing them (they are the parent's)."""
+        self.engine.dispose(close=False)
+
+    # -- transactions ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def _run(self, what: str, session: str, work: Callable[[Connection], T], write: bool = False) -> T:
+        """``work`` in one transaction, run again after a deadlock, or (having written nothing) on a dead
+        pooled connection. A connection lost while committing a write is ``OutcomeUnknown``."""
+        if self._identity is None and what != "identity":
+            _ = self.identity
+        attempt = 0
+        while True:
+            committing = False
+            try:
+                with self._connection() as conn:
+                    self.begin(conn, write)
+                    result = work(conn)
+                    committing = True
+                    conn.commit()
+                return result
+            except DBAPIError as exc:
+                fresh = exc.connection_invalidated and not committing
+                again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write)
+                if again and attempt < RETRIES:
+                    attempt += 1
+                    log.info("%s: %s of %r: %s; running it again", self.name, what, session, exc.orig)
+                    time.sleep(0.002 * 2**attempt * random.random())
+                    continue
+                raise self._error(what, session, exc, committing and write) from exc
+            except SQLAlchemyError as exc:
+                raise self._error(what, session, exc, False) from exc
+
+    def _error(self, what: str, session: str, exc: SQLAlchemyError, unknown: bool) -> StoreError:
+        cause = str(getattr(exc, "orig", None) or exc).strip()
+        what = f"{what} of session {session!r}" if session else what
+        if unknown and isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            return OutcomeUnknown(f"{self.name}: {what} may have happened: the connection dropped as it "
+                                  f"committed ({cause})")
+        refined = self.refine(exc, what) if isinstance(exc, DBAPIError) else None
+        if refined is not None:
+            return refined
+        low = cause.lower()
+        if any(s in low for s in ("no such table", "doesn't exist", "does not exist", "undefinedtable")):
+            return StoreError(f"{self.name}: {what} failed: a table is missing ({cause}); {self.hint}")
+        return StoreError(f"{self.name}: {what} failed: {cause}")
+
+    # -- identity ----------------------------------------------------------------------------------------
+
+    @property
+    def identity(self) -> str:
+        if self._identity is None:
+            q = select(store.c.identity, store.c.schema_version).where(store.c.id == 1)
+            found = self._run("identity", "", lambda conn: conn.execute(q).first())
+            if found is None:
+                mine = insert(store).values(id=1, identity=uuid.uuid4().hex, schema_version=SCHEMA_VERSION)
+                try:
+                    self._run("identity", "", lambda conn: conn.execute(mine))
+                except StoreError as exc:
+                    if not isinstance(exc.__cause__, IntegrityError):  # else another process drew it first
+                        raise
+                found = self._run("identity", "", lambda conn: conn.execute(q).first())
+            assert found is not None
+            if found[1] != SCHEMA_VERSION:
+                raise SchemaMismatch(f"{self.name}: the database is of schema {found[1]}, this version of "
+                                     f"agent-sessions reads and writes schema {SCHEMA_VERSION} only")
+            self._identity = str(found[0])
+        return self._identity
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    def _rows(self, conn: Connection, query: Select[Any]) -> list[Row]:
+        return [Row(*r) for r in conn.execute(query)]
+
+    def _select(self) -> Select[Any]:
+        return select(*_ROW, self.clock().label("now"))
+
+    def read(self, session: str, want: Want) -> Snapshot | None:
+        return self._run("read", session, lambda conn: self._read(conn, session, want))
+
+    def _read(self, conn: Connection, session: str, want: Want) -> Snapshot | None:
+        found = self._rows(conn, self._select().where(S.session_id == session))
+        if not found:
+            return None
+        row = found[0]
+        start, texts = 0, []
+        if want.start is not None or want.last is not None:
+            stop = row.length if want.stop is None else min(want.stop, row.length)
+            start = want.start if want.start is not None else max(stop - (want.last or 0), 0)
+            if start < stop:
+                texts = list(conn.execute(
+                    select(messages.c.body).where(messages.c.session_id == session, messages.c.idx >= start,
+                                                  messages.c.idx < stop).order_by(messages.c.idx)).scalars())
+        waiting = []
+        if want.steers and row.steers:
+            waiting = [Steer(*r) for r in conn.execute(
+                select(steers.c.id, steers.c.body, steers.c.steer_key).where(steers.c.session_id == session)
+                .order_by(steers.c.id))]
+        queued = []
+        if want.queue and row.queued:
+            queued = [Queued(*r) for r in conn.execute(
+                select(queue.c.id, queue.c.queue_key, queue.c.body).where(queue.c.session_id == session)
+                .order_by(queue.c.id))]
+        accepted: frozenset[str] = frozenset()
+        if want.keys:
+            accepted = frozenset(conn.execute(select(keys.c.accepted_key).where(
+                keys.c.session_id == session, keys.c.accepted_key.in_(want.keys))).scalars())
+        return Snapshot(row, start, texts, waiting, queued, accepted)
+
+    def events(self, session: str, after: int, limit: int) -> list[tuple[int, str]]:
+        e = events.c
+        q = select(e.seq, e.body).where(e.session_id == session, e.seq > after).order_by(e.seq).limit(limit)
+        return self._run("events", session, lambda conn: [(int(s), b) for s, b in conn.execute(q)])
+
+    def sessions(self, query: Recent | Open | Idle) -> list[Row]:
+        return self._run("sessions", "", lambda conn: self._rows(conn, self._listing(query)))
+
+    def _listing(self, query: Recent | Open | Idle) -> Select[Any]:
+        q = self._select().where(S.exists_.is_(True))
+        if isinstance(query, Recent):
+            if query.prefix:
+                q = q.where(self.starts_with(S.session_id, query.prefix))
+            for i, (name, value) in enumerate(query.where):
+                m = meta.alias(f"m{i}")
+                q = q.join(m, and_(m.c.session_id == S.session_id, m.c.name == name, m.c.value == value))
+            if query.after is not None:
+                u, sid = query.after
+                q = q.where(or_(S.updated < u, and_(S.updated == u, S.session_id < sid)))
+            return q.order_by(S.updated.desc(), S.session_id.desc()).limit(query.limit)
+        if isinstance(query, Open):
+            q = q.where(S.open_since.is_not(None), S.open_since <= self.clock() - query.grace)
+            if query.after is not None:
+                o, sid = query.after
+                q = q.where(or_(S.open_since > o, and_(S.open_since == o, S.session_id > sid)))
+            return q.order_by(S.open_since, S.session_id).limit(query.limit)
+        return (q.where(S.updated < self.clock() - query.idle_for).order_by(S.updated, S.session_id)
+                .limit(query.limit))
+
+    # -- writing -----------------------------------------------------------------------------------------
+
+    def write(self, session: str, guard: Guard, change: Change) -> Written:
+        return self._run("write", session, lambda conn: self._write(conn, session, guard, change), write=True)
+
+    def _write(self, conn: Connection, session: str, guard: Guard, change: Change) -> Written:
+        oldest = select(func.min(events.c.seq)).where(events.c.session_id == S.session_id).scalar_subquery()
+        q = self._select().where(S.session_id == session)
+        if change.events and change.keep:
+            q = q.add_columns(oldest.label("oldest"))
+        found = conn.execute(self.lock(q)).first()
+        if found is None:
+            now = float(conn.execute(select(self.clock())).scalar_one())
+            row, first = None, None
+            base = replace(empty_row(session), now=now)
+        else:
+            row = base = Row(*found[:len(_ROW) + 1])
+            now, first = row.now, (found[-1] if change.events and change.keep else None)
+        waiting: list[int] = []
+        head, present = None, False
+        if guard.reads_children and row is not None:
+            waiting, head, present = self._children(conn, session, guard)
+        if not guard.holds(base, now, waiting, head, present):
+            return Written(False, row)
+        if change.empty:
+            return Written(True, base)
+        if change.delete:
+            if row is not None:
+                for table in CHILDREN:
+                    conn.execute(delete(table).where(table.c.session_id == session))
+                conn.execute(delete(sessions).where(S.session_id == session))
+            return Written(True, row)
+        counts = self._children_change(conn, session, base, change, first)
+        new = next_row(base, change, now, *counts)
+        values = {name: getattr(new, "session" if name == "session_id" else name.rstrip("_")) for name in _FIELDS}
+        if row is None:
+            conn.execute(insert(sessions).values(values))
+        else:
+            del values["session_id"]
+            conn.execute(update(sessions).where(S.session_id == session).values(values))
+        return Written(True, new)
+
+    def _children(self, conn: Connection, session: str, guard: Guard) -> tuple[list[int], int | None, bool]:
+        """What the guard asks of the child tables, in one statement read under the row's lock."""
+        t, qu, k = steers.c, queue.c, keys.c
+        found = select(func.count()).where(t.session_id == session, t.id.in_(set(guard.steers) or {-1}))
+        head = select(func.min(qu.id)).where(qu.session_id == session)
+        key = select(func.count()).where(k.session_id == session, k.accepted_key == (guard.key_absent or ""))
+        n, first, present = conn.execute(select(found.scalar_subquery(), head.scalar_subquery(),
+                                                key.scalar_subquery())).one()
+        return list(guard.steers) if n == len(set(guard.steers)) else [], first, bool(present)
+
+    def _children_change(self, conn: Connection, session: str, row: Row, change: Change,
+                         oldest: int | None) -> tuple[int, int]:
+        """Change the child tables; how many steers and queue items wait after it."""
+        waiting, queued = row.steers, row.queued
+        version = row.version + 1
+        if change.splice is not None:
+            at, texts = change.splice
+            if at < row.length:
+                conn.execute(delete(messages).where(messages.c.session_id == session, messages.c.idx >= at))
+            if texts:
+                conn.execute(insert(messages), [{"session_id": session, "idx": at + i, "body": body}
+                                                for i, body in enumerate(texts)])
+        if change.take_steers:
+            waiting -= conn.execute(delete(steers).where(steers.c.session_id == session,
+                                                         steers.c.id.in_(set(change.take_steers)))).rowcount
+        if change.add_steer is not None:
+            body, key = change.add_steer
+            conn.execute(insert(steers).values(session_id=session, id=version, body=body, steer_key=key))
+            waiting += 1
+        if change.pop is not None:
+            queued -= conn.execute(delete(queue).where(queue.c.session_id == session,
+                                                       queue.c.id == change.pop)).rowcount
+        if change.push is not None:
+            key, body = change.push
+            conn.execute(insert(queue).values(session_id=session, id=version, queue_key=key, body=body))
+            queued += 1
+        if change.drop_key is not None:
+            conn.execute(delete(keys).where(keys.c.session_id == session, keys.c.accepted_key == change.drop_key))
+        if change.add_key is not None:
+            conn.execute(insert(keys).values(session_id=session, accepted_key=change.add_key))
+        if change.metadata is not None:
+            if row.metadata != "{}":
+                conn.execute(delete(meta).where(meta.c.session_id == session))
+            pairs = indexed(change.metadata)
+            if pairs:
+                conn.execute(insert(meta), [{"session_id": session, "name": n, "value": v} for n, v in pairs])
+        if change.events:
+            first = first_events(row, row.now)
+            conn.execute(insert(events), [{"session_id": session, "seq": first + i, "body": body}
+                                          for i, body in enumerate(change.events)])
+            cut = first + len(change.events) - change.keep
+            if change.keep and (oldest if oldest is not None else first) < cut:
+                conn.execute(delete(events).where(events.c.session_id == session, events.c.seq < cut))
+        return waiting, queued
+
+    def close(self) -> None:
+        """The engine is the caller's (SQLite's ``open`` disposes of the one it made)."""
+
+    def __repr__(self) -> str:
+        return f"{self.engine.url!r}"
+
+
+_LIVE: weakref.WeakSet[SQLBackend] = weakref.WeakSet()
+"""Every SQL backend alive in this process, for the one at-fork handler below."""
+
+
+def _forked() -> None:
+    """A forked child (a Celery or gunicorn prefork worker) must not talk over its parent's sockets: two
+    processes on one connection interleave their bytes. One handler for all backends, registered once."""
+    for backend in list(_LIVE):
+        backend.after_fork()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+__all__ = ["SQLBackend"]
