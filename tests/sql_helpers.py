@@ -19,7 +19,7 @@ from typing import Any
 import pymysql.cursors
 from sqlalchemy import Engine, event
 
-from stores._sql import SQLStore
+from agent_sessions.backed import BackedStore as SQLStore
 
 INJECTED = "injected: the server went away"
 _RECORDING: list[list[tuple[str, int]]] = []

@@ -16,7 +16,7 @@ from sqlalchemy.pool import NullPool
 
 import agent_sessions as agent
 from stores import sqlite
-from stores._sql import SQLStore
+from agent_sessions.backed import BackedStore as SQLStore
 from tests import servers
 
 SERVER_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}

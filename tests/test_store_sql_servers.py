@@ -25,7 +25,7 @@ import agent_sessions as agent
 import storetest
 from agent_sessions.eventlog import encode
 from stores import mysql, postgres, sqlite
-from stores._sql import SQLStore
+from agent_sessions.backed import BackedStore as SQLStore
 from stores._sql.tables import events, messages
 from tests import servers
 from tests.sql_helpers import failing, statements_of

@@ -23,12 +23,14 @@ from typing import Any, TypeVar
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Delete,
     Engine,
     Select,
     and_,
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
@@ -52,9 +54,21 @@ from agent_sessions.backend import (
     indexed,
     next_row,
 )
-from agent_sessions.errors import OutcomeUnknown, StoreError
+from agent_sessions.errors import AgentError, OutcomeUnknown, StoreError
 
-from .tables import CHILDREN, SCHEMA_VERSION, SchemaMismatch, events, keys, messages, queue, sessions, steers, store
+from .tables import (
+    CHILDREN,
+    SCHEMA_VERSION,
+    SchemaMismatch,
+    SessionId,
+    events,
+    keys,
+    messages,
+    queue,
+    sessions,
+    steers,
+    store,
+)
 from .tables import tags as meta
 
 T = TypeVar("T")
@@ -67,10 +81,35 @@ _ROW = [c for c in sessions.c]
 _FIELDS = [c.name for c in _ROW]
 
 
+def _children(guard: Guard, sid: ColumnElement[str]) -> list[ColumnElement[Any]]:
+    """What the guard asks of the child tables: how many of its steers wait, the queue's head, whether its
+    key was accepted; scalar subqueries of the session ``sid`` names."""
+    t, qu, k = steers.c, queue.c, keys.c
+    return [select(func.count()).where(t.session_id == sid, t.id.in_(set(guard.steers) or {-1})).scalar_subquery(),
+            select(func.min(qu.id)).where(qu.session_id == sid).scalar_subquery(),
+            select(func.count()).where(k.session_id == sid, k.accepted_key == (guard.key_absent or ""))
+            .scalar_subquery()]
+
+
+def _bounded(statement: Delete, count: int) -> Delete:
+    """``statement``, deleting the session's ``count`` rows it matches, stopped by MySQL's ``LIMIT`` at the
+    last: InnoDB would otherwise read on to the next row of the index, another session's, and wait for the
+    lock on it of a writer of that session (READ COMMITTED too)."""
+    return statement.with_dialect_options(mysql_limit=count)
+
+
+_oldest = select(func.min(events.c.seq)).where(events.c.session_id == S.session_id).scalar_subquery()
+"""The oldest event kept, read with the row: a write that adds events trims the log only when it must."""
+
+
 class SQLBackend:
     """A backend over ``engine``; ``name`` says which database in errors ("SQLite store")."""
 
     hint = "create the tables first"
+    inline_children = True
+    """Read what a guard asks of the child tables in the statement that locks the row (subqueries naming
+    the locked row, evaluated once its lock is granted); ``False`` where a statement's subqueries read as of
+    its start, before it waited for the lock (PostgreSQL): then in a statement after it."""
     """What a ``StoreError`` for a missing table tells the caller to do."""
 
     def __init__(self, engine: Engine, name: str) -> None:
@@ -92,6 +131,12 @@ class SQLBackend:
         """``query`` of the session's row, locking it for the write's transaction."""
         return query.with_for_update()
 
+    def lock_shared(self, query: Select[Any]) -> Select[Any]:
+        """``query`` of the session's row for a read: where a read would otherwise see the row as it was
+        before a write in flight (MVCC), wait for that write, so a reader that acts on what it read (a taker
+        of steers) does not act on what is already gone."""
+        return query
+
     def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
         return column.startswith(prefix, autoescape=True)
 
@@ -99,7 +144,7 @@ class SQLBackend:
         """A deadlock or the like: the transaction was rolled back and may simply run again."""
         return False
 
-    def refine(self, exc: DBAPIError, what: str) -> StoreError | None:
+    def refine(self, exc: DBAPIError, what: str) -> AgentError | None:
         """A more precise error for ``exc`` than the plain ``StoreError`` (a lock wait given up)."""
         return None
 
@@ -134,14 +179,15 @@ class SQLBackend:
                 again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write)
                 if again and attempt < RETRIES:
                     attempt += 1
-                    log.info("%s: %s of %r: %s; running it again", self.name, what, session, exc.orig)
+                    log.warning("%s: %s of %r: %s; running it again (attempt %d of %d)", self.name, what, session,
+                                exc.orig, attempt, RETRIES)
                     time.sleep(0.002 * 2**attempt * random.random())
                     continue
                 raise self._error(what, session, exc, committing and write) from exc
             except SQLAlchemyError as exc:
                 raise self._error(what, session, exc, False) from exc
 
-    def _error(self, what: str, session: str, exc: SQLAlchemyError, unknown: bool) -> StoreError:
+    def _error(self, what: str, session: str, exc: SQLAlchemyError, unknown: bool) -> AgentError:
         cause = str(getattr(exc, "orig", None) or exc).strip()
         what = f"{what} of session {session!r}" if session else what
         if unknown and isinstance(exc, DBAPIError) and exc.connection_invalidated:
@@ -189,7 +235,7 @@ class SQLBackend:
         return self._run("read", session, lambda conn: self._read(conn, session, want))
 
     def _read(self, conn: Connection, session: str, want: Want) -> Snapshot | None:
-        found = self._rows(conn, self._select().where(S.session_id == session))
+        found = self._rows(conn, self.lock_shared(self._select().where(S.session_id == session)))
         if not found:
             return None
         row = found[0]
@@ -252,34 +298,45 @@ class SQLBackend:
         return self._run("write", session, lambda conn: self._write(conn, session, guard, change), write=True)
 
     def _write(self, conn: Connection, session: str, guard: Guard, change: Change) -> Written:
-        oldest = select(func.min(events.c.seq)).where(events.c.session_id == S.session_id).scalar_subquery()
         q = self._select().where(S.session_id == session)
-        if change.events and change.keep:
-            q = q.add_columns(oldest.label("oldest"))
+        trims = bool(change.events and change.keep)
+        inline = guard.reads_children and self.inline_children
+        if trims:
+            q = q.add_columns(_oldest)
+        if inline:
+            q = q.add_columns(*_children(guard, S.session_id))
         found = conn.execute(self.lock(q)).first()
         if found is None:
             now = float(conn.execute(select(self.clock())).scalar_one())
-            row, first = None, None
+            row, oldest, extra = None, None, (0, None, 0)
             base = replace(empty_row(session), now=now)
         else:
-            row = base = Row(*found[:len(_ROW) + 1])
-            now, first = row.now, (found[-1] if change.events and change.keep else None)
-        waiting: list[int] = []
-        head, present = None, False
-        if guard.reads_children and row is not None:
-            waiting, head, present = self._children(conn, session, guard)
-        if not guard.holds(base, now, waiting, head, present):
+            n = len(_ROW) + 1
+            row = base = Row(*found[:n])
+            oldest = found[n] if trims else None
+            extra = tuple(found[n + trims:]) if inline else (0, None, 0)
+            if guard.reads_children and not inline:
+                extra = tuple(conn.execute(select(*_children(guard, literal(session, SessionId)))).one())
+        present, head, key = extra
+        waiting = guard.steers if present == len(set(guard.steers)) else ()
+        if not guard.holds(base, base.now, waiting, head, bool(key)):
             return Written(False, row)
         if change.empty:
             return Written(True, base)
         if change.delete:
             if row is not None:
+                known = {messages: row.length, steers: row.steers, queue: row.queued,
+                          meta: len(indexed(row.metadata))}
                 for table in CHILDREN:
-                    conn.execute(delete(table).where(table.c.session_id == session))
+                    gone = delete(table).where(table.c.session_id == session)
+                    if table not in known:
+                        conn.execute(gone)
+                    elif known[table]:
+                        conn.execute(_bounded(gone, known[table]))
                 conn.execute(delete(sessions).where(S.session_id == session))
             return Written(True, row)
-        counts = self._children_change(conn, session, base, change, first)
-        new = next_row(base, change, now, *counts)
+        counts = self._children_change(conn, session, base, change, oldest)
+        new = next_row(base, change, base.now, *counts)
         values = {name: getattr(new, "session" if name == "session_id" else name.rstrip("_")) for name in _FIELDS}
         if row is None:
             conn.execute(insert(sessions).values(values))
@@ -287,16 +344,6 @@ class SQLBackend:
             del values["session_id"]
             conn.execute(update(sessions).where(S.session_id == session).values(values))
         return Written(True, new)
-
-    def _children(self, conn: Connection, session: str, guard: Guard) -> tuple[list[int], int | None, bool]:
-        """What the guard asks of the child tables, in one statement read under the row's lock."""
-        t, qu, k = steers.c, queue.c, keys.c
-        found = select(func.count()).where(t.session_id == session, t.id.in_(set(guard.steers) or {-1}))
-        head = select(func.min(qu.id)).where(qu.session_id == session)
-        key = select(func.count()).where(k.session_id == session, k.accepted_key == (guard.key_absent or ""))
-        n, first, present = conn.execute(select(found.scalar_subquery(), head.scalar_subquery(),
-                                                key.scalar_subquery())).one()
-        return list(guard.steers) if n == len(set(guard.steers)) else [], first, bool(present)
 
     def _children_change(self, conn: Connection, session: str, row: Row, change: Change,
                          oldest: int | None) -> tuple[int, int]:
@@ -306,7 +353,8 @@ class SQLBackend:
         if change.splice is not None:
             at, texts = change.splice
             if at < row.length:
-                conn.execute(delete(messages).where(messages.c.session_id == session, messages.c.idx >= at))
+                conn.execute(_bounded(delete(messages).where(messages.c.session_id == session,
+                                                             messages.c.idx >= at), row.length - at))
             if texts:
                 conn.execute(insert(messages), [{"session_id": session, "idx": at + i, "body": body}
                                                 for i, body in enumerate(texts)])
@@ -330,7 +378,8 @@ class SQLBackend:
             conn.execute(insert(keys).values(session_id=session, accepted_key=change.add_key))
         if change.metadata is not None:
             if row.metadata != "{}":
-                conn.execute(delete(meta).where(meta.c.session_id == session))
+                kept = len(indexed(row.metadata))
+                conn.execute(_bounded(delete(meta).where(meta.c.session_id == session), kept))
             pairs = indexed(change.metadata)
             if pairs:
                 conn.execute(insert(meta), [{"session_id": session, "name": n, "value": v} for n, v in pairs])

@@ -48,7 +48,7 @@ class _Utf8Bytes(TypeDecorator[str]):
 
     def __init__(self, length: int = 1020) -> None:
         super().__init__()
-        self.impl = mysql.VARBINARY(length)  # type: ignore[assignment]
+        self.impl = mysql.VARBINARY(length)
 
     def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
         return None if value is None else value.encode("utf-8")

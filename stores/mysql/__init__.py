@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 try:
-    import pymysql  # noqa: F401 - the driver the store is tested with
+    import pymysql  # type: ignore[import-untyped]  # noqa: F401 - the driver it is tested with
     from sqlalchemy import ColumnElement, Connection, Engine, Select, text
     from sqlalchemy.dialects import mysql
     from sqlalchemy.exc import DBAPIError
@@ -23,7 +23,7 @@ except ImportError as exc:  # pragma: no cover
         "stores.mysql requires SQLAlchemy and PyMySQL. Install them with: pip install 'stored-agent-sessions[mysql]'"
     ) from exc
 
-from agent_sessions import ArgumentError, SessionLocked, StoreError
+from agent_sessions import AgentError, ArgumentError, SessionLocked
 from agent_sessions.backed import BackedStore
 
 from .._sql import SchemaMismatch, SQLBackend, ddl, metadata
@@ -53,17 +53,22 @@ class Backend(SQLBackend):
     def clock(self) -> ColumnElement[float]:
         return db_now()
 
-    def lock(self, query: Select[Any]) -> Select[Any]:
-        """Waiting at most ``lock_wait`` (whole seconds): MariaDB's ``FOR UPDATE WAIT``, MySQL's hint."""
+    def lock(self, query: Select[Any], read: bool = False) -> Select[Any]:
+        """Waiting at most ``lock_wait`` (whole seconds): MariaDB's ``WAIT``, MySQL's hint."""
         seconds = max(1, math.ceil(self.lock_wait))
         if getattr(self.engine.dialect, "is_mariadb", False):
-            return query.with_for_update().with_statement_hint(f"WAIT {seconds}")
-        return query.with_for_update().prefix_with(f"/*+ SET_VAR(innodb_lock_wait_timeout={seconds}) */")
+            return query.with_for_update(read=read).with_statement_hint(f"WAIT {seconds}")
+        return query.with_for_update(read=read).prefix_with(f"/*+ SET_VAR(innodb_lock_wait_timeout={seconds}) */")
+
+    def lock_shared(self, query: Select[Any]) -> Select[Any]:
+        """``LOCK IN SHARE MODE``: the read waits for a write in flight; the reads after it make the
+        transaction's snapshot once it is granted, and no write commits until the read ends."""
+        return self.lock(query, read=True)
 
     def retry(self, exc: DBAPIError) -> bool:
         return _code(exc) == _DEADLOCK
 
-    def refine(self, exc: DBAPIError, what: str) -> StoreError | None:
+    def refine(self, exc: DBAPIError, what: str) -> AgentError | None:
         if _code(exc) != _LOCK_WAIT_TIMEOUT:
             return None
         return SessionLocked(f"{self.name}: {what} waited {self.lock_wait:g} s (lock_wait) for a lock another "
@@ -96,7 +101,7 @@ class Store(BackedStore):
         self.mysql = Backend(engine, float(lock_wait))
         super().__init__(self.mysql, name="MySQL store")
 
-    @property  # type: ignore[override]
+    @property
     def max_message_bytes(self) -> int:
         """The server's, read at the first save that asks."""
         return self.mysql.message_limit()
