@@ -32,7 +32,7 @@ from agent_sessions.backend import (
     indexed,
     new_incarnation,
 )
-from agent_sessions.errors import SessionLocked, StoreError
+from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
 from .._sql import SQLBackend
 from .._sql.clock import db_now
@@ -84,7 +84,10 @@ class Backend(SQLBackend):
         with self._autocommit.connect() as conn:
             yield conn
 
-    def refine(self, exc: DBAPIError, what: str) -> StoreError | None:
+    def refine(self, exc: DBAPIError, what: str) -> AgentError | None:
+        if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available: lock_wait ran out
+            return SessionLocked(f"{self.name}: {what}: another transaction held the session's row longer than "
+                                 f"lock_wait ({self.lock_wait} s); nothing was written")
         if getattr(exc.orig, "sqlstate", None) in ("42P01", "42883"):  # undefined table, undefined function
             return StoreError(f"{self.name}: {what} failed: {str(exc.orig).strip()}; {self.hint}")
         return None
@@ -126,10 +129,6 @@ class Backend(SQLBackend):
             with self._connection() as conn:
                 return call(conn)
         except DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available: lock_wait ran out
-                of = f" of session {session!r}" if session else ""
-                raise SessionLocked(f"{self.name}: {what}{of}: another transaction held the session's row longer "
-                                    f"than lock_wait ({self.lock_wait} s); nothing was written") from exc
             raise self._error(what, session, exc, writes) from exc
         except SQLAlchemyError as exc:
             raise self._error(what, session, exc, False) from exc
