@@ -85,6 +85,9 @@ class Store(BackedStore):
 
     def __init__(self, engine: Engine, *, push_cancels: bool = True, lock_wait: float = LOCK_WAIT,
                  transaction_timeout: float | None = None) -> None:
+        if not isinstance(engine, Engine):
+            raise ArgumentError(f"postgres.Store needs a SQLAlchemy Engine, got {type(engine).__name__}: "
+                                "create_engine('postgresql+psycopg://...') once and pass it")
         if engine.dialect.name != "postgresql":
             raise ArgumentError(f"postgres.Store needs a PostgreSQL engine, got {engine.dialect.name!r}: "
                                 "create_engine('postgresql+psycopg://...') once and pass it")

@@ -88,8 +88,9 @@ class Backend(SQLBackend):
         if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available: lock_wait ran out
             return SessionLocked(f"{self.name}: {what}: another transaction held the session's row longer than "
                                  f"lock_wait ({self.lock_wait} s); nothing was written")
-        if getattr(exc.orig, "sqlstate", None) in ("42P01", "42883"):  # undefined table, undefined function
-            return StoreError(f"{self.name}: {what} failed: {str(exc.orig).strip()}; {self.hint}")
+        if getattr(exc.orig, "sqlstate", None) == "42883":  # undefined function: the schema's function is missing
+            return StoreError(f"{self.name}: {what} failed: the function agent_sessions_write is missing "
+                              f"({str(exc.orig).strip()}); {self.hint}")
         return None
 
     def read(self, session: str, want: Want) -> Snapshot | None:
