@@ -34,13 +34,21 @@ from .listener import CANCEL_CHANNEL, CHANNEL, Listener, Watch
 _DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
 WRITE_FUNCTION: str = resources.files(__package__).joinpath("write.sql").read_text()
 """The function every write calls (``agent_sessions_write``), as ``CREATE OR REPLACE``: part of ``SCHEMA``."""
-SCHEMA: str = ";\n\n".join(ddl(_DIALECT)) + ";\n\n" + WRITE_FUNCTION
+_NOT_OVER_AN_OLDER = f"""DO $older$ BEGIN
+  IF to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL THEN
+    RAISE EXCEPTION USING MESSAGE = 'agent-sessions: this database holds the tables of an earlier version '
+      '(agent_sessions, and no agent_store); this SCHEMA makes schema {SCHEMA_VERSION} in a database without them';
+  END IF;
+END $older$"""
+"""The first statement of ``SCHEMA``: the tables of an earlier version are another layout, which ``CREATE
+TABLE IF NOT EXISTS`` would leave in place and the store could not use."""
+SCHEMA: str = ";\n\n".join([_NOT_OVER_AN_OLDER, *ddl(_DIALECT)]) + ";\n\n" + WRITE_FUNCTION
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration. Safe to run again
-(IF NOT EXISTS, CREATE OR REPLACE)."""
+(IF NOT EXISTS, CREATE OR REPLACE); it refuses to run over the tables of an earlier version."""
 MAX_TEXT = 2**28 - 2**20
 """The longest message the store keeps (bytes of its JSON): a write's change travels as one jsonb value,
 which holds at most 256 MB."""
-LOCK_WAIT = 5.0
+LOCK_WAIT = 2.0
 """Seconds a write waits for the session's row lock by default (``lock_wait``)."""
 
 
@@ -151,4 +159,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-__all__ = ["LOCK_WAIT", "SCHEMA", "SCHEMA_VERSION", "Backend", "SchemaMismatch", "Store", "metadata"]
+__all__ = ["LOCK_WAIT", "SCHEMA", "SCHEMA_VERSION", "WRITE_FUNCTION", "Backend", "SchemaMismatch", "Store", "metadata"]
