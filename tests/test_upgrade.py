@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy.exc import DBAPIError
 
 import agent_sessions as agent
 from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
@@ -174,7 +175,7 @@ def _columns(engine: Engine) -> dict[str, Any]:
             for t in sorted(found.get_table_names())}
 
 
-@pytest.fixture(params=["postgres", "mysql"])
+@pytest.fixture(params=["mysql"])  # PostgreSQL: test_a_postgres_database_of_an_earlier_version_is_refused
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str], Engine]]]:
     base = servers.POSTGRES_URL if request.param == "postgres" else servers.MYSQL_URL
     engines: list[Engine] = []
@@ -337,3 +338,31 @@ def test_a_sqlite_file_of_schema_4_is_upgraded_to_5_and_the_first_sweep_finds_th
     _check_stranded(store)
     store.close()
     fresh.close()
+
+
+def test_a_postgres_database_of_an_earlier_version_is_refused_by_schema_and_the_store() -> None:
+    """Schema 1 of the store redesign is another layout, with no migration from the earlier ones: ``SCHEMA``
+    refuses to run over an earlier version's tables (``CREATE TABLE IF NOT EXISTS`` would leave them, and
+    no write could use them), a store on such a database points at ``SCHEMA``, and the data is untouched."""
+    engine = create_engine(servers.database_url(servers.POSTGRES_URL, servers.database_name("upgrade")))
+    try:
+        with engine.begin() as conn:
+            for table in ("agent_store", "agent_keys", "agent_metadata", "agent_journals", "agent_runs",
+                          "agent_steers", "agent_messages", "agent_sessions", "agent_session_tags", "agent_events",
+                          "agent_steer_keys", "agent_queue"):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table} CASCADE")
+            for statement in _statements(OLD / "schema4.postgres.sql"):
+                conn.exec_driver_sql(statement)
+        _insert(engine, _rows4())
+        with pytest.raises(DBAPIError, match="holds the tables of an earlier version"), engine.begin() as conn:
+            conn.exec_driver_sql(postgres.SCHEMA)
+        store = postgres.Store(engine)
+        with pytest.raises(agent.StoreError, match=r"postgres\.SCHEMA"):
+            store.messages("talk")
+        with pytest.raises(agent.StoreError, match=r"postgres\.SCHEMA"):
+            store.save("another", [agent.Message.user("hi")])
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM agent_messages WHERE session_id = 'talk'")).scalar() == 4
+            assert "agent_store" not in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()

@@ -34,7 +34,7 @@ from agent_sessions.backend import (
 )
 from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
-from .._sql import SQLBackend
+from .._sql import SCHEMA_VERSION, SQLBackend
 from .._sql.clock import db_now
 
 _T = TypeVar("_T")
@@ -88,6 +88,9 @@ class Backend(SQLBackend):
         if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available: lock_wait ran out
             return SessionLocked(f"{self.name}: {what}: another transaction held the session's row longer than "
                                  f"lock_wait ({self.lock_wait} s); nothing was written")
+        if getattr(exc.orig, "sqlstate", None) == "42703":  # undefined column: another layout's tables
+            return StoreError(f"{self.name}: {what} failed: the tables are not those of schema {SCHEMA_VERSION} "
+                              f"({str(exc.orig).strip()}); {self.hint}")
         if getattr(exc.orig, "sqlstate", None) == "42883":  # undefined function: the schema's function is missing
             return StoreError(f"{self.name}: {what} failed: the function agent_sessions_write is missing "
                               f"({str(exc.orig).strip()}); {self.hint}")
