@@ -27,6 +27,7 @@ from agent_sessions.eventlog import encode
 from stores import mysql, postgres, sqlite
 from agent_sessions.backed import BackedStore as SQLStore
 from stores._sql.tables import events, messages
+from stores.postgres.listener import FOLLOWED
 from tests import servers
 from tests.sql_helpers import failing, statements_of
 
@@ -140,6 +141,7 @@ def test_postgres_schema_is_one_string_keeping_json_as_text() -> None:
     assert postgres.SCHEMA.endswith(postgres.WRITE_FUNCTION)
     tables = postgres.SCHEMA[:-len(postgres.WRITE_FUNCTION)]
     assert "JSON" not in tables.upper() and "body TEXT" in tables
+    assert f"pg_try_advisory_xact_lock({FOLLOWED})" in postgres.WRITE_FUNCTION  # the key followers hold
 
 
 def test_mysql_schema_is_a_list_keeping_json_as_longtext() -> None:
