@@ -172,7 +172,9 @@ BEGIN
     INSERT INTO agent_events (session_id, seq, body)
       SELECT p_session, v_seq + o, t FROM jsonb_array_elements_text(c->'events') WITH ORDINALITY AS x(t, o);
     r.last_seq := v_seq + jsonb_array_length(c->'events');
-    DELETE FROM agent_events WHERE session_id = p_session AND seq <= r.last_seq - (c->>'keep')::bigint;
+    IF (c->>'keep')::bigint > 0 THEN  -- the newest keep stay (0: every one, as the memory store keeps them)
+      DELETE FROM agent_events WHERE session_id = p_session AND seq <= r.last_seq - (c->>'keep')::bigint;
+    END IF;
     -- Followers hold the advisory lock FOLLOWED shared while they listen (listener.py): when this write
     -- can take it, nobody listens, and it holds it to its commit, so a follower starting meanwhile
     -- listens only after that and then reads what this wrote.
