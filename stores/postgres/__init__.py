@@ -42,7 +42,7 @@ _NOT_OVER_AN_OLDER = f"""DO $older$ BEGIN
 END $older$"""
 """The first statement of ``SCHEMA``: the tables of an earlier version are another layout, which ``CREATE
 TABLE IF NOT EXISTS`` would leave in place and the store could not use."""
-SCHEMA: str = ";\n\n".join([_NOT_OVER_AN_OLDER, *ddl(_DIALECT)]) + ";\n\n" + WRITE_FUNCTION
+SCHEMA: str = ";\n\n".join([_NOT_OVER_AN_OLDER, *ddl(_DIALECT), WRITE_FUNCTION.strip().removesuffix(";")]) + ";\n"
 """The DDL, as one string: ``conn.exec_driver_sql(postgres.SCHEMA)`` in your migration. Safe to run again
 (IF NOT EXISTS, CREATE OR REPLACE); it refuses to run over the tables of an earlier version."""
 MAX_TEXT = 2**28 - 2**20

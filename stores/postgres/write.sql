@@ -36,7 +36,6 @@ BEGIN
       r.cancelled_turn := NULL; r.handed := false; r.journal := NULL; r.open_since := NULL;
       r.metadata := '{}'; r.last_seq := 0; r.steers := 0; r.queued := 0;
     END IF;
-
     -- the guard
     ok := (NOT g ? 'exists' OR r.exists_ = (g->>'exists')::boolean)
       AND (NOT g ? 'incarnation' OR r.incarnation = g->>'incarnation')
@@ -66,7 +65,6 @@ BEGIN
     IF NOT ok OR c = '{}' THEN
       RETURN jsonb_build_object('done', ok, 'now', v_now, 'row', CASE WHEN present THEN to_jsonb(r) END);
     END IF;
-
     IF c ? 'delete' THEN
       IF present THEN
         DELETE FROM agent_messages WHERE session_id = p_session;
@@ -86,7 +84,6 @@ BEGIN
   IF NOT present THEN
     RAISE EXCEPTION USING MESSAGE = 'agent_sessions_write: the row of session ' || p_session || ' kept vanishing';
   END IF;
-
   -- the change
   r.version := r.version + 1;
   IF c ? 'exist' THEN
