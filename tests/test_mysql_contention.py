@@ -124,6 +124,15 @@ def _rewrite(store: mysql.Store, sid: str) -> None:
     mysql.Store(store.engine).save(sid, [agent.Message.user("another")])  # a store that knows nothing: all of it
 
 
+def _logged_run(store: mysql.Store, sid: str) -> None:
+    """A run's steps with the event log on, each trimming it to its newest two events."""
+    held = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+    note = [agent.eventlog.encode("note", {})]
+    for n in range(1, 4):
+        store.save_fenced_events(sid, held, [*MSGS, *[agent.Message.user("more")] * n], take_steers=True,
+                                 events=note * 2, keep=2)
+
+
 def _metadata(store: mysql.Store, sid: str) -> None:
     store.set_metadata(sid, {"user": "u", "topic": "t"})
     store.set_metadata(sid, {"topic": None, "lang": "en"})
@@ -135,6 +144,7 @@ STALLED: dict[str, tuple[Callable[[mysql.Store, str], None], str, int]] = {
     "first save": (_first_save, _ROW_WRITE, 1),
     "rewrite": (_rewrite, _ROW_WRITE, 2),
     "metadata": (_metadata, _ROW_WRITE, 2),
+    "event log": (_logged_run, _ROW_WRITE, 4),
 }
 """What the stalled writer does to its session, and the statement whose COMMIT (its ``nth``) stalls."""
 
@@ -146,6 +156,8 @@ OTHERS: dict[str, Callable[[mysql.Store, str], object]] = {
     "keyed steer": lambda store, sid: store.add_steer_once(sid, "s", "k"),
     "enqueue": lambda store, sid: store.enqueue(sid, "k", "t"),
     "metadata": lambda store, sid: store.set_metadata(sid, {"user": "u"}),
+    "event log": _logged_run,
+    "delete": lambda store, sid: (_first_save(store, sid), store.delete(sid)),
 }
 """What another writer does, meanwhile, to a session beside the stalled one."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 import uuid
 import weakref
@@ -59,6 +60,7 @@ from agent_sessions.errors import AgentError, OutcomeUnknown, StoreError
 from .tables import (
     CHILDREN,
     SCHEMA_VERSION,
+    TABLES,
     SchemaMismatch,
     SessionId,
     events,
@@ -92,12 +94,13 @@ def _children(guard: Guard, sid: ColumnElement[str]) -> list[ColumnElement[Any]]
 
 
 def _bounded(statement: Delete, count: int) -> Delete:
-    """``statement``, deleting the session's ``count`` rows it matches, stopped by MySQL's ``LIMIT`` at the
-    last: InnoDB would otherwise read on to the next row of the index, another session's, and wait for the
-    lock on it of a writer of that session (READ COMMITTED too)."""
+    """``statement``, deleting the session's ``count`` rows from its first (a key that is there), stopped by
+    MySQL's ``LIMIT`` at the last: InnoDB would otherwise lock the gap before the first and read on to the
+    next row of the index, another session's, and wait for the lock a writer of that session holds on it."""
     return statement.with_dialect_options(mysql_limit=count)
 
 
+_TABLE = re.compile(r"\b(?:" + "|".join(t.name for t in TABLES) + r")\b")
 _oldest = select(func.min(events.c.seq)).where(events.c.session_id == S.session_id).scalar_subquery()
 """The oldest event kept, read with the row: a write that adds events trims the log only when it must."""
 
@@ -120,8 +123,13 @@ class SQLBackend:
 
     # -- the dialect's hooks -----------------------------------------------------------------------------
 
-    def begin(self, conn: Connection, write: bool) -> None:
-        """Begin ``conn``'s transaction (a write's, or a read's that sees one moment)."""
+    def begin(self, conn: Connection, write: Change | None) -> None:
+        """Begin ``conn``'s transaction: a write's of ``write``, or (``None``) a read's that sees one moment."""
+
+    def relock(self, conn: Connection, change: Change) -> bool:
+        """The write's lock found no row: ``True`` if the dialect began the transaction again (then the row
+        is locked again), since locking a missing row locked more (MySQL's gap lock)."""
+        return False
 
     def clock(self) -> ColumnElement[float]:
         """The store's clock as a SQL expression."""
@@ -159,7 +167,7 @@ class SQLBackend:
         with self.engine.connect() as conn:
             yield conn
 
-    def _run(self, what: str, session: str, work: Callable[[Connection], T], write: bool = False) -> T:
+    def _run(self, what: str, session: str, work: Callable[[Connection], T], write: Change | None = None) -> T:
         """``work`` in one transaction, run again after a deadlock, or (having written nothing) on a dead
         pooled connection. A connection lost while committing a write is ``OutcomeUnknown``."""
         if self._identity is None and what != "identity":
@@ -176,14 +184,14 @@ class SQLBackend:
                 return result
             except DBAPIError as exc:
                 fresh = exc.connection_invalidated and not committing
-                again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write)
+                again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write is not None)
                 if again and attempt < RETRIES:
                     attempt += 1
                     log.warning("%s: %s of %r: %s; running it again (attempt %d of %d)", self.name, what, session,
                                 exc.orig, attempt, RETRIES)
                     time.sleep(0.002 * 2**attempt * random.random())
                     continue
-                raise self._error(what, session, exc, committing and write) from exc
+                raise self._error(what, session, exc, committing and write is not None) from exc
             except SQLAlchemyError as exc:
                 raise self._error(what, session, exc, False) from exc
 
@@ -197,8 +205,9 @@ class SQLBackend:
         if refined is not None:
             return refined
         low = cause.lower()
-        if any(s in low for s in ("no such table", "doesn't exist", "does not exist", "undefinedtable")):
-            return StoreError(f"{self.name}: {what} failed: a table is missing ({cause}); {self.hint}")
+        missing = _TABLE.search(cause)
+        if missing and any(s in low for s in ("no such table", "doesn't exist", "does not exist", "undefinedtable")):
+            return StoreError(f"{self.name}: table {missing.group(0)!r} does not exist ({what}); {self.hint}")
         return StoreError(f"{self.name}: {what} failed: {cause}")
 
     # -- identity ----------------------------------------------------------------------------------------
@@ -295,7 +304,7 @@ class SQLBackend:
     # -- writing -----------------------------------------------------------------------------------------
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
-        return self._run("write", session, lambda conn: self._write(conn, session, guard, change), write=True)
+        return self._run("write", session, lambda conn: self._write(conn, session, guard, change), write=change)
 
     def _write(self, conn: Connection, session: str, guard: Guard, change: Change) -> Written:
         q = self._select().where(S.session_id == session)
@@ -306,6 +315,8 @@ class SQLBackend:
         if inline:
             q = q.add_columns(*_children(guard, S.session_id))
         found = conn.execute(self.lock(q)).first()
+        if found is None and self.relock(conn, change):
+            found = conn.execute(self.lock(q)).first()
         if found is None:
             now = float(conn.execute(select(self.clock())).scalar_one())
             row, oldest, extra = None, None, (0, None, 0)
@@ -378,8 +389,8 @@ class SQLBackend:
             conn.execute(insert(keys).values(session_id=session, accepted_key=change.add_key))
         if change.metadata is not None:
             if row.metadata != "{}":
-                kept = len(indexed(row.metadata))
-                conn.execute(_bounded(delete(meta).where(meta.c.session_id == session), kept))
+                names = [n for n, _ in indexed(row.metadata)]
+                conn.execute(delete(meta).where(meta.c.session_id == session, meta.c.name.in_(names)))
             pairs = indexed(change.metadata)
             if pairs:
                 conn.execute(insert(meta), [{"session_id": session, "name": n, "value": v} for n, v in pairs])
@@ -388,8 +399,11 @@ class SQLBackend:
             conn.execute(insert(events), [{"session_id": session, "seq": first + i, "body": body}
                                           for i, body in enumerate(change.events)])
             cut = first + len(change.events) - change.keep
-            if change.keep and (oldest if oldest is not None else first) < cut:
-                conn.execute(delete(events).where(events.c.session_id == session, events.c.seq < cut))
+            start = oldest if oldest is not None else first
+            if change.keep and start < cut:
+                e = events.c
+                conn.execute(_bounded(delete(events).where(e.session_id == session, e.seq >= start, e.seq < cut),
+                                      cut - start))
         return waiting, queued
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ except ImportError as exc:  # pragma: no cover
 
 from agent_sessions import AgentError, ArgumentError, SessionLocked
 from agent_sessions.backed import BackedStore
+from agent_sessions.backend import Change
 
 from .._sql import SchemaMismatch, SQLBackend, ddl, metadata
 from .._sql.clock import db_now
@@ -36,6 +37,7 @@ LOCK_WAIT = 2.0
 """Seconds a write waits for the session's row lock another transaction holds before ``SessionLocked``."""
 _DEADLOCK, _LOCK_WAIT_TIMEOUT = 1213, 1205
 _PACKET = text("SELECT @@max_allowed_packet")
+_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
 
 class Backend(SQLBackend):
@@ -46,9 +48,18 @@ class Backend(SQLBackend):
         self.lock_wait = lock_wait
         self._packet: int | None = None
 
-    def begin(self, conn: Connection, write: bool) -> None:
-        if write:
-            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    def begin(self, conn: Connection, write: Change | None) -> None:
+        if write is not None and write.delete:
+            conn.exec_driver_sql(_READ_COMMITTED)
+
+    def relock(self, conn: Connection, change: Change) -> bool:
+        """A missing row's lock is a gap lock, and two new sessions in one gap would deadlock inserting
+        their rows: begin again at READ COMMITTED, where InnoDB takes none."""
+        if change.delete:
+            return False
+        conn.rollback()
+        conn.exec_driver_sql(_READ_COMMITTED)
+        return True
 
     def clock(self) -> ColumnElement[float]:
         return db_now()

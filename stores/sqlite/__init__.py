@@ -25,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised by tests/test_boundar
 
 from agent_sessions import ArgumentError
 from agent_sessions.backed import BackedStore
+from agent_sessions.backend import Change
 
 from .._sql import SchemaMismatch, SQLBackend, metadata
 from .._sql.tables import SCHEMA_VERSION
@@ -37,8 +38,8 @@ POOL_SIZE = 8
 class Backend(SQLBackend):
     hint = "open the file with stores.sqlite.open, which creates them"
 
-    def begin(self, conn: Connection, write: bool) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+    def begin(self, conn: Connection, write: Change | None) -> None:
+        conn.exec_driver_sql("BEGIN" if write is None else "BEGIN IMMEDIATE")
 
     def clock(self) -> ColumnElement[float]:
         return literal(time.time())
