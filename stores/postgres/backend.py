@@ -92,8 +92,7 @@ class Backend(SQLBackend):
             return StoreError(f"{self.name}: {what} failed: the tables are not those of schema {SCHEMA_VERSION} "
                               f"({str(exc.orig).strip()}); {self.hint}")
         if getattr(exc.orig, "sqlstate", None) == "42883":  # undefined function: the schema's function is missing
-            return StoreError(f"{self.name}: {what} failed: the function agent_sessions_write is missing "
-                              f"({str(exc.orig).strip()}); {self.hint}")
+            return StoreError(f"{self.name}: function agent_sessions_write does not exist ({what}); {self.hint}")
         return None
 
     def read(self, session: str, want: Want) -> Snapshot | None:
