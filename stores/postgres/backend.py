@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, text
+from sqlalchemy import ColumnElement, Connection, Engine, select, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from agent_sessions.backend import (
@@ -75,7 +75,10 @@ class Backend(SQLBackend):
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def clock(self) -> ColumnElement[float]:
-        return db_now()
+        """The server's clock, read once per statement (an InitPlan): ``clock_timestamp()`` is volatile, so in
+        a condition of its own it would be a filter on every row an index gives, never the index's bound
+        (an ``Idle`` listing read every session's entry of ``agent_sessions_updated``)."""
+        return select(db_now()).scalar_subquery()
 
     @contextmanager
     def _connection(self) -> Iterator[Connection]:
