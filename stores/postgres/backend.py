@@ -34,7 +34,7 @@ from agent_sessions.backend import (
 )
 from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
-from .._sql import SCHEMA_VERSION, SQLBackend
+from .._sql import SCHEMA_VERSION, SchemaMismatch, SQLBackend
 from .._sql.clock import db_now
 
 _T = TypeVar("_T")
@@ -58,6 +58,11 @@ _READ = text(
     "WHERE s.session_id = :sid"
 )
 _LAST_SEQ = text("SELECT last_seq FROM agent_sessions WHERE session_id = :sid")
+_EARLIER = text("SELECT to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL")
+
+
+def _earlier(conn: Connection) -> bool:
+    return bool(conn.execute(_EARLIER).scalar())
 
 MISSING_HINT = "create the tables by running stores.postgres.SCHEMA in your migration"
 
@@ -98,6 +103,19 @@ class Backend(SQLBackend):
             return StoreError(f"{self.name}: function agent_sessions_write does not exist ({what}); {self.hint}")
         return None
 
+    @property
+    def identity(self) -> str:
+        """``SQLBackend``'s, read once; a database holding an earlier version's tables (``agent_sessions``
+        without ``agent_store``) is ``SchemaMismatch``, never taken for one missing its tables."""
+        try:
+            return super().identity
+        except StoreError as exc:
+            if isinstance(exc, SchemaMismatch) or not self._once("identity", "", _earlier):
+                raise
+            raise SchemaMismatch(f"{self.name}: the database holds the tables of an earlier version of "
+                                 f"agent-sessions (agent_sessions, and no agent_store); this version reads and "
+                                 f"writes schema {SCHEMA_VERSION} only") from exc
+
     def read(self, session: str, want: Want) -> Snapshot | None:
         params = {"sid": session, "start": want.start, "stop": want.stop, "last": want.last,
                   "steers": want.steers, "queue": want.queue, "keys": list(want.keys)}
@@ -124,7 +142,10 @@ class Backend(SQLBackend):
     def _once(self, what: str, session: str, call: Callable[[Connection], _T], *, writes: bool = False) -> _T:
         """``call``, one statement, on a pooled connection in autocommit, never run again here: a write
         whose connection failed after it was sent may have happened (``OutcomeUnknown``). A read on a
-        pooled connection found dead (the server restarted since) is run once more, on a new one."""
+        pooled connection found dead (the server restarted since) is run once more, on a new one. The first
+        asks the database's identity first (``SchemaMismatch`` before anything is read or written)."""
+        if self._identity is None and what != "identity":
+            _ = self.identity
         try:
             try:
                 with self._connection() as conn:
