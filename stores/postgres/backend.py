@@ -8,12 +8,14 @@ queue and keys it asks for as JSON arrays beside the row.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, select, text
+import psycopg
+from sqlalchemy import ColumnElement, Connection, Dialect, Engine, TextClause, select, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from agent_sessions.backend import (
@@ -119,7 +121,7 @@ class Backend(SQLBackend):
     def read(self, session: str, want: Want) -> Snapshot | None:
         params = {"sid": session, "start": want.start, "stop": want.stop, "last": want.last,
                   "steers": want.steers, "queue": want.queue, "keys": list(want.keys)}
-        got = self._once("read", session, lambda conn: conn.execute(_READ, params).mappings().first())
+        got = self._once("read", session, lambda conn: self._first(conn, _READ, params))
         if got is None:
             return None
         return Snapshot(_row(got, got["now_"]), got["start_"] or 0, got["messages_"] or [],
@@ -129,15 +131,43 @@ class Backend(SQLBackend):
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         params = {"sid": session, "guard": json.dumps(_guard(guard)), "change": json.dumps(_change(change)),
                   "inc": new_incarnation() if change.exist else "", "lock_wait": self.lock_wait}
-        got = self._once("write", session, lambda conn: conn.execute(_WRITE, params).scalar_one(), writes=True)
+        found = self._once("write", session, lambda conn: self._first(conn, _WRITE, params), writes=True)
+        assert found is not None
+        got = found["agent_sessions_write"]
         row = got["row"]
         return Written(got["done"], None if row is None else _row(row, got["now"]))
 
     def last_seq(self, session: str) -> int:
         """The session's last event number (0: none): what a follower's wait asks."""
-        got = self._once("wait_for_events", session,
-                         lambda conn: conn.execute(_LAST_SEQ, {"sid": session}).scalar())
-        return 0 if got is None else int(got)
+        got = self._once("wait_for_events", session, lambda conn: self._first(conn, _LAST_SEQ, {"sid": session}))
+        return 0 if got is None else int(got["last_seq"])
+
+    def _first(self, conn: Connection, statement: TextClause, params: dict[str, Any]) -> dict[str, Any] | None:
+        """The first row of one of this module's statements, by column name. Run on psycopg's cursor, prepared
+        on the server at its first use (``prepare_threshold=None`` on the connection, for PgBouncer in
+        transaction mode: never): SQLAlchemy's execution path cost a write about 0.6 ms more here, a round
+        trip's worth. Through SQLAlchemy while anything listens for its cursor events (a tracer), so it sees
+        every statement; a driver's error is SQLAlchemy's either way (the pooled connection invalidated when
+        it broke)."""
+        dispatch = self.engine.dispatch
+        if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+            found = conn.execute(statement, params).mappings().first()
+            return None if found is None else dict(found)
+        sql = _compiled(statement, self.engine.dialect)
+        driver = conn.connection.driver_connection
+        assert driver is not None  # a live pooled connection
+        cursor = driver.cursor()
+        try:
+            cursor.execute(sql, params, prepare=None if driver.prepare_threshold is None else True)
+            row = cursor.fetchone()
+            return None if row is None else dict(zip([c.name for c in cursor.description], row, strict=True))
+        except psycopg.Error as exc:
+            broken = driver.broken or driver.closed
+            if broken:
+                conn.invalidate(exc)
+            raise DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=broken) from exc
+        finally:
+            cursor.close()
 
     def _once(self, what: str, session: str, call: Callable[[Connection], _T], *, writes: bool = False) -> _T:
         """``call``, one statement, on a pooled connection in autocommit, never run again here: a write
@@ -162,6 +192,12 @@ class Backend(SQLBackend):
 
     def __repr__(self) -> str:
         return f"postgres {self.engine.url.render_as_string(hide_password=True)!r}"
+
+
+@functools.cache
+def _compiled(statement: TextClause, dialect: Dialect) -> str:
+    """``statement`` in the driver's own parameter style (one of this module's few, so cached for good)."""
+    return str(statement.compile(dialect=dialect))
 
 
 def _row(m: Mapping[Any, Any], now: Any) -> Row:
