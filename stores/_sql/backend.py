@@ -34,6 +34,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
@@ -169,21 +170,22 @@ class SQLBackend:
 
     def _run(self, what: str, session: str, work: Callable[[Connection], T], write: Change | None = None) -> T:
         """``work`` in one transaction, run again after a deadlock, or (having written nothing) on a dead
-        pooled connection. A connection lost while committing a write is ``OutcomeUnknown``."""
+        pooled connection. A connection lost while committing what a write changed is ``OutcomeUnknown``; a
+        refused write changed nothing, so losing its COMMIT is no doubt about anything (it runs again)."""
         if self._identity is None and what != "identity":
             _ = self.identity
         attempt = 0
         while True:
-            committing = False
+            changed = False
             try:
                 with self._connection() as conn:
                     self.begin(conn, write)
                     result = work(conn)
-                    committing = True
+                    changed = write is not None and not write.empty and isinstance(result, Written) and result.done
                     conn.commit()
                 return result
             except DBAPIError as exc:
-                fresh = exc.connection_invalidated and not committing
+                fresh = exc.connection_invalidated and not changed
                 again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write is not None)
                 if again and attempt < RETRIES:
                     attempt += 1
@@ -191,7 +193,7 @@ class SQLBackend:
                                 exc.orig, attempt, RETRIES)
                     time.sleep(0.002 * 2**attempt * random.random())
                     continue
-                raise self._error(what, session, exc, committing and write is not None) from exc
+                raise self._error(what, session, exc, changed) from exc
             except SQLAlchemyError as exc:
                 raise self._error(what, session, exc, False) from exc
 
@@ -281,25 +283,30 @@ class SQLBackend:
         return self._run("sessions", "", lambda conn: self._rows(conn, self._listing(query)))
 
     def _listing(self, query: Recent | Open | Idle) -> Select[Any]:
-        q = self._select().where(S.exists_.is_(True))
-        if isinstance(query, Recent):
-            if query.prefix:
-                q = q.where(self.starts_with(S.session_id, query.prefix))
-            for i, (name, value) in enumerate(query.where):
-                m = meta.alias(f"m{i}")
-                q = q.join(m, and_(m.c.session_id == S.session_id, m.c.name == name, m.c.value == value))
-            if query.after is not None:
-                u, sid = query.after
-                q = q.where(or_(S.updated < u, and_(S.updated == u, S.session_id < sid)))
-            return q.order_by(S.updated.desc(), S.session_id.desc()).limit(query.limit)
+        """Each query reads an index in its order and stops at the page's end: Recent and Idle the index of
+        (exists_, updated, session_id), backwards and forwards from the cursor's bound; Open the index of the
+        open sessions (whose ``exists_`` test is written so no planner prefers the other index)."""
+        q = self._select()
         if isinstance(query, Open):
-            q = q.where(S.open_since.is_not(None), S.open_since <= self.clock() - query.grace)
+            q = q.where(S.open_since.is_not(None), S.open_since <= self.clock() - query.grace,
+                        S.exists_.is_not(False))
             if query.after is not None:
                 o, sid = query.after
-                q = q.where(or_(S.open_since > o, and_(S.open_since == o, S.session_id > sid)))
+                q = q.where(S.open_since >= o, or_(S.open_since > o, S.session_id > sid))
             return q.order_by(S.open_since, S.session_id).limit(query.limit)
-        return (q.where(S.updated < self.clock() - query.idle_for).order_by(S.updated, S.session_id)
-                .limit(query.limit))
+        q = q.where(S.exists_ == true())
+        if isinstance(query, Idle):
+            return q.where(S.updated < self.clock() - query.idle_for).order_by(S.updated, S.session_id).limit(
+                query.limit)
+        if query.prefix:
+            q = q.where(self.starts_with(S.session_id, query.prefix))
+        for i, (name, value) in enumerate(query.where):
+            m = meta.alias(f"m{i}")
+            q = q.join(m, and_(m.c.session_id == S.session_id, m.c.name == name, m.c.value == value))
+        if query.after is not None:
+            u, sid = query.after
+            q = q.where(S.updated <= u, or_(S.updated < u, S.session_id < sid))
+        return q.order_by(S.exists_.desc(), S.updated.desc(), S.session_id.desc()).limit(query.limit)
 
     # -- writing -----------------------------------------------------------------------------------------
 

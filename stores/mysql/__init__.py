@@ -102,12 +102,17 @@ def _code(exc: DBAPIError) -> object:
 class Store(BackedStore):
     """Sessions in MySQL or MariaDB through ``engine`` (yours: the store never disposes of it)."""
 
-    def __init__(self, engine: Engine, *, lock_wait: float = LOCK_WAIT) -> None:
+    def __init__(self, engine: Engine, *, lock_wait: float = LOCK_WAIT, transaction_timeout: float | None = None
+                 ) -> None:
+        """``lock_wait``: seconds a write waits for the session's row lock (``SessionLocked`` after).
+        ``transaction_timeout`` is accepted as the other server store's: MySQL has no idle-transaction timeout
+        to set (a stalled connection's transaction ends with the server's ``wait_timeout``)."""
         if not isinstance(engine, Engine) or engine.dialect.name not in ("mysql", "mariadb"):
             raise ArgumentError(f"mysql.Store needs a SQLAlchemy Engine for MySQL or MariaDB, got {engine!r}; "
                                 "create_engine('mysql+pymysql://...?charset=utf8mb4') once and pass it")
         if isinstance(lock_wait, bool) or not isinstance(lock_wait, (int, float)) or not 0 < lock_wait <= 86_400:
             raise ArgumentError(f"mysql.Store: lock_wait must be seconds in (0, 86400], got {lock_wait!r}")
+        del transaction_timeout
         self.engine = engine
         self.mysql = Backend(engine, float(lock_wait))
         super().__init__(self.mysql, name="MySQL store")

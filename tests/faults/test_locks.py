@@ -83,7 +83,9 @@ def frozen(database: tuple[str, str, Engine]) -> Iterator[tuple[str, FaultProxy,
             assert not worker.is_alive()
             _close(silent)
         return
-    rule = proxy.arm(Rule("freeze", r"^\s*COMMIT", after="FROM agent_sessions"))
+    # The COMMIT after the acquisition's last statement (the row's UPDATE on MySQL; its locking SELECT ... FROM
+    # agent_sessions elsewhere).
+    rule = proxy.arm(Rule("freeze", r"^\s*COMMIT", after="FROM agent_sessions|^UPDATE agent_sessions"))
     outcome: list[BaseException | agent.Holder] = []
 
     def acquire() -> None:
