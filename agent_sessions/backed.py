@@ -19,7 +19,6 @@ import logging
 import random
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -703,7 +702,4 @@ def _info(row: Row) -> SessionInfo:
                        _holder(row) if live else None, row.cancelled or row.handed, row.steers, row.queued)
 
 
-def new_incarnation() -> str:
-    """A session's incarnation, for a backend to draw when a session comes to exist."""
-    return uuid.uuid4().hex
 

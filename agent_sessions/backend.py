@@ -29,8 +29,9 @@ its driver's exceptions, and nothing else.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from .errors import StoreError
@@ -55,6 +56,8 @@ __all__ = [
     "Written",
     "first_seq",
     "meta_index",
+    "new_incarnation",
+    "next_row",
 ]
 
 
@@ -183,6 +186,34 @@ class Guard:
     @property
     def checks_journal(self) -> bool:
         return self.journal is not _UNSET
+
+    @property
+    def reads_children(self) -> bool:
+        """It asks about steers, the queue's head or a key: what the row alone does not say."""
+        return bool(self.steers) or self.queue_head is not None or self.key_absent is not None
+
+    def holds(self, row: Row, now: float, steers: Collection[int] = (), queue_head: int | None = None,
+              key_present: bool = False) -> bool:
+        """Does the guard hold for ``row`` (an empty one, ``exists`` False, when there is none) at the store's
+        clock ``now``? ``steers``: the ids of waiting steers (at least those of ``self.steers``), ``queue_head``
+        the oldest queue item's id, ``key_present`` whether ``key_absent`` was accepted. One evaluation for
+        every backend that evaluates guards in Python."""
+        held = row.token is not None
+        return ((self.exists is None or self.exists == row.exists)
+                and (self.incarnation is None or self.incarnation == row.incarnation)
+                and (self.version is None or self.version == row.version)
+                and (self.length is None or self.length == row.length)
+                and (self.edits is None or self.edits == row.edits)
+                and (self.lease is None or (row.token, row.epoch) == self.lease)
+                and not (self.lease_free and held and row.expires > now)
+                and not (self.lease_held and not held)
+                and not (self.not_cancelled and row.cancelled)
+                and not (self.no_steers and row.steers)
+                and set(self.steers) <= set(steers)
+                and (not self.checks_journal or self.journal == row.journal)
+                and not (self.no_queue and row.queued)
+                and (self.queue_head is None or self.queue_head == queue_head)
+                and (self.key_absent is None or not key_present))
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +375,63 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Give back what the backend holds (connections, threads). Safe to call twice."""
+
+
+def empty_row(session: str) -> Row:
+    """The row of a session nothing was written for: what a write's guard is evaluated on, and changes."""
+    return Row(session, False, "", 0.0, 0.0, 0, 0, 0, None, 0, 0.0, "", 0, None, None, False, None, False, None,
+               None, "{}", 0, 0, 0, 0.0)
+
+
+def new_incarnation() -> str:
+    """A session's incarnation, for a backend to draw when a session comes to exist."""
+    return uuid.uuid4().hex
+
+
+def next_row(row: Row, change: Change, now: float, steers: int, queued: int) -> Row:
+    """The row after ``change`` (not empty, not a delete) at the store's clock ``now``, given how many steers
+    and queue items wait after it: the row arithmetic every backend that computes it in Python shares. The
+    events it adds are numbered ``row.last_seq or first_seq(now) - 1`` + 1 on, up to the new ``last_seq``."""
+    version = row.version + 1
+    fields: dict[str, object] = {"version": version, "now": now, "steers": steers, "queued": queued}
+    if change.exist:
+        if not row.exists:
+            fields.update(exists=True, incarnation=new_incarnation(), created=now)
+        fields["updated"] = max(row.updated, now)
+    if change.splice is not None:
+        at, texts = change.splice
+        fields.update(length=at + len(texts), edits=row.edits + 1)
+    if change.sets_journal:
+        fields["journal"] = change.journal
+    lease = change.lease
+    if isinstance(lease, Acquire):
+        fields.update(token=lease.token, epoch=row.epoch + 1, expires=now + lease.ttl, host=lease.host,
+                      pid=lease.pid, spec=lease.spec, turn=lease.turn, handed=row.handed or row.cancelled,
+                      cancelled=False)
+    elif isinstance(lease, Renew):
+        fields["expires"] = now + lease.ttl
+    elif isinstance(lease, Release):
+        fields.update(token=None, handed=row.handed or row.cancelled, cancelled=False)
+    elif lease == CANCEL:
+        fields.update(cancelled=True, cancelled_turn=row.turn)
+    if change.sets_turn:
+        fields["turn"] = change.turn
+    if change.handed is not None:
+        fields["handed"] = change.handed
+    if change.open == "set":
+        fields["open_since"] = now if row.open_since is None else row.open_since
+    elif change.open == "clear":
+        fields["open_since"] = None
+    if change.metadata is not None:
+        fields["metadata"] = change.metadata
+    if change.events:
+        fields["last_seq"] = first_events(row, now) + len(change.events) - 1
+    return replace(row, **fields)  # type: ignore[arg-type]
+
+
+def first_events(row: Row, now: float) -> int:
+    """The number a write's first new event gets: on from the row's ``last_seq``, or a new log's first."""
+    return row.last_seq + 1 if row.last_seq else first_seq(now)
 
 
 def first_seq(now: float) -> int:

@@ -26,7 +26,7 @@ from .errors import StoresShadowed
 LIBRARY_STORES = Path(__file__).resolve().parent.parent / "stores"
 """Where the library's ``stores`` is: installed from the same wheel (or tree) as ``agent_sessions``."""
 
-STORE_MODULES = frozenset({"memory", "sqlite", "postgres", "mysql", "mongodb", "_sql", "_known"})
+STORE_MODULES = frozenset({"memory", "sqlite", "postgres", "mysql", "mongodb", "_sql"})
 
 
 def _found() -> str | None:

@@ -60,11 +60,11 @@ class RawReader:
         self.name = name
         if name == "sqlite":
             self.conn = sqlite3.connect(where, isolation_level=None, check_same_thread=False)
-            self.sql = "SELECT body FROM agent_messages WHERE session_id = ? ORDER BY seq"
+            self.sql = "SELECT body FROM agent_messages WHERE session_id = ? ORDER BY idx"
         elif name in ("postgres", "mysql"):
             self.raw = where.raw_connection()
             self.cursor = self.raw.cursor()
-            self.sql = "SELECT body FROM agent_messages WHERE session_id = %s ORDER BY seq"
+            self.sql = "SELECT body FROM agent_messages WHERE session_id = %s ORDER BY idx"
         elif name == "mongodb":
             self.db = where
         else:
@@ -216,11 +216,14 @@ class Lifecycle:
                 self.store.save(sid, transcript(MESSAGES_PER_SESSION))
                 self.store.set_metadata(sid, session_meta(i, count))
             return
+        import dataclasses
+
         from sqlalchemy import insert
 
+        from agent_sessions.backend import empty_row, indexed, new_incarnation
+
         tables = self.metadata.tables
-        sessions, messages = tables["agent_sessions"], tables["agent_messages"]
-        tags = tables.get("agent_session_tags")
+        sessions, messages, tags = tables["agent_sessions"], tables["agent_messages"], tables["agent_metadata"]
         stamp = _stamp(sessions.c.updated.type)
         for start in range(first, first + count, LOAD_CHUNK):
             rows: list[dict[str, Any]] = []
@@ -228,19 +231,18 @@ class Lifecycle:
             tag_rows: list[dict[str, Any]] = []
             for i in range(start, min(start + LOAD_CHUNK, first + count)):
                 sid = f"{prefix}-{i:07d}"
-                meta = session_meta(i, count)
                 at = stamp(updated_from + (i - first) * step)
-                rows.append({"session_id": sid, "version": uuid.uuid4().hex, "created": at, "updated": at,
-                             "metadata": lifecycle.encode_metadata(meta)})
-                msgs.extend({"session_id": sid, "seq": k, "body": b} for k, b in enumerate(bodies))
-                if tags is not None:
-                    tag_rows.extend({"session_id": sid, "name": k, "value": lifecycle.metadata_value(k, v)}
-                                    for k, v in meta.items())
+                row = dataclasses.replace(empty_row(sid), exists=True, incarnation=new_incarnation(), created=at,
+                                          updated=at, version=1, length=len(bodies), edits=1,
+                                          metadata=lifecycle.encode_metadata(session_meta(i, count)))
+                rows.append({c.name: getattr(row, {"session_id": "session", "exists_": "exists"}.get(c.name, c.name))
+                             for c in sessions.columns})
+                msgs.extend({"session_id": sid, "idx": k, "body": b} for k, b in enumerate(bodies))
+                tag_rows.extend({"session_id": sid, "name": k, "value": v} for k, v in indexed(row.metadata))
             with self.engine.begin() as conn:
                 conn.execute(insert(sessions), rows)
                 conn.execute(insert(messages), msgs)
-                if tags is not None:
-                    conn.execute(insert(tags), tag_rows)
+                conn.execute(insert(tags), tag_rows)
 
     def check(self, total: int, prefix: str = "s") -> None:
         """The loaded sessions are what the store's API shows: else the loader no longer matches the

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.pool import NullPool
 
 from stores import mongodb, mysql, postgres
+from stores._sql import TABLES
 
 
 def _prefix() -> str:
@@ -100,8 +101,8 @@ def database_url(base: str, database: str) -> str:
 def fresh_schema(engine: Engine) -> None:
     """Drop this library's tables and run the store's SCHEMA, as a user's migration would."""
     with engine.begin() as conn:
-        for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
-                      "agent_session_tags", "agent_events", "agent_steer_keys", "agent_queue"):
+        for table in ("agent_journals", "agent_runs", "agent_session_tags", "agent_steer_keys",
+                      *(t.name for t in TABLES)):
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql(postgres.SCHEMA)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import requests
 
+from stores._sql.tables import TABLES
 from tests import servers
 from tests.four_method_store import FourMethodStore
 from tests.model_server import ModelServer, Reply, Request, openai
@@ -203,9 +204,8 @@ def test_migrate_creates_the_store_tables_on_postgresql(tmp_path: Path) -> None:
 
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
-                      "agent_session_tags", "agent_events", "agent_steer_keys", "agent_queue",
-                      "django_migrations"):
+        for table in ("agent_journals", "agent_runs", "agent_session_tags", "agent_steer_keys",
+                      *(t.name for t in TABLES), "django_migrations"):
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
     env = {**os.environ, "DJANGO_DB_URL": url.replace("postgresql+psycopg", "postgresql"),
            "DJANGO_APP_STATE": str(tmp_path), "PYTHONPATH": str(ROOT)}
@@ -317,9 +317,8 @@ def test_migrate_keeps_tables_that_exist_and_zero_drops_them(tmp_path: Path, ven
     url = servers.database_url(base, servers.database_name("django"))
     engine = create_engine(url)
     with engine.begin() as conn:
-        for table in ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions",
-                      "agent_session_tags", "agent_events", "agent_steer_keys", "agent_queue",
-                      "django_migrations"):
+        for table in ("agent_journals", "agent_runs", "agent_session_tags", "agent_steer_keys",
+                      *(t.name for t in TABLES), "django_migrations"):
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
     servers.fresh_schema(engine)
     store = (postgres if vendor == "postgresql" else mysql).Store(engine)
@@ -331,7 +330,7 @@ def test_migrate_keeps_tables_that_exist_and_zero_drops_them(tmp_path: Path, ven
         manage(env, "agent_sessions", "steer", "made-before", "after migrate")
         assert store.take_steers("made-before") == ["after migrate"]
         manage(env, "migrate", "agent_sessions", "zero")
-        ours = {"agent_sessions", "agent_messages", "agent_steers", "agent_events", "agent_steer_keys", "agent_queue"}
+        ours = {t.name for t in TABLES}
         assert not ours & set(inspect(engine).get_table_names())
         manage(env, "migrate", "--noinput")  # and on an empty database, creates them
         assert ours <= set(inspect(engine).get_table_names())

@@ -133,9 +133,9 @@ def test_the_app_installed_from_the_wheel_migrates_and_its_commands_run(venv: Pa
     out = manage(venv, project, "migrate", "--noinput").stdout
     assert "Applying agent_sessions.0001_initial... OK" in out
     assert tables(project) == (
-        {"agent_sessions", "agent_messages", "agent_steers", "agent_session_tags", "agent_events", "agent_steer_keys",
-         "agent_queue"},
-        5)
+        {"agent_store", "agent_sessions", "agent_messages", "agent_steers", "agent_queue", "agent_keys", "agent_events",
+         "agent_metadata"},
+        0)
 
     where = run([str(venv), "save.py", "w-1", "review lease.go", "and token.go"], cwd=project, env=clean_env()).stdout
     assert Path(where.strip()).is_relative_to(venv.parent.parent)  # the installed wheel, not this tree

@@ -327,8 +327,8 @@ def check_store_contracts(page: Page) -> None:
 
 # The test databases: made on first use, emptied before each page that uses one, dropped at the end.
 
-TABLES = ("agent_journals", "agent_runs", "agent_steers", "agent_messages", "agent_sessions", "agent_session_tags",
-          "agent_events", "agent_steer_keys", "agent_queue")
+TABLES = ("agent_journals", "agent_runs", "agent_session_tags", "agent_steer_keys", "agent_store", "agent_sessions",
+          "agent_messages", "agent_steers", "agent_queue", "agent_keys", "agent_events", "agent_metadata")
 
 
 class Databases:

@@ -14,16 +14,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pymongo
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, insert
 
 import agent_sessions as agent
 from agent_sessions import Content, Holder, Message, Role, RunStore
+from agent_sessions.backend import empty_row
 from agent_sessions.journal import UNKNOWN_OUTCOME
 from stores import memory, mongodb, mysql, postgres, sqlite
+from stores._sql.tables import sessions
 from storetest.crossprocess import wait_for
 from storetest.scripted import Answer, ToolsThenAnswer
 from storetest.stalls import Stalled
@@ -357,8 +360,10 @@ def test_a_fork_racing_the_first_acquire_of_its_target_is_not_refused(sql_engine
     source, target = _sid("fsrc"), _sid("ftgt")
     store.save(source, [Message.user("q"), Message.assistant("a")])
     outcome: list[BaseException | None] = []
+    row = replace(empty_row(target), exists=True, incarnation="i" * 32, token="t" * 32, epoch=1)
     with engine.begin() as conn:  # a first acquire(target), caught between making the row and its COMMIT
-        conn.execute(store.insert_session(target))
+        conn.execute(insert(sessions).values(
+            {c.name: getattr(row, "session" if c.name == "session_id" else c.name.rstrip("_")) for c in sessions.c}))
 
         def fork() -> None:
             try:

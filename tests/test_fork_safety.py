@@ -15,8 +15,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 import agent_sessions as agent
+from agent_sessions.backed import BackedStore as SQLStore
 from stores import sqlite
-from stores._sql import SQLStore
 from tests import servers
 
 SERVER_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}

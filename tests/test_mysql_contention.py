@@ -50,9 +50,9 @@ class Retries(logging.Handler):
     def emit(self, record):
         retried.append(record.getMessage())
 
-logging.getLogger("stores._sql.store").addHandler(Retries(logging.WARNING))
+logging.getLogger("stores._sql.backend").addHandler(Retries(logging.WARNING))
 store = mysql.Store(create_engine(url, pool_size=2))
-store.message_limit()  # what a store reads once, and a connection, before the start
+assert store.max_message_bytes  # what a store reads once, and a connection, before the start
 print("ready", flush=True)
 sys.stdin.readline()  # all at once
 failed = []
@@ -124,15 +124,27 @@ def _rewrite(store: mysql.Store, sid: str) -> None:
     mysql.Store(store.engine).save(sid, [agent.Message.user("another")])  # a store that knows nothing: all of it
 
 
+def _logged_run(store: mysql.Store, sid: str) -> None:
+    """A run's steps with the event log on, each trimming it to its newest two events."""
+    held = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+    note = [agent.eventlog.encode("note", {})]
+    for n in range(1, 4):
+        store.save_fenced_events(sid, held, [*MSGS, *[agent.Message.user("more")] * n], take_steers=True,
+                                 events=note * 2, keep=2)
+
+
 def _metadata(store: mysql.Store, sid: str) -> None:
     store.set_metadata(sid, {"user": "u", "topic": "t"})
     store.set_metadata(sid, {"topic": None, "lang": "en"})
 
 
+_ROW_WRITE = r"^\s*(INSERT INTO|UPDATE) agent_sessions"
+"""A write's last statement before its COMMIT: the session's row, after its child tables."""
 STALLED: dict[str, tuple[Callable[[mysql.Store, str], None], str, int]] = {
-    "first save": (_first_save, "INSERT INTO agent_messages", 1),
-    "rewrite": (_rewrite, "INSERT INTO agent_messages", 2),
-    "metadata": (_metadata, "INSERT INTO agent_session_tags", 2),
+    "first save": (_first_save, _ROW_WRITE, 1),
+    "rewrite": (_rewrite, _ROW_WRITE, 2),
+    "metadata": (_metadata, _ROW_WRITE, 2),
+    "event log": (_logged_run, _ROW_WRITE, 4),
 }
 """What the stalled writer does to its session, and the statement whose COMMIT (its ``nth``) stalls."""
 
@@ -144,6 +156,8 @@ OTHERS: dict[str, Callable[[mysql.Store, str], object]] = {
     "keyed steer": lambda store, sid: store.add_steer_once(sid, "s", "k"),
     "enqueue": lambda store, sid: store.enqueue(sid, "k", "t"),
     "metadata": lambda store, sid: store.set_metadata(sid, {"user": "u"}),
+    "event log": _logged_run,
+    "delete": lambda store, sid: (_first_save(store, sid), store.delete(sid)),
 }
 """What another writer does, meanwhile, to a session beside the stalled one."""
 
@@ -168,7 +182,7 @@ def test_a_writer_stalled_in_its_transaction_holds_up_no_other_session(url: str,
     others = mysql.Store(create_engine(url, pool_size=3, connect_args={
         "init_command": f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT:.0f}"}), lock_wait=LOCK_WAIT)
     try:
-        silent.message_limit()
+        assert silent.max_message_bytes  # what a store reads once, and a connection, before the start
         work, after, nth = STALLED[stalled]
         rule = proxy.arm(Rule("freeze", r"^\s*COMMIT", after=after, nth=nth))
         worker = threading.Thread(target=lambda: _quietly(work, silent, sid), daemon=True)

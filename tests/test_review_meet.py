@@ -20,6 +20,7 @@ from sqlalchemy import create_engine
 
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role
+from agent_sessions.backend import Acquire
 from agent_sessions.messages import incarnations_read
 from stores import memory, mongodb, mysql, postgres, redis, sqlite
 from storetest.crossprocess import wait_for
@@ -376,25 +377,26 @@ def test_a_turn_cancelled_through_run_cancel_stays_cancelled_when_resumed(store:
 def test_a_delete_landing_inside_a_sql_acquire_is_not_an_assertion_error(
     kind: str, _engines: dict[str, Any], tmp_path: Path
 ) -> None:
-    """SQLStore.acquire makes the session's row in one transaction and locks it in a second. Interleaving
-    (storetest's test_29_1_a_run_waiting_for_the_lease_through_a_delete... hits it now and then): a run
-    waiting for the lease makes the row; a forced delete removes it; the run's locking select finds no
-    row and ``assert row is not None  # made just before`` fails: an AssertionError, not a typed error,
-    and no lease. The delete is landed here between the two transactions, on the real database."""
+    """The old SQLStore.acquire made the session's row in one transaction and locked it in a second.
+    Interleaving (storetest's test_29_1_a_run_waiting_for_the_lease_through_a_delete... hit it now and
+    then): a run waiting for the lease made the row; a forced delete removed it; the run's locking select
+    found no row and ``assert row is not None  # made just before`` failed: an AssertionError, not a typed
+    error, and no lease. An acquire is one write now: the delete is landed here just before it, on the
+    real database, and the run ends with a typed error."""
     store = _open(kind, _engines, tmp_path)
     sid = _sid("acq")
     agent.Runner().run(agent.Spec(session=agent.open(sid, store)), [Message.user(f"my {SECRET}")], Answer("ok"))
     stale = store.messages(sid)
     eraser = _open(kind, _engines, tmp_path)
-    real = store._transaction
+    real = store.backend.write
     landed: list[bool] = []
 
-    def landing(name: str, session: str, work: Any, **options: Any) -> Any:
-        if name == "acquire" and not options and not landed:  # the second step: the row made, not locked
+    def landing(session: str, guard: Any, change: Any) -> Any:
+        if isinstance(change.lease, Acquire) and not landed:
             landed.append(eraser.delete(sid, force=True))
-        return real(name, session, work, **options)
+        return real(session, guard, change)
 
-    store._transaction = landing
+    store.backend.write = landing
     with pytest.raises(agent.TranscriptDeleted):
         agent.Runner().run(agent.Spec(session=agent.open(sid, store)), [*stale, Message.user("go on")],
                            Answer("must never be written"))

@@ -23,10 +23,11 @@ from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
 
 import agent_sessions as agent
 import storetest
+from agent_sessions.backed import BackedStore as SQLStore
 from agent_sessions.eventlog import encode
 from stores import mysql, postgres, sqlite
-from stores._sql import SQLStore
 from stores._sql.tables import events, messages
+from stores.postgres.listener import FOLLOWED
 from tests import servers
 from tests.sql_helpers import failing, statements_of
 
@@ -104,26 +105,28 @@ class TestMySQLStoreKeepsTheContract(ServerStoreContract):
     huge_text_bytes = 4_000_000  # under half of MariaDB's default 16 MiB max_allowed_packet (message_limit)
 
 
-def test_an_appending_save_writes_only_the_new_messages(backend: Backend, engine: Engine) -> None:
+def test_a_plain_save_is_one_transaction_of_one_insert(backend: Backend, engine: Engine) -> None:
+    """A plain save replaces the transcript (``BackedStore.save``): one DELETE and one multi-row INSERT, the
+    row, one COMMIT."""
     store = backend.store(engine)
     msgs = [agent.Message.user(f"m{i}") for i in range(100)]
     store.save("append-only", msgs)
     with statements_of(store) as seen:
         store.save("append-only", [*msgs, agent.Message.assistant("new")])
-    if backend is POSTGRES:  # one statement: claim the row by version, insert the new message
-        assert len(seen) == 1 and seen[0][0].startswith("WITH claim AS (UPDATE agent_sessions")
+    if backend is POSTGRES:  # one statement in autocommit: the write function's call
+        assert len(seen) == 1 and seen[0][0].startswith("SELECT agent_sessions_write(")
     else:
-        assert [rows for sql, rows in seen if sql.startswith("INSERT INTO agent_messages")] == [1]
-    assert not [sql for sql, _ in seen if sql.startswith("DELETE")]
+        assert [rows for sql, rows in seen if sql.startswith("INSERT INTO agent_messages")] == [101]
+        assert len([sql for sql, _ in seen if sql == "COMMIT"]) == 1
     assert backend.store(engine).messages("append-only")[-1] == agent.Message.assistant("new")
 
 
 def test_missing_tables_are_a_store_error_pointing_at_schema(backend: Backend) -> None:
     empty = create_engine(servers.database_url(backend.url, servers.database_name("empty")))
     try:
-        with pytest.raises(agent.StoreError, match=rf"table 'agent_steers' does not exist.*{backend.name}\.SCHEMA"):
+        with pytest.raises(agent.StoreError, match=rf"table 'agent_store' does not exist.*{backend.name}\.SCHEMA"):
             backend.store(empty).take_steers("s")
-        with pytest.raises(agent.StoreError, match="table 'agent_sessions' does not exist"):
+        with pytest.raises(agent.StoreError, match="table 'agent_store' does not exist"):
             backend.store(empty).save("s", [agent.Message.user("x")])
     finally:
         empty.dispose()
@@ -135,8 +138,12 @@ def test_the_store_takes_an_engine_not_a_url(backend: Backend) -> None:
 
 
 def test_postgres_schema_is_one_string_keeping_json_as_text() -> None:
+    """JSON travels to the write function as jsonb (its guard and change), but no column is JSON."""
     assert isinstance(postgres.SCHEMA, str)
-    assert "JSON" not in postgres.SCHEMA.upper() and "body TEXT" in postgres.SCHEMA
+    assert postgres.SCHEMA.endswith(postgres.WRITE_FUNCTION)
+    tables = postgres.SCHEMA[:-len(postgres.WRITE_FUNCTION)]
+    assert "JSON" not in tables.upper() and "body TEXT" in tables
+    assert f"pg_try_advisory_xact_lock({FOLLOWED})" in postgres.WRITE_FUNCTION  # the key followers hold
 
 
 def test_mysql_schema_is_a_list_keeping_json_as_longtext() -> None:
@@ -178,7 +185,8 @@ def test_a_steer_mysql_could_never_deliver_is_refused_and_one_it_can_is_delivere
             packet = int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar() or 0)
         with pytest.raises(agent.ArgumentError, match="could never be delivered"):
             store.add_steer("steered", "é" * int(0.4 * packet))
-        fits = "é" * (store.message_limit() // 6 - 1000)
+        assert store.max_message_bytes is not None
+        fits = "é" * (store.max_message_bytes // 6 - 1000)
         store.add_steer("steered", fits)
         held = store.acquire("steered", agent.Holder("h", 1, "t" * 32, 0.0), 30)
         assert store.save_fenced("steered", held, [agent.Message.user("q")], take_steers=True).steers == [fits]
@@ -212,6 +220,9 @@ def test_a_tracer_listening_for_cursor_events_sees_every_statement_and_changes_n
     finally:
         event.remove(engine, "before_cursor_execute", trace)
     assert backend.store(engine).messages("traced") == [*msgs, agent.Message.user("s"), agent.Message.assistant("a")]
+    if backend is POSTGRES:  # every write one call of the write function, every read one statement
+        assert sum(s.startswith("SELECT agent_sessions_write(") for s in traced) >= 5
+        return
     assert any(s.startswith("INSERT INTO agent_messages") for s in traced)
     assert any("agent_steers" in s for s in traced) and any(s.startswith("UPDATE agent_sessions") for s in traced)
 
@@ -224,16 +235,16 @@ def test_schema_can_be_run_twice_and_metadata_is_public(backend: Backend) -> Non
             for statement in [postgres.SCHEMA] if backend is POSTGRES else mysql.SCHEMA:
                 conn.exec_driver_sql(statement)
         found = inspect(engine)
-        assert {i["name"] for i in found.get_indexes("agent_sessions")} == {"agent_sessions_by_updated",
+        assert {i["name"] for i in found.get_indexes("agent_sessions")} == {"agent_sessions_updated",
                                                                           "agent_sessions_open"}
-        assert {i["name"] for i in found.get_indexes("agent_session_tags")} == {"agent_session_tags_by_value"}
+        assert {i["name"] for i in found.get_indexes("agent_metadata")} == {"agent_metadata_lookup"}
         store = backend.store(engine)
         store.set_metadata("twice", {"k": "v"})
         assert [s.id for s in store.list_sessions(where={"k": "v"})] == ["twice"]
     module = postgres if backend is POSTGRES else mysql
     assert "metadata" in module.__all__
-    assert set(module.metadata.tables) == {"agent_sessions", "agent_messages", "agent_steers", "agent_session_tags",
-                                           "agent_events", "agent_steer_keys", "agent_queue"}
+    assert set(module.metadata.tables) == {"agent_store", "agent_sessions", "agent_messages", "agent_steers",
+                                           "agent_queue", "agent_keys", "agent_events", "agent_metadata"}
     assert sqlite.metadata is module.metadata and "metadata" in sqlite.__all__
 
 
@@ -264,11 +275,10 @@ def test_concurrent_set_metadata_never_loses_a_key(backend: Backend, engine: Eng
     assert [s.id for s in backend.store(engine).list_sessions(prefix=sid, where={"k5-3": 5, "k0-0": 0})] == [sid]
 
 
-def test_a_leased_runs_append_leaves_updated_and_its_renewal_moves_it(backend: Backend, engine: Engine) -> None:
-    """The usual step stays one statement, without a write of the session row for ``updated``; the
-    heartbeat's renewal (every third of the ttl) moves it on. The save that answers the turn also clears
-    ``open_since`` (stranded runs): in the claim on PostgreSQL, a second statement elsewhere, and neither
-    sets ``updated``."""
+def test_a_leased_runs_step_moves_updated_and_one_statement_writes_the_row(backend: Backend, engine: Engine) -> None:
+    """Every write of the session writes its row once (``updated``, its counters, ``open_since``): a leased
+    run's step too, so a listing by ``updated`` sees a running session move. The save that answers the turn
+    clears ``open_since`` (stranded runs) in that one UPDATE."""
     store = backend.store(engine)
     sid = f"step-{uuid.uuid4().hex[:8]}"
     held = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
@@ -278,27 +288,32 @@ def test_a_leased_runs_append_leaves_updated_and_its_renewal_moves_it(backend: B
     assert before is not None
     call = agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("c1", "look", "{}")])
     result = agent.Message(agent.Role.USER, [agent.Content.tool_result("c1", "found")])
+    time.sleep(0.01)
     with statements_of(store) as seen:
         store.save_fenced(sid, held, [*msgs, call, result], take_steers=True)  # a step: the turn stays open
-    if backend is POSTGRES:  # the claim updates the row already; it does not set updated (a HOT update)
-        assert len(seen) == 1 and "updated" not in seen[0][0]
-    else:
-        assert not [q for q, _ in seen if q.startswith("UPDATE")]
+    assert _one_write(backend, seen) or len([q for q, _ in seen if q.startswith("UPDATE agent_sessions")]) == 1
+    stepped = store.info(sid)
+    assert stepped is not None and stepped.updated > before.updated and stepped.open_since == before.open_since
     with statements_of(store) as seen:
         store.save_fenced(sid, held, [*msgs, call, result, agent.Message.assistant("a")], take_steers=True)
-    updates = [q for q, _ in seen if q.startswith("UPDATE") or q.startswith("WITH")]
-    assert len(updates) == 1 and "open_since" in updates[0] and "updated" not in updates[0].split("WHERE")[0]
+    updates = [q for q, _ in seen if q.startswith("UPDATE")]
+    assert _one_write(backend, seen) or (len(updates) == 1 and "open_since" in updates[0])
     after = store.info(sid)
-    assert after is not None and after.updated == before.updated and after.messages == 4
+    assert after is not None and after.messages == 4
     assert after.open_since is None and before.open_since is not None
-    time.sleep(0.01)
-    store.renew(sid, held, 30)
-    renewed = store.info(sid)
-    assert renewed is not None and renewed.updated > before.updated
     store.release(sid, held)
 
 
 # -- the event log ---------------------------------------------------------------------------------------
+
+
+def _one_write(backend: Backend, seen: list[tuple[str, int]]) -> bool:
+    """PostgreSQL: the write was one statement, a call of the schema's function (which does all of it);
+    ``False`` for the other stores, whose statements the test reads."""
+    if backend is not POSTGRES:
+        return False
+    assert [q.split("(")[0] for q, _ in seen] == ["SELECT agent_sessions_write"], seen
+    return True
 
 
 def _notes(n: int, tag: str) -> list[str]:
@@ -323,9 +338,8 @@ def test_a_save_with_events_writes_both_or_neither(backend: Backend, engine: Eng
     with statements_of(store) as seen:
         store.save_fenced_events(sid, holder, [*q, agent.Message.assistant("a")], take_steers=False,
                                  events=_notes(2, "ride"), keep=100)
-    if backend is POSTGRES:  # the usual step stays one statement: the events ride in the save's claim
-        assert len(seen) == 1 and seen[0][0].startswith("WITH claim AS (UPDATE agent_sessions")
-        assert "INSERT INTO agent_events" in seen[0][0] and "pg_notify" in seen[0][0]
+    if backend is POSTGRES:  # the usual step stays one statement: the events ride in the save's write
+        assert len(seen) == 1 and seen[0][0].startswith("SELECT agent_sessions_write(")
     assert _stored(engine, sid) == (2, 2)
     # Another writer rewrote the transcript: the save conflicts, and its events are not written either.
     other.save_fenced(sid, holder, [agent.Message.user("other")], take_steers=False, replace=True)
@@ -345,12 +359,10 @@ def test_a_save_with_events_writes_both_or_neither(backend: Backend, engine: Eng
     assert [e.data["tag"] for e in store.events(sid, 0, 100)] == ["ride", "ride"]
 
 
-def test_the_usual_save_with_events_is_a_claim_the_messages_and_the_events(backend: Backend, engine: Engine) -> None:
-    """MySQL (PostgreSQL's is one statement, above): the claim returns its number through LAST_INSERT_ID, the
-    cap's DELETE runs only once the log holds something to drop, and anything the claim's guard does not
-    match (a steer waiting) goes to the save's transaction, which takes the steer and appends the events."""
-    if backend is not MYSQL:
-        pytest.skip("PostgreSQL's usual save with events is one statement (test above)")
+def test_the_usual_save_with_events_is_one_transaction_and_the_cap_trims_in_it(backend: Backend,
+                                                                              engine: Engine) -> None:
+    """The row locked, the messages, the events (one multi-row INSERT), the row, COMMIT; the cap's DELETE only
+    once the log holds something to drop; a steer waiting is taken in the save's write, events and all."""
     store = backend.store(engine)
     sid = f"fast-{uuid.uuid4().hex[:8]}"
     holder = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
@@ -362,17 +374,16 @@ def test_the_usual_save_with_events_is_a_claim_the_messages_and_the_events(backe
     with statements_of(store) as seen:
         store.save_fenced_events(sid, holder, msgs, take_steers=True, events=_notes(2, "second"), keep=100)
     verbs = [q.split(" SET ")[0] if q.startswith("UPDATE") else " ".join(q.split()[:3]) for q, _ in seen]
-    assert verbs == ["UPDATE agent_sessions", "INSERT INTO agent_messages", "INSERT INTO agent_events"], seen
-    assert "last_insert_id(" in seen[0][0].lower()
+    assert _one_write(backend, seen) or [v for v in verbs if not v.startswith("SELECT")] == [
+        "INSERT INTO agent_messages", "INSERT INTO agent_events", "UPDATE agent_sessions", "COMMIT"], seen
+    assert _one_write(backend, seen) or [rows for q, rows in seen if q.startswith("INSERT INTO agent_events")] == [2]
     logged = store.events(sid, 0, 100)
     assert [e.seq for e in logged] == list(range(logged[0].seq, logged[0].seq + 4))
-    # The cap: three kept, the oldest dropped in the same step.
-    msgs.append(agent.Message.assistant("a3"))
+    msgs.append(agent.Message.assistant("a3"))  # the cap: three kept, the oldest dropped in the same write
     with statements_of(store) as seen:
         store.save_fenced_events(sid, holder, msgs, take_steers=True, events=_notes(1, "third"), keep=3)
-    assert any(q.startswith("DELETE FROM agent_events") for q, _ in seen)
+    assert _one_write(backend, seen) or any(q.startswith("DELETE FROM agent_events") for q, _ in seen)
     assert [e.seq for e in store.events(sid, 0, 100)] == [e.seq for e in logged[2:]] + [logged[-1].seq + 1]
-    # A steer waits: the guard does not match, the transaction takes it, and the events are stored with it.
     store.add_steer(sid, "wait")
     msgs.append(agent.Message.assistant("a4"))
     saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=_notes(1, "steered"), keep=100)
@@ -493,7 +504,8 @@ def test_postgres_followers_wake_on_a_write_from_another_process(engine: Engine)
 RACER = """
 import sys, threading, uuid
 import agent_sessions as agent
-from stores._sql import statements as sql
+from sqlalchemy import insert
+from stores._sql.tables import messages
 from tests import servers
 
 kind, url = sys.argv[1], sys.argv[2]
@@ -526,14 +538,16 @@ for _ in range(20):
         store.save_fenced(fenced, held, [agent.Message.user(f"{i}-{j}") for j in range(3)], take_steers=True,
                           replace=True)
     race(fenced_first)
-# A batch whose first row fails while the rest are being sent (psycopg's executemany pipeline).
+# A batch whose first row fails while the rest are being sent (psycopg's executemany pipeline). PostgreSQL's
+# store sends no batch: its writes are one call of the schema's function each.
 store = stores[0]
 sid = "racer-batch-" + uuid.uuid4().hex
 store.save(sid, [agent.Message.user("kept")])
-rows = [{"session_id": sid, "seq": i, "body": "{}"} for i in range(500)]
+rows = [{"session_id": sid, "idx": i, "body": "{}"} for i in range(500)]
 try:
-    store._transaction("save", sid, lambda conn: store.run(conn, sql.APPEND, rows))
-    errors.append("the duplicate batch was stored")
+    if kind != "postgres":
+        store.backend._run("save", sid, lambda conn: conn.execute(insert(messages), rows))
+        errors.append("the duplicate batch was stored")
 except agent.StoreError:
     pass
 for n in range(10):  # the pool's connections, the failed one among them, still work
@@ -555,88 +569,3 @@ def test_racing_first_saves_and_a_failed_batch_leave_a_clean_exit(backend: Backe
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "errors 0 []", child.stdout
     assert "error ignored" not in child.stderr and "Traceback" not in child.stderr, child.stderr
-
-
-# -- MySQL's kept connections (stores/mysql/kept.py) -------------------------------------------------------
-
-
-def _leased_step(store: SQLStore, sid: str) -> tuple[agent.Holder, list[agent.Message]]:
-    """A session with a lease and a transcript the store knows: its next fenced save is the usual step."""
-    held = store.acquire(sid, agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
-    msgs = [agent.Message.user("q")]
-    store.save_fenced(sid, held, msgs, take_steers=True)
-    return held, msgs
-
-
-def _autocommit_of_pooled(engine: Engine, n: int) -> list[bool]:
-    """The autocommit of ``n`` connections checked out of the pool at once (all of them, for a pool of n)."""
-    raws = [engine.raw_connection() for _ in range(n)]
-    try:
-        return [bool(raw.driver_connection.get_autocommit()) for raw in raws]  # type: ignore[union-attr]
-    finally:
-        for raw in raws:
-            raw.close()
-
-
-def test_mysql_keeps_at_most_its_share_of_the_pool_and_gives_it_back() -> None:
-    """The usual step is one statement on a kept connection: fewer kept than the pool's size (none for a pool
-    of one, or a NullPool), and ``close`` (or the store's collection) gives them back as they were handed out."""
-    from sqlalchemy.pool import NullPool
-
-    servers.create_database(MYSQL.url)
-    engine = create_engine(MYSQL.url, pool_size=3, max_overflow=0)
-    servers.fresh_schema(engine)
-    try:
-        store = mysql.Store(engine)
-        held, msgs = _leased_step(store, "kept-1")
-        with statements_of(store) as seen:
-            for i in range(3):
-                msgs.append(agent.Message.user(f"u{i}"))
-                store.save_fenced("kept-1", held, msgs, take_steers=True)
-        assert [q.split(" (")[0] for q, _ in seen] == ["INSERT INTO agent_messages"] * 3  # no COMMIT, no ROLLBACK
-        assert engine.pool.checkedout() == 1  # type: ignore[attr-defined]
-        store.close()
-        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-        assert _autocommit_of_pooled(engine, 3) == [False] * 3
-        # Dropped without close: collected, it gives them back too.
-        dropped = mysql.Store(engine)
-        held, msgs = _leased_step(dropped, "kept-2")
-        dropped.save_fenced("kept-2", held, [*msgs, agent.Message.user("u")], take_steers=True)
-        assert engine.pool.checkedout() == 1  # type: ignore[attr-defined]
-        del dropped
-        gc.collect()
-        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-        assert _autocommit_of_pooled(engine, 3) == [False] * 3
-        assert mysql.Store(engine, keep=0)._kept.most == 0
-        with pytest.raises(agent.ArgumentError):
-            mysql.Store(engine, keep=-1)
-    finally:
-        engine.dispose()
-    for options in ({"pool_size": 1}, {"poolclass": NullPool}):
-        other = create_engine(MYSQL.url, **options)  # type: ignore[arg-type]
-        try:
-            store = mysql.Store(other)
-            held, msgs = _leased_step(store, f"kept-{uuid.uuid4().hex[:8]}")
-            assert store._kept.most == 0
-        finally:
-            other.dispose()
-
-
-def test_mysql_a_kept_connection_that_died_is_dropped_and_the_step_lands_once(engine: Engine) -> None:
-    if engine.dialect.name not in MYSQL.store.dialects:
-        pytest.skip("MySQL keeps connections for its usual step")
-    store = mysql.Store(engine)
-    sid = f"killed-{uuid.uuid4().hex[:8]}"
-    held, msgs = _leased_step(store, sid)
-    msgs.append(agent.Message.user("u1"))
-    store.save_fenced(sid, held, msgs, take_steers=True)
-    kept = store._kept._spare[0]
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f"KILL CONNECTION {kept.raw.thread_id()}")
-    msgs.append(agent.Message.user("u2"))
-    store.save_fenced(sid, held, msgs, take_steers=True)  # the dead one dropped; the transaction saves it
-    assert mysql.Store(engine).messages(sid) == msgs
-    msgs.append(agent.Message.user("u3"))
-    store.save_fenced(sid, held, msgs, take_steers=True)  # and a new one is kept
-    assert mysql.Store(engine).messages(sid) == msgs and store._kept._spare and store._kept._spare[0] is not kept
-    store.close()

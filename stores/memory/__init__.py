@@ -11,25 +11,23 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from agent_sessions.backed import BackedStore, new_incarnation
+from agent_sessions.backed import BackedStore
 from agent_sessions.backend import (
-    CANCEL,
-    Acquire,
     Change,
     Guard,
     Idle,
     Open,
     Queued,
     Recent,
-    Release,
-    Renew,
     Row,
     Snapshot,
     Steer,
     Want,
     Written,
-    first_seq,
+    empty_row,
+    first_events,
     indexed,
+    next_row,
 )
 
 
@@ -41,11 +39,6 @@ class _Session:
     queue: list[Queued] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)
     events: list[tuple[int, str]] = field(default_factory=list)
-
-
-def _empty(session: str) -> Row:
-    return Row(session, False, "", 0.0, 0.0, 0, 0, 0, None, 0, 0.0, "", 0, None, None, False, None, False, None,
-               None, "{}", 0, 0, 0, 0.0)
 
 
 class Backend:
@@ -78,8 +71,10 @@ class Backend:
         with self._lock:
             now = time.time()
             s = self._sessions.get(session)
-            row = _empty(session) if s is None else s.row
-            if not _holds(guard, s, row, now):
+            row = empty_row(session) if s is None else s.row
+            steers = () if s is None else [x.id for x in s.steers]
+            head = s.queue[0].id if s is not None and s.queue else None
+            if not guard.holds(row, now, steers, head, s is not None and guard.key_absent in s.keys):
                 return Written(False, None if s is None else replace(row, now=now))
             if change.empty:
                 return Written(True, replace(row, now=now))
@@ -92,18 +87,11 @@ class Backend:
             return Written(True, s.row)
 
     def _apply(self, s: _Session, change: Change, now: float) -> None:
-        row = s.row
-        version = row.version + 1
-        fields: dict[str, object] = {"version": version, "now": now}
-        if change.exist:
-            if not row.exists:
-                fields.update(exists=True, incarnation=new_incarnation(), created=now)
-            fields["updated"] = max(row.updated, now)
+        version = s.row.version + 1
         if change.splice is not None:
             at, texts = change.splice
             del s.messages[at:]
             s.messages.extend(texts)
-            fields.update(length=len(s.messages), edits=row.edits + 1)
         if change.take_steers:
             taken = set(change.take_steers)
             s.steers = [x for x in s.steers if x.id not in taken]
@@ -117,38 +105,12 @@ class Backend:
             s.keys.add(change.add_key)
         if change.drop_key is not None:
             s.keys.discard(change.drop_key)
-        if change.sets_journal:
-            fields["journal"] = change.journal
-        lease = change.lease
-        if isinstance(lease, Acquire):
-            fields.update(token=lease.token, epoch=row.epoch + 1, expires=now + lease.ttl, host=lease.host,
-                          pid=lease.pid, spec=lease.spec, turn=lease.turn, handed=row.handed or row.cancelled,
-                          cancelled=False)
-        elif isinstance(lease, Renew):
-            fields["expires"] = now + lease.ttl
-        elif isinstance(lease, Release):
-            fields.update(token=None, handed=row.handed or row.cancelled, cancelled=False)
-        elif lease == CANCEL:
-            fields.update(cancelled=True, cancelled_turn=row.turn)
-        if change.sets_turn:
-            fields["turn"] = change.turn
-        if change.handed is not None:
-            fields["handed"] = change.handed
-        if change.open == "set":
-            fields["open_since"] = now if row.open_since is None else row.open_since
-        elif change.open == "clear":
-            fields["open_since"] = None
-        if change.metadata is not None:
-            fields["metadata"] = change.metadata
         if change.events:
-            seq = row.last_seq or first_seq(now) - 1
-            for text in change.events:
-                seq += 1
-                s.events.append((seq, text))
+            seq = first_events(s.row, now)
+            s.events.extend(enumerate(change.events, seq))
             del s.events[:-change.keep]
-            fields["last_seq"] = seq
             self._appended.notify_all()
-        s.row = replace(row, **fields, steers=len(s.steers), queued=len(s.queue))  # type: ignore[arg-type]
+        s.row = next_row(s.row, change, now, len(s.steers), len(s.queue))
 
     def events(self, session: str, after: int, limit: int) -> list[tuple[int, str]]:
         with self._lock:
@@ -184,26 +146,6 @@ class Backend:
 
     def __repr__(self) -> str:
         return "memory"
-
-
-def _holds(guard: Guard, s: _Session | None, row: Row, now: float) -> bool:
-    held = row.token is not None
-    steers = set() if s is None else {x.id for x in s.steers}
-    return ((guard.exists is None or guard.exists == row.exists)
-            and (guard.incarnation is None or guard.incarnation == row.incarnation)
-            and (guard.version is None or guard.version == row.version)
-            and (guard.length is None or guard.length == row.length)
-            and (guard.edits is None or guard.edits == row.edits)
-            and (guard.lease is None or (row.token, row.epoch) == guard.lease)
-            and not (guard.lease_free and held and row.expires > now)
-            and not (guard.lease_held and not held)
-            and not (guard.not_cancelled and row.cancelled)
-            and not (guard.no_steers and row.steers)
-            and set(guard.steers) <= steers
-            and (not guard.checks_journal or guard.journal == row.journal)
-            and not (guard.no_queue and row.queued)
-            and (guard.queue_head is None or (s is not None and bool(s.queue) and s.queue[0].id == guard.queue_head))
-            and (guard.key_absent is None or s is None or guard.key_absent not in s.keys))
 
 
 class Store(BackedStore):

@@ -29,7 +29,6 @@ from pymongo import ReturnDocument, WriteConcern
 from pymongo.database import Database
 from pymongo.errors import AutoReconnect, DuplicateKeyError, PyMongoError, ServerSelectionTimeoutError
 
-from agent_sessions.backed import new_incarnation
 from agent_sessions.backend import (
     Acquire,
     Change,
@@ -43,6 +42,7 @@ from agent_sessions.backend import (
     Steer,
     Want,
     Written,
+    new_incarnation,
 )
 from agent_sessions.errors import OutcomeUnknown, StoreError
 

@@ -1,24 +1,17 @@
 """Waking followers of PostgreSQL event logs, and hearing cancels: a LISTEN connection per store and channel,
 fanned out to its waiters (events) or its runs' watches (cancels).
 
-Every write of events runs ``pg_notify('agent_events', <session id>)`` in its transaction while anything
-listens (``FOLLOWED``), so PostgreSQL delivers the notification when the events are committed, to every
-connection listening on the channel. A store that has followers keeps one such connection, in one thread,
-and wakes the threads waiting on the notified session (``Store.wait_for_events``). Waits are bounded, and a
-waiter re-reads the session's last number once it knows the listener is live, so a notification sent before
-it began waiting is not missed.
+A write with events (``agent_sessions_write``, write.sql) runs ``pg_notify('agent_events', <session id>)``
+while anything listens (``FOLLOWED``), and a cancel ``pg_notify('agent_cancels', '<epoch> <session id>')``;
+PostgreSQL delivers each when the write commits, to every connection listening on the channel. A store
+keeps one such connection per channel, in a thread of its own, started by its first use: a process that
+runs agents and follows no log does not listen for events (each of its runs' event writes would wake its
+listening thread, on the run's path).
 
-A cancel runs ``pg_notify('agent_cancels', '<epoch> <session id>')`` in its statement, and a store whose
-runs watch their leases keeps a connection listening for it: a run of this process holding that lease (a
-``Watch``, ``Store.watch_cancel``) then knows without a round trip. What the run may conclude from hearing
-nothing depends on the connection having listened, unbroken, since before its last read of the flag: each
-connection that LISTENs gets a new number (``Watch.listening``), and the number is withdrawn as soon as the
-connection is known lost.
-
-The two are separate connections, each started by its first use: a process that runs agents and follows no
-log does not listen for events. If it did, each of its runs' own event writes would wake its listening
-thread, whose turn for the GIL, on the run's path, cost a step with the event log about 0.15 ms, more than
-the write's own NOTIFY (docs/performance.md).
+Waits are bounded, and a waiter reads the session's last event number once it knows the listener is live,
+so a notification sent before it began waiting is not missed. What a run may conclude from hearing no
+cancel depends on the connection having listened, unbroken, since before its last read of the flag: each
+connection that LISTENs gets a new number (``Watch.listening``), withdrawn as soon as it is known lost.
 """
 
 from __future__ import annotations
@@ -34,11 +27,11 @@ log = logging.getLogger(__name__)
 CHANNEL = "agent_events"
 """The channel every event write notifies while anything follows, its payload the session id."""
 FOLLOWED = int.from_bytes(b"agentevs", "big")
-"""The advisory lock (a bigint key, 7018690069353821811) a connection listening on ``CHANNEL`` holds shared
-for as long as it listens. A write of events asks ``pg_try_advisory_xact_lock`` of it in its statement and
-notifies only when that fails: someone listens, or another writer holds it this instant. When it succeeds,
-nobody listens, and the write holds it until its commit, so a listener starting meanwhile waits for that
-commit before it LISTENs, and its waiter's first read (after the LISTEN) sees the write."""
+"""The advisory lock (a bigint key, 7018690069353821811, written into write.sql) a connection listening on
+``CHANNEL`` holds shared for as long as it listens. A write of events asks ``pg_try_advisory_xact_lock``
+of it and notifies only when that fails: someone listens, or another writer holds it this instant. When
+it succeeds, nobody listens, and the write holds it until its commit, so a listener starting meanwhile
+waits for that commit before it LISTENs, and its waiter's first read (after the LISTEN) sees the write."""
 LOCK_WAIT = "5s"
 """How long a listener waits for ``FOLLOWED`` (a write holds it for one statement) before it gives up and
 connects again (logged)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, TypeVar
 
-from agent_sessions.backed import BackedStore, new_incarnation
+from agent_sessions.backed import BackedStore
 from agent_sessions.backend import (
     CANCEL,
     Acquire,
@@ -36,6 +36,7 @@ from agent_sessions.backend import (
     Steer,
     Want,
     Written,
+    new_incarnation,
 )
 from agent_sessions.errors import OutcomeUnknown, StoreError
 

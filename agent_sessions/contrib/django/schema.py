@@ -43,7 +43,7 @@ def create(statements: Mapping[str, Sequence[str]]) -> Operation:
             raise _unsupported(connection)
         with connection.cursor() as cursor:
             tables = set(connection.introspection.table_names(cursor))
-            if "agent_runs" in tables and connection.vendor != "sqlite":  # SQLite upgrades its file on open
+            if "agent_sessions" in tables and "agent_store" not in tables:
                 raise _old_schema(connection)
             created = False
             for statement in statements[connection.vendor]:
@@ -100,11 +100,10 @@ def _unsupported(connection: Any) -> Exception:
 def _old_schema(connection: Any) -> Exception:
     from agent_sessions import StoreError
 
-    module = "postgres" if connection.vendor == "postgresql" else "mysql"
     return StoreError(
-        f"DATABASES[{connection.alias!r}] has agent-sessions 0.1's tables (schema 1: agent_runs exists). "
-        f"Upgrade them first, with no run in flight, by running each statement of stores.{module}.MIGRATIONS[2]; "
-        f"then migrate again"
+        f"DATABASES[{connection.alias!r}] has tables of an earlier development schema of agent-sessions "
+        "(agent_sessions without agent_store), which this version does not read: drop them (or point "
+        "AGENT_SESSIONS at a new database), then migrate again"
     )
 
 
@@ -114,8 +113,7 @@ def _old_schema(connection: Any) -> Exception:
 def current() -> tuple[int, dict[str, list[str]]]:
     """The schema version and, per vendor, the CREATE statements the stores export today: PostgreSQL's
     ``SCHEMA`` split into its statements, MySQL's ``SCHEMA``, and for SQLite what ``stores.sqlite.open``
-    creates in a new file, with the ``PRAGMA user_version`` it stamps the file with (``open`` reads it to
-    know which upgrades the file needs)."""
+    creates in a new file."""
     from sqlalchemy.dialects import sqlite as sqlite_dialect
 
     from stores import mysql, postgres
@@ -123,19 +121,16 @@ def current() -> tuple[int, dict[str, list[str]]]:
 
     pg = [s.strip() for s in postgres.SCHEMA.strip().removesuffix(";").split(";\n\n")]
     assert ";\n\n".join(pg) + ";\n" == postgres.SCHEMA, "postgres.SCHEMA is no longer split by ';\\n\\n'"
-    lite = [*ddl(sqlite_dialect.dialect()), f"PRAGMA user_version = {SCHEMA_VERSION}"]
+    lite = ddl(sqlite_dialect.dialect())
     return SCHEMA_VERSION, {"postgresql": pg, "mysql": list(mysql.SCHEMA), "sqlite": lite}
 
 
 def drops(create: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-    """Each vendor's DROP statements: the tables ``create`` makes, last first; on SQLite, the file's
-    ``user_version`` back to 0, so that ``stores.sqlite.open`` takes the file as new again."""
+    """Each vendor's DROP statements: the tables ``create`` makes, last first."""
     out: dict[str, list[str]] = {}
     for vendor, statements in create.items():
         tables = [m[2] for m in map(_CREATE.match, statements) if m is not None and m[1] == "TABLE"]
         out[vendor] = [f"DROP TABLE IF EXISTS {table}" for table in reversed(tables)]
-        if vendor == "sqlite":
-            out[vendor].append("PRAGMA user_version = 0")
     return out
 
 

@@ -1,0 +1,436 @@
+"""The backend of every SQL store (``agent_sessions.backend``) over a SQLAlchemy Engine, in Core statements.
+
+A write is one transaction: lock the session's row (``lock``: ``SELECT ... FOR UPDATE``, or SQLite's
+``BEGIN IMMEDIATE``), evaluate the guard in Python (``Guard.holds``, shared with the memory store), change
+the child tables, and write the row the shared arithmetic computed (``next_row``). A read is one
+transaction too, so all its parts are of one moment. The dialects differ only in the hooks of ``SQLBackend``
+(how a transaction begins, the store's clock, a prefix match, which errors to retry).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Delete,
+    Engine,
+    Select,
+    and_,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+
+from agent_sessions.backend import (
+    Change,
+    Guard,
+    Idle,
+    Open,
+    Queued,
+    Recent,
+    Row,
+    Snapshot,
+    Steer,
+    Want,
+    Written,
+    empty_row,
+    first_events,
+    indexed,
+    next_row,
+)
+from agent_sessions.errors import AgentError, OutcomeUnknown, StoreError
+
+from .tables import (
+    CHILDREN,
+    SCHEMA_VERSION,
+    TABLES,
+    SchemaMismatch,
+    SessionId,
+    events,
+    keys,
+    messages,
+    queue,
+    sessions,
+    steers,
+    store,
+)
+from .tables import tags as meta
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+RETRIES = 4
+"""Times a transaction is run again after a deadlock, or a new session's row another writer made first."""
+S = sessions.c
+_ROW = [c for c in sessions.c]
+_FIELDS = [c.name for c in _ROW]
+
+
+def _children(guard: Guard, sid: ColumnElement[str]) -> list[ColumnElement[Any]]:
+    """What the guard asks of the child tables: how many of its steers wait, the queue's head, whether its
+    key was accepted; scalar subqueries of the session ``sid`` names."""
+    t, qu, k = steers.c, queue.c, keys.c
+    return [select(func.count()).where(t.session_id == sid, t.id.in_(set(guard.steers) or {-1})).scalar_subquery(),
+            select(func.min(qu.id)).where(qu.session_id == sid).scalar_subquery(),
+            select(func.count()).where(k.session_id == sid, k.accepted_key == (guard.key_absent or ""))
+            .scalar_subquery()]
+
+
+def _bounded(statement: Delete, count: int) -> Delete:
+    """``statement``, deleting the session's ``count`` rows from its first (a key that is there), stopped by
+    MySQL's ``LIMIT`` at the last: InnoDB would otherwise lock the gap before the first and read on to the
+    next row of the index, another session's, and wait for the lock a writer of that session holds on it."""
+    return statement.with_dialect_options(mysql_limit=count)
+
+
+_TABLE = re.compile(r"\b(?:" + "|".join(t.name for t in TABLES) + r")\b")
+_oldest = select(func.min(events.c.seq)).where(events.c.session_id == S.session_id).scalar_subquery()
+"""The oldest event kept, read with the row: a write that adds events trims the log only when it must."""
+
+
+class SQLBackend:
+    """A backend over ``engine``; ``name`` says which database in errors ("SQLite store")."""
+
+    hint = "create the tables first"
+    inline_children = True
+    """Read what a guard asks of the child tables in the statement that locks the row (subqueries naming
+    the locked row, evaluated once its lock is granted); ``False`` where a statement's subqueries read as of
+    its start, before it waited for the lock (PostgreSQL): then in a statement after it."""
+    """What a ``StoreError`` for a missing table tells the caller to do."""
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self.engine = engine
+        self.name = name
+        self._identity: str | None = None
+        _LIVE.add(self)
+
+    # -- the dialect's hooks -----------------------------------------------------------------------------
+
+    def begin(self, conn: Connection, write: Change | None) -> None:
+        """Begin ``conn``'s transaction: a write's of ``write``, or (``None``) a read's that sees one moment."""
+
+    def relock(self, conn: Connection, change: Change) -> bool:
+        """The write's lock found no row: ``True`` if the dialect began the transaction again (then the row
+        is locked again), since locking a missing row locked more (MySQL's gap lock)."""
+        return False
+
+    def clock(self) -> ColumnElement[float]:
+        """The store's clock as a SQL expression."""
+        raise NotImplementedError
+
+    def lock(self, query: Select[Any]) -> Select[Any]:
+        """``query`` of the session's row, locking it for the write's transaction."""
+        return query.with_for_update()
+
+    def lock_shared(self, query: Select[Any]) -> Select[Any]:
+        """``query`` of the session's row for a read: where a read would otherwise see the row as it was
+        before a write in flight (MVCC), wait for that write, so a reader that acts on what it read (a taker
+        of steers) does not act on what is already gone."""
+        return query
+
+    def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
+        return column.startswith(prefix, autoescape=True)
+
+    def retry(self, exc: DBAPIError) -> bool:
+        """A deadlock or the like: the transaction was rolled back and may simply run again."""
+        return False
+
+    def refine(self, exc: DBAPIError, what: str) -> AgentError | None:
+        """A more precise error for ``exc`` than the plain ``StoreError`` (a lock wait given up)."""
+        return None
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's connections without closing them (they are the parent's)."""
+        self.engine.dispose(close=False)
+
+    # -- transactions ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def _run(self, what: str, session: str, work: Callable[[Connection], T], write: Change | None = None) -> T:
+        """``work`` in one transaction, run again after a deadlock, or (having written nothing) on a dead
+        pooled connection. A connection lost while committing what a write changed is ``OutcomeUnknown``; a
+        refused write changed nothing, so losing its COMMIT is no doubt about anything (it runs again)."""
+        if self._identity is None and what != "identity":
+            _ = self.identity
+        attempt = 0
+        while True:
+            changed = False
+            try:
+                with self._connection() as conn:
+                    self.begin(conn, write)
+                    result = work(conn)
+                    changed = write is not None and not write.empty and isinstance(result, Written) and result.done
+                    conn.commit()
+                return result
+            except DBAPIError as exc:
+                fresh = exc.connection_invalidated and not changed
+                again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write is not None)
+                if again and attempt < RETRIES:
+                    attempt += 1
+                    log.warning("%s: %s of %r: %s; running it again (attempt %d of %d)", self.name, what, session,
+                                exc.orig, attempt, RETRIES)
+                    time.sleep(0.002 * 2**attempt * random.random())
+                    continue
+                raise self._error(what, session, exc, changed) from exc
+            except SQLAlchemyError as exc:
+                raise self._error(what, session, exc, False) from exc
+
+    def _error(self, what: str, session: str, exc: SQLAlchemyError, unknown: bool) -> AgentError:
+        cause = str(getattr(exc, "orig", None) or exc).strip()
+        what = f"{what} of session {session!r}" if session else what
+        if unknown and isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            return OutcomeUnknown(f"{self.name}: {what} may have happened: the connection dropped as it "
+                                  f"committed ({cause})")
+        refined = self.refine(exc, what) if isinstance(exc, DBAPIError) else None
+        if refined is not None:
+            return refined
+        low = cause.lower()
+        missing = _TABLE.search(cause)
+        if missing and any(s in low for s in ("no such table", "doesn't exist", "does not exist", "undefinedtable")):
+            return StoreError(f"{self.name}: table {missing.group(0)!r} does not exist ({what}); {self.hint}")
+        return StoreError(f"{self.name}: {what} failed: {cause}")
+
+    # -- identity ----------------------------------------------------------------------------------------
+
+    @property
+    def identity(self) -> str:
+        if self._identity is None:
+            q = select(store.c.identity, store.c.schema_version).where(store.c.id == 1)
+            found = self._run("identity", "", lambda conn: conn.execute(q).first())
+            if found is None:
+                mine = insert(store).values(id=1, identity=uuid.uuid4().hex, schema_version=SCHEMA_VERSION)
+                try:
+                    self._run("identity", "", lambda conn: conn.execute(mine))
+                except StoreError as exc:
+                    if not isinstance(exc.__cause__, IntegrityError):  # else another process drew it first
+                        raise
+                found = self._run("identity", "", lambda conn: conn.execute(q).first())
+            assert found is not None
+            if found[1] != SCHEMA_VERSION:
+                raise SchemaMismatch(f"{self.name}: the database is of schema {found[1]}, this version of "
+                                     f"agent-sessions reads and writes schema {SCHEMA_VERSION} only")
+            self._identity = str(found[0])
+        return self._identity
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    def _rows(self, conn: Connection, query: Select[Any]) -> list[Row]:
+        return [Row(*r) for r in conn.execute(query)]
+
+    def _select(self) -> Select[Any]:
+        return select(*_ROW, self.clock().label("now"))
+
+    def read(self, session: str, want: Want) -> Snapshot | None:
+        return self._run("read", session, lambda conn: self._read(conn, session, want))
+
+    def _read(self, conn: Connection, session: str, want: Want) -> Snapshot | None:
+        found = self._rows(conn, self.lock_shared(self._select().where(S.session_id == session)))
+        if not found:
+            return None
+        row = found[0]
+        start, texts = 0, []
+        if want.start is not None or want.last is not None:
+            stop = row.length if want.stop is None else min(want.stop, row.length)
+            start = want.start if want.start is not None else max(stop - (want.last or 0), 0)
+            if start < stop:
+                texts = list(conn.execute(
+                    select(messages.c.body).where(messages.c.session_id == session, messages.c.idx >= start,
+                                                  messages.c.idx < stop).order_by(messages.c.idx)).scalars())
+        waiting = []
+        if want.steers and row.steers:
+            waiting = [Steer(*r) for r in conn.execute(
+                select(steers.c.id, steers.c.body, steers.c.steer_key).where(steers.c.session_id == session)
+                .order_by(steers.c.id))]
+        queued = []
+        if want.queue and row.queued:
+            queued = [Queued(*r) for r in conn.execute(
+                select(queue.c.id, queue.c.queue_key, queue.c.body).where(queue.c.session_id == session)
+                .order_by(queue.c.id))]
+        accepted: frozenset[str] = frozenset()
+        if want.keys:
+            accepted = frozenset(conn.execute(select(keys.c.accepted_key).where(
+                keys.c.session_id == session, keys.c.accepted_key.in_(want.keys))).scalars())
+        return Snapshot(row, start, texts, waiting, queued, accepted)
+
+    def events(self, session: str, after: int, limit: int) -> list[tuple[int, str]]:
+        e = events.c
+        q = select(e.seq, e.body).where(e.session_id == session, e.seq > after).order_by(e.seq).limit(limit)
+        return self._run("events", session, lambda conn: [(int(s), b) for s, b in conn.execute(q)])
+
+    def sessions(self, query: Recent | Open | Idle) -> list[Row]:
+        return self._run("sessions", "", lambda conn: self._rows(conn, self._listing(query)))
+
+    def _listing(self, query: Recent | Open | Idle) -> Select[Any]:
+        """Each query reads an index in its order and stops at the page's end: Recent and Idle the index of
+        (exists_, updated, session_id), backwards and forwards from the cursor's bound; Open the index of the
+        open sessions (whose ``exists_`` test is written so no planner prefers the other index)."""
+        q = self._select()
+        if isinstance(query, Open):
+            q = q.where(S.open_since.is_not(None), S.open_since <= self.clock() - query.grace,
+                        S.exists_.is_not(False))
+            if query.after is not None:
+                o, sid = query.after
+                q = q.where(S.open_since >= o, or_(S.open_since > o, S.session_id > sid))
+            return q.order_by(S.open_since, S.session_id).limit(query.limit)
+        q = q.where(S.exists_ == true())
+        if isinstance(query, Idle):
+            return q.where(S.updated < self.clock() - query.idle_for).order_by(S.updated, S.session_id).limit(
+                query.limit)
+        if query.prefix:
+            q = q.where(self.starts_with(S.session_id, query.prefix))
+        for i, (name, value) in enumerate(query.where):
+            m = meta.alias(f"m{i}")
+            q = q.join(m, and_(m.c.session_id == S.session_id, m.c.name == name, m.c.value == value))
+        if query.after is not None:
+            u, sid = query.after
+            q = q.where(S.updated <= u, or_(S.updated < u, S.session_id < sid))
+        return q.order_by(S.exists_.desc(), S.updated.desc(), S.session_id.desc()).limit(query.limit)
+
+    # -- writing -----------------------------------------------------------------------------------------
+
+    def write(self, session: str, guard: Guard, change: Change) -> Written:
+        return self._run("write", session, lambda conn: self._write(conn, session, guard, change), write=change)
+
+    def _write(self, conn: Connection, session: str, guard: Guard, change: Change) -> Written:
+        q = self._select().where(S.session_id == session)
+        trims = bool(change.events and change.keep)
+        inline = guard.reads_children and self.inline_children
+        if trims:
+            q = q.add_columns(_oldest)
+        if inline:
+            q = q.add_columns(*_children(guard, S.session_id))
+        found = conn.execute(self.lock(q)).first()
+        if found is None and self.relock(conn, change):
+            found = conn.execute(self.lock(q)).first()
+        if found is None:
+            now = float(conn.execute(select(self.clock())).scalar_one())
+            row, oldest, extra = None, None, (0, None, 0)
+            base = replace(empty_row(session), now=now)
+        else:
+            n = len(_ROW) + 1
+            row = base = Row(*found[:n])
+            oldest = found[n] if trims else None
+            extra = tuple(found[n + trims:]) if inline else (0, None, 0)
+            if guard.reads_children and not inline:
+                extra = tuple(conn.execute(select(*_children(guard, literal(session, SessionId)))).one())
+        present, head, key = extra
+        waiting = guard.steers if present == len(set(guard.steers)) else ()
+        if not guard.holds(base, base.now, waiting, head, bool(key)):
+            return Written(False, row)
+        if change.empty:
+            return Written(True, base)
+        if change.delete:
+            if row is not None:
+                known = {messages: row.length, steers: row.steers, queue: row.queued,
+                          meta: len(indexed(row.metadata))}
+                for table in CHILDREN:
+                    gone = delete(table).where(table.c.session_id == session)
+                    if table not in known:
+                        conn.execute(gone)
+                    elif known[table]:
+                        conn.execute(_bounded(gone, known[table]))
+                conn.execute(delete(sessions).where(S.session_id == session))
+            return Written(True, row)
+        counts = self._children_change(conn, session, base, change, oldest)
+        new = next_row(base, change, base.now, *counts)
+        values = {name: getattr(new, "session" if name == "session_id" else name.rstrip("_")) for name in _FIELDS}
+        if row is None:
+            conn.execute(insert(sessions).values(values))
+        else:
+            del values["session_id"]
+            conn.execute(update(sessions).where(S.session_id == session).values(values))
+        return Written(True, new)
+
+    def _children_change(self, conn: Connection, session: str, row: Row, change: Change,
+                         oldest: int | None) -> tuple[int, int]:
+        """Change the child tables; how many steers and queue items wait after it."""
+        waiting, queued = row.steers, row.queued
+        version = row.version + 1
+        if change.splice is not None:
+            at, texts = change.splice
+            if at < row.length:
+                conn.execute(_bounded(delete(messages).where(messages.c.session_id == session,
+                                                             messages.c.idx >= at), row.length - at))
+            if texts:
+                conn.execute(insert(messages), [{"session_id": session, "idx": at + i, "body": body}
+                                                for i, body in enumerate(texts)])
+        if change.take_steers:
+            waiting -= conn.execute(delete(steers).where(steers.c.session_id == session,
+                                                         steers.c.id.in_(set(change.take_steers)))).rowcount
+        if change.add_steer is not None:
+            body, key = change.add_steer
+            conn.execute(insert(steers).values(session_id=session, id=version, body=body, steer_key=key))
+            waiting += 1
+        if change.pop is not None:
+            queued -= conn.execute(delete(queue).where(queue.c.session_id == session,
+                                                       queue.c.id == change.pop)).rowcount
+        if change.push is not None:
+            key, body = change.push
+            conn.execute(insert(queue).values(session_id=session, id=version, queue_key=key, body=body))
+            queued += 1
+        if change.drop_key is not None:
+            conn.execute(delete(keys).where(keys.c.session_id == session, keys.c.accepted_key == change.drop_key))
+        if change.add_key is not None:
+            conn.execute(insert(keys).values(session_id=session, accepted_key=change.add_key))
+        if change.metadata is not None:
+            if row.metadata != "{}":
+                names = [n for n, _ in indexed(row.metadata)]
+                conn.execute(delete(meta).where(meta.c.session_id == session, meta.c.name.in_(names)))
+            pairs = indexed(change.metadata)
+            if pairs:
+                conn.execute(insert(meta), [{"session_id": session, "name": n, "value": v} for n, v in pairs])
+        if change.events:
+            first = first_events(row, row.now)
+            conn.execute(insert(events), [{"session_id": session, "seq": first + i, "body": body}
+                                          for i, body in enumerate(change.events)])
+            cut = first + len(change.events) - change.keep
+            start = oldest if oldest is not None else first
+            if change.keep and start < cut:
+                e = events.c
+                conn.execute(_bounded(delete(events).where(e.session_id == session, e.seq >= start, e.seq < cut),
+                                      cut - start))
+        return waiting, queued
+
+    def close(self) -> None:
+        """The engine is the caller's (SQLite's ``open`` disposes of the one it made)."""
+
+    def __repr__(self) -> str:
+        return f"{self.engine.url!r}"
+
+
+_LIVE: weakref.WeakSet[SQLBackend] = weakref.WeakSet()
+"""Every SQL backend alive in this process, for the one at-fork handler below."""
+
+
+def _forked() -> None:
+    """A forked child (a Celery or gunicorn prefork worker) must not talk over its parent's sockets: two
+    processes on one connection interleave their bytes. One handler for all backends, registered once."""
+    for backend in list(_LIVE):
+        backend.after_fork()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+__all__ = ["SQLBackend"]
