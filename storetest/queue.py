@@ -194,7 +194,8 @@ class QueueContract(ContractMixin):
                  if r.session == sid]
         assert model.requests == 3 and store.queued(sid) == [], swept
         assert [m.key for m in store.messages(sid) if m.key] == ["k0", "k1", "k2"]
-        assert store.info(sid).open_since is None
+        info = store.info(sid)
+        assert info is not None and info.open_since is None
 
     def test_a_queue_on_a_session_without_a_transcript_starts_it(self) -> None:
         store = self.queue_store()
