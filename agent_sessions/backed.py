@@ -526,6 +526,21 @@ class BackedStore:
                 return position
         return 0
 
+    def withdraw(self, session: str, key: str) -> bool:
+        """Take ``key``'s message out of the queue, unanswered, if it waits there: for a message sent again
+        after the transcript took it (its caller answers from the transcript). Guarded by what it read, so
+        the item it removes is the one it found."""
+        validate.session_id(session)
+        for _ in range(ATTEMPTS):
+            snap = self.backend.read(session, Want(queue=True))
+            item = None if snap is None else next((q for q in snap.queue if q.key == key), None)
+            if snap is None or item is None:
+                return False
+            if self.backend.write(session, Guard(version=snap.row.version),
+                                  Change(pop=item.id, drop_key=_key("q", key))).done:
+                return True
+        raise self._busy("withdraw", session)
+
     def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
         validate.session_id(session)
         for _ in range(ATTEMPTS):
@@ -537,14 +552,18 @@ class BackedStore:
             head = snap.queue[0]
             message = Message.user(head.text, key=head.key)
             row = snap.row
+            # The key goes with the item: from here the transcript holds the message and its key (or held it
+            # already: ``append=False``), so the key rows are only those of messages waiting. A message sent
+            # again after this is queued again, and whoever meets it at the head drops it unanswered, since
+            # the transcript holds its key (``busy._answer_head``, ``stranded._queued``).
             if append:
                 guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id, length=row.length,
                               edits=row.edits)
                 change = Change(exist=True, pop=head.id, splice=(row.length, (message.to_json(),)), journal=None,
-                                turn=head.key)
+                                turn=head.key, drop_key=_key("q", head.key))
             else:
                 guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id)
-                change = Change(pop=head.id)
+                change = Change(pop=head.id, drop_key=_key("q", head.key))
             written = self.backend.write(session, guard, change)
             if written.done:
                 assert written.row is not None

@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
-from urllib.parse import unquote, unquote_plus
 
 from . import lifecycle
 from .contract import ApprovalStore, Holder, LifecycleStore, QueueStore, RunStore, Scalar, SessionInfo, Store, when
@@ -63,7 +62,6 @@ EXIT_CODES = {
     CONFLICT: "a conflict: a live run holds the session (delete without --force), a fork's target exists, "
               "a call decided already",
 }
-DIST = "stored-agent-sessions"
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +85,13 @@ class Outcome:
     note: str = ""
 
 
-# -- store URLs ----------------------------------------------------------------------------------------------
-
-_SQL_DRIVERS = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql"), "mariadb": ("mysql", "pymysql")}
+# -- store URLs: stores.urls opens them; the CLI maps what it raises to exit codes ------------------------------
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where a store URL points: ``kind`` is sqlite, postgres, mysql or mongodb; ``where`` is the URL as
-    messages show it (without its password)."""
+    """Where a store URL points: ``kind`` names its store (sqlite, postgres, mysql, mongodb, redis, or another
+    package's); ``where`` is the URL as messages show it (without its password)."""
 
     kind: str
     url: str
@@ -103,202 +99,61 @@ class Target:
 
 
 def parse_target(url: str) -> Target:
-    """Read a store URL without connecting; ``Exit(2)`` for one this CLI cannot use."""
-    if "://" not in url:
-        if not url:
-            raise Exit(USAGE, "the store URL is empty")
-        return Target("sqlite", url, _hide(url))
-    scheme = url.split("://", 1)[0].lower()
-    if scheme == "sqlite":
-        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
-        if not path:
-            raise Exit(USAGE, f"bad SQLite URL {_hide(url)!r}: write sqlite:///relative/path.db or "
-                              "sqlite:////abs/path.db")
-        return Target("sqlite", path, _hide(path))
-    if scheme in ("mongodb", "mongodb+srv"):
-        return Target("mongodb", url, _hide(url))
-    backend, driver = scheme.partition("+")[0], scheme.partition("+")[2]
-    if backend == "postgres":
-        backend = "postgresql"
-    if backend in _SQL_DRIVERS:
-        kind, wanted = _SQL_DRIVERS[backend]
-        if driver not in ("", wanted):
-            raise Exit(USAGE, f"store URL {_hide(url)!r}: the {kind} store runs on {wanted}; "
-                              f"write {backend}+{wanted}://...")
-        return Target(kind, f"{backend}+{wanted}://{url.split('://', 1)[1]}", _hide(url))
-    raise Exit(USAGE, f"unknown store URL scheme {scheme!r} in {_hide(url)!r}: use a SQLite path or sqlite:///path, "
-                      "postgresql+psycopg://, mysql+pymysql:// or mongodb://")
+    """Read a store URL without connecting; ``Exit(2)`` for one no store serves."""
+    urls = _urls()
+    try:
+        return Target(urls.kind_of(url).name, url, urls.shown(url))
+    except ArgumentError as exc:
+        raise Exit(USAGE, str(exc)) from exc
 
 
-_SECRET_PARAMETER = re.compile(r"pass|pwd|secret|token|authmechanismproperties", re.IGNORECASE)
-"""A query parameter whose value is a credential: ``password=``/``passwd=`` (libpq, PyMySQL), ``sslpassword``,
-``tlsCertificateKeyFilePassword``, MongoDB's ``authMechanismProperties`` (an AWS session token)."""
-
-
-def hide_credentials(url: str) -> tuple[str, list[str]]:
-    """``url`` as messages show it, with every credential it carries as ``***``, and those credentials.
-
-    Read by hand rather than with ``urlsplit`` or SQLAlchemy's ``make_url``, which end the userinfo at the
-    first ``/`` or ``@``: a password may hold both, unescaped, and the drivers take it. So the userinfo is
-    everything up to the *last* ``@`` after ``://``, and the password what follows its first ``:``;
-    when a query holds an ``@`` too, more is hidden than the password, never less. Then each query
-    parameter naming a secret (``_SECRET_PARAMETER``) has its value hidden."""
-    scheme, sep, rest = url.partition("://")
-    head, secrets = (f"{scheme}://", []) if sep else ("", [])
-    if not sep:
-        rest = url
-    at = rest.rfind("@") if sep else -1
-    if at != -1:
-        user, colon, password = rest[:at].partition(":")
-        if colon and password:
-            secrets.append(password)
-            user += ":***"
-        elif colon:
-            user += ":"
-        head, rest = f"{head}{user}@", rest[at + 1:]
-    base, question, query = rest.partition("?")
-    if question:
-        items = re.split(r"([&;])", query)  # MongoDB also separates with ;
-        for i in range(0, len(items), 2):
-            name, equals, value = items[i].partition("=")
-            if equals and value and _SECRET_PARAMETER.search(unquote_plus(name)):
-                secrets.append(value)
-                items[i] = f"{name}=***"
-        rest = f"{base}?{''.join(items)}"
-    return head + rest, secrets
-
-
-def _hide(url: str) -> str:
-    return hide_credentials(url)[0]
-
-
-def scrub(text: str, url: str | None) -> str:
-    """``text`` without the credentials of ``url``, as written and percent-decoded: the last line of defence
-    for a message quoting what a driver or URL parser said (SQLAlchemy quotes a URL it cannot parse)."""
-    if not url:
-        return text
-    forms = {form for secret in hide_credentials(url)[1] for form in (secret, unquote(secret), unquote_plus(secret))}
-    for form in sorted(forms, key=len, reverse=True):
-        if form:
-            text = text.replace(form, "***")
-    return text
-
-
-@dataclass
-class Opened:
-    store: Store
-    close: Callable[[], None]
-    failures: tuple[type[BaseException], ...]
-    """The driver's own exceptions, which mean the store failed (exit 4) when one escapes the store."""
-
-
-def open_store(target: Target) -> Opened:
-    """Open the store ``target`` names. The CLI runs no DDL on a database server and creates no SQLite
-    file: the tables are the application's (``schema`` prints them). A kind is also its extra's name."""
-    from .errors import StoresShadowed  # here, beside the store imports they guard
+def _urls() -> Any:
+    """``stores.urls``, once ``check_stores`` found the library's ``stores`` (a project's own is not a missing
+    extra: say what was found instead)."""
     from .shadowing import check_stores
 
     try:
-        check_stores()  # a project's own `stores` is not a missing extra: say what was found instead
-        if target.kind == "sqlite":
-            return _open_sqlite(target)
-        if target.kind == "mongodb":
-            return _open_mongodb(target)
-        return _open_sql(target)
+        check_stores()
+        import stores.urls
     except ImportError as exc:
-        hint = str(exc) if isinstance(exc, StoresShadowed) or "pip install" in str(exc) else (
-            f"the {target.kind} store cannot import its driver ({exc}); "
-            f"install it with: pip install '{DIST}[{target.kind}]'")
-        raise Exit(MISSING_DRIVER, hint) from exc
+        raise Exit(MISSING_DRIVER, str(exc)) from exc
+    return stores.urls
 
 
-def _open_sqlite(target: Target) -> Opened:
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from stores import sqlite
-
-    if not os.path.isfile(target.url):
-        raise Exit(STORE_FAILED, f"no SQLite store at {target.where!r}: no such file (the CLI creates none; "
-                                 "the application's stores.sqlite.open(path) does)")
+def scrub(text: str, url: str | None) -> str:
+    """``text`` without the credentials of ``url`` (``stores.urls.scrub``): the last line of defence for a
+    message quoting what a driver or URL parser said."""
+    if not url:
+        return text
     try:
-        store = sqlite.open(target.url)
-    except SQLAlchemyError as exc:
-        cause = getattr(exc, "orig", None) or exc
-        raise Exit(STORE_FAILED, f"cannot open the SQLite store {target.where!r}: {cause}") from exc
-    return Opened(store, store.close, (SQLAlchemyError,))
+        from stores.urls import scrub as scrubbed
+    except ImportError:
+        return text
+    return scrubbed(text, url)
 
 
-def _open_sql(target: Target) -> Opened:
-    from sqlalchemy import create_engine, make_url
-    from sqlalchemy.exc import ArgumentError as BadURL
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from stores import mysql, postgres
-
+def open_store(target: Target) -> Any:
+    """Open the store ``target`` names (``stores.urls.Opened``). The CLI runs no DDL on a database server and
+    creates no SQLite file: the tables are the application's (``schema`` prints them)."""
+    urls = _urls()
+    options = urls.Options(connect_timeout=CONNECT_TIMEOUT, application_name=f"{APPLICATION_NAME} cli", pool_size=1)
     try:
-        url = make_url(target.url)
-    except (BadURL, ValueError) as exc:  # ValueError: a port that is not a number
-        raise Exit(USAGE, f"bad store URL {target.where!r}: {exc}") from exc
-    userinfo = target.url.partition("://")[2].rpartition("@")[0]
-    if "@" in userinfo and unquote(userinfo.partition(":")[2]) != url.password:
-        # SQLAlchemy ends the password at its first @, and would send the rest to DNS as the host name.
-        raise Exit(USAGE, f"store URL {target.where!r}: escape each @ in the user name or password (and any "
-                          "in the query) as %40")
-    options: dict[str, Any] = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
-    if target.kind == "mysql" and "charset" not in url.query:
-        url = url.update_query_dict({"charset": "utf8mb4"})  # the store keeps any Unicode text
-    if target.kind == "postgres" and "application_name" not in url.query:
-        options["application_name"] = f"{APPLICATION_NAME} cli"  # pg_stat_activity says whose connection it is
-    engine = create_engine(url, connect_args=options, pool_size=1)
-    store: Store = postgres.Store(engine) if target.kind == "postgres" else mysql.Store(engine)
-    return Opened(store, engine.dispose, (SQLAlchemyError,))
-
-
-def _open_mongodb(target: Target) -> Opened:
-    from pymongo import MongoClient
-    from pymongo.errors import ConfigurationError, InvalidURI, PyMongoError
-
-    from stores import mongodb
-
-    lower = target.url.lower()
-    timeouts: dict[str, Any] = {name: CONNECT_TIMEOUT * 1000 for name in ("serverSelectionTimeoutMS",
-                                "connectTimeoutMS") if name.lower() not in lower}
-    try:
-        client: MongoClient[dict[str, Any]] = MongoClient(target.url, **timeouts)  # connects lazily
-    except (InvalidURI, ConfigurationError, ValueError) as exc:  # ValueError: a bad port
-        raise Exit(USAGE, f"bad store URL {target.where!r}: {exc}") from exc
-    try:
-        database = client.get_default_database()
-    except ConfigurationError:
-        client.close()
-        raise Exit(USAGE, f"store URL {target.where!r} names no database: write mongodb://host:27017/dbname") from None
-    return Opened(mongodb.Store(database), client.close, (PyMongoError,))
+        return urls.open_url(target.url, options)
+    except ArgumentError as exc:
+        raise Exit(USAGE, str(exc)) from exc
+    except ImportError as exc:
+        raise Exit(MISSING_DRIVER, str(exc)) from exc
+    except StoreError as exc:
+        raise Exit(STORE_FAILED, str(exc)) from exc
 
 
 def schema(target: Target) -> str:
     """The DDL that creates the store's tables (or indexes), as the store exports it, for the operator's
     migration or shell, since the CLI runs none; "" when the store needs nothing made beforehand."""
-    from .shadowing import check_stores
-
     try:
-        check_stores()
-        if target.kind == "postgres":
-            from stores import postgres
-
-            return postgres.SCHEMA
-        if target.kind == "mysql":
-            from stores import mysql
-
-            return "".join(f"{statement};\n\n" for statement in mysql.SCHEMA)
-        if target.kind == "mongodb":
-            from stores import mongodb
-
-            return "".join(f"db.getCollection({json.dumps(collection)}).createIndex("
-                           f"{json.dumps(dict(keys))}, {json.dumps(options)});\n"
-                           for collection, keys, options in mongodb.INDEXES)
+        return str(_urls().kind_of(target.url).schema())
     except ImportError as exc:
         raise Exit(MISSING_DRIVER, str(exc)) from exc
-    return ""  # SQLite: stores.sqlite.open creates its tables
 
 
 # -- parsing arguments ----------------------------------------------------------------------------------------

@@ -78,9 +78,10 @@ class StoreSession:
         a message that arrives while the session is busy. Nothing runs here. Whoever holds the session next
         answers the queue from its head: a ``Runner.turn`` of the session, or the sweep (``agent.recover``:
         ``python -m agent_sessions work``, the Celery workers of ``agent_sessions.contrib.celery``), so a web
-        request can hand a message over and answer at once. A key once accepted is not stored again, so
-        sending again after a failure is safe. Returns the message's place among those waiting (1: next; 0:
-        taken already). ``answer(key)`` reads its answer."""
+        request can hand a message over and answer at once. A key is queued once while its message waits,
+        and a message whose key the transcript holds is dropped unanswered by whoever meets it, so sending
+        again after a failure is safe. Returns the message's place among those waiting (1: next).
+        ``answer(key)`` reads its answer."""
         validate.turn_key(key, "Session.enqueue(key=)")
         validate.steer_text(text, "Session.enqueue(text)")
         return self._queue_store("enqueue").enqueue(self.id, key, text)

@@ -261,6 +261,76 @@ def store_through(name: str, hop: Hop) -> tuple[Any, Callable[[], object], Calla
             drop)
 
 
+# -- the peers, through the same hop ------------------------------------------------------------------------
+
+
+def _peer_step(name: str, hop: Hop) -> tuple[Callable[[int], object], Callable[[], None]]:
+    """A peer's loop step on PostgreSQL through ``hop`` (a session made and warmed first), as bench/peers.py
+    does it: OpenAI's ``add_items`` of the step's two items; LangGraph's two nodes, each checkpointed."""
+    import asyncio
+
+    from . import backends, peers
+
+    url = _through(hop, backends.sql_url("postgres"))
+    sid = f"trips-peer-{uuid.uuid4().hex}"
+    if name == "openai-agents":
+        from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        loop = asyncio.new_event_loop()
+        engine = create_async_engine(url)
+        session = SQLAlchemySession(sid, engine=engine, create_tables=True, sessions_table="openai_agents_sessions",
+                                    messages_table="openai_agents_messages")
+        loop.run_until_complete(session.add_items(peers._openai_prefix(3)))
+
+        def close_openai() -> None:
+            loop.run_until_complete(engine.dispose())
+            loop.close()
+
+        return lambda i: loop.run_until_complete(session.add_items(peers._openai_items(i))), close_openai
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from sqlalchemy import make_url
+
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    context = PostgresSaver.from_conn_string(conninfo)
+    saver = context.__enter__()
+    saver.setup()
+    graph = peers._react_graph(saver)
+    config = {"configurable": {"thread_id": sid}}
+    graph.invoke({"messages": [HumanMessage(content="review the lease code")]}, config, durability="sync")
+    return (lambda i: graph.invoke({"messages": []}, config, durability="sync"),
+            lambda: context.__exit__(None, None, None))
+
+
+def peer_row(name: str, rtt: float) -> dict[str, Any]:
+    """A peer's exchanges per step (no delay) and its step's time at ``rtt``, on PostgreSQL."""
+    row: dict[str, Any] = {}
+    for delay in (0.0, rtt):
+        hop = Hop(_upstream("postgres"), delay)
+        step, close = _peer_step(name, hop)
+        try:
+            step(0)
+            counts, times = [], []
+            for i in range(1, STEPS + 1):
+                before, began = hop.count(), time.perf_counter()
+                step(i)
+                counts.append(hop.count() - before)
+                times.append((time.perf_counter() - began) * 1000)
+            if delay:
+                row["step_ms"] = statistics.median(times)
+            else:
+                row["step"] = statistics.median(counts)
+        finally:
+            close()
+            hop.close()
+    return row
+
+
+PEER_LABELS = {"openai-agents": "OpenAI Agents SQLAlchemySession (PostgreSQL)",
+               "langgraph": "LangGraph ReAct + PostgresSaver"}
+
+
 def run(names: Sequence[str], rtt: float = 0.001) -> dict[str, Any]:
     """Per store: the exchanges (counted with no added delay) and, at ``rtt``, a step's time beside the
     floor's over the same hop."""
@@ -283,6 +353,13 @@ def run(names: Sequence[str], rtt: float = 0.001) -> dict[str, Any]:
                 hop.close()
         row["x_floor"] = row["step_ms"] / row["floor_ms"]
         out["stores"][name] = row
+    if "postgres" in names:
+        from . import peers
+
+        out["peers"] = {}
+        for peer in peers.available():
+            print(f"... trips: {peer}", flush=True)
+            out["peers"][PEER_LABELS[peer]] = peer_row(peer, rtt)
     return out
 
 
@@ -294,4 +371,8 @@ def tables(report: dict[str, Any]) -> str:
     for name, r in report["stores"].items():
         lines.append(f"| {name} | {r['start']} | {r['idempotent']:g} | {r['non_idempotent']:g} | "
                      f"{r['events']:g} | {r['step_ms']:.2f} | {r['floor_ms']:.2f} | {r['x_floor']:.2f}x |")
+    for label, r in report.get("peers", {}).items():
+        floor = report["stores"]["postgres"]["floor_ms"]
+        lines.append(f"| {label} | | {r['step']:g} | | | {r['step_ms']:.2f} | {floor:.2f} | "
+                     f"{r['step_ms'] / floor:.2f}x |")
     return "\n".join(lines)

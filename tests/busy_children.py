@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 import traceback
 from typing import Any
 
@@ -29,6 +28,25 @@ def _store(kind: str, address: str) -> agent.RunStore:
     return mongodb.Store(pymongo.MongoClient(url)[database])
 
 
+PUSHED: dict[str, int] = {}
+"""Per key this process queued: the queue item's id (the row's version after the push), which orders the
+items as the store accepted them."""
+
+
+def _recording_pushes(store: agent.RunStore) -> agent.RunStore:
+    backend = store.backend  # type: ignore[attr-defined]
+    write = backend.write
+
+    def recorded(session: str, guard: Any, change: Any) -> Any:
+        written = write(session, guard, change)
+        if written.done and change.push is not None:
+            PUSHED[change.push[0]] = written.row.version
+        return written
+
+    backend.write = recorded
+    return store
+
+
 def serve(model_url: str, inbox: Any, outbox: Any) -> None:
     """Answer jobs until ``None``: each sends this sender's messages, one after another, with
     ``Runner.turn(..., if_busy=policy)``, and reports per message (key, outcome, detail, when)."""
@@ -40,7 +58,8 @@ def serve(model_url: str, inbox: Any, outbox: Any) -> None:
         try:
             store = stores.get((kind, address))
             if store is None:
-                store = stores[(kind, address)] = _store(kind, address)
+                store = stores[(kind, address)] = _recording_pushes(_store(kind, address))
+            PUSHED.clear()
             spec = agent.Spec(session=agent.open(sid, store), lease_wait=lease_wait, lease_ttl=10)
             outbox.put(("done", _send(spec, endpoint, policy, sender, count)))
         except BaseException:  # noqa: BLE001 - reported to the parent
@@ -48,11 +67,11 @@ def serve(model_url: str, inbox: Any, outbox: Any) -> None:
 
 
 def _send(spec: agent.Spec, endpoint: agent.Endpoint, policy: str, sender: int, count: int
-          ) -> list[tuple[str, str, str, float]]:
+          ) -> list[tuple[str, str, str, int]]:
     outcomes = []
     for j in range(count):
         key = f"s{sender}-m{j}"
-        outcomes.append((key, *_one(spec, endpoint, policy, key), time.time()))
+        outcomes.append((key, *_one(spec, endpoint, policy, key), PUSHED.get(key, -1)))
     return outcomes
 
 

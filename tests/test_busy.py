@@ -21,7 +21,7 @@ from typing import Any
 
 import pymongo
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
 import agent_sessions as agent
 from agent_sessions.run.turns import answered
@@ -73,19 +73,6 @@ class Target:
     kind: str
     address: str
     store: Any
-
-    def accepted(self, sid: str) -> list[str]:
-        """The keys the store queued for ``sid``, in the order it accepted them."""
-        if self.kind == "mongodb":
-            doc = self.store.mongo.documents.find_one({"_id": sid}, {"keys": 1})  # queue keys are "q:key"
-            return [k[2:] for k in doc.get("keys") or [] if k.startswith("q:")] if doc else []
-        # SQL (schema 1): a taken queue item's row goes, its key stays in agent_keys, in no order.
-        with self.store.engine.connect() as conn:
-            rows = conn.execute(text("SELECT accepted_key FROM agent_keys WHERE session_id = :s"),
-                                {"s": sid.encode() if conn.dialect.name == "mysql" else sid}).all()
-        keys = [r[0].decode() if isinstance(r[0], bytes) else r[0] for r in rows]
-        return sorted(k[2:] for k in keys if k.startswith("q:"))
-
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[Model]:
@@ -143,6 +130,8 @@ class Sent:
     sid: str
     outcomes: dict[str, tuple[str, str]]
     """Per key: the turn's stop_reason (or the error's name) and its text (or message)."""
+    pushed: dict[str, int]
+    """Per key the senders queued: the queue item's id, which orders them as the store accepted them."""
     transcript: list[agent.Message]
     asked: list[list[dict[str, Any]]]
     """The model requests made after the one of the run that held the session."""
@@ -161,6 +150,7 @@ def _send(policy: str, target: Target, model: Model, senders: tuple[list[Any], A
     holding = agent.Runner().start(agent.Spec(session=agent.open(sid, store), lease_ttl=10),
                                    [agent.Message.user(HOLD)], endpoint)
     outcomes: dict[str, tuple[str, str]] = {}
+    pushed: dict[str, int] = {}
     try:
         assert model.holding.wait(TIMEOUT) and store.holder(sid) is not None
         first = len(model.requests)
@@ -173,11 +163,12 @@ def _send(policy: str, target: Target, model: Model, senders: tuple[list[Any], A
             kind, detail = outbox.get(timeout=TIMEOUT)
             assert kind == "done", detail
             outcomes.update({key: (reason, said) for key, reason, said, _ in detail})
+            pushed.update({key: at for key, _, _, at in detail if at >= 0})
     finally:
         model.held.set()
         holding.wait(TIMEOUT)
     _until(lambda: store.holder(sid) is None)
-    return Sent(sid, outcomes, store.messages(sid), model.asked()[first:])
+    return Sent(sid, outcomes, pushed, store.messages(sid), model.asked()[first:])
 
 
 def _first_messages_in(policy: str, store: Any, sid: str) -> bool:
@@ -235,7 +226,7 @@ def test_eight_processes_send_five_messages_each_to_a_busy_session(
         assert {reason for reason, _ in sent.outcomes.values()} == {"SessionBusy"}
         assert [m.text for m in sent.transcript] == [HOLD, f"answer to: {HOLD}"], "a rejected message was written"
         assert sent.asked == [] and store.queued(sid) == [] and store.pending_steers(sid) == []
-        assert target.accepted(sid) == []
+        assert sent.pushed == {}
         return
     keys = _each_once_and_answered(sent, store, sid)
     for key, (reason, said) in sent.outcomes.items():
@@ -247,8 +238,7 @@ def test_eight_processes_send_five_messages_each_to_a_busy_session(
         assert f"message {key}" in said, (key, said)
     if policy == "queue":
         # Each message a turn of its own, in the order the store accepted them, one request each.
-        accepted = target.accepted(sid)  # in order on MongoDB; SQL keeps no order of keys once taken
-        assert (keys if target.kind == "mongodb" else sorted(keys)) == accepted, "not answered in the order accepted"
+        assert keys == sorted(sent.pushed, key=sent.pushed.__getitem__), "not answered in the order accepted"
         assert [m.key for m in sent.transcript if m.key] == keys
         assert [m.role for m in sent.transcript[2:]] == [agent.Role.USER, agent.Role.ASSISTANT] * len(keys)
         assert all(said == f"answer to: message {key}" for key, (_, said) in sent.outcomes.items())

@@ -353,7 +353,7 @@ def test_schema_of_the_other_stores() -> None:
 
 
 @pytest.mark.parametrize(("url", "words"), [
-    ("redis://127.0.0.1/0", ["unknown store URL scheme 'redis'"]),
+    ("cassandra://127.0.0.1/0", ["unknown store URL scheme 'cassandra'"]),
     ("sqlite://", ["bad SQLite URL"]),
     ("postgresql+psycopg2://u:secret@h/db", ["runs on psycopg", "u:***@h"]),
     ("postgresql+psycopg://u@h:notaport/db", ["bad store URL"]),

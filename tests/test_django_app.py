@@ -838,3 +838,29 @@ def test_the_command_lists_stranded_turns_and_recovers_them(memory: Any) -> None
     assert done["sessions"][0]["id"] == "dj-stranded" and done["sessions"][0]["outcome"] == "recovered"
     assert memory.messages("dj-stranded")[-1].role is agent.Role.ASSISTANT
     assert as_json("stranded", "--grace", "0s")["sessions"] == []
+
+
+def test_a_store_url_setting_opens_the_store_it_names_and_reset_closes_it(django_state: Path) -> None:
+    """``AGENT_SESSIONS["URL"]``: a store on connections of its own (Redis here), opened through
+    ``stores.urls``; ``manage.py agent_sessions`` lists what it keeps."""
+    import uuid
+
+    import redis as redis_py
+    from django.test import override_settings
+
+    from agent_sessions.contrib.django import reset, store
+    from stores import redis
+
+    prefix = f"{servers.REDIS_KEY_PREFIX}django{uuid.uuid4().hex[:6]}:"
+    try:
+        with override_settings(AGENT_SESSIONS={"URL": f"{servers.REDIS_URL}?prefix={prefix}"}):
+            made = store()
+            assert isinstance(made, redis.Store)
+            made.save("from-url", [])
+            assert [s["id"] for s in as_json("list")["sessions"]] == ["from-url"]
+    finally:
+        reset()
+        client = redis_py.Redis.from_url(servers.REDIS_URL)
+        for key in client.scan_iter(f"{prefix}*"):
+            client.delete(key)
+        client.close()

@@ -8,13 +8,13 @@ that hold a call back or stand in for a process dying right after a store call r
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pymongo
@@ -351,18 +351,19 @@ def sql_engine(request: pytest.FixtureRequest) -> Iterator[tuple[Any, type[Any]]
 
 
 def test_a_fork_racing_the_first_acquire_of_its_target_is_not_refused(sql_engine: tuple[Any, type[Any]]) -> None:
-    """A fork whose target's row another transaction is making (a run's first acquire, before its COMMIT)
-    waits for it, and then fills the row, which holds a lease but no transcript: it is not refused as a
-    session that exists (the old SQLStore.fork reported SessionExists "just created")."""
+    """SQLStore.fork reads the target's row without a lock and inserts it when missing; a run's first
+    acquire of that id (NEW_LEASE, in its own transaction) that commits in between makes the fork's insert
+    fail on the key, which fork reports as SessionExists "just created", although the row holds only a
+    lease (fork fills such a row when it finds it: "a row holding only a lease has no transcript")."""
     engine, store_class = sql_engine
     store = store_class(engine)
     source, target = _sid("fsrc"), _sid("ftgt")
     store.save(source, [Message.user("q"), Message.assistant("a")])
     outcome: list[BaseException | None] = []
+    row = replace(empty_row(target), exists=True, incarnation="i" * 32, token="t" * 32, epoch=1)
     with engine.begin() as conn:  # a first acquire(target), caught between making the row and its COMMIT
-        row = dataclasses.replace(empty_row(target), version=1, token="t" * 32, epoch=1, expires=time.time() + 30)
-        conn.execute(insert(sessions).values({c.name: getattr(row, {"session_id": "session", "exists_": "exists"}
-                                                                .get(c.name, c.name)) for c in sessions.columns}))
+        conn.execute(insert(sessions).values(
+            {c.name: getattr(row, "session" if c.name == "session_id" else c.name.rstrip("_")) for c in sessions.c}))
 
         def fork() -> None:
             try:

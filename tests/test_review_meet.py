@@ -377,10 +377,12 @@ def test_a_turn_cancelled_through_run_cancel_stays_cancelled_when_resumed(store:
 def test_a_delete_landing_inside_a_sql_acquire_is_not_an_assertion_error(
     kind: str, _engines: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The old SQLStore.acquire made the session's row in one transaction and locked it in a second, and a
-    forced delete between them made its ``assert row is not None`` fail: an AssertionError, not a typed
-    error. An acquire is now one guarded write; the delete is landed here just before it, on the real
-    database: the run's stale transcript is refused as deleted, and nothing of it is written again."""
+    """The old SQLStore.acquire made the session's row in one transaction and locked it in a second.
+    Interleaving (storetest's test_29_1_a_run_waiting_for_the_lease_through_a_delete... hit it now and
+    then): a run waiting for the lease made the row; a forced delete removed it; the run's locking select
+    found no row and ``assert row is not None  # made just before`` failed: an AssertionError, not a typed
+    error, and no lease. An acquire is one write now: the delete is landed here just before it, on the
+    real database, and the run ends with a typed error."""
     store = _open(kind, _engines, tmp_path)
     sid = _sid("acq")
     agent.Runner().run(agent.Spec(session=agent.open(sid, store)), [Message.user(f"my {SECRET}")], Answer("ok"))
@@ -390,7 +392,7 @@ def test_a_delete_landing_inside_a_sql_acquire_is_not_an_assertion_error(
     landed: list[bool] = []
 
     def landing(session: str, guard: Any, change: Any) -> Any:
-        if isinstance(change.lease, Acquire) and not landed:  # just before the acquire's write
+        if isinstance(change.lease, Acquire) and not landed:
             landed.append(eraser.delete(sid, force=True))
         return real(session, guard, change)
 

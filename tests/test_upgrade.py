@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import DBAPIError
 
 import agent_sessions as agent
 from stores import mysql, postgres, sqlite
@@ -84,3 +85,28 @@ def test_a_server_database_of_another_schema_version_is_refused_and_left_alone(e
 def test_the_tables_are_those_of_schema_1() -> None:
     assert [t.name for t in TABLES] == ["agent_store", "agent_sessions", "agent_messages", "agent_steers",
                                         "agent_queue", "agent_keys", "agent_events", "agent_metadata"]
+
+
+def test_a_postgres_database_of_an_earlier_schema_is_refused_by_schema_and_the_store() -> None:
+    """An earlier development schema's tables are another layout: ``postgres.SCHEMA`` refuses to run over them
+    (``CREATE TABLE IF NOT EXISTS`` would leave them, and no write could use them), and a store on such a
+    database raises ``SchemaMismatch`` at its first operation; nothing is changed."""
+    engine = create_engine(servers.database_url(servers.POSTGRES_URL, servers.database_name("earlier")))
+    try:
+        with engine.begin() as conn:
+            for table in ("agent_session_tags", "agent_steer_keys", *(t.name for t in TABLES)):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table} CASCADE")
+            for statement in _statements(OLD / "schema4.postgres.sql"):
+                conn.exec_driver_sql(statement)
+            conn.exec_driver_sql("INSERT INTO agent_sessions (session_id, version) VALUES ('kept', 'v1')")
+        with pytest.raises(DBAPIError, match="holds the tables of an earlier version"), engine.begin() as conn:
+            conn.exec_driver_sql(postgres.SCHEMA)
+        with pytest.raises(SchemaMismatch, match="earlier version"):
+            postgres.Store(engine).save("s", [agent.Message.user("lost")])
+        with pytest.raises(SchemaMismatch, match="earlier version"):
+            postgres.Store(engine).messages("kept")
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT session_id FROM agent_sessions").scalars().all() == ["kept"]
+            assert conn.exec_driver_sql("SELECT to_regclass('agent_store')").scalar() is None
+    finally:
+        engine.dispose()

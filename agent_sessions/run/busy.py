@@ -126,8 +126,9 @@ def _queued(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, 
     # and the turn then finds it nowhere (``TranscriptDeleted``) rather than answer an erased conversation.
     position = queue.enqueue(session.id, key, text)
     if turns.keyed(session.messages(), key) is not None:
-        # A repeat (a task delivered again): what a turn always did. Its key, had it come in another way (a
-        # turn of another policy), is queued now too: the holder that meets it drops it (``_answer_head``).
+        # A repeat (a task delivered again): what a turn always did. The transcript holds its message, so the
+        # copy just queued (a key goes with its message into the transcript) waits for nothing.
+        queue.withdraw(session.id, key)
         return turns.turn(run, spec, text, key, endpoint, events)
     # Contention is said where there is some: messages queued ahead of this one here, a run holding the
     # lease by the lease's own wait (``lease.Lease``). An uncontended turn passes through the queue quietly.

@@ -72,6 +72,13 @@ class Rule:
         return self.seen == self.nth
 
 
+def pg_write(key: str, value: str = "") -> str:
+    """The pattern of a PostgreSQL store's write (every one is a call of ``agent_sessions_write``, its
+    parameters shown after the statement: wire.py) whose change has ``key``, its value starting with
+    ``value`` (a regular expression): ``pg_write("splice")``, ``pg_write("lease", "{.release")``."""
+    return rf'agent_sessions_write\(.* \$3=\{{(.*[ ,])?"{key}": {value}'
+
+
 def every_attempt(proxy: FaultProxy, fault: str, pattern: str, attempts: int = 5) -> list[Rule]:
     """``fault`` at each of the first ``attempts`` statements matching ``pattern``: a SQL store runs a
     write again on a new connection when its line was cut before it committed anything (at most 4 more

@@ -18,7 +18,7 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 from tests import servers
 from tests.model_server import ModelServer, openai
 
-from .proxy import FaultProxy, Rule
+from .proxy import FaultProxy, Rule, pg_write
 
 DATABASE = "faultjournal"
 """This module's database (conftest.py's ``database`` fixture)."""
@@ -60,7 +60,7 @@ def stores(database: tuple[str, str, Engine], proxy: FaultProxy) -> Iterator[tup
 def _lose_the_journal_ack(proxy: FaultProxy) -> Rule:
     """The journal write: one autocommitted statement on PostgreSQL, a statement and a COMMIT on MySQL."""
     if proxy.protocol == "postgres":
-        return proxy.arm(Rule("lose_ack", r"SET journal"))
+        return proxy.arm(Rule("lose_ack", pg_write("journal", r'\["')))  # a journal written, not dropped
     return proxy.arm(Rule("lose_ack", r"^\s*COMMIT", after=r"^UPDATE agent_sessions SET .*journal='"))
 
 

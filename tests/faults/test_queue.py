@@ -14,7 +14,7 @@ import pytest
 import agent_sessions as agent
 from tests.model_server import ModelServer, openai
 
-from .proxy import FaultProxy, Rule
+from .proxy import FaultProxy, Rule, pg_write
 
 DATABASE = "faultqueue"
 """This module's database (conftest.py's ``database`` fixture; ``proxy`` and ``model`` are conftest.py's too)."""
@@ -39,11 +39,10 @@ def test_a_queued_turn_whose_write_went_unanswered_is_answered_once_when_sent_ag
 ) -> None:
     via, direct = stores
     sid = f"queue-{lost}-{uuid.uuid4().hex[:12]}"
-    # The last statement of each one's transaction: enqueue's write of the session's row (after the queue's
-    # INSERT), take_queued's (after the queue's DELETE).
-    after = r"^(INSERT INTO|UPDATE) agent_sessions" if proxy.protocol == "mysql" else (
-        r"SELECT count\(\*\).*agent_queue" if lost == "enqueue" else r"UPDATE agent_queue")
-    rule = proxy.arm(Rule("lose_ack", r"^\s*COMMIT", after=after))
+    if proxy.protocol == "postgres":  # one statement in autocommit: the write that pushes, or pops
+        rule = proxy.arm(Rule("lose_ack", pg_write("push" if lost == "enqueue" else "pop")))
+    else:  # the last statement of the transaction: the write of the session's row (after the queue's change)
+        rule = proxy.arm(Rule("lose_ack", r"^\s*COMMIT", after=r"^(INSERT INTO|UPDATE) agent_sessions"))
     with pytest.raises(agent.OutcomeUnknown, match="may have happened"):
         _turn(via, sid, model)
     assert rule.fired and model.requests == []

@@ -17,7 +17,7 @@ import agent_sessions as agent
 from tests import servers
 from tests.model_server import ModelServer, Reply, Request, openai
 
-from .proxy import FaultProxy, Rule, every_attempt
+from .proxy import FaultProxy, Rule, every_attempt, pg_write
 
 WAIT = 10.0
 
@@ -142,19 +142,25 @@ def test_a_steer_given_during_a_request_that_fails_is_kept_for_the_resume(
 def test_a_steer_whose_save_was_cut_is_kept_for_the_resume(
     database: tuple[str, str, Engine], proxy: FaultProxy, model: ModelServer
 ) -> None:
-    """The steer is taken into the step-2 transcript; that save is cut before the database sees it."""
+    """The steer is taken into the step-2 transcript; that save is cut before the database sees it. On
+    PostgreSQL the save is one statement in autocommit, so the cut leaves its outcome unknown: the run
+    reads the session back, finds it did not land, writes it again and goes on, the steer stored once."""
     sid = f"scut-{uuid.uuid4().hex[:12]}"
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
+    if database[0] == "postgres":
+        cut = Rule("cut_before", pg_write("splice"))
+        result = _steered_run(spec, model, "and look at c", "lookup", lambda: proxy.arm(cut))
+        assert cut.fired and result.stop_reason == "answered"
+        assert _store(database).messages(sid) == result.messages and _count(result.messages, "and look at c") == 1
+        return
     rules: list[Rule] = []
 
     def arm() -> None:  # MySQL runs a write cut before its COMMIT again, so every attempt is cut
-        rules.extend(every_attempt(proxy, "cut_before", "INSERT INTO agent_messages",
-                                   5 if database[0] == "mysql" else 1))
+        rules.extend(every_attempt(proxy, "cut_before", "INSERT INTO agent_messages", 5))
 
     failed = _failed_run(spec, model, "and look at c", openai(calls=[("c1", "lookup", '{"key": "a"}')]), arm=arm)
-    # On PostgreSQL the step is one autocommitted statement, so a cut line leaves its outcome unknown, and
-    # the run reads the session back to find it did not land; on MySQL the transaction's COMMIT was never sent.
+    # On MySQL the transaction's COMMIT was never sent.
     assert all(rule.fired for rule in rules) and isinstance(failed, agent.StoreError)
     proxy.disarm()
     assert not getattr(failed, "unapplied_steers", [])
@@ -179,7 +185,7 @@ def test_a_save_that_went_unanswered_but_landed_goes_on_and_doubles_nothing(
     # The nth write that carries events: a step's save (its messages and events in one statement on
     # PostgreSQL), or events written alone (a flush before a request, a slow tool's).
     if database[0] == "postgres":
-        rule = Rule("lose_ack", "INSERT INTO agent_events", nth=nth)
+        rule = Rule("lose_ack", pg_write("events"), nth=nth)
     else:  # the COMMIT after the events' INSERT
         rule = Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_events", nth=nth)
     result = _steered_run(spec, model, "and look at d", "slow_lookup", lambda: proxy.arm(rule))
@@ -202,8 +208,9 @@ def test_events_of_a_save_cut_before_it_landed_are_written_once_with_failed(
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup], publish_events=True)
     rules: list[Rule] = []
+    pattern = pg_write("splice") if database[0] == "postgres" else "INSERT INTO agent_messages"
     failed = _failed_run(spec, model, "and look at f", openai(calls=[("c1", "lookup", '{"key": "a"}')]),
-                         arm=lambda: rules.extend(every_attempt(proxy, "cut_before", "INSERT INTO agent_messages",
+                         arm=lambda: rules.extend(every_attempt(proxy, "cut_before", pattern,
                                                                 5 if database[0] == "mysql" else 1)))
     assert rules[0].fired and isinstance(failed, agent.StoreError)
     proxy.disarm()

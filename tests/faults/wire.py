@@ -90,8 +90,9 @@ class PgClientUnits:
             self.last_parsed = query
         elif kind == b"B":
             portal, at = _cstring(body, 0)
-            statement = _cstring(body, at)[0]
-            self.portals[portal] = self.prepared.get(statement, self.last_parsed if not statement else "?")
+            statement, at = _cstring(body, at)
+            query = self.prepared.get(statement, self.last_parsed if not statement else "?")
+            self.portals[portal] = query + _pg_params(body, at)
         elif kind == b"E":
             self.texts.append(self.portals.get(_cstring(body, 0)[0], "?"))
         if kind not in (b"Q", b"S", b"H", b"X"):
@@ -99,6 +100,28 @@ class PgClientUnits:
         unit = Unit(b"".join(self.pending), self.texts, answered=kind in (b"Q", b"S"))
         self.pending, self.texts = [], []
         return unit
+
+
+PARAM_CHARS = 20_000
+"""How much of each bound parameter a unit's text shows."""
+
+
+def _pg_params(body: bytes, at: int) -> str:
+    """A ``Bind``'s parameters (from ``at``, its format codes), as text after the statement: ``-- $1=...``,
+    so a rule can choose among the calls of one statement by what they carry (the PostgreSQL store's writes
+    are all one function's call, told apart by their change's JSON)."""
+    (codes,) = struct.unpack_from("!h", body, at)
+    at += 2 + 2 * codes
+    (count,) = struct.unpack_from("!h", body, at)
+    at += 2
+    shown = []
+    for i in range(count):
+        (length,) = struct.unpack_from("!i", body, at)
+        at += 4
+        value = "NULL" if length < 0 else body[at:at + min(length, PARAM_CHARS)].decode("utf-8", "replace")
+        at += max(length, 0)
+        shown.append(f"${i + 1}={value}")
+    return f" -- {' '.join(shown)}" if shown else ""
 
 
 def pg_backend_pid(message: bytes) -> int:

@@ -123,9 +123,10 @@ class RunFirst:
 
 
 def _run_through_fault(server: Backend, store: agent.Store, inject: Callable[[], None],
-                       restore: Callable[[], None]) -> str:
+                       restore: Callable[[], None], may_survive: bool = False) -> str:
     """Run until the tool of step BLOCKED_AT, inject the fault, let the run go on into it; then check what
-    is stored, restore, and resume. Returns the StoreError's text."""
+    is stored, restore, and resume. Returns the StoreError's text; with ``may_survive``, a run that went on
+    (its driver reconnected) is checked whole instead."""
     direct = server.factory()
     sid = f"fault-{uuid.uuid4().hex[:12]}"
     entered, go = threading.Event(), threading.Event()
@@ -150,8 +151,12 @@ def _run_through_fault(server: Backend, store: agent.Store, inject: Callable[[],
         gate.hold()
         inject()
         go.set()
-        with pytest.raises(agent.StoreError) as failure:
-            run.wait(60)
+        try:
+            survived = run.wait(60)
+        except agent.StoreError as exc:
+            failure: agent.StoreError | None = exc
+        else:
+            failure = None
     finally:
         # Whatever failed above, the run's thread (not a daemon) must end, or pytest could not exit.
         gate.release()
@@ -161,13 +166,20 @@ def _run_through_fault(server: Backend, store: agent.Store, inject: Callable[[],
             with contextlib.suppress(Exception):
                 run.wait(60)
     after = direct.messages(sid)
+    if failure is None:
+        # The store's connection came back in time: the write that met the fault was read back and found
+        # landed, or written again (``OutcomeUnknown`` is the library's to settle), and the run went on.
+        assert may_survive, "the run went on through a fault its store cannot come back from"
+        assert survived.stop_reason == "answered" and after == survived.messages
+        check.run_transcript(after, STEPS, [], complete=True)
+        return "the run went on: the write that met the fault was read back"
     assert after == before, "a failed write changed the stored transcript"
     check.run_transcript(after, STEPS, [], complete=False)
     restore()
     result = agent.Runner().run(spec(store, lease_wait=10), store.messages(sid), children.Steps(STEPS))
     assert result.stop_reason == "answered"
     check.run_transcript(direct.messages(sid), STEPS, [], complete=True)
-    return str(failure.value)
+    return str(failure)
 
 
 def test_connections_killed_mid_run(server: Backend, proxy: Proxy) -> None:
@@ -198,43 +210,13 @@ def test_connections_killed_mid_run(server: Backend, proxy: Proxy) -> None:
             proxy.stop()
             proxy.start()
             _count(server, "connections reset")
-    if server.name == "mysql":
-        # The SQL backend runs a transaction whose connection was killed before it committed anything again,
-        # on a new connection: the run goes through, and its transcript is whole.
-        SAID.setdefault(server.name, {})["connections killed"] = _run_on_through_kill(server, store, inject)
-        return
-    message = _run_through_fault(server, store, inject, lambda: None)
+    message = _run_through_fault(server, store, inject, lambda: None, may_survive=True)
     # A write on a killed connection failed, or, when the line went while it was answering, may have
-    # happened (OutcomeUnknown); either way the transcript is the last one saved (checked inside).
-    assert "session 'fault-" in message and (" failed: " in message or " may have happened: " in message)
+    # happened (OutcomeUnknown); either way the transcript is the last one saved (checked inside). Or the
+    # driver reconnected, the library read the write back, and the run went on, whole (checked inside).
+    assert message.startswith("the run went on") or (
+        "session 'fault-" in message and (" failed: " in message or " may have happened: " in message))
     SAID.setdefault(server.name, {})["connections killed"] = message
-
-
-def _run_on_through_kill(server: Backend, store: agent.Store, inject: Callable[[], None]) -> str:
-    """Run until the tool of step BLOCKED_AT, kill the store's connections, let the run go on: it answers."""
-    sid = f"fault-{uuid.uuid4().hex[:12]}"
-    entered, go = threading.Event(), threading.Event()
-
-    @agent.tool(name="work")
-    def work(k: int) -> str:
-        if k == BLOCKED_AT and not go.is_set():
-            entered.set()
-            go.wait(60)
-        return f"result {k}"
-
-    spec = agent.Spec(session=agent.open(sid, store), tools=[work], max_steps=STEPS * 2, lease_ttl=5.0)
-    run = agent.Runner().start(spec, [agent.Message.user(children.QUESTION)], children.Steps(STEPS))
-    try:
-        assert entered.wait(60)
-        inject()
-    finally:
-        go.set()
-    result = run.wait(60)
-    assert result.stop_reason == "answered", result.stop_reason
-    stored = server.factory().messages(sid)
-    assert stored == result.messages
-    check.run_transcript(stored, STEPS, [], complete=True)
-    return f"session {sid!r}: the run went through ({len(stored)} messages)"
 
 
 def test_the_server_stops_mid_run_and_comes_back(server: Backend, proxy: Proxy) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings  # type: ignore[import-untyped]
@@ -35,16 +35,17 @@ from agent_sessions.stranded import Resolve
 
 log = logging.getLogger(__name__)
 
-SETTINGS = ("DATABASE", "STORE", "SSE_SECONDS", "RESOLVE", "SWEEP_SECONDS")
+SETTINGS = ("DATABASE", "STORE", "URL", "SSE_SECONDS", "RESOLVE", "SWEEP_SECONDS")
 """The keys of ``settings.AGENT_SESSIONS``: ``DATABASE``, the DATABASES alias holding the tables
 ("default"); ``STORE``, the dotted path of a function of no arguments returning the store, for a store
-that is not built from DATABASES (MongoDB; ``stores.memory`` in tests). With ``STORE`` set the migration
-creates no table. ``SSE_SECONDS`` (30): how long one response of the events view lasts at most
-(``views.events``), so a browser that left holds no worker for long. ``RESOLVE``: the dotted path of the
-project's ``agent.recover`` resolve function (``info -> (Spec, Endpoint) | None``), what the Celery tasks of
-``agent_sessions.contrib.celery`` and ``manage.py agent_sessions work``/``recover`` answer messages with.
-``SWEEP_SECONDS`` (5): how often each Celery worker looks for a turn nobody answers (0: never; beat's
-sweep instead)."""
+that is not built from DATABASES (``stores.memory`` in tests); ``URL``, a store URL (``stores.urls``:
+``mongodb://db:27017/app``, ``redis://cache:6379/0?prefix=app:``) for a store of its own connections. With
+``STORE`` or ``URL`` set the migration creates no table. ``SSE_SECONDS`` (30): how long one response of the
+events view lasts at most (``views.events``), so a browser that left holds no worker for long.
+``RESOLVE``: the dotted path of the project's ``agent.recover`` resolve function (``info -> (Spec, Endpoint)
+| None``), what the Celery tasks of ``agent_sessions.contrib.celery`` and ``manage.py agent_sessions
+work``/``recover`` answer messages with. ``SWEEP_SECONDS`` (5): how often each Celery worker looks for a
+turn nobody answers (0: never; beat's sweep instead)."""
 
 SSE_SECONDS = 30.0
 SWEEP_SECONDS = 5.0
@@ -55,22 +56,22 @@ MIGRATE_HINT = "run `python manage.py migrate` (the app agent_sessions' migratio
 
 _lock = threading.Lock()
 _store: agent.Store | None = None
-_engine: Any = None
-"""The SQLAlchemy engine the app built for ``_store`` (``None`` for a store of ``STORE`` or SQLite, which
-closes its own): the app's to dispose of, since ``postgres.Store.close`` leaves the caller's engine open."""
+_close: Callable[[], None] | None = None
+"""Gives back the connections the app opened for ``_store`` (``stores.urls.Opened.close``: a SQL store's
+``close`` leaves its engine open, since it is usually the caller's); ``None`` for a store of ``STORE``."""
 
 
 def store() -> agent.Store:
     """The process's store, built on first use from ``AGENT_SESSIONS`` and ``DATABASES``, then shared by
     every thread: it holds a pool (a connection per thread on SQLite), so it is made once, never per
     request."""
-    global _store, _engine
+    global _store, _close
     built = _store
     if built is not None:
         return built
     with _lock:
         if _store is None:
-            _store, _engine = _build()
+            _store, _close = _build()
         return _store
 
 
@@ -79,19 +80,15 @@ def reset() -> None:
     engine the app built), so the next ``store()`` builds it again from the settings: a test that changes
     DATABASES or AGENT_SESSIONS (the app calls it on ``setting_changed``), and the end of a test class
     (``testing.StoreTestMixin``), since Django cannot drop a test database a pooled connection still holds."""
-    global _store, _engine
+    global _store, _close
     with _lock:
         old, _store = _store, None
-        engine, _engine = _engine, None
+        opened, _close = _close, None
     close = getattr(old, "close", None)
     if close is not None:
         close()
-    if engine is not None:
-        engine.dispose()
-    elif close is None:
-        dispose = getattr(getattr(old, "engine", None), "dispose", None)
-        if dispose is not None:
-            dispose()
+    if opened is not None:
+        opened()
 
 
 def options() -> dict[str, Any]:
@@ -120,7 +117,13 @@ def options() -> dict[str, Any]:
         if conf.get(key) is not None and (not isinstance(conf[key], str) or "." not in conf[key]):
             raise ImproperlyConfigured(f"settings.AGENT_SESSIONS[{key!r}] must be the dotted path of a function "
                                        f"(\"myproject.agent.{key.lower()}\"), got {conf[key]!r}")
-    return {"DATABASE": alias, "STORE": conf.get("STORE"), "SSE_SECONDS": float(seconds),
+    url = conf.get("URL")
+    if url is not None and (not isinstance(url, str) or not url):
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['URL'] must be a store URL (\"mongodb://db/app\", "
+                                   f"\"redis://cache/0\"), got {url!r}")
+    if url is not None and conf.get("STORE") is not None:
+        raise ImproperlyConfigured("settings.AGENT_SESSIONS sets both 'STORE' and 'URL': set one")
+    return {"DATABASE": alias, "STORE": conf.get("STORE"), "URL": url, "SSE_SECONDS": float(seconds),
             "RESOLVE": conf.get("RESOLVE"), "SWEEP_SECONDS": float(sweep)}
 
 
@@ -138,8 +141,8 @@ def resolve() -> Resolve | None:
     return found  # type: ignore[no-any-return]
 
 
-def _build() -> tuple[agent.Store, Any]:
-    """The store, and the engine the app made for it (``None``: the store closes its own, or is not ours)."""
+def _build() -> tuple[agent.Store, Callable[[], None] | None]:
+    """The store, and what gives back the connections the app opened for it (``None``: not the app's)."""
     conf = options()
     if conf["STORE"] is not None:
         made = import_string(conf["STORE"])()
@@ -147,12 +150,21 @@ def _build() -> tuple[agent.Store, Any]:
             raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['STORE'] ({conf['STORE']}) returned "
                                        f"{type(made).__name__}, not an agent_sessions Store")
         return made, None
+    if conf["URL"] is not None:
+        from agent_sessions.shadowing import check_stores
+
+        check_stores()
+        from stores.urls import open_url, shown
+
+        opened = open_url(conf["URL"])
+        log.info("agent-sessions store at %s: %r", shown(conf["URL"]), opened.store)
+        return opened.store, opened.close
     from django.db import connections  # type: ignore[import-untyped]
 
     connection = connections[conf["DATABASE"]]
-    made = _from_database(conf["DATABASE"], connection.vendor, connection.settings_dict)
+    made, close = _from_database(conf["DATABASE"], connection.vendor, connection.settings_dict)
     log.info("agent-sessions store for DATABASES[%r]: %r", conf["DATABASE"], made)
-    return made, None if connection.vendor == "sqlite" else getattr(made, "engine", None)
+    return made, close
 
 
 # Keys of a DATABASES entry's OPTIONS that Django's backends read themselves; the rest go to the driver,
@@ -160,7 +172,7 @@ def _build() -> tuple[agent.Store, Any]:
 _DJANGO_ONLY = {"isolation_level", "server_side_binding", "pool", "assume_role", "cursor_factory", "context"}
 
 
-def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> agent.Store:
+def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> tuple[agent.Store, Callable[[], None] | None]:
     """The store for one DATABASES entry (as its connection has it: under the test runner, the test
     database). The URL is assembled by SQLAlchemy from the parts, so a password is never formatted into
     a string."""
@@ -178,33 +190,29 @@ def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> agent.Stor
                 f"file, which other processes can open too (under the test runner, set DATABASES[{alias!r}]"
                 f"['TEST']['NAME'] to a file path)"
             )
-        return sqlite.open(str(db["NAME"]))  # the file of Django's own tables
+        return sqlite.open(str(db["NAME"])), None  # the file of Django's own tables; its close is the store's
     if vendor not in ("postgresql", "mysql"):
         raise ImproperlyConfigured(
             f"DATABASES[{alias!r}] is a {vendor!r} database; agent-sessions builds a store for sqlite, postgresql "
-            f"and mysql (MariaDB) only. For another store set AGENT_SESSIONS['STORE'] to a function returning it"
+            f"and mysql (MariaDB) only. For another store set AGENT_SESSIONS['URL'] (mongodb://..., redis://...)"
         )
-    from sqlalchemy import URL, create_engine
+    from sqlalchemy import URL
+
+    from stores.urls import Options, open_url
 
     connect_args = {k: v for k, v in (db.get("OPTIONS") or {}).items() if k not in _DJANGO_ONLY}
     host = db.get("HOST") or None
     port = int(db["PORT"]) if db.get("PORT") else None
     if vendor == "postgresql":
-        from stores import postgres
-
         own = connect_args.get("application_name")
         connect_args["application_name"] = f"{own} ({APPLICATION_NAME})" if own else APPLICATION_NAME
-        url = URL.create("postgresql+psycopg", db.get("USER") or None, db.get("PASSWORD") or None, host, port,
-                         db.get("NAME") or None)
-        return _speaking_django(postgres.Store(create_engine(url, pool_size=5, connect_args=connect_args)))
-    from stores import mysql
-
-    if host is not None and host.startswith("/"):  # as Django's backend reads it: a Unix socket
-        connect_args["unix_socket"], host = host, None
-    connect_args["charset"] = "utf8mb4"  # the store's text is utf8mb4, whatever Django's connections use
-    url = URL.create("mysql+pymysql", db.get("USER") or None, db.get("PASSWORD") or None, host, port,
-                     db.get("NAME") or None)
-    return _speaking_django(mysql.Store(create_engine(url, pool_size=5, connect_args=connect_args)))
+    else:
+        if host is not None and host.startswith("/"):  # as Django's backend reads it: a Unix socket
+            connect_args["unix_socket"], host = host, None
+        connect_args["charset"] = "utf8mb4"  # the store's text is utf8mb4, whatever Django's connections use
+    url = URL.create(vendor, db.get("USER") or None, db.get("PASSWORD") or None, host, port, db.get("NAME") or None)
+    opened = open_url(url.render_as_string(hide_password=False), Options(connect_args=connect_args))
+    return _speaking_django(opened.store), opened.close
 
 
 def _speaking_django(made: agent.Store) -> agent.Store:

@@ -79,12 +79,12 @@ def drop(statements: Mapping[str, Sequence[str]]) -> Operation:
 
 
 def _ours(connection: Any) -> bool:
-    """Whether the tables belong in this database: the AGENT_SESSIONS alias, unless a STORE function makes
-    the store (then no table is created anywhere)."""
+    """Whether the tables belong in this database: the AGENT_SESSIONS alias, unless a STORE function or a URL
+    makes the store (then no table is created anywhere)."""
     from . import options
 
     conf = options()
-    return conf["STORE"] is None and connection.alias == conf["DATABASE"]
+    return conf["STORE"] is None and conf["URL"] is None and connection.alias == conf["DATABASE"]
 
 
 def _unsupported(connection: Any) -> Exception:

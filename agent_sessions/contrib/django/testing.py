@@ -44,7 +44,9 @@ def empty_store() -> int:
     start from nothing; return how many rows (or sessions) went. Only under Django's test runner: it
     refuses a database that is not a test database, so a stray call cannot wipe a real one."""
     made = store()
-    engine = getattr(made, "engine", None) if options()["STORE"] is None else None  # the app built it
+    conf = options()
+    built = conf["STORE"] is None and conf["URL"] is None  # the app built it on DATABASES
+    engine = getattr(made, "engine", None) if built else None
     if engine is not None:
         _refuse_unless_test_database(engine.url.database)
         from stores._sql import metadata

@@ -14,6 +14,12 @@ SCHEMA_VERSION = 1
 
 CREATE: dict[str, list[str]] = {
     'postgresql': [
+        'DO $older$ BEGIN\n'
+        "  IF to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL THEN\n"
+        "    RAISE EXCEPTION USING MESSAGE = 'agent-sessions: this database holds the tables of an earlier version '\n"
+        "      '(agent_sessions, and no agent_store); this SCHEMA makes schema 1 in a database without them';\n"
+        '  END IF;\n'
+        'END $older$',
         'CREATE TABLE IF NOT EXISTS agent_store (\n'
         '\tid INTEGER NOT NULL, \n'
         '\tidentity VARCHAR(64) NOT NULL, \n'
@@ -87,6 +93,197 @@ CREATE: dict[str, list[str]] = {
         '\tPRIMARY KEY (session_id, name)\n'
         ')',
         'CREATE INDEX IF NOT EXISTS agent_metadata_lookup ON agent_metadata (name, value, session_id)',
+        '-- One guarded write of a session (agent_sessions.backend: Guard, Change), in one call: the store runs\n'
+        '-- SELECT agent_sessions_write(...) in autocommit, so a write is one round trip and one transaction.\n'
+        '-- The guard and the change are JSON objects (stores/postgres/backend.py writes them): a field is there\n'
+        '-- when it asks or changes something; a nullable value the change sets, or the guard compares, is a\n'
+        '-- one-element array ([null]: none). The change\'s metadata comes with "meta_index", its (name, value)\n'
+        '-- pairs as Python indexes them (agent_sessions.backend.meta_index), so JSON is never rewritten here.\n'
+        "-- p_lock_wait: seconds the call waits for the row's lock (another transaction holds it) before it fails\n"
+        "-- with lock_not_available; NULL: the server's lock_timeout.\n"
+        '-- Returns {"done": bool, "now": seconds, "row": the row after (done) or as it stands, or null: no row}.\n'
+        'CREATE OR REPLACE FUNCTION agent_sessions_write(p_session text, p_guard jsonb, p_change jsonb,\n'
+        '                                                p_incarnation text, p_lock_wait double precision DEFAULT NULL)\n'
+        'RETURNS jsonb\n'
+        'LANGUAGE plpgsql AS $agent_sessions_write$\n'
+        'DECLARE\n'
+        '  r agent_sessions;\n'
+        '  c jsonb := p_change;\n'
+        '  g jsonb := p_guard;\n'
+        '  v_now double precision := extract(epoch FROM clock_timestamp());\n'
+        '  present boolean;\n'
+        '  ok boolean;\n'
+        '  at integer;\n'
+        '  n integer;\n'
+        '  v_seq bigint;\n'
+        '  lease jsonb;\n'
+        'BEGIN\n'
+        '  IF p_lock_wait IS NOT NULL THEN\n'
+        "    PERFORM set_config('lock_timeout', round(p_lock_wait * 1000) || 'ms', true);\n"
+        '  END IF;\n'
+        '  FOR attempt IN 1..5 LOOP\n'
+        '    SELECT * INTO r FROM agent_sessions WHERE session_id = p_session FOR UPDATE;\n'
+        '    present := FOUND;\n'
+        '    IF NOT present THEN  -- the row as it would be made: guarded as if it were there\n'
+        "      r.session_id := p_session; r.exists_ := false; r.incarnation := ''; r.created := 0; r.updated := 0;\n"
+        '      r.version := 0; r.length := 0; r.edits := 0; r.token := NULL; r.epoch := 0; r.expires := 0;\n'
+        "      r.host := ''; r.pid := 0; r.spec := NULL; r.turn := NULL; r.cancelled := false;\n"
+        '      r.cancelled_turn := NULL; r.handed := false; r.journal := NULL; r.open_since := NULL;\n'
+        "      r.metadata := '{}'; r.last_seq := 0; r.steers := 0; r.queued := 0;\n"
+        '    END IF;\n'
+        '    -- the guard\n'
+        "    ok := (NOT g ? 'exists' OR r.exists_ = (g->>'exists')::boolean)\n"
+        "      AND (NOT g ? 'incarnation' OR r.incarnation = g->>'incarnation')\n"
+        "      AND (NOT g ? 'version' OR r.version = (g->>'version')::bigint)\n"
+        "      AND (NOT g ? 'length' OR r.length = (g->>'length')::bigint)\n"
+        "      AND (NOT g ? 'edits' OR r.edits = (g->>'edits')::bigint)\n"
+        "      AND (NOT g ? 'lease' OR (r.token IS NOT DISTINCT FROM g->'lease'->>0\n"
+        "                               AND r.epoch = (g->'lease'->>1)::bigint))\n"
+        "      AND (NOT g ? 'lease_free' OR r.token IS NULL OR r.expires <= v_now)\n"
+        "      AND (NOT g ? 'lease_held' OR r.token IS NOT NULL)\n"
+        "      AND (NOT g ? 'not_cancelled' OR NOT r.cancelled)\n"
+        "      AND (NOT g ? 'no_steers' OR r.steers = 0)\n"
+        "      AND (NOT g ? 'journal' OR r.journal IS NOT DISTINCT FROM g->'journal'->>0)\n"
+        "      AND (NOT g ? 'no_queue' OR r.queued = 0);\n"
+        "    IF ok AND g ? 'steers' THEN\n"
+        '      ok := (SELECT count(*) FROM agent_steers WHERE session_id = p_session\n'
+        "             AND id IN (SELECT x::bigint FROM jsonb_array_elements_text(g->'steers') AS x))\n"
+        "            = (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(g->'steers') AS x);\n"
+        '    END IF;\n'
+        "    IF ok AND g ? 'queue_head' THEN\n"
+        '      ok := (SELECT id FROM agent_queue WHERE session_id = p_session ORDER BY id LIMIT 1)\n'
+        "            IS NOT DISTINCT FROM (g->>'queue_head')::bigint;\n"
+        '    END IF;\n'
+        "    IF ok AND g ? 'key_absent' THEN\n"
+        "      ok := NOT EXISTS (SELECT 1 FROM agent_keys WHERE session_id = p_session AND accepted_key = g->>'key_absent');\n"
+        '    END IF;\n'
+        "    IF NOT ok OR c = '{}' THEN\n"
+        "      RETURN jsonb_build_object('done', ok, 'now', v_now, 'row', CASE WHEN present THEN to_jsonb(r) END);\n"
+        '    END IF;\n'
+        "    IF c ? 'delete' THEN\n"
+        '      IF present THEN\n'
+        '        DELETE FROM agent_messages WHERE session_id = p_session;\n'
+        '        DELETE FROM agent_steers WHERE session_id = p_session;\n'
+        '        DELETE FROM agent_queue WHERE session_id = p_session;\n'
+        '        DELETE FROM agent_keys WHERE session_id = p_session;\n'
+        '        DELETE FROM agent_events WHERE session_id = p_session;\n'
+        '        DELETE FROM agent_metadata WHERE session_id = p_session;\n'
+        '        DELETE FROM agent_sessions WHERE session_id = p_session;\n'
+        '      END IF;\n'
+        "      RETURN jsonb_build_object('done', true, 'now', v_now, 'row', CASE WHEN present THEN to_jsonb(r) END);\n"
+        '    END IF;\n'
+        '    EXIT WHEN present;\n'
+        '    -- No row: make it, then lock it (this one, or the one a concurrent write made first) and guard again.\n'
+        '    INSERT INTO agent_sessions SELECT r.* ON CONFLICT (session_id) DO NOTHING;\n'
+        '  END LOOP;\n'
+        '  IF NOT present THEN\n'
+        "    RAISE EXCEPTION USING MESSAGE = 'agent_sessions_write: the row of session ' || p_session || ' kept vanishing';\n"
+        '  END IF;\n'
+        '  -- the change\n'
+        '  r.version := r.version + 1;\n'
+        "  IF c ? 'exist' THEN\n"
+        '    IF NOT r.exists_ THEN\n'
+        '      r.exists_ := true; r.incarnation := p_incarnation; r.created := v_now;\n'
+        '    END IF;\n'
+        '    r.updated := greatest(r.updated, v_now);\n'
+        '  END IF;\n'
+        "  IF c ? 'splice' THEN\n"
+        "    at := (c->'splice'->>0)::integer;\n"
+        '    IF at < r.length THEN\n'
+        '      DELETE FROM agent_messages WHERE session_id = p_session AND idx >= at;\n'
+        '    END IF;\n'
+        '    INSERT INTO agent_messages (session_id, idx, body)\n'
+        "      SELECT p_session, at + o - 1, t FROM jsonb_array_elements_text(c->'splice'->1) WITH ORDINALITY AS x(t, o);\n"
+        "    r.length := at + jsonb_array_length(c->'splice'->1);\n"
+        '    r.edits := r.edits + 1;\n'
+        '  END IF;\n'
+        "  IF c ? 'take_steers' THEN\n"
+        '    DELETE FROM agent_steers WHERE session_id = p_session\n'
+        "      AND id IN (SELECT x::bigint FROM jsonb_array_elements_text(c->'take_steers') AS x);\n"
+        '    GET DIAGNOSTICS n = ROW_COUNT;\n'
+        '    r.steers := r.steers - n;\n'
+        '  END IF;\n'
+        "  IF c ? 'add_steer' THEN\n"
+        '    INSERT INTO agent_steers (session_id, id, body, steer_key)\n'
+        "      VALUES (p_session, r.version, c->'add_steer'->>0, c->'add_steer'->>1);\n"
+        '    r.steers := r.steers + 1;\n'
+        '  END IF;\n'
+        "  IF c ? 'push' THEN\n"
+        '    INSERT INTO agent_queue (session_id, id, queue_key, body)\n'
+        "      VALUES (p_session, r.version, c->'push'->>0, c->'push'->>1);\n"
+        '    r.queued := r.queued + 1;\n'
+        '  END IF;\n'
+        "  IF c ? 'pop' THEN\n"
+        "    DELETE FROM agent_queue WHERE session_id = p_session AND id = (c->>'pop')::bigint;\n"
+        '    GET DIAGNOSTICS n = ROW_COUNT;\n'
+        '    r.queued := r.queued - n;\n'
+        '  END IF;\n'
+        "  IF c ? 'add_key' THEN\n"
+        "    INSERT INTO agent_keys (session_id, accepted_key) VALUES (p_session, c->>'add_key') ON CONFLICT DO NOTHING;\n"
+        '  END IF;\n'
+        "  IF c ? 'drop_key' THEN\n"
+        "    DELETE FROM agent_keys WHERE session_id = p_session AND accepted_key = c->>'drop_key';\n"
+        '  END IF;\n'
+        "  IF c ? 'journal' THEN\n"
+        "    r.journal := c->'journal'->>0;\n"
+        '  END IF;\n'
+        "  lease := c->'lease';\n"
+        "  IF lease ? 'acquire' THEN\n"
+        "    lease := lease->'acquire';\n"
+        "    r.token := lease->>'token'; r.epoch := r.epoch + 1; r.expires := v_now + (lease->>'ttl')::double precision;\n"
+        "    r.host := lease->>'host'; r.pid := (lease->>'pid')::integer; r.spec := lease->>'spec'; r.turn := lease->>'turn';\n"
+        '    r.handed := r.handed OR r.cancelled; r.cancelled := false;\n'
+        "  ELSIF lease ? 'renew' THEN\n"
+        "    r.expires := v_now + (lease->>'renew')::double precision;\n"
+        "  ELSIF lease ? 'release' THEN\n"
+        '    r.token := NULL; r.handed := r.handed OR r.cancelled; r.cancelled := false;\n'
+        "  ELSIF lease ? 'cancel' THEN\n"
+        '    r.cancelled := true; r.cancelled_turn := r.turn;\n'
+        '    -- delivered when this commits, to the processes watching (stores/postgres/listener.py)\n'
+        "    PERFORM pg_notify('agent_cancels', r.epoch || ' ' || p_session);\n"
+        '  END IF;\n'
+        "  IF c ? 'turn' THEN\n"
+        "    r.turn := c->'turn'->>0;\n"
+        '  END IF;\n'
+        "  IF c ? 'handed' THEN\n"
+        "    r.handed := (c->>'handed')::boolean;\n"
+        '  END IF;\n'
+        "  IF c->>'open' = 'set' THEN\n"
+        '    r.open_since := coalesce(r.open_since, v_now);\n'
+        "  ELSIF c->>'open' = 'clear' THEN\n"
+        '    r.open_since := NULL;\n'
+        '  END IF;\n'
+        "  IF c ? 'metadata' THEN\n"
+        "    r.metadata := c->>'metadata';\n"
+        '    DELETE FROM agent_metadata WHERE session_id = p_session;\n'
+        '    INSERT INTO agent_metadata (session_id, name, value)\n'
+        "      SELECT p_session, x->>0, x->>1 FROM jsonb_array_elements(c->'meta_index') AS x;\n"
+        '  END IF;\n'
+        "  IF c ? 'events' THEN\n"
+        '    v_seq := CASE WHEN r.last_seq = 0 THEN floor(v_now * 1000000)::bigint - 1 ELSE r.last_seq END;\n'
+        '    INSERT INTO agent_events (session_id, seq, body)\n'
+        "      SELECT p_session, v_seq + o, t FROM jsonb_array_elements_text(c->'events') WITH ORDINALITY AS x(t, o);\n"
+        "    r.last_seq := v_seq + jsonb_array_length(c->'events');\n"
+        "    IF (c->>'keep')::bigint > 0 THEN  -- the newest keep stay (0: every one, as the memory store keeps them)\n"
+        "      DELETE FROM agent_events WHERE session_id = p_session AND seq <= r.last_seq - (c->>'keep')::bigint;\n"
+        '    END IF;\n'
+        '    -- Followers hold the advisory lock FOLLOWED shared while they listen (listener.py): when this write\n'
+        '    -- can take it, nobody listens, and it holds it to its commit, so a follower starting meanwhile\n'
+        '    -- listens only after that and then reads what this wrote.\n'
+        '    IF NOT pg_try_advisory_xact_lock(7018690069353821811) THEN\n'
+        "      PERFORM pg_notify('agent_events', p_session);\n"
+        '    END IF;\n'
+        '  END IF;\n'
+        '  UPDATE agent_sessions SET\n'
+        '    exists_ = r.exists_, incarnation = r.incarnation, created = r.created, updated = r.updated,\n'
+        '    version = r.version, length = r.length, edits = r.edits, token = r.token, epoch = r.epoch,\n'
+        '    expires = r.expires, host = r.host, pid = r.pid, spec = r.spec, turn = r.turn, cancelled = r.cancelled,\n'
+        '    cancelled_turn = r.cancelled_turn, handed = r.handed, journal = r.journal, open_since = r.open_since,\n'
+        '    metadata = r.metadata, last_seq = r.last_seq, steers = r.steers, queued = r.queued\n'
+        '  WHERE session_id = p_session;\n'
+        "  RETURN jsonb_build_object('done', true, 'now', v_now, 'row', to_jsonb(r));\n"
+        'END\n'
+        '$agent_sessions_write$',
     ],
     'mysql': [
         'CREATE TABLE IF NOT EXISTS agent_store (\n'

@@ -1,0 +1,269 @@
+"""The PostgreSQL backend: every write one call of ``agent_sessions_write`` (write.sql), every read one SELECT,
+each a single statement in autocommit, so one round trip to the server.
+
+The write's function locks the session's row, evaluates the guard and applies the change in the server,
+as the Lua script does for Redis; a read is one statement, so one snapshot, with the messages, steers,
+queue and keys it asks for as JSON arrays beside the row.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from sqlalchemy import ColumnElement, Connection, Dialect, Engine, TextClause, select, text
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from agent_sessions.backend import (
+    CANCEL,
+    Acquire,
+    Change,
+    Guard,
+    Queued,
+    Release,
+    Renew,
+    Row,
+    Snapshot,
+    Steer,
+    Want,
+    Written,
+    indexed,
+    new_incarnation,
+)
+from agent_sessions.errors import AgentError, SessionLocked, StoreError
+
+from .._sql import SCHEMA_VERSION, SchemaMismatch, SQLBackend
+from .._sql.clock import db_now
+
+_T = TypeVar("_T")
+
+_WRITE = text("SELECT agent_sessions_write(:sid, CAST(:guard AS jsonb), CAST(:change AS jsonb), :inc, :lock_wait)")
+_NOW = "extract(epoch FROM clock_timestamp())::double precision"
+_READ = text(
+    "SELECT s.*, " + _NOW + " AS now_, m.start AS start_, "
+    "CASE WHEN m.start IS NOT NULL THEN (SELECT json_agg(body ORDER BY idx) FROM agent_messages "
+    "  WHERE session_id = s.session_id AND idx >= m.start AND idx < m.stop) END AS messages_, "
+    "CASE WHEN :steers THEN (SELECT json_agg(json_build_array(id, body, steer_key) ORDER BY id) "
+    "  FROM agent_steers WHERE session_id = s.session_id) END AS steers_, "
+    "CASE WHEN :queue THEN (SELECT json_agg(json_build_array(id, queue_key, body) ORDER BY id) "
+    "  FROM agent_queue WHERE session_id = s.session_id) END AS queue_, "
+    "CASE WHEN cardinality(CAST(:keys AS text[])) > 0 THEN (SELECT json_agg(accepted_key) FROM agent_keys "
+    "  WHERE session_id = s.session_id AND accepted_key = ANY(CAST(:keys AS text[]))) END AS keys_ "
+    "FROM agent_sessions AS s, LATERAL (SELECT CASE WHEN CAST(:start AS integer) IS NOT NULL "
+    "  OR CAST(:last AS integer) IS NOT NULL THEN coalesce(CAST(:start AS integer), greatest(least("
+    "  coalesce(CAST(:stop AS integer), s.length), s.length) - CAST(:last AS integer), 0)) END AS start, "
+    "  least(coalesce(CAST(:stop AS integer), s.length), s.length) AS stop) AS m "
+    "WHERE s.session_id = :sid"
+)
+_LAST_SEQ = text("SELECT last_seq FROM agent_sessions WHERE session_id = :sid")
+_EARLIER = text("SELECT to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL")
+
+
+def _earlier(conn: Connection) -> bool:
+    return bool(conn.execute(_EARLIER).scalar())
+
+MISSING_HINT = "create the tables by running stores.postgres.SCHEMA in your migration"
+
+
+class Backend(SQLBackend):
+    """Sessions in PostgreSQL through the caller's SQLAlchemy ``Engine`` (psycopg 3): ``SQLBackend``, whose
+    listings, events and identity are every SQL store's, with its reads and writes one statement each, on
+    a pooled connection in autocommit (``lock_wait``: seconds a write waits for the row's lock)."""
+
+    hint = MISSING_HINT
+
+    def __init__(self, engine: Engine, lock_wait: float | None = None) -> None:
+        super().__init__(engine, "PostgreSQL store")
+        self.lock_wait = lock_wait
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def clock(self) -> ColumnElement[float]:
+        """The server's clock, read once per statement (an InitPlan): ``clock_timestamp()`` is volatile, so in
+        a condition of its own it would be a filter on every row an index gives, never the index's bound
+        (an ``Idle`` listing read every session's entry of ``agent_sessions_updated``)."""
+        return select(db_now()).scalar_subquery()
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        """Autocommit: each statement is its own transaction, and a listing or an identity is one
+        statement (no BEGIN and COMMIT round trips around it)."""
+        with self._autocommit.connect() as conn:
+            yield conn
+
+    def refine(self, exc: DBAPIError, what: str) -> AgentError | None:
+        if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available: lock_wait ran out
+            return SessionLocked(f"{self.name}: {what}: another transaction held the session's row longer than "
+                                 f"lock_wait ({self.lock_wait} s); nothing was written")
+        if getattr(exc.orig, "sqlstate", None) == "42703":  # undefined column: another layout's tables
+            return StoreError(f"{self.name}: {what} failed: the tables are not those of schema {SCHEMA_VERSION} "
+                              f"({str(exc.orig).strip()}); {self.hint}")
+        if getattr(exc.orig, "sqlstate", None) == "42883":  # undefined function: the schema's function is missing
+            return StoreError(f"{self.name}: function agent_sessions_write does not exist ({what}); {self.hint}")
+        return None
+
+    @property
+    def identity(self) -> str:
+        """``SQLBackend``'s, read once; a database holding an earlier version's tables (``agent_sessions``
+        without ``agent_store``) is ``SchemaMismatch``, never taken for one missing its tables."""
+        try:
+            return super().identity
+        except StoreError as exc:
+            if isinstance(exc, SchemaMismatch) or not self._once("identity", "", _earlier):
+                raise
+            raise SchemaMismatch(f"{self.name}: the database holds the tables of an earlier version of "
+                                 f"agent-sessions (agent_sessions, and no agent_store); this version reads and "
+                                 f"writes schema {SCHEMA_VERSION} only") from exc
+
+    def read(self, session: str, want: Want) -> Snapshot | None:
+        params = {"sid": session, "start": want.start, "stop": want.stop, "last": want.last,
+                  "steers": want.steers, "queue": want.queue, "keys": list(want.keys)}
+        got = self._once("read", session, lambda conn: self._first(conn, _READ, params))
+        if got is None:
+            return None
+        return Snapshot(_row(got, got["now_"]), got["start_"] or 0, got["messages_"] or [],
+                        [Steer(*s) for s in got["steers_"] or ()], [Queued(*q) for q in got["queue_"] or ()],
+                        frozenset(got["keys_"] or ()))
+
+    def write(self, session: str, guard: Guard, change: Change) -> Written:
+        params = {"sid": session, "guard": json.dumps(_guard(guard)), "change": json.dumps(_change(change)),
+                  "inc": new_incarnation() if change.exist else "", "lock_wait": self.lock_wait}
+        found = self._once("write", session, lambda conn: self._first(conn, _WRITE, params), writes=True)
+        assert found is not None
+        got = found["agent_sessions_write"]
+        row = got["row"]
+        return Written(got["done"], None if row is None else _row(row, got["now"]))
+
+    def last_seq(self, session: str) -> int:
+        """The session's last event number (0: none): what a follower's wait asks."""
+        got = self._once("wait_for_events", session, lambda conn: self._first(conn, _LAST_SEQ, {"sid": session}))
+        return 0 if got is None else int(got["last_seq"])
+
+    def _first(self, conn: Connection, statement: TextClause, params: dict[str, Any]) -> dict[str, Any] | None:
+        """The first row of one of this module's statements, by column name. Run on psycopg's cursor, prepared
+        on the server at its first use (``prepare_threshold=None`` on the connection, for PgBouncer in
+        transaction mode: never): SQLAlchemy's execution path cost a write about 0.6 ms more here, a round
+        trip's worth. Through SQLAlchemy while anything listens for its cursor events (a tracer), so it sees
+        every statement; a driver's error is SQLAlchemy's either way (the pooled connection invalidated when
+        it broke)."""
+        dispatch = self.engine.dispatch
+        if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+            found = conn.execute(statement, params).mappings().first()
+            return None if found is None else dict(found)
+        sql = _compiled(statement, self.engine.dialect)
+        driver = conn.connection.driver_connection
+        assert driver is not None  # a live pooled connection
+        cursor = driver.cursor()
+        try:
+            cursor.execute(sql, params, prepare=None if driver.prepare_threshold is None else True)
+            row = cursor.fetchone()
+            return None if row is None else dict(zip([c.name for c in cursor.description], row, strict=True))
+        except psycopg.Error as exc:
+            broken = driver.broken or driver.closed
+            if broken:
+                conn.invalidate(exc)
+            raise DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=broken) from exc
+        finally:
+            cursor.close()
+
+    def _once(self, what: str, session: str, call: Callable[[Connection], _T], *, writes: bool = False) -> _T:
+        """``call``, one statement, on a pooled connection in autocommit, never run again here: a write
+        whose connection failed after it was sent may have happened (``OutcomeUnknown``). A read on a
+        pooled connection found dead (the server restarted since) is run once more, on a new one. The first
+        asks the database's identity first (``SchemaMismatch`` before anything is read or written)."""
+        if self._identity is None and what != "identity":
+            _ = self.identity
+        try:
+            try:
+                with self._connection() as conn:
+                    return call(conn)
+            except DBAPIError as exc:
+                if writes or not exc.connection_invalidated:
+                    raise
+            with self._connection() as conn:
+                return call(conn)
+        except DBAPIError as exc:
+            raise self._error(what, session, exc, writes) from exc
+        except SQLAlchemyError as exc:
+            raise self._error(what, session, exc, False) from exc
+
+    def __repr__(self) -> str:
+        return f"postgres {self.engine.url.render_as_string(hide_password=True)!r}"
+
+
+@functools.cache
+def _compiled(statement: TextClause, dialect: Dialect) -> str:
+    """``statement`` in the driver's own parameter style (one of this module's few, so cached for good)."""
+    return str(statement.compile(dialect=dialect))
+
+
+def _row(m: Mapping[Any, Any], now: Any) -> Row:
+    return Row(m["session_id"], bool(m["exists_"]), m["incarnation"], float(m["created"]), float(m["updated"]),
+               int(m["version"]), int(m["length"]), int(m["edits"]), m["token"], int(m["epoch"]),
+               float(m["expires"]), m["host"], int(m["pid"]), m["spec"], m["turn"], bool(m["cancelled"]),
+               m["cancelled_turn"], bool(m["handed"]), m["journal"],
+               None if m["open_since"] is None else float(m["open_since"]), m["metadata"], int(m["last_seq"]),
+               int(m["steers"]), int(m["queued"]), float(now))
+
+
+def _guard(guard: Guard) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("exists", "incarnation", "version", "length", "edits", "queue_head", "key_absent"):
+        value = getattr(guard, name)
+        if value is not None:
+            out[name] = value
+    if guard.lease is not None:
+        out["lease"] = list(guard.lease)
+    for name in ("lease_free", "lease_held", "not_cancelled", "no_steers", "no_queue"):
+        if getattr(guard, name):
+            out[name] = True
+    if guard.steers:
+        out["steers"] = list(guard.steers)
+    if guard.checks_journal:
+        out["journal"] = [guard.journal]
+    return out
+
+
+def _change(change: Change) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if change.exist:
+        out["exist"] = True
+    if change.delete:
+        out["delete"] = True
+    if change.splice is not None:
+        out["splice"] = [change.splice[0], list(change.splice[1])]
+    if change.take_steers:
+        out["take_steers"] = list(change.take_steers)
+    for name in ("add_steer", "push"):
+        value = getattr(change, name)
+        if value is not None:
+            out[name] = list(value)
+    for name in ("pop", "add_key", "drop_key", "open"):
+        value = getattr(change, name)
+        if value is not None:
+            out[name] = value
+    if change.metadata is not None:
+        out["metadata"] = change.metadata
+        out["meta_index"] = [list(pair) for pair in indexed(change.metadata)]
+    if change.sets_journal:
+        out["journal"] = [change.journal]
+    if change.sets_turn:
+        out["turn"] = [change.turn]
+    if change.handed is not None:
+        out["handed"] = change.handed
+    lease = change.lease
+    if isinstance(lease, Acquire):
+        out["lease"] = {"acquire": {"host": lease.host, "pid": lease.pid, "token": lease.token, "spec": lease.spec,
+                                    "ttl": lease.ttl, "turn": lease.turn}}
+    elif isinstance(lease, Renew):
+        out["lease"] = {"renew": lease.ttl}
+    elif isinstance(lease, Release):
+        out["lease"] = {"release": True}
+    elif lease == CANCEL:
+        out["lease"] = {"cancel": True}
+    if change.events:
+        out["events"], out["keep"] = list(change.events), change.keep
+    return out
