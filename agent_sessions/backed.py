@@ -385,9 +385,8 @@ class BackedStore:
             try:
                 written = self.backend.write(session, guard, change)
             except OutcomeUnknown:
-                if records:
-                    raise  # asked again, its events could be written twice: the run reads them back
-                landed = self._landed(session, holder, plan, new if change.splice is not None else None)
+                landed = self._landed(session, holder, plan, new if change.splice is not None else None,
+                                      records[-keep:] if records else ())
                 if landed is None:
                     continue  # it did not land: the same write again (its guard holds it to once)
                 written = Written(True, landed)
@@ -418,21 +417,29 @@ class BackedStore:
             opened = True  # a queued message or a steer came: the turn stays open
         raise self._busy("save_fenced", session)
 
-    def _landed(self, session: str, holder: Holder, plan: _Plan, new: Sequence[Message] | None) -> Row | None:
-        """A save whose answer was lost: the row, if it landed (the lease still this holder's and, for one that
-        wrote messages, the transcript from where they went holding exactly them, one edit on); ``None`` if it
-        did not. A read that fails too, or a lease lost meanwhile, is the caller's error."""
+    def _landed(self, session: str, holder: Holder, plan: _Plan, new: Sequence[Message] | None,
+                records: Sequence[str]) -> Row | None:
+        """A save whose answer was lost: the row, if it landed; ``None`` if it did not, so the same write goes
+        again (its guard holds it to once). Landed: the lease still this holder's and, for one that wrote
+        messages, the transcript from where they went holding exactly them, one edit on; for one that wrote
+        events, the log ending in exactly them (they carry their time: only this write ends it so, and only
+        the lease's holder writes events). A save that wrote neither is asked again. A read that fails too,
+        or a lease lost meanwhile, is the caller's error."""
         at = plan.at if new is not None else None
         snap = self.backend.read(session, Want(start=at))
         _owned(session, holder, None if snap is None else snap.row)
         assert snap is not None
-        if new is None:
-            return None  # it wrote nothing but the guard's answer: asking again is the same
-        texts = [m.to_json() for m in new]
-        if snap.messages == texts and (plan.edits is None or snap.row.edits == plan.edits + 1):
-            log.warning("session %r: a save went unanswered; read back, it had landed", session)
-            return snap.row
-        return None
+        row = snap.row
+        if new is None and not records:
+            return None
+        if new is not None and (snap.messages != [m.to_json() for m in new]
+                                or (plan.edits is not None and row.edits != plan.edits + 1)):
+            return None
+        if records and [text for _, text in self.backend.events(session, row.last_seq - len(records),
+                                                                len(records))] != list(records):
+            return None
+        log.warning("session %r: a save went unanswered; read back, it had landed", session)
+        return row
 
     def _planned(self, session: str, items: tuple[Message, ...], start: int, replace: bool,
                  wrote: _Wrote | None) -> _Plan | None:

@@ -29,6 +29,7 @@ from .events import EventContract
 from .fencing import FencingContract
 from .identity import IdentityContract
 from .lifecycle import LifecycleContract
+from .lost import LostAnswersContract
 from .meeting import CancelMeetsContract, MeetingContract
 from .model import ModelContract
 from .queue import QueueContract
@@ -71,7 +72,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
                     ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract,
-                    SweepContract):
+                    SweepContract, LostAnswersContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

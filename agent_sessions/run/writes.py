@@ -93,23 +93,19 @@ class Writes:
             replace = self.replace and self.written < 0
         since = self._listening()
         if self.publisher is None:
-            try:
-                saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers,
-                                               replace=replace, closes=closes, **self._from)
-            except OutcomeUnknown as exc:
-                saved = self._landed(msgs, exc)
+            saved = self.store.save_fenced(self.session, self.lease.holder, msgs, take_steers=take_steers,
+                                           replace=replace, closes=closes, **self._from)
         else:
             events = self.store
             with self.publisher.lock:  # no event is written by the watcher between these and after them
                 records = self.publisher.take()
                 try:
-                    try:
-                        saved = events.save_fenced_events(
-                            self.session, self.lease.holder, msgs, take_steers=take_steers, replace=replace,
-                            events=self.publisher.render(records, msgs, self.start), keep=self.events_kept,
-                            closes=closes, **self._from)
-                    except OutcomeUnknown as exc:
-                        saved = self._landed(msgs, exc)  # landed: its events are in the log, with its messages
+                    # A save whose answer was lost is settled by the store (``BackedStore._landed``): read
+                    # back, landed or written again. What reaches here failed, or may have: the run fails.
+                    saved = events.save_fenced_events(
+                        self.session, self.lease.holder, msgs, take_steers=take_steers, replace=replace,
+                        events=self.publisher.render(records, msgs, self.start), keep=self.events_kept,
+                        closes=closes, **self._from)
                 except BaseException:
                     self.publisher.restore(records)  # not written: the next write (or ``failed``'s) takes them
                     raise
@@ -129,27 +125,6 @@ class Writes:
             raise
         return True
 
-    def _landed(self, msgs: Sequence[Message], exc: OutcomeUnknown) -> Saved:
-        """A save that went unanswered: read the session back, then the lease. If it landed (the session
-        holds ``msgs``, and after them the steers it took) and the lease is still this run's, the run goes on
-        as if the answer had come: nothing is written twice (its events, its steers), and the cancel flag is
-        the one the check reads. The lease is read after the transcript: while it is still ours, nobody else
-        wrote the session in between, so what follows ``msgs`` is the steers this save took (a resume on
-        another worker that took the session meanwhile is ``LeaseLost`` here, and a delete makes the read
-        find nothing: not landed). If it did not land, or a read fails too, ``exc`` fails the run."""
-        def read() -> tuple[list[Message], bool, bool]:
-            stored = self.store.messages(self.session)[self.start:]
-            landed = holds(stored, msgs)
-            return stored, landed, self.store.check(self.session, self.lease.holder) if landed else False
-
-        stored, landed, cancelled = self._read_back("a save", exc, read)
-        if not landed:
-            raise exc
-        taken = stored[len(msgs):]
-        log.warning("session %r: a save went unanswered (%s); read back, it had landed (%d steer(s) taken): "
-                    "the run goes on", self.session, exc, len(taken))
-        return Saved([m.text for m in taken], cancelled, [m.key for m in taken])
-
     # -- the journal -------------------------------------------------------------------------------------------
 
     def put_journal(self, text: str, *, unless_cancelled: bool = False, listen: bool = True) -> bool:
@@ -165,8 +140,8 @@ class Writes:
         return cancelled
 
     def _journalled(self, text: str, exc: OutcomeUnknown, unless_cancelled: bool) -> bool:
-        """A journal write that went unanswered: read the journal back, then the lease (as ``_landed`` does
-        for a save), and answer as the write would have. Landed (``written``): the run goes on, so a call it
+        """A journal write that went unanswered: read the journal back, then the lease, and answer as the
+        write would have. Landed (``written``): the run goes on, so a call it
         marked started runs now (once: nobody else can have run it) and the calls it asked approval for are
         announced (``approval_requested``), where failing would leave a resume to call the one's outcome
         unknown and never announce the others. Not landed and the run cancelled, for a write that would not

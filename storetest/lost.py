@@ -1,0 +1,102 @@
+"""A write whose answer was lost: the library reads the session back and settles it (landed, or written again,
+never twice), whatever the write carried. Run on the store under test by standing a backend in front of its
+own that loses one answer: after the write (the answer lost on the way back) or before it (the line cut).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from agent_sessions import Holder, Message, OutcomeUnknown, RunStore
+
+from .capabilities import Capability
+
+
+class _Losing:
+    """``backend``, but the next write carrying events loses its answer: ``landed`` says whether it was made
+    first (its answer lost) or not (cut before the server had it)."""
+
+    def __init__(self, backend: Any, landed: bool) -> None:
+        self.backend, self.landed, self.lost = backend, landed, 0
+
+    def write(self, session: str, guard: Any, change: Any) -> Any:
+        if change.events and not self.lost:
+            self.lost += 1
+            if self.landed:
+                self.backend.write(session, guard, change)
+            raise OutcomeUnknown("storetest: the answer was lost")
+        return self.backend.write(session, guard, change)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+
+class LostAnswersContract:
+    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
+
+    def make_store(self) -> Any:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    @pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "cut-before"])
+    def test_a_save_with_events_whose_answer_was_lost_takes_a_waiting_steer_once(self, landed: bool) -> None:
+        """An events-only save guarded by "no steer waits" meets a steer: refused, its answer lost or its line
+        cut. Read back, it did not land: the library writes again, takes the steer, and the events are in
+        the log once. (A read-back that judged by the transcript alone, which already held the messages,
+        would call it landed and leave the steer behind at the turn's end.)"""
+        self.requires(Capability.EVENTS)
+        store = self.make_store()
+        backend = getattr(store, "backend", None)
+        if backend is None:
+            pytest.skip("not a BackedStore: no backend to lose an answer of")
+        assert isinstance(store, RunStore)
+        sid = f"storetest-lost-{uuid.uuid4().hex}"
+        msgs = [Message.user("question")]
+        store.save(sid, msgs)
+        holder = store.acquire(sid, Holder("storetest", 1, uuid.uuid4().hex, 0.0), 60)
+        msgs = store.messages(sid)
+        store.add_steer(sid, "late steer")
+        events = [json.dumps({"kind": "storetest", "n": n, "at": uuid.uuid4().hex}) for n in range(3)]
+        losing = _Losing(backend, landed)
+        setattr(store, "backend", losing)  # noqa: B010 - the store's own attribute, stood in for
+        try:
+            saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=events, keep=100)
+        finally:
+            setattr(store, "backend", backend)  # noqa: B010
+        assert losing.lost == 1
+        assert saved.steers == ["late steer"] and store.pending_steers(sid) == []
+        assert [m.text for m in store.messages(sid)] == ["question", "late steer"]
+        assert [text for _, text in backend.events(sid, 0, 100)] == events
+        store.release(sid, holder)
+
+    @pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "cut-before"])
+    def test_a_step_with_events_whose_answer_was_lost_is_stored_once(self, landed: bool) -> None:
+        """A step's save (new messages and their events) loses its answer: landed, the run goes on; cut
+        before, it is written again. Either way its messages and events are stored once."""
+        self.requires(Capability.EVENTS)
+        store = self.make_store()
+        backend = getattr(store, "backend", None)
+        if backend is None:
+            pytest.skip("not a BackedStore: no backend to lose an answer of")
+        assert isinstance(store, RunStore)
+        sid = f"storetest-lost-{uuid.uuid4().hex}"
+        store.save(sid, [Message.user("question")])
+        holder = store.acquire(sid, Holder("storetest", 1, uuid.uuid4().hex, 0.0), 60)
+        msgs = [*store.messages(sid), Message.assistant("answer")]
+        events = [json.dumps({"kind": "storetest", "n": n, "at": uuid.uuid4().hex}) for n in range(2)]
+        losing = _Losing(backend, landed)
+        setattr(store, "backend", losing)  # noqa: B010 - the store's own attribute, stood in for
+        try:
+            saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=events, keep=100)
+        finally:
+            setattr(store, "backend", backend)  # noqa: B010
+        assert losing.lost == 1 and saved.steers == []
+        assert store.messages(sid) == msgs
+        assert [text for _, text in backend.events(sid, 0, 100)] == events
+        store.release(sid, holder)
