@@ -51,6 +51,10 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "sqlite": __import__("sqlite3").sqlite_version}
 
 
+STORES = "memory,sqlite,postgres,mysql,mysql-noreset,mysql-pooled,mongodb"
+"""The stores measured unless --stores says (``--only trips``: every server store, Redis too)."""
+
+
 def run(args: argparse.Namespace, persistence_only: bool = False) -> dict[str, Any]:
     names = [s for s in args.stores.split(",") if s]
     report: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "peer_rounds": args.peer_rounds,
@@ -155,7 +159,7 @@ def tables(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stores", default="memory,sqlite,postgres,mysql,mysql-noreset,mysql-pooled,mongodb")
+    parser.add_argument("--stores", default=STORES)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--peer-rounds", type=int, default=60, help="rounds for the slow peers (LangGraph)")
     parser.add_argument("--steer-procs", type=int, default=4, help="adding processes (as many take)")
@@ -190,7 +194,8 @@ def main() -> None:
         text = context.tables(report["context"])
         args.json = args.json or str(results / "context.json")
     elif args.only == "trips":
-        names = [s for s in args.stores.split(",") if s in trips.SERVERS] or list(trips.SERVERS)
+        names = list(trips.SERVERS) if args.stores == STORES else [s for s in args.stores.split(",")
+                                                                      if s in trips.SERVERS]
         report = {"machine": machine(), "trips": trips.run(names, args.rtt / 1000)}
         text = trips.tables(report["trips"])
         args.json = args.json or str(results / "trips.json")
