@@ -624,3 +624,27 @@ def test_enqueue_hands_a_message_over_and_answer_reads_its_answer_whoever_made_i
         session.enqueue("", "msg-4")
     with pytest.raises(agent.Unsupported):
         agent.open("s", FourMethodStore()).enqueue("hi", "k")
+
+
+@agent.tool(idempotent=False, needs_approval=True)
+def refund(order: int) -> str:
+    """Refund an order (a person approves it first)."""
+    return "refunded"
+
+
+@pytest.mark.parametrize("lease_wait", [0.0, 0.3])
+def test_a_steer_beside_a_turn_waiting_for_a_decision_says_so_and_runs_nothing(lease_wait: float) -> None:
+    """The session's turn waits for a decision; nobody holds it. A turn with ``if_busy="steer"`` stores its
+    steer, finds the lease free, and must not run the session over and over until its wait runs out (each run
+    stopping at the waiting decision, each a write and a ``Finished``), nor say that its message will be
+    answered by the next run: it raises ``AwaitingApproval``, as ``"queue"`` does, and the steer waits."""
+    store = memory.Store()
+    spec = agent.Spec(session=agent.open("chat", store), tools=[refund], lease_wait=lease_wait)
+    first = agent.Runner().run(spec, [agent.Message.user("refund order 7")], ToolsThenAnswer(["refund"]))
+    assert first.stop_reason == "awaiting_approval"
+    stored = store.messages("chat")
+    heard: list[object] = []
+    with pytest.raises(agent.AwaitingApproval):
+        agent.Runner().turn(spec, "and order 8", "k-8", Answer("never"), heard.append, if_busy="steer")
+    assert heard == [] and store.messages("chat") == stored
+    assert store.pending_steers("chat") == ["and order 8"]

@@ -344,6 +344,13 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
     except SessionBusy:
         return None
     try:
+        # The session's turn waits for decisions: a run would stop there at once, without the steer (which
+        # lands once the turn goes on), and the caller would run it again until its wait ran out.
+        text = store.journal(session.id)
+        journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
+        undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
+        if undecided:
+            raise AwaitingApproval(session.id, undecided)
         stored = session.messages()
         at = turns.keyed(stored, key)
         if at is not None:  # taken into the transcript: a turn like any other, answered or to go on with
@@ -355,8 +362,11 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
         if isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
             raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
         result = run(spec, stored, endpoint, events, False, lease)
-        at = turns.keyed(result.messages, key)
-        return result if at is not None and turns.answered(result.messages, at) is not None else None
+        # The run took the steer: its turn is this caller's, however it ended (answered, out of budget,
+        # waiting for a decision, cancelled). Waiting on for an answer would promise one nobody gives: the
+        # run that returned cleared the session's open mark, and another run would go on with a turn that
+        # ended. Not taken (it went with a delete): the caller looks again.
+        return result if turns.keyed(result.messages, key) is not None else None
     finally:
         if not lease.closed:
             lease.__exit__(*sys.exc_info())
