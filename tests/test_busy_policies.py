@@ -648,3 +648,17 @@ def test_a_steer_beside_a_turn_waiting_for_a_decision_says_so_and_runs_nothing(l
         agent.Runner().turn(spec, "and order 8", "k-8", Answer("never"), heard.append, if_busy="steer")
     assert heard == [] and store.messages("chat") == stored
     assert store.pending_steers("chat") == ["and order 8"]
+
+
+def test_a_steer_whose_own_run_stops_at_max_steps_returns_that_result() -> None:
+    """Nobody holds the session: the ``"steer"`` caller runs it itself, and that run, which took the steer,
+    stops at its ``max_steps``. That is how the caller's turn ended: it returns that Result, as ``"queue"``
+    does. Waiting on (and raising ``StillQueued``, "will be answered by the session's next run") promised an
+    answer that nothing gives: the run that returned left the session no longer open, and a run going on
+    with that turn would pass its budget."""
+    store = memory.Store()
+    spec = agent.Spec(session=agent.open("chat", store), tools=[refund], max_steps=1)
+    result = agent.Runner().turn(spec, "refund order 7", "k-7", ToolsThenAnswer(["lookup"], rounds=5),
+                                 if_busy="steer")
+    assert (result.stop_reason, result.steps) == ("max_steps", 1)
+    assert not agent.open("chat", store).info().open_since  # type: ignore[union-attr]
