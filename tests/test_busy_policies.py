@@ -662,3 +662,60 @@ def test_a_steer_whose_own_run_stops_at_max_steps_returns_that_result() -> None:
                                  if_busy="steer")
     assert (result.stop_reason, result.steps) == ("max_steps", 1)
     assert not agent.open("chat", store).info().open_since  # type: ignore[union-attr]
+
+
+class Charging:
+    """Calls the non-idempotent ``charge`` on every request; ``during`` runs inside the first request."""
+
+    def __init__(self, during: object = None) -> None:
+        self.requests = 0
+        self.during = during
+
+    def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
+        self.requests += 1
+        if self.requests == 1 and callable(self.during):
+            self.during()
+        return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call(f"c{self.requests}", "charge", "{}")])
+
+
+@agent.tool(idempotent=False)
+def charge() -> str:
+    """Charge the card (not idempotent)."""
+    return "charged"
+
+
+def test_a_keyed_steer_that_joined_a_turn_stopped_at_max_steps_is_not_gone_on_with_when_sent_again() -> None:
+    """A keyed steer (``if_busy="steer"``) joins a turn after its first request; the turn stops at its
+    ``max_steps``. The steer's turn is the one it joined: sent again, it says ``max_steps`` and asks nothing
+    (counted from the steer, its budget looked unspent, and the repeat went on with a turn that had ended)."""
+    store = memory.Store()
+    session = agent.open("chat", store)
+    spec = agent.Spec(session=session, tools=[charge], max_steps=2)
+    model = Charging(lambda: session.steer("and the other card", key="k-2"))
+    assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
+    assert model.requests == 2 and [m.key for m in store.messages("chat") if m.steer] == ["k-2"]
+    again = agent.Runner().turn(spec, "and the other card", "k-2", model, if_busy="steer")
+    assert (again.stop_reason, again.steps, model.requests) == ("max_steps", 0, 2)
+
+
+def test_a_queued_turn_finishes_a_plain_runs_waiting_reply_within_that_runs_budget() -> None:
+    """A plain run (``max_steps=1``) made its one request, whose call waits for approval. Approved, the turn
+    goes on when the next message's turn takes the session: it finishes the waiting reply (the refund runs)
+    and asks the model nothing more for that turn, whose one request is made; then it answers its own."""
+    store = memory.Store()
+    spec = agent.Spec(session=agent.open("chat", store), tools=[refund], max_steps=1)
+    asked: list[str] = []
+
+    class Model:
+        def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
+            said = [m.text for m in messages if m.role is agent.Role.USER and m.text]
+            asked.append(said[-1])
+            if said[-1] == "refund order 7":
+                return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r1", "refund", '{"order": 7}')])
+            return agent.Message.assistant("done")
+
+    first = agent.Runner().run(spec, [agent.Message.user("refund order 7")], Model())
+    assert first.stop_reason == "awaiting_approval"
+    agent.open("chat", store).approve("r1")
+    result = agent.Runner().turn(spec, "thanks", "k-2", Model())
+    assert result.text == "done" and asked == ["refund order 7", "thanks"]

@@ -260,7 +260,14 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
     if not (waits or unanswered(stored)):
         return False
     at = open_turn(stored)
-    planned = (spec, stored) if at is None else turns.plan(session, spec, stored, stored[at], at)
+    if at is None:
+        # A plain run's turn: what is left of its budget, counted as the sweep counts it (a turn makes
+        # max_steps requests in all, however often it is taken up); 0 only finishes the waiting reply.
+        made = turns.replies(stored, turns.turn_start(stored)) + int(waits)
+        planned: Result | tuple[Spec, list[Message]] = (replace(spec, max_steps=max(0, spec.max_steps - made)),
+                                                         stored)
+    else:
+        planned = turns.plan(session, spec, stored, stored[at], at)
     budget, todo = (replace(spec, max_steps=0), stored) if isinstance(planned, Result) else planned
     how = (f"its reply waits in the journal, {len(journal.started)} call(s) started, {len(journal.results)} "
            f"result(s) kept" if waits and journal is not None else "it ends with tool calls that have no results")
