@@ -291,6 +291,8 @@ class Op:
     """The text of the answer a turn or a run returned (``stop_reason == "answered"``)."""
     end_tag: str | None = None
     """The input the op's run ended on (a turn's own message, a run's last input): that turn has ended."""
+    also_ended: str | None = None
+    """A steer a turn's run took after its own message, the newest input when it ended: ended with it."""
     swept: list[tuple[str, str, str, str | None]] = field(default_factory=list)
     """A sweep's sessions: (session, outcome, the run's stop reason, the input it ended on)."""
     began: int = 0
@@ -400,7 +402,7 @@ class Scripted:
             order = f"c{self.n}-{self.asked}-{i}"  # what the call is for: its own, even where two calls share an id
             call_id = f"c{self.n}-{self.asked}-0" if self.script == "duplicate_ids" else order
             self.ledger.write(t="reply", sid=self.sid, call=order, turn=tag, input=last_tag(messages), op=self.n,
-                              at=now())
+                              kind=self.kind, at=now())
             content.append(Content.tool_call(call_id, name, json.dumps(
                 {"sid": self.sid, "turn": tag, "order": order, "ask": ask})))
         return Message(Role.ASSISTANT, content)
@@ -930,8 +932,12 @@ class Machine:
         if result.stop_reason == "answered":
             op.answer = result.text
         # the input the run ended on: a turn's own message (the answer that covers it, for a steer), else the
-        # newest input its transcript holds
-        op.end_tag = op.text.split()[0] if op.kind in ("turn", "redeliver", "crash") else last_tag(result.messages)
+        # newest input its transcript holds; a turn that ran also ends the steers it took (its transcript's
+        # newest input). One that returned a stored outcome (no request) may read another turn's input since.
+        own = op.text.split()[0] if op.kind in ("turn", "redeliver", "crash") else None
+        op.end_tag = own or last_tag(result.messages)
+        if own and result.steps and last_tag(result.messages) not in (None, own):
+            op.also_ended = last_tag(result.messages)
         return f"{result.stop_reason} after {result.steps} steps"
 
     def _sweep(self, op: Op, store: _Watched) -> str:
@@ -1033,8 +1039,9 @@ class Machine:
             self.cancel_rounds.setdefault(op.sid, []).append(op.began)
         if op.kind in ("turn", "redeliver") and op.policy == "interrupt":
             self.interrupts[op.sid] = self.interrupts.get(op.sid, 0) + 1
-        if op.stop_reason in ENDS and op.end_tag:
-            self.ended.setdefault((op.sid, op.end_tag), []).append((op.ended, op.n, op.stop_reason))
+        for on in (op.end_tag, op.also_ended) if op.stop_reason in ENDS else ():
+            if on:
+                self.ended.setdefault((op.sid, on), []).append((op.ended, op.n, op.stop_reason))
         for swept, _, why, ended_on in op.swept:
             if why in ENDS and ended_on:
                 self.ended.setdefault((swept, ended_on), []).append((op.ended, op.n, why))
@@ -1045,6 +1052,10 @@ class Machine:
         if op.kind == "fork" and op.error is None:
             self.turn_began.update({(op.target, tag): t for (s, tag), t in list(self.turn_began.items())
                                     if s == op.sid})
+            if op.at is None:  # the whole transcript: its turns ended where the source's did
+                for (s, on), ends in list(self.ended.items()):
+                    if s == op.sid:
+                        self.ended.setdefault((op.target, on), []).extend(ends)
         self.report.checks["typed_errors"] += 1
         if op.error is not None and not isinstance(op.error, _EXPECTED[op.kind]):
             self.violate("typed_errors", f"{op.describe()}")
@@ -1137,7 +1148,9 @@ class Machine:
         ``within_budget``: the model requests for one input, by all the runs that went on with it (a resume
         aside), and by any one run, are at most the session's ``max_steps`` (and one more per request a
         crash lost)."""
-        inputs = {(r["sid"], r["call"]): r.get("input") for r in ledger if r["t"] == "reply"}
+        # a tool start is of the input its reply answered; a reply a resume made is the resume's to go on with
+        inputs = {(r["sid"], r["call"]): None if r.get("kind") in EXEMPT else r.get("input")
+                  for r in ledger if r["t"] == "reply"}
         self.report.checks["turn_ends_once"] += 1
         for r in ledger:
             if r["t"] not in ("ask", "start") or r["kind"] in EXEMPT:
