@@ -64,10 +64,20 @@ EXEMPT = ("resume", "usable")
 """Kinds whose model requests may go on with a turn that ended: a resume is a person asking for exactly that
 (``Runner.run`` on the stored transcript), and the program's last check is one."""
 
-KNOWN: dict[str, str] = {}
+KNOWN: dict[str, str] = {
+    "steer_beside_cancel": "OPEN (found by this machine, issue 42's stage): a turn with if_busy=\"steer\" whose own "
+                           "run is cancelled before it took the steer (a cancel() in the same round, or a cancel "
+                           "handed on with the lease) tells its listener that run's Finished(cancelled), runs "
+                           "again (a second Finished), or, its lease_wait spent, raises StillQueued although it "
+                           "could have run the steer: the events check accepts a steered turn's cancelled runs "
+                           "before its last (e.g. seeds 2097562654, 3858565773 on memory)",
+    "cancel_beside_interrupt": "OPEN (found by this machine): a cancel() in a round with an if_busy=\"interrupt\" "
+                               "turn of the same session returns True while the interrupt's turn holds the lease, "
+                               "and that turn goes on and starts its tool (cancel_stops_turn; e.g. seed 18343348 "
+                               "on memory): left out",
+}
 """The operation mixes that meet a bug still open on this branch, by name, each saying what it meets: what
-``ModelContract.model_skip`` and ``scripts/soak --skip`` may leave out. Empty: every bug a mix of the machine
-met is fixed (those of ``FILTERS``)."""
+``ModelContract.model_skip`` and ``scripts/soak --skip known`` leave out (or the check they relax)."""
 
 FILTERS: dict[str, str] = {
     "delete_near_run": "issue 29 #1: a delete (forced or not) or a prune in a round with a run of the same session "
@@ -681,8 +691,9 @@ class Machine:
         if kind == "fork":
             op.target = f"model-{self.tag}-f{n}"
             op.at = self.rng.choice([None, None, 1, 3])
-            if op.target not in self.budget:
-                self._configure(op.target)
+            if self.new and op.target not in self.budget:  # the same conversation: the same spec
+                self.budget[op.target] = self.budget.get(sid, 4)
+                self.compact[op.target] = self.compact.get(sid, False)
         return op
 
     def _pick_redelivery(self, op: Op, round_ops: list[Op], index: int) -> bool:
@@ -730,6 +741,10 @@ class Machine:
                 near = [r for r in runs if r.sid == c.sid]
                 if near and (journals.get(c.sid) or any(r.script == "approve_pay" for r in near)):
                     return "cancel_near_approval"
+        if "cancel_beside_interrupt" in self.skip:
+            cancelled = {o.sid for o in ops if o.kind == "cancel"}
+            if any(o.kind in ("turn", "redeliver") and o.policy == "interrupt" and o.sid in cancelled for o in ops):
+                return "cancel_beside_interrupt"
         if "concurrent_first_save" in self.skip:
             writers = Counter(o.sid for o in ops if o.kind in (*RUNS, "steer"))
             if any(n > 1 and empty.get(sid, True) for sid, n in writers.items()):
@@ -1029,6 +1044,8 @@ class Machine:
             self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind in ("turn", "crash"):
             self.keys.setdefault(op.sid, []).append(op)
+        if op.kind == "steer_again":  # a keyed steer sent again after a delete is stored again: it is new input
+            self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind == "redeliver":
             for t in self.keys.get(op.sid, []):
                 if t.key == op.key and op.stop_reason:
@@ -1052,10 +1069,12 @@ class Machine:
         if op.kind == "fork" and op.error is None:
             self.turn_began.update({(op.target, tag): t for (s, tag), t in list(self.turn_began.items())
                                     if s == op.sid})
-            if op.at is None:  # the whole transcript: its turns ended where the source's did
+            if op.at is None:  # the whole transcript: the turns that had ended before it ended there too
                 for (s, on), ends in list(self.ended.items()):
-                    if s == op.sid:
-                        self.ended.setdefault((op.target, on), []).extend(ends)
+                    if s == op.sid and any(at < op.began for at, _, _ in ends):
+                        # a cancel is the source's: the fork's copy of that turn is open, to go on with
+                        self.ended.setdefault((op.target, on), []).extend(
+                            e for e in ends if e[0] < op.began and e[2] != "cancelled")
         self.report.checks["typed_errors"] += 1
         if op.error is not None and not isinstance(op.error, _EXPECTED[op.kind]):
             self.violate("typed_errors", f"{op.describe()}")
@@ -1124,6 +1143,17 @@ class Machine:
             terminals = [e for e in events if e[0] in ("Finished", "Failed")]
             if not events and op.steps == 0:
                 return
+        steered = "steer_beside_cancel" in self.skip and turn and op.policy == "steer"
+        if steered and (len(terminals) > 1 or isinstance(op.error, agent.Conflict)):
+            # the steered turn's runs that stopped before they took the steer: judge what is left
+            self.report.left_out["steer_beside_cancel (check relaxed)"] += 1
+            ends = [i for i, e in enumerate(events)
+                    if e[0] == "Finished" and e[1] in ("cancelled", "awaiting_approval")]
+            cut = ends[-1] + 1 if ends and (op.error is not None or ends[-1] < len(events) - 1) else 0
+            events = events[cut:]
+            terminals = [e for e in events if e[0] in ("Finished", "Failed")]
+            if not events:
+                return
         ok = (len(terminals) == 1 and events[-1] == terminals[0]
               and (terminals[0] == ("Finished", op.stop_reason) if op.error is None
                    else terminals[0][0] == "Failed"))
@@ -1173,7 +1203,9 @@ class Machine:
             if r["kind"] not in EXEMPT:
                 epoch = sum(1 for _, at in self.dead.get(sid, []) if at < r["at"])
                 total[(sid, tag, epoch)] += 1
-                lost[(sid, tag, epoch)] += int(r["crash"])
+                # a request of a worker that crashed may be lost with it (a crash raised in a tool unwinds the
+                # run, which may drop its reply): the turn asks again
+                lost[(sid, tag, epoch)] += int(r["crash"] or r["kind"] == "crash")
         for (sid, tag, epoch), asked in total.items():
             budget = self.budget.get(sid, 4)
             if asked > budget + lost[(sid, tag, epoch)]:
@@ -1207,6 +1239,10 @@ class Machine:
             tag = last_tag(msgs)
             unanswered = last is not None and not (last.role is Role.ASSISTANT and not last.tool_calls)
             ended = tag is not None and (sid, tag) in self.ended
+            if unanswered and not ended:  # spent its budget (a fork's, a sweep's "finished"): ended where it is
+                begun = max((i for i, m in enumerate(msgs) if m.role is Role.USER and m.text.startswith(TAGS)),
+                            default=-1)
+                ended = sum(1 for m in msgs[begun + 1:] if m.role is Role.ASSISTANT) >= self.budget.get(sid, 4)
             self.report.checks["answered_or_waits"] += 1
             hidden = queues[sid] or (unanswered and not ended and not self.interrupts.get(sid))
             if info.open_since is None and hidden:

@@ -369,6 +369,10 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
         if isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
             raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
         result = run(spec, stored, endpoint, events, False, lease)
+        if result.stop_reason == "awaiting_approval" and turns.keyed(result.messages, key) is None:
+            # The run stopped at the turn's waiting decisions without taking the steer: as above, the steer
+            # lands once that turn goes on.
+            raise AwaitingApproval(session.id, [p.call_id for p in result.pending_approvals])
         # The run took the steer: its turn is this caller's, however it ended (answered, out of budget,
         # waiting for a decision, cancelled). Waiting on for an answer would promise one nobody gives: the
         # run that returned cleared the session's open mark, and another run would go on with a turn that
