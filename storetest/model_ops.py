@@ -614,13 +614,15 @@ class Machine:
         delete, or one whose read found it empty, begins the conversation anew with its own message, which it
         never read from the erased session. Everything else of the erased session it cannot bring back."""
         self.decisions: dict[tuple[str, str], tuple[bool, int]] = {}
-        self.ended: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
-        """Per (session, input tag), the runs that returned having ended on it: (when, op, stop reason). No
+        self.ended: dict[tuple[str, str], list[tuple[int, int, str, int]]] = {}
+        """Per (session, input tag), the runs that returned having ended on it: (when, op, stop reason, when the op
+        began: a delete since then may have erased what it ended, and a delivery then begins anew). No
         model request or tool start of that input may come after (``turn_ends_once``)."""
         self.accepted: dict[tuple[str, str], tuple[str, int]] = {}
         """Per (session, key) of a turn's message or a keyed steer the store took: (its text, when the first
         delivery began)."""
         self.keyed_steers: dict[str, list[Op]] = {}
+        self.began_of: dict[int, int] = {}
         self.interrupts: dict[str, int] = {}
         """Per session: how many cancels (a cancel() that said True, an "interrupt") it has had."""
         self.done: list[Op] = []
@@ -1038,6 +1040,7 @@ class Machine:
 
     def _absorb(self, op: Op) -> None:
         """Fold what the finished op did into the reference model, and judge its own outcome."""
+        self.began_of[op.n] = op.began
         if op.kind in ("run", "turn", "redeliver", "crash", "kill", "freeze") and op.text:
             tag = op.text.split()[0]
             self.turn_began.setdefault((op.sid, tag), op.began)
@@ -1058,10 +1061,10 @@ class Machine:
             self.interrupts[op.sid] = self.interrupts.get(op.sid, 0) + 1
         for on in (op.end_tag, op.also_ended) if op.stop_reason in ENDS else ():
             if on:
-                self.ended.setdefault((op.sid, on), []).append((op.ended, op.n, op.stop_reason))
+                self.ended.setdefault((op.sid, on), []).append((op.ended, op.n, op.stop_reason, op.began))
         for swept, _, why, ended_on in op.swept:
             if why in ENDS and ended_on:
-                self.ended.setdefault((swept, ended_on), []).append((op.ended, op.n, why))
+                self.ended.setdefault((swept, ended_on), []).append((op.ended, op.n, why, op.began))
         if op.kind in ("turn", "redeliver", "crash", "steer", "steer_again") and op.key:
             self._accept(op)
         if op.answer is not None:
@@ -1071,7 +1074,7 @@ class Machine:
                                     if s == op.sid})
             if op.at is None:  # the whole transcript: the turns that had ended before it ended there too
                 for (s, on), ends in list(self.ended.items()):
-                    if s == op.sid and any(at < op.began for at, _, _ in ends):
+                    if s == op.sid and any(at < op.began for at, _, _, _ in ends):
                         # a cancel is the source's: the fork's copy of that turn is open, to go on with
                         self.ended.setdefault((op.target, on), []).extend(
                             e for e in ends if e[0] < op.began and e[2] != "cancelled")
@@ -1186,8 +1189,8 @@ class Machine:
             if r["t"] not in ("ask", "start") or r["kind"] in EXEMPT:
                 continue
             tag = r["turn"] if r["t"] == "ask" else inputs.get((r["sid"], r["call"]))
-            for ended, n, why in self.ended.get((r["sid"], tag), []) if tag else []:
-                if r["at"] > ended and not self._erased(r["sid"], ended, r["at"]):
+            for ended, n, why, began in self.ended.get((r["sid"], tag), []) if tag else []:
+                if r["at"] > ended and not self._erased(r["sid"], began, r["at"]):
                     what = "asked the model" if r["t"] == "ask" else f"started {r['tool']} {r['call']}"
                     self.violate("turn_ends_once", f"session {r['sid']}: op {n} returned {why} on input {tag}, then "
                                  f"op {r['op']} ({r['kind']}) {what} for it", (r["sid"], tag, r["op"], r["t"]))
@@ -1224,8 +1227,8 @@ class Machine:
         queues = {s: self.checker.queued(s) for s in transcripts}
         pendings = {s: self.checker.pending_steers(s) for s in transcripts}
         for (sid, key), (text, began) in self.accepted.items():
-            if sid not in transcripts or self._erased(sid, began):
-                continue
+            if sid not in transcripts or self._erased(sid, began) or self.steers_gone.get(sid, -1) > began:
+                continue  # deleted or pruned since (a prune takes a session that holds only steers, too)
             self.report.checks["answered_or_waits"] += 1
             n = self._count(sid, key, text, transcripts[sid], queues[sid], pendings[sid])
             if n != 1:
@@ -1283,15 +1286,17 @@ class Machine:
                 continue
             if start["call"] in waiting:
                 return "cancel() returned True while this call's turn waited for approval"
-            for hold in self.holds:
+            for hold in self.holds:  # the lease the run started the tool under (an op may take several)
                 if (hold.sid == sid and hold.op == start["op"] and hold.acquired < called
-                        and (hold.released is None or hold.released > returned)):
+                        and (hold.released is None or hold.released > returned)
+                        and hold.acquired <= start["at"] and (hold.released is None or start["at"] <= hold.released)):
                     return "cancel() returned True while this run held the lease"
         if start["kind"] in ("turn", "redeliver", "crash"):
             erased = [at for _, at in self.dead.get(sid, [])]
             for n, ended, reason in self.stopped_turns.get((sid, start["turn"]), []):
                 # A turn erased since (delete, prune) is gone with its session: a redelivery begins it anew.
-                if checked > ended and n != start["op"] and not any(ended < at < checked for at in erased):
+                began = self.began_of.get(n, ended)  # erased while it ran: what it stopped went with the session
+                if checked > ended and n != start["op"] and not any(began < at < checked for at in erased):
                     return f"op {n} had stopped the turn ({reason})"
         return ""
 
