@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import agent_sessions as agent
@@ -169,6 +170,29 @@ class SweepContract:
         assert [r.outcome for r in swept] == ["recovered"], swept
         assert store.messages(sid)[-1].text == "the refund is on its way" and answering.requests == 1
         assert model.charges == 1 and sid not in stranded_ids(store)
+
+    def test_a_turn_sent_again_after_it_stopped_leaves_a_later_plain_runs_turn_to_the_sweep(self) -> None:
+        """Turn k stops at its ``max_steps``; a plain run then asks the model about a new message and dies inside
+        the tool its reply called (the reply waits in the journal). k sent again has ended: it says
+        ``max_steps`` and touches nothing of the later turn (it finished that turn's reply under k's name and
+        cleared the session's mark, so no sweep ever answered the new message)."""
+        store = self._sweep_store()
+        sid = f"storetest-sweep-later-plain-{uuid.uuid4().hex}"
+        model = Charges()
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1, lease_ttl=5.0)
+        assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
+        dying = Charges(die_at=1)
+        try:
+            agent.Runner().run(replace(spec, tools=[dying.tool()]), [*store.messages(sid), Message.user("again")],
+                               dying)
+        except _Died:
+            pass
+        else:  # pragma: no cover
+            raise AssertionError("the run did not die in its tool")
+        assert sid in stranded_ids(store)
+        again = agent.Runner().turn(spec, "charge me", "k-1", model)
+        assert (again.stop_reason, again.steps, model.requests, model.charges) == ("max_steps", 0, 1, 1), again
+        assert sid in stranded_ids(store), "a turn sent again hid a later turn from the sweep"
 
     def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
         store = self._sweep_store()
