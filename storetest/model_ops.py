@@ -1150,9 +1150,10 @@ class Machine:
         if steered and (len(terminals) > 1 or isinstance(op.error, agent.Conflict)):
             # the steered turn's runs that stopped before they took the steer: judge what is left
             self.report.left_out["steer_beside_cancel (check relaxed)"] += 1
-            ends = [i for i, e in enumerate(events)
+            last = len(events) if op.error is not None else len(events) - 1  # a return's own Finished ends it
+            ends = [i for i, e in enumerate(events[:last])
                     if e[0] == "Finished" and e[1] in ("cancelled", "awaiting_approval")]
-            cut = ends[-1] + 1 if ends and (op.error is not None or ends[-1] < len(events) - 1) else 0
+            cut = ends[-1] + 1 if ends else 0
             events = events[cut:]
             terminals = [e for e in events if e[0] in ("Finished", "Failed")]
             if not events:
