@@ -364,6 +364,7 @@ class BackedStore:
         taking: list[Message] = []
         steer_ids: tuple[int, ...] = ()
         opened: bool | None = None
+        lost: OutcomeUnknown | None = None
         for _ in range(ATTEMPTS):
             if plan is None:
                 plan = self._compared(session, items, start, replace)
@@ -384,10 +385,13 @@ class BackedStore:
                 change = Change(events=records, keep=keep, handed=False if closes else None)
             try:
                 written = self.backend.write(session, guard, change)
-            except OutcomeUnknown:
+            except OutcomeUnknown as exc:
                 landed = self._landed(session, holder, plan, new if change.splice is not None else None,
                                       records[-keep:] if records else ())
                 if landed is None:
+                    if lost is not None:  # twice: the line is down, not unlucky
+                        raise StoreError(f"session {session!r}: a save failed twice ({exc})") from exc
+                    lost = exc
                     continue  # it did not land: the same write again (its guard holds it to once)
                 written = Written(True, landed)
             row = written.row
