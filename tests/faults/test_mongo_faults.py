@@ -360,8 +360,9 @@ def test_a_run_whose_failed_event_cannot_be_written_either_still_ends_and_frees_
 ) -> None:
     """The run's first save (its events ride in it) is cut, and so is the read that would settle it; so is
     the write of the events and ``failed`` on the way out. The run raises the read's error, and its lease is
-    released (its heartbeat stopped), not renewed for as long as the process lives (found by trial seed 1499: ``failed``, added to events older
-    than the flush period, flushed them at once, and that write's error skipped the lease's release)."""
+    released (its heartbeat stopped), not renewed for as long as the process lives (found by trial seed
+    1499: ``failed``, added to events older than the flush period, flushed them at once, and that write's
+    error skipped the lease's release)."""
     sid = f"sfev-{uuid.uuid4().hex[:12]}"
     direct = _store()
     model.push(openai("first"), openai("done"))
