@@ -342,7 +342,9 @@ def test_migrate_keeps_tables_that_exist_and_zero_drops_them(tmp_path: Path, ven
 # -- the store built from DATABASES and AGENT_SESSIONS -------------------------------------------------------------
 
 
-def test_the_store_is_built_from_the_databases_entry_without_formatting_a_password(django_state: Path) -> None:
+def test_the_store_is_built_from_the_databases_entry_its_password_intact(django_state: Path) -> None:
+    """Through ``stores.urls``: the URL SQLAlchemy renders from the entry's parts (each escaped) is read back
+    to the same parts, a password of every special character included."""
     from django.core.exceptions import ImproperlyConfigured
 
     from agent_sessions.contrib.django import _from_database
@@ -350,9 +352,9 @@ def test_the_store_is_built_from_the_databases_entry_without_formatting_a_passwo
     password = "p@ss/w:rd?#%"
     pg: Any = _from_database("default", "postgresql", {
         "NAME": "app", "USER": "u", "PASSWORD": password, "HOST": "db.internal", "PORT": "6432",
-        "OPTIONS": {"sslmode": "require", "isolation_level": 1}})
+        "OPTIONS": {"sslmode": "require", "isolation_level": 1}})[0]
     my: Any = _from_database("default", "mysql", {
-        "NAME": "app", "USER": "u", "PASSWORD": password, "HOST": "/run/mysqld/mysqld.sock", "PORT": ""})
+        "NAME": "app", "USER": "u", "PASSWORD": password, "HOST": "/run/mysqld/mysqld.sock", "PORT": ""})[0]
     try:
         assert type(pg).__module__ == "stores.postgres" and type(my).__module__ == "stores.mysql"
         u = pg.engine.url
@@ -366,7 +368,7 @@ def test_the_store_is_built_from_the_databases_entry_without_formatting_a_passwo
     for memory in (":memory:", "file:memorydb_default?mode=memory&cache=shared"):  # the second: the test runner's
         with pytest.raises(ImproperlyConfigured, match=r"in memory.*TEST'\]\['NAME'\]"):
             _from_database("default", "sqlite", {"NAME": memory})
-    with pytest.raises(ImproperlyConfigured, match=r"'oracle' database.*AGENT_SESSIONS\['STORE'\]"):
+    with pytest.raises(ImproperlyConfigured, match=r"'oracle' database.*AGENT_SESSIONS\['URL'\]"):
         _from_database("default", "oracle", {"NAME": "x"})
 
 
