@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import pymysql  # type: ignore[import-untyped]
 from pymysql.constants import SERVER_STATUS  # type: ignore[import-untyped]
-from sqlalchemy import ColumnElement, Connection, Engine
+from sqlalchemy import ColumnElement, Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from agent_sessions.backend import Change, Guard, Queued, Row, Snapshot, Steer, Want, Written, new_incarnation
@@ -50,6 +50,7 @@ READ_PROCEDURE: str = resources.files(__package__).joinpath("read.sql").read_tex
 """The procedure every read calls (``agent_sessions_read``), its CREATE statement: part of ``SCHEMA``."""
 _DEADLOCK, _LOCK_WAIT_TIMEOUT, _NO_PROCEDURE = 1213, 1205, 1305
 _WRITE = "CALL agent_sessions_write(%s, %s, %s, %s, %s)"
+_PACKET = text("SELECT @@max_allowed_packet")
 _READ = "CALL agent_sessions_read(%s, %s, %s, %s, %s, %s, %s)"
 
 
@@ -85,7 +86,7 @@ class Backend(SQLBackend):
         statement around it (PyMySQL sends values as escaped literals: a JSON full of quotes doubles, and
         the write's JSON escapes them once more)."""
         if self._packet is None:
-            self._packet = int(self._once("message_limit", "", lambda cur: _scalar(cur, "SELECT @@max_allowed_packet")))
+            self._packet = int(self._run("message_limit", "", lambda conn: conn.execute(_PACKET).scalar_one()))
         return (self._packet - 64 * 1024) // 4
 
     # -- one statement a call ----------------------------------------------------------------------------
@@ -122,7 +123,8 @@ class Backend(SQLBackend):
 
     @contextmanager
     def _cursor(self) -> Iterator[Any]:
-        """A cursor of a pooled connection; the connection checked in without the pool's ROLLBACK when the
+        """A cursor of a pooled connection, for one CALL (whose closing OK packet tells the server's status);
+        the connection checked in without the pool's ROLLBACK when the
         server's last answer said no transaction is open (see the module's docstring). Through SQLAlchemy's
         ``Connection`` while anything listens for its cursor events (a tracer), so it sees every statement
         (the pool's ROLLBACK is then sent, as for any connection of the engine)."""
@@ -203,11 +205,6 @@ class _Traced:
 def _code(exc: DBAPIError) -> object:
     args: tuple[object, ...] = getattr(exc.orig, "args", ())
     return args[0] if args else None
-
-
-def _scalar(cursor: Any, sql: str) -> Any:
-    cursor.execute(sql)
-    return cursor.fetchone()[0]
 
 
 def _first(cursor: Any, sql: str, params: Any) -> dict[str, Any] | None:
