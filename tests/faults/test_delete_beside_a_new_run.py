@@ -19,7 +19,7 @@ import agent_sessions as agent
 from agent_sessions.lease import Lease
 from stores import mysql, postgres
 
-from .proxy import FaultProxy, Rule, pg_write
+from .proxy import ONE_CALL, FaultProxy, Rule, pg_write
 
 DATABASE = "faultdelete"
 """This module's database (conftest.py's ``database`` fixture)."""
@@ -38,7 +38,7 @@ def test_a_run_that_makes_the_session_during_its_delete_keeps_it_whole(
     deleting, running = _store(database, proxy.port), _store(database)
     try:
         deleting.add_steer(sid, "before the delete")  # a row-less session holds only waiting steers
-        one_statement = database[0] == "postgres"
+        one_statement = database[0] in ONE_CALL
         held = proxy.arm(Rule("delay", pg_write("delete") if one_statement else "DELETE FROM agent_steers",
                               seconds=2.0))
         outcome: list[object] = []

@@ -15,7 +15,7 @@ import agent_sessions as agent
 from agent_sessions.lease import Lease
 from tests import servers
 
-from .proxy import FaultProxy, Rule, every_attempt, pg_write
+from .proxy import ONE_CALL, FaultProxy, Rule, every_attempt, pg_write
 
 DATABASE = "faultoutcome"
 """This module's database (conftest.py's ``database`` fixture)."""
@@ -49,7 +49,7 @@ def _transcript(n: int) -> list[agent.Message]:
 def test_a_save_whose_commit_lost_its_answer_may_have_happened_and_did(
     via: agent.Store, direct: agent.Store, proxy: FaultProxy
 ) -> None:
-    lost_save(via, direct, proxy, pg_write("splice") if proxy.protocol == "postgres" else r"^\s*COMMIT")
+    lost_save(via, direct, proxy, pg_write("splice") if proxy.protocol in ONE_CALL else r"^\s*COMMIT")
 
 
 def lost_save(via: agent.Store, direct: agent.Store, proxy: FaultProxy, pattern: str) -> None:
@@ -73,7 +73,7 @@ def test_a_save_cut_before_the_database_saw_it_did_not_happen(
     run it, and the driver cannot tell, so the outcome is unknown (as on MongoDB); elsewhere the cut
     comes before the transaction's COMMIT, so nothing happened."""
     sid = f"cut-{uuid.uuid4().hex}"
-    if proxy.protocol == "postgres":
+    if proxy.protocol in ONE_CALL:
         rule = proxy.arm(Rule(fault, pg_write("splice")))
         with pytest.raises(agent.OutcomeUnknown):
             via.save(sid, _transcript(3))
@@ -91,7 +91,7 @@ def test_a_save_cut_before_the_database_saw_it_did_not_happen(
 def test_a_save_cut_once_before_the_database_saw_it_runs_again_and_lands_once(
     via: agent.Store, direct: agent.Store, proxy: FaultProxy, fault: str
 ) -> None:
-    if proxy.protocol == "postgres":
+    if proxy.protocol in ONE_CALL:
         pytest.skip("PostgreSQL's write is one statement: a cut once it was sent is OutcomeUnknown (above)")
     sid = f"cut-{uuid.uuid4().hex}"
     rule = proxy.arm(Rule(fault, "INSERT INTO agent_messages"))
@@ -107,7 +107,7 @@ def test_a_fenced_step_whose_answer_was_lost_may_have_happened(
     cut before COMMIT, so nothing committed) runs it again, and that attempt's COMMIT loses its answer too:
     the store cannot tell, the library reads the session back, finds the step there and goes on, and
     nothing is stored twice."""
-    if proxy.protocol == "postgres":
+    if proxy.protocol in ONE_CALL:
         lost_step(via, direct, proxy, pg_write("splice"), unknown=False)
     else:
         lost_step(via, direct, proxy, r"INSERT INTO agent_messages", r"^\s*COMMIT", unknown=False)
@@ -137,7 +137,7 @@ def lost_step(
 def test_an_acquisition_whose_commit_lost_its_answer_gets_the_lease_it_took(
     via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy, nth: int
 ) -> None:
-    pattern = pg_write("lease", r'\{"acquire"') if proxy.protocol == "postgres" else r"^\s*COMMIT"
+    pattern = pg_write("lease", r'\{"acquire"') if proxy.protocol in ONE_CALL else r"^\s*COMMIT"
     rule = lost_acquisition(via, direct, proxy, Rule("lose_ack", pattern, nth=nth))
     if not rule.fired:
         pytest.skip(f"the acquisition commits fewer than {nth} times on {proxy.protocol}")
@@ -164,7 +164,7 @@ def test_a_release_whose_answer_was_lost_does_not_fail_the_finished_turn(
 ) -> None:
     """Item 7: the turn is over; the release is asked again, and the lease ends free."""
     lost_release(via, direct, proxy,
-                 pg_write("lease", r'\{"release"') if proxy.protocol == "postgres" else r"^\s*COMMIT")
+                 pg_write("lease", r'\{"release"') if proxy.protocol in ONE_CALL else r"^\s*COMMIT")
 
 
 def lost_release(via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy, pattern: str) -> None:

@@ -17,7 +17,7 @@ import agent_sessions as agent
 from tests import servers
 from tests.model_server import ModelServer, Reply, Request, openai
 
-from .proxy import FaultProxy, Rule, every_attempt, pg_write
+from .proxy import ONE_CALL, FaultProxy, Rule, every_attempt, pg_write
 
 WAIT = 10.0
 
@@ -148,7 +148,7 @@ def test_a_steer_whose_save_was_cut_is_kept_for_the_resume(
     sid = f"scut-{uuid.uuid4().hex[:12]}"
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
-    if database[0] == "postgres":
+    if database[0] in ONE_CALL:
         cut = Rule("cut_before", pg_write("splice"))
         result = _steered_run(spec, model, "and look at c", "lookup", lambda: proxy.arm(cut))
         assert cut.fired and result.stop_reason == "answered"
@@ -184,7 +184,7 @@ def test_a_save_that_went_unanswered_but_landed_goes_on_and_doubles_nothing(
     spec = agent.Spec(session=session, tools=[slow_lookup], publish_events=True)
     # The nth write that carries events: a step's save (its messages and events in one statement on
     # PostgreSQL), or events written alone (a flush before a request, a slow tool's).
-    if database[0] == "postgres":
+    if database[0] in ONE_CALL:
         rule = Rule("lose_ack", pg_write("events"), nth=nth)
     else:  # the COMMIT after the events' INSERT
         rule = Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_events", nth=nth)
@@ -208,10 +208,10 @@ def test_events_of_a_save_cut_before_it_landed_are_written_once_with_failed(
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup], publish_events=True)
     rules: list[Rule] = []
-    pattern = pg_write("splice") if database[0] == "postgres" else "INSERT INTO agent_messages"
+    pattern = pg_write("splice") if database[0] in ONE_CALL else "INSERT INTO agent_messages"
     failed = _failed_run(spec, model, "and look at f", openai(calls=[("c1", "lookup", '{"key": "a"}')]),
                          arm=lambda: rules.extend(every_attempt(proxy, "cut_before", pattern,
-                                                                5 if database[0] == "mysql" else 1)))
+                                                                5 if database[0] not in ONE_CALL else 1)))
     assert rules[0].fired and isinstance(failed, agent.StoreError)
     proxy.disarm()
     events = agent.open(sid, _store(database)).events(limit=1000)
