@@ -133,7 +133,10 @@ class Backend(SQLBackend):
             with self.engine.connect() as conn:
                 yield _Traced(conn)
             return
-        pooled = self.engine.raw_connection()
+        try:
+            pooled = self.engine.raw_connection()
+        except pymysql.Error as exc:  # no connection: nothing was sent
+            raise DBAPIError.instance("", None, exc, pymysql.Error) from exc
         clean = False
         try:
             driver = pooled.driver_connection
