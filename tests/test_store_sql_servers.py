@@ -165,6 +165,21 @@ def test_mysql_take_steers_uses_no_mariadb_only_sql() -> None:
     assert "FOR UPDATE;" in mysql.WRITE_PROCEDURE
 
 
+def test_a_mysql_transcript_larger_than_a_packet_is_read_whole() -> None:
+    """A read answers the messages as rows, each within ``max_allowed_packet``, never as one aggregate of
+    them all: a transcript of several near-limit messages, more than a packet together, reads back whole."""
+    with connected(MYSQL) as engine:
+        store = mysql.Store(engine)
+        packet = int(engine.connect().exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+        big = "x" * (store.max_message_bytes - 1024)
+        msgs = [agent.Message.user(f"{i}{big}") for i in range(packet // len(big) + 2)]
+        held = store.acquire("over-a-packet", agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+        for n in range(1, len(msgs) + 1):  # a step's save appends its new message: each write within a packet
+            store.save_fenced("over-a-packet", held, msgs[:n], take_steers=False)
+        assert sum(len(m.text) for m in msgs) > packet
+        assert mysql.Store(engine).messages("over-a-packet") == msgs
+
+
 @pytest.mark.parametrize("fails_at", ["DELETE FROM agent_messages", "INSERT INTO agent_messages"])
 def test_a_save_that_fails_midway_leaves_the_previous_transcript(backend: Backend, engine: Engine,
                                                                   fails_at: str) -> None:

@@ -3,9 +3,9 @@
 
 The write's procedure is its own transaction (START TRANSACTION ... COMMIT inside it): it locks the
 session's row, evaluates the guard and applies the change in the server, and answers the row. A read is
-one CALL too (read.sql): one SELECT, so one snapshot, with the messages, steers, queue and keys it asks for
-as JSON arrays beside the row, then COMMIT (the pool's connections are not in autocommit: a bare SELECT
-would leave its transaction open).
+one CALL too (read.sql): a read-only transaction of one snapshot whose SELECTs answer the row and the
+messages, steers, queue and keys it asks for, then COMMIT (the pool's connections are not in autocommit: a
+bare SELECT would leave its transaction open).
 
 Both run on the pooled DBAPI connection itself. Checked in through SQLAlchemy's pool, a PyMySQL connection
 is sent a ROLLBACK (the pool's reset on return: PyMySQL sends it even with no transaction open, where
@@ -94,12 +94,14 @@ class Backend(SQLBackend):
     def read(self, session: str, want: Want) -> Snapshot | None:
         keys = json.dumps(list(want.keys), ensure_ascii=False) if want.keys else None
         params = (session.encode(), want.start, want.stop, want.last, bool(want.steers), bool(want.queue), keys)
-        got = self._once("read", session, lambda cur: _first(cur, _READ, params))
-        if got is None:
+        head, texts, waiting, queued, accepted = self._once("read", session, lambda cur: _sets(cur, _READ, params))
+        if not head:
             return None
-        return Snapshot(_row(got, got["now_"]), int(got["start_"] or 0), _json(got["messages_"]),
-                        [Steer(*s) for s in _json(got["steers_"])], [Queued(*q) for q in _json(got["queue_"])],
-                        frozenset(_json(got["keys_"])))
+        got = head[0]
+        return Snapshot(_row(got, got["now_"]), int(got["start_"] or 0), [r["body"] for r in texts],
+                        [Steer(int(r["id"]), r["body"], _text(r["steer_key"])) for r in waiting],
+                        [Queued(int(r["id"]), _text(r["queue_key"]) or "", r["body"]) for r in queued],
+                        frozenset(_text(r["accepted_key"]) or "" for r in accepted))
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         params = (session.encode(), json.dumps(guard_json(guard), ensure_ascii=False),
@@ -185,24 +187,18 @@ class Backend(SQLBackend):
 
 
 class _Traced:
-    """A cursor's ``execute``, ``fetchone``, ``description`` and ``nextset`` over a SQLAlchemy ``Connection``,
-    whose events a tracer hears."""
+    """A PyMySQL cursor's ``execute`` through a SQLAlchemy ``Connection``, whose events a tracer hears; the
+    rest is the driver's cursor under SQLAlchemy's result."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.description: Any = None
-        self.rows: list[Any] = []
+        self.cursor: Any = None
 
     def execute(self, sql: str, params: Any = ()) -> None:
-        result = self.conn.exec_driver_sql(sql, params)
-        self.description = result.cursor.description if result.cursor is not None else None
-        self.rows = list(result.fetchall())  # the cursor closed after: PyMySQL reads the CALL's status then
+        self.cursor = self.conn.exec_driver_sql(sql, params).cursor
 
-    def fetchone(self) -> Any:
-        return self.rows.pop(0) if self.rows else None
-
-    def nextset(self) -> bool:
-        return False
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cursor, name)
 
 
 def _code(exc: DBAPIError) -> object:
@@ -211,18 +207,22 @@ def _code(exc: DBAPIError) -> object:
 
 
 def _first(cursor: Any, sql: str, params: Any) -> dict[str, Any] | None:
-    """The first row of ``sql``, by column name; every further result (a CALL's status) read off the wire
-    (it came in the same answer: no round trip)."""
+    """The first row of ``sql``'s first result, by column name."""
+    first = _sets(cursor, sql, params)[0]
+    return first[0] if first else None
+
+
+def _sets(cursor: Any, sql: str, params: Any) -> list[list[dict[str, Any]]]:
+    """Every result ``sql`` answers (a CALL's SELECTs, then its status, which has none), their rows by
+    column name: all of one answer, read off the wire with no round trip between."""
     cursor.execute(sql, params)
-    row = cursor.fetchone()
-    found = None if row is None else dict(zip([c[0] for c in cursor.description], row, strict=True))
-    while cursor.nextset():
-        pass
-    return found
-
-
-def _json(value: str | bytes | None) -> list[Any]:
-    return [] if value is None else list(json.loads(value))
+    out = []
+    while True:
+        if cursor.description is not None:
+            names = [c[0] for c in cursor.description]
+            out.append([dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
+        if not cursor.nextset():
+            return out
 
 
 def _text(value: str | bytes | None) -> str | None:
