@@ -10,10 +10,10 @@ bare SELECT would leave its transaction open).
 Both run on the pooled DBAPI connection itself. Checked in through SQLAlchemy's pool, a PyMySQL connection
 is sent a ROLLBACK (the pool's reset on return: PyMySQL sends it even with no transaction open, where
 psycopg does not), a round trip of its own per call. The store checks its connection in without that reset
-only when the server's last answer (the CALL's closing OK packet, which carries the server's status)
-said no transaction is open (``SERVER_STATUS_IN_TRANS`` clear): there
-is then nothing to roll back, as the pool's own "transaction already reset" path assumes. Anything else
-(an error, a transaction left open) is checked in the usual way, reset and all.
+only when the server's last answer (the CALL's closing OK packet, which carries the server's status) said
+no transaction is open (``SERVER_STATUS_IN_TRANS`` clear): there is then nothing to roll back, as the
+pool's own "transaction already reset" path assumes. Anything else (an error, a transaction left open) is
+checked in the usual way, reset and all.
 """
 
 from __future__ import annotations
