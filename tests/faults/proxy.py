@@ -72,10 +72,6 @@ class Rule:
         return self.seen == self.nth
 
 
-ONE_CALL = frozenset({"postgres", "mysql"})
-"""The servers whose store writes in one statement (``pg_write``): a cut once it was sent may have run it."""
-
-
 def pg_write(key: str, value: str = "") -> str:
     """The pattern of a server store's write (every one is one call of ``agent_sessions_write``: PostgreSQL's
     function, its parameters shown after the statement: wire.py; MySQL's procedure, its arguments inside the

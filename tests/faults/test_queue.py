@@ -14,7 +14,7 @@ import pytest
 import agent_sessions as agent
 from tests.model_server import ModelServer, openai
 
-from .proxy import ONE_CALL, FaultProxy, Rule, pg_write
+from .proxy import FaultProxy, Rule, pg_write
 
 DATABASE = "faultqueue"
 """This module's database (conftest.py's ``database`` fixture; ``proxy`` and ``model`` are conftest.py's too)."""
@@ -39,10 +39,7 @@ def test_a_queued_turn_whose_write_went_unanswered_is_answered_once_when_sent_ag
 ) -> None:
     via, direct = stores
     sid = f"queue-{lost}-{uuid.uuid4().hex[:12]}"
-    if proxy.protocol in ONE_CALL:  # one statement in autocommit: the write that pushes, or pops
-        rule = proxy.arm(Rule("lose_ack", pg_write("push" if lost == "enqueue" else "pop")))
-    else:  # the last statement of the transaction: the write of the session's row (after the queue's change)
-        rule = proxy.arm(Rule("lose_ack", r"^\s*COMMIT", after=r"^(INSERT INTO|UPDATE) agent_sessions"))
+    rule = proxy.arm(Rule("lose_ack", pg_write("push" if lost == "enqueue" else "pop")))  # one statement
     with pytest.raises(agent.OutcomeUnknown, match="may have happened"):
         _turn(via, sid, model)
     assert rule.fired and model.requests == []
