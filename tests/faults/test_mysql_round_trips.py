@@ -110,3 +110,13 @@ def test_a_traced_engine_sees_each_call_and_pays_the_pools_rollback(via: mysql.S
     assert [s.split("(")[0] for s in heard] == ["CALL agent_sessions_write"], heard
     assert len(proxy.statements) == 2 and proxy.statements[1].upper().startswith("ROLLBACK"), proxy.statements
 
+
+
+def test_a_read_is_one_round_trip_and_a_write_another(via: mysql.Store, proxy: FaultProxy) -> None:
+    """A read is one CALL, a write one CALL, and neither is followed by the pool's ROLLBACK."""
+    msgs = [agent.Message.user("q"), agent.Message.assistant("a")]
+    via.save("one-trip", msgs[:1])
+    proxy.statements.clear()
+    assert via.messages("one-trip") == msgs[:1]
+    via.add_steer("one-trip", "s")
+    assert [s.split("(")[0] for s in proxy.statements] == ["CALL agent_sessions_read", "CALL agent_sessions_write"]
