@@ -1,7 +1,8 @@
 """Work on different sessions never contends on MySQL: no statement of a session's write locks rows or gaps
 of the sessions beside it in an index (InnoDB's next-key and gap locks under REPEATABLE READ, the default),
 so concurrent writers of different sessions neither deadlock nor wait for each other, even while one of
-them stalls inside its transaction."""
+them stalls inside its transaction (a write is one CALL, its transaction inside it: the stall is made in
+the server, by a trigger on the session's row that waits for a lock the test holds)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, make_url
+from sqlalchemy import Connection, create_engine, make_url
 
 import agent_sessions as agent
 from stores import mysql
 from tests import servers
-from tests.faults.proxy import FaultProxy, Rule
 from tests.reliability.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ class Retries(logging.Handler):
     def emit(self, record):
         retried.append(record.getMessage())
 
-logging.getLogger("stores._sql.backend").addHandler(Retries(logging.WARNING))
+logging.getLogger("stores").addHandler(Retries(logging.WARNING))  # stores.mysql.backend's retries
 store = mysql.Store(create_engine(url, pool_size=2))
 assert store.max_message_bytes  # what a store reads once, and a connection, before the start
 print("ready", flush=True)
@@ -138,15 +138,21 @@ def _metadata(store: mysql.Store, sid: str) -> None:
     store.set_metadata(sid, {"topic": None, "lang": "en"})
 
 
-_ROW_WRITE = r"^\s*(INSERT INTO|UPDATE) agent_sessions"
-"""A write's last statement before its COMMIT: the session's row, after its child tables."""
-STALLED: dict[str, tuple[Callable[[mysql.Store, str], None], str, int]] = {
-    "first save": (_first_save, _ROW_WRITE, 1),
-    "rewrite": (_rewrite, _ROW_WRITE, 2),
-    "metadata": (_metadata, _ROW_WRITE, 2),
-    "event log": (_logged_run, _ROW_WRITE, 4),
+STALLED: dict[str, tuple[Callable[[mysql.Store, str], None], int]] = {
+    "first save": (_first_save, 1),
+    "rewrite": (_rewrite, 2),
+    "metadata": (_metadata, 2),
+    "event log": (_logged_run, 4),
 }
-"""What the stalled writer does to its session, and the statement whose COMMIT (its ``nth``) stalls."""
+"""What the stalled writer does to its session, and the version whose write stalls at the row's UPDATE (the
+procedure's last statement before its COMMIT, after the child tables)."""
+_STALL = """CREATE TRIGGER agent_sessions_stall BEFORE UPDATE ON agent_sessions FOR EACH ROW
+BEGIN
+  IF NEW.session_id = CAST('{sid}' AS BINARY) AND NEW.version = {version} THEN
+    DO GET_LOCK('agent_sessions_stall', 30);
+    DO RELEASE_LOCK('agent_sessions_stall');
+  END IF;
+END"""
 
 OTHERS: dict[str, Callable[[mysql.Store, str], object]] = {
     "first save": _first_save,
@@ -172,34 +178,49 @@ def _leased_run(store: mysql.Store, sid: str) -> None:
 @pytest.mark.parametrize("other", OTHERS)
 @pytest.mark.parametrize("stalled", STALLED)
 def test_a_writer_stalled_in_its_transaction_holds_up_no_other_session(url: str, stalled: str, other: str) -> None:
-    """A writer's connection freezes (no FIN, no RST) just before the COMMIT of its save, its locks held:
+    """A writer stalls inside its transaction just before its COMMIT (a trigger waits on its row's UPDATE),
+    its locks held:
     another writer's work on the sessions just before and just after it in every index goes on at once."""
     run = uuid.uuid4().hex[:8]
     sid = f"{run}-m"
-    proxy = FaultProxy("mysql", int(make_url(url).port or 3306)).start()
-    silent = mysql.Store(create_engine(make_url(url).set(port=proxy.port), pool_size=2), lock_wait=LOCK_WAIT)
+    admin = create_engine(url, pool_size=1)
+    work, version = STALLED[stalled]
+    stalling = mysql.Store(create_engine(url, pool_size=2), lock_wait=LOCK_WAIT)
     # Every statement of the other writer waits at most LOCK_WAIT for a lock, the store's own too.
     others = mysql.Store(create_engine(url, pool_size=3, connect_args={
         "init_command": f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT:.0f}"}), lock_wait=LOCK_WAIT)
-    try:
-        assert silent.max_message_bytes  # what a store reads once, and a connection, before the start
-        work, after, nth = STALLED[stalled]
-        rule = proxy.arm(Rule("freeze", r"^\s*COMMIT", after=after, nth=nth))
-        worker = threading.Thread(target=lambda: _quietly(work, silent, sid), daemon=True)
-        worker.start()
-        deadline = time.monotonic() + 10
-        while not rule.fired and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert rule.fired, proxy.statements
-        for beside in (f"{run}-l", f"{run}-n"):
-            started = time.monotonic()
-            OTHERS[other](others, beside)  # SessionLocked after LOCK_WAIT if it waited on the stalled writer
-            assert time.monotonic() - started < LOCK_WAIT
-    finally:
-        proxy.close()  # the stalled connection goes, and the server rolls its transaction back
-        for store in (silent, others):
-            store.close()
-            store.engine.dispose()
+    worker = threading.Thread(target=lambda: _quietly(work, stalling, sid), daemon=True)
+    with admin.connect() as holder:
+        try:
+            holder.exec_driver_sql("DROP TRIGGER IF EXISTS agent_sessions_stall")
+            holder.exec_driver_sql(_STALL.format(sid=sid, version=version))
+            assert holder.exec_driver_sql("SELECT GET_LOCK('agent_sessions_stall', 0)").scalar() == 1
+            worker.start()
+            deadline = time.monotonic() + 10
+            while not _waiting_in_trigger(holder):
+                assert time.monotonic() < deadline, "the stalled writer never reached its row's UPDATE"
+                time.sleep(0.005)
+            for beside in (f"{run}-l", f"{run}-n"):
+                started = time.monotonic()
+                OTHERS[other](others, beside)  # SessionLocked after LOCK_WAIT if it waited on the stalled writer
+                assert time.monotonic() - started < LOCK_WAIT
+        finally:
+            holder.exec_driver_sql("DO RELEASE_LOCK('agent_sessions_stall')")
+            worker.join(30)
+            holder.exec_driver_sql("DROP TRIGGER IF EXISTS agent_sessions_stall")
+            for store in (stalling, others):
+                store.close()
+                store.engine.dispose()
+            admin.dispose()
+    assert not worker.is_alive()
+
+
+def _waiting_in_trigger(conn: Connection) -> bool:
+    """Whether a connection to this database waits for the trigger's lock (the stalled writer, inside its
+    transaction, its child tables written)."""
+    return bool(conn.exec_driver_sql(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND STATE = 'User lock' "
+        "AND ID <> CONNECTION_ID()").scalar())
 
 
 def _quietly(work: Callable[[mysql.Store, str], None], store: mysql.Store, sid: str) -> None:

@@ -42,6 +42,8 @@ class Backend:
 
 POSTGRES = Backend("postgres", servers.POSTGRES_URL, postgres.Store, servers.postgres_store)
 MYSQL = Backend("mysql", servers.MYSQL_URL, mysql.Store, servers.mysql_store)
+_WRITE_CALL = {"postgres": "SELECT agent_sessions_write(", "mysql": "CALL agent_sessions_write("}
+"""How each server store's one statement a write begins."""
 
 
 @contextmanager
@@ -113,11 +115,7 @@ def test_a_plain_save_is_one_transaction_of_one_insert(backend: Backend, engine:
     store.save("append-only", msgs)
     with statements_of(store) as seen:
         store.save("append-only", [*msgs, agent.Message.assistant("new")])
-    if backend is POSTGRES:  # one statement in autocommit: the write function's call
-        assert len(seen) == 1 and seen[0][0].startswith("SELECT agent_sessions_write(")
-    else:
-        assert [rows for sql, rows in seen if sql.startswith("INSERT INTO agent_messages")] == [101]
-        assert len([sql for sql, _ in seen if sql == "COMMIT"]) == 1
+    assert len(seen) == 1 and seen[0][0].startswith(_WRITE_CALL[backend.name]), seen  # the server does the rest
     assert backend.store(engine).messages("append-only")[-1] == agent.Message.assistant("new")
 
 
@@ -148,18 +146,38 @@ def test_postgres_schema_is_one_string_keeping_json_as_text() -> None:
 
 def test_mysql_schema_is_a_list_keeping_json_as_longtext() -> None:
     assert isinstance(mysql.SCHEMA, list) and all(isinstance(s, str) for s in mysql.SCHEMA)
-    assert not [s for s in mysql.SCHEMA if " JSON" in s.upper()]
+    assert not [s for s in mysql.SCHEMA if s.startswith("CREATE TABLE") and " JSON" in s.upper()]
     assert any("body LONGTEXT" in s for s in mysql.SCHEMA)
 
 
 def test_mysql_take_steers_uses_no_mariadb_only_sql() -> None:
+    """A take is CALLs of the schema's procedures, whose SQL is MySQL 8's too: no RETURNING, no lock's WAIT
+    clause, no CREATE OR REPLACE, no SET STATEMENT (the row is locked by a plain FOR UPDATE)."""
     with connected(MYSQL) as engine:
         store = mysql.Store(engine)
         store.add_steer("portable", "x")
         with statements_of(store) as seen:
             assert store.take_steers("portable") == ["x"]
-    assert not [sql for sql, _ in seen if "RETURNING" in sql.upper()]
-    assert any("FOR UPDATE" in sql for sql, _ in seen)
+    assert {sql.split("(")[0] for sql, _ in seen} <= {"CALL agent_sessions_read", "CALL agent_sessions_write"}, seen
+    for procedure in (mysql.WRITE_PROCEDURE, mysql.READ_PROCEDURE):
+        code = "\n".join(line.split("--")[0] for line in procedure.upper().splitlines())
+        assert not [word for word in ("RETURNING", " WAIT ", "OR REPLACE", "SET STATEMENT") if word in code]
+    assert "FOR UPDATE;" in mysql.WRITE_PROCEDURE
+
+
+def test_a_mysql_transcript_larger_than_a_packet_is_read_whole() -> None:
+    """A read answers the messages as rows, each within ``max_allowed_packet``, never as one aggregate of
+    them all: a transcript of several near-limit messages, more than a packet together, reads back whole."""
+    with connected(MYSQL) as engine:
+        store = mysql.Store(engine)
+        packet = int(engine.connect().exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+        big = "x" * (store.max_message_bytes - 1024)
+        msgs = [agent.Message.user(f"{i}{big}") for i in range(packet // len(big) + 2)]
+        held = store.acquire("over-a-packet", agent.Holder("h", 1, uuid.uuid4().hex, 0.0), 30)
+        for n in range(1, len(msgs) + 1):  # a step's save appends its new message: each write within a packet
+            store.save_fenced("over-a-packet", held, msgs[:n], take_steers=False)
+        assert sum(len(m.text) for m in msgs) > packet
+        assert mysql.Store(engine).messages("over-a-packet") == msgs
 
 
 @pytest.mark.parametrize("fails_at", ["DELETE FROM agent_messages", "INSERT INTO agent_messages"])
@@ -220,11 +238,8 @@ def test_a_tracer_listening_for_cursor_events_sees_every_statement_and_changes_n
     finally:
         event.remove(engine, "before_cursor_execute", trace)
     assert backend.store(engine).messages("traced") == [*msgs, agent.Message.user("s"), agent.Message.assistant("a")]
-    if backend is POSTGRES:  # every write one call of the write function, every read one statement
-        assert sum(s.startswith("SELECT agent_sessions_write(") for s in traced) >= 5
-        return
-    assert any(s.startswith("INSERT INTO agent_messages") for s in traced)
-    assert any("agent_steers" in s for s in traced) and any(s.startswith("UPDATE agent_sessions") for s in traced)
+    # every write one call of the write function (or procedure), every read one statement
+    assert sum(s.startswith(_WRITE_CALL[backend.name]) for s in traced) >= 5
 
 
 def test_schema_can_be_run_twice_and_metadata_is_public(backend: Backend) -> None:
@@ -308,11 +323,9 @@ def test_a_leased_runs_step_moves_updated_and_one_statement_writes_the_row(backe
 
 
 def _one_write(backend: Backend, seen: list[tuple[str, int]]) -> bool:
-    """PostgreSQL: the write was one statement, a call of the schema's function (which does all of it);
-    ``False`` for the other stores, whose statements the test reads."""
-    if backend is not POSTGRES:
-        return False
-    assert [q.split("(")[0] for q, _ in seen] == ["SELECT agent_sessions_write"], seen
+    """The write was one statement, a call of the schema's function (PostgreSQL) or procedure (MySQL), which
+    does all of it."""
+    assert [q.split("(")[0] + "(" for q, _ in seen] == [_WRITE_CALL[backend.name]], seen
     return True
 
 
@@ -338,8 +351,8 @@ def test_a_save_with_events_writes_both_or_neither(backend: Backend, engine: Eng
     with statements_of(store) as seen:
         store.save_fenced_events(sid, holder, [*q, agent.Message.assistant("a")], take_steers=False,
                                  events=_notes(2, "ride"), keep=100)
-    if backend is POSTGRES:  # the usual step stays one statement: the events ride in the save's write
-        assert len(seen) == 1 and seen[0][0].startswith("SELECT agent_sessions_write(")
+    # the usual step stays one statement: the events ride in the save's write
+    assert len(seen) == 1 and seen[0][0].startswith(_WRITE_CALL[backend.name]), seen
     assert _stored(engine, sid) == (2, 2)
     # Another writer rewrote the transcript: the save conflicts, and its events are not written either.
     other.save_fenced(sid, holder, [agent.Message.user("other")], take_steers=False, replace=True)

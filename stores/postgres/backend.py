@@ -19,25 +19,22 @@ from sqlalchemy import ColumnElement, Connection, Dialect, Engine, TextClause, s
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from agent_sessions.backend import (
-    CANCEL,
-    Acquire,
     Change,
     Guard,
     Queued,
-    Release,
-    Renew,
     Row,
     Snapshot,
     Steer,
     Want,
     Written,
-    indexed,
     new_incarnation,
 )
 from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
 from .._sql import SCHEMA_VERSION, SchemaMismatch, SQLBackend
 from .._sql.clock import db_now
+from .._sql.wire import change_json as _change
+from .._sql.wire import guard_json as _guard
 
 _T = TypeVar("_T")
 
@@ -207,63 +204,3 @@ def _row(m: Mapping[Any, Any], now: Any) -> Row:
                m["cancelled_turn"], bool(m["handed"]), m["journal"],
                None if m["open_since"] is None else float(m["open_since"]), m["metadata"], int(m["last_seq"]),
                int(m["steers"]), int(m["queued"]), float(now))
-
-
-def _guard(guard: Guard) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in ("exists", "incarnation", "version", "length", "edits", "queue_head", "key_absent"):
-        value = getattr(guard, name)
-        if value is not None:
-            out[name] = value
-    if guard.lease is not None:
-        out["lease"] = list(guard.lease)
-    for name in ("lease_free", "lease_held", "not_cancelled", "no_steers", "no_queue"):
-        if getattr(guard, name):
-            out[name] = True
-    if guard.steers:
-        out["steers"] = list(guard.steers)
-    if guard.checks_journal:
-        out["journal"] = [guard.journal]
-    return out
-
-
-def _change(change: Change) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if change.exist:
-        out["exist"] = True
-    if change.delete:
-        out["delete"] = True
-    if change.splice is not None:
-        out["splice"] = [change.splice[0], list(change.splice[1])]
-    if change.take_steers:
-        out["take_steers"] = list(change.take_steers)
-    for name in ("add_steer", "push"):
-        value = getattr(change, name)
-        if value is not None:
-            out[name] = list(value)
-    for name in ("pop", "add_key", "drop_key", "open"):
-        value = getattr(change, name)
-        if value is not None:
-            out[name] = value
-    if change.metadata is not None:
-        out["metadata"] = change.metadata
-        out["meta_index"] = [list(pair) for pair in indexed(change.metadata)]
-    if change.sets_journal:
-        out["journal"] = [change.journal]
-    if change.sets_turn:
-        out["turn"] = [change.turn]
-    if change.handed is not None:
-        out["handed"] = change.handed
-    lease = change.lease
-    if isinstance(lease, Acquire):
-        out["lease"] = {"acquire": {"host": lease.host, "pid": lease.pid, "token": lease.token, "spec": lease.spec,
-                                    "ttl": lease.ttl, "turn": lease.turn}}
-    elif isinstance(lease, Renew):
-        out["lease"] = {"renew": lease.ttl}
-    elif isinstance(lease, Release):
-        out["lease"] = {"release": True}
-    elif lease == CANCEL:
-        out["lease"] = {"cancel": True}
-    if change.events:
-        out["events"], out["keep"] = list(change.events), change.keep
-    return out

@@ -73,10 +73,13 @@ class Rule:
 
 
 def pg_write(key: str, value: str = "") -> str:
-    """The pattern of a PostgreSQL store's write (every one is a call of ``agent_sessions_write``, its
-    parameters shown after the statement: wire.py) whose change has ``key``, its value starting with
-    ``value`` (a regular expression): ``pg_write("splice")``, ``pg_write("lease", "{.release")``."""
-    return rf'agent_sessions_write\(.* \$3=\{{(.*[ ,])?"{key}": {value}'
+    """The pattern of a server store's write (every one is one call of ``agent_sessions_write``: PostgreSQL's
+    function, its parameters shown after the statement: wire.py; MySQL's procedure, its arguments inside the
+    CALL as PyMySQL escapes them) whose change has ``key``, its value starting with ``value`` (a regular
+    expression): ``pg_write("splice")``, ``pg_write("lease", "{.release")``."""
+    mysql = value.replace('"', r'\\"')
+    return (rf'agent_sessions_write\(.* \$3=\{{(.*[ ,])?"{key}": {value}'
+            rf"|CALL agent_sessions_write\(X'[0-9a-f]*', '(?:[^'\\]|\\.)*', '\{{(.*[ ,])?\\\"{key}\\\": {mysql}")
 
 
 def every_attempt(proxy: FaultProxy, fault: str, pattern: str, attempts: int = 5) -> list[Rule]:

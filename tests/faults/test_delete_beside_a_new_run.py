@@ -4,9 +4,9 @@ delete's statement after its row lock. On PostgreSQL ``FOR UPDATE`` of a missing
 later statement of the delete sees the run's commit: the delete once removed the run's new row but kept its
 messages, so the session read as empty while its compare-and-swap counted a message stored (every later run
 failed with TranscriptConflict; found by the model test, seed 3494613216). Either order must leave one
-whole session: here the run's, since the delete came first. On PostgreSQL the delete is one statement (a
-call of ``agent_sessions_write``), so there is no between: held before the server has it, it lands after
-the run, and removes the whole session, which the next run begins again."""
+whole session. The delete is now one statement (a call of ``agent_sessions_write``: PostgreSQL's function,
+MySQL's procedure), so there is no between: held before the server has it, it lands after the run, and
+removes the whole session, which the next run begins again."""
 
 from __future__ import annotations
 
@@ -38,9 +38,7 @@ def test_a_run_that_makes_the_session_during_its_delete_keeps_it_whole(
     deleting, running = _store(database, proxy.port), _store(database)
     try:
         deleting.add_steer(sid, "before the delete")  # a row-less session holds only waiting steers
-        one_statement = database[0] == "postgres"
-        held = proxy.arm(Rule("delay", pg_write("delete") if one_statement else "DELETE FROM agent_steers",
-                              seconds=2.0))
+        held = proxy.arm(Rule("delay", pg_write("delete"), seconds=2.0))
         outcome: list[object] = []
 
         def delete() -> None:
@@ -59,8 +57,8 @@ def test_a_run_that_makes_the_session_during_its_delete_keeps_it_whole(
             running.save_fenced(sid, lease.holder, [agent.Message.user("the run's question")], take_steers=False)
         worker.join(15)
         assert not worker.is_alive()
-        assert outcome == [True]  # it deleted the waiting steer (on PostgreSQL, and then the run's session)
-        kept = [] if one_statement else ["the run's question"]
+        assert outcome == [True]  # it deleted the waiting steer, and then the run's session
+        kept: list[str] = []  # the delete, one statement held before the server had it, landed after the run
 
         fresh = _store(database)
         try:

@@ -21,7 +21,7 @@ import agent_sessions as agent
 from agent_sessions.lease import Lease
 from stores import mysql, postgres
 
-from .proxy import FaultProxy, Rule
+from .proxy import FaultProxy
 
 LOCK_WAIT = 1.0
 IDLE = 3.0
@@ -67,43 +67,17 @@ def _locker(database: tuple[str, str, Engine], proxy: FaultProxy, sid: str) -> t
 
 @pytest.fixture
 def frozen(database: tuple[str, str, Engine]) -> Iterator[tuple[str, FaultProxy, threading.Thread]]:
-    """A session whose row a worker has locked (its acquisition, frozen before its COMMIT; on PostgreSQL
-    another client's transaction)."""
+    """A session whose row a worker has locked: another client's transaction (the stores' own writes are one
+    call each, their transactions inside it)."""
     sid = f"lock-{uuid.uuid4().hex[:12]}"
     proxy = FaultProxy(database[0], int(make_url(database[1]).port or 0)).start()
     silent = _store(database, proxy.port)
     silent.save(sid, [agent.Message.user("hi")])
-    if database[0] == "postgres":
-        worker = _locker(database, proxy, sid)
-        try:
-            yield sid, proxy, worker
-        finally:
-            proxy.close()
-            worker.join(10)
-            assert not worker.is_alive()
-            _close(silent)
-        return
-    # The COMMIT after the acquisition's last statement (the row's UPDATE on MySQL; its locking SELECT ... FROM
-    # agent_sessions elsewhere).
-    rule = proxy.arm(Rule("freeze", r"^\s*COMMIT", after="FROM agent_sessions|^UPDATE agent_sessions"))
-    outcome: list[BaseException | agent.Holder] = []
-
-    def acquire() -> None:
-        try:
-            outcome.append(silent.acquire(sid, agent.Holder("silent", 1, "s" * 32, 0.0), 30))
-        except BaseException as exc:  # noqa: BLE001 - recorded for the test
-            outcome.append(exc)
-
-    worker = threading.Thread(target=acquire, daemon=True)
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not rule.fired and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert rule.fired, proxy.statements
+    worker = _locker(database, proxy, sid)  # the stores' own writes hold no transaction across a round trip
     try:
         yield sid, proxy, worker
     finally:
-        proxy.close()  # the silent worker's connection goes: its thread ends with an error
+        proxy.close()
         worker.join(10)
         assert not worker.is_alive()
         _close(silent)

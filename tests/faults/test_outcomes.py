@@ -15,7 +15,7 @@ import agent_sessions as agent
 from agent_sessions.lease import Lease
 from tests import servers
 
-from .proxy import FaultProxy, Rule, every_attempt, pg_write
+from .proxy import FaultProxy, Rule, pg_write
 
 DATABASE = "faultoutcome"
 """This module's database (conftest.py's ``database`` fixture)."""
@@ -49,7 +49,7 @@ def _transcript(n: int) -> list[agent.Message]:
 def test_a_save_whose_commit_lost_its_answer_may_have_happened_and_did(
     via: agent.Store, direct: agent.Store, proxy: FaultProxy
 ) -> None:
-    lost_save(via, direct, proxy, pg_write("splice") if proxy.protocol == "postgres" else r"^\s*COMMIT")
+    lost_save(via, direct, proxy, pg_write("splice"))
 
 
 def lost_save(via: agent.Store, direct: agent.Store, proxy: FaultProxy, pattern: str) -> None:
@@ -69,48 +69,22 @@ def lost_save(via: agent.Store, direct: agent.Store, proxy: FaultProxy, pattern:
 def test_a_save_cut_before_the_database_saw_it_did_not_happen(
     via: agent.Store, direct: agent.Store, proxy: FaultProxy, fault: str
 ) -> None:
-    """On PostgreSQL the save is one statement in autocommit: a connection cut once it was sent may have
-    run it, and the driver cannot tell, so the outcome is unknown (as on MongoDB); elsewhere the cut
-    comes before the transaction's COMMIT, so nothing happened."""
+    """The save is one statement (a call of the write function or procedure): a connection cut once it
+    was sent may have run it, and the driver cannot tell, so the outcome is unknown (as on MongoDB)."""
     sid = f"cut-{uuid.uuid4().hex}"
-    if proxy.protocol == "postgres":
-        rule = proxy.arm(Rule(fault, pg_write("splice")))
-        with pytest.raises(agent.OutcomeUnknown):
-            via.save(sid, _transcript(3))
-        assert rule.fired
-    else:
-        rules = every_attempt(proxy, fault, "INSERT INTO agent_messages")
-        with pytest.raises(agent.StoreError) as raised:
-            via.save(sid, _transcript(3))
-        assert rules[0].fired and not isinstance(raised.value, agent.OutcomeUnknown), raised.value
-        proxy.disarm()
+    rule = proxy.arm(Rule(fault, pg_write("splice")))
+    with pytest.raises(agent.OutcomeUnknown):
+        via.save(sid, _transcript(3))
+    assert rule.fired
     assert direct.messages(sid) == []
-
-
-@pytest.mark.parametrize("fault", ["cut_before", "cut_inside"])
-def test_a_save_cut_once_before_the_database_saw_it_runs_again_and_lands_once(
-    via: agent.Store, direct: agent.Store, proxy: FaultProxy, fault: str
-) -> None:
-    if proxy.protocol == "postgres":
-        pytest.skip("PostgreSQL's write is one statement: a cut once it was sent is OutcomeUnknown (above)")
-    sid = f"cut-{uuid.uuid4().hex}"
-    rule = proxy.arm(Rule(fault, "INSERT INTO agent_messages"))
-    via.save(sid, _transcript(3))
-    assert rule.fired and direct.messages(sid) == _transcript(3)
 
 
 def test_a_fenced_step_whose_answer_was_lost_may_have_happened(
     via: agent.RunStore, direct: agent.Store, proxy: FaultProxy
 ) -> None:
-    """The usual step: one autocommitted statement on PostgreSQL, whose save reads the transcript back and,
-    finding it landed, goes on. On MySQL the step is a transaction: the answer of its INSERT lost (the line
-    cut before COMMIT, so nothing committed) runs it again, and that attempt's COMMIT loses its answer too:
-    the store cannot tell, the library reads the session back, finds the step there and goes on, and
-    nothing is stored twice."""
-    if proxy.protocol == "postgres":
-        lost_step(via, direct, proxy, pg_write("splice"), unknown=False)
-    else:
-        lost_step(via, direct, proxy, r"INSERT INTO agent_messages", r"^\s*COMMIT", unknown=False)
+    """The usual step: one statement, whose save reads the transcript back and, finding it landed, goes
+    on; nothing is stored twice."""
+    lost_step(via, direct, proxy, pg_write("splice"), unknown=False)
 
 
 def lost_step(
@@ -137,7 +111,7 @@ def lost_step(
 def test_an_acquisition_whose_commit_lost_its_answer_gets_the_lease_it_took(
     via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy, nth: int
 ) -> None:
-    pattern = pg_write("lease", r'\{"acquire"') if proxy.protocol == "postgres" else r"^\s*COMMIT"
+    pattern = pg_write("lease", r'\{"acquire"')
     rule = lost_acquisition(via, direct, proxy, Rule("lose_ack", pattern, nth=nth))
     if not rule.fired:
         pytest.skip(f"the acquisition commits fewer than {nth} times on {proxy.protocol}")
@@ -163,8 +137,7 @@ def test_a_release_whose_answer_was_lost_does_not_fail_the_finished_turn(
     via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy
 ) -> None:
     """Item 7: the turn is over; the release is asked again, and the lease ends free."""
-    lost_release(via, direct, proxy,
-                 pg_write("lease", r'\{"release"') if proxy.protocol == "postgres" else r"^\s*COMMIT")
+    lost_release(via, direct, proxy, pg_write("lease", r'\{"release"'))
 
 
 def lost_release(via: agent.RunStore, direct: agent.RunStore, proxy: FaultProxy, pattern: str) -> None:

@@ -148,28 +148,10 @@ def test_a_steer_whose_save_was_cut_is_kept_for_the_resume(
     sid = f"scut-{uuid.uuid4().hex[:12]}"
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup])
-    if database[0] == "postgres":
-        cut = Rule("cut_before", pg_write("splice"))
-        result = _steered_run(spec, model, "and look at c", "lookup", lambda: proxy.arm(cut))
-        assert cut.fired and result.stop_reason == "answered"
-        assert _store(database).messages(sid) == result.messages and _count(result.messages, "and look at c") == 1
-        return
-    rules: list[Rule] = []
-
-    def arm() -> None:  # MySQL runs a write cut before its COMMIT again, so every attempt is cut
-        rules.extend(every_attempt(proxy, "cut_before", "INSERT INTO agent_messages", 5))
-
-    failed = _failed_run(spec, model, "and look at c", openai(calls=[("c1", "lookup", '{"key": "a"}')]), arm=arm)
-    # On MySQL the transaction's COMMIT was never sent.
-    assert all(rule.fired for rule in rules) and isinstance(failed, agent.StoreError)
-    proxy.disarm()
-    assert not getattr(failed, "unapplied_steers", [])
-    direct = _store(database)
-    assert _count(direct.messages(sid), "and look at c") == 0
-    assert direct.pending_steers(sid) == ["and look at c"]  # type: ignore[attr-defined]
-    resumed = _resume(database, sid, model)
-    assert _count(resumed, "and look at c") == 1
-    assert model.requests[-1].json["messages"][-1]["content"] == "and look at c"
+    cut = Rule("cut_before", pg_write("splice"))
+    result = _steered_run(spec, model, "and look at c", "lookup", lambda: proxy.arm(cut))
+    assert cut.fired and result.stop_reason == "answered"
+    assert _store(database).messages(sid) == result.messages and _count(result.messages, "and look at c") == 1
 
 
 @pytest.mark.parametrize("nth", [1, 2, 3])
@@ -184,10 +166,7 @@ def test_a_save_that_went_unanswered_but_landed_goes_on_and_doubles_nothing(
     spec = agent.Spec(session=session, tools=[slow_lookup], publish_events=True)
     # The nth write that carries events: a step's save (its messages and events in one statement on
     # PostgreSQL), or events written alone (a flush before a request, a slow tool's).
-    if database[0] == "postgres":
-        rule = Rule("lose_ack", pg_write("events"), nth=nth)
-    else:  # the COMMIT after the events' INSERT
-        rule = Rule("lose_ack", r"^\s*COMMIT", after="INSERT INTO agent_events", nth=nth)
+    rule = Rule("lose_ack", pg_write("events"), nth=nth)
     result = _steered_run(spec, model, "and look at d", "slow_lookup", lambda: proxy.arm(rule))
     assert result.stop_reason == "answered" and result.text == "done"
     if not rule.fired:
@@ -208,13 +187,12 @@ def test_events_of_a_save_cut_before_it_landed_are_written_once_with_failed(
     store = _store(database, proxy.port)
     spec = agent.Spec(session=agent.open(sid, store), tools=[lookup], publish_events=True)
     rules: list[Rule] = []
-    pattern = pg_write("splice") if database[0] == "postgres" else "INSERT INTO agent_messages"
+    pattern = pg_write("splice")
 
     def arm() -> None:
-        # MySQL runs a transaction cut before it committed again, on a new connection: cut each attempt.
-        # PostgreSQL's one-statement write, cut, may have landed: the library reads it back, finds it did not,
-        # and writes it once more, which is cut too, so the run fails.
-        rules.extend(every_attempt(proxy, "cut_before", pattern, 5 if database[0] == "mysql" else 2))
+        # One statement a write on both servers, which, cut, may have landed: the library reads it back,
+        # finds it did not, and writes it once more, which is cut too, so the run fails.
+        rules.extend(every_attempt(proxy, "cut_before", pattern, 2))
 
     failed = _failed_run(spec, model, "and look at f", openai(calls=[("c1", "lookup", '{"key": "a"}')]), arm=arm)
     assert rules[0].fired and isinstance(failed, agent.StoreError), [(r.pattern, bool(r.fired)) for r in rules]

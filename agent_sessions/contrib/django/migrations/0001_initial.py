@@ -359,6 +359,285 @@ CREATE: dict[str, list[str]] = {
         '\tPRIMARY KEY (session_id, name), \n'
         '\tINDEX agent_metadata_lookup (name, value, session_id)\n'
         ')ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin',
+        'DROP PROCEDURE IF EXISTS agent_sessions_write',
+        '-- One guarded write of a session (agent_sessions.backend: Guard, Change) in one CALL: the procedure is its\n'
+        '-- own transaction (START TRANSACTION ... COMMIT), so a write is one round trip. The guard and the change\n'
+        '-- are JSON objects, as stores/postgres/write.sql reads them (stores/_sql/wire.py writes both): a field is\n'
+        '-- there when it asks or changes something; a nullable value is a one-element array ([null]: none).\n'
+        '-- READ COMMITTED: InnoDB then takes no gap locks, so writers of sessions that share nothing never wait for\n'
+        '-- each other (a missing row locked at REPEATABLE READ locks the gap beside it). Deletes that would read\n'
+        "-- on past the session's last row into another session's are bounded by LIMIT (its count of rows).\n"
+        "-- Texts are compared as bytes (CAST ... AS BINARY): MariaDB's utf8mb4_bin pads ('a' = 'a ').\n"
+        "-- p_lock_wait: whole seconds the row's lock is waited for before error 1205 (innodb_lock_wait_timeout,\n"
+        '-- set for the call and put back). A deadlock (1213) has rolled everything back: the caller runs it again.\n'
+        "-- Answers one row: done_, now_, present_ (is there a row) and the row's columns (after, when done).\n"
+        'CREATE PROCEDURE agent_sessions_write(IN p_session VARBINARY(1020), IN p_guard LONGTEXT CHARACTER SET utf8mb4,\n'
+        '                                      IN p_change LONGTEXT CHARACTER SET utf8mb4,\n'
+        '                                      IN p_incarnation VARCHAR(64) CHARACTER SET utf8mb4, IN p_lock_wait INT)\n'
+        'MODIFIES SQL DATA\n'
+        'BEGIN\n'
+        '  DECLARE g LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT p_guard;\n'
+        '  DECLARE c LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT p_change;\n'
+        '  DECLARE v_wait INT DEFAULT @@SESSION.innodb_lock_wait_timeout;\n'
+        '  DECLARE v_now DOUBLE;\n'
+        '  DECLARE present, ok, done BOOLEAN DEFAULT FALSE;\n'
+        '  DECLARE attempt, at, n INT DEFAULT 0;\n'
+        '  DECLARE v_seq BIGINT;\n'
+        '  DECLARE r_exists, r_cancelled, r_handed BOOLEAN;\n'
+        '  DECLARE r_incarnation, r_token VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;\n'
+        '  DECLARE r_host VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;\n'
+        '  DECLARE r_created, r_updated, r_expires, r_open_since DOUBLE;\n'
+        '  DECLARE r_version, r_edits, r_epoch, r_last_seq BIGINT;\n'
+        '  DECLARE r_length, r_pid, r_steers, r_queued INT;\n'
+        '  DECLARE r_spec, r_turn, r_cancelled_turn, r_journal, r_metadata LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;\n'
+        '  DECLARE EXIT HANDLER FOR SQLEXCEPTION\n'
+        '  BEGIN\n'
+        '    ROLLBACK;\n'
+        '    SET SESSION innodb_lock_wait_timeout = v_wait;\n'
+        '    RESIGNAL;\n'
+        '  END;\n'
+        '  IF p_lock_wait IS NOT NULL THEN\n'
+        '    SET SESSION innodb_lock_wait_timeout = p_lock_wait;\n'
+        '  END IF;\n'
+        '  SET TRANSACTION ISOLATION LEVEL READ COMMITTED;\n'
+        '  START TRANSACTION;\n'
+        '  locking: LOOP\n'
+        '    SET attempt = attempt + 1;\n'
+        '    SET present = FALSE;\n'
+        '    SELECT TRUE, exists_, incarnation, created, updated, version, length, edits, token, epoch, expires, host, pid,\n'
+        '           spec, turn, cancelled, cancelled_turn, handed, journal, open_since, metadata, last_seq, steers, queued\n'
+        '      INTO present, r_exists, r_incarnation, r_created, r_updated, r_version, r_length, r_edits, r_token, r_epoch,\n'
+        '           r_expires, r_host, r_pid, r_spec, r_turn, r_cancelled, r_cancelled_turn, r_handed, r_journal,\n'
+        '           r_open_since, r_metadata, r_last_seq, r_steers, r_queued\n'
+        '      FROM agent_sessions WHERE session_id = p_session FOR UPDATE;\n'
+        '    SET v_now = UNIX_TIMESTAMP() + MICROSECOND(NOW(6)) / 1e6;\n'
+        '    IF NOT present THEN  -- the row as it would be made: guarded as if it were there\n'
+        "      SET r_exists = FALSE, r_incarnation = '', r_created = 0, r_updated = 0, r_version = 0, r_length = 0,\n"
+        "          r_edits = 0, r_token = NULL, r_epoch = 0, r_expires = 0, r_host = '', r_pid = 0, r_spec = NULL,\n"
+        '          r_turn = NULL, r_cancelled = FALSE, r_cancelled_turn = NULL, r_handed = FALSE, r_journal = NULL,\n'
+        "          r_open_since = NULL, r_metadata = '{}', r_last_seq = 0, r_steers = 0, r_queued = 0;\n"
+        '    END IF;\n'
+        '    -- the guard\n'
+        "    SET ok = (JSON_EXTRACT(g, '$.exists') IS NULL OR r_exists = (JSON_UNQUOTE(JSON_EXTRACT(g, '$.exists')) = 'true'))\n"
+        "      AND (JSON_EXTRACT(g, '$.incarnation') IS NULL\n"
+        "           OR CAST(r_incarnation AS BINARY) = CAST(JSON_UNQUOTE(JSON_EXTRACT(g, '$.incarnation')) AS BINARY))\n"
+        "      AND (JSON_EXTRACT(g, '$.version') IS NULL OR r_version = CAST(JSON_EXTRACT(g, '$.version') AS SIGNED))\n"
+        "      AND (JSON_EXTRACT(g, '$.length') IS NULL OR r_length = CAST(JSON_EXTRACT(g, '$.length') AS SIGNED))\n"
+        "      AND (JSON_EXTRACT(g, '$.edits') IS NULL OR r_edits = CAST(JSON_EXTRACT(g, '$.edits') AS SIGNED))\n"
+        "      AND (JSON_EXTRACT(g, '$.lease') IS NULL\n"
+        "           OR (CAST(r_token AS BINARY) <=> CAST(IF(JSON_TYPE(JSON_EXTRACT(g, '$.lease[0]')) = 'NULL', NULL,\n"
+        "                                                  JSON_UNQUOTE(JSON_EXTRACT(g, '$.lease[0]'))) AS BINARY)\n"
+        "               AND r_epoch = CAST(JSON_EXTRACT(g, '$.lease[1]') AS SIGNED)))\n"
+        "      AND (JSON_EXTRACT(g, '$.lease_free') IS NULL OR r_token IS NULL OR r_expires <= v_now)\n"
+        "      AND (JSON_EXTRACT(g, '$.lease_held') IS NULL OR r_token IS NOT NULL)\n"
+        "      AND (JSON_EXTRACT(g, '$.not_cancelled') IS NULL OR NOT r_cancelled)\n"
+        "      AND (JSON_EXTRACT(g, '$.no_steers') IS NULL OR r_steers = 0)\n"
+        "      AND (JSON_EXTRACT(g, '$.journal') IS NULL\n"
+        "           OR CAST(r_journal AS BINARY) <=> CAST(IF(JSON_TYPE(JSON_EXTRACT(g, '$.journal[0]')) = 'NULL', NULL,\n"
+        "                                                  JSON_UNQUOTE(JSON_EXTRACT(g, '$.journal[0]'))) AS BINARY))\n"
+        "      AND (JSON_EXTRACT(g, '$.no_queue') IS NULL OR r_queued = 0);\n"
+        "    IF ok AND JSON_EXTRACT(g, '$.steers') IS NOT NULL THEN\n"
+        '      SET ok = (SELECT COUNT(*) FROM agent_steers WHERE session_id = p_session\n'
+        "                AND id IN (SELECT x.id FROM JSON_TABLE(g, '$.steers[*]' COLUMNS (id BIGINT PATH '$')) AS x))\n"
+        "             = (SELECT COUNT(DISTINCT x.id) FROM JSON_TABLE(g, '$.steers[*]' COLUMNS (id BIGINT PATH '$')) AS x);\n"
+        '    END IF;\n'
+        "    IF ok AND JSON_EXTRACT(g, '$.queue_head') IS NOT NULL THEN\n"
+        '      SET ok = (SELECT MIN(id) FROM agent_queue WHERE session_id = p_session)\n'
+        "               <=> CAST(JSON_EXTRACT(g, '$.queue_head') AS SIGNED);\n"
+        '    END IF;\n'
+        "    IF ok AND JSON_EXTRACT(g, '$.key_absent') IS NOT NULL THEN\n"
+        '      SET ok = NOT EXISTS (SELECT 1 FROM agent_keys WHERE session_id = p_session\n'
+        "                           AND accepted_key = CAST(JSON_UNQUOTE(JSON_EXTRACT(g, '$.key_absent')) AS BINARY));\n"
+        '    END IF;\n'
+        "    IF NOT ok OR c = '{}' THEN\n"
+        '      LEAVE locking;\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.delete') IS NOT NULL THEN\n"
+        '      IF present THEN\n'
+        '        DELETE FROM agent_messages WHERE session_id = p_session LIMIT r_length;\n'
+        '        DELETE FROM agent_steers WHERE session_id = p_session LIMIT r_steers;\n'
+        '        DELETE FROM agent_queue WHERE session_id = p_session LIMIT r_queued;\n'
+        '        SET n = (SELECT COUNT(*) FROM agent_keys WHERE session_id = p_session);\n'
+        '        DELETE FROM agent_keys WHERE session_id = p_session LIMIT n;\n'
+        '        SET n = (SELECT COUNT(*) FROM agent_events WHERE session_id = p_session);\n'
+        '        DELETE FROM agent_events WHERE session_id = p_session LIMIT n;\n'
+        '        SET n = (SELECT COUNT(*) FROM agent_metadata WHERE session_id = p_session);\n'
+        '        DELETE FROM agent_metadata WHERE session_id = p_session LIMIT n;\n'
+        '        DELETE FROM agent_sessions WHERE session_id = p_session;\n'
+        '      END IF;\n'
+        '      SET done = TRUE;\n'
+        '      LEAVE locking;\n'
+        '    END IF;\n'
+        '    IF present THEN\n'
+        '      SET done = TRUE;\n'
+        '      LEAVE locking;\n'
+        '    END IF;\n'
+        '    IF attempt >= 5 THEN\n'
+        "      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'agent_sessions_write: the row of the session kept vanishing';\n"
+        '    END IF;\n'
+        '    -- No row: make it, then lock it (this one, or the one a concurrent write made first) and guard again.\n'
+        '    INSERT IGNORE INTO agent_sessions (session_id, exists_, incarnation, created, updated, version, length, edits,\n'
+        '      token, epoch, expires, host, pid, spec, turn, cancelled, cancelled_turn, handed, journal, open_since, metadata,\n'
+        '      last_seq, steers, queued)\n'
+        "      VALUES (p_session, FALSE, '', 0, 0, 0, 0, 0, NULL, 0, 0, '', 0, NULL, NULL, FALSE, NULL, FALSE, NULL, NULL, '{}',\n"
+        '              0, 0, 0);\n'
+        '  END LOOP;\n'
+        "  IF done AND present AND JSON_EXTRACT(c, '$.delete') IS NULL THEN\n"
+        '    -- the change\n'
+        '    SET r_version = r_version + 1;\n'
+        "    IF JSON_EXTRACT(c, '$.exist') IS NOT NULL THEN\n"
+        '      IF NOT r_exists THEN\n'
+        '        SET r_exists = TRUE, r_incarnation = p_incarnation, r_created = v_now;\n'
+        '      END IF;\n'
+        '      SET r_updated = GREATEST(r_updated, v_now);\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.splice') IS NOT NULL THEN\n"
+        "      SET at = CAST(JSON_EXTRACT(c, '$.splice[0]') AS SIGNED);\n"
+        '      IF at < r_length THEN\n'
+        '        SET n = r_length - at;\n'
+        '        DELETE FROM agent_messages WHERE session_id = p_session AND idx >= at LIMIT n;\n'
+        '      END IF;\n'
+        '      INSERT INTO agent_messages (session_id, idx, body)\n'
+        '        SELECT p_session, at + x.o - 1, x.t\n'
+        "        FROM JSON_TABLE(c, '$.splice[1][*]' COLUMNS (o FOR ORDINALITY,\n"
+        "                                                     t LONGTEXT CHARACTER SET utf8mb4 PATH '$')) AS x;\n"
+        "      SET r_length = at + JSON_LENGTH(c, '$.splice[1]');\n"
+        '      SET r_edits = r_edits + 1;\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.take_steers') IS NOT NULL THEN\n"
+        '      DELETE FROM agent_steers WHERE session_id = p_session\n'
+        "        AND id IN (SELECT x.id FROM JSON_TABLE(c, '$.take_steers[*]' COLUMNS (id BIGINT PATH '$')) AS x);\n"
+        '      SET r_steers = r_steers - ROW_COUNT();\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.add_steer') IS NOT NULL THEN\n"
+        '      INSERT INTO agent_steers (session_id, id, body, steer_key)\n'
+        "        VALUES (p_session, r_version, JSON_UNQUOTE(JSON_EXTRACT(c, '$.add_steer[0]')),\n"
+        "                IF(JSON_TYPE(JSON_EXTRACT(c, '$.add_steer[1]')) = 'NULL', NULL,\n"
+        "                   CAST(JSON_UNQUOTE(JSON_EXTRACT(c, '$.add_steer[1]')) AS BINARY)));\n"
+        '      SET r_steers = r_steers + 1;\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.pop') IS NOT NULL THEN\n"
+        "      DELETE FROM agent_queue WHERE session_id = p_session AND id = CAST(JSON_EXTRACT(c, '$.pop') AS SIGNED);\n"
+        '      SET r_queued = r_queued - ROW_COUNT();\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.push') IS NOT NULL THEN\n"
+        '      INSERT INTO agent_queue (session_id, id, queue_key, body)\n'
+        "        VALUES (p_session, r_version, CAST(JSON_UNQUOTE(JSON_EXTRACT(c, '$.push[0]')) AS BINARY),\n"
+        "                JSON_UNQUOTE(JSON_EXTRACT(c, '$.push[1]')));\n"
+        '      SET r_queued = r_queued + 1;\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.drop_key') IS NOT NULL THEN\n"
+        '      DELETE FROM agent_keys WHERE session_id = p_session\n'
+        "        AND accepted_key = CAST(JSON_UNQUOTE(JSON_EXTRACT(c, '$.drop_key')) AS BINARY);\n"
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.add_key') IS NOT NULL THEN\n"
+        '      INSERT IGNORE INTO agent_keys (session_id, accepted_key)\n'
+        "        VALUES (p_session, CAST(JSON_UNQUOTE(JSON_EXTRACT(c, '$.add_key')) AS BINARY));\n"
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.journal') IS NOT NULL THEN\n"
+        "      SET r_journal = IF(JSON_TYPE(JSON_EXTRACT(c, '$.journal[0]')) = 'NULL', NULL,\n"
+        "                         JSON_UNQUOTE(JSON_EXTRACT(c, '$.journal[0]')));\n"
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.lease.acquire') IS NOT NULL THEN\n"
+        "      SET r_token = JSON_UNQUOTE(JSON_EXTRACT(c, '$.lease.acquire.token')), r_epoch = r_epoch + 1,\n"
+        "          r_expires = v_now + CAST(JSON_EXTRACT(c, '$.lease.acquire.ttl') AS DOUBLE),\n"
+        "          r_host = JSON_UNQUOTE(JSON_EXTRACT(c, '$.lease.acquire.host')),\n"
+        "          r_pid = CAST(JSON_EXTRACT(c, '$.lease.acquire.pid') AS SIGNED),\n"
+        "          r_spec = IF(JSON_TYPE(JSON_EXTRACT(c, '$.lease.acquire.spec')) = 'NULL', NULL,\n"
+        "                      JSON_UNQUOTE(JSON_EXTRACT(c, '$.lease.acquire.spec'))),\n"
+        "          r_turn = IF(JSON_TYPE(JSON_EXTRACT(c, '$.lease.acquire.turn')) = 'NULL', NULL,\n"
+        "                      JSON_UNQUOTE(JSON_EXTRACT(c, '$.lease.acquire.turn'))),\n"
+        '          r_handed = r_handed OR r_cancelled, r_cancelled = FALSE;\n'
+        "    ELSEIF JSON_EXTRACT(c, '$.lease.renew') IS NOT NULL THEN\n"
+        "      SET r_expires = v_now + CAST(JSON_EXTRACT(c, '$.lease.renew') AS DOUBLE);\n"
+        "    ELSEIF JSON_EXTRACT(c, '$.lease.release') IS NOT NULL THEN\n"
+        '      SET r_token = NULL, r_handed = r_handed OR r_cancelled, r_cancelled = FALSE;\n'
+        "    ELSEIF JSON_EXTRACT(c, '$.lease.cancel') IS NOT NULL THEN\n"
+        '      SET r_cancelled = TRUE, r_cancelled_turn = r_turn;\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.turn') IS NOT NULL THEN\n"
+        "      SET r_turn = IF(JSON_TYPE(JSON_EXTRACT(c, '$.turn[0]')) = 'NULL', NULL, JSON_UNQUOTE(JSON_EXTRACT(c, '$.turn[0]')));\n"
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.handed') IS NOT NULL THEN\n"
+        "      SET r_handed = (JSON_UNQUOTE(JSON_EXTRACT(c, '$.handed')) = 'true');\n"
+        '    END IF;\n'
+        "    IF JSON_UNQUOTE(JSON_EXTRACT(c, '$.open')) = 'set' THEN\n"
+        '      SET r_open_since = COALESCE(r_open_since, v_now);\n'
+        "    ELSEIF JSON_UNQUOTE(JSON_EXTRACT(c, '$.open')) = 'clear' THEN\n"
+        '      SET r_open_since = NULL;\n'
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.metadata') IS NOT NULL THEN\n"
+        "      SET r_metadata = JSON_UNQUOTE(JSON_EXTRACT(c, '$.metadata'));\n"
+        '      SET n = (SELECT COUNT(*) FROM agent_metadata WHERE session_id = p_session);\n'
+        '      DELETE FROM agent_metadata WHERE session_id = p_session LIMIT n;\n'
+        '      INSERT INTO agent_metadata (session_id, name, value)\n'
+        '        SELECT p_session, CAST(x.name AS BINARY), CAST(x.value AS BINARY)\n'
+        "        FROM JSON_TABLE(c, '$.meta_index[*]' COLUMNS (name LONGTEXT CHARACTER SET utf8mb4 PATH '$[0]',\n"
+        "                                                       value LONGTEXT CHARACTER SET utf8mb4 PATH '$[1]')) AS x;\n"
+        '    END IF;\n'
+        "    IF JSON_EXTRACT(c, '$.events') IS NOT NULL THEN\n"
+        '      SET v_seq = IF(r_last_seq = 0, FLOOR(v_now * 1000000) - 1, r_last_seq);\n'
+        '      INSERT INTO agent_events (session_id, seq, body)\n'
+        '        SELECT p_session, v_seq + x.o, x.t\n'
+        "        FROM JSON_TABLE(c, '$.events[*]' COLUMNS (o FOR ORDINALITY, t LONGTEXT CHARACTER SET utf8mb4 PATH '$')) AS x;\n"
+        "      SET r_last_seq = v_seq + JSON_LENGTH(c, '$.events');\n"
+        "      IF CAST(JSON_EXTRACT(c, '$.keep') AS SIGNED) > 0 THEN  -- the newest keep stay (0: every one)\n"
+        '        DELETE FROM agent_events WHERE session_id = p_session\n'
+        "          AND seq <= r_last_seq - CAST(JSON_EXTRACT(c, '$.keep') AS SIGNED);\n"
+        '      END IF;\n'
+        '    END IF;\n'
+        '    UPDATE agent_sessions SET\n'
+        '      exists_ = r_exists, incarnation = r_incarnation, created = r_created, updated = r_updated,\n'
+        '      version = r_version, length = r_length, edits = r_edits, token = r_token, epoch = r_epoch,\n'
+        '      expires = r_expires, host = r_host, pid = r_pid, spec = r_spec, turn = r_turn, cancelled = r_cancelled,\n'
+        '      cancelled_turn = r_cancelled_turn, handed = r_handed, journal = r_journal, open_since = r_open_since,\n'
+        '      metadata = r_metadata, last_seq = r_last_seq, steers = r_steers, queued = r_queued\n'
+        '    WHERE session_id = p_session;\n'
+        '  END IF;\n'
+        '  COMMIT;\n'
+        '  SET SESSION innodb_lock_wait_timeout = v_wait;\n'
+        '  SELECT ok OR done AS done_, v_now AS now_, present AS present_, p_session AS session_id, r_exists AS exists_,\n'
+        '         r_incarnation AS incarnation, r_created AS created, r_updated AS updated, r_version AS version,\n'
+        '         r_length AS length, r_edits AS edits, r_token AS token, r_epoch AS epoch, r_expires AS expires,\n'
+        '         r_host AS host, r_pid AS pid, r_spec AS spec, r_turn AS turn, r_cancelled AS cancelled,\n'
+        '         r_cancelled_turn AS cancelled_turn, r_handed AS handed, r_journal AS journal, r_open_since AS open_since,\n'
+        '         r_metadata AS metadata, r_last_seq AS last_seq, r_steers AS steers, r_queued AS queued;\n'
+        'END',
+        'DROP PROCEDURE IF EXISTS agent_sessions_read',
+        '-- One read of a session (agent_sessions.backend: Want) in one CALL: five result sets, all of one snapshot\n'
+        '-- (a read-only transaction WITH CONSISTENT SNAPSHOT, committed at the end, so the pooled connection is left\n'
+        "-- with no transaction open and needs no ROLLBACK when it goes back to its pool): the row with the server's\n"
+        '-- clock and the index of the first message read (start_), then the messages asked for, the steers (when\n'
+        '-- p_steers), the queue (when p_queue), and which of p_keys (a JSON array, or NULL) were accepted. Rows, not\n'
+        '-- one JSON aggregate: a whole transcript may be larger than one packet (max_allowed_packet), each row not.\n'
+        'CREATE PROCEDURE agent_sessions_read(IN p_session VARBINARY(1020), IN p_start INT, IN p_stop INT, IN p_last INT,\n'
+        '                                     IN p_steers BOOLEAN, IN p_queue BOOLEAN, IN p_keys LONGTEXT CHARACTER SET utf8mb4)\n'
+        'READS SQL DATA\n'
+        'BEGIN\n'
+        '  DECLARE v_length, v_start, v_stop INT;\n'
+        '  DECLARE EXIT HANDLER FOR SQLEXCEPTION\n'
+        '  BEGIN\n'
+        '    ROLLBACK;\n'
+        '    RESIGNAL;\n'
+        '  END;\n'
+        '  SET TRANSACTION ISOLATION LEVEL REPEATABLE READ;\n'
+        '  START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY;\n'
+        '  SET v_length = (SELECT length FROM agent_sessions WHERE session_id = p_session);\n'
+        '  SET v_stop = LEAST(COALESCE(p_stop, v_length), v_length);\n'
+        '  IF p_start IS NOT NULL OR p_last IS NOT NULL THEN\n'
+        '    SET v_start = COALESCE(p_start, GREATEST(v_stop - p_last, 0));\n'
+        '  END IF;\n'
+        '  SELECT s.*, UNIX_TIMESTAMP() + MICROSECOND(NOW(6)) / 1e6 AS now_, v_start AS start_\n'
+        '    FROM agent_sessions AS s WHERE s.session_id = p_session;\n'
+        '  SELECT body FROM agent_messages\n'
+        '    WHERE session_id = p_session AND idx >= v_start AND idx < v_stop ORDER BY idx;\n'
+        '  SELECT id, body, steer_key FROM agent_steers WHERE p_steers AND session_id = p_session ORDER BY id;\n'
+        '  SELECT id, queue_key, body FROM agent_queue WHERE p_queue AND session_id = p_session ORDER BY id;\n'
+        '  SELECT accepted_key FROM agent_keys WHERE p_keys IS NOT NULL AND session_id = p_session\n'
+        '    AND accepted_key IN (SELECT CAST(j.k AS BINARY)\n'
+        "                         FROM JSON_TABLE(p_keys, '$[*]' COLUMNS (k VARCHAR(1280) CHARACTER SET utf8mb4 PATH '$')) AS j);\n"
+        '  COMMIT;\n'
+        'END',
     ],
     'sqlite': [
         'CREATE TABLE IF NOT EXISTS agent_store (\n'

@@ -1,0 +1,122 @@
+"""The MySQL store's round trips, counted by the fault proxy (each unit it sees is one): every write is one
+statement (a CALL of ``agent_sessions_write``) and every read one (a CALL of ``agent_sessions_read``), and
+the pool's connection goes back to it without a ROLLBACK (the CALL left no transaction open), so a run's
+start is two (the acquire, the save of its new input), its usual step one (the save), two with a
+non-idempotent tool (the journal's write, then the save), and the events ride in the save."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, event, make_url
+
+import agent_sessions as agent
+from stores import mysql
+from tests import servers
+
+from .proxy import FaultProxy
+
+DATABASE = "faulttrips"
+"""This module's database."""
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[tuple[str, str, Engine]]:
+    """MySQL alone (conftest.py's fixture of the same name runs on PostgreSQL too)."""
+    url = servers.database_url(servers.MYSQL_URL, servers.database_name(DATABASE))
+    direct = create_engine(url)
+    servers.fresh_schema(direct)
+    yield "mysql", url, direct
+    direct.dispose()
+
+
+@pytest.fixture
+def via(database: tuple[str, str, Engine], proxy: FaultProxy) -> Iterator[mysql.Store]:
+    store = servers.mysql_store(make_url(database[1]).set(port=proxy.port).render_as_string(hide_password=False))
+    yield store
+    store.close()
+    store.engine.dispose()
+
+
+class _CountingModel:
+    """Calls ``tool`` at once, ``steps`` times, then answers; notes how many units the proxy has seen at each
+    of its own requests."""
+
+    def __init__(self, tool: str, proxy: FaultProxy, steps: int) -> None:
+        self.tool, self.proxy, self.steps = tool, proxy, steps
+        self.seen: list[int] = []
+
+    def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
+        self.seen.append(len(self.proxy.statements))
+        if len(self.seen) > self.steps:
+            return agent.Message.assistant("done")
+        call = agent.Content.tool_call(f"c{len(self.seen)}", self.tool, '{"q": "x"}')
+        return agent.Message(agent.Role.ASSISTANT, [call])
+
+
+@agent.tool
+def _look(q: str) -> str:
+    """Look something up."""
+    return "found " + q * 200
+
+
+@agent.tool(idempotent=False)
+def _charge(q: str) -> str:
+    """Charge once."""
+    return "charged " + q * 200
+
+
+def _run(store: mysql.Store, proxy: FaultProxy, tool: agent.Tool, publish: bool) -> list[int]:
+    sid = f"rt-{uuid.uuid4().hex[:12]}"
+    model = _CountingModel(tool.name, proxy, 20)
+    spec = agent.Spec(session=agent.open(sid, store), tools=[tool], max_steps=21, publish_events=publish)
+    proxy.statements.clear()
+    agent.Runner().run(spec, [agent.Message.user("go")], model)
+    return model.seen
+
+
+@pytest.mark.parametrize(("tool", "publish", "step"), [(_look, False, 1), (_charge, False, 2), (_look, True, 1)])
+def test_a_runs_start_is_two_round_trips_and_its_usual_step_one(
+    via: mysql.Store, proxy: FaultProxy, tool: agent.Tool, publish: bool, step: int
+) -> None:
+    """A first run opens the store's connections and reads the server's packet limit; the second is
+    counted."""
+    _run(via, proxy, tool, publish)
+    seen = _run(via, proxy, tool, publish)
+    steps = [b - a for a, b in itertools.pairwise(seen)]
+    assert seen[0] == 2, proxy.statements[:seen[0]]
+    assert steps == [step] * len(steps), (steps, proxy.statements)
+
+
+def test_a_traced_engine_sees_each_call_and_pays_the_pools_rollback(via: mysql.Store, proxy: FaultProxy) -> None:
+    """While something listens for the engine's cursor events the store's calls go through SQLAlchemy's
+    Connection, so the listener sees them, and the pool's ROLLBACK is sent at each check-in."""
+    heard: list[str] = []
+
+    def hear(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        heard.append(statement)
+
+    via.save("warm", [agent.Message.user("q")])
+    event.listen(via.engine, "before_cursor_execute", hear)
+    try:
+        proxy.statements.clear()
+        via.save("traced", [agent.Message.user("q")])
+    finally:
+        event.remove(via.engine, "before_cursor_execute", hear)
+    assert [s.split("(")[0] for s in heard] == ["CALL agent_sessions_write"], heard
+    assert len(proxy.statements) == 2 and proxy.statements[1].upper().startswith("ROLLBACK"), proxy.statements
+
+
+
+def test_a_read_is_one_round_trip_and_a_write_another(via: mysql.Store, proxy: FaultProxy) -> None:
+    """A read is one CALL, a write one CALL, and neither is followed by the pool's ROLLBACK."""
+    msgs = [agent.Message.user("q"), agent.Message.assistant("a")]
+    via.save("one-trip", msgs[:1])
+    proxy.statements.clear()
+    assert via.messages("one-trip") == msgs[:1]
+    via.add_steer("one-trip", "s")
+    assert [s.split("(")[0] for s in proxy.statements] == ["CALL agent_sessions_read", "CALL agent_sessions_write"]
