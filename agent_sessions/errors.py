@@ -225,3 +225,12 @@ class UnknownApproval(ArgumentError):
 
 class Unsupported(AgentError, TypeError):
     """The session's store does not implement the optional RunStore protocol this call needs."""
+
+
+class SchemaMismatch(StoreError):
+    """The database was made by another schema version of this library: nothing is read or written."""
+
+
+class BadStoreURL(ArgumentError):
+    """A store URL that names no store this process can open, or is not written as its store reads it
+    (``stores.urls``)."""

@@ -27,17 +27,13 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_plus
 
-from agent_sessions.errors import ArgumentError, StoreError, StoresShadowed
+from agent_sessions.errors import BadStoreURL, StoreError, StoresShadowed
 
 if TYPE_CHECKING:
     from agent_sessions import Store
 
 ENTRY_POINTS = "agent_sessions.stores"
 DIST = "stored-agent-sessions"
-
-
-class BadStoreURL(ArgumentError):
-    """A store URL that names no store this process can open, or is not written as its store reads it."""
 
 
 @dataclass(frozen=True)

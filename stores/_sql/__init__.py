@@ -2,7 +2,9 @@
 (``backend.py``) and the database's clock in SQL (``clock.py``). Only true dialect differences live in
 ``stores.sqlite``, ``stores.postgres`` and ``stores.mysql``."""
 
+from agent_sessions.errors import SchemaMismatch
+
 from .backend import SQLBackend
-from .tables import SCHEMA_VERSION, TABLES, SchemaMismatch, ddl, metadata
+from .tables import SCHEMA_VERSION, TABLES, ddl, metadata
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "SQLBackend", "SchemaMismatch", "ddl", "metadata"]

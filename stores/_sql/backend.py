@@ -57,13 +57,12 @@ from agent_sessions.backend import (
     indexed,
     next_row,
 )
-from agent_sessions.errors import AgentError, OutcomeUnknown, StoreError
+from agent_sessions.errors import AgentError, OutcomeUnknown, SchemaMismatch, StoreError
 
 from .tables import (
     CHILDREN,
     SCHEMA_VERSION,
     TABLES,
-    SchemaMismatch,
     SessionId,
     events,
     keys,

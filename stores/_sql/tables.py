@@ -28,18 +28,12 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from agent_sessions.errors import StoreError
-
 SCHEMA_VERSION = 1
 """The layout these tables are; kept in ``agent_store.schema_version``."""
 
 metadata = MetaData()
 """The SQLAlchemy metadata of every table (public as ``stores.postgres.metadata`` and the others), so a
 migration tool such as Alembic's autogenerate sees them."""
-
-
-class SchemaMismatch(StoreError):
-    """The database was made by another schema version of this library: nothing is read or written."""
 
 
 class _Utf8Bytes(TypeDecorator[str]):
