@@ -1,0 +1,374 @@
+"""Hand-made mutants of the library's newer code, and which tests kill each (docs/reliability.md, "Mutants").
+
+A mutant is a small textual patch of library code: a plausible bug where two operations meet (a sweep and a
+run's end, a retry and a steer, a prune and a save, a takeover and a cancel). Each edit's old text must occur
+exactly once in its file, so a mutant never silently stops applying when the code around it changes
+(tests/test_mutants.py checks that every mutant still applies).
+
+Each mutant is applied to a throwaway copy of the tree (the files git tracks or would track, as they are in
+the working tree, copied to a temporary directory; the checkout itself is never written), and the suites
+run there, each stopping at its first failure: the model-based test with its CI settings (``-k model``) and
+``storetest`` without it (``-k 'not model'``), on the memory store and on Redis (and on SQLite's model test
+once SQLite is a RunStore again). A suite that fails on the unmutated copy is left out of the table, said so.
+
+    scripts/mutants                       every mutant, a table on stdout, JSON in mutants.json
+    scripts/mutants --list                the mutants and what each breaks
+    scripts/mutants --only NAME[,NAME]    some of them
+    scripts/mutants --check               only check that each applies (no test runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    breaks: str
+    """What goes wrong for a user, where two operations meet."""
+    edits: tuple[Edit, ...]
+    store: bool
+    """A store could carry it (a guard, the backend, ``BackedStore``): ``storetest`` alone must kill it."""
+
+
+def _m(name: str, store: bool, breaks: str, *edits: tuple[str, str, str]) -> Mutant:
+    return Mutant(name, breaks, tuple(Edit(*e) for e in edits), store)
+
+
+STRANDED, PERSIST = "agent_sessions/stranded.py", "agent_sessions/run/persistence.py"
+BUSY = "agent_sessions/run/busy.py"
+BACKED, MEMORY, REDIS = "agent_sessions/backed.py", "stores/memory/__init__.py", "stores/redis/write.lua"
+
+MUTANTS: tuple[Mutant, ...] = (
+    _m("sweep-fresh-budget", False,
+       "the sweep runs a plain run's open turn with a fresh max_steps, ignoring the requests it made: a turn "
+       "whose worker died after some steps makes more than max_steps requests in all",
+       (STRANDED, "made = turns.replies(msgs, turns.turn_start(msgs)) + int(waiting_reply)",
+        "made = int(waiting_reply)")),
+    _m("run-end-keeps-mark", False,
+       "a run that returns at max_steps (tool results last) or awaiting approval leaves its turn marked open: "
+       "the sweep lists it as stranded",
+       (PERSIST, 'if result.stop_reason not in ("max_steps", "awaiting_approval") or',
+        'if True or result.stop_reason not in ("max_steps", "awaiting_approval") or')),
+    _m("sweep-ignores-turn-end", False,
+       "issue 42's first bug again: a run that returned at max_steps stays stranded, and the sweep runs it "
+       "again with a fresh budget (more charges)",
+       (STRANDED, "made = turns.replies(msgs, turns.turn_start(msgs)) + int(waiting_reply)",
+        "made = int(waiting_reply)"),
+       (PERSIST, 'if result.stop_reason not in ("max_steps", "awaiting_approval") or',
+        'if True or result.stop_reason not in ("max_steps", "awaiting_approval") or')),
+    _m("steer-retry-matches-text", False,
+       "a keyed steer's retry finds its message by text: it returns the answer to an earlier message of the "
+       "same text while its own still waits",
+       (BUSY, "        stored = session.messages()\n        at = turns.keyed(stored, key)\n        answer = None",
+        "        stored = session.messages()\n"
+        "        at = next((i for i in range(len(stored)) if stored[i].role is Role.USER and stored[i].text == text),"
+        " None)\n        answer = None")),
+    _m("queue-pop-unfenced", True,
+       "take_queued writes without the lease fence or the queue_head guard: a run whose lease was taken over "
+       "(or a session deleted) still pops the queue's head, and the message is taken twice or lost",
+       (BACKED, "guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id, length=row.length,",
+        "guard = Guard(length=row.length,"),
+       (BACKED, "guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id)\n",
+        "guard = Guard()\n")),
+    _m("memory-ignores-queue-head", True,
+       "the memory backend does not evaluate Guard.queue_head",
+       (MEMORY, "and (guard.queue_head is None or (s is not None and bool(s.queue) and s.queue[0].id == "
+                "guard.queue_head))",
+        "and True")),
+    _m("steer-key-check-apart", True,
+       "add_steer_once reads whether the key was used, then inserts without a guard: two deliveries of a keyed "
+       "steer at once both store it, and the run gets it twice",
+       (BACKED, "        return self.backend.write(session, Guard(key_absent=kept),\n"
+                "                                  Change(add_steer=(text, key), add_key=kept, open=\"set\")).done",
+        "        snap = self.backend.read(session, Want(keys=(kept,)))\n"
+        "        if snap is not None and kept in snap.keys:\n"
+        "            return False\n"
+        "        time.sleep(0.001)\n"
+        "        return self.backend.write(session, Guard(),\n"
+        "                                  Change(add_steer=(text, key), add_key=kept, open=\"set\")).done")),
+    _m("compaction-unfenced", True,
+       "a save that appends a compaction record is not fenced by the lease: a run whose lease was taken over "
+       "(or whose session was deleted) writes its record over the new holder's transcript",
+       (BACKED, "                guard = Guard(lease=(holder.token, holder.epoch), length=plan.length, "
+                "edits=plan.edits,\n                              incarnation=plan.incarnation, steers=steer_ids,",
+        "                compacts = any(len(m.content) == 1 and m.content[0].type == \"compaction\" for m in new)\n"
+        "                guard = Guard(lease=None if compacts else (holder.token, holder.epoch), "
+        "length=None if compacts else plan.length, edits=None if compacts else plan.edits,\n"
+        "                              incarnation=plan.incarnation, steers=steer_ids,")),
+    _m("decision-applied-twice", True,
+       "swap_journal does not compare the journal it replaces: two decisions on one call (a person's and the "
+       "deadline's, or a cancel's) both succeed, the later overwriting the earlier",
+       (BACKED, "Guard(exists=True, journal=expected)", "Guard(exists=True)")),
+    _m("takeover-drops-cancel", True,
+       "an Acquire does not hand on the cancel the lapsed lease carried: a dead worker's cancelled turn is "
+       "taken up and run by the next holder",
+       (MEMORY, "turn=lease.turn, handed=row.handed or row.cancelled,", "turn=lease.turn, handed=row.handed,")),
+    _m("redis-takeover-drops-cancel", True,
+       "as takeover-drops-cancel, in the Redis backend's Lua",
+       (REDIS, "else put('turn', a.turn) end\n    put('handed', (row.handed == '1' or row.cancelled == '1') "
+               "and '1' or '0')",
+        "else put('turn', a.turn) end\n    put('handed', (row.handed == '1') and '1' or '0')")),
+    _m("release-drops-cancel", True,
+       "a release drops the cancel its lease carried: the next holder goes on with a cancelled turn",
+       (MEMORY, "fields.update(token=None, handed=row.handed or row.cancelled, cancelled=False)",
+        "fields.update(token=None, handed=row.handed, cancelled=False)")),
+    _m("redis-release-drops-cancel", True,
+       "as release-drops-cancel, in the Redis backend's Lua",
+       (REDIS, "unset[#unset + 1] = 'token'\n    put('handed', (row.handed == '1' or row.cancelled == '1') "
+               "and '1' or '0')",
+        "unset[#unset + 1] = 'token'\n    put('handed', (row.handed == '1') and '1' or '0')")),
+    _m("prune-beside-save", True,
+       "prune deletes the idle sessions its listing found without checking again that each is still idle and "
+       "unheld: a session saved or leased in between is deleted",
+       (BACKED, "Guard(version=row.version, lease_free=True)", "Guard(lease_free=True)")),
+    _m("stranded-skips-journal", True,
+       "the stranded listing leaves out sessions with a journal (taken for turns that wait for a person): a run "
+       "that died inside a tool, its call started in the journal, is never recovered",
+       (BACKED, "if (row.token is None or row.expires <= row.now) and (not (row.cancelled or row.handed) or "
+                "row.queued):",
+        "if row.journal is None and (row.token is None or row.expires <= row.now) and (not (row.cancelled or "
+        "row.handed) or row.queued):")),
+    _m("first-write-skips-incarnation", True,
+       "a run's first save, planned from the read its messages came from, is not guarded by that read's "
+       "incarnation: a session deleted and made again to the same length gets the erased conversation back",
+       (BACKED, "return _Plan(read.length, items[count:], read.length, read.edits, read.incarnation)",
+        "return _Plan(read.length, items[count:], read.length, read.edits)")),
+    _m("memory-ignores-incarnation", True,
+       "the memory backend does not evaluate Guard.incarnation",
+       (MEMORY, "and (guard.incarnation is None or guard.incarnation == row.incarnation)", "and True")),
+    _m("redis-ignores-incarnation", True,
+       "the Redis backend's Lua does not evaluate Guard.incarnation",
+       (REDIS, "if guard.incarnation ~= nil then ok = ok and (row.inc or '') == guard.incarnation end", "")),
+    _m("interrupt-cancels-again", False,
+       "a redelivered if_busy='interrupt' turn cancels whichever run holds the session again (not once per key): "
+       "it can stop another caller's turn, or its own message's",
+       (BUSY, "if store.cancel(session.id, once=key):", "if store.cancel(session.id):")),
+    _m("mark-finished-beside-steer", True,
+       "mark_finished (a run's end, the sweep) clears the open mark without checking that no steer or queued "
+       "message came since: that input is never answered by the sweep",
+       (BACKED, "guard = Guard(lease=(holder.token, holder.epoch), journal=journal, no_steers=True, no_queue=True)",
+        "guard = Guard(lease=(holder.token, holder.epoch), journal=journal)")),
+    _m("plain-save-beside-steer", True,
+       "a plain save that answers the turn clears the open mark even when a steer or queued message came "
+       "meanwhile: the sweep never answers it",
+       (BACKED, "guard = Guard() if opened else Guard(no_steers=True, no_queue=True)", "guard = Guard()")),
+    _m("give-back-unfenced", True,
+       "a failed run gives its steers back without its lease's fence: they land under a session deleted or "
+       "taken over meanwhile",
+       (BACKED, "if not self.backend.write(session, _lease(holder), Change(add_steer=(text, None))).done:",
+        "if not self.backend.write(session, Guard(), Change(add_steer=(text, None))).done:")),
+    _m("take-steers-unguarded", True,
+       "take_steers removes the steers it read without guarding that they still wait: two takers both get them",
+       (BACKED, "if self.backend.write(session, Guard(steers=ids), Change(take_steers=ids)).done:",
+        "if self.backend.write(session, Guard(), Change(take_steers=ids)).done:")),
+)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    args: tuple[str, ...]
+
+
+SUITES: tuple[Suite, ...] = (
+    Suite("model:memory", ("tests/test_store_memory.py", "-k", "model")),
+    Suite("model:sqlite", ("tests/test_store_sqlite.py::TestSQLiteStoreKeepsTheContract", "-k", "model")),
+    Suite("model:redis", ("tests/test_store_redis.py::TestRedisStoreKeepsTheContract", "-k", "model")),
+    Suite("storetest:memory", ("tests/test_store_memory.py", "-k", "not model")),
+    Suite("storetest:redis", ("tests/test_store_redis.py::TestRedisStoreKeepsTheContract", "-k", "not model")),
+)
+
+
+def apply(mutant: Mutant, tree: Path) -> None:
+    """Apply ``mutant`` to the copy at ``tree``; ``AssertionError`` when an edit's old text is not there once."""
+    for edit in mutant.edits:
+        path = tree / edit.path
+        text = path.read_text()
+        found = text.count(edit.old)
+        assert found == 1, f"mutant {mutant.name}: {edit.path}: the old text occurs {found} times, not once:\n" \
+                           f"{edit.old}"
+        text = text.replace(edit.old, edit.new)
+        if path.suffix == ".py":
+            compile(text, str(path), "exec")  # a mutant is a bug, never a syntax error that kills it trivially
+        path.write_text(text)
+
+
+def copy_tree(source: Path, into: Path) -> Path:
+    """The files git tracks or would track under ``source``, as they are in its working tree, copied."""
+    listed = subprocess.run(["git", "-C", str(source), "ls-files", "-z", "-co", "--exclude-standard"],
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src = source / name
+        if src.is_file():
+            dst = into / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    return into
+
+
+@dataclass
+class Outcome:
+    suite: str
+    status: str
+    """passed, failed, timeout or error (pytest could not run)."""
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    seeds: list[str] = field(default_factory=list)
+
+
+def run_suite(suite: Suite, tree: Path, python: str, prefix: str, timeout: float) -> Outcome:
+    report = tree / f"junit-{suite.name.replace(':', '-')}.xml"
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", AGENT_SESSIONS_TEST_PREFIX=prefix)
+    cmd = [python, "-m", "pytest", *suite.args, "-x", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+           f"--basetemp={tree / ('pytest-' + suite.name.replace(':', '-'))}"]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Outcome(suite.name, "timeout", seconds=time.monotonic() - started)
+    seconds = time.monotonic() - started
+    seeds = sorted({line.split("seed ")[1].split(",")[0] for line in done.stdout.splitlines()
+                    if line.startswith("model program: seed ")})
+    if done.returncode == 0:
+        return Outcome(suite.name, "passed", seconds=seconds, seeds=seeds)
+    failed = []
+    if report.exists():
+        for case in ET.parse(report).getroot().iter("testcase"):
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed.append(f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}")
+    if done.returncode == 1 and failed:
+        return Outcome(suite.name, "failed", failed, seconds, seeds)
+    (tree / f"output-{suite.name.replace(':', '-')}.txt").write_text(done.stdout + done.stderr)
+    return Outcome(suite.name, "error", failed or [f"pytest exit {done.returncode}: {done.stdout[-300:]}"], seconds,
+                   seeds)
+
+
+def run_mutant(mutant: Mutant | None, source: Path, suites: Sequence[Suite], python: str, prefix: str,
+               timeout: float, keep: bool) -> list[Outcome]:
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix}-mutant-"))
+    try:
+        tree = copy_tree(source, work / "tree")
+        if mutant is not None:
+            apply(mutant, tree)
+        probe = subprocess.run([python, "-c", "import agent_sessions, stores; print(agent_sessions.__file__)"],
+                               cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True)
+        assert probe.stdout.startswith(str(tree)), f"the copy's library is not the one imported: {probe.stdout}"
+        return [run_suite(s, tree, python, prefix, timeout) for s in suites]
+    finally:
+        if keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def verdict(outcomes: Sequence[Outcome]) -> str:
+    killers = [f"{o.suite}: {', '.join(o.failed) or o.status}" for o in outcomes if o.status != "passed"]
+    return "; ".join(killers) if killers else "SURVIVED"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/mutants", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated mutant names")
+    parser.add_argument("--suites", help="comma-separated suite names (default: all of " +
+                        ", ".join(s.name for s in SUITES) + ")")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--check", action="store_true", help="only check that each mutant applies")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
+    parser.add_argument("--json", default="mutants.json", help="where the results go (default mutants.json)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per suite run (a hang is a kill)")
+    parser.add_argument("--source", default=str(ROOT), help="the checkout to copy (default: this one)")
+    parser.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths on stderr)")
+    args = parser.parse_args(argv)
+    mutants = list(MUTANTS)
+    if args.only:
+        names = args.only.split(",")
+        unknown = set(names) - {m.name for m in MUTANTS}
+        if unknown:
+            parser.error(f"unknown mutants: {', '.join(sorted(unknown))}")
+        mutants = [m for m in MUTANTS if m.name in names]
+    if args.list:
+        for m in mutants:
+            print(f"{m.name} ({'store' if m.store else 'library'}): {m.breaks}")
+        return 0
+    source = Path(args.source).resolve()
+    if args.check:
+        with tempfile.TemporaryDirectory(prefix="mutants-check-") as tmp:
+            tree = copy_tree(source, Path(tmp))
+            originals = {e.path: (tree / e.path).read_text() for m in mutants for e in m.edits}
+            for m in mutants:
+                apply(m, tree)
+                for path, text in originals.items():
+                    (tree / path).write_text(text)
+        print(f"{len(mutants)} mutants apply")
+        return 0
+    suites = list(SUITES)
+    if args.suites:
+        suites = [s for s in SUITES if s.name in args.suites.split(",")]
+    python = sys.executable
+    prefix = os.environ.get("AGENT_SESSIONS_TEST_PREFIX") or "agent_sessions_test"
+    started = time.monotonic()
+    print(f"baseline: the unmutated copy of {source}", flush=True)
+    baseline = run_mutant(None, source, suites, python, f"{prefix}_m0", args.timeout, args.keep)
+    dropped = {o.suite: verdict([o]) for o in baseline if o.status != "passed"}
+    for why in dropped.values():
+        print(f"  left out: {why} (it fails unmutated)", flush=True)
+    suites = [s for s in suites if s.name not in dropped]
+    results: list[dict[str, object]] = []
+
+    def one(job: tuple[int, Mutant]) -> dict[str, object]:
+        i, m = job
+        outcomes = run_mutant(m, source, suites, python, f"{prefix}_m{i % max(args.jobs, 1) + 1}", args.timeout,
+                              args.keep)
+        row: dict[str, object] = {"mutant": m.name, "store": m.store, "breaks": m.breaks,
+                                  "verdict": verdict(outcomes), "suites": [o.__dict__ for o in outcomes]}
+        print(f"{m.name}: {row['verdict']}", flush=True)
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        results = list(pool.map(one, enumerate(mutants)))
+    survived = [str(r["mutant"]) for r in results if r["verdict"] == "SURVIVED"]
+    print()
+    print("| mutant | level | " + " | ".join(s.name for s in suites) + " |")
+    print("|---|---|" + "---|" * len(suites))
+    for r in results:
+        cells = []
+        for o in r["suites"]:  # type: ignore[attr-defined]
+            cells.append("passed" if o["status"] == "passed" else f"**{o['status']}**: {', '.join(o['failed'])}")
+        print(f"| {r['mutant']} | {'store' if r['store'] else 'library'} | " + " | ".join(cells) + " |")
+    print(f"\n{len(results) - len(survived)} of {len(results)} killed; survived: {', '.join(survived) or 'none'}"
+          f" ({time.monotonic() - started:.0f} s)")
+    Path(args.json).write_text(json.dumps({
+        "source": str(source),
+        "commit": subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip(),
+        "suites": [s.name for s in suites], "left_out": dropped,
+        "baseline": [o.__dict__ for o in baseline], "mutants": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
