@@ -216,8 +216,14 @@ def apply(mutant: Mutant, tree: Path) -> None:
         path.write_text(text)
 
 
-def copy_tree(source: Path, into: Path) -> Path:
-    """The files git tracks or would track under ``source``, as they are in its working tree, copied."""
+def copy_tree(source: Path, into: Path, rev: str | None = None) -> Path:
+    """The files git tracks or would track under ``source``, as they are in its working tree, copied; or,
+    given ``rev``, the tree of that commit (``git archive``)."""
+    into.mkdir(parents=True, exist_ok=True)
+    if rev is not None:
+        archive = subprocess.run(["git", "-C", str(source), "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+        return into
     listed = subprocess.run(["git", "-C", str(source), "ls-files", "-z", "-co", "--exclude-standard"],
                             check=True, capture_output=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -267,10 +273,10 @@ def run_suite(suite: Suite, tree: Path, python: str, prefix: str, timeout: float
 
 
 def run_mutant(mutant: Mutant | None, source: Path, suites: Sequence[Suite], python: str, prefix: str,
-               timeout: float, keep: bool) -> list[Outcome]:
+               timeout: float, keep: bool, rev: str | None = None) -> list[Outcome]:
     work = Path(tempfile.mkdtemp(prefix=f"{prefix}-mutant-"))
     try:
-        tree = copy_tree(source, work / "tree")
+        tree = copy_tree(source, work / "tree", rev)
         if mutant is not None:
             apply(mutant, tree)
         probe = subprocess.run([python, "-c", "import agent_sessions, stores; print(agent_sessions.__file__)"],
@@ -301,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default="mutants.json", help="where the results go (default mutants.json)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per suite run (a hang is a kill)")
     parser.add_argument("--source", default=str(ROOT), help="the checkout to copy (default: this one)")
+    parser.add_argument("--rev", help="copy this commit's tree instead of the working tree (e.g. the code as it "
+                        "was before a test was added)")
     parser.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths on stderr)")
     args = parser.parse_args(argv)
     mutants = list(MUTANTS)
@@ -317,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = Path(args.source).resolve()
     if args.check:
         with tempfile.TemporaryDirectory(prefix="mutants-check-") as tmp:
-            tree = copy_tree(source, Path(tmp))
+            tree = copy_tree(source, Path(tmp), args.rev)
             originals = {e.path: (tree / e.path).read_text() for m in mutants for e in m.edits}
             for m in mutants:
                 apply(m, tree)
@@ -331,8 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     python = sys.executable
     prefix = os.environ.get("AGENT_SESSIONS_TEST_PREFIX") or "agent_sessions_test"
     started = time.monotonic()
-    print(f"baseline: the unmutated copy of {source}", flush=True)
-    baseline = run_mutant(None, source, suites, python, f"{prefix}_m0", args.timeout, args.keep)
+    print(f"baseline: the unmutated copy of {source}{'' if args.rev is None else ' at ' + args.rev}", flush=True)
+    baseline = run_mutant(None, source, suites, python, f"{prefix}_m0", args.timeout, args.keep, args.rev)
     dropped = {o.suite: verdict([o]) for o in baseline if o.status != "passed"}
     for why in dropped.values():
         print(f"  left out: {why} (it fails unmutated)", flush=True)
@@ -342,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def one(job: tuple[int, Mutant]) -> dict[str, object]:
         i, m = job
         outcomes = run_mutant(m, source, suites, python, f"{prefix}_m{i % max(args.jobs, 1) + 1}", args.timeout,
-                              args.keep)
+                              args.keep, args.rev)
         row: dict[str, object] = {"mutant": m.name, "store": m.store, "breaks": m.breaks,
                                   "verdict": verdict(outcomes), "suites": [o.__dict__ for o in outcomes]}
         print(f"{m.name}: {row['verdict']}", flush=True)
@@ -363,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f" ({time.monotonic() - started:.0f} s)")
     Path(args.json).write_text(json.dumps({
         "source": str(source),
-        "commit": subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True,
+        "commit": subprocess.run(["git", "-C", str(source), "rev-parse", args.rev or "HEAD"], capture_output=True,
                                  text=True).stdout.strip(),
         "suites": [s.name for s in suites], "left_out": dropped,
         "baseline": [o.__dict__ for o in baseline], "mutants": results}, indent=2))
