@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agent_sessions import Holder, LeaseLost, LifecycleStore, Message, QueueStore, RunStore
+from agent_sessions import Holder, LeaseLost, LifecycleStore, Message, QueueStore, RunStore, TranscriptDeleted
 from agent_sessions.backend import CANCEL, Acquire, Backend, Change, Guard, Idle, Release, Want
 
 from .capabilities import Capability
@@ -203,3 +203,27 @@ class BetweenContract:
         assert store.messages(sid) == ([QUESTION, ANSWER] if between == "saved" else [QUESTION])
         if held:
             store.release(sid, held[0])
+
+    def test_a_first_save_from_a_read_before_a_delete_is_refused_though_the_session_begun_anew_matches_it(
+            self) -> None:
+        """A run's first save goes where the read its messages came from ended, guarded by that read's length
+        and edit count, and by its incarnation: a session deleted and begun anew to the same length, by the
+        same number of writes, matches the first two, and only the incarnation tells the erased
+        conversation from the new one."""
+        self.requires(Capability.RUN_STORE)
+        self.requires(Capability.LIFECYCLE)
+        store = self.make_store()
+        assert isinstance(store, RunStore) and isinstance(store, LifecycleStore)
+        sid = _sid("anew")
+        store.save(sid, [Message.user("the erased question")])
+        stale = store.messages(sid)
+        assert store.delete(sid)
+        anew = [Message.user("a new conversation")]
+        store.save(sid, anew)
+        holder = store.acquire(sid, _claimant(), 60)
+        try:
+            with pytest.raises(TranscriptDeleted):
+                store.save_fenced(sid, holder, [*stale, ANSWER], take_steers=False)
+            assert store.messages(sid) == anew, "a save of messages read before a delete wrote over a new session"
+        finally:
+            store.release(sid, holder)
