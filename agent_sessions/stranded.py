@@ -206,12 +206,16 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
         if not steers:
             store.mark_finished(session, lease.holder, text)
             return "finished"
-    elif not steers and not queued:
-        # A plain run's turn, left open by a worker that died in it: what is left of its budget, counted as
-        # ``turns.plan`` counts a keyed turn's (a turn makes max_steps requests in all, however often it is
-        # taken up). Steers waiting are new input: that run answers them with a budget of its own.
+    elif not steers:
+        # A plain run's turn, left open by a worker that died in it, or by a run that returned at its
+        # max_steps: what is left of its budget, counted as ``turns.plan`` counts a keyed turn's (a turn makes
+        # max_steps requests in all, however often it is taken up). Spent, the turn has ended: what is open is
+        # the queue behind it, each message a turn of its own. Steers waiting are new input: that run answers
+        # them with a budget of its own.
         made = turns.replies(msgs, turns.turn_start(msgs)) + int(waiting_reply)
         if made >= spec.max_steps and not waiting_reply:
+            if queued:
+                return _answering(spec, queued[-1])
             store.mark_finished(session, lease.holder, text)
             return "finished"
         spec = replace(spec, max_steps=max(0, spec.max_steps - made))  # 0: only finish the waiting reply

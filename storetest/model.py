@@ -20,7 +20,7 @@ import pytest
 from agent_sessions import RunStore, Store
 
 from .capabilities import Capability
-from .model_ops import KNOWN, Report, run_program
+from .model_ops import FILTERS, KNOWN, Report, run_program
 
 IN_PROCESS, PROCESSES = "in-process", "processes"
 """Which stores a seed replays its program on: a seed's program depends on what the store offers, and the
@@ -76,9 +76,9 @@ class ModelContract:
     """Operations per program."""
     model_replays: int = 3
     """Times a regression seed is replayed (it fails when any replay does)."""
-    model_skip: frozenset[str] = frozenset()
-    """Operation mixes left out (names of ``storetest.model_ops.KNOWN``, each with the bug it met): none
-    since issue 29's fixes; a store with a known bug of its own may leave its mix out, saying why."""
+    model_skip: frozenset[str] = frozenset(KNOWN)
+    """Operation mixes left out (names of ``storetest.model_ops.KNOWN``, each saying the open bug it meets, or
+    the check it relaxes); a store with a known bug of its own may leave its mix out, saying why."""
 
     def make_store(self) -> Store:
         raise NotImplementedError
@@ -89,7 +89,8 @@ class ModelContract:
     def process_factory(self) -> Any:
         raise NotImplementedError
 
-    def _model(self, seeds: list[int], ops: int, skip: frozenset[str], workdir: Path, first: bool = False) -> Report:
+    def _model(self, seeds: list[int], ops: int, skip: frozenset[str], workdir: Path, first: bool = False,
+               replay: bool = False) -> Report:
         """Run a program per seed (``first``: stop at the first that fails) and fail saying how to replay."""
         self.requires(Capability.RUN_STORE)
         if not isinstance(self.make_store(), RunStore):
@@ -100,7 +101,7 @@ class ModelContract:
         for seed in seeds:
             print(f"model program: seed {seed}, {ops} ops, leaving out {sorted(skip) or 'nothing'}")
             report, log = run_program(seed, self.make_store, self.capabilities, factory, workdir / uuid.uuid4().hex,
-                                      ops, skip)
+                                      ops, skip, replay)
             total.merge(report)
             if report.violations:
                 logs[seed] = log
@@ -131,5 +132,5 @@ class ModelContract:
         if (Capability.PROCESSES in self.capabilities) != (stores == PROCESSES):
             pytest.skip(f"seed {seed} replays its program on {stores} stores")
         # threads decide who wins inside a round: a replay meets its interleaving most times, so it gets three
-        left_out = frozenset() if mix == "all" else frozenset(KNOWN) - {mix}
-        self._model([seed] * self.model_replays, ops, left_out, tmp_path, first=True)
+        left_out = frozenset() if mix == "all" else frozenset(FILTERS) - {mix}
+        self._model([seed] * self.model_replays, ops, left_out, tmp_path, first=True, replay=True)

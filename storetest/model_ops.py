@@ -37,6 +37,7 @@ from typing import Any
 
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, Store, Tool
+from agent_sessions.context import Compaction
 from agent_sessions.contract import ApprovalStore, CancelWatcher, EventStore, LifecycleStore, RunStore
 from agent_sessions.journal import Journal
 
@@ -47,14 +48,38 @@ HOLD = 20.0
 """Seconds a held operation waits to be let go, and the scheduler waits for it to reach its point."""
 ROUND = 120.0
 """Seconds a round's operations have, all together, to end; past it the program stops with a violation."""
+COMPACT_AT = 700
+"""The context, in tokens (of 4 bytes), of a session that compacts: a turn or two of the scripted model's
+and the tools' schemas fill it, so a session's third or fourth turn asks for its first summary."""
 CHILD = 90.0
 """Seconds a child process has to reach its tool, and then to report."""
 
 RUNS = ("run", "turn", "redeliver", "resume", "crash", "kill", "freeze")
 """The kinds that run the loop (and so take the lease)."""
-KINDS = (*RUNS, "steer", "cancel", "approve", "deny", "delete", "delete_force", "prune", "fork")
+KINDS = (*RUNS, "recover", "steer", "steer_again", "cancel", "approve", "deny", "delete", "delete_force", "prune",
+         "fork")
+POLICIES = ("queue", "steer", "interrupt", "reject")
+"""``Runner.turn``'s ``if_busy`` policies (docs/runs/busy.md): a turn draws one, its redeliveries keep it."""
+EXEMPT = ("resume", "usable")
+"""Kinds whose model requests may go on with a turn that ended: a resume is a person asking for exactly that
+(``Runner.run`` on the stored transcript), and the program's last check is one."""
 
 KNOWN: dict[str, str] = {
+    "steer_beside_cancel": "OPEN (found by this machine, issue 42's stage): a turn with if_busy=\"steer\" whose own "
+                           "run is cancelled before it took the steer (a cancel() in the same round, or a cancel "
+                           "handed on with the lease) tells its listener that run's Finished(cancelled), runs "
+                           "again (a second Finished), or, its lease_wait spent, raises StillQueued although it "
+                           "could have run the steer: the events check accepts a steered turn's cancelled runs "
+                           "before its last (e.g. seeds 2097562654, 3858565773 on memory)",
+    "cancel_beside_interrupt": "OPEN (found by this machine): a cancel() in a round with an if_busy=\"interrupt\" "
+                               "turn of the same session returns True while the interrupt's turn holds the lease, "
+                               "and that turn goes on and starts its tool (cancel_stops_turn; e.g. seed 18343348 "
+                               "on memory): left out",
+}
+"""The operation mixes that meet a bug still open on this branch, by name, each saying what it meets: what
+``ModelContract.model_skip`` and ``scripts/soak --skip known`` leave out (or the check they relax)."""
+
+FILTERS: dict[str, str] = {
     "delete_near_run": "issue 29 #1: a delete (forced or not) or a prune in a round with a run of the same session "
                        "(any session, for prune): a run that read or waited for the lease before it saves the "
                        "pre-delete transcript back. The same rounds meet two NEW bugs: the SQL stores' acquire "
@@ -76,11 +101,16 @@ KNOWN: dict[str, str] = {
     "concurrent_first_save": "issue 29 #11: two operations writing a session that does not exist yet, in one "
                              "round (PostgreSQL: duplicate-key StoreError)",
 }
-"""The operation mixes that meet a known bug on main today, by name: what ``ModelContract.model_skip`` may
-leave out (each with the issue's bug number)."""
+"""The mixes the machine left out while the bugs they met were open (each with its issue's bug number), all
+fixed now. Kept so that a regression seed (``storetest.model.REGRESSION_SEEDS``) replays the very program it
+failed: a program is drawn round by round, and a mix left out makes the round drawn again."""
+
+ENDS = ("answered", "max_steps", "cancelled", "superseded")
+"""The stop reasons that end a turn (``awaiting_approval`` does not: the turn goes on once decided)."""
 
 INVARIANTS = ("pay_at_most_once", "approved_before_paid", "one_result_per_call", "steer_once",
-              "no_reappearance", "cancel_stops_turn", "events_end_once", "typed_errors", "usable", "bounded")
+              "no_reappearance", "cancel_stops_turn", "events_end_once", "typed_errors", "usable", "bounded",
+              "turn_ends_once", "own_answer", "answered_or_waits", "within_budget", "compaction_in_range")
 
 
 class Crash(BaseException):
@@ -265,6 +295,16 @@ class Op:
     """The spec's budget (0: not drawn yet). A redelivery has its turn's: the task is the same."""
     target: str = ""
     at: int | None = None
+    policy: str = "queue"
+    """A turn's ``if_busy`` (a redelivery's is its turn's)."""
+    answer: str | None = None
+    """The text of the answer a turn or a run returned (``stop_reason == "answered"``)."""
+    end_tag: str | None = None
+    """The input the op's run ended on (a turn's own message, a run's last input): that turn has ended."""
+    also_ended: str | None = None
+    """A steer a turn's run took after its own message, the newest input when it ended: ended with it."""
+    swept: list[tuple[str, str, str, str | None]] = field(default_factory=list)
+    """A sweep's sessions: (session, outcome, the run's stop reason, the input it ended on)."""
     began: int = 0
     ended: int = 0
     outcome: str = ""
@@ -282,6 +322,8 @@ class Op:
 
     def describe(self) -> str:
         extra = [f"script={self.script}" if self.kind in RUNS else "",
+                 f"if_busy={self.policy}" if self.kind in ("turn", "redeliver") and self.policy != "queue" else "",
+                 f"max_steps={self.max_steps}" if self.max_steps else "", f"text={self.text}" if self.text else "",
                  f"hold={self.hold}" if self.hold else "", f"crash={self.crash}" if self.crash else "",
                  f"lease_wait={self.lease_wait}" if self.lease_wait else "", f"key={self.key}" if self.key else "",
                  "publish_events" if self.publish else "", f"target={self.target} at={self.at}" if self.target else ""]
@@ -301,8 +343,22 @@ SCRIPTS: dict[str, tuple[int, list[tuple[str, bool]]]] = {
     "pay_twice": (2, [("pay", False)]),
     "approve_pay": (1, [("lookup", False), ("pay", True)]),
     "duplicate_ids": (1, [("pay", False), ("pay", False)]),
+    "charge_on": (99, [("pay", False)]),
 }
 """Per script: how many replies of a turn call tools, and the calls of each (tool, needs approval)."""
+
+
+TAGS = ("u-", "t-", "s-")
+
+
+def last_tag(messages: Sequence[Message]) -> str | None:
+    """The tag of the newest message the test gave (``u-`` a run's, ``t-`` a turn's, ``s-`` a steer's) in
+    ``messages``: which input a model request answers. A compaction record is no input."""
+    for m in reversed(messages):
+        if m.role is Role.USER and m.text.startswith(TAGS) and not any(
+                c.type is agent.ContentType.COMPACTION for c in m.content):
+            return m.text.split()[0]
+    return None
 
 
 def turn_of(messages: Sequence[Message]) -> tuple[str | None, int]:
@@ -320,8 +376,10 @@ def turn_of(messages: Sequence[Message]) -> tuple[str | None, int]:
 class Scripted:
     """The model of one operation. Picklable (a child process gets one)."""
 
-    def __init__(self, op: Op | None, ledger: Ledger, sid: str, n: int, script: str, crash: str | None) -> None:
+    def __init__(self, op: Op | None, ledger: Ledger, sid: str, n: int, script: str, crash: str | None,
+                 kind: str = "") -> None:
         self.op = op
+        self.kind = kind
         self.ledger = ledger
         self.sid = sid
         self.n = n
@@ -335,6 +393,10 @@ class Scripted:
         return {**self.__dict__, "op": None}
 
     def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        # the request is made here: noted before the hold, so a request in flight when another op ended its
+        # turn is seen as made before that end
+        self.ledger.write(t="ask", sid=self.sid, turn=last_tag(messages), op=self.n, kind=self.kind,
+                          crash=self.crash == "model", at=now())
         if self.op is not None:
             self.op.pause("model")
         if self.crash == "model":
@@ -349,10 +411,26 @@ class Scripted:
         for i, (name, ask) in enumerate(calls):
             order = f"c{self.n}-{self.asked}-{i}"  # what the call is for: its own, even where two calls share an id
             call_id = f"c{self.n}-{self.asked}-0" if self.script == "duplicate_ids" else order
-            self.ledger.write(t="reply", sid=self.sid, call=order, turn=tag, op=self.n, at=now())
+            self.ledger.write(t="reply", sid=self.sid, call=order, turn=tag, input=last_tag(messages), op=self.n,
+                              kind=self.kind, at=now())
             content.append(Content.tool_call(call_id, name, json.dumps(
                 {"sid": self.sid, "turn": tag, "order": order, "ask": ask})))
         return Message(Role.ASSISTANT, content)
+
+
+class Summariser:
+    """The summary model of a run under ``Compaction``: a short summary, or (every third request of an
+    operation) a failed request, which leaves the transcript as it was and the run going on."""
+
+    def __init__(self, ledger: Ledger, sid: str, n: int) -> None:
+        self.ledger, self.sid, self.n, self.asked = ledger, sid, n, 0
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        self.asked += 1
+        self.ledger.write(t="summary", sid=self.sid, op=self.n, at=now())
+        if (self.n + self.asked) % 3 == 0:
+            raise agent.EndpointError("the summary model is down")
+        return Message.assistant(f"sum-{self.n}-{self.asked}")
 
 
 def _order(arguments: str) -> str:
@@ -404,17 +482,19 @@ def _summary(event: object) -> tuple[str, str]:
 # -- a child process: the run that is killed or frozen inside its tool ---------------------------------------
 
 
-def child_run(factory: Callable[[], Store], sid: str, workdir: str, n: int, kind: str, text: str, out: Any) -> None:
+def child_run(factory: Callable[[], Store], sid: str, workdir: str, n: int, kind: str, text: str, out: Any,
+              max_steps: int = 4) -> None:
     events: list[tuple[str, str]] = []
     try:
         store = watched(factory())
         ledger = Ledger(Path(workdir) / "ledger")
-        spec = agent.Spec(session=agent.open(sid, store), max_steps=4, lease_ttl=1.0, lease_wait=3.0,  # type: ignore[arg-type]
+        spec = agent.Spec(session=agent.open(sid, store), max_steps=max_steps, lease_ttl=1.0,  # type: ignore[arg-type]
+                          lease_wait=3.0, name="model:pay",
                           tools=tools_of(store, ledger, None, n, kind, None, hang=kind, workdir=workdir))
         msgs = [*store.messages(sid), Message.user(text)]  # type: ignore[attr-defined]
-        result = agent.Runner().run(spec, msgs, Scripted(None, ledger, sid, n, "pay", None),
+        result = agent.Runner().run(spec, msgs, Scripted(None, ledger, sid, n, "pay", None, kind),
                                     lambda e: events.append(_summary(e)))
-        out.put(("ok", result.stop_reason, result.steps, "", events))
+        out.put(("ok", result.stop_reason, result.steps, last_tag(result.messages) or "", events))
     except agent.AgentError as exc:
         out.put(("error", type(exc).__name__, -1, str(exc), events))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which counts it a violation
@@ -459,6 +539,8 @@ _EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     **{k: (agent.Conflict,) for k in ("run", "turn", "redeliver", "resume", "kill", "freeze")},
     "crash": (agent.Conflict, Crash),
     "steer": (),
+    "steer_again": (),
+    "recover": (),
     "cancel": (),
     "approve": (agent.AlreadyDecided, agent.UnknownApproval),
     "deny": (agent.AlreadyDecided, agent.UnknownApproval),
@@ -473,10 +555,15 @@ class Machine:
     """One program: ``run()`` draws and runs ``ops`` operations from ``seed`` and returns its Report."""
 
     def __init__(self, seed: int, make_store: Callable[[], Store], capabilities: frozenset[Capability],
-                 process_factory: Callable[[], Store] | None, workdir: Path, ops: int, skip: frozenset[str]) -> None:
-        unknown = skip - set(KNOWN)
+                 process_factory: Callable[[], Store] | None, workdir: Path, ops: int, skip: frozenset[str],
+                 replay: bool = False) -> None:
+        unknown = skip - set(KNOWN) - set(FILTERS)
         if unknown:
-            raise agent.ArgumentError(f"model_skip names no known mix: {sorted(unknown)} (known: {sorted(KNOWN)})")
+            raise agent.ArgumentError(f"model_skip names no known mix: {sorted(unknown)} "
+                                      f"(known: {sorted(KNOWN) + sorted(FILTERS)})")
+        self.new = not replay
+        """Draw every operation. A replay (a regression seed) draws only those the machine had when the seed
+        failed, with the same draws: the same seed is then the same program."""
         self.seed = seed
         self.rng = random.Random(seed)
         self.caps = capabilities
@@ -498,6 +585,13 @@ class Machine:
         tag = uuid.uuid4().hex[:8]
         self.tag = tag
         self.sessions = [f"model-{tag}-{i}" for i in range(self.rng.choice([2, 2, 3]))]
+        self.budget: dict[str, int] = {}
+        """Per session, the ``max_steps`` of every spec that runs it (a run's, a turn's, the sweep's): the
+        application's one spec for the conversation, so a turn's budget is the same whoever runs it."""
+        self.compact: dict[str, bool] = {}
+        """Per session: its specs compact (``Compaction`` with a summary model of its own)."""
+        for sid in self.sessions:
+            self._configure(sid)
         self.report = Report(programs=1)
         self.log: list[str] = []
         self.count = 0
@@ -520,13 +614,39 @@ class Machine:
         delete, or one whose read found it empty, begins the conversation anew with its own message, which it
         never read from the erased session. Everything else of the erased session it cannot bring back."""
         self.decisions: dict[tuple[str, str], tuple[bool, int]] = {}
+        self.ended: dict[tuple[str, str], list[tuple[int, int, str, int]]] = {}
+        """Per (session, input tag), the runs that returned having ended on it: (when, op, stop reason, when the op
+        began: a delete since then may have erased what it ended, and a delivery then begins anew). No
+        model request or tool start of that input may come after (``turn_ends_once``)."""
+        self.accepted: dict[tuple[str, str], tuple[str, int]] = {}
+        """Per (session, key) of a turn's message or a keyed steer the store took: (its text, when the first
+        delivery began)."""
+        self.keyed_steers: dict[str, list[Op]] = {}
+        self.began_of: dict[int, int] = {}
+        self.interrupts: dict[str, int] = {}
+        """Per session: how many cancels (a cancel() that said True, an "interrupt") it has had."""
         self.done: list[Op] = []
         self.stopped = False
         self.seen: set[tuple[str, object]] = set()
 
     # -- drawing ---------------------------------------------------------------------------------------
 
+    def _configure(self, sid: str) -> None:
+        if self.new:
+            self.budget[sid] = self.rng.choice([1, 2, 3, 4, 4])
+            self.compact[sid] = self.rng.random() < 0.35
+
     def _kinds(self) -> list[tuple[str, float]]:
+        if self.new:
+            kinds = [("run", 3), ("turn", 4), ("redeliver", 2.5), ("resume", 1), ("crash", 1.2), ("steer", 2),
+                     ("steer_again", 1), ("cancel", 1.5), ("fork", 0.7)]
+            if self.lifecycle:
+                kinds += [("recover", 2.5), ("delete", 0.7), ("delete_force", 0.5), ("prune", 0.4)]
+            if self.approvals:
+                kinds += [("approve", 2.5), ("deny", 0.7)]
+            if self.factory is not None:
+                kinds += [("kill", 0.4), ("freeze", 0.4)]
+            return kinds
         kinds = [("run", 4), ("turn", 3), ("redeliver", 2), ("resume", 2), ("crash", 1.5), ("steer", 3),
                  ("cancel", 2.5), ("fork", 1)]
         if self.approvals:
@@ -547,6 +667,8 @@ class Machine:
         op = Op(n, kind, sid, worker)
         if kind in ("run", "turn", "resume", "crash", "redeliver"):
             scripts = [("answer", 2), ("pay", 3), ("lookup_pay", 2), ("pay_twice", 1)]
+            if self.new:
+                scripts.append(("charge_on", 2))
             if self.approvals:
                 scripts.append(("approve_pay", 3))
             if "duplicate_call_ids" not in self.skip:
@@ -562,9 +684,18 @@ class Machine:
                 op.text += " lone \ud800 surrogate"
         if kind in ("turn", "crash"):
             op.text, op.key = f"t-{self.tag}-{n}", f"k-{self.tag}-{n}"
+        if kind == "turn" and self.new:
+            op.policy = self.rng.choices(POLICIES, [4, 3, 2, 1.5])[0]
+        if kind == "steer":
+            op.text = f"s-{self.tag}-{n}"
+            if self.new and self.rng.random() < 0.5:
+                op.key = f"sk-{self.tag}-{n}"
         if kind == "fork":
             op.target = f"model-{self.tag}-f{n}"
             op.at = self.rng.choice([None, None, 1, 3])
+            if self.new and op.target not in self.budget:  # the same conversation: the same spec
+                self.budget[op.target] = self.budget.get(sid, 4)
+                self.compact[op.target] = self.compact.get(sid, False)
         return op
 
     def _pick_redelivery(self, op: Op, round_ops: list[Op], index: int) -> bool:
@@ -581,7 +712,16 @@ class Machine:
             return False
         turns = sorted(turns, key=lambda t: t.n)  # stopped turns more often: what a redelivery must not go on with
         first = self.rng.choices(turns, [3 if t.stop_reason in ("cancelled", "max_steps") else 1 for t in turns])[0]
-        op.text, op.key, op.max_steps = first.text, first.key, first.max_steps
+        op.text, op.key, op.max_steps, op.policy = first.text, first.key, first.max_steps, first.policy
+        return True
+
+    def _pick_steer(self, op: Op) -> bool:
+        """Point a steer sent again at an earlier keyed steer of its session; False when there is none."""
+        sent = self.keyed_steers.get(op.sid, [])
+        if not sent:
+            return False
+        first = self.rng.choice(sent)
+        op.text, op.key = first.text, first.key
         return True
 
     def _mix(self, ops: list[Op], journals: dict[str, bool], empty: dict[str, bool]) -> str | None:
@@ -603,6 +743,10 @@ class Machine:
                 near = [r for r in runs if r.sid == c.sid]
                 if near and (journals.get(c.sid) or any(r.script == "approve_pay" for r in near)):
                     return "cancel_near_approval"
+        if "cancel_beside_interrupt" in self.skip:
+            cancelled = {o.sid for o in ops if o.kind == "cancel"}
+            if any(o.kind in ("turn", "redeliver") and o.policy == "interrupt" and o.sid in cancelled for o in ops):
+                return "cancel_beside_interrupt"
         if "concurrent_first_save" in self.skip:
             writers = Counter(o.sid for o in ops if o.kind in (*RUNS, "steer"))
             if any(n > 1 and empty.get(sid, True) for sid, n in writers.items()):
@@ -621,6 +765,9 @@ class Machine:
                 if op.kind == "redeliver" and not self._pick_redelivery(op, candidate, worker):
                     self.report.left_out["redeliver: no turn to redeliver"] += 1
                     continue
+                if op.kind == "steer_again" and not self._pick_steer(op):
+                    self.report.left_out["steer_again: no keyed steer to send again"] += 1
+                    continue
                 mix = self._mix(candidate, journals, empty)
                 if mix is None:
                     ops.append(op)
@@ -631,7 +778,13 @@ class Machine:
             ops = [children[0], *(o for o in ops if o.kind not in ("kill", "freeze"))]
             for i, o in enumerate(ops):
                 o.worker = i
-        if len(ops) > 1 and ops[0].kind in ("run", "turn", "redeliver", "resume") and self.rng.random() < 0.7:
+        if self.new and ops[0].kind == "recover" and len(ops) < 3 and self.rng.random() < 0.6:
+            # sweeps from several workers at once, as every replica of a deployment runs one
+            self.count += 1
+            ops.append(Op(self.count, "recover", ops[0].sid, len(ops)))
+        holdable = ("run", "turn", "redeliver", "resume", "recover") if self.new else ("run", "turn", "redeliver",
+                                                                                        "resume")
+        if len(ops) > 1 and ops[0].kind in holdable and self.rng.random() < 0.7:
             ops[0].hold = self.rng.choice(["acquire", "model", "tool"])
         return ops
 
@@ -648,6 +801,9 @@ class Machine:
             if not self.stopped:
                 self.check_usable()
                 self.check_all()
+            if self.new and self.lifecycle and not self.stopped:
+                for sid in self.sessions:  # the next program's sweeps list only their own
+                    self.checker.delete(sid, force=True)
         except Exception:  # noqa: BLE001 - the machine's own failure is a violation with its seed, not a crash
             self.violate("bounded", "the machine itself raised:\n" + traceback.format_exc())
         return self.report
@@ -689,13 +845,20 @@ class Machine:
             self.stopped = True
         self.report.checks["bounded"] += 1
 
-    def _spec(self, op: Op, store: _Watched) -> agent.Spec:
-        # a turn stopped at max_steps, which its redelivery (the same task: the same spec) must not go on with
-        if not op.max_steps:
+    def _spec(self, op: Op, store: _Watched, sid: str | None = None) -> agent.Spec:
+        sid = sid or op.sid
+        if self.new:
+            op.max_steps = self.budget.get(sid, 4)
+        elif not op.max_steps:
+            # a turn stopped at max_steps, which its redelivery (the same task: the same spec) must not go on with
             op.max_steps = 1 if op.kind == "turn" and op.script != "answer" and op.n % 4 == 1 else 4
-        return agent.Spec(session=agent.open(op.sid, store),  # type: ignore[arg-type]
+        context = None
+        if self.compact.get(sid):
+            context = Compaction(COMPACT_AT, endpoint=Summariser(self.ledger, sid, op.n))
+        return agent.Spec(session=agent.open(sid, store),  # type: ignore[arg-type]
                           tools=tools_of(store, self.ledger, op, op.n, op.kind, op.crash),
-                          max_steps=op.max_steps, lease_ttl=5.0, lease_wait=op.lease_wait, publish_events=op.publish)
+                          max_steps=op.max_steps, lease_ttl=5.0, lease_wait=op.lease_wait, publish_events=op.publish,
+                          name=f"model:{op.script}" if self.new else None, context=context)
 
     def _execute(self, op: Op) -> None:
         store = self.stores[op.worker]
@@ -718,11 +881,12 @@ class Machine:
     def _perform(self, op: Op, store: _Watched, session: agent.StoreSession) -> str:
         events: Callable[[object], None] = lambda e: op.events.append(_summary(e))  # noqa: E731
         endpoint = Scripted(op, self.ledger, op.sid, op.n, op.script, op.crash)
+        endpoint.kind = op.kind
         if op.kind == "run":
             result = agent.Runner().run(self._spec(op, store), [*session.messages(), Message.user(op.text)],
                                         endpoint, events)
         elif op.kind in ("turn", "redeliver", "crash"):
-            result = agent.Runner().turn(self._spec(op, store), op.text, op.key, endpoint, events)
+            result = agent.Runner().turn(self._spec(op, store), op.text, op.key, endpoint, events, op.policy)  # type: ignore[arg-type]
         elif op.kind == "resume":
             msgs = session.messages()
             if not msgs:
@@ -731,16 +895,23 @@ class Machine:
         elif op.kind in ("kill", "freeze"):
             return self._child(op, session)
         elif op.kind == "steer":
-            op.text = f"s-{self.tag}-{op.n}"
             self.steers.setdefault(op.sid, []).append((op.text, now()))  # before: a delete may come between
+            if op.key:
+                self.keyed_steers.setdefault(op.sid, []).append(op)
+                return f"{op.text}: {session.steer(op.text, key=op.key)}"
             session.steer(op.text)
             return op.text
+        elif op.kind == "steer_again":
+            return f"{op.text} again: {session.steer(op.text, key=op.key)}"
+        elif op.kind == "recover":
+            return self._sweep(op, store)
         elif op.kind == "cancel":
             closing = frozenset(self._waiting_calls(op.sid))
             a = now()
             got = session.cancel()
             if got:
                 self.cancels.append((op.sid, a, now(), closing))
+                self.interrupts[op.sid] = self.interrupts.get(op.sid, 0) + 1
             return str(got)
         elif op.kind in ("approve", "deny"):
             waiting = session.pending_approvals()
@@ -775,7 +946,39 @@ class Machine:
         else:  # pragma: no cover
             raise AssertionError(op.kind)
         op.stop_reason, op.steps = result.stop_reason, result.steps
+        if result.stop_reason == "answered":
+            op.answer = result.text
+        # the input the run ended on: a turn's own message (the answer that covers it, for a steer), else the
+        # newest input its transcript holds; a turn that ran also ends the steers it took (its transcript's
+        # newest input). One that returned a stored outcome (no request) may read another turn's input since.
+        own = op.text.split()[0] if op.kind in ("turn", "redeliver", "crash") else None
+        op.end_tag = own or last_tag(result.messages)
+        if own and result.steps and last_tag(result.messages) not in (None, own):
+            op.also_ended = last_tag(result.messages)
         return f"{result.stop_reason} after {result.steps} steps"
+
+    def _sweep(self, op: Op, store: _Watched) -> str:
+        """``agent.recover``, as a replica's sweep does (``grace=0``): it lists every stranded session of the
+        store, and finishes this program's (``resolve`` leaves the others: a store the suite shares holds other
+        tests' sessions; a program deletes its own when it ends, so the soak's stores do not fill up)."""
+        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, Scripted] | None:
+            if info.id not in self.sessions:
+                return None
+            script = (info.spec or "model:pay").split(":", 1)[-1]
+            script = script if script in SCRIPTS else "pay"
+            endpoint = Scripted(op, self.ledger, info.id, op.n, script, None, "recover")
+            return self._spec(op, store, info.id), endpoint
+
+        for r in agent.recover(store, resolve, grace=0.0):  # type: ignore[arg-type]
+            if r.session not in self.sessions:
+                continue
+            result = r.result
+            op.swept.append((r.session, r.outcome, result.stop_reason if result else "",
+                             last_tag(result.messages) if result else None))
+            self.report.tried[f"recover: {r.outcome}"] += 1
+            if r.outcome == "failed" and not isinstance(r.error, agent.AgentError):
+                op.error = r.error
+        return ", ".join(f"{s[-2:]} {o} {why}".strip() for s, o, why, _ in op.swept) or "nothing stranded"
 
     def _waiting_calls(self, sid: str) -> list[str]:
         """The calls of the reply waiting in the journal for decisions, if one waits."""
@@ -789,8 +992,9 @@ class Machine:
         assert self.factory is not None
         ctx = processes.context(self.factory)
         out = ctx.Queue()
+        op.max_steps = self.budget.get(op.sid, 4)
         child = ctx.Process(target=child_run, args=(self.factory, op.sid, str(self.workdir), op.n, op.kind, op.text,
-                                                    out), daemon=True)
+                                                    out, op.max_steps), daemon=True)
         child.start()
         try:
             in_tool = _wait(lambda: any(r["t"] == "start" and r["op"] == op.n for r in self.ledger.read())
@@ -826,7 +1030,7 @@ class Machine:
             return f"{how}: no report"
         op.events = [(str(a), str(b)) for a, b in events]
         if kind == "ok":
-            op.stop_reason, op.steps = what, steps
+            op.stop_reason, op.steps, op.end_tag = what, steps, detail or None
             return f"{how} {what}"
         if what not in ("SessionBusy", "LeaseLost", "TranscriptConflict", "AwaitingApproval"):
             op.error = RuntimeError(f"{what}: {detail}")
@@ -836,12 +1040,15 @@ class Machine:
 
     def _absorb(self, op: Op) -> None:
         """Fold what the finished op did into the reference model, and judge its own outcome."""
+        self.began_of[op.n] = op.began
         if op.kind in ("run", "turn", "redeliver", "crash", "kill", "freeze") and op.text:
             tag = op.text.split()[0]
             self.turn_began.setdefault((op.sid, tag), op.began)
             self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind in ("turn", "crash"):
             self.keys.setdefault(op.sid, []).append(op)
+        if op.kind == "steer_again":  # a keyed steer sent again after a delete is stored again: it is new input
+            self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind == "redeliver":
             for t in self.keys.get(op.sid, []):
                 if t.key == op.key and op.stop_reason:
@@ -850,13 +1057,77 @@ class Machine:
             self.stopped_turns.setdefault((op.sid, op.text.split()[0]), []).append((op.n, op.ended, op.stop_reason))
         if op.kind == "cancel" and op.outcome == "ok: True":
             self.cancel_rounds.setdefault(op.sid, []).append(op.began)
+        if op.kind in ("turn", "redeliver") and op.policy == "interrupt":
+            self.interrupts[op.sid] = self.interrupts.get(op.sid, 0) + 1
+        for on in (op.end_tag, op.also_ended) if op.stop_reason in ENDS else ():
+            if on:
+                self.ended.setdefault((op.sid, on), []).append((op.ended, op.n, op.stop_reason, op.began))
+        for swept, _, why, ended_on in op.swept:
+            if why in ENDS and ended_on:
+                self.ended.setdefault((swept, ended_on), []).append((op.ended, op.n, why, op.began))
+        if op.kind in ("turn", "redeliver", "crash", "steer", "steer_again") and op.key:
+            self._accept(op)
+        if op.answer is not None:
+            self._check_own_answer(op)
         if op.kind == "fork" and op.error is None:
             self.turn_began.update({(op.target, tag): t for (s, tag), t in list(self.turn_began.items())
                                     if s == op.sid})
+            if op.at is None:  # the whole transcript: the turns that had ended before it ended there too
+                for (s, on), ends in list(self.ended.items()):
+                    if s == op.sid and any(at < op.began for at, _, _, _ in ends):
+                        # a cancel is the source's: the fork's copy of that turn is open, to go on with
+                        self.ended.setdefault((op.target, on), []).extend(
+                            e for e in ends if e[0] < op.began and e[2] != "cancelled")
         self.report.checks["typed_errors"] += 1
         if op.error is not None and not isinstance(op.error, _EXPECTED[op.kind]):
             self.violate("typed_errors", f"{op.describe()}")
         self._check_events(op)
+
+    def _erased(self, sid: str, since: int, until: int | None = None) -> bool:
+        """Was the session deleted or pruned between ``since`` and ``until`` (or now)?"""
+        return any(since < at and (until is None or at < until) for _, at in self.dead.get(sid, []))
+
+    def _count(self, sid: str, key: str, text: str, msgs: Sequence[Message] | None = None,
+               queued: Sequence[str] | None = None, pending: Sequence[str] | None = None) -> int:
+        """How many times the message of ``key`` (``text``) is in the session: in its transcript (by its key, or
+        its text where a steer lost its key), in its queue, among its steers waiting."""
+        msgs = self.checker.messages(sid) if msgs is None else msgs
+        queued = self.checker.queued(sid) if queued is None else queued
+        pending = self.checker.pending_steers(sid) if pending is None else pending
+        stored = sum(1 for m in msgs if m.role is Role.USER and (m.key == key or m.text == text))
+        return stored + list(queued).count(key) + list(pending).count(text)
+
+    def _accept(self, op: Op) -> None:
+        """Note a message the store took (the op said so, or it is there); a message refused (``"reject"``)
+        must not be."""
+        if (op.sid, op.key) in self.accepted:
+            return
+        said = op.error is None or isinstance(op.error, agent.StillQueued)
+        there = self._count(op.sid, op.key, op.text)
+        if said or there:
+            self.accepted[(op.sid, op.key)] = (op.text, op.began)
+        elif op.policy == "reject" and isinstance(op.error, agent.SessionBusy) and there:  # pragma: no cover
+            self.violate("answered_or_waits", f"{op.describe()}: refused, and its message was stored")
+
+    def _check_own_answer(self, op: Op) -> None:
+        """A caller's answer is the one that answers its own message: the first reply without tool calls after
+        it in the stored transcript (for a steer, the answer that covers it)."""
+        if op.kind not in ("run", "turn", "redeliver", "crash") or not op.text or "\ud800" in op.text:
+            return
+        if self._erased(op.sid, op.began):
+            return
+        self.report.checks["own_answer"] += 1
+        msgs = self.checker.messages(op.sid)
+        mine = [i for i, m in enumerate(msgs)
+                if m.role is Role.USER and ((op.key and m.key == op.key) or m.text == op.text)]
+        answer = None
+        if mine:
+            answer = next((m.text for m in msgs[mine[0] + 1:] if m.role is Role.ASSISTANT and not m.tool_calls),
+                          None)
+        if answer != op.answer:
+            self.violate("own_answer", f"{op.describe()}: returned the answer {op.answer!r}; its message "
+                         f"{'is not in the transcript' if not mine else f'(at {mine[0]}) is answered by {answer!r}'}",
+                         (op.sid, op.n))
 
     def _check_events(self, op: Op) -> None:
         if op.kind not in RUNS or op.outcome == "ok: nothing to resume" or op.outcome.startswith("ok: killed"):
@@ -875,6 +1146,17 @@ class Machine:
             terminals = [e for e in events if e[0] in ("Finished", "Failed")]
             if not events and op.steps == 0:
                 return
+        steered = "steer_beside_cancel" in self.skip and turn and op.policy == "steer"
+        if steered and (len(terminals) > 1 or isinstance(op.error, agent.Conflict)):
+            # the steered turn's runs that stopped before they took the steer: judge what is left
+            self.report.left_out["steer_beside_cancel (check relaxed)"] += 1
+            ends = [i for i, e in enumerate(events)
+                    if e[0] == "Finished" and e[1] in ("cancelled", "awaiting_approval")]
+            cut = ends[-1] + 1 if ends and (op.error is not None or ends[-1] < len(events) - 1) else 0
+            events = events[cut:]
+            terminals = [e for e in events if e[0] in ("Finished", "Failed")]
+            if not events:
+                return
         ok = (len(terminals) == 1 and events[-1] == terminals[0]
               and (terminals[0] == ("Finished", op.stop_reason) if op.error is None
                    else terminals[0][0] == "Failed"))
@@ -887,8 +1169,89 @@ class Machine:
         ledger = self.ledger.read()
         transcripts = {s: self.checker.messages(s) for s in self.sessions}
         self._check_ledger(ledger)
+        self._check_turns(ledger)
         for sid, msgs in transcripts.items():
             self._check_transcript(sid, msgs)
+        if self.lifecycle:
+            self._check_waiting(transcripts)
+
+    def _check_turns(self, ledger: list[dict[str, Any]]) -> None:
+        """``turn_ends_once``: no model request and no tool start for an input after a run returned having
+        ended on it (by any path but a resume: a sweep, a redelivery, a queue's holder, a steer's caller).
+        ``within_budget``: the model requests for one input, by all the runs that went on with it (a resume
+        aside), and by any one run, are at most the session's ``max_steps`` (and one more per request a
+        crash lost)."""
+        # a tool start is of the input its reply answered; a reply a resume made is the resume's to go on with
+        inputs = {(r["sid"], r["call"]): None if r.get("kind") in EXEMPT else r.get("input")
+                  for r in ledger if r["t"] == "reply"}
+        self.report.checks["turn_ends_once"] += 1
+        for r in ledger:
+            if r["t"] not in ("ask", "start") or r["kind"] in EXEMPT:
+                continue
+            tag = r["turn"] if r["t"] == "ask" else inputs.get((r["sid"], r["call"]))
+            for ended, n, why, began in self.ended.get((r["sid"], tag), []) if tag else []:
+                if r["at"] > ended and not self._erased(r["sid"], began, r["at"]):
+                    what = "asked the model" if r["t"] == "ask" else f"started {r['tool']} {r['call']}"
+                    self.violate("turn_ends_once", f"session {r['sid']}: op {n} returned {why} on input {tag}, then "
+                                 f"op {r['op']} ({r['kind']}) {what} for it", (r["sid"], tag, r["op"], r["t"]))
+        self.report.checks["within_budget"] += 1
+        total: Counter[tuple[str, str, int]] = Counter()
+        lost: Counter[tuple[str, str, int]] = Counter()
+        each: Counter[tuple[int, str, str]] = Counter()
+        for r in ledger:
+            if r["t"] != "ask" or not r["turn"]:
+                continue
+            sid, tag = r["sid"], r["turn"]
+            each[(r["op"], sid, tag)] += 1
+            if r["kind"] not in EXEMPT:
+                epoch = sum(1 for _, at in self.dead.get(sid, []) if at < r["at"])
+                total[(sid, tag, epoch)] += 1
+                # a request of a worker that crashed may be lost with it (a crash raised in a tool unwinds the
+                # run, which may drop its reply): the turn asks again
+                lost[(sid, tag, epoch)] += int(r["crash"] or r["kind"] == "crash")
+        for (sid, tag, epoch), asked in total.items():
+            budget = self.budget.get(sid, 4)
+            if asked > budget + lost[(sid, tag, epoch)]:
+                self.violate("within_budget", f"session {sid}: input {tag} had {asked} model requests (max_steps "
+                             f"{budget}, {lost[(sid, tag, epoch)]} lost with a crash)", (sid, tag, epoch))
+        for (n, sid, tag), asked in each.items():
+            if asked > self.budget.get(sid, 4) + 1:
+                self.violate("within_budget", f"session {sid}: op {n} made {asked} model requests for input {tag}",
+                             (sid, tag, n))
+
+    def _check_waiting(self, transcripts: dict[str, list[Message]]) -> None:
+        """``answered_or_waits``: every message the store took is in the session exactly once (its transcript,
+        its queue, its steers waiting), and a session whose last turn is neither answered nor ended, or whose
+        queue holds messages, shows it (``open_since``: the sweep lists it) unless a run holds it or the turn
+        waits for a person."""
+        queues = {s: self.checker.queued(s) for s in transcripts}
+        pendings = {s: self.checker.pending_steers(s) for s in transcripts}
+        for (sid, key), (text, began) in self.accepted.items():
+            if sid not in transcripts or self._erased(sid, began) or self.steers_gone.get(sid, -1) > began:
+                continue  # deleted or pruned since (a prune takes a session that holds only steers, too)
+            self.report.checks["answered_or_waits"] += 1
+            n = self._count(sid, key, text, transcripts[sid], queues[sid], pendings[sid])
+            if n != 1:
+                self.violate("answered_or_waits", f"session {sid}: the message {text} ({key}) the store took is "
+                             f"there {n} times (transcript, queue, steers waiting)", (sid, key, n))
+        for sid, msgs in transcripts.items():
+            info = self.checker.info(sid)
+            if info is None or info.holder is not None or self._waiting_calls(sid):
+                continue
+            last = msgs[-1] if msgs else None
+            tag = last_tag(msgs)
+            unanswered = last is not None and not (last.role is Role.ASSISTANT and not last.tool_calls)
+            ended = tag is not None and (sid, tag) in self.ended
+            if unanswered and not ended:  # spent its budget (a fork's, a sweep's "finished"): ended where it is
+                begun = max((i for i, m in enumerate(msgs) if m.role is Role.USER and m.text.startswith(TAGS)),
+                            default=-1)
+                ended = sum(1 for m in msgs[begun + 1:] if m.role is Role.ASSISTANT) >= self.budget.get(sid, 4)
+            self.report.checks["answered_or_waits"] += 1
+            hidden = queues[sid] or (unanswered and not ended and not self.interrupts.get(sid))
+            if info.open_since is None and hidden:
+                what = f"messages queued {queues[sid]}" if queues[sid] else f"its turn on {tag} is open"
+                self.violate("answered_or_waits", f"session {sid}: {what}, and nothing shows it (open_since is "
+                             "None, no holder): no sweep answers it", (sid, "hidden", tag, tuple(queues[sid])))
 
     def _check_ledger(self, ledger: list[dict[str, Any]]) -> None:
         starts = [r for r in ledger if r["t"] == "start"]
@@ -923,19 +1286,28 @@ class Machine:
                 continue
             if start["call"] in waiting:
                 return "cancel() returned True while this call's turn waited for approval"
-            for hold in self.holds:
+            for hold in self.holds:  # the lease the run started the tool under (an op may take several)
                 if (hold.sid == sid and hold.op == start["op"] and hold.acquired < called
-                        and (hold.released is None or hold.released > returned)):
+                        and (hold.released is None or hold.released > returned)
+                        and hold.acquired <= start["at"] and (hold.released is None or start["at"] <= hold.released)):
                     return "cancel() returned True while this run held the lease"
         if start["kind"] in ("turn", "redeliver", "crash"):
             erased = [at for _, at in self.dead.get(sid, [])]
             for n, ended, reason in self.stopped_turns.get((sid, start["turn"]), []):
                 # A turn erased since (delete, prune) is gone with its session: a redelivery begins it anew.
-                if checked > ended and n != start["op"] and not any(ended < at < checked for at in erased):
+                began = self.began_of.get(n, ended)  # erased while it ran: what it stopped went with the session
+                if checked > ended and n != start["op"] and not any(began < at < checked for at in erased):
                     return f"op {n} had stopped the turn ({reason})"
         return ""
 
     def _check_transcript(self, sid: str, msgs: list[Message]) -> None:
+        for i, m in enumerate(msgs):  # a compaction record summarises messages before it, one range after another
+            for c in m.content:
+                if c.type is agent.ContentType.COMPACTION:
+                    self.report.checks["compaction_in_range"] += 1
+                    if not 0 <= c.start < c.end <= i:
+                        self.violate("compaction_in_range", f"session {sid}: the record at {i} summarises "
+                                     f"[{c.start}, {c.end})", (sid, i))
         self.report.checks["one_result_per_call"] += 1
         calls = [c.id for m in msgs for c in m.tool_calls]
         results = [c.tool_call_id for m in msgs for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
@@ -973,7 +1345,7 @@ class Machine:
             store.begin(op)
             session = agent.open(sid, store)  # type: ignore[arg-type]
             self.report.checks["usable"] += 1
-            endpoint = Scripted(None, self.ledger, sid, op.n, "answer", None)
+            endpoint = Scripted(None, self.ledger, sid, op.n, "answer", None, "usable")
             try:
                 try:
                     result = agent.Runner().run(self._spec(op, store), [*session.messages(), Message.user(op.text)],
@@ -1012,9 +1384,11 @@ def _wait(check: Callable[[], bool], timeout: float) -> bool:
 
 def run_program(seed: int, make_store: Callable[[], Store], capabilities: frozenset[Capability],
                 process_factory: Callable[[], Store] | None, workdir: Path, ops: int,
-                skip: frozenset[str]) -> tuple[Report, list[str]]:
-    """Run one program; its Report and its op log (what to read when it failed)."""
+                skip: frozenset[str], replay: bool = False) -> tuple[Report, list[str]]:
+    """Run one program; its Report and its op log (what to read when it failed). ``replay``: draw it as the
+    machine did before it knew the busy policies, the sweep, budgets, keyed steers and compaction (a
+    regression seed's program)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    machine = Machine(seed, make_store, capabilities, process_factory, workdir, ops, skip)
+    machine = Machine(seed, make_store, capabilities, process_factory, workdir, ops, skip, replay)
     report = machine.run()
     return report, machine.log

@@ -119,6 +119,34 @@ class SweepContract:
         assert outcome[-1] == UNKNOWN_OUTCOME, outcome
         assert sid not in stranded_ids(store)
 
+    def test_a_message_queued_behind_a_run_that_stopped_at_max_steps_is_answered_and_that_turn_not_run_again(
+            self) -> None:
+        """A plain run stops at its ``max_steps`` (its turn ends there, open in the transcript); a message is
+        queued behind it, whose caller is gone. The sweep answers the message, a turn of its own, and runs
+        nothing more of the run's turn: no request, no charge."""
+        store = self._sweep_store()
+        sid = f"storetest-sweep-queued-{uuid.uuid4().hex}"
+        model = Charges()
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
+        assert agent.Runner().run(spec, [Message.user("charge me")], model).stop_reason == "max_steps"
+        agent.open(sid, store).enqueue("and the refund?", "q-1")
+        answering = _Says("the refund is on its way")
+
+        class Either:
+            """``model`` for the run's own turn (what a sweep must not go on with), ``answering`` for the rest."""
+
+            def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+                asked = [m.text for m in messages if m.role is Role.USER and m.text]
+                return (answering if asked[-1] == "and the refund?" else model).complete(system, messages, tools)
+
+        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+            return (spec, Either()) if info.id == sid else None
+
+        swept = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        assert (model.requests, model.charges) == (2, 2), "the sweep went on with a turn that had ended at max_steps"
+        assert [r.outcome for r in swept] == ["recovered"] and answering.requests == 1
+        assert agent.open(sid, store).answer("q-1") is not None and sid not in stranded_ids(store)
+
     def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
         store = self._sweep_store()
         self.requires(Capability.APPROVALS)

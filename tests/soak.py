@@ -19,21 +19,23 @@ import random
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pymongo
+import redis as redis_py
 from sqlalchemy import create_engine
 
 from agent_sessions import Store
-from stores import memory, mongodb, mysql, postgres, sqlite
+from stores import memory, mongodb, mysql, postgres, redis, sqlite
 from storetest import Capability
 from storetest.model_ops import INVARIANTS, KINDS, KNOWN, Report, run_program
 from tests import servers
 
-STORES = ("memory", "sqlite", "postgres", "mysql", "mongodb")
+STORES = ("memory", "sqlite", "postgres", "mysql", "mongodb", "redis")
 
 
 @dataclass
@@ -78,7 +80,18 @@ def target(name: str, workdir: Path) -> Target:
         mongodb.create_indexes(db)
         return Target(name, lambda: mongodb.Store(db), everything,
                       functools.partial(servers.mongo_store, servers.MONGO_URL, database))
+    if name == "redis":
+        # keys of its own under the test prefix (a program deletes its sessions as it ends; the rest with them)
+        prefix = f"{servers.REDIS_KEY_PREFIX}soak:{uuid.uuid4().hex[:12]}:"
+        connection = redis_py.Redis.from_url(servers.REDIS_URL)
+        return Target(name, lambda: redis.Store(connection, prefix=prefix), everything,
+                      functools.partial(_redis_store, servers.REDIS_URL, prefix))
     raise SystemExit(f"--store {name!r}: one of {', '.join(STORES)} or all")
+
+
+def _redis_store(url: str, prefix: str) -> Store:
+    """A child process's store: a client of its own (a connection is not shared across fork)."""
+    return redis.Store(redis_py.Redis.from_url(url), prefix=prefix)
 
 
 def table(reports: dict[str, Report], seconds: float) -> str:

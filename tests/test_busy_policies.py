@@ -624,3 +624,98 @@ def test_enqueue_hands_a_message_over_and_answer_reads_its_answer_whoever_made_i
         session.enqueue("", "msg-4")
     with pytest.raises(agent.Unsupported):
         agent.open("s", FourMethodStore()).enqueue("hi", "k")
+
+
+@agent.tool(idempotent=False, needs_approval=True)
+def refund(order: int) -> str:
+    """Refund an order (a person approves it first)."""
+    return "refunded"
+
+
+@pytest.mark.parametrize("lease_wait", [0.0, 0.3])
+def test_a_steer_beside_a_turn_waiting_for_a_decision_says_so_and_runs_nothing(lease_wait: float) -> None:
+    """The session's turn waits for a decision; nobody holds it. A turn with ``if_busy="steer"`` stores its
+    steer, finds the lease free, and must not run the session over and over until its wait runs out (each run
+    stopping at the waiting decision, each a write and a ``Finished``), nor say that its message will be
+    answered by the next run: it raises ``AwaitingApproval``, as ``"queue"`` does, and the steer waits."""
+    store = memory.Store()
+    spec = agent.Spec(session=agent.open("chat", store), tools=[refund], lease_wait=lease_wait)
+    first = agent.Runner().run(spec, [agent.Message.user("refund order 7")], ToolsThenAnswer(["refund"]))
+    assert first.stop_reason == "awaiting_approval"
+    stored = store.messages("chat")
+    heard: list[object] = []
+    with pytest.raises(agent.AwaitingApproval):
+        agent.Runner().turn(spec, "and order 8", "k-8", Answer("never"), heard.append, if_busy="steer")
+    assert heard == [] and store.messages("chat") == stored
+    assert store.pending_steers("chat") == ["and order 8"]
+
+
+def test_a_steer_whose_own_run_stops_at_max_steps_returns_that_result() -> None:
+    """Nobody holds the session: the ``"steer"`` caller runs it itself, and that run, which took the steer,
+    stops at its ``max_steps``. That is how the caller's turn ended: it returns that Result, as ``"queue"``
+    does. Waiting on (and raising ``StillQueued``, "will be answered by the session's next run") promised an
+    answer that nothing gives: the run that returned left the session no longer open, and a run going on
+    with that turn would pass its budget."""
+    store = memory.Store()
+    spec = agent.Spec(session=agent.open("chat", store), tools=[refund], max_steps=1)
+    result = agent.Runner().turn(spec, "refund order 7", "k-7", ToolsThenAnswer(["lookup"], rounds=5),
+                                 if_busy="steer")
+    assert (result.stop_reason, result.steps) == ("max_steps", 1)
+    assert not agent.open("chat", store).info().open_since  # type: ignore[union-attr]
+
+
+class Charging:
+    """Calls the non-idempotent ``charge`` on every request; ``during`` runs inside the first request."""
+
+    def __init__(self, during: object = None) -> None:
+        self.requests = 0
+        self.during = during
+
+    def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
+        self.requests += 1
+        if self.requests == 1 and callable(self.during):
+            self.during()
+        return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call(f"c{self.requests}", "charge", "{}")])
+
+
+@agent.tool(idempotent=False)
+def charge() -> str:
+    """Charge the card (not idempotent)."""
+    return "charged"
+
+
+def test_a_keyed_steer_that_joined_a_turn_stopped_at_max_steps_is_not_gone_on_with_when_sent_again() -> None:
+    """A keyed steer (``if_busy="steer"``) joins a turn after its first request; the turn stops at its
+    ``max_steps``. The steer's turn is the one it joined: sent again, it says ``max_steps`` and asks nothing
+    (counted from the steer, its budget looked unspent, and the repeat went on with a turn that had ended)."""
+    store = memory.Store()
+    session = agent.open("chat", store)
+    spec = agent.Spec(session=session, tools=[charge], max_steps=2)
+    model = Charging(lambda: session.steer("and the other card", key="k-2"))
+    assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
+    assert model.requests == 2 and [m.key for m in store.messages("chat") if m.steer] == ["k-2"]
+    again = agent.Runner().turn(spec, "and the other card", "k-2", model, if_busy="steer")
+    assert (again.stop_reason, again.steps, model.requests) == ("max_steps", 0, 2)
+
+
+def test_a_queued_turn_finishes_a_plain_runs_waiting_reply_within_that_runs_budget() -> None:
+    """A plain run (``max_steps=1``) made its one request, whose call waits for approval. Approved, the turn
+    goes on when the next message's turn takes the session: it finishes the waiting reply (the refund runs)
+    and asks the model nothing more for that turn, whose one request is made; then it answers its own."""
+    store = memory.Store()
+    spec = agent.Spec(session=agent.open("chat", store), tools=[refund], max_steps=1)
+    asked: list[str] = []
+
+    class Model:
+        def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
+            said = [m.text for m in messages if m.role is agent.Role.USER and m.text]
+            asked.append(said[-1])
+            if said[-1] == "refund order 7":
+                return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r1", "refund", '{"order": 7}')])
+            return agent.Message.assistant("done")
+
+    first = agent.Runner().run(spec, [agent.Message.user("refund order 7")], Model())
+    assert first.stop_reason == "awaiting_approval"
+    agent.open("chat", store).approve("r1")
+    result = agent.Runner().turn(spec, "thanks", "k-2", Model())
+    assert result.text == "done" and asked == ["refund order 7", "thanks"]

@@ -260,7 +260,14 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
     if not (waits or unanswered(stored)):
         return False
     at = open_turn(stored)
-    planned = (spec, stored) if at is None else turns.plan(session, spec, stored, stored[at], at)
+    if at is None:
+        # A plain run's turn: what is left of its budget, counted as the sweep counts it (a turn makes
+        # max_steps requests in all, however often it is taken up); 0 only finishes the waiting reply.
+        made = turns.replies(stored, turns.turn_start(stored)) + int(waits)
+        planned: Result | tuple[Spec, list[Message]] = (replace(spec, max_steps=max(0, spec.max_steps - made)),
+                                                         stored)
+    else:
+        planned = turns.plan(session, spec, stored, stored[at], at)
     budget, todo = (replace(spec, max_steps=0), stored) if isinstance(planned, Result) else planned
     how = (f"its reply waits in the journal, {len(journal.started)} call(s) started, {len(journal.results)} "
            f"result(s) kept" if waits and journal is not None else "it ends with tool calls that have no results")
@@ -344,6 +351,13 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
     except SessionBusy:
         return None
     try:
+        # The session's turn waits for decisions: a run would stop there at once, without the steer (which
+        # lands once the turn goes on), and the caller would run it again until its wait ran out.
+        text = store.journal(session.id)
+        journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
+        undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
+        if undecided:
+            raise AwaitingApproval(session.id, undecided)
         stored = session.messages()
         at = turns.keyed(stored, key)
         if at is not None:  # taken into the transcript: a turn like any other, answered or to go on with
@@ -355,8 +369,15 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
         if isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
             raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
         result = run(spec, stored, endpoint, events, False, lease)
-        at = turns.keyed(result.messages, key)
-        return result if at is not None and turns.answered(result.messages, at) is not None else None
+        if result.stop_reason == "awaiting_approval" and turns.keyed(result.messages, key) is None:
+            # The run stopped at the turn's waiting decisions without taking the steer: as above, the steer
+            # lands once that turn goes on.
+            raise AwaitingApproval(session.id, [p.call_id for p in result.pending_approvals])
+        # The run took the steer: its turn is this caller's, however it ended (answered, out of budget,
+        # waiting for a decision, cancelled). Waiting on for an answer would promise one nobody gives: the
+        # run that returned cleared the session's open mark, and another run would go on with a turn that
+        # ended. Not taken (it went with a delete): the caller looks again.
+        return result if turns.keyed(result.messages, key) is not None else None
     finally:
         if not lease.closed:
             lease.__exit__(*sys.exc_info())

@@ -111,7 +111,9 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
         return Result(messages=stored, text="", steps=0, stop_reason="superseded", unapplied_steers=[],
                       usage={})
     waiting = _reply_waiting(session, stored)
-    made = replies(stored, at) + waiting
+    # A keyed steer that joined a turn in progress is that turn's: its budget was spent from where that turn
+    # began, not from the steer (counted from the steer, a repeat would go on with a turn that had ended).
+    made = replies(stored, at if begins(stored, at) else turn_start(stored[:at + 1])) + waiting
     if made >= spec.max_steps and not waiting:
         log.info("session %r: turn %r stopped at max_steps (%d requests) already", session.id, key, made)
         return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
