@@ -294,7 +294,7 @@ def run_suite(suite: Suite, tree: Path, python: str, prefix: str, timeout: float
 
 
 def run_mutant(mutant: Mutant | None, source: Path, suites: Sequence[Suite], python: str, prefix: str,
-               timeout: float, keep: bool, rev: str | None = None) -> list[Outcome]:
+               timeout: float, keep: bool, rev: str | None = None, repeat: int = 1) -> list[Outcome]:
     work = Path(tempfile.mkdtemp(prefix=f"{prefix}-mutant-"))
     try:
         tree = copy_tree(source, work / "tree", rev)
@@ -303,7 +303,14 @@ def run_mutant(mutant: Mutant | None, source: Path, suites: Sequence[Suite], pyt
         probe = subprocess.run([python, "-c", "import agent_sessions, stores; print(agent_sessions.__file__)"],
                                cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True)
         assert probe.stdout.startswith(str(tree)), f"the copy's library is not the one imported: {probe.stdout}"
-        return [run_suite(s, tree, python, prefix, timeout) for s in suites]
+        outcomes = []
+        for suite in suites:
+            for _ in range(repeat):  # the model test draws fresh seeds each time: a kill may take a few
+                outcome = run_suite(suite, tree, python, prefix, timeout)
+                if outcome.status != "passed":
+                    break
+            outcomes.append(outcome)
+        return outcomes
     finally:
         if keep:
             print(f"kept {work}", file=sys.stderr)
@@ -330,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--source", default=str(ROOT), help="the checkout to copy (default: this one)")
     parser.add_argument("--rev", help="copy this commit's tree instead of the working tree (e.g. the code as it "
                         "was before a test was added)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each suite per mutant, until one fails "
+                        "(the model test draws fresh seeds each run; default 1: what CI runs)")
     parser.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths on stderr)")
     args = parser.parse_args(argv)
     mutants = list(MUTANTS)
@@ -371,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def one(job: tuple[int, Mutant]) -> dict[str, object]:
         i, m = job
         outcomes = run_mutant(m, source, suites, python, f"{prefix}_m{i % max(args.jobs, 1) + 1}", args.timeout,
-                              args.keep, args.rev)
+                              args.keep, args.rev, args.repeat)
         row: dict[str, object] = {"mutant": m.name, "store": m.store, "breaks": m.breaks,
                                   "verdict": verdict(outcomes), "suites": [o.__dict__ for o in outcomes]}
         print(f"{m.name}: {row['verdict']}", flush=True)
