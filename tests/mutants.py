@@ -262,7 +262,7 @@ class Outcome:
     seconds: float = 0.0
     seeds: list[str] = field(default_factory=list)
     detail: list[str] = field(default_factory=list)
-    """The first lines pytest said of the failure (``E ...``): a model violation names its seed and invariant."""
+    """The first lines pytest said of the failure (``E ...``; a model violation's seed and invariant)."""
 
 
 def run_suite(suite: Suite, tree: Path, python: str, prefix: str, timeout: float) -> Outcome:
@@ -285,7 +285,8 @@ def run_suite(suite: Suite, tree: Path, python: str, prefix: str, timeout: float
         for case in ET.parse(report).getroot().iter("testcase"):
             if case.find("failure") is not None or case.find("error") is not None:
                 failed.append(f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}")
-    detail = [line[:300] for line in done.stdout.splitlines() if line.startswith("E ")][:8]
+    detail = [line[:300] for line in done.stdout.splitlines()
+              if line.startswith(("E ", "seed ")) or "invariant violations" in line][:8]
     if done.returncode == 1 and failed:
         return Outcome(suite.name, "failed", failed, seconds, seeds, detail)
     (tree / f"output-{suite.name.replace(':', '-')}.txt").write_text(done.stdout + done.stderr)
