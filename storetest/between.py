@@ -213,7 +213,9 @@ class BetweenContract:
         self.requires(Capability.RUN_STORE)
         self.requires(Capability.LIFECYCLE)
         store = self.make_store()
-        assert isinstance(store, RunStore) and isinstance(store, LifecycleStore)
+        assert isinstance(store, RunStore) and isinstance(store, LifecycleStore), \
+            f"the store declares Capability.RUN_STORE and LIFECYCLE, but {type(store).__name__} is no RunStore and " \
+            "LifecycleStore"
         sid = _sid("anew")
         store.save(sid, [Message.user("the erased question")])
         stale = store.messages(sid)
