@@ -60,6 +60,7 @@ def _m(name: str, store: bool, breaks: str, *edits: tuple[str, str, str]) -> Mut
 STRANDED, PERSIST = "agent_sessions/stranded.py", "agent_sessions/run/persistence.py"
 BUSY = "agent_sessions/run/busy.py"
 BACKED, MEMORY, REDIS = "agent_sessions/backed.py", "stores/memory/__init__.py", "stores/redis/write.lua"
+MONGO = "stores/mongodb/pipeline.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     _m("sweep-fresh-budget", False,
@@ -198,6 +199,24 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("redelivery-ignores-later-turn", False,
        "a redelivered turn that a later turn took up goes on with that turn's work under its own budget",
        ("agent_sessions/run/turns.py", "later = _later_turn(stored, at)", "later = None")),
+    # MongoDB's (stores/mongodb/pipeline.py) are named "pipeline-": tests/conftest.py skips a test whose id says
+    # "mongo" when no MongoDB server answers, and tests/test_mutants.py needs none. ``--suites storetest:mongodb``.
+    _m("pipeline-ignores-queue-head", True,
+       "the MongoDB backend's pipeline does not evaluate Guard.queue_head",
+       (MONGO, "    if guard.queue_head is not None:\n        terms.append(", "    if False:\n        terms.append(")),
+    _m("pipeline-ignores-incarnation", True,
+       "the MongoDB backend's pipeline does not evaluate Guard.incarnation",
+       (MONGO, "    if guard.incarnation is not None:\n        terms.append(", "    if False:\n        terms.append(")),
+    _m("pipeline-takeover-drops-cancel", True,
+       "as takeover-drops-cancel, in the MongoDB backend's pipeline",
+       (MONGO, '"turn": None if lease.turn is None else lit(lease.turn),\n                "handed": {"$or": '
+               '[{"$eq": ["$handed", True]}, {"$eq": ["$cancelled", True]}]}',
+        '"turn": None if lease.turn is None else lit(lease.turn),\n                "handed": '
+        '{"$eq": ["$handed", True]}')),
+    _m("pipeline-release-drops-cancel", True,
+       "as release-drops-cancel, in the MongoDB backend's pipeline",
+       (MONGO, 'return {"token": None, "handed": {"$or": [{"$eq": ["$handed", True]}, {"$eq": ["$cancelled", True]}]},',
+        'return {"token": None, "handed": {"$eq": ["$handed", True]},')),
     _m("take-steers-unguarded", True,
        "take_steers removes the steers it read without guarding that they still wait: two takers both get them",
        (BACKED, "if self.backend.write(session, Guard(steers=ids), Change(take_steers=ids)).done:",
@@ -209,6 +228,8 @@ MUTANTS: tuple[Mutant, ...] = (
 class Suite:
     name: str
     args: tuple[str, ...]
+    default: bool = True
+    """Run unless ``--suites`` says otherwise (MongoDB's needs its server: ``scripts/servers start``)."""
 
 
 SUITES: tuple[Suite, ...] = (
@@ -217,6 +238,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("model:redis", ("tests/test_store_redis.py::TestRedisStoreKeepsTheContract", "-k", "model")),
     Suite("storetest:memory", ("tests/test_store_memory.py", "-k", "not model")),
     Suite("storetest:redis", ("tests/test_store_redis.py::TestRedisStoreKeepsTheContract", "-k", "not model")),
+    Suite("storetest:mongodb", ("tests/test_store_mongodb.py::TestMongoDBStoreKeepsTheContract", "-k", "not model"),
+          default=False),
 )
 
 
@@ -328,8 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/mutants", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated mutant names")
-    parser.add_argument("--suites", help="comma-separated suite names (default: all of " +
-                        ", ".join(s.name for s in SUITES) + ")")
+    parser.add_argument("--suites", help="comma-separated suite names, or all (default: " +
+                        ", ".join(s.name for s in SUITES if s.default) + "; also: " +
+                        ", ".join(s.name for s in SUITES if not s.default) + ")")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--check", action="store_true", help="only check that each mutant applies")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
@@ -364,9 +388,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     (tree / path).write_text(text)
         print(f"{len(mutants)} mutants apply")
         return 0
-    suites = list(SUITES)
+    suites = [s for s in SUITES if s.default]
     if args.suites:
-        suites = [s for s in SUITES if s.name in args.suites.split(",")]
+        names = args.suites.split(",")
+        unknown = set(names) - {s.name for s in SUITES} - {"all"}
+        if unknown:
+            parser.error(f"unknown suites: {', '.join(sorted(unknown))}")
+        suites = [s for s in SUITES if s.name in names or "all" in names]
     python = sys.executable
     prefix = os.environ.get("AGENT_SESSIONS_TEST_PREFIX") or "agent_sessions_test"
     started = time.monotonic()
