@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -406,10 +407,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     suites = [s for s in suites if s.name not in dropped]
     results: list[dict[str, object]] = []
 
+    # Each job runs under a prefix of its own slot, never another running job's: a prune of one job's tests
+    # deletes every idle session of its database (MongoDB's is the prefix's), so two jobs must never share one.
+    slots: queue.Queue[int] = queue.Queue()
+    for slot in range(1, max(args.jobs, 1) + 1):
+        slots.put(slot)
+
     def one(job: tuple[int, Mutant]) -> dict[str, object]:
-        i, m = job
-        outcomes = run_mutant(m, source, suites, python, f"{prefix}_m{i % max(args.jobs, 1) + 1}", args.timeout,
-                              args.keep, args.rev, args.repeat)
+        _, m = job
+        slot = slots.get()
+        try:
+            outcomes = run_mutant(m, source, suites, python, f"{prefix}_m{slot}", args.timeout, args.keep, args.rev,
+                                  args.repeat)
+        finally:
+            slots.put(slot)
         row: dict[str, object] = {"mutant": m.name, "store": m.store, "breaks": m.breaks,
                                   "verdict": verdict(outcomes), "suites": [o.__dict__ for o in outcomes]}
         print(f"{m.name}: {row['verdict']}", flush=True)
