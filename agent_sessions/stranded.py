@@ -200,13 +200,11 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
             budget, todo = planned
             return lambda endpoint, held: Runner()._turn_run(budget, todo, endpoint, None, True, held)
         # That turn has ended (answered, taken up by a later one, out of budget): what is open is the input
-        # that came after it, a turn of its own with a budget of its own.
+        # that came after it, a turn of its own with a budget of its own: the queue's, or a plain run's
+        # message (its worker gone), below.
         if queued:
             return _answering(spec, queued[-1])
-        if not steers:
-            store.mark_finished(session, lease.holder, text)
-            return "finished"
-    elif not steers:
+    if not steers:
         # A plain run's turn, left open by a worker that died in it, or by a run that returned at its
         # max_steps: what is left of its budget, counted as ``turns.plan`` counts a keyed turn's (a turn makes
         # max_steps requests in all, however often it is taken up). Spent, the turn has ended: what is open is

@@ -1076,8 +1076,10 @@ class Machine:
                 for (s, on), ends in list(self.ended.items()):
                     if s == op.sid and any(at < op.began for at, _, _, _ in ends):
                         # a cancel is the source's: the fork's copy of that turn is open, to go on with
+                        # and not one whose source was erased since it began (a delivery began anew)
                         self.ended.setdefault((op.target, on), []).extend(
-                            e for e in ends if e[0] < op.began and e[2] != "cancelled")
+                            e for e in ends if e[0] < op.began and e[2] != "cancelled"
+                            and not self._erased(op.sid, e[3], op.began))
         self.report.checks["typed_errors"] += 1
         if op.error is not None and not isinstance(op.error, _EXPECTED[op.kind]):
             self.violate("typed_errors", f"{op.describe()}")
@@ -1147,13 +1149,14 @@ class Machine:
             if not events and op.steps == 0:
                 return
         steered = "steer_beside_cancel" in self.skip and turn and op.policy == "steer"
-        if steered and (len(terminals) > 1 or isinstance(op.error, agent.Conflict)):
+        # a return of its own run ends with that run's Finished; an error, or a stored answer, has none
+        last = len(events) - 1 if op.error is None and op.steps else len(events)
+        ends = [i for i, e in enumerate(events[:last])
+                if e[0] == "Finished" and e[1] in ("cancelled", "awaiting_approval")]
+        if steered and ends:
             # the steered turn's runs that stopped before they took the steer: judge what is left
             self.report.left_out["steer_beside_cancel (check relaxed)"] += 1
-            ends = [i for i, e in enumerate(events)
-                    if e[0] == "Finished" and e[1] in ("cancelled", "awaiting_approval")]
-            cut = ends[-1] + 1 if ends and (op.error is not None or ends[-1] < len(events) - 1) else 0
-            events = events[cut:]
+            events = events[ends[-1] + 1:]
             terminals = [e for e in events if e[0] in ("Finished", "Failed")]
             if not events:
                 return

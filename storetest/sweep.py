@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import agent_sessions as agent
@@ -146,6 +147,52 @@ class SweepContract:
         assert (model.requests, model.charges) == (2, 2), "the sweep went on with a turn that had ended at max_steps"
         assert [r.outcome for r in swept] == ["recovered"] and answering.requests == 1
         assert agent.open(sid, store).answer("q-1") is not None and sid not in stranded_ids(store)
+
+    def test_a_plain_message_after_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep(self) -> None:
+        """A keyed turn stops at its ``max_steps``; then a plain run's worker saves its message and dies before
+        its first request. That message is a turn of its own, open: the sweep answers it (it cleared the mark
+        as "finished", and the message was never answered)."""
+        store = self._sweep_store()
+        sid = f"storetest-sweep-after-{uuid.uuid4().hex}"
+        model = Charges()
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
+        assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
+        holder = store.acquire(sid, agent.Holder("dead", 1, uuid.uuid4().hex, 0.0), 30)
+        store.save_fenced(sid, holder, [*store.messages(sid), Message.user("and the refund?")], take_steers=False)
+        store.release(sid, holder)
+        assert sid in stranded_ids(store)
+        answering = _Says("the refund is on its way")
+
+        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
+            return (spec, answering) if info.id == sid else None
+
+        swept = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        assert [r.outcome for r in swept] == ["recovered"], swept
+        assert store.messages(sid)[-1].text == "the refund is on its way" and answering.requests == 1
+        assert model.charges == 1 and sid not in stranded_ids(store)
+
+    def test_a_turn_sent_again_after_it_stopped_leaves_a_later_plain_runs_turn_to_the_sweep(self) -> None:
+        """Turn k stops at its ``max_steps``; a plain run then asks the model about a new message and dies inside
+        the tool its reply called (the reply waits in the journal). k sent again has ended: it says
+        ``max_steps`` and touches nothing of the later turn (it finished that turn's reply under k's name and
+        cleared the session's mark, so no sweep ever answered the new message)."""
+        store = self._sweep_store()
+        sid = f"storetest-sweep-later-plain-{uuid.uuid4().hex}"
+        model = Charges()
+        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1, lease_ttl=5.0)
+        assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
+        dying = Charges(die_at=1)
+        try:
+            agent.Runner().run(replace(spec, tools=[dying.tool()]), [*store.messages(sid), Message.user("again")],
+                               dying)
+        except _Died:
+            pass
+        else:  # pragma: no cover
+            raise AssertionError("the run did not die in its tool")
+        assert sid in stranded_ids(store)
+        again = agent.Runner().turn(spec, "charge me", "k-1", model)
+        assert (again.stop_reason, again.steps, model.requests, model.charges) == ("max_steps", 0, 1, 1), again
+        assert sid in stranded_ids(store), "a turn sent again hid a later turn from the sweep"
 
     def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
         store = self._sweep_store()

@@ -108,6 +108,9 @@ def table(reports: dict[str, Report], seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # an op log may hold a lone surrogate (the surrogate mix's message): printed escaped, never a crash
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     args_ = sys.argv[1:] if argv is None else argv
     if args_[:1] == ["--faults"]:  # scripts/soak --faults N [--store postgres|mysql|mongodb|all] [--json PATH]
         from tests.faults import trials

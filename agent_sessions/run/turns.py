@@ -102,6 +102,11 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
         return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
                       unapplied_steers=[], usage={})
     later = _later_turn(stored, at)
+    if later is not None and replies(stored[:later], at) >= spec.max_steps:
+        # It stopped at its budget before the later turn came: that is how it ended.
+        log.info("session %r: turn %r stopped at max_steps before a later turn came", session.id, key)
+        return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
+                      usage={})
     if later is not None:
         # Another turn's message followed this one's before it was answered (its worker died, and the
         # next message came): the model takes both up in that turn, whose budget and outcome are its
@@ -177,11 +182,11 @@ def _reply_waiting(session: RunSession, stored: Sequence[Message]) -> int:
 
 
 def _later_turn(msgs: Sequence[Message], at: int) -> int | None:
-    """The index of the first message after ``at`` that begins another turn (a user message with a key of its
-    own that came as no steer), or ``None``. A plain run's messages carry no key: they are not turns; a steer,
-    keyed or not, joins the turn it lands in."""
+    """The index of the first message after ``at`` that begins another turn (a user message with text that came
+    as no steer: another turn's keyed message, or a plain run's, which made requests of its own), or ``None``.
+    A steer, keyed or not, joins the turn it lands in."""
     for i in range(at + 1, len(msgs)):
-        if msgs[i].key and msgs[i].role is Role.USER and not msgs[i].steer:
+        if msgs[i].role is Role.USER and msgs[i].text and not msgs[i].steer:  # no tool result, no record
             return i
     return None
 
