@@ -21,6 +21,7 @@ from agent_sessions import ArgumentError, Content, Message, MessageError, Role, 
 
 from . import strategies
 from .approvals import ApprovalContract
+from .between import BetweenContract
 from .capabilities import Capability
 from .conformance_gaps import GapsContract
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
@@ -72,7 +73,7 @@ def _transcript(n: int, tag: str = "") -> list[Message]:
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
                     ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract,
-                    SweepContract, LostAnswersContract):
+                    SweepContract, LostAnswersContract, BetweenContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 

@@ -114,12 +114,18 @@ class FencingContract:
                                       take_steers=True),
             lambda: store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True),
             lambda: store.save_fenced(sid, a, [Message.user("other")], take_steers=False, replace=True),
+            # a compaction record is an append like any other: fenced the same
+            lambda: store.save_fenced(sid, a, [Message.user("a's question"),
+                                               Message(agent.Role.USER, [Content.compaction("a's summary", 0, 1)])],
+                                      take_steers=False),
             lambda: store.put_journal(sid, a, "a's late journal"),
             lambda: store.check(sid, a),
             lambda: store.renew(sid, a, 30),
         ):
             with pytest.raises(agent.LeaseLost):
                 write()
+        # a failed run giving its steers back: none is left under a lease it lost
+        assert store.give_back(sid, a, ["a's steer"]) == ["a's steer"]
         store.release(sid, a)
         assert _state(store, sid) == before
         assert store.take_steers(sid) == ["for b"]  # the stale saves took no steer

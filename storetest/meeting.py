@@ -345,6 +345,31 @@ class CancelMeetsContract:
         assert later.stop_reason == "answered", "a new turn is not cancelled by the cancel of an earlier one"
         assert not agent.orphaned_tool_calls(store.messages(sid))
 
+    def test_a_new_turn_that_closes_a_cancelled_one_spends_its_cancel(self) -> None:
+        """The turn is cancelled and returns; the next run brings new input, so it closes that turn in the save
+        before its first request, which spends the cancel it was handed with the lease. Answered, the session is
+        not cancelled any more: the next holder is handed nothing (else a later turn's redelivery, after its
+        worker died, would stop as cancelled, and the sweep would never list that turn)."""
+        store = self.run_store()
+        sid = _sid("turn-cancel-spent")
+        sent: list[str] = []
+        other = agent.open(sid, self.another(store))
+
+        def cancel_then(request: int) -> None:
+            if request == 2:
+                assert other.cancel() is True
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=8)
+        first = _CallsThenAnswer("email", '{"to": "a@example.com"}', rounds=3, before=cancel_then)
+        assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "cancelled"
+        later = agent.Runner().run(spec, [*store.messages(sid), Message.user("a new question")], Answer("an answer"))
+        assert later.stop_reason == "answered" and sent == ["a@example.com"]
+        holder = store.acquire(sid, agent.Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 30)
+        try:
+            assert not holder.cancelled, "the cancel of a turn closed by new input was handed to the next holder"
+        finally:
+            store.release(sid, holder)
+
     def test_29_2_a_redelivered_turn_that_stopped_at_max_steps_stays_stopped(self) -> None:
         store = self.run_store()
         sid = _sid("turn-steps")

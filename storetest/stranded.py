@@ -182,23 +182,28 @@ class StrandedContract:
 
     def test_a_closing_save_keeps_the_turn_open_while_input_waits(self) -> None:
         """A message queued, or a steer posted, while a run works keeps the turn open when that run's last
-        save ends it: nobody else would answer it if the run's worker died before taking it."""
+        save ends it: nobody else would answer it if the run's worker died before taking it. So does a plain
+        ``save`` (an application's own) that ends the turn while input waits."""
         store = self.stranded_store()
         for kind in ("queue", "steer"):
             if kind == "queue" and not isinstance(store, QueueStore):
                 continue
-            sid = _sid(f"close-{kind}")
-            store.save(sid, [QUESTION])
-            holder = store.acquire(sid, _holder(), 30)
-            if kind == "queue":
-                assert cast(QueueStore, store).enqueue(sid, "turn-2", "and the renewal?") == 1
-            else:
-                store.add_steer(sid, "and the renewal?")
-            store.save_fenced(sid, holder, [QUESTION, ANSWER], take_steers=False)
-            store.release(sid, holder)
-            info = store.info(sid)
-            assert info is not None and info.open_since is not None, kind
-            assert sid in stranded_ids(store), kind
+            for how in ("fenced", "plain"):
+                sid = _sid(f"close-{kind}-{how}")
+                store.save(sid, [QUESTION])
+                holder = store.acquire(sid, _holder(), 30) if how == "fenced" else None
+                if kind == "queue":
+                    assert cast(QueueStore, store).enqueue(sid, "turn-2", "and the renewal?") == 1
+                else:
+                    store.add_steer(sid, "and the renewal?")
+                if holder is None:
+                    store.save(sid, [QUESTION, ANSWER])
+                else:
+                    store.save_fenced(sid, holder, [QUESTION, ANSWER], take_steers=False)
+                    store.release(sid, holder)
+                info = store.info(sid)
+                assert info is not None and info.open_since is not None, (kind, how)
+                assert sid in stranded_ids(store), (kind, how)
 
     def test_a_cancelled_session_is_listed_only_while_a_message_is_queued(self) -> None:
         """A cancel stops the turn in progress, not the messages queued behind it."""

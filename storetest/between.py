@@ -1,0 +1,231 @@
+"""What lands between a store's read and its write: each operation the library says as a read and then a
+guarded write must hold exactly what the read decided on, so a change another process makes between the
+two refuses the write (``agent_sessions.backed``).
+
+These drive that interleaving deterministically, by standing between the store and its ``Backend`` (a store
+without one keeps its own rules: skipped, said so), and check the backend's own half: every ``Guard`` field
+is evaluated. Each kills a mutant a store could ship (tests/mutants.py; docs/reliability.md, "Mutants").
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agent_sessions import Holder, LeaseLost, LifecycleStore, Message, QueueStore, RunStore, TranscriptDeleted
+from agent_sessions.backend import CANCEL, Acquire, Backend, Change, Guard, Idle, Release, Want
+
+from .capabilities import Capability
+from .crossprocess import wait_for
+
+QUESTION = Message.user("what expires?")
+ANSWER = Message.assistant("the lease")
+
+
+def _sid(tag: str) -> str:
+    return f"storetest-between-{tag}-{uuid.uuid4().hex}"
+
+
+def _claimant(tag: str = "") -> Holder:
+    return Holder("storetest", 4321, f"{tag}{uuid.uuid4().hex}", 0.0)
+
+
+class _Between:
+    """Stands in for ``store.backend``: after the first ``method`` call that ``when`` picks, runs ``then``
+    (once), and hands back what the backend answered; every other call passes through."""
+
+    def __init__(self, backend: Any, method: str, when: Callable[[Any], bool], then: Callable[[], None]) -> None:
+        self.backend, self.method, self.when, self.then, self.done = backend, method, when, then, False
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self.backend, name)
+        if name != self.method:
+            return real
+
+        def call(*args: Any) -> Any:
+            answer = real(*args)
+            if not self.done and self.when(args[-1]):
+                self.done = True
+                self.then()
+            return answer
+        return call
+
+
+def _stand(store: Any, backend: Any) -> None:
+    """``backend`` (the store's own, or one standing between it and the store) is the one the store asks."""
+    store.backend = backend
+
+
+class BetweenContract:
+    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
+
+    def make_store(self) -> Any:
+        raise NotImplementedError
+
+    def requires(self, capability: Capability) -> None:
+        raise NotImplementedError
+
+    def _backed(self, *needs: Capability) -> Any:
+        for capability in needs:
+            self.requires(capability)
+        store = self.make_store()
+        if not isinstance(getattr(store, "backend", None), Backend):
+            pytest.skip(f"{type(store).__name__} has no Backend to stand between: its reads and writes are its own")
+        return store
+
+    def test_every_guard_field_is_evaluated(self) -> None:
+        """Each field of ``Guard`` refuses the write when the row says otherwise (nothing written: the version
+        stays), and lets it through when the row agrees. A field a backend leaves unevaluated is a guarantee the
+        library counts on and the store silently drops (a queue's head, an incarnation)."""
+        store = self._backed()
+        backend: Backend = store.backend
+        sid = _sid("guard")
+        probe = Change(drop_key="storetest:never-accepted")  # changes nothing but the version
+
+        def version() -> int:
+            snap = backend.read(sid, Want())
+            assert snap is not None
+            return snap.row.version
+
+        def refused(guard: Guard, why: str) -> None:
+            before = version()
+            assert not backend.write(sid, guard, probe).done, f"a write was let through although {why}"
+            assert version() == before, f"a refused write ({why}) changed the row"
+
+        def holds(guard: Guard) -> None:
+            assert backend.write(sid, guard, probe).done, f"a write whose guard holds was refused: {guard}"
+
+        token = uuid.uuid4().hex
+        assert backend.write(sid, Guard(exists=False), Change(exist=True, splice=(0, (QUESTION.to_json(),)),
+                                                              add_key="storetest:accepted")).done
+        backend.write(sid, Guard(), Change(push=("k1", "first")))
+        backend.write(sid, Guard(), Change(push=("k2", "second")))
+        backend.write(sid, Guard(), Change(add_steer=("a steer", None)))
+        backend.write(sid, Guard(), Change(lease=Acquire("storetest", 1, token, None, 60.0)))
+        snap = backend.read(sid, Want(steers=True, queue=True))
+        assert snap is not None and len(snap.queue) == 2 and len(snap.steers) == 1
+        row, (head, second), (steer,) = snap.row, snap.queue, snap.steers
+        refused(Guard(exists=False), "the session exists")
+        holds(Guard(exists=True))
+        refused(Guard(incarnation=f"not-{row.incarnation}"), "the incarnation differs")
+        holds(Guard(incarnation=row.incarnation))
+        refused(Guard(version=version() + 1), "the version differs")
+        holds(Guard(version=version()))
+        refused(Guard(length=row.length + 1), "the length differs")
+        holds(Guard(length=row.length))
+        refused(Guard(edits=row.edits + 1), "the edit count differs")
+        holds(Guard(edits=row.edits))
+        refused(Guard(lease=(f"other-{token}", row.epoch)), "another token holds the lease")
+        refused(Guard(lease=(token, row.epoch + 1)), "the lease's epoch differs")
+        holds(Guard(lease=(token, row.epoch)))
+        refused(Guard(lease_free=True), "a live lease is held")
+        refused(Guard(no_steers=True), "a steer waits")
+        refused(Guard(steers=(steer.id, steer.id + 1)), "one of the steers named does not wait")
+        holds(Guard(steers=(steer.id,)))
+        refused(Guard(journal="a journal"), "there is no journal")
+        holds(Guard(journal=None))
+        refused(Guard(no_queue=True), "a message is queued")
+        refused(Guard(queue_head=second.id), "that queue item is not the head")
+        holds(Guard(queue_head=head.id))
+        refused(Guard(key_absent="storetest:accepted"), "the key was accepted")
+        holds(Guard(key_absent="storetest:other"))
+        holds(Guard(not_cancelled=True, lease_held=True))
+        backend.write(sid, Guard(), Change(lease=CANCEL, journal="a journal", take_steers=(steer.id,),
+                                           pop=head.id))
+        refused(Guard(not_cancelled=True), "the lease was cancelled")
+        refused(Guard(journal=None), "a journal is kept")
+        holds(Guard(journal="a journal", no_steers=True, queue_head=second.id))
+        backend.write(sid, Guard(), Change(lease=Release(), pop=second.id))
+        refused(Guard(lease_held=True), "the lease is free")
+        holds(Guard(lease_free=True, no_queue=True))
+
+    def test_a_queue_pop_whose_lease_was_taken_over_after_its_read_writes_nothing(self) -> None:
+        """``take_queued`` reads the queue's head, then pops it (into the transcript, or dropped) in a write
+        fenced by the lease and guarded by that head. The lease lapses and another run takes it in between: the
+        stale holder's pop is refused (``LeaseLost``), and the message waits for the new holder."""
+        self.requires(Capability.RUN_STORE)
+        store = self._backed(Capability.QUEUE)
+        backend = store.backend
+        assert isinstance(store, QueueStore) and isinstance(store, RunStore)
+        for append in (True, False):
+            sid = _sid(f"pop-{append}")
+            store.save(sid, [QUESTION, ANSWER])
+            store.enqueue(sid, "k1", "first")
+            stale = store.acquire(sid, _claimant("stale-"), 0.3)
+            taken: list[Holder] = []
+
+            def take_over(sid: str = sid, taken: list[Holder] = taken) -> None:
+                wait_for(lambda: store.holder(sid) is None, "the stale holder's lease to lapse")
+                taken.append(store.acquire(sid, _claimant("new-"), 60))
+
+            _stand(store, _Between(backend, "read", lambda want: bool(want.queue), take_over))
+            try:
+                with pytest.raises(LeaseLost):
+                    store.take_queued(sid, stale, append=append)
+            finally:
+                _stand(store, backend)
+            assert taken, "the queue was never read"
+            assert store.queued(sid) == ["k1"] and store.messages(sid) == [QUESTION, ANSWER], \
+                f"a holder whose lease was taken over popped the queue (append={append})"
+            assert store.take_queued(sid, taken[0]) == Message.user("first", key="k1")
+            store.release(sid, taken[0])
+
+    @pytest.mark.parametrize("between", ["saved", "leased", "steered"])
+    def test_prune_spares_a_session_that_came_alive_between_its_listing_and_its_delete(self, between: str) -> None:
+        """``prune`` lists idle sessions, then deletes each. One saved, leased or steered after the listing is
+        no longer idle: its delete must be refused (the listing's version, and a free lease, guard it)."""
+        self.requires(Capability.RUN_STORE)
+        store = self._backed(Capability.LIFECYCLE)
+        backend = store.backend
+        assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
+        sid = _sid(f"prune-{between}")
+        store.save(sid, [QUESTION])
+        held: list[Holder] = []
+
+        def comes_alive() -> None:
+            if between == "saved":
+                store.save(sid, [QUESTION, ANSWER])
+            elif between == "leased":
+                held.append(store.acquire(sid, _claimant(), 60))
+            else:
+                store.add_steer(sid, "one more thing")
+
+        wait_for(lambda: sid in [r.session for r in backend.sessions(Idle(0.0, 1000))], "the session to be idle")
+        _stand(store, _Between(backend, "sessions", lambda query: isinstance(query, Idle), comes_alive))
+        try:
+            store.prune(idle_for=0)
+        finally:
+            _stand(store, backend)
+        assert store.info(sid) is not None, f"prune deleted a session {between} after its listing"
+        assert store.messages(sid) == ([QUESTION, ANSWER] if between == "saved" else [QUESTION])
+        if held:
+            store.release(sid, held[0])
+
+    def test_a_first_save_from_a_read_before_a_delete_is_refused_though_the_session_begun_anew_matches_it(
+            self) -> None:
+        """A run's first save goes where the read its messages came from ended, guarded by that read's length
+        and edit count, and by its incarnation: a session deleted and begun anew to the same length, by the
+        same number of writes, matches the first two, and only the incarnation tells the erased
+        conversation from the new one."""
+        self.requires(Capability.RUN_STORE)
+        self.requires(Capability.LIFECYCLE)
+        store = self.make_store()
+        assert isinstance(store, RunStore) and isinstance(store, LifecycleStore), \
+            f"the store declares Capability.RUN_STORE and LIFECYCLE, but {type(store).__name__} is no RunStore and " \
+            "LifecycleStore"
+        sid = _sid("anew")
+        store.save(sid, [Message.user("the erased question")])
+        stale = store.messages(sid)
+        assert store.delete(sid)
+        anew = [Message.user("a new conversation")]
+        store.save(sid, anew)
+        holder = store.acquire(sid, _claimant(), 60)
+        try:
+            with pytest.raises(TranscriptDeleted):
+                store.save_fenced(sid, holder, [*stale, ANSWER], take_steers=False)
+            assert store.messages(sid) == anew, "a save of messages read before a delete wrote over a new session"
+        finally:
+            store.release(sid, holder)
