@@ -218,8 +218,9 @@ def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> tuple[agen
 def _speaking_django(made: agent.Store) -> agent.Store:
     """A missing table is the project's unapplied migration: the store's error says ``manage.py migrate``
     rather than the SQL to run, which the migration runs."""
-    if isinstance(getattr(type(made), "schema_hint", None), str):
-        made.schema_hint = MIGRATE_HINT  # type: ignore[attr-defined]
+    backend = getattr(made, "backend", None)
+    if isinstance(getattr(backend, "hint", None), str):
+        backend.hint = MIGRATE_HINT  # type: ignore[union-attr]
     return made
 
 
