@@ -60,7 +60,9 @@ def _m(name: str, store: bool, breaks: str, *edits: tuple[str, str, str]) -> Mut
 
 STRANDED, PERSIST = "agent_sessions/stranded.py", "agent_sessions/run/persistence.py"
 BUSY = "agent_sessions/run/busy.py"
-BACKED, MEMORY, REDIS = "agent_sessions/backed.py", "stores/memory/__init__.py", "stores/redis/write.lua"
+BACKED, MEMORY, REDIS = "agent_sessions/backed.py", "agent_sessions/backend.py", "stores/redis/write.lua"
+"""MEMORY: the guard evaluation and row arithmetic the memory and SQL backends share (``Guard.holds``,
+``next_row``)."""
 MONGO = "stores/mongodb/pipeline.py"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -96,10 +98,8 @@ MUTANTS: tuple[Mutant, ...] = (
        (BACKED, "guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id)\n",
         "guard = Guard()\n")),
     _m("memory-ignores-queue-head", True,
-       "the memory backend does not evaluate Guard.queue_head",
-       (MEMORY, "and (guard.queue_head is None or (s is not None and bool(s.queue) and s.queue[0].id == "
-                "guard.queue_head))",
-        "and True")),
+       "the guard evaluation the memory and SQL backends share (Guard.holds) ignores Guard.queue_head",
+       (MEMORY, "and (self.queue_head is None or self.queue_head == queue_head)", "and True")),
     _m("steer-key-check-apart", True,
        "add_steer_once reads whether the key was used, then inserts without a guard: two deliveries of a keyed "
        "steer at once both store it, and the run gets it twice",
@@ -159,8 +159,8 @@ MUTANTS: tuple[Mutant, ...] = (
        (BACKED, "return _Plan(read.length, items[count:], read.length, read.edits, read.incarnation)",
         "return _Plan(read.length, items[count:], read.length, read.edits)")),
     _m("memory-ignores-incarnation", True,
-       "the memory backend does not evaluate Guard.incarnation",
-       (MEMORY, "and (guard.incarnation is None or guard.incarnation == row.incarnation)", "and True")),
+       "the guard evaluation the memory and SQL backends share (Guard.holds) ignores Guard.incarnation",
+       (MEMORY, "and (self.incarnation is None or self.incarnation == row.incarnation)", "and True")),
     _m("redis-ignores-incarnation", True,
        "the Redis backend's Lua does not evaluate Guard.incarnation",
        (REDIS, "if guard.incarnation ~= nil then ok = ok and (row.inc or '') == guard.incarnation end", "")),
