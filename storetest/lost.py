@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent_sessions import Holder, Message, OutcomeUnknown, RunStore
+from agent_sessions import Holder, Message, OutcomeUnknown, RunStore, Saved
 
 from .capabilities import Capability
 
@@ -44,12 +44,8 @@ class LostAnswersContract:
     def requires(self, capability: Capability) -> None:
         raise NotImplementedError
 
-    @pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "cut-before"])
-    def test_a_save_with_events_whose_answer_was_lost_takes_a_waiting_steer_once(self, landed: bool) -> None:
-        """An events-only save guarded by "no steer waits" meets a steer: refused, its answer lost or its line
-        cut. Read back, it did not land: the library writes again, takes the steer, and the events are in
-        the log once. (A read-back that judged by the transcript alone, which already held the messages,
-        would call it landed and leave the steer behind at the turn's end.)"""
+    def _held(self) -> tuple[Any, Any, str, Holder]:
+        """A store with a backend to stand in for, a session saved with one question, and its lease."""
         self.requires(Capability.EVENTS)
         store = self.make_store()
         backend = getattr(store, "backend", None)
@@ -57,19 +53,33 @@ class LostAnswersContract:
             pytest.skip("not a BackedStore: no backend to lose an answer of")
         assert isinstance(store, RunStore)
         sid = f"storetest-lost-{uuid.uuid4().hex}"
-        msgs = [Message.user("question")]
-        store.save(sid, msgs)
-        holder = store.acquire(sid, Holder("storetest", 1, uuid.uuid4().hex, 0.0), 60)
-        msgs = store.messages(sid)
-        store.add_steer(sid, "late steer")
-        events = [json.dumps({"kind": "storetest", "n": n, "at": uuid.uuid4().hex}) for n in range(3)]
+        store.save(sid, [Message.user("question")])
+        return store, backend, sid, store.acquire(sid, Holder("storetest", 1, uuid.uuid4().hex, 0.0), 60)
+
+    @staticmethod
+    def _save_losing(store: Any, backend: Any, landed: bool, sid: str, holder: Holder, msgs: list[Message],
+                     events: list[str]) -> Saved:
+        """``save_fenced_events`` through a backend that loses the answer of its first write with events."""
         losing = _Losing(backend, landed)
         setattr(store, "backend", losing)  # noqa: B010 - the store's own attribute, stood in for
         try:
-            saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=events, keep=100)
+            saved: Saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=events, keep=100)
         finally:
             setattr(store, "backend", backend)  # noqa: B010
         assert losing.lost == 1
+        return saved
+
+    @pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "cut-before"])
+    def test_a_save_with_events_whose_answer_was_lost_takes_a_waiting_steer_once(self, landed: bool) -> None:
+        """An events-only save guarded by "no steer waits" meets a steer: refused, its answer lost or its line
+        cut. Read back, it did not land: the library writes again, takes the steer, and the events are in
+        the log once. (A read-back that judged by the transcript alone, which already held the messages,
+        would call it landed and leave the steer behind at the turn's end.)"""
+        store, backend, sid, holder = self._held()
+        msgs = store.messages(sid)
+        store.add_steer(sid, "late steer")
+        events = [json.dumps({"kind": "storetest", "n": n, "at": uuid.uuid4().hex}) for n in range(3)]
+        saved = self._save_losing(store, backend, landed, sid, holder, msgs, events)
         assert saved.steers == ["late steer"] and store.pending_steers(sid) == []
         assert [m.text for m in store.messages(sid)] == ["question", "late steer"]
         assert [text for _, text in backend.events(sid, 0, 100)] == events
@@ -79,24 +89,11 @@ class LostAnswersContract:
     def test_a_step_with_events_whose_answer_was_lost_is_stored_once(self, landed: bool) -> None:
         """A step's save (new messages and their events) loses its answer: landed, the run goes on; cut
         before, it is written again. Either way its messages and events are stored once."""
-        self.requires(Capability.EVENTS)
-        store = self.make_store()
-        backend = getattr(store, "backend", None)
-        if backend is None:
-            pytest.skip("not a BackedStore: no backend to lose an answer of")
-        assert isinstance(store, RunStore)
-        sid = f"storetest-lost-{uuid.uuid4().hex}"
-        store.save(sid, [Message.user("question")])
-        holder = store.acquire(sid, Holder("storetest", 1, uuid.uuid4().hex, 0.0), 60)
+        store, backend, sid, holder = self._held()
         msgs = [*store.messages(sid), Message.assistant("answer")]
         events = [json.dumps({"kind": "storetest", "n": n, "at": uuid.uuid4().hex}) for n in range(2)]
-        losing = _Losing(backend, landed)
-        setattr(store, "backend", losing)  # noqa: B010 - the store's own attribute, stood in for
-        try:
-            saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=events, keep=100)
-        finally:
-            setattr(store, "backend", backend)  # noqa: B010
-        assert losing.lost == 1 and saved.steers == []
+        saved = self._save_losing(store, backend, landed, sid, holder, msgs, events)
+        assert saved.steers == []
         assert store.messages(sid) == msgs
         assert [text for _, text in backend.events(sid, 0, 100)] == events
         store.release(sid, holder)
