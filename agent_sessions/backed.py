@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -198,14 +198,13 @@ class BackedStore:
 
     def take_steers(self, session: str) -> list[str]:
         validate.session_id(session)
-        for attempt in range(ATTEMPTS):
+        for _ in _attempts():
             snap = self.backend.read(session, Want(steers=True))
             if snap is None or not snap.steers:
                 return []
             ids = tuple(s.id for s in snap.steers)
             if self.backend.write(session, Guard(steers=ids), Change(take_steers=ids)).done:
                 return [s.text for s in snap.steers]
-            _back_off(attempt)  # another taker took some first: takers in step would keep meeting
         raise self._busy("take_steers", session)
 
     # -- a plain save -----------------------------------------------------------------------------------------
@@ -216,7 +215,7 @@ class BackedStore:
         validate.stored_size(items, 0, self.max_message_bytes, self.name)
         texts = tuple(m.to_json() for m in items)
         opened = turn_open(items)
-        for _ in range(ATTEMPTS):
+        for _ in _attempts():
             guard = Guard() if opened else Guard(no_steers=True, no_queue=True)
             change = Change(exist=True, splice=(0, texts), journal=None, open="set" if opened else "clear")
             if self.backend.write(session, guard, change).done:
@@ -365,7 +364,7 @@ class BackedStore:
         steer_ids: tuple[int, ...] = ()
         opened: bool | None = None
         lost: OutcomeUnknown | None = None
-        for _ in range(ATTEMPTS):
+        for _ in _attempts():
             if plan is None:
                 plan = self._compared(session, items, start, replace)
             new = (*plan.new, *taking)
@@ -542,7 +541,7 @@ class BackedStore:
         after the transcript took it (its caller answers from the transcript). Guarded by what it read, so
         the item it removes is the one it found."""
         validate.session_id(session)
-        for _ in range(ATTEMPTS):
+        for _ in _attempts():
             snap = self.backend.read(session, Want(queue=True))
             item = None if snap is None else next((q for q in snap.queue if q.key == key), None)
             if snap is None or item is None:
@@ -554,7 +553,7 @@ class BackedStore:
 
     def take_queued(self, session: str, holder: Holder, *, append: bool = True) -> Message | None:
         validate.session_id(session)
-        for _ in range(ATTEMPTS):
+        for _ in _attempts():
             snap = self.backend.read(session, Want(queue=True))
             _owned(session, holder, None if snap is None else snap.row)
             assert snap is not None
@@ -635,7 +634,7 @@ class BackedStore:
 
     def set_metadata(self, session: str, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
         validate.session_id(session)
-        for _ in range(ATTEMPTS):
+        for _ in _attempts():
             row = self._row(session)
             merged = lifecycle.merge_metadata(lifecycle.decode_metadata(None if row is None else row.metadata),
                                               changes)
@@ -683,10 +682,15 @@ class BackedStore:
         return f"{type(self).__module__}.{type(self).__name__}({self.backend!r})"
 
 
-def _back_off(attempt: int) -> None:
-    """A random pause after the ``attempt``-th refusal, growing to 64 ms: writers that keep being refused
-    because they read and write in step with each other fall out of step."""
-    time.sleep(random.random() * 0.001 * 2 ** min(attempt, 6))
+def _attempts() -> Iterator[int]:
+    """The ``ATTEMPTS`` tries of a read and a guarded write: the first at once, each later one after a random
+    pause growing to 64 ms, so writers refused because they read and write in step with each other (takers
+    of one steer, eight callers of ``set_metadata`` on one session) fall out of step instead of meeting
+    again until their attempts run out."""
+    for attempt in range(ATTEMPTS):
+        if attempt:
+            time.sleep(random.random() * 0.001 * 2 ** min(attempt, 6))
+        yield attempt
 
 
 def _lease(holder: Holder) -> Guard:
