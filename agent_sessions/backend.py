@@ -32,7 +32,7 @@ import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from .errors import StoreError
 
@@ -54,7 +54,9 @@ __all__ = [
     "StoreError",
     "Want",
     "Written",
+    "change_json",
     "first_seq",
+    "guard_json",
     "meta_index",
     "new_incarnation",
     "next_row",
@@ -456,3 +458,69 @@ def metadata_items(text: str) -> Mapping[str, object]:
 def indexed(text: str) -> Sequence[tuple[str, str]]:
     """The (key, ``meta_index``) pairs of a row's metadata: what a backend indexes for ``Recent.where``."""
     return [(k, meta_index(v)) for k, v in metadata_items(text).items()]
+
+
+def guard_json(guard: Guard) -> dict[str, Any]:
+    """``guard`` as the JSON object a server-side write reads (PostgreSQL's function, MySQL's procedure,
+    Redis's script): a field is there when it asks something; a nullable value it compares is a one-element
+    array ([null]: none)."""
+    out: dict[str, Any] = {}
+    for name in ("exists", "incarnation", "version", "length", "edits", "queue_head", "key_absent"):
+        value = getattr(guard, name)
+        if value is not None:
+            out[name] = value
+    if guard.lease is not None:
+        out["lease"] = list(guard.lease)
+    for name in ("lease_free", "lease_held", "not_cancelled", "no_steers", "no_queue"):
+        if getattr(guard, name):
+            out[name] = True
+    if guard.steers:
+        out["steers"] = list(guard.steers)
+    if guard.checks_journal:
+        out["journal"] = [guard.journal]
+    return out
+
+
+def change_json(change: Change) -> dict[str, Any]:
+    """``change`` as the JSON object a server-side write reads, in the form of ``guard_json``. Its metadata
+    comes with ``meta_index``, its (name, value) pairs as ``indexed`` gives them, so the server never
+    rewrites JSON."""
+    out: dict[str, Any] = {}
+    if change.exist:
+        out["exist"] = True
+    if change.delete:
+        out["delete"] = True
+    if change.splice is not None:
+        out["splice"] = [change.splice[0], list(change.splice[1])]
+    if change.take_steers:
+        out["take_steers"] = list(change.take_steers)
+    for name in ("add_steer", "push"):
+        value = getattr(change, name)
+        if value is not None:
+            out[name] = list(value)
+    for name in ("pop", "add_key", "drop_key", "open"):
+        value = getattr(change, name)
+        if value is not None:
+            out[name] = value
+    if change.metadata is not None:
+        out["metadata"] = change.metadata
+        out["meta_index"] = [list(pair) for pair in indexed(change.metadata)]
+    if change.sets_journal:
+        out["journal"] = [change.journal]
+    if change.sets_turn:
+        out["turn"] = [change.turn]
+    if change.handed is not None:
+        out["handed"] = change.handed
+    lease = change.lease
+    if isinstance(lease, Acquire):
+        out["lease"] = {"acquire": {"host": lease.host, "pid": lease.pid, "token": lease.token, "spec": lease.spec,
+                                    "ttl": lease.ttl, "turn": lease.turn}}
+    elif isinstance(lease, Renew):
+        out["lease"] = {"renew": lease.ttl}
+    elif isinstance(lease, Release):
+        out["lease"] = {"release": True}
+    elif lease == CANCEL:
+        out["lease"] = {"cancel": True}
+    if change.events:
+        out["events"], out["keep"] = list(change.events), change.keep
+    return out

@@ -33,13 +33,24 @@ from pymysql.constants import SERVER_STATUS  # type: ignore[import-untyped]
 from sqlalchemy import ColumnElement, Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from agent_sessions.backend import Change, Guard, Queued, Row, Snapshot, Steer, Want, Written, new_incarnation
+from agent_sessions.backend import (
+    Change,
+    Guard,
+    Queued,
+    Row,
+    Snapshot,
+    Steer,
+    Want,
+    Written,
+    change_json,
+    guard_json,
+    new_incarnation,
+)
 from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
 from .._sql import SQLBackend
 from .._sql.backend import RETRIES
 from .._sql.clock import db_now
-from .._sql.wire import change_json, guard_json
 
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)

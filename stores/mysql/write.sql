@@ -1,7 +1,7 @@
 -- One guarded write of a session (agent_sessions.backend: Guard, Change) in one CALL: the procedure is its
 -- own transaction (START TRANSACTION ... COMMIT), so a write is one round trip. The guard and the change
--- are JSON objects, as stores/postgres/write.sql reads them (stores/_sql/wire.py writes both): a field is
--- there when it asks or changes something; a nullable value is a one-element array ([null]: none).
+-- are JSON objects (agent_sessions.backend: guard_json, change_json), as stores/postgres/write.sql reads
+-- them: a field is there when it asks or changes something; a nullable value is a one-element array.
 -- READ COMMITTED: InnoDB then takes no gap locks, so writers of sessions that share nothing never wait for
 -- each other (a missing row locked at REPEATABLE READ locks the gap beside it). Deletes that would read
 -- on past the session's last row into another session's are bounded by LIMIT (its count of rows).

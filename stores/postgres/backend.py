@@ -27,14 +27,14 @@ from agent_sessions.backend import (
     Steer,
     Want,
     Written,
+    change_json,
+    guard_json,
     new_incarnation,
 )
 from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
 from .._sql import SCHEMA_VERSION, SchemaMismatch, SQLBackend
 from .._sql.clock import db_now
-from .._sql.wire import change_json as _change
-from .._sql.wire import guard_json as _guard
 
 _T = TypeVar("_T")
 
@@ -126,7 +126,7 @@ class Backend(SQLBackend):
                         frozenset(got["keys_"] or ()))
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
-        params = {"sid": session, "guard": json.dumps(_guard(guard)), "change": json.dumps(_change(change)),
+        params = {"sid": session, "guard": json.dumps(guard_json(guard)), "change": json.dumps(change_json(change)),
                   "inc": new_incarnation() if change.exist else "", "lock_wait": self.lock_wait}
         found = self._once("write", session, lambda conn: self._first(conn, _WRITE, params), writes=True)
         assert found is not None

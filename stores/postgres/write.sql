@@ -1,6 +1,6 @@
 -- One guarded write of a session (agent_sessions.backend: Guard, Change), in one call: the store runs
 -- SELECT agent_sessions_write(...) in autocommit, so a write is one round trip and one transaction.
--- The guard and the change are JSON objects (stores/postgres/backend.py writes them): a field is there
+-- The guard and the change are JSON objects (agent_sessions.backend: guard_json, change_json): a field is there
 -- when it asks or changes something; a nullable value the change sets, or the guard compares, is a
 -- one-element array ([null]: none). The change's metadata comes with "meta_index", its (name, value)
 -- pairs as Python indexes them (agent_sessions.backend.meta_index), so JSON is never rewritten here.

@@ -21,21 +21,20 @@ from typing import Any, TypeVar
 
 from agent_sessions.backed import BackedStore
 from agent_sessions.backend import (
-    CANCEL,
-    Acquire,
     Change,
     Guard,
     Idle,
     Open,
     Queued,
     Recent,
-    Release,
-    Renew,
     Row,
     Snapshot,
     Steer,
     Want,
     Written,
+    change_json,
+    guard_json,
+    indexed,
     new_incarnation,
 )
 from agent_sessions.errors import OutcomeUnknown, StoreError
@@ -101,8 +100,8 @@ class Backend:
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         keys = [*self._keys(session), self._updated, self._open]
         mkeys = "[]" if change.metadata is None else json.dumps(
-            [f"{self.prefix}index:meta:{k}={v}" for k, v in _indexed(change.metadata)])
-        args = [session, json.dumps(_guard(guard)), json.dumps(_change(change)), mkeys, new_incarnation()]
+            [f"{self.prefix}index:meta:{k}={v}" for k, v in indexed(change.metadata)])
+        args = [session, json.dumps(guard_json(guard)), json.dumps(change_json(change)), mkeys, new_incarnation()]
         got = self._call("write", session, lambda: self._write(keys, args), writes=True)
         row = None if len(got) == 1 else _row(session, *got[1:])
         return Written(bool(got[0]), row)
@@ -141,7 +140,7 @@ class Backend:
             wanted = [s for s, score in _scored(page)
                       if s.startswith(query.prefix) and (query.after is None or (score, s) < query.after)]
             rows += [r for r in self._rows(wanted)
-                     if r.exists and set(query.where) <= set(_indexed(r.metadata))]
+                     if r.exists and set(query.where) <= set(indexed(r.metadata))]
             if len(page) < BATCH:
                 break
         return sorted(rows, key=lambda r: (r.updated, r.session), reverse=True)[:query.limit]
@@ -178,67 +177,6 @@ def _row(session: str, flat: Sequence[Any], now: Any, steers: Any, queued: Any) 
 def _scored(page: Any) -> list[tuple[str, float]]:
     """A sorted set's (member, score) pairs, members as text."""
     return [(_text(member), float(score)) for member, score in page]
-
-
-def _indexed(metadata: str) -> list[tuple[str, str]]:
-    return [(k, json.dumps(v)) for k, v in json.loads(metadata).items()]
-
-
-def _guard(guard: Guard) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in ("exists", "incarnation", "version", "length", "edits", "queue_head", "key_absent"):
-        value = getattr(guard, name)
-        if value is not None:
-            out[name] = value
-    if guard.lease is not None:
-        out["lease"] = list(guard.lease)
-    for name in ("lease_free", "lease_held", "not_cancelled", "no_steers", "no_queue"):
-        if getattr(guard, name):
-            out[name] = True
-    if guard.steers:
-        out["steers"] = list(guard.steers)
-    if guard.checks_journal:
-        out["journal"] = [guard.journal]
-    return out
-
-
-def _change(change: Change) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if change.exist:
-        out["exist"] = True
-    if change.delete:
-        out["delete"] = True
-    if change.splice is not None:
-        out["splice"] = [change.splice[0], list(change.splice[1])]
-    if change.take_steers:
-        out["take_steers"] = list(change.take_steers)
-    for name in ("add_steer", "push"):
-        value = getattr(change, name)
-        if value is not None:
-            out[name] = list(value)
-    for name in ("pop", "add_key", "drop_key", "open", "metadata"):
-        value = getattr(change, name)
-        if value is not None:
-            out[name] = value
-    if change.sets_journal:
-        out["journal"] = [change.journal]
-    if change.sets_turn:
-        out["turn"] = [change.turn]
-    if change.handed is not None:
-        out["handed"] = change.handed
-    lease = change.lease
-    if isinstance(lease, Acquire):
-        out["lease"] = {"acquire": {"host": lease.host, "pid": lease.pid, "token": lease.token, "spec": lease.spec,
-                                    "ttl": lease.ttl, "turn": lease.turn}}
-    elif isinstance(lease, Renew):
-        out["lease"] = {"renew": {"ttl": lease.ttl}}
-    elif isinstance(lease, Release):
-        out["lease"] = {"release": True}
-    elif lease == CANCEL:
-        out["lease"] = {"cancel": True}
-    if change.events:
-        out["events"], out["keep"] = list(change.events), change.keep
-    return out
 
 
 class Store(BackedStore):

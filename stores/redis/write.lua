@@ -135,7 +135,7 @@ if lease ~= nil then
     if a.turn == cjson.null then unset[#unset + 1] = 'turn' else put('turn', a.turn) end
     put('handed', (row.handed == '1' or row.cancelled == '1') and '1' or '0'); put('cancelled', '0')
   elseif lease.renew then
-    put('expires', string.format('%.6f', now + lease.renew.ttl))
+    put('expires', string.format('%.6f', now + lease.renew))
   elseif lease.release then
     unset[#unset + 1] = 'token'
     put('handed', (row.handed == '1' or row.cancelled == '1') and '1' or '0')
