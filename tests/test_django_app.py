@@ -222,10 +222,10 @@ def test_migrate_creates_the_store_tables_on_postgresql(tmp_path: Path) -> None:
 
 # -- the app's migration: the stores' DDL, frozen --------------------------------------------------------------
 
-REGENERATE = ("the stores' DDL is not the one frozen in agent_sessions/contrib/django/migrations/0001_initial.py: "
+REGENERATE = ("the stores' DDL is not the one frozen in agent_sessions/contrib/django/migrations/0001_initial.json: "
               "regenerate it with `python -m agent_sessions.contrib.django.schema > "
-              "agent_sessions/contrib/django/migrations/0001_initial.py` (once the app is released, add a migration "
-              "running the new schema's upgrade statements instead)")
+              "agent_sessions/contrib/django/migrations/0001_initial.json` (once the app is released, add a "
+              "migration running the new schema's upgrade statements instead)")
 
 
 def test_the_migration_is_the_stores_exported_ddl(django_state: Path) -> None:
@@ -237,7 +237,8 @@ def test_the_migration_is_the_stores_exported_ddl(django_state: Path) -> None:
     initial = importlib.import_module("agent_sessions.contrib.django.migrations.0001_initial")
     assert ";\n\n".join(initial.CREATE["postgresql"]) + ";\n" == postgres.SCHEMA, REGENERATE
     assert initial.CREATE["mysql"] == mysql.SCHEMA, REGENERATE
-    assert Path(initial.__file__).read_text() == schema.migration(*schema.current()), REGENERATE
+    assert Path(initial.__file__).with_suffix(".json").read_text() == schema.frozen(*schema.current()), REGENERATE
+    assert initial.DROP == schema.drops(initial.CREATE)
 
 
 def sqlite_objects(path: Path) -> tuple[list[tuple[str, ...]], int]:

@@ -174,9 +174,9 @@ def test_the_schema_helper_runs_from_the_wheel(venv: Path, project: Path) -> Non
     out = run([str(venv), "-I", "-m", "agent_sessions.contrib.django.schema"], cwd=project).stdout
     shipped = run([str(venv), "-I", "-c", "import importlib, pathlib; m = importlib.import_module("
                    "'agent_sessions.contrib.django.migrations.0001_initial'); print(pathlib.Path(m.__file__)"
-                   ".read_text(), end='')"], cwd=project).stdout
+                   ".with_suffix('.json').read_text(), end='')"], cwd=project).stdout
     assert out == shipped
-    assert out.startswith('"""The store\'s tables, schema ')
+    assert out.startswith('{\n "schema_version": 1,')
 
 
 # A new project whose tests use the store, as a user writes them, on Django's default test settings (no
