@@ -33,6 +33,7 @@ from tests import servers
 from tests.model_server import ModelServer, Reply, openai
 
 from . import wire
+from .counting import CountingModel, charge, look
 from .proxy import FaultProxy, Rule
 from .test_outcomes import _transcript, lost_acquisition, lost_release, lost_save, lost_step
 from .test_steers_kept import _count, _endpoint, _failed_run, _steered_run, lookup, slow_lookup
@@ -449,36 +450,8 @@ def test_a_frozen_worker_with_a_socket_timeout_is_bounded_too(proxy: FaultProxy,
 # -- round trips ----------------------------------------------------------------------------------------------
 
 
-class _CountingModel:
-    """Calls ``tool`` at once, ``steps`` times, then answers; notes how many requests the proxy has seen at
-    each of its own requests."""
-
-    def __init__(self, tool: str, proxy: FaultProxy, steps: int) -> None:
-        self.tool, self.proxy, self.steps = tool, proxy, steps
-        self.seen: list[int] = []
-
-    def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
-        self.seen.append(len(self.proxy.statements))
-        if len(self.seen) > self.steps:
-            return agent.Message.assistant("done")
-        call = agent.Content.tool_call(f"c{len(self.seen)}", self.tool, '{"q": "x"}')
-        return agent.Message(agent.Role.ASSISTANT, [call])
-
-
-@agent.tool
-def _look(q: str) -> str:
-    """Look something up."""
-    return "found " + q * 200
-
-
-@agent.tool(idempotent=False)
-def _charge(q: str) -> str:
-    """Charge once."""
-    return "charged " + q * 200
-
-
-@pytest.mark.parametrize(("tool", "publish", "step", "start"), [(_look, False, 1, 2), (_charge, False, 2, 2),
-                                                                 (_look, True, 1, 2)])
+@pytest.mark.parametrize(("tool", "publish", "step", "start"), [(look, False, 1, 2), (charge, False, 2, 2),
+                                                                 (look, True, 1, 2)])
 def test_the_round_trips_of_a_runs_start_and_of_its_usual_step(
     via: mongodb.Store, proxy: FaultProxy, tool: agent.Tool, publish: bool, step: int, start: int
 ) -> None:
@@ -493,7 +466,7 @@ def test_the_round_trips_of_a_runs_start_and_of_its_usual_step(
     via.save(sid, _transcript(1))
     read = via.messages(sid)
     proxy.statements.clear()
-    model = _CountingModel(tool.name, proxy, 40)
+    model = CountingModel(tool.name, proxy, 40)
     spec = agent.Spec(session=agent.open(sid, via), tools=[tool], max_steps=41, publish_events=publish)
     agent.Runner().run(spec, [*read, agent.Message.user("go")], model)
     steps = [b - a for a, b in zip(model.seen, model.seen[1:], strict=False)]

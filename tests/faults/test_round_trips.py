@@ -20,6 +20,7 @@ import agent_sessions as agent
 from stores import mysql
 from tests import servers
 
+from .counting import CountingModel, charge, look
 from .proxy import FaultProxy
 
 DATABASE = "faulttrips"
@@ -54,44 +55,16 @@ def mysql_via(database: tuple[str, str, Engine], via: Any) -> mysql.Store:
     return via
 
 
-class _CountingModel:
-    """Calls ``tool`` at once, ``steps`` times, then answers; notes how many units the proxy has seen at each
-    of its own requests."""
-
-    def __init__(self, tool: str, proxy: FaultProxy, steps: int) -> None:
-        self.tool, self.proxy, self.steps = tool, proxy, steps
-        self.seen: list[int] = []
-
-    def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
-        self.seen.append(len(self.proxy.statements))
-        if len(self.seen) > self.steps:
-            return agent.Message.assistant("done")
-        call = agent.Content.tool_call(f"c{len(self.seen)}", self.tool, '{"q": "x"}')
-        return agent.Message(agent.Role.ASSISTANT, [call])
-
-
-@agent.tool
-def _look(q: str) -> str:
-    """Look something up."""
-    return "found " + q * 200
-
-
-@agent.tool(idempotent=False)
-def _charge(q: str) -> str:
-    """Charge once."""
-    return "charged " + q * 200
-
-
 def _run(store: agent.Store, proxy: FaultProxy, tool: agent.Tool, publish: bool) -> list[int]:
     sid = f"rt-{uuid.uuid4().hex[:12]}"
-    model = _CountingModel(tool.name, proxy, 20)
+    model = CountingModel(tool.name, proxy, 20)
     spec = agent.Spec(session=agent.open(sid, store), tools=[tool], max_steps=21, publish_events=publish)
     proxy.statements.clear()
     agent.Runner().run(spec, [agent.Message.user("go")], model)
     return model.seen
 
 
-@pytest.mark.parametrize(("tool", "publish", "step"), [(_look, False, 1), (_charge, False, 2), (_look, True, 1)])
+@pytest.mark.parametrize(("tool", "publish", "step"), [(look, False, 1), (charge, False, 2), (look, True, 1)])
 def test_a_runs_start_is_two_round_trips_and_its_usual_step_one(
     via: agent.Store, proxy: FaultProxy, tool: agent.Tool, publish: bool, step: int
 ) -> None:
