@@ -173,6 +173,41 @@ class BetweenContract:
             assert store.take_queued(sid, taken[0]) == Message.user("first", key="k1")
             store.release(sid, taken[0])
 
+    @pytest.mark.parametrize("between", ["taken", "queued"])
+    def test_a_withdrawal_removes_only_the_message_it_found_whatever_lands_after_its_read(self, between: str) -> None:
+        """``withdraw`` reads the queue, then removes its key's item in a write guarded by the version it read.
+        A run takes that item in between: the withdrawal removes nothing (the transcript answers it, once). Another
+        message is queued in between: the withdrawal still removes its own, and the other waits."""
+        self.requires(Capability.RUN_STORE)
+        store = self._backed(Capability.QUEUE)
+        backend = store.backend
+        assert isinstance(store, QueueStore) and isinstance(store, RunStore)
+        sid = _sid(f"withdraw-{between}")
+        store.save(sid, [QUESTION, ANSWER])
+        store.enqueue(sid, "k1", "first")
+
+        def lands() -> None:
+            if between == "taken":
+                holder = store.acquire(sid, _claimant(), 60)
+                assert store.take_queued(sid, holder) == Message.user("first", key="k1")
+                store.release(sid, holder)
+            else:
+                store.enqueue(sid, "k2", "second")
+
+        _stand(store, _Between(backend, "read", lambda want: bool(want.queue), lands))
+        try:
+            withdrawn = store.withdraw(sid, "k1")
+        finally:
+            _stand(store, backend)
+        if between == "taken":
+            assert not withdrawn, "withdraw reported removing a message a run had taken after its read"
+            assert store.queued(sid) == [] and store.messages(sid) == [QUESTION, ANSWER, Message.user("first",
+                                                                                                      key="k1")]
+        else:
+            assert withdrawn and store.queued(sid) == ["k2"], \
+                "a withdrawal refused by a message queued after its read did not try again, or removed the other"
+            assert store.messages(sid) == [QUESTION, ANSWER]
+
     @pytest.mark.parametrize("between", ["saved", "leased", "steered"])
     def test_prune_spares_a_session_that_came_alive_between_its_listing_and_its_delete(self, between: str) -> None:
         """``prune`` lists idle sessions, then deletes each. One saved, leased or steered after the listing is
