@@ -132,7 +132,8 @@ class Backend(SQLBackend):
                     continue
                 raise self._error("write", session, exc, True) from exc
         assert got is not None
-        return Written(bool(got["done_"]), _row(got, got["now_"]) if got["present_"] else None)
+        head = _written(session, got)
+        return Written(head["done_"], _row(head, head["now_"]) if head["present_"] else None)
 
     @contextmanager
     def _cursor(self) -> Iterator[Any]:
@@ -234,6 +235,26 @@ def _sets(cursor: Any, sql: str, params: Any) -> list[list[dict[str, Any]]]:
             out.append([dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
         if not cursor.nextset():
             return out
+
+
+_WRITTEN = ("done_", "present_", "now_", "exists_", "incarnation", "created", "updated", "version", "length", "edits",
+            "token", "epoch", "expires", "host", "pid", "cancelled", "handed", "open_since", "last_seq", "steers",
+            "queued")
+"""The fields of the write's ``row_``, a JSON array (write.sql): in one column, not one each, as PyMySQL parses
+every column's description in Python (27 of them were a fifth of a write's client CPU). Its long texts come
+as columns of their own (a JSON array of them could pass ``max_allowed_packet``)."""
+_FLAGS = frozenset({"done_", "present_", "exists_", "cancelled", "handed"})
+
+
+def _written(session: str, got: Mapping[str, Any]) -> dict[str, Any]:
+    """The write's answer by name: ``row_`` spread out. MariaDB writes a procedure's variables into JSON as
+    strings ("1", "12.5"), MySQL as numbers: each flag is read as an integer's truth."""
+    out: dict[str, Any] = dict(zip(_WRITTEN, json.loads(got["row_"]), strict=True))
+    for name in _FLAGS:
+        out[name] = bool(int(out[name]))
+    out.update(session_id=session, spec=got["spec"], turn=got["turn"], cancelled_turn=got["cancelled_turn"],
+               journal=got["journal"], metadata=got["metadata"])
+    return out
 
 
 def _text(value: str | bytes | None) -> str | None:

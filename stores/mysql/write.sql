@@ -8,7 +8,11 @@
 -- Texts are compared as bytes (CAST ... AS BINARY): MariaDB's utf8mb4_bin pads ('a' = 'a ').
 -- p_lock_wait: whole seconds the row's lock is waited for before error 1205 (innodb_lock_wait_timeout,
 -- set for the call and put back). A deadlock (1213) has rolled everything back: the caller runs it again.
--- Answers one row: done_, now_, present_ (is there a row) and the row's columns (after, when done).
+-- Which fields the guard and the change have is read once (gk, ck: their JSON_KEYS): each JSON_EXTRACT of
+-- a field reads the document from its start, and the change carries the step's messages, so asking the
+-- change for every field it might have read those messages a dozen times over.
+-- Answers one row: row_, a JSON array of done_, present_ (is there a row), now_ and the row's short fields
+-- (after, when done; in the order of backend.py's _WRITTEN), then the row's long texts, a column each.
 CREATE PROCEDURE agent_sessions_write(IN p_session VARBINARY(1020), IN p_guard LONGTEXT CHARACTER SET utf8mb4,
                                       IN p_change LONGTEXT CHARACTER SET utf8mb4,
                                       IN p_incarnation VARCHAR(64) CHARACTER SET utf8mb4, IN p_lock_wait INT)
@@ -16,6 +20,9 @@ MODIFIES SQL DATA
 BEGIN
   DECLARE g LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT p_guard;
   DECLARE c LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT p_change;
+  DECLARE gk TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT JSON_KEYS(p_guard);
+  DECLARE ck TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT JSON_KEYS(p_change);
+  DECLARE v_lease LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
   DECLARE v_wait INT DEFAULT @@SESSION.innodb_lock_wait_timeout;
   DECLARE v_now DOUBLE;
   DECLARE present, ok, done BOOLEAN DEFAULT FALSE;
@@ -56,41 +63,41 @@ BEGIN
           r_open_since = NULL, r_metadata = '{}', r_last_seq = 0, r_steers = 0, r_queued = 0;
     END IF;
     -- the guard
-    SET ok = (JSON_EXTRACT(g, '$.exists') IS NULL OR r_exists = (JSON_UNQUOTE(JSON_EXTRACT(g, '$.exists')) = 'true'))
-      AND (JSON_EXTRACT(g, '$.incarnation') IS NULL
+    SET ok = (NOT JSON_CONTAINS(gk, '"exists"') OR r_exists = (JSON_UNQUOTE(JSON_EXTRACT(g, '$.exists')) = 'true'))
+      AND (NOT JSON_CONTAINS(gk, '"incarnation"')
            OR CAST(r_incarnation AS BINARY) = CAST(JSON_UNQUOTE(JSON_EXTRACT(g, '$.incarnation')) AS BINARY))
-      AND (JSON_EXTRACT(g, '$.version') IS NULL OR r_version = CAST(JSON_EXTRACT(g, '$.version') AS SIGNED))
-      AND (JSON_EXTRACT(g, '$.length') IS NULL OR r_length = CAST(JSON_EXTRACT(g, '$.length') AS SIGNED))
-      AND (JSON_EXTRACT(g, '$.edits') IS NULL OR r_edits = CAST(JSON_EXTRACT(g, '$.edits') AS SIGNED))
-      AND (JSON_EXTRACT(g, '$.lease') IS NULL
+      AND (NOT JSON_CONTAINS(gk, '"version"') OR r_version = CAST(JSON_EXTRACT(g, '$.version') AS SIGNED))
+      AND (NOT JSON_CONTAINS(gk, '"length"') OR r_length = CAST(JSON_EXTRACT(g, '$.length') AS SIGNED))
+      AND (NOT JSON_CONTAINS(gk, '"edits"') OR r_edits = CAST(JSON_EXTRACT(g, '$.edits') AS SIGNED))
+      AND (NOT JSON_CONTAINS(gk, '"lease"')
            OR (CAST(r_token AS BINARY) <=> CAST(IF(JSON_TYPE(JSON_EXTRACT(g, '$.lease[0]')) = 'NULL', NULL,
                                                   JSON_UNQUOTE(JSON_EXTRACT(g, '$.lease[0]'))) AS BINARY)
                AND r_epoch = CAST(JSON_EXTRACT(g, '$.lease[1]') AS SIGNED)))
-      AND (JSON_EXTRACT(g, '$.lease_free') IS NULL OR r_token IS NULL OR r_expires <= v_now)
-      AND (JSON_EXTRACT(g, '$.lease_held') IS NULL OR r_token IS NOT NULL)
-      AND (JSON_EXTRACT(g, '$.not_cancelled') IS NULL OR NOT r_cancelled)
-      AND (JSON_EXTRACT(g, '$.no_steers') IS NULL OR r_steers = 0)
-      AND (JSON_EXTRACT(g, '$.journal') IS NULL
+      AND (NOT JSON_CONTAINS(gk, '"lease_free"') OR r_token IS NULL OR r_expires <= v_now)
+      AND (NOT JSON_CONTAINS(gk, '"lease_held"') OR r_token IS NOT NULL)
+      AND (NOT JSON_CONTAINS(gk, '"not_cancelled"') OR NOT r_cancelled)
+      AND (NOT JSON_CONTAINS(gk, '"no_steers"') OR r_steers = 0)
+      AND (NOT JSON_CONTAINS(gk, '"journal"')
            OR CAST(r_journal AS BINARY) <=> CAST(IF(JSON_TYPE(JSON_EXTRACT(g, '$.journal[0]')) = 'NULL', NULL,
                                                   JSON_UNQUOTE(JSON_EXTRACT(g, '$.journal[0]'))) AS BINARY))
-      AND (JSON_EXTRACT(g, '$.no_queue') IS NULL OR r_queued = 0);
-    IF ok AND JSON_EXTRACT(g, '$.steers') IS NOT NULL THEN
+      AND (NOT JSON_CONTAINS(gk, '"no_queue"') OR r_queued = 0);
+    IF ok AND JSON_CONTAINS(gk, '"steers"') THEN
       SET ok = (SELECT COUNT(*) FROM agent_steers WHERE session_id = p_session
                 AND id IN (SELECT x.id FROM JSON_TABLE(g, '$.steers[*]' COLUMNS (id BIGINT PATH '$')) AS x))
              = (SELECT COUNT(DISTINCT x.id) FROM JSON_TABLE(g, '$.steers[*]' COLUMNS (id BIGINT PATH '$')) AS x);
     END IF;
-    IF ok AND JSON_EXTRACT(g, '$.queue_head') IS NOT NULL THEN
+    IF ok AND JSON_CONTAINS(gk, '"queue_head"') THEN
       SET ok = (SELECT MIN(id) FROM agent_queue WHERE session_id = p_session)
                <=> CAST(JSON_EXTRACT(g, '$.queue_head') AS SIGNED);
     END IF;
-    IF ok AND JSON_EXTRACT(g, '$.key_absent') IS NOT NULL THEN
+    IF ok AND JSON_CONTAINS(gk, '"key_absent"') THEN
       SET ok = NOT EXISTS (SELECT 1 FROM agent_keys WHERE session_id = p_session
                            AND accepted_key = CAST(JSON_UNQUOTE(JSON_EXTRACT(g, '$.key_absent')) AS BINARY));
     END IF;
     IF NOT ok OR c = '{}' THEN
       LEAVE locking;
     END IF;
-    IF JSON_EXTRACT(c, '$.delete') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"delete"') THEN
       IF present THEN
         DELETE FROM agent_messages WHERE session_id = p_session LIMIT r_length;
         DELETE FROM agent_steers WHERE session_id = p_session LIMIT r_steers;
@@ -120,16 +127,16 @@ BEGIN
       VALUES (p_session, FALSE, '', 0, 0, 0, 0, 0, NULL, 0, 0, '', 0, NULL, NULL, FALSE, NULL, FALSE, NULL, NULL, '{}',
               0, 0, 0);
   END LOOP;
-  IF done AND present AND JSON_EXTRACT(c, '$.delete') IS NULL THEN
+  IF done AND present AND NOT JSON_CONTAINS(ck, '"delete"') THEN
     -- the change
     SET r_version = r_version + 1;
-    IF JSON_EXTRACT(c, '$.exist') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"exist"') THEN
       IF NOT r_exists THEN
         SET r_exists = TRUE, r_incarnation = p_incarnation, r_created = v_now;
       END IF;
       SET r_updated = GREATEST(r_updated, v_now);
     END IF;
-    IF JSON_EXTRACT(c, '$.splice') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"splice"') THEN
       SET at = CAST(JSON_EXTRACT(c, '$.splice[0]') AS SIGNED);
       IF at < r_length THEN
         SET n = r_length - at;
@@ -142,69 +149,75 @@ BEGIN
       SET r_length = at + JSON_LENGTH(c, '$.splice[1]');
       SET r_edits = r_edits + 1;
     END IF;
-    IF JSON_EXTRACT(c, '$.take_steers') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"take_steers"') THEN
       DELETE FROM agent_steers WHERE session_id = p_session
         AND id IN (SELECT x.id FROM JSON_TABLE(c, '$.take_steers[*]' COLUMNS (id BIGINT PATH '$')) AS x);
       SET r_steers = r_steers - ROW_COUNT();
     END IF;
-    IF JSON_EXTRACT(c, '$.add_steer') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"add_steer"') THEN
       INSERT INTO agent_steers (session_id, id, body, steer_key)
         VALUES (p_session, r_version, JSON_UNQUOTE(JSON_EXTRACT(c, '$.add_steer[0]')),
                 IF(JSON_TYPE(JSON_EXTRACT(c, '$.add_steer[1]')) = 'NULL', NULL,
                    CAST(JSON_UNQUOTE(JSON_EXTRACT(c, '$.add_steer[1]')) AS BINARY)));
       SET r_steers = r_steers + 1;
     END IF;
-    IF JSON_EXTRACT(c, '$.pop') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"pop"') THEN
       DELETE FROM agent_queue WHERE session_id = p_session AND id = CAST(JSON_EXTRACT(c, '$.pop') AS SIGNED);
       SET r_queued = r_queued - ROW_COUNT();
     END IF;
-    IF JSON_EXTRACT(c, '$.push') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"push"') THEN
       INSERT INTO agent_queue (session_id, id, queue_key, body)
         VALUES (p_session, r_version, CAST(JSON_UNQUOTE(JSON_EXTRACT(c, '$.push[0]')) AS BINARY),
                 JSON_UNQUOTE(JSON_EXTRACT(c, '$.push[1]')));
       SET r_queued = r_queued + 1;
     END IF;
-    IF JSON_EXTRACT(c, '$.drop_key') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"drop_key"') THEN
       DELETE FROM agent_keys WHERE session_id = p_session
         AND accepted_key = CAST(JSON_UNQUOTE(JSON_EXTRACT(c, '$.drop_key')) AS BINARY);
     END IF;
-    IF JSON_EXTRACT(c, '$.add_key') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"add_key"') THEN
       INSERT IGNORE INTO agent_keys (session_id, accepted_key)
         VALUES (p_session, CAST(JSON_UNQUOTE(JSON_EXTRACT(c, '$.add_key')) AS BINARY));
     END IF;
-    IF JSON_EXTRACT(c, '$.journal') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"journal"') THEN
       SET r_journal = IF(JSON_TYPE(JSON_EXTRACT(c, '$.journal[0]')) = 'NULL', NULL,
                          JSON_UNQUOTE(JSON_EXTRACT(c, '$.journal[0]')));
     END IF;
-    IF JSON_EXTRACT(c, '$.lease.acquire') IS NOT NULL THEN
-      SET r_token = JSON_UNQUOTE(JSON_EXTRACT(c, '$.lease.acquire.token')), r_epoch = r_epoch + 1,
-          r_expires = v_now + CAST(JSON_EXTRACT(c, '$.lease.acquire.ttl') AS DOUBLE),
-          r_host = JSON_UNQUOTE(JSON_EXTRACT(c, '$.lease.acquire.host')),
-          r_pid = CAST(JSON_EXTRACT(c, '$.lease.acquire.pid') AS SIGNED),
-          r_spec = IF(JSON_TYPE(JSON_EXTRACT(c, '$.lease.acquire.spec')) = 'NULL', NULL,
-                      JSON_UNQUOTE(JSON_EXTRACT(c, '$.lease.acquire.spec'))),
-          r_turn = IF(JSON_TYPE(JSON_EXTRACT(c, '$.lease.acquire.turn')) = 'NULL', NULL,
-                      JSON_UNQUOTE(JSON_EXTRACT(c, '$.lease.acquire.turn'))),
-          r_handed = r_handed OR r_cancelled, r_cancelled = FALSE;
-    ELSEIF JSON_EXTRACT(c, '$.lease.renew') IS NOT NULL THEN
-      SET r_expires = v_now + CAST(JSON_EXTRACT(c, '$.lease.renew') AS DOUBLE);
-    ELSEIF JSON_EXTRACT(c, '$.lease.release') IS NOT NULL THEN
-      SET r_token = NULL, r_handed = r_handed OR r_cancelled, r_cancelled = FALSE;
-    ELSEIF JSON_EXTRACT(c, '$.lease.cancel') IS NOT NULL THEN
-      SET r_cancelled = TRUE, r_cancelled_turn = r_turn;
+    IF JSON_CONTAINS(ck, '"lease"') THEN
+      SET v_lease = JSON_EXTRACT(c, '$.lease');
+      IF JSON_EXTRACT(v_lease, '$.acquire') IS NOT NULL THEN
+        SET v_lease = JSON_EXTRACT(v_lease, '$.acquire');
+        SET r_token = JSON_UNQUOTE(JSON_EXTRACT(v_lease, '$.token')), r_epoch = r_epoch + 1,
+            r_expires = v_now + CAST(JSON_EXTRACT(v_lease, '$.ttl') AS DOUBLE),
+            r_host = JSON_UNQUOTE(JSON_EXTRACT(v_lease, '$.host')),
+            r_pid = CAST(JSON_EXTRACT(v_lease, '$.pid') AS SIGNED),
+            r_spec = IF(JSON_TYPE(JSON_EXTRACT(v_lease, '$.spec')) = 'NULL', NULL,
+                        JSON_UNQUOTE(JSON_EXTRACT(v_lease, '$.spec'))),
+            r_turn = IF(JSON_TYPE(JSON_EXTRACT(v_lease, '$.turn')) = 'NULL', NULL,
+                        JSON_UNQUOTE(JSON_EXTRACT(v_lease, '$.turn'))),
+            r_handed = r_handed OR r_cancelled, r_cancelled = FALSE;
+      ELSEIF JSON_EXTRACT(v_lease, '$.renew') IS NOT NULL THEN
+        SET r_expires = v_now + CAST(JSON_EXTRACT(v_lease, '$.renew') AS DOUBLE);
+      ELSEIF JSON_EXTRACT(v_lease, '$.release') IS NOT NULL THEN
+        SET r_token = NULL, r_handed = r_handed OR r_cancelled, r_cancelled = FALSE;
+      ELSEIF JSON_EXTRACT(v_lease, '$.cancel') IS NOT NULL THEN
+        SET r_cancelled = TRUE, r_cancelled_turn = r_turn;
+      END IF;
     END IF;
-    IF JSON_EXTRACT(c, '$.turn') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"turn"') THEN
       SET r_turn = IF(JSON_TYPE(JSON_EXTRACT(c, '$.turn[0]')) = 'NULL', NULL, JSON_UNQUOTE(JSON_EXTRACT(c, '$.turn[0]')));
     END IF;
-    IF JSON_EXTRACT(c, '$.handed') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"handed"') THEN
       SET r_handed = (JSON_UNQUOTE(JSON_EXTRACT(c, '$.handed')) = 'true');
     END IF;
-    IF JSON_UNQUOTE(JSON_EXTRACT(c, '$.open')) = 'set' THEN
-      SET r_open_since = COALESCE(r_open_since, v_now);
-    ELSEIF JSON_UNQUOTE(JSON_EXTRACT(c, '$.open')) = 'clear' THEN
-      SET r_open_since = NULL;
+    IF JSON_CONTAINS(ck, '"open"') THEN
+      IF JSON_UNQUOTE(JSON_EXTRACT(c, '$.open')) = 'set' THEN
+        SET r_open_since = COALESCE(r_open_since, v_now);
+      ELSEIF JSON_UNQUOTE(JSON_EXTRACT(c, '$.open')) = 'clear' THEN
+        SET r_open_since = NULL;
+      END IF;
     END IF;
-    IF JSON_EXTRACT(c, '$.metadata') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"metadata"') THEN
       SET r_metadata = JSON_UNQUOTE(JSON_EXTRACT(c, '$.metadata'));
       SET n = (SELECT COUNT(*) FROM agent_metadata WHERE session_id = p_session);
       DELETE FROM agent_metadata WHERE session_id = p_session LIMIT n;
@@ -213,7 +226,7 @@ BEGIN
         FROM JSON_TABLE(c, '$.meta_index[*]' COLUMNS (name LONGTEXT CHARACTER SET utf8mb4 PATH '$[0]',
                                                        value LONGTEXT CHARACTER SET utf8mb4 PATH '$[1]')) AS x;
     END IF;
-    IF JSON_EXTRACT(c, '$.events') IS NOT NULL THEN
+    IF JSON_CONTAINS(ck, '"events"') THEN
       SET v_seq = IF(r_last_seq = 0, FLOOR(v_now * 1000000) - 1, r_last_seq);
       INSERT INTO agent_events (session_id, seq, body)
         SELECT p_session, v_seq + x.o, x.t
@@ -234,10 +247,9 @@ BEGIN
   END IF;
   COMMIT;
   SET SESSION innodb_lock_wait_timeout = v_wait;
-  SELECT ok OR done AS done_, v_now AS now_, present AS present_, p_session AS session_id, r_exists AS exists_,
-         r_incarnation AS incarnation, r_created AS created, r_updated AS updated, r_version AS version,
-         r_length AS length, r_edits AS edits, r_token AS token, r_epoch AS epoch, r_expires AS expires,
-         r_host AS host, r_pid AS pid, r_spec AS spec, r_turn AS turn, r_cancelled AS cancelled,
-         r_cancelled_turn AS cancelled_turn, r_handed AS handed, r_journal AS journal, r_open_since AS open_since,
-         r_metadata AS metadata, r_last_seq AS last_seq, r_steers AS steers, r_queued AS queued;
+  SELECT JSON_ARRAY(ok OR done, present, v_now, r_exists, r_incarnation, r_created, r_updated, r_version, r_length,
+                    r_edits, r_token, r_epoch, r_expires, r_host, r_pid, r_cancelled, r_handed, r_open_since,
+                    r_last_seq, r_steers, r_queued) AS row_,
+         r_spec AS spec, r_turn AS turn, r_cancelled_turn AS cancelled_turn, r_journal AS journal,
+         r_metadata AS metadata;
 END
