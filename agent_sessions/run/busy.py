@@ -17,7 +17,9 @@ The caller chooses, per call (``if_busy``):
   answer, and returns that answer, whichever process made it. When the lease is free while the steer still
   waits (it came after the run's last request, or nobody was running), the caller takes the lease and runs
   the session itself. A steer taken into the transcript carries its key, so the caller (and a repeat of
-  it) finds its own message, never another of the same text.
+  it) finds its own message, never another of the same text. A run of the caller's that stops before it
+  took the steer (it went on with the session's turn first, and that turn was cancelled or waits for
+  decisions) is that turn's, not the caller's: its listener never hears of it (``_Steering``).
 - ``"reject"``: ``SessionBusy`` at once, nothing written.
 - ``"interrupt"``: the running run is cancelled (``RunStore.cancel``: it stops at its next check; a started
   non-idempotent tool is still recorded), then the message is queued as ``"queue"`` queues it, and answered
