@@ -76,6 +76,10 @@ REGRESSION_SEEDS: list[Any] = [
     # a cancel() beside an interrupt: the model's own error (an op's lease held over the cancel, and its tool
     # started under a later lease of the op, the interrupt's new turn), fixed in the model; kept as a replay:
     pytest.param(IN_PROCESS, "every", 18343348, 20, id="known-a-cancel-beside-an-interrupt"),
+    # found by the soaks of that fix: a steer its caller ran after a turn stopped at max_steps was counted in
+    # that turn (the sweep of a fork marked it finished, unanswered; a repeat said max_steps while it ran)
+    pytest.param(IN_PROCESS, "every", 258149844, 20, id="soak-a-steer-after-max-steps-counted-in-the-ended-turn"),
+    pytest.param(IN_PROCESS, "every", 1702236041, 20, id="soak-a-steer-after-max-steps-repeat-says-max-steps"),
 ]
 """Programs the machine failed while it was built (``pytest.param(stores, mix, seed, ops)``). Issue 29's
 (``mix``: one of ``FILTERS``, or "all") are drawn as that machine drew them (``replay``), with every filtered

@@ -800,3 +800,50 @@ def test_a_steer_whose_own_run_stops_at_a_cancelled_turns_message_runs_the_steer
     ends = [e for e in heard if isinstance(e, (agent.events.Finished, agent.events.Failed))]
     assert ends == [heard[-1]] and isinstance(ends[0], agent.events.Finished)
     assert [m.text for m in store.messages("chat")][-2:] == ["and order 8", "both done"]
+
+
+@agent.tool
+def lookup(n: int) -> str:
+    """Look an order up."""
+    return "found"
+
+
+class RefundsTheSteer:
+    """Asks for a refund of order 8 when the transcript ends with a steer, else answers."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
+        self.requests += 1
+        if messages[-1].steer:
+            return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r-8", "refund", '{"order": 8}')])
+        return agent.Message.assistant("refunded order 8")
+
+
+@pytest.mark.parametrize("then", ["repeat", "sweep"])
+def test_a_steer_its_caller_ran_after_a_turn_stopped_at_max_steps_begins_a_turn_of_its_own(then: str) -> None:
+    """A plain run stopped at its ``max_steps`` (tool results last). Nobody holds the session: a ``"steer"``
+    caller runs it itself, and its run takes the steer and asks the model with a budget of its own; the reply
+    calls ``refund``, which waits for approval. The steer follows tool results in the transcript, as one that
+    joined a turn in progress does, but no run was in that turn (it had made its ``max_steps`` requests): the
+    steer began a turn. Approved, its repeat (or the sweep) goes on with that turn within its budget and
+    answers. Counted in the turn that had ended, it had no budget left: the refund ran and the turn stopped at
+    ``max_steps``, the steer unanswered (and a repeat while it ran said ``max_steps``)."""
+    store = memory.Store()
+    session = agent.open("chat", store)
+    spec = agent.Spec(session=session, tools=[lookup, refund], max_steps=2)
+    plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
+    assert plain.stop_reason == "max_steps"
+    model = RefundsTheSteer()
+    first = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    assert first.stop_reason == "awaiting_approval" and model.requests == 1
+    session.approve("r-8")
+    if then == "repeat":
+        result = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    else:
+        done = agent.recover(store, lambda info: (spec, model), grace=0, session="chat")
+        assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
+        result = done[0].result
+    assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
+    assert [m.text for m in store.messages("chat")][-1] == "refunded order 8"

@@ -262,11 +262,11 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
     waits = journal is not None and journal.answers(stored)
     if not (waits or unanswered(stored)):
         return False
-    at = open_turn(stored)
+    at = open_turn(stored, spec.max_steps)
     if at is None:
         # A plain run's turn: what is left of its budget, counted as the sweep counts it (a turn makes
         # max_steps requests in all, however often it is taken up); 0 only finishes the waiting reply.
-        made = turns.replies(stored, turns.turn_start(stored)) + int(waits)
+        made = turns.replies(stored, turns.turn_start(stored, spec.max_steps)) + int(waits)
         planned: Result | tuple[Spec, list[Message]] = (replace(spec, max_steps=max(0, spec.max_steps - made)),
                                                          stored)
     else:
@@ -282,11 +282,12 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
     return True
 
 
-def open_turn(stored: Sequence[Message]) -> int | None:
+def open_turn(stored: Sequence[Message], budget: int | None = None) -> int | None:
     """The index of the last keyed user message that begins a turn (of ``Runner.turn``; a keyed steer that
-    joined a turn in progress is that turn's), if no answer follows it."""
+    joined a turn in progress is that turn's; ``budget``: the turns' ``max_steps``, ``turns.begins``), if no
+    answer follows it."""
     at = next((i for i in range(len(stored) - 1, -1, -1)
-               if stored[i].key and stored[i].role is Role.USER and turns.begins(stored, i)), None)
+               if stored[i].key and stored[i].role is Role.USER and turns.begins(stored, i, budget)), None)
     return at if at is not None and turns.answered(stored, at) is None else None
 
 
