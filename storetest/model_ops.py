@@ -126,7 +126,9 @@ class Ledger:
             text = self.path.read_text()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in text.splitlines() if line]
+        # What follows the last newline is a line still being written: a read(2) may see part of a write(2)
+        # in progress (another thread's, a child's), never a line after it (O_APPEND writes come in turn).
+        return [json.loads(line) for line in text.split("\n")[:-1] if line]
 
 
 def now() -> int:
