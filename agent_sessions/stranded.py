@@ -187,7 +187,7 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
     if not (turn_open(msgs) or waiting_reply or steers or queued):
         store.mark_finished(session, lease.holder, text)
         return "finished"
-    at = busy.open_turn(msgs)
+    at = busy.open_turn(msgs, spec.max_steps)
     if at is None and queued and not turn_open(msgs):
         # Messages queued for the session (Runner.turn(if_busy="queue")) whose callers are gone: answered in
         # the order they were accepted, each by its own turn, up to the last one queued when this looked.
@@ -210,7 +210,7 @@ def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left
         # max_steps requests in all, however often it is taken up). Spent, the turn has ended: what is open is
         # the queue behind it, each message a turn of its own. Steers waiting are new input: that run answers
         # them with a budget of its own.
-        made = turns.replies(msgs, turns.turn_start(msgs)) + int(waiting_reply)
+        made = turns.replies(msgs, turns.turn_start(msgs, spec.max_steps)) + int(waiting_reply)
         if made >= spec.max_steps and not waiting_reply:
             if queued:
                 return _answering(spec, queued[-1])

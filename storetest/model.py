@@ -67,6 +67,19 @@ REGRESSION_SEEDS: list[Any] = [
     pytest.param(IN_PROCESS, "every", 1656296274, 20, id="42-a-steer-beside-a-waiting-decision-runs-again"),
     # a steered turn whose own run stopped at max_steps said StillQueued, promising an answer:
     pytest.param(IN_PROCESS, "every", 29128304, 20, id="42-a-steer-whose-run-stopped-says-still-queued"),
+    # KNOWN's, fixed since. A steered turn whose own run went on with the session's turn first and was cancelled
+    # (or stopped at its decisions) before it took the steer told its listener that run's Finished, then ran
+    # again (a second Finished) or raised StillQueued; its runs without the steer are not its listener's now, and
+    # a cancelled one is followed by a run of the steer:
+    pytest.param(IN_PROCESS, "every", 2097562654, 20, id="known-a-steer-whose-run-was-cancelled-before-it-took-it"),
+    pytest.param(IN_PROCESS, "every", 3858565773, 20, id="known-a-steer-whose-run-stopped-at-a-decision-first"),
+    # a cancel() beside an interrupt: the model's own error (an op's lease held over the cancel, and its tool
+    # started under a later lease of the op, the interrupt's new turn), fixed in the model; kept as a replay:
+    pytest.param(IN_PROCESS, "every", 18343348, 20, id="known-a-cancel-beside-an-interrupt"),
+    # found by the soaks of that fix: a steer its caller ran after a turn stopped at max_steps was counted in
+    # that turn (the sweep of a fork marked it finished, unanswered; a repeat said max_steps while it ran)
+    pytest.param(IN_PROCESS, "every", 258149844, 20, id="soak-a-steer-after-max-steps-counted-in-the-ended-turn"),
+    pytest.param(IN_PROCESS, "every", 1702236041, 20, id="soak-a-steer-after-max-steps-repeat-says-max-steps"),
 ]
 """Programs the machine failed while it was built (``pytest.param(stores, mix, seed, ops)``). Issue 29's
 (``mix``: one of ``FILTERS``, or "all") are drawn as that machine drew them (``replay``), with every filtered

@@ -69,7 +69,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("sweep-fresh-budget", False,
        "the sweep runs a plain run's open turn with a fresh max_steps, ignoring the requests it made: a turn "
        "whose worker died after some steps makes more than max_steps requests in all",
-       (STRANDED, "made = turns.replies(msgs, turns.turn_start(msgs)) + int(waiting_reply)",
+       (STRANDED, "made = turns.replies(msgs, turns.turn_start(msgs, spec.max_steps)) + int(waiting_reply)",
         "made = int(waiting_reply)")),
     _m("run-end-keeps-mark", False,
        "a run that returns at max_steps (tool results last) or awaiting approval leaves its turn marked open: "
@@ -79,7 +79,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("sweep-ignores-turn-end", False,
        "issue 42's first bug again: a run that returned at max_steps stays stranded, and the sweep runs it "
        "again with a fresh budget (more charges)",
-       (STRANDED, "made = turns.replies(msgs, turns.turn_start(msgs)) + int(waiting_reply)",
+       (STRANDED, "made = turns.replies(msgs, turns.turn_start(msgs, spec.max_steps)) + int(waiting_reply)",
         "made = int(waiting_reply)"),
        (PERSIST, 'if result.stop_reason not in ("max_steps", "awaiting_approval") or',
         'if True or result.stop_reason not in ("max_steps", "awaiting_approval") or')),

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 import agent_sessions as agent
+from agent_sessions.run.react import CANCELLED
 from stores import memory
 from storetest.scripted import Answer, ToolsThenAnswer
 from tests.four_method_store import FourMethodStore
@@ -719,3 +720,130 @@ def test_a_queued_turn_finishes_a_plain_runs_waiting_reply_within_that_runs_budg
     agent.open("chat", store).approve("r1")
     result = agent.Runner().turn(spec, "thanks", "k-2", Model())
     assert result.text == "done" and asked == ["refund order 7", "thanks"]
+
+
+@pytest.mark.parametrize("lease_wait", [0.0, 5.0])
+def test_a_steer_whose_own_run_is_cancelled_before_it_took_the_steer_runs_the_steer_once(lease_wait: float) -> None:
+    """Nobody holds the session, and its turn's reply waits in the journal with its refund approved. The
+    ``"steer"`` caller runs the session itself: its run goes on with that reply first, and a ``cancel()``
+    lands inside the reply's first call, so the run stops before any request, the steer still waiting. That
+    was the cancelled turn's run, not the caller's: the caller runs its steer at once, its wait spent or not
+    (it raised ``StillQueued`` with ``lease_wait=0``, promising an answer no run was coming to give), and its
+    listener hears one turn (it heard the cancelled run's ``Finished`` and then, running again, another)."""
+    store = memory.Store()
+    hold, entered, go = holding()
+    session = agent.open("chat", store)
+    spec = agent.Spec(session=session, tools=[hold, refund], lease_wait=lease_wait)
+    first = agent.Runner().run(spec, [agent.Message.user("refund order 7")], ToolsThenAnswer(["hold", "refund"]))
+    assert first.stop_reason == "awaiting_approval"
+    session.approve(first.pending_approvals[0].call_id)
+    heard: list[agent.events.Event] = []
+    got: list[agent.Result] = []
+    failed: list[BaseException] = []
+
+    def steer() -> None:
+        try:
+            got.append(agent.Runner().turn(spec, "and order 8", "k-8", Answer("both done"), heard.append,
+                                           if_busy="steer"))
+        except BaseException as exc:  # noqa: BLE001 - asserted below, on the test's thread
+            failed.append(exc)
+
+    steering = threading.Thread(target=steer)
+    steering.start()
+    try:
+        assert entered.wait(10)  # the caller's run, inside the waiting reply's first call
+        assert session.cancel()
+    finally:
+        go.set()
+        steering.join(10)
+    assert not steering.is_alive() and failed == [] and [r.text for r in got] == ["both done"]
+    ends = [e for e in heard if isinstance(e, (agent.events.Finished, agent.events.Failed))]
+    assert ends == [heard[-1]] and isinstance(ends[0], agent.events.Finished)
+    assert ends[0].result.stop_reason == "answered"
+    stored = store.messages("chat")
+    refunded = [c for m in stored for c in m.content if c.type is agent.ContentType.TOOL_RESULT
+                and c.tool_call_id == first.pending_approvals[0].call_id]
+    assert [c.text for c in refunded] == [CANCELLED]  # the cancel stopped the refund
+    assert [m.text for m in stored[-2:]] == ["and order 8", "both done"] and store.pending_steers("chat") == []
+
+
+class CancelledOnAcquire(memory.Store):
+    """Its first lease is cancelled as soon as it is taken: the run's first save finds the cancel."""
+
+    armed = 1
+
+    def acquire(self, session: str, holder: agent.Holder, ttl: float) -> agent.Holder:
+        got = super().acquire(session, holder, ttl)
+        if got.token == holder.token and self.armed:
+            self.armed -= 1
+            assert self.cancel(session)
+        return got
+
+
+@pytest.mark.parametrize("lease_wait", [0.0, 5.0])
+def test_a_steer_whose_own_run_stops_at_a_cancelled_turns_message_runs_the_steer_once(lease_wait: float) -> None:
+    """A turn was cancelled after its message was stored and before any reply (its run stopped at its first
+    save), and the cancel is handed on with the lease. The ``"steer"`` caller's run goes on with that
+    transcript, which ends with that very turn's message: the handed cancel stops it before it takes the
+    steer. The caller runs the steer once more (the cancel is spent), and its listener hears that run alone
+    (it ran again and again until its wait was spent, a ``Finished`` each time, then ``StillQueued``)."""
+    store = CancelledOnAcquire()
+    session = agent.open("chat", store)
+    spec = agent.Spec(session=session, lease_wait=lease_wait)
+    model = Answer("never")
+    cancelled = agent.Runner().turn(spec, "refund order 7", "k-7", model)
+    assert (cancelled.stop_reason, model.requests) == ("cancelled", 0)
+    assert store.messages("chat")[-1].key == "k-7" and store.armed == 0
+    heard: list[agent.events.Event] = []
+    result = agent.Runner().turn(spec, "and order 8", "k-8", Answer("both done"), heard.append, if_busy="steer")
+    assert (result.text, result.stop_reason) == ("both done", "answered")
+    ends = [e for e in heard if isinstance(e, (agent.events.Finished, agent.events.Failed))]
+    assert ends == [heard[-1]] and isinstance(ends[0], agent.events.Finished)
+    assert [m.text for m in store.messages("chat")][-2:] == ["and order 8", "both done"]
+
+
+@agent.tool
+def lookup(n: int) -> str:
+    """Look an order up."""
+    return "found"
+
+
+class RefundsTheSteer:
+    """Asks for a refund of order 8 when the transcript ends with a steer, else answers."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
+        self.requests += 1
+        if messages[-1].steer:
+            return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r-8", "refund", '{"order": 8}')])
+        return agent.Message.assistant("refunded order 8")
+
+
+@pytest.mark.parametrize("then", ["repeat", "sweep"])
+def test_a_steer_its_caller_ran_after_a_turn_stopped_at_max_steps_begins_a_turn_of_its_own(then: str) -> None:
+    """A plain run stopped at its ``max_steps`` (tool results last). Nobody holds the session: a ``"steer"``
+    caller runs it itself, and its run takes the steer and asks the model with a budget of its own; the reply
+    calls ``refund``, which waits for approval. The steer follows tool results in the transcript, as one that
+    joined a turn in progress does, but no run was in that turn (it had made its ``max_steps`` requests): the
+    steer began a turn. Approved, its repeat (or the sweep) goes on with that turn within its budget and
+    answers. Counted in the turn that had ended, it had no budget left: the refund ran and the turn stopped at
+    ``max_steps``, the steer unanswered (and a repeat while it ran said ``max_steps``)."""
+    store = memory.Store()
+    session = agent.open("chat", store)
+    spec = agent.Spec(session=session, tools=[lookup, refund], max_steps=2)
+    plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
+    assert plain.stop_reason == "max_steps"
+    model = RefundsTheSteer()
+    first = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    assert first.stop_reason == "awaiting_approval" and model.requests == 1
+    session.approve("r-8")
+    if then == "repeat":
+        result = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    else:
+        done = agent.recover(store, lambda info: (spec, model), grace=0, session="chat")
+        assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
+        result = done[0].result
+    assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
+    assert [m.text for m in store.messages("chat")][-1] == "refunded order 8"

@@ -17,7 +17,9 @@ The caller chooses, per call (``if_busy``):
   answer, and returns that answer, whichever process made it. When the lease is free while the steer still
   waits (it came after the run's last request, or nobody was running), the caller takes the lease and runs
   the session itself. A steer taken into the transcript carries its key, so the caller (and a repeat of
-  it) finds its own message, never another of the same text.
+  it) finds its own message, never another of the same text. A run of the caller's that stops before it
+  took the steer (it went on with the session's turn first, and that turn was cancelled or waits for
+  decisions) is that turn's, not the caller's: its listener never hears of it (``_Steering``).
 - ``"reject"``: ``SessionBusy`` at once, nothing written.
 - ``"interrupt"``: the running run is cancelled (``RunStore.cancel``: it stops at its next check; a started
   non-idempotent tool is still recorded), then the message is queued as ``"queue"`` queues it, and answered
@@ -45,7 +47,7 @@ from typing import Literal, Protocol, get_args
 from ..contract import LifecycleStore, QueueStore, RunSession, SteerKeyStore
 from ..endpoints import Endpoint
 from ..errors import ArgumentError, AwaitingApproval, SessionBusy, StillQueued, TranscriptDeleted
-from ..events import Events
+from ..events import Event, Events, ModelRequest
 from ..journal import Journal
 from ..lease import Lease
 from ..messages import Message, Role, unanswered
@@ -260,11 +262,11 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
     waits = journal is not None and journal.answers(stored)
     if not (waits or unanswered(stored)):
         return False
-    at = open_turn(stored)
+    at = open_turn(stored, spec.max_steps)
     if at is None:
         # A plain run's turn: what is left of its budget, counted as the sweep counts it (a turn makes
         # max_steps requests in all, however often it is taken up); 0 only finishes the waiting reply.
-        made = turns.replies(stored, turns.turn_start(stored)) + int(waits)
+        made = turns.replies(stored, turns.turn_start(stored, spec.max_steps)) + int(waits)
         planned: Result | tuple[Spec, list[Message]] = (replace(spec, max_steps=max(0, spec.max_steps - made)),
                                                          stored)
     else:
@@ -280,11 +282,12 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
     return True
 
 
-def open_turn(stored: Sequence[Message]) -> int | None:
+def open_turn(stored: Sequence[Message], budget: int | None = None) -> int | None:
     """The index of the last keyed user message that begins a turn (of ``Runner.turn``; a keyed steer that
-    joined a turn in progress is that turn's), if no answer follows it."""
+    joined a turn in progress is that turn's; ``budget``: the turns' ``max_steps``, ``turns.begins``), if no
+    answer follows it."""
     at = next((i for i in range(len(stored) - 1, -1, -1)
-               if stored[i].key and stored[i].role is Role.USER and turns.begins(stored, i)), None)
+               if stored[i].key and stored[i].role is Role.USER and turns.begins(stored, i, budget)), None)
     return at if at is not None and turns.answered(stored, at) is None else None
 
 
@@ -311,6 +314,7 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
     log.info("session %r: turn %r left as a steer for its run; waiting up to %g s for its answer (lease_wait)",
              session.id, key, spec.lease_wait)
     pause = 0.02
+    again = False
     while True:
         stored = session.messages()
         at = turns.keyed(stored, key)
@@ -322,10 +326,19 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
                           unapplied_steers=[], usage={})
         if store.holder(session.id) is None:
             result = _run_steered(run, spec, session, key, endpoint, events)
-            if result is not None:
+            if isinstance(result, Result):
                 log.info("session %r: steered turn %r answered by this caller after waiting %.1f s", session.id,
                          key, time.monotonic() - started)
                 return result
+            if result and not again:
+                # Its own run went on with the session's turn first and was cancelled there, before it took
+                # the steer: that cancel was of the turn it stopped, and the steer waits, new input for the
+                # next turn. The lease was this caller's a moment ago: it runs the steer now, even with its
+                # lease_wait spent (else ``StillQueued`` would promise an answer no run is coming to give).
+                log.info("session %r: steered turn %r: this caller's run was cancelled before it took the "
+                         "steer; running the steer", session.id, key)
+                again = True
+                continue
         left = deadline - time.monotonic()
         if left <= 0:
             log.info("session %r: steered turn %r still waits after %g s (lease_wait)", session.id, key,
@@ -341,16 +354,18 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
 
 
 def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
-                 events: Events | None) -> Result | None:
+                 events: Events | None) -> Result | bool:
     """The lease is free while the steer waits (it came after the holder's last request, or the holder died):
-    take it and run the session, which takes the steers into its first request. ``None``: someone else took
-    the lease first, or answered the steer meanwhile (the caller looks again)."""
+    take it and run the session, which takes the steers into its first request. ``False``: someone else took
+    the lease first, or answered the steer meanwhile (the caller looks again). ``True``: this caller's run
+    was cancelled before it took the steer (it went on with the session's turn first: a reply waiting in the
+    journal)."""
     store = session.store
     lease = Lease(store, session.id, spec.lease_ttl, 0.0, spec.name, key)
     try:
         lease.__enter__()
     except SessionBusy:
-        return None
+        return False
     try:
         # The session's turn waits for decisions: a run would stop there at once, without the steer (which
         # lands once the turn goes on), and the caller would run it again until its wait ran out.
@@ -364,21 +379,59 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
         if at is not None:  # taken into the transcript: a turn like any other, answered or to go on with
             planned = turns.plan(session, spec, stored, stored[at], at)
             if isinstance(planned, Result):
-                return planned if planned.stop_reason != "superseded" else None
+                return planned if planned.stop_reason != "superseded" else False
             budget, todo = planned
             return run(budget, todo, endpoint, events, True, lease)
         if isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
             raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
-        result = run(spec, stored, endpoint, events, False, lease)
-        if result.stop_reason == "awaiting_approval" and turns.keyed(result.messages, key) is None:
-            # The run stopped at the turn's waiting decisions without taking the steer: as above, the steer
-            # lands once that turn goes on.
-            raise AwaitingApproval(session.id, [p.call_id for p in result.pending_approvals])
+        heard = _Steering(events)
+        try:
+            result = run(spec, stored, endpoint, None if events is None else heard, False, lease)
+        except BaseException:
+            heard.take()  # the run failed, and so does this turn: its listener hears how
+            raise
+        if turns.keyed(result.messages, key) is None:
+            # The run stopped before it took the steer: it went on with the session's turn first (a reply
+            # waiting in the journal), and that turn stopped. That run was not this caller's turn.
+            if result.stop_reason == "awaiting_approval":
+                # At the turn's waiting decisions: as above, the steer lands once that turn goes on.
+                raise AwaitingApproval(session.id, [p.call_id for p in result.pending_approvals])
+            return result.stop_reason == "cancelled"  # else the steer went with a delete: look again
         # The run took the steer: its turn is this caller's, however it ended (answered, out of budget,
         # waiting for a decision, cancelled). Waiting on for an answer would promise one nobody gives: the
         # run that returned cleared the session's open mark, and another run would go on with a turn that
-        # ended. Not taken (it went with a delete): the caller looks again.
-        return result if turns.keyed(result.messages, key) is not None else None
+        # ended.
+        heard.take()
+        return result
     finally:
         if not lease.closed:
             lease.__exit__(*sys.exc_info())
+
+
+class _Steering:
+    """The events of a run the ``"steer"`` caller makes with its steer still waiting: they are its listener's
+    once the run has taken the steer (its first model request follows the save that took every waiting
+    steer), or once it returns having taken it. A run that stops before (it went on with the session's turn
+    first, and that turn was cancelled or waits for decisions) is that turn's, not this one's: its listener
+    never hears of it, so it hears one ``Finished`` for its turn, or the error the caller raises."""
+
+    def __init__(self, events: Events | None) -> None:
+        self.events = events
+        self.held: list[Event] | None = []
+        """What the run said before it took the steer; ``None`` once its events are the listener's."""
+
+    def __call__(self, event: Event) -> None:
+        if self.held is None:
+            if self.events is not None:
+                self.events(event)
+            return
+        self.held.append(event)
+        if isinstance(event, ModelRequest):
+            self.take()
+
+    def take(self) -> None:
+        """The run is this turn's: what it held back is the listener's, and so is what comes after."""
+        held, self.held = self.held or [], None
+        if self.events is not None:
+            for event in held:
+                self.events(event)

@@ -118,7 +118,8 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
     waiting = _reply_waiting(session, stored)
     # A keyed steer that joined a turn in progress is that turn's: its budget was spent from where that turn
     # began, not from the steer (counted from the steer, a repeat would go on with a turn that had ended).
-    made = replies(stored, at if begins(stored, at) else turn_start(stored[:at + 1])) + waiting
+    budget = spec.max_steps
+    made = replies(stored, at if begins(stored, at, budget) else turn_start(stored[:at + 1], budget)) + waiting
     if made >= spec.max_steps and not waiting:
         log.info("session %r: turn %r stopped at max_steps (%d requests) already", session.id, key, made)
         return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
@@ -191,14 +192,21 @@ def _later_turn(msgs: Sequence[Message], at: int) -> int | None:
     return None
 
 
-def begins(msgs: Sequence[Message], i: int) -> bool:
+def begins(msgs: Sequence[Message], i: int, budget: int | None = None) -> bool:
     """Does user message ``i`` begin a turn: it came as no steer, or as a steer after the turn before it had
-    ended with an answer (or with nothing before it), so no run was in a turn for it to join?"""
+    ended with an answer (or with nothing before it), or, given the turn's ``budget`` (its ``max_steps``),
+    after that turn had made its ``budget`` requests (a run in it stops there, so a later run took the steer:
+    the ``"steer"`` caller's, the sweep's), so no run was in a turn for it to join?"""
     if not msgs[i].steer:
         return True
     for j in range(i - 1, -1, -1):
         if not msgs[j].steer:
-            return msgs[j].role is Role.ASSISTANT and not msgs[j].tool_calls
+            if msgs[j].role is Role.ASSISTANT and not msgs[j].tool_calls:
+                return True
+            if budget is None:
+                return False
+            before = msgs[:i]
+            return replies(before, turn_start(before, budget)) >= budget
     return True
 
 
@@ -213,11 +221,12 @@ def running(msgs: Sequence[Message], continuing: bool) -> str | None:
     return None
 
 
-def turn_start(msgs: Sequence[Message]) -> int:
+def turn_start(msgs: Sequence[Message], budget: int | None = None) -> int:
     """Where the transcript's last turn begins: its last user message with text that begins one (a plain run's
-    message, or steers that came when no turn was in progress: ``begins``); -1 when it has none."""
+    message, or steers that came when no turn was in progress: ``begins``, given the turns' ``budget``); -1
+    when it has none."""
     for i in range(len(msgs) - 1, -1, -1):
-        if msgs[i].role is Role.USER and msgs[i].text and begins(msgs, i):
+        if msgs[i].role is Role.USER and msgs[i].text and begins(msgs, i, budget):
             return i
     return -1
 
