@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from . import lifecycle
-from .contract import ApprovalStore, Holder, LifecycleStore, QueueStore, RunStore, Scalar, SessionInfo, Store, when
+from .contract import Holder, RunStore, Scalar, SessionInfo, Store, when
 from .endpoints import Endpoint
 from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, UnknownApproval, Unsupported
 from .journal import Journal
@@ -235,71 +235,74 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
     parser.set_defaults(store=os.environ.get(ENV_STORE), json=False, debug=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "") -> argparse.ArgumentParser:
+    def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "", *args: str,
+                **defaults: Any) -> argparse.ArgumentParser:
+        """A subcommand taking the positionals ``args`` (``SID``: the session)."""
         sub = commands.add_parser(name, parents=[_common(store_option)], help=help, description=help,
                                   epilog=(epilog + "\n\n" if epilog else "") + exit_codes(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, **defaults)
+        for metavar in args:
+            sub.add_argument("session" if metavar == "SID" else metavar.lower(), metavar=metavar)
         return sub
+
+    def paged(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
+        sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
+
+    def sweeping(sub: argparse.ArgumentParser, limit: str, grace: float, grace_help: str) -> None:
+        sub.add_argument("--resolve", metavar="MODULE:FUNCTION", type=resolver,
+                         help="the application's function choosing the spec and endpoint, e.g. myapp.agent:resolve"
+                              + ("" if store_option else " (default: settings.AGENT_SESSIONS['RESOLVE'])"))
+        sub.add_argument("--limit", metavar="N", type=positive, default=100, help=limit)
+        sub.add_argument("--grace", metavar="DURATION", type=duration, default=grace,
+                         help=f"leave turns open for less than this ({grace_help}default {span(grace)})")
 
     sub = command("list", cmd_list, "list sessions, most recently updated first",
                   "Prints the cursor of the next page, if any: pass it as --after. " + VALUES)
     sub.add_argument("--prefix", default="", help="only sessions whose id starts with this")
     sub.add_argument("--where", metavar="KEY=VALUE", type=pair, action="append", default=[],
                      help="only sessions whose metadata has KEY set to VALUE (repeatable: all must match)")
-    sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
-    sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
+    paged(sub)
 
     sub = command("show", cmd_show, "print a session: the end of its transcript (or all of it), its run, "
                   "the steers and the calls waiting", "Messages are numbered from #1, as they stand in the "
-                  "transcript (fork --at N keeps #1 to #N).")
-    sub.add_argument("session", metavar="SID")
+                  "transcript (fork --at N keeps #1 to #N).", "SID")
     shown = sub.add_mutually_exclusive_group()
     shown.add_argument("--last", metavar="N", type=count, default=20, help="the last N messages (default 20)")
     shown.add_argument("--all", action="store_true", help="the whole transcript")
 
-    sub = command("info", cmd_info, "when a session was created and updated, its length, metadata, run, and the "
-                                    "steers and calls waiting")
-    sub.add_argument("session", metavar="SID")
+    command("info", cmd_info, "when a session was created and updated, its length, metadata, run, and the "
+                              "steers and calls waiting", "", "SID")
 
-    sub = command("steer", cmd_steer, "leave a steer for the session's next model request, whichever process makes it")
-    sub.add_argument("session", metavar="SID")
-    sub.add_argument("text", metavar="TEXT")
+    sub = command("steer", cmd_steer, "leave a steer for the session's next model request, whichever process "
+                  "makes it", "", "SID", "TEXT")
     sub.add_argument("--key", metavar="KEY", help="store it once: a steer with this key already left for the "
                                                  "session is not stored again (safe to run again after a failure)")
 
-    sub = command("cancel", cmd_cancel, "cancel the session's turn: its run stops, or the turn waiting for "
-                                        "approval is closed (exit 1 when there is neither)")
-    sub.add_argument("session", metavar="SID")
-
-    sub = command("approvals", cmd_approvals, "list the tool calls the session's turn waits to have decided "
-                                              "(exit 1 when none waits)")
-    sub.add_argument("session", metavar="SID")
-
-    sub = command("approve", cmd_approve, "approve a call the session's turn waits for: its next run runs it",
-                  "A decision is taken once: a call decided already exits 5; one that waits for nothing, 1.")
-    sub.add_argument("session", metavar="SID")
+    command("cancel", cmd_cancel, "cancel the session's turn: its run stops, or the turn waiting for approval is "
+                                  "closed (exit 1 when there is neither)", "", "SID")
+    command("approvals", cmd_approvals, "list the tool calls the session's turn waits to have decided "
+                                        "(exit 1 when none waits)", "", "SID")
+    sub = command("approve", cmd_decide, "approve a call the session's turn waits for: its next run runs it",
+                  "A decision is taken once: a call decided already exits 5; one that waits for nothing, 1.",
+                  "SID", approved=True)
     sub.add_argument("call_id", metavar="CALL_ID", help="as `approvals` lists it")
-
-    sub = command("deny", cmd_deny, "deny a call the session's turn waits for: its next run gives the model "
-                                    "the reason instead", "Exit codes as approve.")
-    sub.add_argument("session", metavar="SID")
+    sub = command("deny", cmd_decide, "deny a call the session's turn waits for: its next run gives the model "
+                                      "the reason instead", "Exit codes as approve.", "SID", approved=False)
     sub.add_argument("call_id", metavar="CALL_ID", help="as `approvals` lists it")
     sub.add_argument("--reason", metavar="TEXT", default="", help="why: the model reads it with the call's result")
 
-    sub = command("holder", cmd_holder, "who runs the session now, and until when (exit 1 when no live run)")
-    sub.add_argument("session", metavar="SID")
+    command("holder", cmd_holder, "who runs the session now, and until when (exit 1 when no live run)", "", "SID")
 
-    sub = command("fork", cmd_fork, "start NEW_ID from SID's transcript (all of it, or its first N messages)")
-    sub.add_argument("session", metavar="SID")
-    sub.add_argument("new_id", metavar="NEW_ID")
+    sub = command("fork", cmd_fork, "start NEW_ID from SID's transcript (all of it, or its first N messages)", "",
+                  "SID", "NEW_ID")
     sub.add_argument("--at", metavar="N", type=count, help="keep the first N messages: #1 to #N as show numbers them")
     sub.add_argument("--allow-unanswered", action="store_true",
                      help="cut even after a message whose tool calls have no results yet")
 
     sub = command("delete", cmd_delete, "delete a session and everything kept for it",
-                  "Asks for confirmation on a terminal; elsewhere pass --yes.")
-    sub.add_argument("session", metavar="SID")
+                  "Asks for confirmation on a terminal; elsewhere pass --yes.", "SID")
     sub.add_argument("--force", action="store_true",
                      help="delete even while a live run holds it (its next write fails with LeaseLost)")
     sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -313,30 +316,22 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
 
     sub = command("metadata", cmd_metadata, "print a session's metadata, or change it",
                   "KEY=VALUE sets KEY; KEY= (nothing after =) or KEY=null removes it. Setting metadata "
-                  "creates the session if it does not exist yet. " + VALUES)
-    sub.add_argument("session", metavar="SID")
+                  "creates the session if it does not exist yet. " + VALUES, "SID")
     sub.add_argument("changes", metavar="KEY=VALUE", type=pair, nargs="*")
 
     sub = command("stranded", cmd_stranded, "list the stranded sessions: a turn left open, no live run on it "
                   "(its worker died), oldest first", "Read through an index of the open sessions alone: cheap "
                   "when none is stranded. `recover` finishes them.")
-    sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
-    sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
+    paged(sub)
     sub.add_argument("--grace", metavar="DURATION", type=duration, default=10.0,
                      help="only turns open for at least this long (default 10s)")
 
-    sub = command("recover", cmd_recover, "finish the turns of stranded sessions, each once, whoever else "
-                  "sweeps at the same moment (agent.recover)",
-                  "FUNCTION(info) returns (Spec, Endpoint) to finish a session with, or None to leave it; "
-                  "info.spec names the spec its last run used. Exit 0 when every session was finished or left "
-                  "(none stranded included: schedule it), 4 when a run failed (it is tried again next time).")
-    resolve_help = ("the application's function choosing the spec and endpoint, e.g. myapp.agent:resolve"
-                    + ("" if store_option else " (default: settings.AGENT_SESSIONS['RESOLVE'])"))
-    sub.add_argument("--resolve", metavar="MODULE:FUNCTION", type=resolver, help=resolve_help)
-    sub.add_argument("--limit", metavar="N", type=positive, default=100,
-                     help="look at most at N stranded sessions (default 100)")
-    sub.add_argument("--grace", metavar="DURATION", type=duration, default=10.0,
-                     help="leave turns open for less than this (a caller may be about to run them; default 10s)")
+    sweeping(command("recover", cmd_recover, "finish the turns of stranded sessions, each once, whoever else "
+                     "sweeps at the same moment (agent.recover)",
+                     "FUNCTION(info) returns (Spec, Endpoint) to finish a session with, or None to leave it; "
+                     "info.spec names the spec its last run used. Exit 0 when every session was finished or left "
+                     "(none stranded included: schedule it), 4 when a run failed (it is tried again next time)."),
+             "look at most at N stranded sessions (default 100)", 10.0, "a caller may be about to run them; ")
 
     sub = command("work", cmd_work, "answer every message left to the sweep, until stopped: recover in a loop "
                   "(the worker of a deployment without a task queue)",
@@ -346,13 +341,9 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
                   "(--json: one JSON document per line). SIGTERM or SIGINT stops it after the turn in progress "
                   "(a second one at once); --for stops it after a while. Run as many as you like: each turn is "
                   "finished once. Exit 0 when stopped so.")
-    sub.add_argument("--resolve", metavar="MODULE:FUNCTION", type=resolver, help=resolve_help)
+    sweeping(sub, "sessions finished at most per look (default 100)", WORK_GRACE, "")
     sub.add_argument("--every", metavar="DURATION", type=duration, default=WORK_EVERY,
                      help=f"how often to look for stranded turns (default {span(WORK_EVERY)})")
-    sub.add_argument("--grace", metavar="DURATION", type=duration, default=WORK_GRACE,
-                     help=f"leave turns open for less than this (default {span(WORK_GRACE)})")
-    sub.add_argument("--limit", metavar="N", type=positive, default=100,
-                     help="sessions finished at most per look (default 100)")
     sub.add_argument("--for", metavar="DURATION", dest="run_for", type=duration,
                      help="stop after this long (default: run until stopped)")
 
@@ -386,7 +377,7 @@ def _page(page: SessionPage, columns: tuple[str, str], empty: str, doc: Callable
 def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
     session = open_session(args.session, store)
     info: SessionInfo | None = None
-    if isinstance(store, LifecycleStore):  # the tail alone is read, and the length counted
+    if isinstance(store, RunStore):  # the tail alone is read, and the length counted
         info = session.info()
         if info is None:
             return _absent(session, {"id": session.id, "messages": []})
@@ -396,7 +387,7 @@ def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
         every = session.messages()
         total = len(every)
         msgs = every if args.all else every[total - lifecycle.last_count(args.last):]
-    holder = session.holder() if isinstance(store, RunStore) else None
+    holder = session.holder() if info is not None else None
     waits = _waits(session)
     first = total - len(msgs)
     head = f"session {safe(session.id)}: {total} message{'' if total == 1 else 's'}"
@@ -469,7 +460,7 @@ def cmd_cancel(args: argparse.Namespace, store: Store) -> Outcome:
     waiting for approval closed (a run that starts between the look and the cancel is still cancelled)."""
     session = open_session(args.session, store)
     running = session.holder() is not None
-    waiting = len(session.pending_approvals()) if isinstance(store, ApprovalStore) and not running else 0
+    waiting = 0 if running else len(session.pending_approvals())
     if not session.cancel():
         return Outcome({"id": session.id, "cancelled": False, "closed": False}, code=NOTHING,
                        note=f"no run holds session {session.id!r} and no turn of it waits for approval: "
@@ -492,19 +483,11 @@ def cmd_approvals(args: argparse.Namespace, store: Store) -> Outcome:
     return Outcome(doc, [approval_line(p) for p in waiting])
 
 
-def cmd_approve(args: argparse.Namespace, store: Store) -> Outcome:
-    return _decide(args, store, approved=True)
-
-
-def cmd_deny(args: argparse.Namespace, store: Store) -> Outcome:
-    return _decide(args, store, approved=False)
-
-
-def _decide(args: argparse.Namespace, store: Store, approved: bool) -> Outcome:
+def cmd_decide(args: argparse.Namespace, store: Store) -> Outcome:
     session = open_session(args.session, store)
     doc = {"id": session.id, "call_id": args.call_id, "decided": False}
     try:
-        decision = session.approve(args.call_id) if approved else session.deny(args.call_id, args.reason)
+        decision = session.approve(args.call_id) if args.approved else session.deny(args.call_id, args.reason)
     except UnknownApproval as exc:
         return Outcome(doc, code=NOTHING, note=str(exc))
     verb = "approved" if decision.approved else "denied"
@@ -830,11 +813,12 @@ class Waits:
 def _waits(session: StoreSession) -> Waits:
     """What waits on ``session``, as far as its store can tell (a capability it lacks waits on nothing)."""
     store = session.store
-    text = store.journal(session.id) if isinstance(store, RunStore) else None
-    return Waits(steers=session.pending_steers() if isinstance(store, LifecycleStore) else [],
-                 queued=session.queued() if isinstance(store, QueueStore) else [],
-                 journal=None if text is None else Journal.from_json(text, f"session {session.id!r}"),
-                 approvals=session.pending_approvals() if isinstance(store, ApprovalStore) else [])
+    if not isinstance(store, RunStore):
+        return Waits()
+    text = store.journal(session.id)
+    return Waits(session.pending_steers(), session.queued(),
+                 None if text is None else Journal.from_json(text, f"session {session.id!r}"),
+                 session.pending_approvals())
 
 
 def span(seconds: float) -> str:
@@ -851,15 +835,15 @@ def span(seconds: float) -> str:
     return "".join(parts) or "0s"
 
 
-def _lifecycle(store: Store, command: str) -> LifecycleStore:
-    if not isinstance(store, LifecycleStore):
+def _lifecycle(store: Store, command: str) -> RunStore:
+    if not isinstance(store, RunStore):
         raise Unsupported(f"{command} needs a store implementing agent_sessions.LifecycleStore; {store!r} does not")
     return store
 
 
 def _exists(session: StoreSession) -> bool | None:
     """Whether the session exists, or ``None`` when the store cannot say (it lacks LifecycleStore)."""
-    return session.info() is not None if isinstance(session.store, LifecycleStore) else None
+    return session.info() is not None if isinstance(session.store, RunStore) else None
 
 
 def _absent(session: StoreSession, doc: Any) -> Outcome:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from . import approvals, context, eventlog, lifecycle, validate
-from .contract import ApprovalStore, EventStore, LifecycleStore, QueueStore, RunStore, SteerKeyStore, Store
+from .contract import RunStore, Store
 from .errors import ArgumentError, Unsupported
 from .messages import Message
 from .run import turns
@@ -50,7 +50,7 @@ class StoreSession:
         if last is None:
             return self.store.messages(self.id)
         last = lifecycle.last_count(last)
-        if isinstance(self.store, LifecycleStore):
+        if isinstance(self.store, RunStore):
             return self.store.tail(self.id, last)
         return self.store.messages(self.id)[-last:] if last else []
 
@@ -65,12 +65,7 @@ class StoreSession:
             self.store.add_steer(self.id, text)
             return True
         validate.steer_key(key, "Session.steer(key=)")
-        if not isinstance(self.store, SteerKeyStore):
-            raise Unsupported(
-                f"Session.steer(key=) needs a store implementing agent_sessions.SteerKeyStore; {self.store!r} does "
-                "not (steer without a key, or use a store that keeps steer keys)"
-            )
-        return self.store.add_steer_once(self.id, text, key)
+        return self._run_store("steer(key=)", "SteerKeyStore").add_steer_once(self.id, text, key)
 
     def enqueue(self, text: str, key: str) -> int:
         """Store ``text`` as a message of its own, under ``key``, for a turn that answers it later: in the
@@ -84,11 +79,11 @@ class StoreSession:
         ``answer(key)`` reads its answer."""
         validate.turn_key(key, "Session.enqueue(key=)")
         validate.steer_text(text, "Session.enqueue(text)")
-        return self._queue_store("enqueue").enqueue(self.id, key, text)
+        return self._run_store("enqueue", "QueueStore").enqueue(self.id, key, text)
 
     def queued(self) -> list[str]:
         """The keys of the messages waiting in the session's queue for a turn of their own, oldest first."""
-        return self._queue_store("queued").queued(self.id)
+        return self._run_store("queued", "QueueStore").queued(self.id)
 
     def answer(self, key: str, timeout: float = 0.0) -> Message | None:
         """The reply that answered the turn whose message has ``key`` (``Runner.turn``, ``enqueue``): the first
@@ -115,21 +110,21 @@ class StoreSession:
 
     def pending_steers(self) -> list[str]:
         """The steers waiting for the next model request, oldest first, without taking them."""
-        return self._lifecycle("pending_steers").pending_steers(self.id)
+        return self._run_store("pending_steers", "LifecycleStore").pending_steers(self.id)
 
     def info(self) -> SessionInfo | None:
         """When the session was created and last updated, its length and metadata; ``None`` when it does
         not exist (nothing saved, ran on, or labelled it)."""
-        return self._lifecycle("info").info(self.id)
+        return self._run_store("info", "LifecycleStore").info(self.id)
 
     def set_metadata(self, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
         """Merge ``changes`` into the session's metadata (``None`` removes a key); return it as stored.
         Creates the session if it does not exist yet: label a conversation before its first run."""
-        return self._lifecycle("set_metadata").set_metadata(self.id, changes)
+        return self._run_store("set_metadata", "LifecycleStore").set_metadata(self.id, changes)
 
     def delete(self, *, force: bool = False) -> bool:
         """Remove the session and everything kept for it, at once (see ``LifecycleStore.delete``)."""
-        return self._lifecycle("delete").delete(self.id, force=force)
+        return self._run_store("delete", "LifecycleStore").delete(self.id, force=force)
 
     def fork(self, new_id: str, at: int | None = None, *, allow_unanswered: bool = False) -> StoreSession:
         """Start ``new_id`` from this transcript (the first ``at`` messages, or all of it). The two then
@@ -157,26 +152,26 @@ class StoreSession:
 
     def pending_approvals(self) -> list[PendingApproval]:
         """The calls waiting for a person's decision, in the order the model made them."""
-        return approvals.pending(self._approval_store("pending_approvals"), self.id)
+        return approvals.pending(self._run_store("pending_approvals", "ApprovalStore"), self.id)
 
     def approve(self, call_id: str, reason: str = "") -> Decision:
         """Approve the waiting call ``call_id`` (``reason``: why, kept with the decision); the session's next
         run runs it (once). Exactly one of concurrent decisions on a call is stored: the others raise
         ``AlreadyDecided``, as does a call past its deadline; an id that waits for nothing raises
         ``UnknownApproval``."""
-        return approvals.decide(self._approval_store("approve"), self.id, call_id, True, reason)
+        return approvals.decide(self._run_store("approve", "ApprovalStore"), self.id, call_id, True, reason)
 
     def deny(self, call_id: str, reason: str = "") -> Decision:
         """Deny the waiting call ``call_id``: the next run gives it an error result carrying ``reason``,
         and the model is asked again. Errors as ``approve``."""
-        return approvals.decide(self._approval_store("deny"), self.id, call_id, False, reason)
+        return approvals.decide(self._run_store("deny", "ApprovalStore"), self.id, call_id, False, reason)
 
     def events(self, after: int = 0, limit: int = 100) -> list[StoredEvent]:
         """The events of the session's log numbered above ``after``, oldest first, at most ``limit``
         (runs with ``Spec(publish_events=True)`` write them; see docs/runs/events.md), each whole: the
         messages events point at are read and joined in (``eventlog.resolve``)."""
         after, limit = eventlog.check_read(after, limit)
-        store = self._event_store("events")
+        store = self._run_store("events", "EventStore")
         return eventlog.resolve(store, self.id, store.events(self.id, after, limit))
 
     def follow(self, after: int = 0, timeout: float | None = None,
@@ -186,58 +181,31 @@ class StoreSession:
         ``finished`` event does not end it). Come back with the last ``seq`` you saw as ``after``: you miss
         nothing and see nothing twice. Waits are bounded: ``poll`` is the backoff (first, most seconds)
         for a store that cannot wake followers (see ``eventlog.follow``)."""
-        return eventlog.follow(self._event_store("follow"), self.id, after, timeout, poll)
-
-    def _event_store(self, op: str) -> EventStore:
-        if not isinstance(self.store, EventStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.EventStore; {self.store!r} does not"
-            )
-        return self.store
+        return eventlog.follow(self._run_store("follow", "EventStore"), self.id, after, timeout, poll)
 
     def _answer(self, key: str) -> Message | None:
         """``answer``'s one look. A store with the lifecycle reads the transcript's end first (the message
         of a turn being waited for is usually there), and a message still queued is not in the transcript
         at all: the whole transcript is read only when the key is in neither."""
         store = self.store
-        if isinstance(store, LifecycleStore):
+        if isinstance(store, RunStore):
             tail = store.tail(self.id, ANSWER_TAIL)
             at = turns.keyed(tail, key)
             if at is not None:
                 return turns.answered(tail, at)
-            if len(tail) < ANSWER_TAIL or (isinstance(store, QueueStore) and key in store.queued(self.id)):
+            if len(tail) < ANSWER_TAIL or key in store.queued(self.id):
                 return None  # the tail is the whole transcript, or the message waits in the queue
         msgs = store.messages(self.id)
         at = turns.keyed(msgs, key)
         return None if at is None else turns.answered(msgs, at)
 
-    def _queue_store(self, op: str) -> QueueStore:
-        if not isinstance(self.store, QueueStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.QueueStore; {self.store!r} does not"
-            )
-        return self.store
-
-    def _lifecycle(self, op: str) -> LifecycleStore:
-        if not isinstance(self.store, LifecycleStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.LifecycleStore; {self.store!r} does not"
-            )
-        return self.store
-
-    def _approval_store(self, op: str) -> ApprovalStore:
-        if not isinstance(self.store, ApprovalStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.ApprovalStore; "
-                f"{self.store!r} does not"
-            )
-        return self.store
-
-    def _run_store(self, op: str) -> RunStore:
+    def _run_store(self, op: str, protocol: str = "RunStore") -> RunStore:
+        """Every protocol a call may need is ``RunStore`` (the old capability names are aliases of it), named
+        as the caller's docs name it."""
         if not isinstance(self.store, RunStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.RunStore; {self.store!r} does not"
-            )
+            call = op if op.endswith(")") else op + "()"
+            raise Unsupported(f"Session.{call} needs a store implementing agent_sessions.{protocol}; {self.store!r} "
+                              "does not")
         return self.store
 
     def __repr__(self) -> str:
