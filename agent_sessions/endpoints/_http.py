@@ -227,33 +227,20 @@ def _retry_after_seconds(value: str | None) -> float | None:
 
 
 def _read(url: str, response: requests.Response, deadline: float, timeout: float) -> str:
-    """The body, read as it arrives (``read1``: whatever one socket read gives), so that the deadline is
-    checked between reads even when a server sends a byte at a time."""
-    raw: Any = response.raw
-    read = (lambda: raw.read1(65536, decode_content=True)) if hasattr(raw, "read1") else None
+    """The body, with the deadline checked between reads (``_chunks``)."""
     chunks: list[bytes] = []
     try:
-        if read is None:  # urllib3 1.x: whole chunks only
-            chunks.extend(response.iter_content(chunk_size=65536))
-        else:
-            while chunk := read():
-                chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise EndpointError(
-                        f"{url} did not finish its response within the timeout of {timeout} s",
-                        status=response.status_code,
-                    )
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        raise EndpointError(
-            f"the response from {url} broke off after {sum(map(len, chunks))} bytes: {exc}",
-            status=response.status_code,
-        ) from exc
+        for chunk in _chunks(url, response, "response"):
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise EndpointError(f"{url} did not finish its response within the timeout of {timeout} s",
+                                    status=response.status_code)
     finally:
         response.close()
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _chunks(url: str, response: requests.Response) -> Iterator[bytes]:
+def _chunks(url: str, response: requests.Response, what: str = "stream") -> Iterator[bytes]:
     """The body as it arrives: ``read1`` gives whatever one socket read has, so that a caller checks its
     deadline between reads even when a server sends a byte at a time (urllib3 1.x: whole chunks). A read
     that fails is an EndpointError; what the caller does with a chunk raises as it raises."""
@@ -268,7 +255,7 @@ def _chunks(url: str, response: requests.Response) -> Iterator[bytes]:
             chunk = next(pieces, b"")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise EndpointError(
-                f"the stream from {url} broke off after {received} bytes: {exc}", status=response.status_code
+                f"the {what} from {url} broke off after {received} bytes: {exc}", status=response.status_code
             ) from exc
         if not chunk:
             return
