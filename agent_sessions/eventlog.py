@@ -1,34 +1,12 @@
-"""A session's durable event log: what its runs did, readable and followable from any process.
+"""A session's durable event log (docs/runs/events.md): its format, its checks, reading and following it,
+and serving it as server-sent events.
 
-A run with ``Spec(publish_events=True)`` writes its events (step started, steers applied, the model's text
-and replies, tool calls, approvals, finished or failed) to the session's store, through ``EventStore``, the
-optional store protocol of ``contract``. A browser connected to replica B can then show a run
-going on on replica A: ``session.follow(after=seq)`` yields the events as they arrive, and a follower that
-comes back with the last sequence number it saw misses nothing and sees nothing twice.
-
-**Sequence numbers.** The store gives each event of a session the next number, atomically with the write
-that stores it: within a log they are consecutive and only grow. A log starts at a number taken from the
-store's clock, in microseconds (``first_seq``), not at 1: so a session deleted and made again starts
-above every number its old log used, and a follower keeping its ``after`` across the delete carries on
-without seeing anything twice. A gap in the numbers a follower reads means it missed events: the cap
-dropped them (it was more than ``Spec.events_kept`` behind), or the session was deleted meanwhile.
-
-**Writes.** Every append is fenced by the run's lease, as every write of a leased run is: a run that lost
-its lease writes no event. Events ride in the writes a step makes anyway where they can (the save before
-each model request, the final save: ``EventStore.save_fenced_events``); otherwise the run's ``Publisher``
-(``run.publisher``) appends them on its own, at a few points, and model text in batches, never a write per
-token. This module is the log's format, its checks, reading and following it, and serving it as
-server-sent events.
-
-**Events that point.** A ``model_response``, ``tool_called`` or ``tool_finished`` event that rides in the
-save writing its message does not repeat it: it holds ``ref``, the message's place in the transcript and a
-digest of it (``pointer``), and ``resolve`` puts the message (the call, the result) back when the log is
-read (``Session.events``, ``follow``, and so the SSE helpers). A pointer whose place no longer holds that
-message (the transcript replaced or cut since, the session deleted) is never joined to another: the event
-says so (``unresolved``). Events written in any other write (a slow tool's, before the save) carry the
-message whole, as every event did before; both shapes read alike.
-
-With ``publish_events=False`` (the default) none of this module runs: no object is built, nothing written.
+A run with ``Spec(publish_events=True)`` writes its events to the session's store (``EventStore``), fenced
+by its lease, riding in the writes a step makes anyway where they can. A log's numbers are consecutive
+and start at the store's clock in microseconds (``first_seq``), so a session deleted and made again numbers
+above its old log and a follower's ``after`` stays good. An event about a message the same write stores
+holds a pointer to it (``ref``: its place and ``digest``), which ``resolve`` joins back on reading, or marks
+``unresolved``: never joined to another message. With ``publish_events=False`` none of this runs.
 """
 
 from __future__ import annotations

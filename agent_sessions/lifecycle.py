@@ -1,14 +1,10 @@
-"""Managing conversations rather than running them: list, inspect, label, delete and retain sessions.
+"""Managing conversations rather than running them (docs/lifecycle.md): the argument checks, the
+metadata's stored form and the cursor format of list, inspect, label, delete and prune, once, so every
+store refuses the same input the same way.
 
-``contract.LifecycleStore`` is the optional store protocol behind it: a store offering it lets an
-application list one user's conversations (by a metadata key), show the tail of a long one, delete one on
-request, and expire idle ones. Each of its writes is one atomic step; the argument checks, the metadata's
-stored form and the cursor format live here, once, so every store refuses the same input the same way.
-
-``updated`` is when the session was last written through its row: a plain save, a run taking, renewing
-(its heartbeat, every third of its ttl) or releasing its lease, a journal write, a metadata change. A
-leased run's steps in between append their messages without touching that row (that is what keeps a
-step one statement), so during a run ``updated`` lags by at most a third of its ``lease_ttl``.
+``updated`` is when the session's row was last written (a save, the lease's take, renewal or release, a
+journal write, a metadata change); a leased run's steps append without touching it, so during a run it
+lags by at most a third of ``lease_ttl``.
 """
 
 from __future__ import annotations

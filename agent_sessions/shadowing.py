@@ -26,7 +26,11 @@ from .errors import StoresShadowed
 LIBRARY_STORES = Path(__file__).resolve().parent.parent / "stores"
 """Where the library's ``stores`` is: installed from the same wheel (or tree) as ``agent_sessions``."""
 
-STORE_MODULES = frozenset({"memory", "sqlite", "postgres", "mysql", "mongodb", "_sql"})
+
+def ships(name: str) -> bool:
+    """Is ``stores.<name>`` a module of the library's own ``stores``? Read from its directory, so a store
+    added there is covered without a list to keep."""
+    return (LIBRARY_STORES / name / "__init__.py").is_file() or (LIBRARY_STORES / f"{name}.py").is_file()
 
 
 def _found() -> str | None:
@@ -83,7 +87,7 @@ class _ShadowedStoreFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         parent, _, name = fullname.partition(".")
-        if parent == "stores" and name in STORE_MODULES:
+        if parent == "stores" and name and ships(name):
             check_stores()
         return None
 

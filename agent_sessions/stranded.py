@@ -1,18 +1,11 @@
-"""Stranded runs, and the sweep that finishes them (issue 26; docs/design/busy-and-stranded.md, section 2).
+"""Stranded runs, and the sweep that finishes them (docs/design/busy-and-stranded.md, section 2).
 
-A session is stranded when its lease is free or lapsed and its last turn is open (a message nobody
-answers: the worker running it died, its task is gone), and it is not cancelled (a cancel stops the turn in
-progress, not the messages queued behind it: those are answered). Every write keeps the session's
-``open_since`` (``LifecycleStore.list_sessions(stranded=True)``), so a sweep reads only the open sessions,
-never the finished ones: when nothing is stranded it costs one indexed query that returns no row.
-
-``recover`` finishes each such turn once, from any number of replicas at the same moment: the only way to
-act on a session is to hold its lease, which exactly one claimant wins (``lease_wait=0``: a replica that
-loses skips the session), and the run that finishes the turn compares what it read with what is stored
-before its first model request (a leased run's first write is a compare-and-swap), so a turn another
-replica finished meanwhile is found answered and costs no request. A keyed turn goes through
-``Runner.turn``'s continue path (what is left of its ``max_steps``); a started non-idempotent call is
-answered "outcome unknown" by the journal, never run twice.
+A session is stranded when its lease is free or lapsed and its last turn is open (its worker died), and it
+is not cancelled. Every write keeps the session's ``open_since``, so a sweep reads only the open sessions:
+one indexed query when none is. ``recover`` finishes each turn once from any number of replicas: acting on
+a session takes its lease (``lease_wait=0``: the loser skips it), and the run's first write is a
+compare-and-swap, so a turn finished meanwhile costs no request; a started non-idempotent call is answered
+"outcome unknown" by the journal, never run twice.
 """
 
 from __future__ import annotations

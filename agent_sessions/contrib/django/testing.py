@@ -1,24 +1,11 @@
-"""Django tests that use the store: each test starts from an empty store, and the test database can be
-dropped at the end, whichever way a project writes its tests.
+"""Django tests that use the store (docs/django.md): each test starts from an empty store, and the test
+database can be dropped at the end. ``manage.py test`` (the app's ``test`` command wraps ``TEST_RUNNER`` in
+``StoreRunner``) does both; another runner (pytest-django, unittest) gets it per class from
+``StoreTestMixin``.
 
-``manage.py test`` (the app's own ``test`` command: Django's, with the project's ``TEST_RUNNER`` wrapped by
-``StoreRunner``) does both with no setting: after each test that used the store it empties it (as Django
-undoes a test's ORM writes), and it closes the store before it drops the test databases. A test runner of
-its own (``pytest-django``, ``python -m unittest``) gets the same per class from the mixin:
-
-    from django.test import TestCase
-    from agent_sessions.contrib.django.testing import StoreTestMixin
-
-    class ReviewTests(StoreTestMixin, TestCase):
-        ...
-
-Why: Django's ``TestCase`` undoes a test's writes by rolling back a transaction on Django's own
-connection, and ``TransactionTestCase`` by flushing the tables of Django's models. The store writes through
-an engine of its own (its transactions, its listener and its lease heartbeat need connections of their
-own: see the app's module docstring), and its tables are not models, so neither reaches its rows: without
-this a session saved in one test is still there in the next. And the engine keeps connections to the
-test database open in its pool, so PostgreSQL refuses to drop it ("is being accessed by other users")
-unless the store is closed first.
+Why: the store writes through an engine of its own and its tables are not models, so neither
+``TestCase``'s rollback nor ``TransactionTestCase``'s flush reaches its rows; and the engine's pool keeps
+connections to the test database, which PostgreSQL then refuses to drop.
 """
 
 from __future__ import annotations
