@@ -357,17 +357,12 @@ FIRST_PAGE = 256
 
 
 def read_recent(store: Store, session: str) -> list[Message]:
-    """What a run needs of a session's stored transcript to go on with it under ``Compaction``: the
-    messages from the newest compaction record's range on (the record among them), and the journal's
-    ``TAIL`` before them (a reply's fingerprint covers those), never starting at a tool result; as a
-    ``Tail`` whose ``start`` is the index of the first. Read from the end, a page at a time, until the
-    newest record is found, so resuming a long compacted session reads about what its requests send,
-    however long it is. A session with no record is read whole (``start`` 0), and so is one of a store
-    that cannot read from the end (not a ``TailStore``: ``messages``, a plain list).
-
-    The pages are separate reads: a transcript rewritten between them (a plain ``save``) may read as
-    neither version, which the run's first save then refuses (it compares the stored messages from
-    ``start`` on with what it was given: ``TranscriptConflict``), as it refuses a read that is stale."""
+    """What a run needs of a session's stored transcript to go on with it under ``Compaction``, as a
+    ``Tail``: the messages from the newest compaction record's range on, and the journal's ``TAIL`` before
+    them (a reply's fingerprint covers those), never starting at a tool result. Read from the end a page at
+    a time until that record is found; a session with none, or a store that is no ``TailStore``, is read
+    whole. A transcript rewritten between two pages may read as neither version: the run's first save then
+    refuses it (``TranscriptConflict``), as it refuses any stale read."""
     if not isinstance(store, TailStore):
         return store.messages(session)
     first, msgs = store.read_back(session, None, FIRST_PAGE)

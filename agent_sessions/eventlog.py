@@ -42,9 +42,8 @@ WAKE_SECONDS = 5.0
 
 
 def encode(kind: str, data: Mapping[str, Any], at: float | None = None) -> str:
-    """An event's stored text: compact JSON the store keeps verbatim (it never parses it). ASCII-only, as a
-    stored message is (``Message.to_json``): one encoding for everything stored, so whatever str a tool or a
-    person gives (a lone surrogate from ``os.listdir``, say) is an escape, not a failure inside a driver."""
+    """An event's stored text: compact JSON the store keeps verbatim. ASCII-only, as a stored message is, so
+    whatever str a tool gives (a lone surrogate from ``os.listdir``) is an escape, not a driver's failure."""
     return json.dumps({"kind": kind, "at": time.time() if at is None else at, "data": data},
                       separators=(",", ":"))
 
@@ -56,21 +55,18 @@ def decode(seq: int, text: str) -> StoredEvent:
 
 
 def digest(message: Message) -> str:
-    """What a pointer checks its message by: a 128-bit BLAKE2b of the message's stored JSON (``to_json``;
-    ASCII as this library writes it, anything as a store may hand it back), as hex."""
+    """What a pointer checks its message by: a 128-bit BLAKE2b of its stored JSON, as hex."""
     return hashlib.blake2b(message.to_json().encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def pointer(index: int, digested: str, call: str = "") -> dict[str, Any]:
-    """An event's ``ref``: ``{"index", "digest"}`` of the message at ``index`` of the transcript (its
-    ``digest``, ``digested``), and ``"id"``, ``call``, for an event about a call of it or its result."""
+    """An event's ``ref``: the message's ``index`` and ``digest``, and ``id``, the call of it an event is about."""
     return {"index": index, "digest": digested, "id": call} if call else {"index": index, "digest": digested}
 
 
 def record(event: Reported, at: float | None = None, ref: Mapping[str, Any] | None = None) -> str:
-    """``event``'s stored text (``encode``): its ``data()``, each message, call or result in it as ``part``
-    writes it and each float to the microsecond; with ``ref`` (a ``pointer``), that in place of the field
-    the event ``points`` at."""
+    """``event``'s stored text: its ``data()``, messages as ``part`` writes them, floats to the microsecond;
+    with ``ref`` (a ``pointer``), that in place of the field the event ``points`` at."""
     data: dict[str, Any] = {}
     for name, value in event.data().items():
         if ref is not None and name == event.points:
@@ -150,16 +146,10 @@ REPLACED = "replaced"
 
 
 def resolve(store: EventStore, session: str, events: list[StoredEvent]) -> list[StoredEvent]:
-    """``events`` (as ``store.events`` returned them) with each pointer joined: a ``model_response``'s
-    ``message``, a ``tool_called``'s ``call``, a ``tool_finished``'s ``result`` (``part``) read from the
-    transcript where the event's ``ref`` says, and checked against its digest. One that cannot be joined gets
-    ``None`` there and ``unresolved: {index, reason}`` (``GONE``, ``REPLACED``). Events without a pointer
-    (every other kind, and events stored whole) come back as they are.
-
-    The messages are read after the events: the session's length (``info``) and the
-    ``tail`` from the lowest place pointed at; should any digest not match there (the transcript changed
-    between the two reads, or since the event was written), the whole transcript in one read, which
-    decides."""
+    """``events`` with each pointer joined: the message (or its call, its result) read where its ``ref``
+    says and checked against its digest; one that cannot be joined gets ``None`` and ``unresolved: {index,
+    reason}``. The messages are read after the events, from the end (``info`` and ``tail``); should a digest
+    not match there (the transcript changed between the two reads), the whole transcript, read once, decides."""
     refs = {e.seq: ref for e in events if e.kind in POINTING and (ref := _ref(e.data)) is not None}
     if not refs:
         return events
@@ -225,11 +215,9 @@ def _joined(event: StoredEvent, ref: tuple[int, str, str], message: Message | No
 def follow(store: EventStore, session: str, after: int = 0, timeout: float | None = None,
            poll: tuple[float, float] = (0.02, 0.5), limit: int = 100) -> Iterator[StoredEvent]:
     """Yield the session's events above ``after`` as they arrive, until ``timeout`` seconds have passed
-    (``None``: until the caller stops iterating). A session has many runs, so a ``finished`` event does not
-    end it. Between reads it waits in the store's ``wait_for_events`` (at most ``WAKE_SECONDS`` at a time)
-    or, without one, sleeps ``poll[0]`` seconds doubling up to ``poll[1]``, back to ``poll[0]`` after each
-    event. Every wait is bounded by what is left of ``timeout``. The arguments are checked here, at the
-    call, not at the first event."""
+    (``None``: until the caller stops; a session has many runs, so ``finished`` does not end it). Between
+    reads it waits in the store's ``wait_for_events`` (``WAKE_SECONDS`` at most) or sleeps ``poll[0]``
+    seconds doubling up to ``poll[1]``. The arguments are checked at the call, not at the first event."""
     after, limit = check_read(after, limit)
     first, most = _poll(poll)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
@@ -277,10 +265,9 @@ SSE_RETRY_MS = 500
 
 
 def sse_after(last_event_id: str | None, after: str | None) -> int:
-    """Where a stream starts: the ``Last-Event-ID`` header (what a reconnecting ``EventSource`` sends) or
-    else the ``?after=`` parameter, each a ``seq`` (ASCII digits, at most ``MAX_SEQ``); 0 (the whole log)
-    without either. Anything else is an ``ArgumentError``, raised before the stream starts so that a web
-    front can answer 400."""
+    """Where a stream starts: the ``Last-Event-ID`` header (a reconnecting ``EventSource``'s) or else
+    ``?after=``, each a ``seq``; 0 without either. Anything else is an ``ArgumentError`` before the stream
+    starts, so a web front can answer 400."""
     seen = last_event_id or after or "0"
     # isdigit alone accepts "²" and other non-ASCII digits; the length is checked before int(), which refuses
     # more than 4,300 digits with a ValueError, and a seq has at most 19 (MAX_SEQ), leading zeros aside.
@@ -298,10 +285,9 @@ def sse_event(event: StoredEvent) -> str:
 
 
 def sse_stream(following: Iterable[StoredEvent], retry_ms: int = SSE_RETRY_MS) -> Iterator[str]:
-    """The body of a ``text/event-stream`` response over ``following`` (a ``session.follow(...)``, bounded by
-    its ``timeout``): ``retry:`` first, then each event, ending after a ``finished`` or ``failed`` one. The
-    browser then reconnects with that event's id and follows the session's next run, on any replica; a
-    stream that ends because ``following`` did (its timeout) is picked up the same way."""
+    """The body of a ``text/event-stream`` response over ``following`` (a ``session.follow(...)``):
+    ``retry:``, then each event, ending after a ``finished`` or ``failed`` one; the browser reconnects with
+    the last id and follows the session's next run, on any replica."""
     yield f"retry: {retry_ms}\n\n"
     for event in following:
         yield sse_event(event)

@@ -114,17 +114,12 @@ class _Open:
 
 class Tracing:
     """An ``events`` callback that makes OpenTelemetry spans of a run; ``also`` (another callback) is told
-    every event after it. What tracing itself raises is logged under ``agent_sessions.otel`` and never
-    reaches the run: telemetry must not stop an agent. What ``also`` raises is the run's, as it would be
-    without tracing.
+    every event after it. What tracing raises is logged and never reaches the run (telemetry must not stop
+    an agent); what ``also`` raises is the run's.
 
-    A Tracing follows one run at a time, on that run's thread: give each concurrent run its own (they
-    cost nothing to make). Events from a second thread while a run is traced are ignored, with one
-    warning. Once a run has ended (``Finished`` or ``Failed``) the same Tracing may trace the next one.
-
-    The run's span is a child of the span that was current where the Tracing was made: a run started
-    with ``Runner().start`` inside a request's span is part of that request's trace, though it runs on
-    its own thread."""
+    A Tracing follows one run at a time (a second thread's events are ignored, with one warning); once a
+    run has ended the same Tracing may trace the next. The run's span is a child of the span current where
+    the Tracing was made, so a run started inside a request's span is part of its trace."""
 
     def __init__(
         self,
@@ -160,10 +155,8 @@ class Tracing:
         tracer_provider: trace.TracerProvider | None = None,
         also: Events | None = None,
     ) -> Tracing:
-        """A Tracing whose session id comes from ``spec.session`` (its ``id``), and model and provider from the
-        endpoint (an ``OpenAIChat`` is ``openai`` whatever server it talks to, as the conventions ask; an
-        ``AnthropicMessages`` is ``anthropic``; any other endpoint ``_OTHER``. Its ``model`` attribute, if
-        it has one, is the model)."""
+        """A Tracing with the session id of ``spec.session`` and the endpoint's model and provider (an
+        ``OpenAIChat`` is ``openai`` whatever server it talks to, as the conventions ask)."""
         session_id = getattr(spec.session, "id", None)  # a Session need not have one; the library's do
         model = getattr(endpoint, "model", None)
         return cls(

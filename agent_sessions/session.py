@@ -1,9 +1,6 @@
 """A session: one conversation of a store, addressed. ``open`` makes one; it is what ``Spec.session`` takes.
-
-``StoreSession`` is the top of the library: every capability a store may offer (``contract``) is reached
-through it by the application (steer, cancel, approve, list events...), each call checking once that the
-store offers the protocol it needs and raising ``Unsupported`` otherwise.
-"""
+Each call that needs more of the store than the four methods of a plain ``Store`` raises ``Unsupported``
+for one without them."""
 
 from __future__ import annotations
 
@@ -35,14 +32,10 @@ class StoreSession:
         self.store.save(self.id, msgs)
 
     def messages(self, last: int | None = None, *, recent: bool = False) -> list[Message]:
-        """The stored transcript; with ``last``, only its last ``last`` messages, which a store offering
-        the lifecycle protocol reads without loading the rest (a UI showing a long conversation).
-
-        With ``recent=True``, what a run under ``Compaction`` needs to go on with the session: the messages
-        from its newest compaction record's range on, as an ``agent.Tail`` whose ``start`` is the index of
-        the first, read from the end without the rest (``context.read_recent``; the whole transcript when
-        it has no record, or the store is not a ``TailStore``). Append the new message and run it as any
-        transcript: resuming a long session then costs about what its requests send."""
+        """The stored transcript; with ``last``, only its last ``last`` messages, read without the rest.
+        With ``recent=True``, what a run under ``Compaction`` needs to go on with the session, read from the
+        end (``context.read_recent``): an ``agent.Tail`` to append the new message to and run, so resuming
+        a long session costs about what its requests send."""
         if recent:
             if last is not None:
                 raise ArgumentError("Session.messages() takes last= or recent=True, not both")
@@ -56,10 +49,8 @@ class StoreSession:
 
     def steer(self, text: str, key: str | None = None) -> bool:
         """Leave ``text`` for the session's next model request, whichever process makes it; ``True`` when it
-        was stored. With ``key`` (a ``SteerKeyStore``), the steer is stored only if no steer with that key
-        was accepted for the session before, and ``False`` says one was: send a steer that failed with
-        ``OutcomeUnknown`` again with the same key, and it is delivered once (as ``Runner.turn``'s key makes
-        a turn's message). Without a key, sending again stores it again."""
+        was stored. With ``key``, only if no steer with that key was accepted before (``False``): a steer
+        that failed with ``OutcomeUnknown``, sent again with the same key, is delivered once."""
         validate.steer_text(text)
         if key is None:
             self.store.add_steer(self.id, text)
@@ -68,15 +59,12 @@ class StoreSession:
         return self._run_store("steer(key=)", "SteerKeyStore").add_steer_once(self.id, text, key)
 
     def enqueue(self, text: str, key: str) -> int:
-        """Store ``text`` as a message of its own, under ``key``, for a turn that answers it later: in the
-        session's queue (a ``QueueStore``), behind the messages accepted before it, as ``Runner.turn`` stores
-        a message that arrives while the session is busy. Nothing runs here. Whoever holds the session next
-        answers the queue from its head: a ``Runner.turn`` of the session, or the sweep (``agent.recover``:
-        ``python -m agent_sessions work``, the Celery workers of ``agent_sessions.contrib.celery``), so a web
-        request can hand a message over and answer at once. A key is queued once while its message waits,
-        and a message whose key the transcript holds is dropped unanswered by whoever meets it, so sending
-        again after a failure is safe. Returns the message's place among those waiting (1: next).
-        ``answer(key)`` reads its answer."""
+        """Store ``text`` under ``key`` in the session's queue, for a turn of its own that answers it later,
+        as ``Runner.turn`` stores a message that arrives while the session is busy; nothing runs here.
+        Whoever holds the session next answers the queue from its head (a ``Runner.turn``, or the sweep:
+        ``python -m agent_sessions work``, the Celery workers), so a web request can hand a message over
+        and answer at once. A key is queued once, so sending again after a failure is safe. Returns the
+        message's place among those waiting (1: next); ``answer(key)`` reads its answer."""
         validate.turn_key(key, "Session.enqueue(key=)")
         validate.steer_text(text, "Session.enqueue(text)")
         return self._run_store("enqueue", "QueueStore").enqueue(self.id, key, text)
@@ -86,12 +74,10 @@ class StoreSession:
         return self._run_store("queued", "QueueStore").queued(self.id)
 
     def answer(self, key: str, timeout: float = 0.0) -> Message | None:
-        """The reply that answered the turn whose message has ``key`` (``Runner.turn``, ``enqueue``): the first
-        reply after that message without tool calls, whichever process made it. ``None`` while there is none
-        (the message is queued, its turn runs or waits for a decision), or no message has that key. With
-        ``timeout`` (seconds), it waits that long at most for the answer, reading the transcript again after
-        0.02 s, then twice as long each time, up to 0.5 s: how a caller that handed its message over (to a
-        Celery task, to the sweep) waits for it whichever worker answers."""
+        """The reply that answered the turn whose message has ``key`` (``Runner.turn``, ``enqueue``), whichever
+        process made it; ``None`` while there is none, or no message has that key. With ``timeout``
+        (seconds), it waits that long at most, reading again after 0.02 s, then twice as long each time, up
+        to 0.5 s: how a caller that handed its message over waits for it."""
         validate.turn_key(key, "Session.answer(key)")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
             raise ArgumentError(f"Session.answer(timeout=) must be a finite number of seconds >= 0, got {timeout!r}")
@@ -141,13 +127,10 @@ class StoreSession:
         return self._run_store("holder").holder(self.id)
 
     def cancel(self) -> bool:
-        """Cancel the session's turn: the run holding the session, in whatever process, stops before its
-        next model request or tool call, and no run that goes on with that turn afterwards (a resume after
-        its worker died, a redelivered ``Runner.turn``) starts one either; a turn waiting for approvals is
-        closed (its calls get error results saying they were not run, and deciding them raises
-        ``AlreadyDecided``). ``True`` when there was a run or a waiting turn to cancel: then no call of
-        that turn starts after this returns. ``False`` when there was neither; a new turn is never
-        cancelled by an earlier cancel. See ``approvals.cancel``."""
+        """Cancel the session's turn: the run holding it, in whatever process, stops before its next model
+        request or tool call, and no run that goes on with that turn starts one either; a turn waiting for
+        approvals is closed (its calls get error results). ``True`` when there was a run or a waiting turn
+        to cancel: then no call of that turn starts after this returns. See ``approvals.cancel``."""
         return approvals.cancel(self._run_store("cancel"), self.id)
 
     def pending_approvals(self) -> list[PendingApproval]:
@@ -177,16 +160,13 @@ class StoreSession:
     def follow(self, after: int = 0, timeout: float | None = None,
                poll: tuple[float, float] = (0.02, 0.5)) -> Iterator[StoredEvent]:
         """Yield the session's events above ``after`` as they arrive, from whichever process writes them,
-        for ``timeout`` seconds (``None``: until you stop iterating; a session has many runs, so a
-        ``finished`` event does not end it). Come back with the last ``seq`` you saw as ``after``: you miss
-        nothing and see nothing twice. Waits are bounded: ``poll`` is the backoff (first, most seconds)
-        for a store that cannot wake followers (see ``eventlog.follow``)."""
+        for ``timeout`` seconds (``None``: until you stop iterating). Come back with the last ``seq`` you saw
+        as ``after``: you miss nothing and see nothing twice (``eventlog.follow``)."""
         return eventlog.follow(self._run_store("follow", "EventStore"), self.id, after, timeout, poll)
 
     def _answer(self, key: str) -> Message | None:
-        """``answer``'s one look. A store with the lifecycle reads the transcript's end first (the message
-        of a turn being waited for is usually there), and a message still queued is not in the transcript
-        at all: the whole transcript is read only when the key is in neither."""
+        """``answer``'s one look: the transcript's end first (the message waited for is usually there); the
+        whole transcript only when the key is neither there nor queued."""
         store = self.store
         if isinstance(store, RunStore):
             tail = store.tail(self.id, ANSWER_TAIL)

@@ -13,7 +13,7 @@ import requests
 
 from ..messages import Content, ContentType, Message, Role, summary_text
 from ..tools import Tool
-from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
+from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
 
 API_VERSION = "2023-06-01"
 
@@ -78,7 +78,7 @@ class AnthropicMessages:
             return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
         reply = _Stream(on_text)
         data = self.http.stream("/v1/messages", self.body(system, messages, tools, stream=True), reply.handle)
-        return reply.message() if data is None else _unstreamed(data, on_text)
+        return reply.message() if data is None else unstreamed(parse_response(data), on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool], *, stream: bool = False) -> str:
         """The request as JSON text. Tool-use ``input`` must be the stored arguments text itself, so that
@@ -156,15 +156,6 @@ def _named(block: dict[str, Any]) -> bool:
     """A tool_use block has a non-empty string id and name (a Content would refuse it otherwise)."""
     call_id, name = block.get("id"), block.get("name")
     return isinstance(call_id, str) and isinstance(name, str) and bool(call_id and name)
-
-
-def _unstreamed(data: dict[str, Any], on_text: Callable[[str], None] | None) -> Message:
-    """The reply of a server that answered a stream request with plain JSON: its text goes to ``on_text``
-    in one piece, so that the pieces handed on still join to the reply's text."""
-    message = parse_response(data)
-    if on_text is not None and message.text:
-        on_text(message.text)
-    return message
 
 
 def parse_response(data: dict[str, Any]) -> Message:

@@ -11,7 +11,7 @@ import requests
 from ..errors import EndpointError
 from ..messages import Content, ContentType, Message, Role, made_up_call_id, summary_text
 from ..tools import Tool
-from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
+from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
 
 
 class OpenAIChat:
@@ -69,7 +69,7 @@ class OpenAIChat:
         body = {"stream": True, "stream_options": {"include_usage": True}, **body}
         reply = _Stream(on_text)
         data = self.http.stream("/chat/completions", json.dumps(body), reply.handle)
-        return reply.message() if data is None else _unstreamed(data, on_text)
+        return reply.message() if data is None else unstreamed(parse_response(data), on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> dict[str, Any]:
         wire: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
@@ -117,15 +117,6 @@ def _to_wire(message: Message) -> list[dict[str, Any]]:
     if texts or not wire:
         wire.append({"role": "user", "content": "\n\n".join(texts)})
     return wire
-
-
-def _unstreamed(data: dict[str, Any], on_text: Callable[[str], None] | None) -> Message:
-    """The reply of a server that answered a stream request with plain JSON: its text goes to ``on_text``
-    in one piece, so that the pieces handed on still join to the reply's text."""
-    message = parse_response(data)
-    if on_text is not None and message.text:
-        on_text(message.text)
-    return message
 
 
 def parse_response(data: dict[str, Any]) -> Message:

@@ -127,18 +127,23 @@ def options() -> dict[str, Any]:
             "RESOLVE": conf.get("RESOLVE"), "SWEEP_SECONDS": float(sweep)}
 
 
-def resolve() -> Resolve | None:
-    """The project's resolve function (``AGENT_SESSIONS["RESOLVE"]``), imported; ``None`` when not set."""
-    path = options()["RESOLVE"]
+def function(key: str) -> Callable[..., Any] | None:
+    """The function ``AGENT_SESSIONS[key]`` (``STORE``, ``RESOLVE``) names, imported; ``None`` when not set."""
+    path = options()[key]
     if path is None:
         return None
     try:
         found = import_string(path)
     except ImportError as exc:
-        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['RESOLVE'] ({path}) cannot be imported: {exc}") from exc
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS[{key!r}] ({path}) cannot be imported: {exc}") from exc
     if not callable(found):
-        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['RESOLVE'] ({path}) is not callable")
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS[{key!r}] ({path}) is not callable")
     return found  # type: ignore[no-any-return]
+
+
+def resolve() -> Resolve | None:
+    """The project's resolve function (``AGENT_SESSIONS["RESOLVE"]``), imported; ``None`` when not set."""
+    return function("RESOLVE")
 
 
 def _build() -> tuple[agent.Store, Callable[[], None] | None]:

@@ -19,7 +19,8 @@ from typing import Any
 
 import agent_sessions as agent
 from agent_sessions import lifecycle
-from agent_sessions.contract import EventStore, LifecycleStore, QueueStore, RunStore, TailStore
+from agent_sessions.cli import value
+from agent_sessions.contract import EventStore, LifecycleStore, RunStore, TailStore
 from agent_sessions.journal import Journal
 from agent_sessions.messages import ContentType
 
@@ -99,12 +100,12 @@ def look(store: agent.Store, info: agent.SessionInfo, stranded: Stranded | None 
     """``info``'s session with what waits on it and its state (a few reads: the lease, the steers, the
     queue, the journal; the approvals only when the journal has some)."""
     holder = store.holder(info.id) if isinstance(store, RunStore) else None
-    steers = store.pending_steers(info.id) if isinstance(store, LifecycleStore) else []
-    queued = store.queued(info.id) if isinstance(store, QueueStore) else []
+    steers = store.pending_steers(info.id) if isinstance(store, RunStore) else []
+    queued = store.queued(info.id) if isinstance(store, RunStore) else []
     text = store.journal(info.id) if isinstance(store, RunStore) else None
     journal = None if text is None else Journal.from_json(text, f"session {info.id!r}")
     pending: list[agent.PendingApproval] = []
-    if journal is not None and journal.approvals and isinstance(store, agent.ApprovalStore):
+    if journal is not None and journal.approvals:
         pending = agent.open(info.id, store).pending_approvals()
     calls = [] if journal is None else in_flight(journal, {p.call_id for p in pending})
     state = state_of(info, holder, queued, journal, pending, stranded or Stranded.of(store, info))
@@ -201,15 +202,11 @@ def parse_search(text: str) -> tuple[str, dict[str, agent.contract.Scalar]]:
     """The search box: ``key=value`` terms filter by metadata (a value read as JSON when it parses, as the
     command line's ``--where``: ``n=17`` is a number, ``n="17"`` text), any other term is the start of the
     id. ``ArgumentError`` for two id terms."""
-    prefix, where = "", {}
+    prefix, where = "", dict[str, Any]()
     for term in text.split():
         key, sep, raw = term.partition("=")
         if sep and key:
-            try:
-                value: Any = json.loads(raw)
-            except ValueError:
-                value = raw
-            where[key] = value
+            where[key] = value(raw)
         elif prefix:
             raise agent.ArgumentError(f"search by one id prefix at a time, got {prefix!r} and {term!r}")
         else:
@@ -507,7 +504,7 @@ def inbox(store: LifecycleStore, after: str | None) -> Inbox:
 
 
 def _asked(store: agent.Store, session: str) -> Iterator[Asked]:
-    if not isinstance(store, agent.ApprovalStore):
+    if not isinstance(store, RunStore):
         return
     text = store.journal(session)
     if text is None:
