@@ -1,24 +1,14 @@
-"""OpenTelemetry tracing for runs (the ``otel`` extra): an ``events`` callback that turns what a run reports
-into spans, named and attributed after the GenAI semantic conventions.
+"""OpenTelemetry tracing for runs (the ``otel`` extra; docs/tracing.md): an ``events`` callback that turns
+what a run reports into spans named and attributed after the GenAI semantic conventions.
 
     events=Tracing.for_run(spec, endpoint)
 
-One trace per run::
-
-    invoke_agent [{agent_name}]        the run (INTERNAL)
-      step                             one per model request, with the tools it asked for
-        chat {model}                   the request (CLIENT): model, provider, token usage
-        execute_tool {name}            each tool call the run made (INTERNAL)
-
-Every span carries ``gen_ai.conversation.id``, the session's id, when the run has a session. The spans are
-built from events, not by wrapping the loop, so the core imports no optional package and a run without
-``events`` pays nothing; ``Failed`` is what lets a run that raises end every span it opened, with an ERROR
-status and the exception recorded on each.
-
-Only the OpenTelemetry API is imported: without an SDK configured (or a ``tracer_provider`` given) every
-span is a no-op. The attribute names are written out here rather than taken from
-``opentelemetry-semantic-conventions``, whose GenAI names are still in development and move between
-releases; they follow the conventions as of semconv 1.37+ (``gen_ai.provider.name``, not ``gen_ai.system``).
+One trace per run: ``invoke_agent`` (the run), a ``step`` per model request, and in each ``chat {model}``
+(the request: model, provider, token usage) and ``execute_tool {name}`` per call; each carries
+``gen_ai.conversation.id``. Built from events rather than by wrapping the loop, so the core imports no
+optional package and a run without ``events`` pays nothing. Only the OpenTelemetry API is imported: without
+an SDK every span is a no-op. The attribute names are written out here, since the conventions' GenAI names
+are still in development (as of semconv 1.37: ``gen_ai.provider.name``, not ``gen_ai.system``).
 """
 
 from __future__ import annotations

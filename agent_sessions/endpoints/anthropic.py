@@ -20,21 +20,14 @@ API_VERSION = "2023-06-01"
 
 class AnthropicMessages:
     """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added.
-    ``extra`` is merged into every request body.
+    ``extra`` is merged into every request body; ``headers`` win over the endpoint's own; ``session``: your
+    own ``requests.Session``, used by every thread (see HTTPClient).
 
-    ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``x-api-key``).
-    ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
-    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient).
-
-    ``stream=True`` asks for server-sent events and hands each piece of text to ``complete``'s
-    ``on_text`` as it arrives. The reply is the Message the same content gives without streaming, usage
-    included (``message_start``'s, updated by ``message_delta``'s). A tool call's arguments are its
-    ``input_json_delta`` pieces joined, byte for byte: the model's own text, kept as the library keeps
-    every model's arguments (even when it is not valid JSON). Without streaming the API hands ``input``
-    over as an object, which is written as compact JSON; so the two replies agree on everything, and
-    their arguments as JSON values, while their spacing may differ. A stream that breaks off
-    (no ``message_stop``), an ``error`` event, or data that is not JSON is an EndpointError, and is not
-    retried once it has begun (see ``HTTPClient.stream``)."""
+    ``stream=True`` asks for server-sent events and hands each piece of text to ``complete``'s ``on_text``.
+    The reply is the Message the same content gives without streaming, but that a tool call's arguments
+    are its ``input_json_delta`` pieces joined, byte for byte, where without streaming the API's ``input``
+    object is written as compact JSON (the same JSON value, spaced otherwise). A stream that breaks off or
+    reports an error is an EndpointError, not retried once begun."""
 
     def __init__(
         self,

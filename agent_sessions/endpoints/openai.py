@@ -15,19 +15,14 @@ from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed,
 
 
 class OpenAIChat:
-    """``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1`` or
-    ``http://127.0.0.1:8080/v1``. ``extra`` is merged into every request body (temperature, seed, ...).
+    """``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1``. ``extra`` is merged into
+    every request body (temperature, seed, ...); ``headers`` win over the endpoint's own; ``session``: your
+    own ``requests.Session``, used by every thread (see HTTPClient).
 
-    ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``authorization``).
-    ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
-    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient).
-
-    ``stream=True`` asks for server-sent events (with ``stream_options: {"include_usage": true}``, so
-    the usage comes too; ``extra`` wins over both) and hands each piece of text to ``complete``'s
-    ``on_text`` as it arrives. The reply is the Message the same content gives without streaming: a
-    tool call's arguments are its deltas joined, byte for byte. A stream that breaks off, reports an
-    error or sends what is not JSON is an EndpointError, and is not retried once it has begun (see
-    ``HTTPClient.stream``)."""
+    ``stream=True`` asks for server-sent events (with the usage: ``stream_options``) and hands each piece of
+    text to ``complete``'s ``on_text``. The reply is the Message the same content gives without streaming:
+    a tool call's arguments are its deltas joined, byte for byte. A stream that breaks off or reports an
+    error is an EndpointError, not retried once begun."""
 
     def __init__(
         self,

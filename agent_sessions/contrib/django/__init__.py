@@ -1,21 +1,14 @@
-"""agent-sessions as a Django app: the store's tables in Django's migration history, a store built from
-``DATABASES``, and ``manage.py agent_sessions``: the command line (``python -m agent_sessions``) on that store.
+"""agent-sessions as a Django app (docs/django.md): the store's tables in Django's migrations, a store built
+from ``DATABASES``, ``manage.py agent_sessions`` (the command line on that store), the event log as
+server-sent events (``urls``), the operator's console in the admin.
 
     INSTALLED_APPS = [..., "agent_sessions.contrib.django"]
     AGENT_SESSIONS = {"DATABASE": "default"}     # the DATABASES alias that holds the tables (the default)
 
-Then ``manage.py migrate`` creates the tables, and ``agent_sessions.contrib.django.store()`` is the store,
-in views, Celery tasks and commands alike. Messages are answered by the Celery tasks of
-``agent_sessions.contrib.celery`` (Celery's ``autodiscover_tasks()`` finds them in ``tasks.py``) or by
-``manage.py agent_sessions work``, with the project's ``AGENT_SESSIONS["RESOLVE"]``. ``views.events`` streams
-a session's event log as server-sent events; it is served only where a project ``include``s
-``agent_sessions.contrib.django.urls`` (behind the project's own authorization: docs/django.md).
-
-Why not hand the store Django's connection? Django keeps one DB-API connection per thread, opened and
-closed around requests, with its own autocommit and ``atomic()`` bookkeeping; the store needs connections
-it can check out from any thread (a run's lease heartbeat is a thread of its own) and transactions of its
-own. So the store gets an SQLAlchemy engine over the same database, one per process (the SQL stores drop
-an inherited pool after a fork, so prefork servers and Celery workers are safe).
+Why not hand the store Django's connection? Django keeps one connection per thread, opened and closed
+around requests, with its own transaction bookkeeping; the store needs connections it can use from any
+thread (a run's lease heartbeat) and transactions of its own. So it gets an SQLAlchemy engine over the
+same database, one per process (dropped after a fork, so prefork servers and Celery workers are safe).
 """
 
 from __future__ import annotations
@@ -36,16 +29,8 @@ from agent_sessions.stranded import Resolve
 log = logging.getLogger(__name__)
 
 SETTINGS = ("DATABASE", "STORE", "URL", "SSE_SECONDS", "RESOLVE", "SWEEP_SECONDS")
-"""The keys of ``settings.AGENT_SESSIONS``: ``DATABASE``, the DATABASES alias holding the tables
-("default"); ``STORE``, the dotted path of a function of no arguments returning the store, for a store
-that is not built from DATABASES (``stores.memory`` in tests); ``URL``, a store URL (``stores.urls``:
-``mongodb://db:27017/app``, ``redis://cache:6379/0?prefix=app:``) for a store of its own connections. With
-``STORE`` or ``URL`` set the migration creates no table. ``SSE_SECONDS`` (30): how long one response of the
-events view lasts at most (``views.events``), so a browser that left holds no worker for long.
-``RESOLVE``: the dotted path of the project's ``agent.recover`` resolve function (``info -> (Spec, Endpoint)
-| None``), what the Celery tasks of ``agent_sessions.contrib.celery`` and ``manage.py agent_sessions
-work``/``recover`` answer messages with. ``SWEEP_SECONDS`` (5): how often each Celery worker looks for a
-turn nobody answers (0: never; beat's sweep instead)."""
+"""The keys of ``settings.AGENT_SESSIONS`` (docs/django.md, Settings). With ``STORE`` (a function making the
+store) or ``URL`` (a store URL) set, the store is not built on DATABASES and the migration creates no table."""
 
 SSE_SECONDS = 30.0
 SWEEP_SECONDS = 5.0
