@@ -62,10 +62,9 @@ _configured: Setup | None = None
 
 def configure(store: agent.Store | Callable[[], agent.Store], resolve: Resolve, *,
               sweep_seconds: float = SWEEP_SECONDS) -> None:
-    """For a project without the Django app: the store (or a function of no arguments making it, called
-    once per process) and the function choosing each session's spec and endpoint (``agent.recover``'s
-    ``resolve``: ``info -> (Spec, Endpoint) | None``, ``info.spec`` the ``Spec.name`` its last run recorded,
-    or the one ``turn`` was given). Call it where the Celery app is made."""
+    """For a project without the Django app, where the Celery app is made: the store (or a function making
+    it, called once per process) and ``agent.recover``'s ``resolve``, choosing each session's spec and
+    endpoint (``info.spec``: the ``Spec.name`` its last run recorded, or the one ``turn`` was given)."""
     if not callable(resolve):
         raise agent.ArgumentError(f"configure(resolve=) must be callable, got {resolve!r}")
     if isinstance(sweep_seconds, bool) or not isinstance(sweep_seconds, (int, float)) or sweep_seconds < 0:
@@ -129,10 +128,8 @@ class TurnTask(Task):  # type: ignore[misc]
 def turn(session_id: str, text: str, key: str, spec: str | None = None) -> dict[str, Any]:
     """Answer the message ``text`` of ``session_id`` (``key``: the client's id for it), safe to deliver
     again: ``Runner.turn`` keyed by ``key``. ``spec``: the spec name ``resolve`` is given for a session no
-    run has recorded one for yet (or to change it). Returns, as JSON: ``session``, ``key``, ``answered``,
-    ``text`` (the answer, or ""), ``stop_reason`` ("queued" when the wait for the session ran out: the
-    message is stored, and whoever holds the session next, or the sweep, answers it; then ``position``),
-    ``steps``, ``pending`` (the calls waiting for a decision)."""
+    run has recorded one for yet. Returns ``_outcome``'s JSON; ``stop_reason`` "queued" when the wait for
+    the session ran out (the message is stored, and answered by whoever holds the session next)."""
     made = setup()
     store = made.store()
     resolve = made.resolve()
@@ -158,8 +155,7 @@ def turn(session_id: str, text: str, key: str, spec: str | None = None) -> dict[
 
 
 def _info(store: agent.Store, session_id: str, spec: str | None) -> agent.SessionInfo:
-    """What ``resolve`` is given for a turn: the session's info, with ``spec`` if given; for a session that
-    does not exist yet, one made up (no messages, no metadata)."""
+    """What ``resolve`` is given for a turn: the session's info (made up for a new one), with ``spec``."""
     info = store.info(session_id) if isinstance(store, agent.LifecycleStore) else None
     if info is None:
         now = datetime.now(UTC)
@@ -197,10 +193,9 @@ def sweep(limit: int = LIMIT, grace: float = GRACE) -> dict[str, int]:
 
 
 class Watch(threading.Thread):
-    """A worker's watch (a daemon thread of its main process): every ``seconds``, one indexed query for the
-    stranded sessions; when one of them is the application's (``resolve`` gives it a spec), the ``sweep``
-    task is sent (it expires unrun after two periods, so sweeps never pile up behind busy pool processes).
-    The main process runs no turn itself."""
+    """A worker's watch (a daemon thread of its main process, which runs no turn itself): every ``seconds``,
+    one indexed query for the stranded sessions, and the ``sweep`` task sent when one is the application's
+    (it expires unrun after two periods, so sweeps never pile up behind busy pool processes)."""
 
     def __init__(self, app: Any, store: Callable[[], agent.Store], resolve: Resolve, seconds: float) -> None:
         super().__init__(name="agent-sessions-watch", daemon=True)

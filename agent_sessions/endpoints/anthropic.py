@@ -12,7 +12,7 @@ from typing import Any
 import requests
 
 from ..messages import Content, ContentType, Message, Role, summary_text
-from ..tools import Tool
+from ..tools import Tool, _not_json
 from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
 
 API_VERSION = "2023-06-01"
@@ -139,10 +139,6 @@ def _is_json_object(text: str) -> bool:
         return isinstance(json.loads(text, parse_constant=_not_json), dict)
     except ValueError:
         return False
-
-
-def _not_json(constant: str) -> None:
-    raise ValueError(f"{constant} is not JSON")
 
 
 def _named(block: dict[str, Any]) -> bool:

@@ -48,8 +48,7 @@ _close: Callable[[], None] | None = None
 
 def store() -> agent.Store:
     """The process's store, built on first use from ``AGENT_SESSIONS`` and ``DATABASES``, then shared by
-    every thread: it holds a pool (a connection per thread on SQLite), so it is made once, never per
-    request."""
+    every thread: it holds a pool, so it is made once, never per request."""
     global _store, _close
     built = _store
     if built is not None:
@@ -61,10 +60,8 @@ def store() -> agent.Store:
 
 
 def reset() -> None:
-    """Forget the store, closing every connection it holds (PostgreSQL's listener and the pool of the
-    engine the app built), so the next ``store()`` builds it again from the settings: a test that changes
-    DATABASES or AGENT_SESSIONS (the app calls it on ``setting_changed``), and the end of a test class
-    (``testing.StoreTestMixin``), since Django cannot drop a test database a pooled connection still holds."""
+    """Forget the store, closing every connection it holds, so the next ``store()`` builds it again from the
+    settings (on ``setting_changed``), and Django can drop a test database no pooled connection holds."""
     global _store, _close
     with _lock:
         old, _store = _store, None
@@ -163,9 +160,8 @@ _DJANGO_ONLY = {"isolation_level", "server_side_binding", "pool", "assume_role",
 
 
 def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> tuple[agent.Store, Callable[[], None] | None]:
-    """The store for one DATABASES entry (as its connection has it: under the test runner, the test
-    database). The URL is assembled by SQLAlchemy from the parts, so a password is never formatted into
-    a string."""
+    """The store for one DATABASES entry (as its connection has it: the test database, under the test
+    runner), its URL assembled by SQLAlchemy from the parts, so a password is never formatted into one."""
     from agent_sessions.shadowing import check_stores
 
     check_stores()  # a project's own `stores` app: say so, not "cannot import name 'sqlite'"
