@@ -418,17 +418,7 @@ def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
     lines = [f"id:        {safe(info.id)}", f"created:   {_time(info.created)} UTC",
              f"updated:   {_time(info.updated)} UTC", f"messages:  {info.messages}",
              f"metadata:  {safe(lifecycle.encode_metadata(info.metadata))}",
-             f"run:       {'none' if holder is None else safe(holder.describe())}",
-             f"steers:    {len(waits.steers)} waiting"]
-    lines += [f"  {safe(s)}" for s in waits.steers]
-    lines.append(f"queued:    {len(waits.queued)} waiting" + (" (each answered by a turn of its own, in this order)"
-                                                              if waits.queued else ""))
-    lines += [f"  key {safe(k)}" for k in waits.queued]
-    lines.append(f"in flight: {waits.flight_summary()}")
-    lines += [f"  {line}" for line in waits.flight_lines()]
-    lines.append(f"approvals: {len(waits.approvals)} waiting" + (f" (approve or deny: {PROG} approve SID CALL_ID)"
-                                                                  if waits.approvals else ""))
-    lines += [f"  {approval_line(p)}" for p in waits.approvals]
+             f"run:       {'none' if holder is None else safe(holder.describe())}", *waits.lines(every=True)]
     return Outcome({**info_doc(info), "holder": holder_doc(holder), **waits.doc()}, lines)
 
 
@@ -777,30 +767,27 @@ class Waits:
             found.append((call.id, call.name, state))
         return found
 
-    def flight_summary(self) -> str:
-        if self.journal is None:
-            return "none"
-        n = len(self.journal.reply.tool_calls)
-        return f"a reply with {n} tool call{'' if n == 1 else 's'}, after message #{self.journal.at}"
-
-    def flight_lines(self) -> list[str]:
-        return [f"{safe(call)}  {safe(tool)}: {state}" for call, tool, state in self.calls()]
-
-    def lines(self) -> list[str]:
-        lines = []
-        if self.steers:
-            lines.append(f"steers waiting: {len(self.steers)}")
-            lines += [f"  {safe(text)}" for text in self.steers]
-        if self.queued:
-            lines.append(f"messages queued: {len(self.queued)} (each answered by a turn of its own, in this order)")
-            lines += [f"  key {safe(key)}" for key in self.queued]
-        if self.journal is not None:
-            lines.append(f"in flight: {self.flight_summary()}")
-            lines += [f"  {line}" for line in self.flight_lines()]
-        if self.approvals:
-            lines.append(f"calls waiting for a decision: {len(self.approvals)} (approve SID CALL_ID, or deny)")
-            lines += [f"  {approval_line(p)}" for p in self.approvals]
-        return lines
+    def lines(self, every: bool = False) -> list[str]:
+        """A heading and its items per kind of wait: ``show``'s, the kinds that wait; ``info``'s (``every``),
+        all four in columns, with their counts."""
+        steers, queued, approvals, journal = len(self.steers), len(self.queued), len(self.approvals), self.journal
+        order = " (each answered by a turn of its own, in this order)"
+        calls = 0 if journal is None else len(journal.reply.tool_calls)
+        flight = ("none" if journal is None else
+                  f"a reply with {calls} tool call{'' if calls == 1 else 's'}, after message #{journal.at}")
+        kinds = [
+            (steers, f"steers waiting: {steers}", f"steers:    {steers} waiting", [safe(t) for t in self.steers]),
+            (queued, f"messages queued: {queued}{order}", f"queued:    {queued} waiting{order if queued else ''}",
+             [f"key {safe(k)}" for k in self.queued]),
+            (journal is not None, f"in flight: {flight}", f"in flight: {flight}",
+             [f"{safe(call)}  {safe(tool)}: {state}" for call, tool, state in self.calls()]),
+            (approvals, f"calls waiting for a decision: {approvals} (approve SID CALL_ID, or deny)",
+             f"approvals: {approvals} waiting"
+             + (f" (approve or deny: {PROG} approve SID CALL_ID)" if approvals else ""),
+             [approval_line(p) for p in self.approvals]),
+        ]
+        return [line for waits, shown, listed, items in kinds if every or waits
+                for line in [listed if every else shown, *(f"  {item}" for item in items)]]
 
     def doc(self) -> dict[str, Any]:
         return {"pending_steers": self.steers, "queued": self.queued,
