@@ -3,7 +3,7 @@ and serving it as server-sent events.
 
 A run with ``Spec(publish_events=True)`` writes its events to the session's store (``EventStore``), fenced
 by its lease, riding in the writes a step makes anyway where they can. A log's numbers are consecutive
-and start at the store's clock in microseconds (``first_seq``), so a session deleted and made again numbers
+and start at the store's clock in microseconds (``backend.first_seq``), so a session deleted and made again numbers
 above its old log and a follower's ``after`` stays good. An event about a message the same write stores
 holds a pointer to it (``ref``: its place and ``digest``), which ``resolve`` joins back on reading, or marks
 ``unresolved``: never joined to another message. With ``publish_events=False`` none of this runs.
@@ -88,11 +88,6 @@ def part(item: Message | Content) -> dict[str, Any]:
     if item.type is ContentType.TOOL_CALL:
         return {"id": item.id, "name": item.name, "arguments": item.arguments}
     return {"text": item.text, "is_error": item.is_error}
-
-
-def first_seq(now: float) -> int:
-    """The first number of a new log, from the store's clock ``now`` (seconds): see the module docstring."""
-    return int(now * 1_000_000)
 
 
 # -- the checks every EventStore makes -------------------------------------------------------------------

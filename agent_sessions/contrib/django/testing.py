@@ -10,7 +10,6 @@ connections to the test database, which PostgreSQL then refuses to drop.
 
 from __future__ import annotations
 
-import logging
 import os
 import unittest
 from collections.abc import Iterator
@@ -22,8 +21,6 @@ from django.test.runner import DiscoverRunner as _DjangoRunner  # type: ignore[i
 import agent_sessions as agent
 
 from . import options, reset, store
-
-log = logging.getLogger(__name__)
 
 
 def empty_store() -> int:
