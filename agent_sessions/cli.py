@@ -568,9 +568,8 @@ def cmd_recover(args: argparse.Namespace, store: Store) -> Outcome:
 
 
 def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
-    """``recover`` every ``--every`` until a signal (or ``--for``) stops it, printing a line per session it
-    acted on as it goes. A sweep that fails (the database went away) is said on stderr and tried again at
-    the next look: a worker outlives a database restart."""
+    """``recover`` every ``--every`` until a signal (or ``--for``) stops it. A sweep that fails (the database
+    went away) is said on stderr and tried again at the next look: a worker outlives a database restart."""
     lifecycle_store, resolve, out = _lifecycle(store, "work"), _resolve(args), args.stdout
     stop = threading.Event()
 
@@ -690,11 +689,9 @@ embeddings, overrides and isolates, and surrogates (a lone one cannot even be wr
 
 
 def safe(text: str) -> str:
-    """Text from the store (an id, a steer, metadata, a model's output, a user's message) is untrusted: it
-    must print as one field on one line, never drive the terminal (an escape sequence), start a line of
-    its own (a line feed forging a row, a ``next page`` or ``run: none`` line) or reorder what follows it
-    (a bidi override). So each character of ``_UNSAFE`` is printed as ``\\xNN`` (up to U+001F) or
-    ``\\uNNNN``, and a backslash stays as it is. The Django app's commands print with it too."""
+    """Text from the store is untrusted: it must print as one field on one line, never drive the terminal,
+    start a line of its own (forging a row) or reorder what follows it (a bidi override). So each character
+    of ``_UNSAFE`` is printed as ``\\xNN`` (up to U+001F) or ``\\uNNNN``; a backslash stays as it is."""
     return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) <= 0x1f else f"\\u{ord(m.group()):04x}",
                        text)
 
@@ -737,9 +734,8 @@ def approval_line(pending: PendingApproval) -> str:
 
 @dataclass
 class Waits:
-    """Everything that waits on a session, as ``show`` and ``info`` print it: the steers for its next model
-    request, the messages queued for turns of their own, the reply whose tool calls are in flight (the tool
-    journal: a run running them, or one that stopped among them), and the calls waiting for a decision."""
+    """Everything that waits on a session, as ``show`` and ``info`` print it: steers, queued messages, the
+    reply whose tool calls are in flight (the journal's), the calls waiting for a decision."""
 
     steers: list[str] = field(default_factory=list)
     queued: list[str] = field(default_factory=list)
@@ -854,12 +850,10 @@ def _one_line(text: str) -> str:
 def main(argv: Sequence[str] | None = None, *, store: Store | None = None,
          make_store: Callable[[], Store] | None = None, prog: str = PROG,
          stdout: TextIO | None = None, stderr: TextIO | None = None, resolve: Resolve | None = None) -> int:
-    """Run one command and return its exit code (``EXIT_CODES``). ``store``: use this store instead of
-    opening ``--store``, for an application that builds its own or a test's; ``make_store``: the same,
-    built only once a command needs it (the Django app's ``manage.py agent_sessions``, whose store() may be
-    misconfigured: it raises ``Exit``). ``prog`` names the front door in help and messages; ``stdout`` and
-    ``stderr`` are where it prints (``sys.stdout`` and ``sys.stderr`` when ``None``). ``resolve``: what
-    ``recover`` and ``work`` use when no ``--resolve`` is given (the Django app's ``AGENT_SESSIONS['RESOLVE']``)."""
+    """Run one command and return its exit code (``EXIT_CODES``). ``store``: this store instead of
+    ``--store``'s; ``make_store``: the same, built once a command needs it (the Django app's, which may be
+    misconfigured: it raises ``Exit``). ``prog`` names the front door in help and messages; ``resolve``:
+    what ``recover`` and ``work`` use without ``--resolve`` (the Django app's ``AGENT_SESSIONS['RESOLVE']``)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # argparse prints to sys.*

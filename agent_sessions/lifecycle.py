@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from .errors import ArgumentError
+from .validate import encodable
 from .values import Scalar, SessionInfo, SessionPage
 
 MAX_METADATA_KEYS = 32
@@ -53,7 +54,7 @@ def metadata_value(key: str, value: object, where: str = "metadata") -> str:
                             f"and may be at most {MAX_VALUE_BYTES} bytes")  # json.dumps would raise ValueError
     if isinstance(value, float) and not math.isfinite(value):
         raise ArgumentError(f"{where}[{key!r}] must be finite, got {value!r}")
-    if isinstance(value, str) and ("\x00" in value or not _utf8(value)):
+    if isinstance(value, str) and not encodable(value):
         raise ArgumentError(f"{where}[{key!r}] contains NUL or a lone surrogate")
     text = json.dumps(value)
     if len(text) > MAX_VALUE_BYTES:
@@ -100,7 +101,7 @@ def decode_metadata(text: str | None) -> dict[str, Scalar]:
 
 def check_listing(prefix: object, where: object, limit: object, after: object) -> dict[str, str]:
     """Check ``list_sessions``' arguments; return ``where`` as {key: the value's JSON form}."""
-    if not isinstance(prefix, str) or "\x00" in prefix or not _utf8(prefix):
+    if not isinstance(prefix, str) or not encodable(prefix):
         raise ArgumentError(f"list_sessions(prefix=) must be a str without NUL, got {prefix!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise ArgumentError(f"list_sessions(limit=) must be an int from 1 to {MAX_PAGE}, got {limit!r}")
@@ -137,7 +138,7 @@ def decode_cursor(cursor: object) -> tuple[float, str]:
             data = None
         if (isinstance(data, list) and len(data) == 2 and isinstance(data[0], (int, float))
                 and not isinstance(data[0], bool) and 0 <= data[0] <= _LAST_SECOND and isinstance(data[1], str)
-                and data[1] and "\x00" not in data[1] and _utf8(data[1])):
+                and data[1] and encodable(data[1])):
             return float(data[0]), data[1]
     raise ArgumentError(f"list_sessions(after=) must be a page's next cursor, got {cursor!r}")
 
@@ -169,11 +170,3 @@ def last_count(last: object) -> int:
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise ArgumentError(f"messages(last=) must be an int >= 0, got {last!r}")
     return last
-
-
-def _utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
