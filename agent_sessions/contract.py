@@ -65,11 +65,9 @@ class Store(Protocol):
 
 @runtime_checkable
 class RunStore(Store, Protocol):
-    """What every ``BackedStore`` offers: leased, fenced, journalled runs, steers sent again, queues,
-    approvals, the event log and the lifecycle. Each method is one atomic step or a read; ``backed.py`` says
-    what each means. **The fencing rule**: a write carrying a ``holder`` is applied only while the session's
-    lease still has its token and epoch (lapsed or not), checked in the write's own atomic step; otherwise
-    nothing is written and ``LeaseLost`` is raised."""
+    """What every ``BackedStore`` offers, each method one atomic step or a read (``backed.py`` says what
+    each means). **The fencing rule**: a write carrying a ``holder`` is applied only while the session's
+    lease still has its token and epoch, checked in the write's own step; else ``LeaseLost``."""
 
     # the lease
     def acquire(self, session: str, holder: Holder, ttl: float) -> Holder: ...
