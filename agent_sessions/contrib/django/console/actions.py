@@ -15,7 +15,6 @@ from django.contrib.contenttypes.models import ContentType  # type: ignore[impor
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
 
 import agent_sessions as agent
-from agent_sessions import lifecycle
 
 from .. import options
 from .. import resolve as app_resolve
@@ -81,10 +80,7 @@ def recover(store: agent.Store, session: str) -> str:
     if not isinstance(store, agent.RunStore):
         raise Refused("this store cannot list stranded sessions (it is not an agent_sessions.LifecycleStore)")
 
-    def this_one(info: agent.SessionInfo) -> Any:
-        return resolve(info) if info.id == session else None
-
-    done = [r for r in agent.recover(store, this_one, limit=lifecycle.MAX_PAGE, grace=0.0) if r.session == session]
+    done = agent.recover(store, resolve, session=session)
     if not done:
         raise Refused("Not recovered: the session has no stranded turn (it was answered or cancelled meanwhile).")
     outcome = done[0]
