@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from . import lifecycle
-from .contract import ApprovalStore, Holder, LifecycleStore, QueueStore, RunStore, Scalar, SessionInfo, Store, when
+from .contract import Holder, RunStore, Scalar, SessionInfo, Store, when
 from .endpoints import Endpoint
 from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, UnknownApproval, Unsupported
 from .journal import Journal
@@ -235,71 +235,74 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
     parser.set_defaults(store=os.environ.get(ENV_STORE), json=False, debug=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "") -> argparse.ArgumentParser:
+    def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "", *args: str,
+                **defaults: Any) -> argparse.ArgumentParser:
+        """A subcommand taking the positionals ``args`` (``SID``: the session)."""
         sub = commands.add_parser(name, parents=[_common(store_option)], help=help, description=help,
                                   epilog=(epilog + "\n\n" if epilog else "") + exit_codes(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, **defaults)
+        for metavar in args:
+            sub.add_argument("session" if metavar == "SID" else metavar.lower(), metavar=metavar)
         return sub
+
+    def paged(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
+        sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
+
+    def sweeping(sub: argparse.ArgumentParser, limit: str, grace: float, grace_help: str) -> None:
+        sub.add_argument("--resolve", metavar="MODULE:FUNCTION", type=resolver,
+                         help="the application's function choosing the spec and endpoint, e.g. myapp.agent:resolve"
+                              + ("" if store_option else " (default: settings.AGENT_SESSIONS['RESOLVE'])"))
+        sub.add_argument("--limit", metavar="N", type=positive, default=100, help=limit)
+        sub.add_argument("--grace", metavar="DURATION", type=duration, default=grace,
+                         help=f"leave turns open for less than this ({grace_help}default {span(grace)})")
 
     sub = command("list", cmd_list, "list sessions, most recently updated first",
                   "Prints the cursor of the next page, if any: pass it as --after. " + VALUES)
     sub.add_argument("--prefix", default="", help="only sessions whose id starts with this")
     sub.add_argument("--where", metavar="KEY=VALUE", type=pair, action="append", default=[],
                      help="only sessions whose metadata has KEY set to VALUE (repeatable: all must match)")
-    sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
-    sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
+    paged(sub)
 
     sub = command("show", cmd_show, "print a session: the end of its transcript (or all of it), its run, "
                   "the steers and the calls waiting", "Messages are numbered from #1, as they stand in the "
-                  "transcript (fork --at N keeps #1 to #N).")
-    sub.add_argument("session", metavar="SID")
+                  "transcript (fork --at N keeps #1 to #N).", "SID")
     shown = sub.add_mutually_exclusive_group()
     shown.add_argument("--last", metavar="N", type=count, default=20, help="the last N messages (default 20)")
     shown.add_argument("--all", action="store_true", help="the whole transcript")
 
-    sub = command("info", cmd_info, "when a session was created and updated, its length, metadata, run, and the "
-                                    "steers and calls waiting")
-    sub.add_argument("session", metavar="SID")
+    command("info", cmd_info, "when a session was created and updated, its length, metadata, run, and the "
+                              "steers and calls waiting", "", "SID")
 
-    sub = command("steer", cmd_steer, "leave a steer for the session's next model request, whichever process makes it")
-    sub.add_argument("session", metavar="SID")
-    sub.add_argument("text", metavar="TEXT")
+    sub = command("steer", cmd_steer, "leave a steer for the session's next model request, whichever process "
+                  "makes it", "", "SID", "TEXT")
     sub.add_argument("--key", metavar="KEY", help="store it once: a steer with this key already left for the "
                                                  "session is not stored again (safe to run again after a failure)")
 
-    sub = command("cancel", cmd_cancel, "cancel the session's turn: its run stops, or the turn waiting for "
-                                        "approval is closed (exit 1 when there is neither)")
-    sub.add_argument("session", metavar="SID")
-
-    sub = command("approvals", cmd_approvals, "list the tool calls the session's turn waits to have decided "
-                                              "(exit 1 when none waits)")
-    sub.add_argument("session", metavar="SID")
-
-    sub = command("approve", cmd_approve, "approve a call the session's turn waits for: its next run runs it",
-                  "A decision is taken once: a call decided already exits 5; one that waits for nothing, 1.")
-    sub.add_argument("session", metavar="SID")
+    command("cancel", cmd_cancel, "cancel the session's turn: its run stops, or the turn waiting for approval is "
+                                  "closed (exit 1 when there is neither)", "", "SID")
+    command("approvals", cmd_approvals, "list the tool calls the session's turn waits to have decided "
+                                        "(exit 1 when none waits)", "", "SID")
+    sub = command("approve", cmd_decide, "approve a call the session's turn waits for: its next run runs it",
+                  "A decision is taken once: a call decided already exits 5; one that waits for nothing, 1.",
+                  "SID", approved=True)
     sub.add_argument("call_id", metavar="CALL_ID", help="as `approvals` lists it")
-
-    sub = command("deny", cmd_deny, "deny a call the session's turn waits for: its next run gives the model "
-                                    "the reason instead", "Exit codes as approve.")
-    sub.add_argument("session", metavar="SID")
+    sub = command("deny", cmd_decide, "deny a call the session's turn waits for: its next run gives the model "
+                                      "the reason instead", "Exit codes as approve.", "SID", approved=False)
     sub.add_argument("call_id", metavar="CALL_ID", help="as `approvals` lists it")
     sub.add_argument("--reason", metavar="TEXT", default="", help="why: the model reads it with the call's result")
 
-    sub = command("holder", cmd_holder, "who runs the session now, and until when (exit 1 when no live run)")
-    sub.add_argument("session", metavar="SID")
+    command("holder", cmd_holder, "who runs the session now, and until when (exit 1 when no live run)", "", "SID")
 
-    sub = command("fork", cmd_fork, "start NEW_ID from SID's transcript (all of it, or its first N messages)")
-    sub.add_argument("session", metavar="SID")
-    sub.add_argument("new_id", metavar="NEW_ID")
+    sub = command("fork", cmd_fork, "start NEW_ID from SID's transcript (all of it, or its first N messages)", "",
+                  "SID", "NEW_ID")
     sub.add_argument("--at", metavar="N", type=count, help="keep the first N messages: #1 to #N as show numbers them")
     sub.add_argument("--allow-unanswered", action="store_true",
                      help="cut even after a message whose tool calls have no results yet")
 
     sub = command("delete", cmd_delete, "delete a session and everything kept for it",
-                  "Asks for confirmation on a terminal; elsewhere pass --yes.")
-    sub.add_argument("session", metavar="SID")
+                  "Asks for confirmation on a terminal; elsewhere pass --yes.", "SID")
     sub.add_argument("--force", action="store_true",
                      help="delete even while a live run holds it (its next write fails with LeaseLost)")
     sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -313,30 +316,22 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
 
     sub = command("metadata", cmd_metadata, "print a session's metadata, or change it",
                   "KEY=VALUE sets KEY; KEY= (nothing after =) or KEY=null removes it. Setting metadata "
-                  "creates the session if it does not exist yet. " + VALUES)
-    sub.add_argument("session", metavar="SID")
+                  "creates the session if it does not exist yet. " + VALUES, "SID")
     sub.add_argument("changes", metavar="KEY=VALUE", type=pair, nargs="*")
 
     sub = command("stranded", cmd_stranded, "list the stranded sessions: a turn left open, no live run on it "
                   "(its worker died), oldest first", "Read through an index of the open sessions alone: cheap "
                   "when none is stranded. `recover` finishes them.")
-    sub.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50, at most 1000)")
-    sub.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed by the previous page)")
+    paged(sub)
     sub.add_argument("--grace", metavar="DURATION", type=duration, default=10.0,
                      help="only turns open for at least this long (default 10s)")
 
-    sub = command("recover", cmd_recover, "finish the turns of stranded sessions, each once, whoever else "
-                  "sweeps at the same moment (agent.recover)",
-                  "FUNCTION(info) returns (Spec, Endpoint) to finish a session with, or None to leave it; "
-                  "info.spec names the spec its last run used. Exit 0 when every session was finished or left "
-                  "(none stranded included: schedule it), 4 when a run failed (it is tried again next time).")
-    resolve_help = ("the application's function choosing the spec and endpoint, e.g. myapp.agent:resolve"
-                    + ("" if store_option else " (default: settings.AGENT_SESSIONS['RESOLVE'])"))
-    sub.add_argument("--resolve", metavar="MODULE:FUNCTION", type=resolver, help=resolve_help)
-    sub.add_argument("--limit", metavar="N", type=positive, default=100,
-                     help="look at most at N stranded sessions (default 100)")
-    sub.add_argument("--grace", metavar="DURATION", type=duration, default=10.0,
-                     help="leave turns open for less than this (a caller may be about to run them; default 10s)")
+    sweeping(command("recover", cmd_recover, "finish the turns of stranded sessions, each once, whoever else "
+                     "sweeps at the same moment (agent.recover)",
+                     "FUNCTION(info) returns (Spec, Endpoint) to finish a session with, or None to leave it; "
+                     "info.spec names the spec its last run used. Exit 0 when every session was finished or left "
+                     "(none stranded included: schedule it), 4 when a run failed (it is tried again next time)."),
+             "look at most at N stranded sessions (default 100)", 10.0, "a caller may be about to run them; ")
 
     sub = command("work", cmd_work, "answer every message left to the sweep, until stopped: recover in a loop "
                   "(the worker of a deployment without a task queue)",
@@ -346,13 +341,9 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
                   "(--json: one JSON document per line). SIGTERM or SIGINT stops it after the turn in progress "
                   "(a second one at once); --for stops it after a while. Run as many as you like: each turn is "
                   "finished once. Exit 0 when stopped so.")
-    sub.add_argument("--resolve", metavar="MODULE:FUNCTION", type=resolver, help=resolve_help)
+    sweeping(sub, "sessions finished at most per look (default 100)", WORK_GRACE, "")
     sub.add_argument("--every", metavar="DURATION", type=duration, default=WORK_EVERY,
                      help=f"how often to look for stranded turns (default {span(WORK_EVERY)})")
-    sub.add_argument("--grace", metavar="DURATION", type=duration, default=WORK_GRACE,
-                     help=f"leave turns open for less than this (default {span(WORK_GRACE)})")
-    sub.add_argument("--limit", metavar="N", type=positive, default=100,
-                     help="sessions finished at most per look (default 100)")
     sub.add_argument("--for", metavar="DURATION", dest="run_for", type=duration,
                      help="stop after this long (default: run until stopped)")
 
@@ -386,7 +377,7 @@ def _page(page: SessionPage, columns: tuple[str, str], empty: str, doc: Callable
 def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
     session = open_session(args.session, store)
     info: SessionInfo | None = None
-    if isinstance(store, LifecycleStore):  # the tail alone is read, and the length counted
+    if isinstance(store, RunStore):  # the tail alone is read, and the length counted
         info = session.info()
         if info is None:
             return _absent(session, {"id": session.id, "messages": []})
@@ -396,7 +387,7 @@ def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
         every = session.messages()
         total = len(every)
         msgs = every if args.all else every[total - lifecycle.last_count(args.last):]
-    holder = session.holder() if isinstance(store, RunStore) else None
+    holder = session.holder() if info is not None else None
     waits = _waits(session)
     first = total - len(msgs)
     head = f"session {safe(session.id)}: {total} message{'' if total == 1 else 's'}"
@@ -427,17 +418,7 @@ def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
     lines = [f"id:        {safe(info.id)}", f"created:   {_time(info.created)} UTC",
              f"updated:   {_time(info.updated)} UTC", f"messages:  {info.messages}",
              f"metadata:  {safe(lifecycle.encode_metadata(info.metadata))}",
-             f"run:       {'none' if holder is None else safe(holder.describe())}",
-             f"steers:    {len(waits.steers)} waiting"]
-    lines += [f"  {safe(s)}" for s in waits.steers]
-    lines.append(f"queued:    {len(waits.queued)} waiting" + (" (each answered by a turn of its own, in this order)"
-                                                              if waits.queued else ""))
-    lines += [f"  key {safe(k)}" for k in waits.queued]
-    lines.append(f"in flight: {waits.flight_summary()}")
-    lines += [f"  {line}" for line in waits.flight_lines()]
-    lines.append(f"approvals: {len(waits.approvals)} waiting" + (f" (approve or deny: {PROG} approve SID CALL_ID)"
-                                                                  if waits.approvals else ""))
-    lines += [f"  {approval_line(p)}" for p in waits.approvals]
+             f"run:       {'none' if holder is None else safe(holder.describe())}", *waits.lines(every=True)]
     return Outcome({**info_doc(info), "holder": holder_doc(holder), **waits.doc()}, lines)
 
 
@@ -469,7 +450,7 @@ def cmd_cancel(args: argparse.Namespace, store: Store) -> Outcome:
     waiting for approval closed (a run that starts between the look and the cancel is still cancelled)."""
     session = open_session(args.session, store)
     running = session.holder() is not None
-    waiting = len(session.pending_approvals()) if isinstance(store, ApprovalStore) and not running else 0
+    waiting = 0 if running else len(session.pending_approvals())
     if not session.cancel():
         return Outcome({"id": session.id, "cancelled": False, "closed": False}, code=NOTHING,
                        note=f"no run holds session {session.id!r} and no turn of it waits for approval: "
@@ -492,19 +473,11 @@ def cmd_approvals(args: argparse.Namespace, store: Store) -> Outcome:
     return Outcome(doc, [approval_line(p) for p in waiting])
 
 
-def cmd_approve(args: argparse.Namespace, store: Store) -> Outcome:
-    return _decide(args, store, approved=True)
-
-
-def cmd_deny(args: argparse.Namespace, store: Store) -> Outcome:
-    return _decide(args, store, approved=False)
-
-
-def _decide(args: argparse.Namespace, store: Store, approved: bool) -> Outcome:
+def cmd_decide(args: argparse.Namespace, store: Store) -> Outcome:
     session = open_session(args.session, store)
     doc = {"id": session.id, "call_id": args.call_id, "decided": False}
     try:
-        decision = session.approve(args.call_id) if approved else session.deny(args.call_id, args.reason)
+        decision = session.approve(args.call_id) if args.approved else session.deny(args.call_id, args.reason)
     except UnknownApproval as exc:
         return Outcome(doc, code=NOTHING, note=str(exc))
     verb = "approved" if decision.approved else "denied"
@@ -595,9 +568,8 @@ def cmd_recover(args: argparse.Namespace, store: Store) -> Outcome:
 
 
 def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
-    """``recover`` every ``--every`` until a signal (or ``--for``) stops it, printing a line per session it
-    acted on as it goes. A sweep that fails (the database went away) is said on stderr and tried again at
-    the next look: a worker outlives a database restart."""
+    """``recover`` every ``--every`` until a signal (or ``--for``) stops it. A sweep that fails (the database
+    went away) is said on stderr and tried again at the next look: a worker outlives a database restart."""
     lifecycle_store, resolve, out = _lifecycle(store, "work"), _resolve(args), args.stdout
     stop = threading.Event()
 
@@ -717,11 +689,9 @@ embeddings, overrides and isolates, and surrogates (a lone one cannot even be wr
 
 
 def safe(text: str) -> str:
-    """Text from the store (an id, a steer, metadata, a model's output, a user's message) is untrusted: it
-    must print as one field on one line, never drive the terminal (an escape sequence), start a line of
-    its own (a line feed forging a row, a ``next page`` or ``run: none`` line) or reorder what follows it
-    (a bidi override). So each character of ``_UNSAFE`` is printed as ``\\xNN`` (up to U+001F) or
-    ``\\uNNNN``, and a backslash stays as it is. The Django app's commands print with it too."""
+    """Text from the store is untrusted: it must print as one field on one line, never drive the terminal,
+    start a line of its own (forging a row) or reorder what follows it (a bidi override). So each character
+    of ``_UNSAFE`` is printed as ``\\xNN`` (up to U+001F) or ``\\uNNNN``; a backslash stays as it is."""
     return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) <= 0x1f else f"\\u{ord(m.group()):04x}",
                        text)
 
@@ -764,9 +734,8 @@ def approval_line(pending: PendingApproval) -> str:
 
 @dataclass
 class Waits:
-    """Everything that waits on a session, as ``show`` and ``info`` print it: the steers for its next model
-    request, the messages queued for turns of their own, the reply whose tool calls are in flight (the tool
-    journal: a run running them, or one that stopped among them), and the calls waiting for a decision."""
+    """Everything that waits on a session, as ``show`` and ``info`` print it: steers, queued messages, the
+    reply whose tool calls are in flight (the journal's), the calls waiting for a decision."""
 
     steers: list[str] = field(default_factory=list)
     queued: list[str] = field(default_factory=list)
@@ -794,30 +763,27 @@ class Waits:
             found.append((call.id, call.name, state))
         return found
 
-    def flight_summary(self) -> str:
-        if self.journal is None:
-            return "none"
-        n = len(self.journal.reply.tool_calls)
-        return f"a reply with {n} tool call{'' if n == 1 else 's'}, after message #{self.journal.at}"
-
-    def flight_lines(self) -> list[str]:
-        return [f"{safe(call)}  {safe(tool)}: {state}" for call, tool, state in self.calls()]
-
-    def lines(self) -> list[str]:
-        lines = []
-        if self.steers:
-            lines.append(f"steers waiting: {len(self.steers)}")
-            lines += [f"  {safe(text)}" for text in self.steers]
-        if self.queued:
-            lines.append(f"messages queued: {len(self.queued)} (each answered by a turn of its own, in this order)")
-            lines += [f"  key {safe(key)}" for key in self.queued]
-        if self.journal is not None:
-            lines.append(f"in flight: {self.flight_summary()}")
-            lines += [f"  {line}" for line in self.flight_lines()]
-        if self.approvals:
-            lines.append(f"calls waiting for a decision: {len(self.approvals)} (approve SID CALL_ID, or deny)")
-            lines += [f"  {approval_line(p)}" for p in self.approvals]
-        return lines
+    def lines(self, every: bool = False) -> list[str]:
+        """A heading and its items per kind of wait: ``show``'s, the kinds that wait; ``info``'s (``every``),
+        all four in columns, with their counts."""
+        steers, queued, approvals, journal = len(self.steers), len(self.queued), len(self.approvals), self.journal
+        order = " (each answered by a turn of its own, in this order)"
+        calls = 0 if journal is None else len(journal.reply.tool_calls)
+        flight = ("none" if journal is None else
+                  f"a reply with {calls} tool call{'' if calls == 1 else 's'}, after message #{journal.at}")
+        kinds = [
+            (steers, f"steers waiting: {steers}", f"steers:    {steers} waiting", [safe(t) for t in self.steers]),
+            (queued, f"messages queued: {queued}{order}", f"queued:    {queued} waiting{order if queued else ''}",
+             [f"key {safe(k)}" for k in self.queued]),
+            (journal is not None, f"in flight: {flight}", f"in flight: {flight}",
+             [f"{safe(call)}  {safe(tool)}: {state}" for call, tool, state in self.calls()]),
+            (approvals, f"calls waiting for a decision: {approvals} (approve SID CALL_ID, or deny)",
+             f"approvals: {approvals} waiting"
+             + (f" (approve or deny: {PROG} approve SID CALL_ID)" if approvals else ""),
+             [approval_line(p) for p in self.approvals]),
+        ]
+        return [line for waits, shown, listed, items in kinds if every or waits
+                for line in [listed if every else shown, *(f"  {item}" for item in items)]]
 
     def doc(self) -> dict[str, Any]:
         return {"pending_steers": self.steers, "queued": self.queued,
@@ -830,11 +796,12 @@ class Waits:
 def _waits(session: StoreSession) -> Waits:
     """What waits on ``session``, as far as its store can tell (a capability it lacks waits on nothing)."""
     store = session.store
-    text = store.journal(session.id) if isinstance(store, RunStore) else None
-    return Waits(steers=session.pending_steers() if isinstance(store, LifecycleStore) else [],
-                 queued=session.queued() if isinstance(store, QueueStore) else [],
-                 journal=None if text is None else Journal.from_json(text, f"session {session.id!r}"),
-                 approvals=session.pending_approvals() if isinstance(store, ApprovalStore) else [])
+    if not isinstance(store, RunStore):
+        return Waits()
+    text = store.journal(session.id)
+    return Waits(session.pending_steers(), session.queued(),
+                 None if text is None else Journal.from_json(text, f"session {session.id!r}"),
+                 session.pending_approvals())
 
 
 def span(seconds: float) -> str:
@@ -851,15 +818,15 @@ def span(seconds: float) -> str:
     return "".join(parts) or "0s"
 
 
-def _lifecycle(store: Store, command: str) -> LifecycleStore:
-    if not isinstance(store, LifecycleStore):
+def _lifecycle(store: Store, command: str) -> RunStore:
+    if not isinstance(store, RunStore):
         raise Unsupported(f"{command} needs a store implementing agent_sessions.LifecycleStore; {store!r} does not")
     return store
 
 
 def _exists(session: StoreSession) -> bool | None:
     """Whether the session exists, or ``None`` when the store cannot say (it lacks LifecycleStore)."""
-    return session.info() is not None if isinstance(session.store, LifecycleStore) else None
+    return session.info() is not None if isinstance(session.store, RunStore) else None
 
 
 def _absent(session: StoreSession, doc: Any) -> Outcome:
@@ -883,12 +850,10 @@ def _one_line(text: str) -> str:
 def main(argv: Sequence[str] | None = None, *, store: Store | None = None,
          make_store: Callable[[], Store] | None = None, prog: str = PROG,
          stdout: TextIO | None = None, stderr: TextIO | None = None, resolve: Resolve | None = None) -> int:
-    """Run one command and return its exit code (``EXIT_CODES``). ``store``: use this store instead of
-    opening ``--store``, for an application that builds its own or a test's; ``make_store``: the same,
-    built only once a command needs it (the Django app's ``manage.py agent_sessions``, whose store() may be
-    misconfigured: it raises ``Exit``). ``prog`` names the front door in help and messages; ``stdout`` and
-    ``stderr`` are where it prints (``sys.stdout`` and ``sys.stderr`` when ``None``). ``resolve``: what
-    ``recover`` and ``work`` use when no ``--resolve`` is given (the Django app's ``AGENT_SESSIONS['RESOLVE']``)."""
+    """Run one command and return its exit code (``EXIT_CODES``). ``store``: this store instead of
+    ``--store``'s; ``make_store``: the same, built once a command needs it (the Django app's, which may be
+    misconfigured: it raises ``Exit``). ``prog`` names the front door in help and messages; ``resolve``:
+    what ``recover`` and ``work`` use without ``--resolve`` (the Django app's ``AGENT_SESSIONS['RESOLVE']``)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # argparse prints to sys.*

@@ -71,19 +71,13 @@ class ContextPolicy(Protocol):
 
 
 class Window:
-    """Sends the system prompt and the newest messages that fit in ``max_tokens`` (what is sent: the
-    system prompt, the tools and the messages; leave the reply's room out of it). A request never starts
-    with a tool result or an assistant message, so a tool call is never sent without its result nor a
-    result without its call; it starts at a user message of the person (or a steer).
+    """Sends the system prompt, the tools and the newest messages that fit in ``max_tokens``, starting at a
+    user message (never at a tool result or a reply, so no call goes without its result); when not even
+    the newest such start fits, it is sent anyway and the provider decides (docs/runs/context.md).
 
-    When even the newest such message and what follows it do not fit, they are sent anyway: the provider
-    then decides (a ``ContextOverflow``, if it agrees they do not).
-
-    Tokens are ``estimate``d per message, from its stored JSON form. The estimate is corrected by what the
-    provider reports: the window is scaled by the largest ratio yet seen of the provider's count
-    (``usage``'s prompt or input tokens) to the estimate, and lowered to the provider's maximum when a
-    ``ContextOverflow`` reports one. The correction only tightens the window, and is shared by every run
-    of the policy object (the same model counts the same way)."""
+    Tokens are ``estimate``d per message from its stored JSON, scaled by the largest ratio yet seen of the
+    provider's count to the estimate, and the window lowered to the provider's maximum when a
+    ``ContextOverflow`` reports one: the correction only tightens, shared by every run of the policy."""
 
     def __init__(self, max_tokens: int, *, estimate: Estimate = bytes_over_4) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -188,17 +182,11 @@ SUMMARY_ASK = ("Summarise the conversation above (and any earlier summary in it)
 class Compaction:
     """Sends what fits, as ``Window`` does, and keeps what it leaves out: when what would be sent passes
     ``threshold`` of ``max_tokens``, the run first asks the model (``endpoint``, or the run's own) for a
-    summary of the oldest messages and appends it to the stored transcript as a compaction record (a
-    ``compaction`` content block naming the range it covers). A request is then the system prompt, the
-    newest summary, and the messages after its range (``Window``'s choice of them, if they do not all fit).
-
-    A compaction is an append, saved by the run's fenced write with the steers waiting: no stored message
-    is rewritten. It leaves the newest messages, up to ``keep`` of the threshold's tokens, outside the
-    range, and it summarises at most what fits in one request. A summary is asked to stay under
-    ``summary`` of ``max_tokens``, and one that does not counts as a failed request (each summary takes
-    the last in, so nothing else would bound it; with the defaults the summary and what is kept stay under
-    the threshold). A summary request that fails leaves the transcript as it was; the run goes on with
-    ``Window``'s choice. docs/runs/context.md has the rest."""
+    summary of the oldest messages and appends it to the transcript as a compaction record; a request is
+    then the newest summary and the messages after its range. No stored message is rewritten. The newest
+    messages, up to ``keep`` of the threshold, stay outside the range; a summary over ``summary`` of
+    ``max_tokens`` counts as a failed request (each summary takes the last in, so nothing else bounds it),
+    and a failed one leaves the transcript as it was (docs/runs/context.md)."""
 
     def __init__(self, max_tokens: int, *, threshold: float = 0.8, keep: float = 0.5, summary: float = 0.25,
                  endpoint: Completes | None = None, estimate: Estimate = bytes_over_4) -> None:
@@ -357,17 +345,12 @@ FIRST_PAGE = 256
 
 
 def read_recent(store: Store, session: str) -> list[Message]:
-    """What a run needs of a session's stored transcript to go on with it under ``Compaction``: the
-    messages from the newest compaction record's range on (the record among them), and the journal's
-    ``TAIL`` before them (a reply's fingerprint covers those), never starting at a tool result; as a
-    ``Tail`` whose ``start`` is the index of the first. Read from the end, a page at a time, until the
-    newest record is found, so resuming a long compacted session reads about what its requests send,
-    however long it is. A session with no record is read whole (``start`` 0), and so is one of a store
-    that cannot read from the end (not a ``TailStore``: ``messages``, a plain list).
-
-    The pages are separate reads: a transcript rewritten between them (a plain ``save``) may read as
-    neither version, which the run's first save then refuses (it compares the stored messages from
-    ``start`` on with what it was given: ``TranscriptConflict``), as it refuses a read that is stale."""
+    """What a run needs of a session's stored transcript to go on with it under ``Compaction``, as a
+    ``Tail``: the messages from the newest compaction record's range on, and the journal's ``TAIL`` before
+    them (a reply's fingerprint covers those), never starting at a tool result. Read from the end a page at
+    a time until that record is found; a session with none, or a store that is no ``TailStore``, is read
+    whole. A transcript rewritten between two pages may read as neither version: the run's first save then
+    refuses it (``TranscriptConflict``), as it refuses any stale read."""
     if not isinstance(store, TailStore):
         return store.messages(session)
     first, msgs = store.read_back(session, None, FIRST_PAGE)

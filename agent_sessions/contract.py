@@ -1,16 +1,10 @@
 """What a run, a caller and a tool of the library ask of a store: the protocols, in one place.
 
-Every store of the library is a ``BackedStore`` (``agent_sessions.backed``): the session rules, once, over
-a **backend** a store author writes (``agent_sessions.backend``, the narrow contract; ``storetest`` checks
-it). ``RunStore`` is what a ``BackedStore`` offers, method by method; what each means is said where it is
-done, in ``backed.py``. The old capability names (``LifecycleStore``, ``QueueStore``, ...) are that one
-protocol: every store has every capability.
-
-- ``Store`` is the plain four methods a store of one's own may offer instead: a run over it keeps its
-  transcript and steers, and takes no lease (``persistence.Kept``).
-- ``CancelWatcher`` and ``EventWaiter`` are the optional pushes a store class adds where its database can
-  (PostgreSQL's ``LISTEN``): a cancel pushed to the run holding the lease, a follower woken by an event.
-- ``Session`` and ``RunSession`` are what a run needs of one conversation (``agent.open`` makes one).
+Every store of the library is a ``BackedStore`` (``backed.py``, where what each method means is said) over
+a backend (``backend.py``, what a store author writes). ``RunStore`` is what a ``BackedStore`` offers; the
+old capability names (``LifecycleStore``, ...) are aliases of it. ``Store`` is the four methods a store of
+one's own may offer instead (a run over it takes no lease). ``CancelWatcher`` and ``EventWaiter`` are the
+pushes a store adds where its database can (PostgreSQL's ``LISTEN``).
 """
 
 from __future__ import annotations
@@ -71,11 +65,9 @@ class Store(Protocol):
 
 @runtime_checkable
 class RunStore(Store, Protocol):
-    """What every ``BackedStore`` offers: leased, fenced, journalled runs, steers sent again, queues,
-    approvals, the event log and the lifecycle. Each method is one atomic step or a read; ``backed.py`` says
-    what each means. **The fencing rule**: a write carrying a ``holder`` is applied only while the session's
-    lease still has its token and epoch (lapsed or not), checked in the write's own atomic step; otherwise
-    nothing is written and ``LeaseLost`` is raised."""
+    """What every ``BackedStore`` offers, each method one atomic step or a read (``backed.py`` says what
+    each means). **The fencing rule**: a write carrying a ``holder`` is applied only while the session's
+    lease still has its token and epoch, checked in the write's own step; else ``LeaseLost``."""
 
     # the lease
     def acquire(self, session: str, holder: Holder, ttl: float) -> Holder: ...

@@ -8,13 +8,9 @@ from .values import Decision, Holder
 
 
 class AgentError(Exception):
-    """Root of every error this library raises on purpose.
-
-    Every one crosses a process boundary intact (a Celery result backend, a multiprocessing pool): it
-    pickles to a call of its class with the arguments it was made with, then its attributes. Python's
-    default rebuilds it from ``args``, which holds only the message, so ``SessionBusy(message)`` fails for
-    want of its holder and the caller gets its nearest rebuildable base (``Conflict``) without ``holder``.
-    """
+    """Root of every error this library raises on purpose. Each crosses a process boundary intact (a Celery
+    result backend): it pickles to a call of its class with the arguments it was made with, where Python's
+    default would rebuild it from the message alone (``SessionBusy`` without its holder)."""
 
     _made_with: tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -43,9 +39,8 @@ class MessageError(ArgumentError):
 
 
 class StoresShadowed(AgentError, ImportError):
-    """The package Python imports as ``stores`` is not the one installed with agent_sessions: a project's
-    own package of that name (a shop's) comes first on ``sys.path`` and hides the library's stores. The
-    message names its file, where the library's is, and what to do (rename the project's package)."""
+    """The package Python imports as ``stores`` is a project's own, first on ``sys.path``, hiding the
+    library's stores; the message names both and what to do."""
 
     def __init__(self, message: str, *, found: str, expected: str) -> None:
         self.found = found
@@ -59,18 +54,13 @@ class StoreError(AgentError):
 
 
 class OutcomeUnknown(StoreError):
-    """A write was sent but its answer never came: the connection dropped while the database committed
-    it (or ran it, for a write of one statement), so it **may have happened**. A plain ``StoreError``
-    means it did not. Read back to know, or retry only a call that is safe to repeat: docs/reliability.md
-    lists which are."""
+    """A write was sent but its answer never came, so it **may have happened** (a plain ``StoreError`` means
+    it did not). Read back to know, or retry only a call that is safe to repeat (docs/reliability.md)."""
 
 
 class EndpointError(AgentError):
-    """The model endpoint failed, or answered with something that is not a valid response.
-
-    ``status`` is the HTTP status (``None`` when no response arrived at all) and ``message`` is the
-    provider's own error text, so a 400 such as "assistant message prefill" reaches the caller verbatim.
-    """
+    """The model endpoint failed, or answered with something that is not a valid response. ``status`` is
+    the HTTP status (``None``: no response) and ``message`` the provider's own error text, verbatim."""
 
     def __init__(self, message: str, *, status: int | None = None, body: str = "") -> None:
         self.status = status
@@ -80,11 +70,9 @@ class EndpointError(AgentError):
 
 
 class ContextOverflow(EndpointError):
-    """The provider refused the request as longer than the model's context (OpenAI's
-    ``context_length_exceeded``, Anthropic's "prompt is too long"). Retrying the same request cannot
-    succeed: what is sent must shrink, which a context policy does (``Spec(context_window=...)``, see
-    docs/runs/context.md). ``tokens`` is what the provider counted for the request and ``limit`` its
-    maximum, each ``None`` when its error text does not say."""
+    """The provider refused the request as longer than the model's context: retrying cannot succeed, what is
+    sent must shrink (a context policy: docs/runs/context.md). ``tokens`` and ``limit``: the provider's
+    count and maximum, ``None`` where its text does not say."""
 
     def __init__(self, message: str, *, status: int | None = None, body: str = "", tokens: int | None = None,
                  limit: int | None = None) -> None:
@@ -125,11 +113,9 @@ class SessionBusy(Conflict):
 
 
 class StillQueued(SessionBusy):
-    """A message ``Runner.turn`` stored for a busy session (a queued message, or a keyed steer) was not
-    answered within ``Spec.lease_wait``. It is stored and will be answered: by whichever ``turn`` of the
-    session holds its lease next, or by the same ``turn(..., key)`` called again, which then returns that
-    answer. ``key`` is the message's turn key; ``position`` its place among the messages waiting (1: next;
-    0: taken into the transcript and being answered)."""
+    """A message ``Runner.turn`` stored for a busy session was not answered within ``Spec.lease_wait``. It
+    is stored and will be answered, by whichever turn holds the lease next or the same ``turn(..., key)``
+    called again. ``position``: its place among the messages waiting (1: next; 0: being answered)."""
 
     def __init__(self, message: str, holder: Holder | None, key: str, position: int) -> None:
         self.key = key
@@ -138,10 +124,9 @@ class StillQueued(SessionBusy):
 
 
 class SessionLocked(Conflict):
-    """Another worker is inside a transaction on the session and kept its row locked longer than the store
-    waits (its ``lock_wait``): a worker stalled mid-transaction (a paused VM, a stopped process, a
-    partition), or a slow one. Nothing was written. The store ends such a transaction once it has sat idle
-    for its ``transaction_timeout`` (PostgreSQL), so a later try gets through."""
+    """Another worker kept the session's row locked inside a transaction longer than the store's
+    ``lock_wait`` (stalled or slow). Nothing was written; a later try gets through once the store ends that
+    transaction (``transaction_timeout``)."""
 
 
 class LeaseLost(Conflict):
@@ -162,10 +147,9 @@ class LeaseLost(Conflict):
 
 
 class TranscriptConflict(Conflict):
-    """A run's first write found a stored transcript that its messages do not extend: another run saved
-    meanwhile, or the caller passed a transcript that would wipe the history. Nothing was written.
-    Reload (``session.messages()``), append the new message and run again; or, to replace the history on
-    purpose, say so with ``Spec(replace_transcript=True)``."""
+    """A run's first write found a stored transcript its messages do not extend (another run saved
+    meanwhile). Nothing was written: reload, append and run again, or replace the history on purpose with
+    ``Spec(replace_transcript=True)``."""
 
     def __init__(self, session: str, stored: int, given: int) -> None:
         self.session = session
@@ -179,10 +163,8 @@ class TranscriptConflict(Conflict):
 
 
 class TranscriptDeleted(TranscriptConflict):
-    """A run's messages were read from a session that has been deleted or pruned since (and perhaps begun
-    anew under the same id): writing them would bring the erased conversation back. Nothing was written.
-    A new conversation under that id starts from messages made anew, not from ones read before the erasure
-    (see docs/lifecycle.md)."""
+    """A run's messages were read from a session deleted or pruned since: writing them would bring the
+    erased conversation back. Nothing was written (docs/lifecycle.md)."""
 
     def __init__(self, session: str, stored: int, given: int) -> None:
         super().__init__(session, stored, given)
@@ -203,10 +185,9 @@ class AlreadyDecided(Conflict):
 
 
 class AwaitingApproval(Conflict):
-    """A run was given new messages while the session's turn waits for decisions on its tool calls:
-    starting a new turn would drop the waiting reply and its decisions (an approved refund that never
-    runs). Nothing was written. Decide (or cancel) the waiting calls first, or leave the message as a
-    steer: it lands once the waiting turn goes on. ``calls`` are the waiting calls' ids."""
+    """A run was given new messages while the session's turn waits for decisions on ``calls``: a new turn
+    would drop the waiting reply and its decisions. Nothing was written: decide (or cancel) them first, or
+    leave the message as a steer."""
 
     def __init__(self, session: str, calls: list[str]) -> None:
         self.session = session

@@ -1,34 +1,12 @@
-"""A session's durable event log: what its runs did, readable and followable from any process.
+"""A session's durable event log (docs/runs/events.md): its format, its checks, reading and following it,
+and serving it as server-sent events.
 
-A run with ``Spec(publish_events=True)`` writes its events (step started, steers applied, the model's text
-and replies, tool calls, approvals, finished or failed) to the session's store, through ``EventStore``, the
-optional store protocol of ``contract``. A browser connected to replica B can then show a run
-going on on replica A: ``session.follow(after=seq)`` yields the events as they arrive, and a follower that
-comes back with the last sequence number it saw misses nothing and sees nothing twice.
-
-**Sequence numbers.** The store gives each event of a session the next number, atomically with the write
-that stores it: within a log they are consecutive and only grow. A log starts at a number taken from the
-store's clock, in microseconds (``first_seq``), not at 1: so a session deleted and made again starts
-above every number its old log used, and a follower keeping its ``after`` across the delete carries on
-without seeing anything twice. A gap in the numbers a follower reads means it missed events: the cap
-dropped them (it was more than ``Spec.events_kept`` behind), or the session was deleted meanwhile.
-
-**Writes.** Every append is fenced by the run's lease, as every write of a leased run is: a run that lost
-its lease writes no event. Events ride in the writes a step makes anyway where they can (the save before
-each model request, the final save: ``EventStore.save_fenced_events``); otherwise the run's ``Publisher``
-(``run.publisher``) appends them on its own, at a few points, and model text in batches, never a write per
-token. This module is the log's format, its checks, reading and following it, and serving it as
-server-sent events.
-
-**Events that point.** A ``model_response``, ``tool_called`` or ``tool_finished`` event that rides in the
-save writing its message does not repeat it: it holds ``ref``, the message's place in the transcript and a
-digest of it (``pointer``), and ``resolve`` puts the message (the call, the result) back when the log is
-read (``Session.events``, ``follow``, and so the SSE helpers). A pointer whose place no longer holds that
-message (the transcript replaced or cut since, the session deleted) is never joined to another: the event
-says so (``unresolved``). Events written in any other write (a slow tool's, before the save) carry the
-message whole, as every event did before; both shapes read alike.
-
-With ``publish_events=False`` (the default) none of this module runs: no object is built, nothing written.
+A run with ``Spec(publish_events=True)`` writes its events to the session's store (``EventStore``), fenced
+by its lease, riding in the writes a step makes anyway where they can. A log's numbers are consecutive
+and start at the store's clock in microseconds (``backend.first_seq``), so a session deleted and made again numbers
+above its old log and a follower's ``after`` stays good. An event about a message the same write stores
+holds a pointer to it (``ref``: its place and ``digest``), which ``resolve`` joins back on reading, or marks
+``unresolved``: never joined to another message. With ``publish_events=False`` none of this runs.
 """
 
 from __future__ import annotations
@@ -64,9 +42,8 @@ WAKE_SECONDS = 5.0
 
 
 def encode(kind: str, data: Mapping[str, Any], at: float | None = None) -> str:
-    """An event's stored text: compact JSON the store keeps verbatim (it never parses it). ASCII-only, as a
-    stored message is (``Message.to_json``): one encoding for everything stored, so whatever str a tool or a
-    person gives (a lone surrogate from ``os.listdir``, say) is an escape, not a failure inside a driver."""
+    """An event's stored text: compact JSON the store keeps verbatim. ASCII-only, as a stored message is, so
+    whatever str a tool gives (a lone surrogate from ``os.listdir``) is an escape, not a driver's failure."""
     return json.dumps({"kind": kind, "at": time.time() if at is None else at, "data": data},
                       separators=(",", ":"))
 
@@ -78,21 +55,18 @@ def decode(seq: int, text: str) -> StoredEvent:
 
 
 def digest(message: Message) -> str:
-    """What a pointer checks its message by: a 128-bit BLAKE2b of the message's stored JSON (``to_json``;
-    ASCII as this library writes it, anything as a store may hand it back), as hex."""
+    """What a pointer checks its message by: a 128-bit BLAKE2b of its stored JSON, as hex."""
     return hashlib.blake2b(message.to_json().encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def pointer(index: int, digested: str, call: str = "") -> dict[str, Any]:
-    """An event's ``ref``: ``{"index", "digest"}`` of the message at ``index`` of the transcript (its
-    ``digest``, ``digested``), and ``"id"``, ``call``, for an event about a call of it or its result."""
+    """An event's ``ref``: the message's ``index`` and ``digest``, and ``id``, the call of it an event is about."""
     return {"index": index, "digest": digested, "id": call} if call else {"index": index, "digest": digested}
 
 
 def record(event: Reported, at: float | None = None, ref: Mapping[str, Any] | None = None) -> str:
-    """``event``'s stored text (``encode``): its ``data()``, each message, call or result in it as ``part``
-    writes it and each float to the microsecond; with ``ref`` (a ``pointer``), that in place of the field
-    the event ``points`` at."""
+    """``event``'s stored text: its ``data()``, messages as ``part`` writes them, floats to the microsecond;
+    with ``ref`` (a ``pointer``), that in place of the field the event ``points`` at."""
     data: dict[str, Any] = {}
     for name, value in event.data().items():
         if ref is not None and name == event.points:
@@ -114,11 +88,6 @@ def part(item: Message | Content) -> dict[str, Any]:
     if item.type is ContentType.TOOL_CALL:
         return {"id": item.id, "name": item.name, "arguments": item.arguments}
     return {"text": item.text, "is_error": item.is_error}
-
-
-def first_seq(now: float) -> int:
-    """The first number of a new log, from the store's clock ``now`` (seconds): see the module docstring."""
-    return int(now * 1_000_000)
 
 
 # -- the checks every EventStore makes -------------------------------------------------------------------
@@ -172,16 +141,10 @@ REPLACED = "replaced"
 
 
 def resolve(store: EventStore, session: str, events: list[StoredEvent]) -> list[StoredEvent]:
-    """``events`` (as ``store.events`` returned them) with each pointer joined: a ``model_response``'s
-    ``message``, a ``tool_called``'s ``call``, a ``tool_finished``'s ``result`` (``part``) read from the
-    transcript where the event's ``ref`` says, and checked against its digest. One that cannot be joined gets
-    ``None`` there and ``unresolved: {index, reason}`` (``GONE``, ``REPLACED``). Events without a pointer
-    (every other kind, and events stored whole) come back as they are.
-
-    The messages are read after the events: the session's length (``info``) and the
-    ``tail`` from the lowest place pointed at; should any digest not match there (the transcript changed
-    between the two reads, or since the event was written), the whole transcript in one read, which
-    decides."""
+    """``events`` with each pointer joined: the message (or its call, its result) read where its ``ref``
+    says and checked against its digest; one that cannot be joined gets ``None`` and ``unresolved: {index,
+    reason}``. The messages are read after the events, from the end (``info`` and ``tail``); should a digest
+    not match there (the transcript changed between the two reads), the whole transcript, read once, decides."""
     refs = {e.seq: ref for e in events if e.kind in POINTING and (ref := _ref(e.data)) is not None}
     if not refs:
         return events
@@ -247,11 +210,9 @@ def _joined(event: StoredEvent, ref: tuple[int, str, str], message: Message | No
 def follow(store: EventStore, session: str, after: int = 0, timeout: float | None = None,
            poll: tuple[float, float] = (0.02, 0.5), limit: int = 100) -> Iterator[StoredEvent]:
     """Yield the session's events above ``after`` as they arrive, until ``timeout`` seconds have passed
-    (``None``: until the caller stops iterating). A session has many runs, so a ``finished`` event does not
-    end it. Between reads it waits in the store's ``wait_for_events`` (at most ``WAKE_SECONDS`` at a time)
-    or, without one, sleeps ``poll[0]`` seconds doubling up to ``poll[1]``, back to ``poll[0]`` after each
-    event. Every wait is bounded by what is left of ``timeout``. The arguments are checked here, at the
-    call, not at the first event."""
+    (``None``: until the caller stops; a session has many runs, so ``finished`` does not end it). Between
+    reads it waits in the store's ``wait_for_events`` (``WAKE_SECONDS`` at most) or sleeps ``poll[0]``
+    seconds doubling up to ``poll[1]``. The arguments are checked at the call, not at the first event."""
     after, limit = check_read(after, limit)
     first, most = _poll(poll)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
@@ -299,10 +260,9 @@ SSE_RETRY_MS = 500
 
 
 def sse_after(last_event_id: str | None, after: str | None) -> int:
-    """Where a stream starts: the ``Last-Event-ID`` header (what a reconnecting ``EventSource`` sends) or
-    else the ``?after=`` parameter, each a ``seq`` (ASCII digits, at most ``MAX_SEQ``); 0 (the whole log)
-    without either. Anything else is an ``ArgumentError``, raised before the stream starts so that a web
-    front can answer 400."""
+    """Where a stream starts: the ``Last-Event-ID`` header (a reconnecting ``EventSource``'s) or else
+    ``?after=``, each a ``seq``; 0 without either. Anything else is an ``ArgumentError`` before the stream
+    starts, so a web front can answer 400."""
     seen = last_event_id or after or "0"
     # isdigit alone accepts "²" and other non-ASCII digits; the length is checked before int(), which refuses
     # more than 4,300 digits with a ValueError, and a seq has at most 19 (MAX_SEQ), leading zeros aside.
@@ -320,10 +280,9 @@ def sse_event(event: StoredEvent) -> str:
 
 
 def sse_stream(following: Iterable[StoredEvent], retry_ms: int = SSE_RETRY_MS) -> Iterator[str]:
-    """The body of a ``text/event-stream`` response over ``following`` (a ``session.follow(...)``, bounded by
-    its ``timeout``): ``retry:`` first, then each event, ending after a ``finished`` or ``failed`` one. The
-    browser then reconnects with that event's id and follows the session's next run, on any replica; a
-    stream that ends because ``following`` did (its timeout) is picked up the same way."""
+    """The body of a ``text/event-stream`` response over ``following`` (a ``session.follow(...)``):
+    ``retry:``, then each event, ending after a ``finished`` or ``failed`` one; the browser reconnects with
+    the last id and follows the session's next run, on any replica."""
     yield f"retry: {retry_ms}\n\n"
     for event in following:
         yield sse_event(event)

@@ -261,53 +261,20 @@ class Sink:
 
 
 class _Silent(Sink):
+    """Each method of ``Sink`` does nothing, and a clock reading is 0.0."""
+
     __slots__ = ()
 
     def __init__(self) -> None:
         pass
 
-    def step_started(self, step: int) -> None:
-        pass
 
-    def steer_applied(self, step: int, text: str, index: int, source: Literal["run", "session"]) -> None:
-        pass
+def _nothing(*args: object, **kwargs: object) -> float:
+    return 0.0
 
-    def saved(self, step: int, messages: int) -> None:
-        pass
 
-    def compacted(self, step: int, start: int, end: int, index: int, before: int, after: int) -> None:
-        pass
-
-    def model_request(self, step: int, messages: int) -> float:
-        return 0.0
-
-    def model_response(self, step: int, message: Message, started: float) -> None:
-        pass
-
-    def text_delta(self, step: int, text: str) -> None:
-        pass
-
-    def tool_called(self, step: int, call: Content) -> float:
-        return 0.0
-
-    def tool_returned(self, started: float) -> float:
-        return 0.0
-
-    def tool_finished(self, step: int, call: Content, result: Content, seconds: float) -> None:
-        pass
-
-    def approval_requested(self, step: int, call: Content) -> None:
-        pass
-
-    def approval_decided(self, step: int, call: Content, approved: bool, reason: str, by: str) -> None:
-        pass
-
-    def finished(self, result: Result) -> None:
-        pass
-
-    def failed(self, error: BaseException) -> None:
-        pass
-
+for _name in [name for name in vars(Sink) if not name.startswith("_") and name != "events"]:
+    setattr(_Silent, _name, _nothing)
 
 SILENT: Sink = _Silent()
 """The sink of a run without ``events``: builds no event and reads no clock."""

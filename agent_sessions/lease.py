@@ -1,15 +1,9 @@
-"""Who holds a run: a lease in the store, renewed by a heartbeat thread while the run lives.
+"""Who holds a run: a lease in the store, renewed by a heartbeat thread while the run lives (docs/runs/leases.md).
 
-Two replicas picking up one session must not both drive it. A run with a RunStore session takes the
-session's lease before its first request and gives it back when it returns. Each time the lease passes to
-a new holder the store raises the session's *epoch*, atomically with the acquisition, and every write the
-run makes carries its token and epoch: the store applies it only while the stored lease still has both
-(a fencing token). So a run that stalled past its expiry (a stopped process, a VM pause, a partition)
-and was taken over can never write again: its next write raises ``LeaseLost``.
-
-Expiry is decided by the store's clock (the database's, where it has one), never by a replica's, so clock
-skew between replicas cannot hand a live lease to a second run. A run's own checks never renew the lease;
-only the heartbeat does, so the two never race.
+Each time the lease passes to a new holder the store raises the session's *epoch*, and every write of the
+run carries its token and epoch, applied only while the stored lease still has both: a run that stalled
+past its expiry and was taken over can never write again (``LeaseLost``). Expiry is the store's clock,
+never a replica's, so clock skew cannot hand a live lease to a second run; only the heartbeat renews.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Managing conversations rather than running them: list, inspect, label, delete and retain sessions.
+"""Managing conversations rather than running them (docs/lifecycle.md): the argument checks, the
+metadata's stored form and the cursor format of list, inspect, label, delete and prune, once, so every
+store refuses the same input the same way.
 
-``contract.LifecycleStore`` is the optional store protocol behind it: a store offering it lets an
-application list one user's conversations (by a metadata key), show the tail of a long one, delete one on
-request, and expire idle ones. Each of its writes is one atomic step; the argument checks, the metadata's
-stored form and the cursor format live here, once, so every store refuses the same input the same way.
-
-``updated`` is when the session was last written through its row: a plain save, a run taking, renewing
-(its heartbeat, every third of its ttl) or releasing its lease, a journal write, a metadata change. A
-leased run's steps in between append their messages without touching that row (that is what keeps a
-step one statement), so during a run ``updated`` lags by at most a third of its ``lease_ttl``.
+``updated`` is when the session's row was last written (a save, the lease's take, renewal or release, a
+journal write, a metadata change); a leased run's steps append without touching it, so during a run it
+lags by at most a third of ``lease_ttl``.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from .errors import ArgumentError
+from .validate import encodable
 from .values import Scalar, SessionInfo, SessionPage
 
 MAX_METADATA_KEYS = 32
@@ -57,7 +54,7 @@ def metadata_value(key: str, value: object, where: str = "metadata") -> str:
                             f"and may be at most {MAX_VALUE_BYTES} bytes")  # json.dumps would raise ValueError
     if isinstance(value, float) and not math.isfinite(value):
         raise ArgumentError(f"{where}[{key!r}] must be finite, got {value!r}")
-    if isinstance(value, str) and ("\x00" in value or not _utf8(value)):
+    if isinstance(value, str) and not encodable(value):
         raise ArgumentError(f"{where}[{key!r}] contains NUL or a lone surrogate")
     text = json.dumps(value)
     if len(text) > MAX_VALUE_BYTES:
@@ -104,7 +101,7 @@ def decode_metadata(text: str | None) -> dict[str, Scalar]:
 
 def check_listing(prefix: object, where: object, limit: object, after: object) -> dict[str, str]:
     """Check ``list_sessions``' arguments; return ``where`` as {key: the value's JSON form}."""
-    if not isinstance(prefix, str) or "\x00" in prefix or not _utf8(prefix):
+    if not isinstance(prefix, str) or not encodable(prefix):
         raise ArgumentError(f"list_sessions(prefix=) must be a str without NUL, got {prefix!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise ArgumentError(f"list_sessions(limit=) must be an int from 1 to {MAX_PAGE}, got {limit!r}")
@@ -141,7 +138,7 @@ def decode_cursor(cursor: object) -> tuple[float, str]:
             data = None
         if (isinstance(data, list) and len(data) == 2 and isinstance(data[0], (int, float))
                 and not isinstance(data[0], bool) and 0 <= data[0] <= _LAST_SECOND and isinstance(data[1], str)
-                and data[1] and "\x00" not in data[1] and _utf8(data[1])):
+                and data[1] and encodable(data[1])):
             return float(data[0]), data[1]
     raise ArgumentError(f"list_sessions(after=) must be a page's next cursor, got {cursor!r}")
 
@@ -173,11 +170,3 @@ def last_count(last: object) -> int:
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise ArgumentError(f"messages(last=) must be an int >= 0, got {last!r}")
     return last
-
-
-def _utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -357,13 +357,9 @@ def made_up_call_id(index: int) -> str:
 
 
 def distinct_call_ids(reply: Message) -> Message:
-    """``reply`` with every tool call's id its own: a call whose id an earlier call of the reply has gets a
-    made-up one. ``reply`` itself when the ids are distinct already (the usual case).
-
-    Results, the tool journal and approvals find a call by its id, so two calls sharing one would share one
-    result and one decision: the second would never run. The loop applies this to each reply as it arrives,
-    before anything stores, journals or matches it, so the reply kept (and sent back to the provider with
-    the results) is the one with the new id."""
+    """``reply`` with every tool call's id its own (a repeated one made up), or ``reply`` itself. Results,
+    the journal and approvals find a call by its id, so two calls sharing one would share one result and
+    one decision. The loop applies it to each reply as it arrives, before anything stores or matches it."""
     seen: set[str] = set()
     content: list[Content] | None = None
     calls = 0

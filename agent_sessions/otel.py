@@ -1,24 +1,14 @@
-"""OpenTelemetry tracing for runs (the ``otel`` extra): an ``events`` callback that turns what a run reports
-into spans, named and attributed after the GenAI semantic conventions.
+"""OpenTelemetry tracing for runs (the ``otel`` extra; docs/tracing.md): an ``events`` callback that turns
+what a run reports into spans named and attributed after the GenAI semantic conventions.
 
     events=Tracing.for_run(spec, endpoint)
 
-One trace per run::
-
-    invoke_agent [{agent_name}]        the run (INTERNAL)
-      step                             one per model request, with the tools it asked for
-        chat {model}                   the request (CLIENT): model, provider, token usage
-        execute_tool {name}            each tool call the run made (INTERNAL)
-
-Every span carries ``gen_ai.conversation.id``, the session's id, when the run has a session. The spans are
-built from events, not by wrapping the loop, so the core imports no optional package and a run without
-``events`` pays nothing; ``Failed`` is what lets a run that raises end every span it opened, with an ERROR
-status and the exception recorded on each.
-
-Only the OpenTelemetry API is imported: without an SDK configured (or a ``tracer_provider`` given) every
-span is a no-op. The attribute names are written out here rather than taken from
-``opentelemetry-semantic-conventions``, whose GenAI names are still in development and move between
-releases; they follow the conventions as of semconv 1.37+ (``gen_ai.provider.name``, not ``gen_ai.system``).
+One trace per run: ``invoke_agent`` (the run), a ``step`` per model request, and in each ``chat {model}``
+(the request: model, provider, token usage) and ``execute_tool {name}`` per call; each carries
+``gen_ai.conversation.id``. Built from events rather than by wrapping the loop, so the core imports no
+optional package and a run without ``events`` pays nothing. Only the OpenTelemetry API is imported: without
+an SDK every span is a no-op. The attribute names are written out here, since the conventions' GenAI names
+are still in development (as of semconv 1.37: ``gen_ai.provider.name``, not ``gen_ai.system``).
 """
 
 from __future__ import annotations
@@ -114,17 +104,12 @@ class _Open:
 
 class Tracing:
     """An ``events`` callback that makes OpenTelemetry spans of a run; ``also`` (another callback) is told
-    every event after it. What tracing itself raises is logged under ``agent_sessions.otel`` and never
-    reaches the run: telemetry must not stop an agent. What ``also`` raises is the run's, as it would be
-    without tracing.
+    every event after it. What tracing raises is logged and never reaches the run (telemetry must not stop
+    an agent); what ``also`` raises is the run's.
 
-    A Tracing follows one run at a time, on that run's thread: give each concurrent run its own (they
-    cost nothing to make). Events from a second thread while a run is traced are ignored, with one
-    warning. Once a run has ended (``Finished`` or ``Failed``) the same Tracing may trace the next one.
-
-    The run's span is a child of the span that was current where the Tracing was made: a run started
-    with ``Runner().start`` inside a request's span is part of that request's trace, though it runs on
-    its own thread."""
+    A Tracing follows one run at a time (a second thread's events are ignored, with one warning); once a
+    run has ended the same Tracing may trace the next. The run's span is a child of the span current where
+    the Tracing was made, so a run started inside a request's span is part of its trace."""
 
     def __init__(
         self,
@@ -160,10 +145,8 @@ class Tracing:
         tracer_provider: trace.TracerProvider | None = None,
         also: Events | None = None,
     ) -> Tracing:
-        """A Tracing whose session id comes from ``spec.session`` (its ``id``), and model and provider from the
-        endpoint (an ``OpenAIChat`` is ``openai`` whatever server it talks to, as the conventions ask; an
-        ``AnthropicMessages`` is ``anthropic``; any other endpoint ``_OTHER``. Its ``model`` attribute, if
-        it has one, is the model)."""
+        """A Tracing with the session id of ``spec.session`` and the endpoint's model and provider (an
+        ``OpenAIChat`` is ``openai`` whatever server it talks to, as the conventions ask)."""
         session_id = getattr(spec.session, "id", None)  # a Session need not have one; the library's do
         model = getattr(endpoint, "model", None)
         return cls(

@@ -1,9 +1,6 @@
 """A session: one conversation of a store, addressed. ``open`` makes one; it is what ``Spec.session`` takes.
-
-``StoreSession`` is the top of the library: every capability a store may offer (``contract``) is reached
-through it by the application (steer, cancel, approve, list events...), each call checking once that the
-store offers the protocol it needs and raising ``Unsupported`` otherwise.
-"""
+Each call that needs more of the store than the four methods of a plain ``Store`` raises ``Unsupported``
+for one without them."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from . import approvals, context, eventlog, lifecycle, validate
-from .contract import ApprovalStore, EventStore, LifecycleStore, QueueStore, RunStore, SteerKeyStore, Store
+from .contract import RunStore, Store
 from .errors import ArgumentError, Unsupported
 from .messages import Message
 from .run import turns
@@ -35,14 +32,10 @@ class StoreSession:
         self.store.save(self.id, msgs)
 
     def messages(self, last: int | None = None, *, recent: bool = False) -> list[Message]:
-        """The stored transcript; with ``last``, only its last ``last`` messages, which a store offering
-        the lifecycle protocol reads without loading the rest (a UI showing a long conversation).
-
-        With ``recent=True``, what a run under ``Compaction`` needs to go on with the session: the messages
-        from its newest compaction record's range on, as an ``agent.Tail`` whose ``start`` is the index of
-        the first, read from the end without the rest (``context.read_recent``; the whole transcript when
-        it has no record, or the store is not a ``TailStore``). Append the new message and run it as any
-        transcript: resuming a long session then costs about what its requests send."""
+        """The stored transcript; with ``last``, only its last ``last`` messages, read without the rest.
+        With ``recent=True``, what a run under ``Compaction`` needs to go on with the session, read from the
+        end (``context.read_recent``): an ``agent.Tail`` to append the new message to and run, so resuming
+        a long session costs about what its requests send."""
         if recent:
             if last is not None:
                 raise ArgumentError("Session.messages() takes last= or recent=True, not both")
@@ -50,53 +43,41 @@ class StoreSession:
         if last is None:
             return self.store.messages(self.id)
         last = lifecycle.last_count(last)
-        if isinstance(self.store, LifecycleStore):
+        if isinstance(self.store, RunStore):
             return self.store.tail(self.id, last)
         return self.store.messages(self.id)[-last:] if last else []
 
     def steer(self, text: str, key: str | None = None) -> bool:
         """Leave ``text`` for the session's next model request, whichever process makes it; ``True`` when it
-        was stored. With ``key`` (a ``SteerKeyStore``), the steer is stored only if no steer with that key
-        was accepted for the session before, and ``False`` says one was: send a steer that failed with
-        ``OutcomeUnknown`` again with the same key, and it is delivered once (as ``Runner.turn``'s key makes
-        a turn's message). Without a key, sending again stores it again."""
+        was stored. With ``key``, only if no steer with that key was accepted before (``False``): a steer
+        that failed with ``OutcomeUnknown``, sent again with the same key, is delivered once."""
         validate.steer_text(text)
         if key is None:
             self.store.add_steer(self.id, text)
             return True
         validate.steer_key(key, "Session.steer(key=)")
-        if not isinstance(self.store, SteerKeyStore):
-            raise Unsupported(
-                f"Session.steer(key=) needs a store implementing agent_sessions.SteerKeyStore; {self.store!r} does "
-                "not (steer without a key, or use a store that keeps steer keys)"
-            )
-        return self.store.add_steer_once(self.id, text, key)
+        return self._run_store("steer(key=)", "SteerKeyStore").add_steer_once(self.id, text, key)
 
     def enqueue(self, text: str, key: str) -> int:
-        """Store ``text`` as a message of its own, under ``key``, for a turn that answers it later: in the
-        session's queue (a ``QueueStore``), behind the messages accepted before it, as ``Runner.turn`` stores
-        a message that arrives while the session is busy. Nothing runs here. Whoever holds the session next
-        answers the queue from its head: a ``Runner.turn`` of the session, or the sweep (``agent.recover``:
-        ``python -m agent_sessions work``, the Celery workers of ``agent_sessions.contrib.celery``), so a web
-        request can hand a message over and answer at once. A key is queued once while its message waits,
-        and a message whose key the transcript holds is dropped unanswered by whoever meets it, so sending
-        again after a failure is safe. Returns the message's place among those waiting (1: next).
-        ``answer(key)`` reads its answer."""
+        """Store ``text`` under ``key`` in the session's queue, for a turn of its own that answers it later,
+        as ``Runner.turn`` stores a message that arrives while the session is busy; nothing runs here.
+        Whoever holds the session next answers the queue from its head (a ``Runner.turn``, or the sweep:
+        ``python -m agent_sessions work``, the Celery workers), so a web request can hand a message over
+        and answer at once. A key is queued once, so sending again after a failure is safe. Returns the
+        message's place among those waiting (1: next); ``answer(key)`` reads its answer."""
         validate.turn_key(key, "Session.enqueue(key=)")
         validate.steer_text(text, "Session.enqueue(text)")
-        return self._queue_store("enqueue").enqueue(self.id, key, text)
+        return self._run_store("enqueue", "QueueStore").enqueue(self.id, key, text)
 
     def queued(self) -> list[str]:
         """The keys of the messages waiting in the session's queue for a turn of their own, oldest first."""
-        return self._queue_store("queued").queued(self.id)
+        return self._run_store("queued", "QueueStore").queued(self.id)
 
     def answer(self, key: str, timeout: float = 0.0) -> Message | None:
-        """The reply that answered the turn whose message has ``key`` (``Runner.turn``, ``enqueue``): the first
-        reply after that message without tool calls, whichever process made it. ``None`` while there is none
-        (the message is queued, its turn runs or waits for a decision), or no message has that key. With
-        ``timeout`` (seconds), it waits that long at most for the answer, reading the transcript again after
-        0.02 s, then twice as long each time, up to 0.5 s: how a caller that handed its message over (to a
-        Celery task, to the sweep) waits for it whichever worker answers."""
+        """The reply that answered the turn whose message has ``key`` (``Runner.turn``, ``enqueue``), whichever
+        process made it; ``None`` while there is none, or no message has that key. With ``timeout``
+        (seconds), it waits that long at most, reading again after 0.02 s, then twice as long each time, up
+        to 0.5 s: how a caller that handed its message over waits for it."""
         validate.turn_key(key, "Session.answer(key)")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
             raise ArgumentError(f"Session.answer(timeout=) must be a finite number of seconds >= 0, got {timeout!r}")
@@ -115,21 +96,21 @@ class StoreSession:
 
     def pending_steers(self) -> list[str]:
         """The steers waiting for the next model request, oldest first, without taking them."""
-        return self._lifecycle("pending_steers").pending_steers(self.id)
+        return self._run_store("pending_steers", "LifecycleStore").pending_steers(self.id)
 
     def info(self) -> SessionInfo | None:
         """When the session was created and last updated, its length and metadata; ``None`` when it does
         not exist (nothing saved, ran on, or labelled it)."""
-        return self._lifecycle("info").info(self.id)
+        return self._run_store("info", "LifecycleStore").info(self.id)
 
     def set_metadata(self, changes: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
         """Merge ``changes`` into the session's metadata (``None`` removes a key); return it as stored.
         Creates the session if it does not exist yet: label a conversation before its first run."""
-        return self._lifecycle("set_metadata").set_metadata(self.id, changes)
+        return self._run_store("set_metadata", "LifecycleStore").set_metadata(self.id, changes)
 
     def delete(self, *, force: bool = False) -> bool:
         """Remove the session and everything kept for it, at once (see ``LifecycleStore.delete``)."""
-        return self._lifecycle("delete").delete(self.id, force=force)
+        return self._run_store("delete", "LifecycleStore").delete(self.id, force=force)
 
     def fork(self, new_id: str, at: int | None = None, *, allow_unanswered: bool = False) -> StoreSession:
         """Start ``new_id`` from this transcript (the first ``at`` messages, or all of it). The two then
@@ -146,98 +127,65 @@ class StoreSession:
         return self._run_store("holder").holder(self.id)
 
     def cancel(self) -> bool:
-        """Cancel the session's turn: the run holding the session, in whatever process, stops before its
-        next model request or tool call, and no run that goes on with that turn afterwards (a resume after
-        its worker died, a redelivered ``Runner.turn``) starts one either; a turn waiting for approvals is
-        closed (its calls get error results saying they were not run, and deciding them raises
-        ``AlreadyDecided``). ``True`` when there was a run or a waiting turn to cancel: then no call of
-        that turn starts after this returns. ``False`` when there was neither; a new turn is never
-        cancelled by an earlier cancel. See ``approvals.cancel``."""
+        """Cancel the session's turn: the run holding it, in whatever process, stops before its next model
+        request or tool call, and no run that goes on with that turn starts one either; a turn waiting for
+        approvals is closed (its calls get error results). ``True`` when there was a run or a waiting turn
+        to cancel: then no call of that turn starts after this returns. See ``approvals.cancel``."""
         return approvals.cancel(self._run_store("cancel"), self.id)
 
     def pending_approvals(self) -> list[PendingApproval]:
         """The calls waiting for a person's decision, in the order the model made them."""
-        return approvals.pending(self._approval_store("pending_approvals"), self.id)
+        return approvals.pending(self._run_store("pending_approvals", "ApprovalStore"), self.id)
 
     def approve(self, call_id: str, reason: str = "") -> Decision:
         """Approve the waiting call ``call_id`` (``reason``: why, kept with the decision); the session's next
         run runs it (once). Exactly one of concurrent decisions on a call is stored: the others raise
         ``AlreadyDecided``, as does a call past its deadline; an id that waits for nothing raises
         ``UnknownApproval``."""
-        return approvals.decide(self._approval_store("approve"), self.id, call_id, True, reason)
+        return approvals.decide(self._run_store("approve", "ApprovalStore"), self.id, call_id, True, reason)
 
     def deny(self, call_id: str, reason: str = "") -> Decision:
         """Deny the waiting call ``call_id``: the next run gives it an error result carrying ``reason``,
         and the model is asked again. Errors as ``approve``."""
-        return approvals.decide(self._approval_store("deny"), self.id, call_id, False, reason)
+        return approvals.decide(self._run_store("deny", "ApprovalStore"), self.id, call_id, False, reason)
 
     def events(self, after: int = 0, limit: int = 100) -> list[StoredEvent]:
         """The events of the session's log numbered above ``after``, oldest first, at most ``limit``
         (runs with ``Spec(publish_events=True)`` write them; see docs/runs/events.md), each whole: the
         messages events point at are read and joined in (``eventlog.resolve``)."""
         after, limit = eventlog.check_read(after, limit)
-        store = self._event_store("events")
+        store = self._run_store("events", "EventStore")
         return eventlog.resolve(store, self.id, store.events(self.id, after, limit))
 
     def follow(self, after: int = 0, timeout: float | None = None,
                poll: tuple[float, float] = (0.02, 0.5)) -> Iterator[StoredEvent]:
         """Yield the session's events above ``after`` as they arrive, from whichever process writes them,
-        for ``timeout`` seconds (``None``: until you stop iterating; a session has many runs, so a
-        ``finished`` event does not end it). Come back with the last ``seq`` you saw as ``after``: you miss
-        nothing and see nothing twice. Waits are bounded: ``poll`` is the backoff (first, most seconds)
-        for a store that cannot wake followers (see ``eventlog.follow``)."""
-        return eventlog.follow(self._event_store("follow"), self.id, after, timeout, poll)
-
-    def _event_store(self, op: str) -> EventStore:
-        if not isinstance(self.store, EventStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.EventStore; {self.store!r} does not"
-            )
-        return self.store
+        for ``timeout`` seconds (``None``: until you stop iterating). Come back with the last ``seq`` you saw
+        as ``after``: you miss nothing and see nothing twice (``eventlog.follow``)."""
+        return eventlog.follow(self._run_store("follow", "EventStore"), self.id, after, timeout, poll)
 
     def _answer(self, key: str) -> Message | None:
-        """``answer``'s one look. A store with the lifecycle reads the transcript's end first (the message
-        of a turn being waited for is usually there), and a message still queued is not in the transcript
-        at all: the whole transcript is read only when the key is in neither."""
+        """``answer``'s one look: the transcript's end first (the message waited for is usually there); the
+        whole transcript only when the key is neither there nor queued."""
         store = self.store
-        if isinstance(store, LifecycleStore):
+        if isinstance(store, RunStore):
             tail = store.tail(self.id, ANSWER_TAIL)
             at = turns.keyed(tail, key)
             if at is not None:
                 return turns.answered(tail, at)
-            if len(tail) < ANSWER_TAIL or (isinstance(store, QueueStore) and key in store.queued(self.id)):
+            if len(tail) < ANSWER_TAIL or key in store.queued(self.id):
                 return None  # the tail is the whole transcript, or the message waits in the queue
         msgs = store.messages(self.id)
         at = turns.keyed(msgs, key)
         return None if at is None else turns.answered(msgs, at)
 
-    def _queue_store(self, op: str) -> QueueStore:
-        if not isinstance(self.store, QueueStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.QueueStore; {self.store!r} does not"
-            )
-        return self.store
-
-    def _lifecycle(self, op: str) -> LifecycleStore:
-        if not isinstance(self.store, LifecycleStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.LifecycleStore; {self.store!r} does not"
-            )
-        return self.store
-
-    def _approval_store(self, op: str) -> ApprovalStore:
-        if not isinstance(self.store, ApprovalStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.ApprovalStore; "
-                f"{self.store!r} does not"
-            )
-        return self.store
-
-    def _run_store(self, op: str) -> RunStore:
+    def _run_store(self, op: str, protocol: str = "RunStore") -> RunStore:
+        """Every protocol a call may need is ``RunStore`` (the old capability names are aliases of it), named
+        as the caller's docs name it."""
         if not isinstance(self.store, RunStore):
-            raise Unsupported(
-                f"Session.{op}() needs a store implementing agent_sessions.RunStore; {self.store!r} does not"
-            )
+            call = op if op.endswith(")") else op + "()"
+            raise Unsupported(f"Session.{call} needs a store implementing agent_sessions.{protocol}; {self.store!r} "
+                              "does not")
         return self.store
 
     def __repr__(self) -> str:

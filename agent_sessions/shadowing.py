@@ -1,14 +1,9 @@
 """Whether the package Python imports as ``stores`` is the library's own.
 
-The stores ship as the top-level package ``stores`` beside ``agent_sessions`` (the import names are part
-of the design). A project with a package of that name (a shop's ``stores`` app) on ``sys.path`` before
-site-packages hides them: ``from stores import sqlite`` then fails with a bare "cannot import name", and
-the CLI used to advise installing an extra that was installed all along. So the places that import a
-store (the CLI, the Django app and its system check, and a finder consulted only when a ``stores.X``
-import has failed) ask here first and name what they found, where the library's is, and what to do.
-
-Only paths are compared: the foreign package is never imported here (a Django app imported before
-Django is set up would raise on its models).
+A project package of that name (a shop's ``stores`` app) first on ``sys.path`` hides the library's stores,
+and ``from stores import sqlite`` fails with a bare "cannot import name". So what imports a store (the CLI,
+the Django app and its check, and a finder asked when a ``stores.X`` import has failed) asks here first and
+says what it found and what to do. Only paths are compared: the foreign package is never imported.
 """
 
 from __future__ import annotations
@@ -26,7 +21,11 @@ from .errors import StoresShadowed
 LIBRARY_STORES = Path(__file__).resolve().parent.parent / "stores"
 """Where the library's ``stores`` is: installed from the same wheel (or tree) as ``agent_sessions``."""
 
-STORE_MODULES = frozenset({"memory", "sqlite", "postgres", "mysql", "mongodb", "_sql"})
+
+def ships(name: str) -> bool:
+    """Is ``stores.<name>`` a module of the library's own ``stores``? Read from its directory, so a store
+    added there is covered without a list to keep."""
+    return (LIBRARY_STORES / name / "__init__.py").is_file() or (LIBRARY_STORES / f"{name}.py").is_file()
 
 
 def _found() -> str | None:
@@ -83,7 +82,7 @@ class _ShadowedStoreFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         parent, _, name = fullname.partition(".")
-        if parent == "stores" and name in STORE_MODULES:
+        if parent == "stores" and name and ships(name):
             check_stores()
         return None
 

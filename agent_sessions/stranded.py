@@ -1,18 +1,11 @@
-"""Stranded runs, and the sweep that finishes them (issue 26; docs/design/busy-and-stranded.md, section 2).
+"""Stranded runs, and the sweep that finishes them (docs/design/busy-and-stranded.md, section 2).
 
-A session is stranded when its lease is free or lapsed and its last turn is open (a message nobody
-answers: the worker running it died, its task is gone), and it is not cancelled (a cancel stops the turn in
-progress, not the messages queued behind it: those are answered). Every write keeps the session's
-``open_since`` (``LifecycleStore.list_sessions(stranded=True)``), so a sweep reads only the open sessions,
-never the finished ones: when nothing is stranded it costs one indexed query that returns no row.
-
-``recover`` finishes each such turn once, from any number of replicas at the same moment: the only way to
-act on a session is to hold its lease, which exactly one claimant wins (``lease_wait=0``: a replica that
-loses skips the session), and the run that finishes the turn compares what it read with what is stored
-before its first model request (a leased run's first write is a compare-and-swap), so a turn another
-replica finished meanwhile is found answered and costs no request. A keyed turn goes through
-``Runner.turn``'s continue path (what is left of its ``max_steps``); a started non-idempotent call is
-answered "outcome unknown" by the journal, never run twice.
+A session is stranded when its lease is free or lapsed and its last turn is open (its worker died), and it
+is not cancelled. Every write keeps the session's ``open_since``, so a sweep reads only the open sessions:
+one indexed query when none is. ``recover`` finishes each turn once from any number of replicas: acting on
+a session takes its lease (``lease_wait=0``: the loser skips it), and the run's first write is a
+compare-and-swap, so a turn finished meanwhile costs no request; a started non-idempotent call is answered
+"outcome unknown" by the journal, never run twice.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from . import lifecycle
-from .contract import LifecycleStore, QueueStore, RunStore
+from .contract import RunStore
 from .endpoints import Endpoint
 from .errors import ArgumentError, AwaitingApproval, SessionBusy, TranscriptConflict
 from .journal import Journal
@@ -69,16 +62,15 @@ class Recovered:
     """What the run raised (``failed``)."""
 
 
-def recover(store: LifecycleStore, resolve: Resolve, limit: int = 100, grace: float = 10.0, *,
+def recover(store: RunStore, resolve: Resolve, limit: int = 100, grace: float = 10.0, *,
             session: str | None = None) -> list[Recovered]:
     """Finish the turns of up to ``limit`` stranded sessions, oldest first (each page shuffled, so replicas
     sweeping at once mostly take different sessions), and say what became of each. ``grace`` (seconds):
     a turn open for less is left alone, so the sweep does not race a caller about to run it. Safe to run
     from many processes at once; each turn is finished once. ``session``: that one session alone, if it is
     stranded (``SessionInfo.stranded``; ``grace`` is not asked: an operator asks for it), else ``[]``."""
-    if not isinstance(store, LifecycleStore) or not isinstance(store, RunStore):
-        raise ArgumentError(f"recover needs a store with the lifecycle and runs (LifecycleStore and RunStore), "
-                            f"got {type(store).__name__}")
+    if not isinstance(store, RunStore):
+        raise ArgumentError(f"recover needs a store with the lifecycle and runs (RunStore), got {type(store).__name__}")
     if not callable(resolve):
         raise ArgumentError(f"recover(resolve=) must be callable, got {resolve!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -100,7 +92,7 @@ def recover(store: LifecycleStore, resolve: Resolve, limit: int = 100, grace: fl
     return done
 
 
-def _recover(store: LifecycleStore, info: SessionInfo, resolve: Resolve) -> Recovered:
+def _recover(store: RunStore, info: SessionInfo, resolve: Resolve) -> Recovered:
     try:
         chosen = resolve(info)
     except Exception as exc:  # noqa: BLE001 - the application's function failing on one session stops no sweep
@@ -133,12 +125,11 @@ def _recover(store: LifecycleStore, info: SessionInfo, resolve: Resolve) -> Reco
     return Recovered(info.id, "recovered", info.spec, result)
 
 
-def _look(store: LifecycleStore, session: str, spec: Spec) -> Callable[[Endpoint], Result] | Outcome:
+def _look(store: RunStore, session: str, spec: Spec) -> Callable[[Endpoint], Result] | Outcome:
     """Under the session's lease (``SessionBusy`` when another run holds it): what is left to run, or, when
     nothing is, the session's mark cleared and the outcome. What is left runs under this very lease, handed
     to its run: the lease is never free between the look and the run, so nothing that needs it (a delete, a
     redelivered turn, another replica) lands between them and makes the look stale."""
-    assert isinstance(store, RunStore)
     lease = Lease(store, session, spec.lease_ttl, 0.0, spec.name).__enter__()
     try:
         left = _left(store, session, spec, lease)
@@ -163,9 +154,8 @@ Left = Callable[[Endpoint, Lease], Result]
 """What is left of a stranded session's turn: a run under the lease the sweep looked with."""
 
 
-def _left(store: LifecycleStore, session: str, spec: Spec, lease: Lease) -> Left | Outcome:
+def _left(store: RunStore, session: str, spec: Spec, lease: Lease) -> Left | Outcome:
     """``_look``'s decision, under ``lease``."""
-    assert isinstance(store, RunStore)
     msgs = store.messages(session)
     text = store.journal(session)
     journal = None if text is None else Journal.from_json(text, f"session {session!r}")
@@ -225,13 +215,11 @@ def _answering(spec: Spec, last: str) -> Left:
     return lambda endpoint, held: busy.answer_queued(Runner()._turn_run, spec, last, endpoint, held)
 
 
-def _queued(store: LifecycleStore, session: str, lease: Lease, msgs: Sequence[Message]) -> list[str]:
+def _queued(store: RunStore, session: str, lease: Lease, msgs: Sequence[Message]) -> list[str]:
     """Under the lease: the keys queued for the session (``Runner.turn(if_busy="queue")``) that the transcript
     does not hold. A key it holds came in another way as well (a turn begun before the queue, under another
     policy): one at the queue's head is dropped here, as a holder answering the queue drops it, and one
     behind it when the queue gets there."""
-    if not isinstance(store, QueueStore):
-        return []
     queued = store.queued(session)
     while queued and turns.keyed(msgs, queued[0]) is not None:
         store.take_queued(session, lease.holder, append=False)
@@ -240,10 +228,9 @@ def _queued(store: LifecycleStore, session: str, lease: Lease, msgs: Sequence[Me
     return [key for key in queued if turns.keyed(msgs, key) is None]
 
 
-def _left_open(store: LifecycleStore, session: str, spec: Spec, result: Result) -> None:
+def _left_open(store: RunStore, session: str, spec: Spec, result: Result) -> None:
     """The run ended without an answer (its ``max_steps`` spent, cancelled, superseded): that is where the turn
     ends, so its mark is cleared, unless something came since (then the next sweep looks again)."""
-    assert isinstance(store, RunStore)
     try:
         with Lease(store, session, spec.lease_ttl, 0.0, spec.name) as lease:
             if store.messages(session) == result.messages:

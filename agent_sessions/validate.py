@@ -15,7 +15,7 @@ from .messages import ContentType, Message, Role
 MAX_SESSION_ID_LENGTH = 255
 
 
-def _encodable(value: str) -> bool:
+def encodable(value: str) -> bool:
     """No NUL (PostgreSQL text refuses it) and no lone surrogates (not encodable as UTF-8)."""
     if "\x00" in value:
         return False
@@ -35,7 +35,7 @@ def session_id(value: object, where: str = "session id") -> str:
         raise ArgumentError(
             f"{where} is {len(value)} characters long; at most {MAX_SESSION_ID_LENGTH} are allowed"
         )
-    if not _encodable(value):
+    if not encodable(value):
         raise ArgumentError(f"{where} {value!r} contains NUL or a lone surrogate")
     return value
 
@@ -45,7 +45,7 @@ def steer_text(value: object, where: str = "steer") -> str:
         raise ArgumentError(f"{where} text must be a str, got {type(value).__name__}")
     if not value:
         raise ArgumentError(f"{where} text must not be empty")
-    if not _encodable(value):
+    if not encodable(value):
         raise ArgumentError(f"{where} text contains NUL or a lone surrogate")
     return value
 
@@ -64,7 +64,7 @@ def steer_key(value: object, where: str = "steer key") -> str:
         raise ArgumentError(f"{where} must not be empty")
     if len(value) > MAX_STEER_KEY_LENGTH:
         raise ArgumentError(f"{where} is {len(value)} characters long; at most {MAX_STEER_KEY_LENGTH} are allowed")
-    if not value.isprintable() or not _encodable(value):
+    if not value.isprintable() or not encodable(value):
         raise ArgumentError(f"{where} {value!r} contains a control character or a lone surrogate; a key must be "
                             "printable")
     return value

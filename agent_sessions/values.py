@@ -1,9 +1,5 @@
-"""The values the library and its stores exchange: plain records, each documented field by field.
-
-They sit below everything else of the core (they import none of it), so that an error can carry one
-(``SessionBusy.holder``, ``AlreadyDecided.decision``) and every layer above can name them. The store
-protocols that exchange them are in ``contract``, which re-exports them: a store author reads that.
-"""
+"""The values the library and its stores exchange: plain records, below everything else of the core, so
+that an error can carry one (``SessionBusy.holder``) and every layer can name them."""
 
 from __future__ import annotations
 
@@ -30,14 +26,11 @@ class Holder:
     """Raised by the store each time the lease passes to a new holder; with ``token``, what every write of
     the run carries and the store checks."""
     spec: str | None = None
-    """The name of the run's ``Spec`` (``Spec.name``): ``acquire`` records it on the session with the lease,
-    and it stays after the release, so a sweep of stranded sessions knows what to finish one with
-    (``SessionInfo.spec``). Stores return ``None`` here: it is written, not read back."""
+    """The run's ``Spec.name``: ``acquire`` records it on the session (``SessionInfo.spec``), for a sweep to
+    know what to finish it with. Stores return ``None`` here: it is written, not read back."""
     turn: str | None = None
-    """The key of the turn the run holding the lease runs (``Runner.turn``'s message), which ``acquire``
-    records with the lease, so a cancel says which turn it stopped. On a lease ``acquire`` returns with
-    ``cancelled=True`` (a cancel handed on): the turn that cancel was of (``None``: a plain run's, or not
-    known)."""
+    """The key of the turn the holding run runs, recorded with the lease so a cancel says which turn it
+    stopped; on a lease ``acquire`` returns with ``cancelled=True``, the turn that cancel was of."""
 
     def describe(self) -> str:
         until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.expires))

@@ -63,16 +63,19 @@ def test_the_django_app_reports_it_as_a_system_check_error(project: tuple[Path, 
     assert "HINT: Rename the project's 'stores' package" in out.stderr
 
 
-def test_importing_a_store_module_raises_the_librarys_error(project: tuple[Path, Path | None]) -> None:
+@pytest.mark.parametrize("module", ["memory", "redis", "urls"])
+def test_importing_a_store_module_raises_the_librarys_error(project: tuple[Path, Path | None], module: str) -> None:
+    """Every module the library's ``stores`` ships, whichever it is: the finder reads them from its directory."""
     home, foreign = project
     code = ("import agent_sessions\n"
-            "try:\n    from stores import memory\n"
+            f"try:\n    from stores import {module} as found\n"
             "except agent_sessions.StoresShadowed as e:\n    print('shadowed', e.found)\n"
-            "else:\n    print('imported', memory.__file__)\n")
+            "else:\n    print('imported', found.__file__)\n")
     out = run(home, "-c", code)
     assert out.returncode == 0, out.stderr
     if foreign is None:
-        assert out.stdout == f"imported {ROOT / 'stores' / 'memory' / '__init__.py'}\n"
+        shipped = ROOT / "stores" / module / "__init__.py"
+        assert out.stdout == f"imported {shipped if shipped.is_file() else ROOT / 'stores' / f'{module}.py'}\n"
     else:
         assert out.stdout == f"shadowed {foreign}\n"
 

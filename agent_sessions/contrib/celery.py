@@ -1,38 +1,17 @@
 """agent-sessions on Celery: the crash-safe turn task, the sweep, and each worker's watch for a turn nobody
 answers, so that every message handed to ``turn`` is answered and every approved call runs, with nothing
-to schedule by hand.
+to schedule by hand (docs/integrations.md and docs/django.md say how, and within what time).
 
     from agent_sessions.contrib.celery import turn
 
     turn.delay(session_id, text, message_id)     # stored before it is sent; the task answers it
 
-In a Django project with the app ``agent_sessions.contrib.django`` installed, Celery's
-``app.autodiscover_tasks()`` registers these tasks (``agent_sessions/contrib/django/tasks.py``), the store is
-the app's and the spec is chosen by ``AGENT_SESSIONS["RESOLVE"]``. Elsewhere, call ``configure(store=...,
-resolve=...)`` where the Celery app is made (the worker and whoever sends tasks import it).
-
-What makes "every message is answered" hold by default, whatever dies:
-
-- ``turn.delay(...)`` stores the message in the session's queue (``Session.enqueue``) *before* the task is
-  sent: once it returns, the message is in the store, whatever becomes of the task (a worker that
-  prefetched it and died, a broker that lost it).
-- The task is ``acks_late`` and ``reject_on_worker_lost``: a pool process that dies mid-turn hands it back
-  at once, and the next delivery goes on with the turn (``Runner.turn``: the journal answers a started
-  non-idempotent call "outcome unknown", never running it twice).
-- Every worker watches for turns nobody answers (``SWEEP_SECONDS``): a thread of the worker's main
-  process looks for stranded sessions (one indexed query, ``list_sessions(stranded=True)``) and, when there
-  is one, sends the ``sweep`` task, which finishes them (``agent.recover``). That covers a whole worker
-  killed (its task comes back only after the broker's visibility timeout: an hour on Redis), a caller that
-  gave up waiting (``StillQueued``: the holder answers its own turn and leaves the queue), and a decision on
-  a call from any process (the CLI, ``manage.py agent_sessions approve``, a view, the admin): a decision
-  opens the turn again in the store, and the sweep goes on with it.
-- Beat may run the sweep instead (``BEAT_SCHEDULE``, one line in the beat schedule): then set
-  ``SWEEP_SECONDS`` to 0 (``AGENT_SESSIONS["SWEEP_SECONDS"]``) if the workers should not.
-
-The time to an answer is bounded by: the turn's own time, plus, for a turn whose worker died, the dead run's
-lease (``Spec.lease_ttl``, from its last renewal) and one watch (``SWEEP_SECONDS``); for a message left
-queued, or a turn whose calls were decided, ``GRACE`` and one watch after the session is free. Celery itself
-must take the sweep task: a worker with a free pool process.
+In a Django project with the app installed, ``autodiscover_tasks()`` registers these tasks and the app
+gives the store and ``AGENT_SESSIONS["RESOLVE"]``; elsewhere call ``configure(store=..., resolve=...)``.
+The message is in the session's queue before the task is sent, the task is ``acks_late`` and
+``reject_on_worker_lost`` (``Runner.turn`` goes on with a turn a dead process left), and each worker's
+``Watch`` sends the ``sweep`` task when a session is stranded (a whole worker killed, a caller that gave
+up, a decision taken elsewhere); or beat runs it (``BEAT_SCHEDULE``, with ``SWEEP_SECONDS`` 0).
 """
 
 from __future__ import annotations
@@ -83,10 +62,9 @@ _configured: Setup | None = None
 
 def configure(store: agent.Store | Callable[[], agent.Store], resolve: Resolve, *,
               sweep_seconds: float = SWEEP_SECONDS) -> None:
-    """For a project without the Django app: the store (or a function of no arguments making it, called
-    once per process) and the function choosing each session's spec and endpoint (``agent.recover``'s
-    ``resolve``: ``info -> (Spec, Endpoint) | None``, ``info.spec`` the ``Spec.name`` its last run recorded,
-    or the one ``turn`` was given). Call it where the Celery app is made."""
+    """For a project without the Django app, where the Celery app is made: the store (or a function making
+    it, called once per process) and ``agent.recover``'s ``resolve``, choosing each session's spec and
+    endpoint (``info.spec``: the ``Spec.name`` its last run recorded, or the one ``turn`` was given)."""
     if not callable(resolve):
         raise agent.ArgumentError(f"configure(resolve=) must be callable, got {resolve!r}")
     if isinstance(sweep_seconds, bool) or not isinstance(sweep_seconds, (int, float)) or sweep_seconds < 0:
@@ -150,10 +128,8 @@ class TurnTask(Task):  # type: ignore[misc]
 def turn(session_id: str, text: str, key: str, spec: str | None = None) -> dict[str, Any]:
     """Answer the message ``text`` of ``session_id`` (``key``: the client's id for it), safe to deliver
     again: ``Runner.turn`` keyed by ``key``. ``spec``: the spec name ``resolve`` is given for a session no
-    run has recorded one for yet (or to change it). Returns, as JSON: ``session``, ``key``, ``answered``,
-    ``text`` (the answer, or ""), ``stop_reason`` ("queued" when the wait for the session ran out: the
-    message is stored, and whoever holds the session next, or the sweep, answers it; then ``position``),
-    ``steps``, ``pending`` (the calls waiting for a decision)."""
+    run has recorded one for yet. Returns ``_outcome``'s JSON; ``stop_reason`` "queued" when the wait for
+    the session ran out (the message is stored, and answered by whoever holds the session next)."""
     made = setup()
     store = made.store()
     resolve = made.resolve()
@@ -179,8 +155,7 @@ def turn(session_id: str, text: str, key: str, spec: str | None = None) -> dict[
 
 
 def _info(store: agent.Store, session_id: str, spec: str | None) -> agent.SessionInfo:
-    """What ``resolve`` is given for a turn: the session's info, with ``spec`` if given; for a session that
-    does not exist yet, one made up (no messages, no metadata)."""
+    """What ``resolve`` is given for a turn: the session's info (made up for a new one), with ``spec``."""
     info = store.info(session_id) if isinstance(store, agent.LifecycleStore) else None
     if info is None:
         now = datetime.now(UTC)
@@ -218,10 +193,9 @@ def sweep(limit: int = LIMIT, grace: float = GRACE) -> dict[str, int]:
 
 
 class Watch(threading.Thread):
-    """A worker's watch (a daemon thread of its main process): every ``seconds``, one indexed query for the
-    stranded sessions; when one of them is the application's (``resolve`` gives it a spec), the ``sweep``
-    task is sent (it expires unrun after two periods, so sweeps never pile up behind busy pool processes).
-    The main process runs no turn itself."""
+    """A worker's watch (a daemon thread of its main process, which runs no turn itself): every ``seconds``,
+    one indexed query for the stranded sessions, and the ``sweep`` task sent when one is the application's
+    (it expires unrun after two periods, so sweeps never pile up behind busy pool processes)."""
 
     def __init__(self, app: Any, store: Callable[[], agent.Store], resolve: Resolve, seconds: float) -> None:
         super().__init__(name="agent-sessions-watch", daemon=True)

@@ -25,6 +25,7 @@ from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 from ..errors import ArgumentError, ContextOverflow, EndpointError
+from ..messages import Message
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +35,14 @@ RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 class HTTPClient:
     """POSTs JSON and returns the decoded object.
 
-    Each thread gets its own ``requests.Session``, made on its first request: requests does not promise
-    that one Session is safe to share between threads, and an endpoint often is shared (a Runner thread
-    per run, a pool of web workers). Given ``session``, every thread uses that one instead: its proxies,
-    certificates, auth and headers apply, and its thread safety is the caller's (requests makes no
-    promise; give each thread its own endpoint to be sure). The client mounts its retrying adapter on it
-    for ``base_url`` only, so the session's other requests keep theirs; ``close`` leaves it open.
+    Each thread gets its own ``requests.Session``, since requests does not promise that one is safe to share
+    and an endpoint often is shared. Given ``session``, every thread uses that one (its thread safety is the
+    caller's), with the retrying adapter mounted for ``base_url`` only; ``close`` leaves it open.
 
-    Retries (urllib3's ``Retry``, see ``_Retry``): connection failures and 408/409/429/5xx/529, up to
-    ``max_retries`` times, with exponential backoff and jitter, or what ``Retry-After`` asks; no wait is
-    longer than ``max_backoff``. A read timeout is not retried: a hung endpoint fails within ``timeout``
-    rather than a multiple of it. ``timeout`` also bounds the whole response: a server that trickles its
-    body a byte at a time (each read arriving before the socket timeout) is cut off once ``timeout`` has
-    passed since the attempt that answered began.
+    Retries (``_Retry``): connection failures and 408/409/429/5xx/529, up to ``max_retries`` times, with
+    backoff and jitter or what ``Retry-After`` asks, never longer than ``max_backoff``. A read timeout is not
+    retried, so a hung endpoint fails within ``timeout``, which also bounds the whole response (a body
+    trickled a byte at a time is cut off) from the start of the attempt that answered.
     """
 
     def __init__(
@@ -96,20 +92,13 @@ class HTTPClient:
         return _decode(url, response, _read(url, response, deadline, self.timeout))
 
     def stream(self, path: str, body: str, handle: Callable[[str, str], bool]) -> dict[str, Any] | None:
-        """POSTs JSON that asks for server-sent events and hands each event to ``handle(event, data)``
-        as it arrives (``event`` is its ``event:`` field, ``""`` if none; ``data`` its data lines
-        joined). ``handle`` returns True for the event that ends the stream (``[DONE]``,
-        ``message_stop``); a body that ends before it is an EndpointError, as is one that breaks off.
+        """POSTs JSON that asks for server-sent events and hands each to ``handle(event, data)`` as it
+        arrives; ``handle`` returns True for the one that ends the stream (a body that ends before it, or
+        breaks off, is an EndpointError). Returns None once the stream has ended, or the decoded object of
+        a server that answered with plain JSON instead.
 
-        Returns None once the stream has ended; the decoded object when the server answered with plain
-        JSON instead (one that ignores ``"stream": true``), for the caller's non-streaming parser.
-
-        Retries are those of ``post`` and happen before any byte of the body is read: a refused or
-        broken connection, a retryable status. Once the body has begun nothing is retried: the deltas
-        already handed on (shown to a user, say) cannot be taken back, and a second request would not
-        write the same text again; so a stream that breaks is an error, and the caller decides.
-        The deadline is the same as ``post``'s: on the whole response.
-        """
+        Retries are ``post``'s, before any byte of the body is read. Once it has begun nothing is retried:
+        the deltas handed on cannot be taken back, and a second request would not write the same text."""
         url, response, deadline = self._send(path, body, {**self.headers, "accept": "text/event-stream"})
         kind = response.headers.get("content-type", "")
         if response.status_code >= 400 or not kind.lower().startswith("text/event-stream"):
@@ -227,33 +216,20 @@ def _retry_after_seconds(value: str | None) -> float | None:
 
 
 def _read(url: str, response: requests.Response, deadline: float, timeout: float) -> str:
-    """The body, read as it arrives (``read1``: whatever one socket read gives), so that the deadline is
-    checked between reads even when a server sends a byte at a time."""
-    raw: Any = response.raw
-    read = (lambda: raw.read1(65536, decode_content=True)) if hasattr(raw, "read1") else None
+    """The body, with the deadline checked between reads (``_chunks``)."""
     chunks: list[bytes] = []
     try:
-        if read is None:  # urllib3 1.x: whole chunks only
-            chunks.extend(response.iter_content(chunk_size=65536))
-        else:
-            while chunk := read():
-                chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise EndpointError(
-                        f"{url} did not finish its response within the timeout of {timeout} s",
-                        status=response.status_code,
-                    )
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        raise EndpointError(
-            f"the response from {url} broke off after {sum(map(len, chunks))} bytes: {exc}",
-            status=response.status_code,
-        ) from exc
+        for chunk in _chunks(url, response, "response"):
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise EndpointError(f"{url} did not finish its response within the timeout of {timeout} s",
+                                    status=response.status_code)
     finally:
         response.close()
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _chunks(url: str, response: requests.Response) -> Iterator[bytes]:
+def _chunks(url: str, response: requests.Response, what: str = "stream") -> Iterator[bytes]:
     """The body as it arrives: ``read1`` gives whatever one socket read has, so that a caller checks its
     deadline between reads even when a server sends a byte at a time (urllib3 1.x: whole chunks). A read
     that fails is an EndpointError; what the caller does with a chunk raises as it raises."""
@@ -268,7 +244,7 @@ def _chunks(url: str, response: requests.Response) -> Iterator[bytes]:
             chunk = next(pieces, b"")
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise EndpointError(
-                f"the stream from {url} broke off after {received} bytes: {exc}", status=response.status_code
+                f"the {what} from {url} broke off after {received} bytes: {exc}", status=response.status_code
             ) from exc
         if not chunk:
             return
@@ -279,14 +255,10 @@ def _chunks(url: str, response: requests.Response) -> Iterator[bytes]:
 def _read_events(
     url: str, response: requests.Response, deadline: float, timeout: float, handle: Callable[[str, str], bool]
 ) -> None:
-    """Server-sent events (the WHATWG format: lines ended by CRLF, LF or CR; ``data:`` lines joined by LF;
-    a blank line dispatches; ``:`` starts a comment; one space after the colon is dropped), handed to
-    ``handle`` as each one completes. Lines are split here, on bytes, rather than by requests'
-    ``iter_lines``, which reads a CRLF split between two reads as two line ends: a blank line, which in
-    SSE dispatches an event too early. UTF-8 is decoded per line; no line end falls inside a character.
-
-    The end event ends the reply: it is returned then, whether or not the server has ended the body
-    (``_rest_of_body``)."""
+    """Server-sent events (the WHATWG format), handed to ``handle`` as each one completes; the end event ends
+    the reply, whether or not the server has ended the body (``_rest_of_body``). Lines are split here, on
+    bytes, not by requests' ``iter_lines``, which reads a CRLF split between two reads as a blank line: an
+    event dispatched too early."""
     events = _Events(handle)
     received = 0
     chunks = _chunks(url, response)
@@ -322,11 +294,9 @@ to the pool for the next request."""
 
 
 def _rest_of_body(chunks: Iterator[bytes], response: requests.Response) -> None:
-    """What follows the end event: nothing, normally, but the chunked encoding's last chunk, sent with the
-    event or just after it. Read for ``END_READ`` at most, each read bounded by the socket's timeout set to
-    that: a server (a proxy) that holds the body open after the end then costs its connection, which
-    ``response.close()`` drops, and not the caller's time; the reply is complete, and nothing here can fail
-    it (a read that times out or breaks is an EndpointError the caller logs and drops)."""
+    """What follows the end event (normally the chunked encoding's last chunk), read for ``END_READ`` at
+    most: a server that holds the body open then costs its connection, not the caller's time, and nothing
+    here can fail the reply, which is complete."""
     connection = getattr(response.raw, "connection", None)  # urllib3 2; 1.x: no wait, the connection dropped
     sock = getattr(connection, "sock", None)
     if sock is None:
@@ -418,11 +388,9 @@ _ANTHROPIC = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
 
 
 def overflow(data: object, message: str, *, status: int | None, body: str) -> ContextOverflow | None:
-    """The provider's context-length error as a ContextOverflow with its counts, or None for any other
-    error. OpenAI (and the servers copying it: vLLM, llama.cpp) says ``"code": "context_length_exceeded"``
-    and "This model's maximum context length is M tokens. However, your messages resulted in N tokens";
-    Anthropic says "prompt is too long: N tokens > M maximum". A provider may drop either part, so each is
-    recognised on its own, and a count it leaves out is None."""
+    """The provider's context-length error as a ContextOverflow with its counts (None where its text gives
+    none), or None for any other error: OpenAI's (and vLLM's, llama.cpp's) ``context_length_exceeded`` or
+    "maximum context length is M tokens", Anthropic's "prompt is too long: N tokens > M maximum"."""
     error = data.get("error") if isinstance(data, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     if found := _ANTHROPIC.search(message):
@@ -433,6 +401,14 @@ def overflow(data: object, message: str, *, status: int | None, body: str) -> Co
     tokens = _OPENAI_TOKENS.search(message)
     return ContextOverflow(message, status=status, body=body, tokens=int(tokens[1]) if tokens else None,
                            limit=int(limit[1]) if limit else None)
+
+
+def unstreamed(message: Message, on_text: Callable[[str], None] | None) -> Message:
+    """The reply of a server that answered a stream request with plain JSON: its text goes to ``on_text``
+    in one piece, so that the pieces handed on still join to the reply's text."""
+    if on_text is not None and message.text:
+        on_text(message.text)
+    return message
 
 
 def malformed(what: str, body: object) -> EndpointError:

@@ -12,29 +12,22 @@ from typing import Any
 import requests
 
 from ..messages import Content, ContentType, Message, Role, summary_text
-from ..tools import Tool
-from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
+from ..tools import Tool, _not_json
+from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
 
 API_VERSION = "2023-06-01"
 
 
 class AnthropicMessages:
     """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added.
-    ``extra`` is merged into every request body.
+    ``extra`` is merged into every request body; ``headers`` win over the endpoint's own; ``session``: your
+    own ``requests.Session``, used by every thread (see HTTPClient).
 
-    ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``x-api-key``).
-    ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
-    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient).
-
-    ``stream=True`` asks for server-sent events and hands each piece of text to ``complete``'s
-    ``on_text`` as it arrives. The reply is the Message the same content gives without streaming, usage
-    included (``message_start``'s, updated by ``message_delta``'s). A tool call's arguments are its
-    ``input_json_delta`` pieces joined, byte for byte: the model's own text, kept as the library keeps
-    every model's arguments (even when it is not valid JSON). Without streaming the API hands ``input``
-    over as an object, which is written as compact JSON; so the two replies agree on everything, and
-    their arguments as JSON values, while their spacing may differ. A stream that breaks off
-    (no ``message_stop``), an ``error`` event, or data that is not JSON is an EndpointError, and is not
-    retried once it has begun (see ``HTTPClient.stream``)."""
+    ``stream=True`` asks for server-sent events and hands each piece of text to ``complete``'s ``on_text``.
+    The reply is the Message the same content gives without streaming, but that a tool call's arguments
+    are its ``input_json_delta`` pieces joined, byte for byte, where without streaming the API's ``input``
+    object is written as compact JSON (the same JSON value, spaced otherwise). A stream that breaks off or
+    reports an error is an EndpointError, not retried once begun."""
 
     def __init__(
         self,
@@ -78,7 +71,7 @@ class AnthropicMessages:
             return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
         reply = _Stream(on_text)
         data = self.http.stream("/v1/messages", self.body(system, messages, tools, stream=True), reply.handle)
-        return reply.message() if data is None else _unstreamed(data, on_text)
+        return reply.message() if data is None else unstreamed(parse_response(data), on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool], *, stream: bool = False) -> str:
         """The request as JSON text. Tool-use ``input`` must be the stored arguments text itself, so that
@@ -148,23 +141,10 @@ def _is_json_object(text: str) -> bool:
         return False
 
 
-def _not_json(constant: str) -> None:
-    raise ValueError(f"{constant} is not JSON")
-
-
 def _named(block: dict[str, Any]) -> bool:
     """A tool_use block has a non-empty string id and name (a Content would refuse it otherwise)."""
     call_id, name = block.get("id"), block.get("name")
     return isinstance(call_id, str) and isinstance(name, str) and bool(call_id and name)
-
-
-def _unstreamed(data: dict[str, Any], on_text: Callable[[str], None] | None) -> Message:
-    """The reply of a server that answered a stream request with plain JSON: its text goes to ``on_text``
-    in one piece, so that the pieces handed on still join to the reply's text."""
-    message = parse_response(data)
-    if on_text is not None and message.text:
-        on_text(message.text)
-    return message
 
 
 def parse_response(data: dict[str, Any]) -> Message:

@@ -11,23 +11,18 @@ import requests
 from ..errors import EndpointError
 from ..messages import Content, ContentType, Message, Role, made_up_call_id, summary_text
 from ..tools import Tool
-from ._http import HTTPClient, malformed, stream_error, stream_json, usage_of
+from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
 
 
 class OpenAIChat:
-    """``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1`` or
-    ``http://127.0.0.1:8080/v1``. ``extra`` is merged into every request body (temperature, seed, ...).
+    """``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1``. ``extra`` is merged into
+    every request body (temperature, seed, ...); ``headers`` win over the endpoint's own; ``session``: your
+    own ``requests.Session``, used by every thread (see HTTPClient).
 
-    ``headers`` go with every request and win over the endpoint's own (an auth gateway's ``authorization``).
-    ``session``: your own ``requests.Session`` (proxies, certificates, auth), used by every thread; its
-    thread safety is then yours. Without it each thread gets one of the endpoint's (see HTTPClient).
-
-    ``stream=True`` asks for server-sent events (with ``stream_options: {"include_usage": true}``, so
-    the usage comes too; ``extra`` wins over both) and hands each piece of text to ``complete``'s
-    ``on_text`` as it arrives. The reply is the Message the same content gives without streaming: a
-    tool call's arguments are its deltas joined, byte for byte. A stream that breaks off, reports an
-    error or sends what is not JSON is an EndpointError, and is not retried once it has begun (see
-    ``HTTPClient.stream``)."""
+    ``stream=True`` asks for server-sent events (with the usage: ``stream_options``) and hands each piece of
+    text to ``complete``'s ``on_text``. The reply is the Message the same content gives without streaming:
+    a tool call's arguments are its deltas joined, byte for byte. A stream that breaks off or reports an
+    error is an EndpointError, not retried once begun."""
 
     def __init__(
         self,
@@ -69,7 +64,7 @@ class OpenAIChat:
         body = {"stream": True, "stream_options": {"include_usage": True}, **body}
         reply = _Stream(on_text)
         data = self.http.stream("/chat/completions", json.dumps(body), reply.handle)
-        return reply.message() if data is None else _unstreamed(data, on_text)
+        return reply.message() if data is None else unstreamed(parse_response(data), on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> dict[str, Any]:
         wire: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
@@ -117,15 +112,6 @@ def _to_wire(message: Message) -> list[dict[str, Any]]:
     if texts or not wire:
         wire.append({"role": "user", "content": "\n\n".join(texts)})
     return wire
-
-
-def _unstreamed(data: dict[str, Any], on_text: Callable[[str], None] | None) -> Message:
-    """The reply of a server that answered a stream request with plain JSON: its text goes to ``on_text``
-    in one piece, so that the pieces handed on still join to the reply's text."""
-    message = parse_response(data)
-    if on_text is not None and message.text:
-        on_text(message.text)
-    return message
 
 
 def parse_response(data: dict[str, Any]) -> Message:

@@ -1,13 +1,10 @@
-"""A scripted model server: OpenAI's ``/v1/chat/completions`` (and any path, for a test's script) over
-real HTTP on 127.0.0.1, answering from a script rather than a language model. Standard library only.
+"""A scripted model server: OpenAI's ``/v1/chat/completions`` (and any path, for a test's script) over real
+HTTP on 127.0.0.1, answering from a script rather than a language model. Standard library only.
 
     python -m agent_sessions.testing.model_server [--port 8080]     prints "listening on http://127.0.0.1:8080/v1"
 
-Started so, it answers as ``scripted`` does: a user message gets a call of the first tool offered (its
-arguments filled from the message: ``_arguments``), a tool's result gets an answer quoting its first line, and
-with no tool offered the answer repeats the message. Deterministic, so a quick start or a test can say
-what comes back. In code, ``ModelServer(respond)`` serves any ``respond(request) -> Reply`` (the tests'
-queue of replies, the example's script), recording every request body byte for byte.
+So started it answers as ``scripted`` does, deterministically. In code, ``ModelServer(respond)`` serves
+any ``respond(request) -> Reply``, recording every request body byte for byte.
 """
 
 from __future__ import annotations

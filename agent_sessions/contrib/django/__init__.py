@@ -1,21 +1,14 @@
-"""agent-sessions as a Django app: the store's tables in Django's migration history, a store built from
-``DATABASES``, and ``manage.py agent_sessions``: the command line (``python -m agent_sessions``) on that store.
+"""agent-sessions as a Django app (docs/django.md): the store's tables in Django's migrations, a store built
+from ``DATABASES``, ``manage.py agent_sessions`` (the command line on that store), the event log as
+server-sent events (``urls``), the operator's console in the admin.
 
     INSTALLED_APPS = [..., "agent_sessions.contrib.django"]
     AGENT_SESSIONS = {"DATABASE": "default"}     # the DATABASES alias that holds the tables (the default)
 
-Then ``manage.py migrate`` creates the tables, and ``agent_sessions.contrib.django.store()`` is the store,
-in views, Celery tasks and commands alike. Messages are answered by the Celery tasks of
-``agent_sessions.contrib.celery`` (Celery's ``autodiscover_tasks()`` finds them in ``tasks.py``) or by
-``manage.py agent_sessions work``, with the project's ``AGENT_SESSIONS["RESOLVE"]``. ``views.events`` streams
-a session's event log as server-sent events; it is served only where a project ``include``s
-``agent_sessions.contrib.django.urls`` (behind the project's own authorization: docs/django.md).
-
-Why not hand the store Django's connection? Django keeps one DB-API connection per thread, opened and
-closed around requests, with its own autocommit and ``atomic()`` bookkeeping; the store needs connections
-it can check out from any thread (a run's lease heartbeat is a thread of its own) and transactions of its
-own. So the store gets an SQLAlchemy engine over the same database, one per process (the SQL stores drop
-an inherited pool after a fork, so prefork servers and Celery workers are safe).
+Why not hand the store Django's connection? Django keeps one connection per thread, opened and closed
+around requests, with its own transaction bookkeeping; the store needs connections it can use from any
+thread (a run's lease heartbeat) and transactions of its own. So it gets an SQLAlchemy engine over the
+same database, one per process (dropped after a fork, so prefork servers and Celery workers are safe).
 """
 
 from __future__ import annotations
@@ -36,16 +29,8 @@ from agent_sessions.stranded import Resolve
 log = logging.getLogger(__name__)
 
 SETTINGS = ("DATABASE", "STORE", "URL", "SSE_SECONDS", "RESOLVE", "SWEEP_SECONDS")
-"""The keys of ``settings.AGENT_SESSIONS``: ``DATABASE``, the DATABASES alias holding the tables
-("default"); ``STORE``, the dotted path of a function of no arguments returning the store, for a store
-that is not built from DATABASES (``stores.memory`` in tests); ``URL``, a store URL (``stores.urls``:
-``mongodb://db:27017/app``, ``redis://cache:6379/0?prefix=app:``) for a store of its own connections. With
-``STORE`` or ``URL`` set the migration creates no table. ``SSE_SECONDS`` (30): how long one response of the
-events view lasts at most (``views.events``), so a browser that left holds no worker for long.
-``RESOLVE``: the dotted path of the project's ``agent.recover`` resolve function (``info -> (Spec, Endpoint)
-| None``), what the Celery tasks of ``agent_sessions.contrib.celery`` and ``manage.py agent_sessions
-work``/``recover`` answer messages with. ``SWEEP_SECONDS`` (5): how often each Celery worker looks for a
-turn nobody answers (0: never; beat's sweep instead)."""
+"""The keys of ``settings.AGENT_SESSIONS`` (docs/django.md, Settings). With ``STORE`` (a function making the
+store) or ``URL`` (a store URL) set, the store is not built on DATABASES and the migration creates no table."""
 
 SSE_SECONDS = 30.0
 SWEEP_SECONDS = 5.0
@@ -63,8 +48,7 @@ _close: Callable[[], None] | None = None
 
 def store() -> agent.Store:
     """The process's store, built on first use from ``AGENT_SESSIONS`` and ``DATABASES``, then shared by
-    every thread: it holds a pool (a connection per thread on SQLite), so it is made once, never per
-    request."""
+    every thread: it holds a pool, so it is made once, never per request."""
     global _store, _close
     built = _store
     if built is not None:
@@ -76,10 +60,8 @@ def store() -> agent.Store:
 
 
 def reset() -> None:
-    """Forget the store, closing every connection it holds (PostgreSQL's listener and the pool of the
-    engine the app built), so the next ``store()`` builds it again from the settings: a test that changes
-    DATABASES or AGENT_SESSIONS (the app calls it on ``setting_changed``), and the end of a test class
-    (``testing.StoreTestMixin``), since Django cannot drop a test database a pooled connection still holds."""
+    """Forget the store, closing every connection it holds, so the next ``store()`` builds it again from the
+    settings (on ``setting_changed``), and Django can drop a test database no pooled connection holds."""
     global _store, _close
     with _lock:
         old, _store = _store, None
@@ -127,18 +109,23 @@ def options() -> dict[str, Any]:
             "RESOLVE": conf.get("RESOLVE"), "SWEEP_SECONDS": float(sweep)}
 
 
-def resolve() -> Resolve | None:
-    """The project's resolve function (``AGENT_SESSIONS["RESOLVE"]``), imported; ``None`` when not set."""
-    path = options()["RESOLVE"]
+def function(key: str) -> Callable[..., Any] | None:
+    """The function ``AGENT_SESSIONS[key]`` (``STORE``, ``RESOLVE``) names, imported; ``None`` when not set."""
+    path = options()[key]
     if path is None:
         return None
     try:
         found = import_string(path)
     except ImportError as exc:
-        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['RESOLVE'] ({path}) cannot be imported: {exc}") from exc
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS[{key!r}] ({path}) cannot be imported: {exc}") from exc
     if not callable(found):
-        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['RESOLVE'] ({path}) is not callable")
+        raise ImproperlyConfigured(f"settings.AGENT_SESSIONS[{key!r}] ({path}) is not callable")
     return found  # type: ignore[no-any-return]
+
+
+def resolve() -> Resolve | None:
+    """The project's resolve function (``AGENT_SESSIONS["RESOLVE"]``), imported; ``None`` when not set."""
+    return function("RESOLVE")
 
 
 def _build() -> tuple[agent.Store, Callable[[], None] | None]:
@@ -173,9 +160,8 @@ _DJANGO_ONLY = {"isolation_level", "server_side_binding", "pool", "assume_role",
 
 
 def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> tuple[agent.Store, Callable[[], None] | None]:
-    """The store for one DATABASES entry (as its connection has it: under the test runner, the test
-    database). The URL is assembled by SQLAlchemy from the parts, so a password is never formatted into
-    a string."""
+    """The store for one DATABASES entry (as its connection has it: the test database, under the test
+    runner), its URL assembled by SQLAlchemy from the parts, so a password is never formatted into one."""
     from agent_sessions.shadowing import check_stores
 
     check_stores()  # a project's own `stores` app: say so, not "cannot import name 'sqlite'"

@@ -10,7 +10,6 @@ from typing import Any
 
 from django.core.checks import Error  # type: ignore[import-untyped]
 from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
-from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
 from agent_sessions.shadowing import foreign_stores
 
@@ -22,25 +21,18 @@ FUNCTION_MISSING = "agent_sessions.E003"
 def settings_valid(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """``settings.AGENT_SESSIONS`` as ``options()`` reads it at the store's first use, and the functions it
     names (``STORE``, ``RESOLVE``) importable and callable."""
-    from . import options
+    from . import function, options
 
     try:
-        conf = options()
+        options()
     except ImproperlyConfigured as exc:
         return [Error(str(exc), hint="The keys and their values: docs/django.md, Settings.", id=SETTINGS_INVALID)]
     errors = []
     for key in ("STORE", "RESOLVE"):
-        if conf[key] is None:
-            continue
         try:
-            found = import_string(conf[key])
-        except ImportError as exc:
-            errors.append(Error(f"settings.AGENT_SESSIONS[{key!r}] ({conf[key]}) cannot be imported: {exc}",
-                                id=FUNCTION_MISSING))
-            continue
-        if not callable(found):
-            errors.append(Error(f"settings.AGENT_SESSIONS[{key!r}] ({conf[key]}) is not callable",
-                                id=FUNCTION_MISSING))
+            function(key)
+        except ImproperlyConfigured as exc:
+            errors.append(Error(str(exc), id=FUNCTION_MISSING))
     return errors
 
 

@@ -1,13 +1,9 @@
-"""The console's models: no table, only what Django's permissions and admin log hang on.
+"""The console's models: no table, only what Django's permissions, admin log and admin index hang on.
 
-The store's sessions are not ORM rows (the store has tables of its own, written through its own engine:
-see the app's module docstring), yet the operator's console in the admin needs what Django gives a
-model: a content type, permissions a group or user is granted (``user.has_perm("agent_sessions.
-steer_session")``), entries in the admin's ``LogEntry``, a place on the admin index. So the console
-declares two models Django never creates a table for (``managed = False``) and never queries: ``Session``
-carries one permission per thing an operator may do, ``Approval`` is the approvals inbox's entry on the
-admin index. Their migration (0002) creates nothing in the database; ``post_migrate`` creates the
-permissions, as for any model.
+The store's sessions are not ORM rows, yet the console needs what Django gives a model: a content type,
+permissions to grant, ``LogEntry`` entries, a place on the admin index. So ``Session`` (one permission per
+thing an operator may do) and ``Approval`` (the approvals inbox) are ``managed = False`` and never queried;
+their migration creates nothing but the permissions.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
-"""Django tests that use the store: each test starts from an empty store, and the test database can be
-dropped at the end, whichever way a project writes its tests.
+"""Django tests that use the store (docs/django.md): each test starts from an empty store, and the test
+database can be dropped at the end. ``manage.py test`` (the app's ``test`` command wraps ``TEST_RUNNER`` in
+``StoreRunner``) does both; another runner (pytest-django, unittest) gets it per class from
+``StoreTestMixin``.
 
-``manage.py test`` (the app's own ``test`` command: Django's, with the project's ``TEST_RUNNER`` wrapped by
-``StoreRunner``) does both with no setting: after each test that used the store it empties it (as Django
-undoes a test's ORM writes), and it closes the store before it drops the test databases. A test runner of
-its own (``pytest-django``, ``python -m unittest``) gets the same per class from the mixin:
-
-    from django.test import TestCase
-    from agent_sessions.contrib.django.testing import StoreTestMixin
-
-    class ReviewTests(StoreTestMixin, TestCase):
-        ...
-
-Why: Django's ``TestCase`` undoes a test's writes by rolling back a transaction on Django's own
-connection, and ``TransactionTestCase`` by flushing the tables of Django's models. The store writes through
-an engine of its own (its transactions, its listener and its lease heartbeat need connections of their
-own: see the app's module docstring), and its tables are not models, so neither reaches its rows: without
-this a session saved in one test is still there in the next. And the engine keeps connections to the
-test database open in its pool, so PostgreSQL refuses to drop it ("is being accessed by other users")
-unless the store is closed first.
+Why: the store writes through an engine of its own and its tables are not models, so neither
+``TestCase``'s rollback nor ``TransactionTestCase``'s flush reaches its rows; and the engine's pool keeps
+connections to the test database, which PostgreSQL then refuses to drop.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import unittest
 from collections.abc import Iterator
@@ -36,13 +22,10 @@ import agent_sessions as agent
 
 from . import options, reset, store
 
-log = logging.getLogger(__name__)
-
 
 def empty_store() -> int:
-    """Delete everything the app's store keeps (sessions, transcripts, steers, events), for a test to
-    start from nothing; return how many rows (or sessions) went. Only under Django's test runner: it
-    refuses a database that is not a test database, so a stray call cannot wipe a real one."""
+    """Delete everything the app's store keeps, for a test to start from nothing; how many rows (or
+    sessions) went. It refuses a database that is not a test run's, so a stray call cannot wipe a real one."""
     made = store()
     conf = options()
     built = conf["STORE"] is None and conf["URL"] is None  # the app built it on DATABASES
@@ -69,10 +52,9 @@ def empty_store() -> int:
 
 
 def _refuse_unless_test_database(name: str | None) -> None:
-    """Under a test runner (``setup_test_environment`` ran: Django's, pytest-django's), the connection's
-    database is the test database the runner made: it renamed ``NAME`` to it, ``TEST["NAME"]`` or
-    ``test_`` + the name (a parallel run's clones add ``_N``). The name is read as the connection has it now,
-    since the runner renamed it in place: the test name computed again from it would be ``test_test_...``."""
+    """Under a test runner (``setup_test_environment`` ran), the connection's ``NAME`` is the test database
+    it made and renamed in place: ``TEST["NAME"]`` or ``test_`` + the name (computed again from it, it would
+    be ``test_test_...``)."""
     from django.core import mail  # type: ignore[import-untyped]
     from django.db import connections  # type: ignore[import-untyped]
     from django.db.backends.base.creation import TEST_DATABASE_PREFIX  # type: ignore[import-untyped]
@@ -105,9 +87,8 @@ def empty_if_used() -> None:
 
 
 class StoreTestMixin:
-    """Put it before ``TestCase`` (or ``TransactionTestCase``): before each test the store is emptied, and
-    at the end of the class the store is emptied again and closed (its pool disposed, PostgreSQL's
-    listener stopped), so no row leaks into the next test and the runner can drop the test database."""
+    """Put it before ``TestCase`` (or ``TransactionTestCase``): the store is emptied before each test, and
+    emptied and closed at the end of the class, so the runner can drop the test database."""
 
     def setUp(self) -> None:
         empty_store()
@@ -123,10 +104,8 @@ class StoreTestMixin:
 
 
 class StoreRunner:
-    """A test runner's mixin (before Django's ``DiscoverRunner``, or a runner based on it): each test that
-    used the store has it emptied after it, and the store is closed before the test databases are
-    dropped, so the tests may use the store plainly, as they use the ORM. The app's ``test`` command puts it
-    before the project's ``TEST_RUNNER`` (``runner_for``)."""
+    """A test runner's mixin (before a ``DiscoverRunner``): each test that used the store has it emptied
+    after it, and the store is closed before the test databases are dropped."""
 
     def build_suite(self, *args: Any, **kwargs: Any) -> Any:
         suite = super().build_suite(*args, **kwargs)  # type: ignore[misc]
@@ -154,9 +133,8 @@ class DiscoverRunner(StoreRunner, _DjangoRunner):  # type: ignore[misc]
 
 
 def runner_for(path: str | None) -> str:
-    """The dotted path of the test runner ``manage.py test`` runs: the one ``path`` (``--testrunner``, else
-    ``TEST_RUNNER``) names, with ``StoreRunner`` before it unless it has it. Django's test command imports
-    the runner by its path, so a runner made here is kept in this module, as ``ConfiguredRunner``."""
+    """The dotted path of the runner ``manage.py test`` runs: ``path``'s (else ``TEST_RUNNER``'s), with
+    ``StoreRunner`` before it; Django imports it by its path, so a runner made here is ``ConfiguredRunner``."""
     from django.conf import settings  # type: ignore[import-untyped]
     from django.test.utils import get_runner  # type: ignore[import-untyped]
 

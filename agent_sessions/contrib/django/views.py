@@ -23,17 +23,12 @@ log = logging.getLogger(__name__)
 
 @csrf_exempt  # type: ignore[untyped-decorator]  # a GET changes nothing; any other method is refused (405) before anything is read
 def events(request: HttpRequest, session_id: str) -> HttpResponse:
-    """``GET``: the session's events after ``Last-Event-ID`` (what a reconnecting ``EventSource`` sends) or
-    ``?after=<seq>``, as they arrive, from whichever process runs the session: ``retry:``, then per event
-    ``id: <seq>``, ``event: <kind>``, ``data: <JSON>`` (``eventlog.sse_stream``, as the Flask example).
-
-    Bounded: the response ends after a ``finished`` or ``failed`` event, or after
-    ``AGENT_SESSIONS["SSE_SECONDS"]`` (30), so a browser that left holds a worker that long at most; the
-    browser reconnects with the last id it got and misses nothing. Bad input is a JSON 400, a store without
-    an event log a JSON 501, any method but GET a JSON 405 (the view is exempt from CSRF checks, which
-    would answer a POST with Django's HTML 403 first: it writes nothing, whatever the method); everything
-    is checked before the stream starts. A session whose log is empty gets a comment line saying why the
-    stream may stay silent: only a run with ``Spec(publish_events=True)`` writes events."""
+    """``GET``: the session's events after ``Last-Event-ID`` or ``?after=<seq>``, as they arrive
+    (``eventlog.sse_stream``). The response ends after a ``finished`` or ``failed`` event, or after
+    ``SSE_SECONDS``, so a browser that left holds a worker that long at most; it reconnects with its last
+    id. Everything is checked before the stream starts: bad input is a JSON 400, a store without an event
+    log 501, any method but GET 405 (the view is exempt from CSRF, which would answer a POST with an HTML
+    403 first: it writes nothing)."""
     if request.method != "GET":
         refused = JsonResponse({"error": f"{request.method} is not allowed here; use GET"}, status=405)
         refused["Allow"] = "GET"

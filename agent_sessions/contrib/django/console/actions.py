@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry  # type: ignore[import-untyped]
+from django.contrib.admin.models import CHANGE, LogEntry  # type: ignore[import-untyped]
 from django.contrib.contenttypes.models import ContentType  # type: ignore[import-untyped]
-from django.utils.module_loading import import_string  # type: ignore[import-untyped]
+from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
 
 import agent_sessions as agent
-from agent_sessions import lifecycle
 
 from .. import options
+from .. import resolve as app_resolve
 from ..models import Session
 
 
@@ -47,7 +47,7 @@ def cancel(store: agent.Store, session: str) -> str:
     if not isinstance(store, agent.RunStore):
         raise Refused("this store cannot cancel a run (it is not an agent_sessions.RunStore)")
     running = opened.holder() is not None
-    waiting = not running and isinstance(store, agent.ApprovalStore) and bool(opened.pending_approvals())
+    waiting = not running and bool(opened.pending_approvals())
     if not opened.cancel():
         raise Refused("Nothing to cancel: no run holds the session and no turn of it waits for approval.")
     if running or not waiting:
@@ -71,20 +71,16 @@ def decide(store: agent.Store, session: str, call_id: str, approved: bool, reaso
 def recover(store: agent.Store, session: str) -> str:
     """Finish the session's stranded turn now, in this process, with the project's ``RESOLVE``
     (``agent.recover``, asked for this session alone: every other stranded session is left to the sweep)."""
-    path = options()["RESOLVE"]
-    if path is None:
-        raise Refused("Set AGENT_SESSIONS['RESOLVE'] to the project's resolve function to recover from here.")
-    if not isinstance(store, agent.LifecycleStore):
-        raise Refused("this store cannot list stranded sessions (it is not an agent_sessions.LifecycleStore)")
     try:
-        resolve = import_string(path)
-    except ImportError as exc:
-        raise Refused(f"Not recovered: AGENT_SESSIONS['RESOLVE'] ({path}) cannot be imported: {exc}") from exc
+        resolve = app_resolve()
+    except ImproperlyConfigured as exc:
+        raise Refused(f"Not recovered: {exc}") from exc
+    if resolve is None:
+        raise Refused("Set AGENT_SESSIONS['RESOLVE'] to the project's resolve function to recover from here.")
+    if not isinstance(store, agent.RunStore):
+        raise Refused("this store cannot list stranded sessions (it is not an agent_sessions.LifecycleStore)")
 
-    def this_one(info: agent.SessionInfo) -> Any:
-        return resolve(info) if info.id == session else None
-
-    done = [r for r in agent.recover(store, this_one, limit=lifecycle.MAX_PAGE, grace=0.0) if r.session == session]
+    done = agent.recover(store, resolve, session=session)
     if not done:
         raise Refused("Not recovered: the session has no stranded turn (it was answered or cancelled meanwhile).")
     outcome = done[0]
@@ -98,7 +94,7 @@ def recover(store: agent.Store, session: str) -> str:
     if outcome.outcome == "busy":
         raise Refused("Not recovered: another run holds the session now.")
     if outcome.outcome == "skipped":
-        raise Refused(f"Not recovered: {path} returned None for this session.")
+        raise Refused(f"Not recovered: {options()['RESOLVE']} returned None for this session.")
     raise Refused(f"Not recovered: the run failed ({type(outcome.error).__name__}: {outcome.error}); "
                   "the session stays stranded.")
 
@@ -117,6 +113,3 @@ def delete(store: agent.Store, session: str, force: bool) -> str:
     return "Deleted the session" + (" (forced, while a run held it)." if force else ".")
 
 
-CHANGE_FLAG = CHANGE
-DELETED = DELETION
-"""The log's flags: a delete is logged as a deletion, every other action as a change."""

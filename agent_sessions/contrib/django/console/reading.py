@@ -1,11 +1,7 @@
-"""What the console shows, read through the library's public API: a session's state and what waits on it,
-a page of its transcript read from the end, its newest events, the calls waiting for a decision.
-
-Nothing here reads in proportion to the store: the list is one page of ``list_sessions`` (indexed), a
-filter the stores cannot index reads at most ``SCAN`` sessions a request, a transcript page is one
-``read_back`` of ``MESSAGES`` messages (``TailStore``), and the newest events are found by a few one-row
-reads of the log. Everything returned is plain data for the templates, which escape it: nothing read
-from the store is ever markup.
+"""What the console shows, read through the library's public API, as plain data for the templates (which
+escape it: nothing read from the store is ever markup). Nothing here reads in proportion to the store: a
+list page is one page of ``list_sessions``, a filter no store indexes reads at most ``SCAN`` sessions, a
+transcript page is one ``read_back``, the newest events a few one-row reads of the log.
 """
 
 from __future__ import annotations
@@ -19,7 +15,8 @@ from typing import Any
 
 import agent_sessions as agent
 from agent_sessions import lifecycle
-from agent_sessions.contract import EventStore, LifecycleStore, QueueStore, RunStore, TailStore
+from agent_sessions.cli import value
+from agent_sessions.contract import EventStore, LifecycleStore, RunStore, TailStore
 from agent_sessions.journal import Journal
 from agent_sessions.messages import ContentType
 
@@ -96,15 +93,14 @@ class Look:
 
 
 def look(store: agent.Store, info: agent.SessionInfo, stranded: Stranded | None = None) -> Look:
-    """``info``'s session with what waits on it and its state (a few reads: the lease, the steers, the
-    queue, the journal; the approvals only when the journal has some)."""
+    """``info``'s session with what waits on it and its state."""
     holder = store.holder(info.id) if isinstance(store, RunStore) else None
-    steers = store.pending_steers(info.id) if isinstance(store, LifecycleStore) else []
-    queued = store.queued(info.id) if isinstance(store, QueueStore) else []
+    steers = store.pending_steers(info.id) if isinstance(store, RunStore) else []
+    queued = store.queued(info.id) if isinstance(store, RunStore) else []
     text = store.journal(info.id) if isinstance(store, RunStore) else None
     journal = None if text is None else Journal.from_json(text, f"session {info.id!r}")
     pending: list[agent.PendingApproval] = []
-    if journal is not None and journal.approvals and isinstance(store, agent.ApprovalStore):
+    if journal is not None and journal.approvals:
         pending = agent.open(info.id, store).pending_approvals()
     calls = [] if journal is None else in_flight(journal, {p.call_id for p in pending})
     state = state_of(info, holder, queued, journal, pending, stranded or Stranded.of(store, info))
@@ -133,17 +129,15 @@ def state_of(info: agent.SessionInfo, holder: agent.Holder | None, queued: Seque
 
 @dataclass(frozen=True)
 class Stranded:
-    """The stranded sessions, as one page of the store's index of open sessions holds them: an open turn
-    past ``GRACE`` that is not among them was cancelled (``list_sessions(stranded=True)`` leaves cancelled
-    turns out). ``complete``: the page held them all, so an absence means that."""
+    """The stranded sessions, as one page of the index of open sessions holds them; ``complete``: it held
+    them all, so an open turn past ``GRACE`` not among them was cancelled."""
 
     ids: frozenset[str]
     complete: bool
 
     @classmethod
     def of(cls, store: agent.Store, *infos: agent.SessionInfo) -> Stranded:
-        """Read only when one of ``infos`` could be stranded (an open turn past the grace): one indexed
-        query of at most ``lifecycle.MAX_PAGE`` rows, of the open sessions alone."""
+        """One indexed query of the open sessions, made only when one of ``infos`` could be stranded."""
         now = time.time()
         if not isinstance(store, LifecycleStore) or not any(
                 i.open_since is not None and now - i.open_since.timestamp() >= GRACE for i in infos):
@@ -178,8 +172,7 @@ def in_flight(journal: Journal, pending: set[str]) -> list[Call]:
 
 @dataclass(frozen=True)
 class Listing:
-    """A page of the list: the sessions shown, the cursor of the next page, and for a filter the stores do
-    not index, how many sessions this request read to find them (``None``: an indexed page)."""
+    """A page of the list; ``scanned``: for a filter no store indexes, the sessions read to fill it."""
 
     rows: list[Look]
     next: str | None
@@ -188,8 +181,8 @@ class Listing:
 
 @dataclass(frozen=True)
 class Query:
-    """What the list is asked for: ``prefix`` of the id and ``where`` of the metadata (both indexed), a
-    ``state`` and a ``spec`` (read session by session, but for ``stranded``: its own index)."""
+    """What the list is asked for: ``prefix`` and ``where`` are indexed; ``state`` and ``spec`` are read
+    session by session (``stranded`` has its own index)."""
 
     prefix: str = ""
     where: Mapping[str, agent.contract.Scalar] = field(default_factory=dict)
@@ -198,18 +191,13 @@ class Query:
 
 
 def parse_search(text: str) -> tuple[str, dict[str, agent.contract.Scalar]]:
-    """The search box: ``key=value`` terms filter by metadata (a value read as JSON when it parses, as the
-    command line's ``--where``: ``n=17`` is a number, ``n="17"`` text), any other term is the start of the
-    id. ``ArgumentError`` for two id terms."""
-    prefix, where = "", {}
+    """The search box: ``key=value`` terms filter by metadata (values read as the command line's ``--where``
+    reads them), any other term is the start of the id (one at most)."""
+    prefix, where = "", dict[str, Any]()
     for term in text.split():
         key, sep, raw = term.partition("=")
         if sep and key:
-            try:
-                value: Any = json.loads(raw)
-            except ValueError:
-                value = raw
-            where[key] = value
+            where[key] = value(raw)
         elif prefix:
             raise agent.ArgumentError(f"search by one id prefix at a time, got {prefix!r} and {term!r}")
         else:
@@ -242,8 +230,7 @@ def listing(store: LifecycleStore, query: Query, after: str | None) -> Listing:
 
 
 def _stranded_page(store: LifecycleStore, query: Query, after: str | None) -> Listing:
-    """Stranded sessions, oldest open first, through the index of the open sessions; a search narrows the
-    page (that index has no id or metadata key)."""
+    """Stranded sessions, oldest open first, through their own index; a search narrows the page."""
     page = store.list_sessions(limit=PAGE, after=after, stranded=True, grace=GRACE)
     known = Stranded(frozenset(i.id for i in page), False)
     infos = [i for i in page.sessions if i.id.startswith(query.prefix) and (not query.spec or i.spec == query.spec)
@@ -310,10 +297,9 @@ class Transcript:
 
 
 def transcript(store: agent.Store, session: str, before: int | None, total: int) -> Transcript:
-    """The ``MESSAGES`` messages before index ``before`` (``None``: the newest), read with one message more
-    on each side (the one before says whether the first is a steer, the one after holds the results of the
-    last's calls): one ``read_back`` on a ``TailStore``, whatever the transcript's length; the whole
-    transcript on a store that cannot read from the end. ``total``: the length ``info`` gave."""
+    """The ``MESSAGES`` messages before index ``before`` (``None``: the newest), read with one more on each
+    side (whether the first is a steer; the results of the last's calls) in one ``read_back``. ``total``:
+    the length ``info`` gave."""
     if before is not None and (isinstance(before, bool) or not isinstance(before, int) or before < 0):
         raise agent.ArgumentError(f"before= must be an int >= 0, got {before!r}")
     if isinstance(store, TailStore):
@@ -392,10 +378,8 @@ def pretty(arguments: str) -> str:
 
 
 def newest_events(store: agent.Store, session: str, count: int = EVENTS) -> tuple[list[agent.StoredEvent], int]:
-    """The session's ``count`` newest events (oldest first, joined with their messages) and the seq of the
-    newest (0: none), without reading the log from its start: a log's seqs are consecutive, so the newest
-    is found by one-row reads (``EventStore.events(after, 1)``, doubling the step, then halving), about
-    2 log2(length) of them. ``([], 0)`` for a store without an event log."""
+    """The session's ``count`` newest events and the seq of the newest (0: none), without reading the log
+    from its start: its seqs are consecutive, so the newest is found by about 2 log2(length) one-row reads."""
     if not isinstance(store, EventStore):
         return [], 0
     oldest = store.events(session, 0, 1)
@@ -407,8 +391,7 @@ def newest_events(store: agent.Store, session: str, count: int = EVENTS) -> tupl
 
 
 def _newest(exists: Callable[[int], bool], known: int) -> int:
-    """The largest seq for which ``exists`` (some seq at or above it is stored) holds, from one ``known``
-    to hold: doubling steps up, then a binary search between the last that held and the first that did not."""
+    """The largest seq for which ``exists`` holds, from ``known``: doubling steps up, then a binary search."""
     step = 1
     while known + step <= agent.eventlog.MAX_SEQ and exists(known + step):
         known += step
@@ -424,8 +407,7 @@ def _newest(exists: Callable[[int], bool], known: int) -> int:
 
 
 def event_line(kind: str, data: Mapping[str, Any]) -> str:
-    """An event in a few words, for the page's log (the page's script says the same of the events it
-    follows live: console.js, ``describe``)."""
+    """An event in a few words, as console.js's ``describe`` says those it follows live."""
     call = data.get("call") or {}
     result = data.get("result") or {}
     if kind == "step_started":
@@ -488,9 +470,8 @@ CONTEXT = 3
 
 
 def inbox(store: LifecycleStore, after: str | None) -> Inbox:
-    """Every call waiting for a decision among up to ``SCAN`` sessions (newest updated first, from
-    ``after``), oldest asked first. No store indexes the sessions whose turn waits for a decision, so the
-    inbox reads each session's journal: one read a session, and the approvals only where it has some."""
+    """Every call waiting for a decision among up to ``SCAN`` sessions from ``after``, oldest asked first:
+    no store indexes them, so each session's journal is read."""
     found: list[Asked] = []
     scanned = 0
     cursor = after
@@ -507,7 +488,7 @@ def inbox(store: LifecycleStore, after: str | None) -> Inbox:
 
 
 def _asked(store: agent.Store, session: str) -> Iterator[Asked]:
-    if not isinstance(store, agent.ApprovalStore):
+    if not isinstance(store, RunStore):
         return
     text = store.journal(session)
     if text is None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages  # type: ignore[import-untyped]
-from django.contrib.admin.models import LogEntry  # type: ignore[import-untyped]
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry  # type: ignore[import-untyped]
 from django.contrib.admin.utils import quote, unquote  # type: ignore[import-untyped]
 from django.contrib.contenttypes.models import ContentType  # type: ignore[import-untyped]
 from django.core.exceptions import PermissionDenied  # type: ignore[import-untyped]
@@ -169,7 +169,7 @@ def log(model_admin: Any, request: Any) -> Any:
 # -- actions: each a POST, behind its own permission, logged --------------------------------------------------------
 
 
-def _act(permission: str, act: Callable[[Any, agent.Store, str], str], flag: int = actions.CHANGE_FLAG,
+def _act(permission: str, act: Callable[[Any, agent.Store, str], str], flag: int = CHANGE,
          ) -> Callable[..., Any]:
     """A view doing ``act`` (the request's POST, the store, the session id -> what the page says): POST
     only, ``permission`` checked first, the outcome shown as a message on the page it goes back to, a
@@ -186,7 +186,7 @@ def _act(permission: str, act: Callable[[Any, agent.Store, str], str], flag: int
         else:
             actions.record(request.user, sid, said, flag)
             messages.success(request, said)
-            if flag == actions.DELETED:
+            if flag == DELETION:
                 return HttpResponseRedirect(_url(model_admin, "changelist"))
         back = request.POST.get("next", "")
         if back and url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()},
@@ -205,6 +205,6 @@ ACTIONS: dict[str, Callable[..., Any]] = {
         made, sid, post.get("call_id", ""), False, post.get("reason", ""))),
     "recover": _act("recover", lambda post, made, sid: actions.recover(made, sid)),
     "delete": _act("delete", lambda post, made, sid: actions.delete(made, sid, post.get("force") == "on"),
-                   actions.DELETED),
+                   DELETION),
 }
 """The actions, by the last part of their URL (``.../session/<id>/steer/``)."""

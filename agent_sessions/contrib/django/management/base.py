@@ -1,11 +1,6 @@
-"""One front door behind two: ``manage.py agent_sessions COMMAND`` is ``python -m agent_sessions COMMAND``
-on the project's store.
-
-The command hands its arguments to ``agent_sessions.cli.main`` with the store the app builds from
-``DATABASES`` (``agent_sessions.contrib.django.store()``), so both print the same lines and the same
-``--json`` documents and exit with the same codes (``cli.EXIT_CODES``): there is one implementation of
-each command, the CLI's, and a difference between the two doors would be a bug of this module.
-"""
+"""``manage.py agent_sessions COMMAND`` is ``python -m agent_sessions COMMAND`` on the app's store: the
+arguments go to ``cli.main``, so there is one implementation of each command, and a difference between
+the two doors would be a bug of this module."""
 
 from __future__ import annotations
 
@@ -69,8 +64,7 @@ def _configured_resolve() -> Resolve | None:
 
 class CliCommand(BaseCommand):  # type: ignore[misc]
     """A management command that is the CLI: from ``manage.py`` it exits with the CLI's code; from
-    ``call_command`` a code other than 0 is a ``CommandError`` carrying it (``returncode``), after the
-    CLI printed its lines to the command's ``stdout``/``stderr``."""
+    ``call_command`` a code other than 0 is a ``CommandError`` carrying it (``returncode``)."""
 
     help = "The agent-sessions command line on this project's store: manage.py agent_sessions --help."
 

@@ -1,8 +1,6 @@
-"""``manage.py test``: Django's, with the project's test runner wrapped so the tests may use the store as
-they use the ORM: each test that used it has it emptied after it, and it is closed before the test
-databases are dropped (``testing.StoreRunner``; without it PostgreSQL refuses to drop a test database the
-store's pool still holds). The project's ``TEST_RUNNER`` and ``--testrunner`` are honoured: the runner they
-name gets the mixin put before it."""
+"""``manage.py test``: Django's, with the project's test runner (``TEST_RUNNER``, ``--testrunner``) wrapped
+in ``testing.StoreRunner``, so the tests may use the store as they use the ORM.
+"""
 
 from __future__ import annotations
 
