@@ -95,46 +95,34 @@ def exactly_once_across_processes(
     return seconds
 
 
-def _keyed_sender(factory: Callable[[], Any], sid: str, key: str, i: int, barrier: Any, out: Any) -> None:
+def _child(work: Callable[..., Any], factory: Callable[[], Any], i: int, barrier: Any, out: Any,
+           args: tuple[Any, ...]) -> None:
     try:
         store = factory()
         barrier.wait(300)
-        out.put(("sent", i, [str(store.add_steer_once(sid, f"from process {i}", key))]))
+        out.put(("done", i, work(store, i, barrier, *args)))
     except BaseException:  # noqa: BLE001 - reported by the parent
         out.put(("error", i, [traceback.format_exc()]))
-        barrier.abort()
+        barrier.abort()  # the others stop waiting for this process
 
 
-def keyed_steer_across_processes(
-    factory: Callable[[], Any], sid: str, key: str, *, processes: int, timeout: float = 180
-) -> list[bool]:
-    """``processes`` processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
-    at once; what each was answered."""
-    sent = _senders(factory, processes, timeout,
-                    lambda i, barrier, out: (_keyed_sender, (factory, sid, key, i, barrier, out)))
-    return [sent[i][0] == "True" for i in range(processes)]
-
-
-def _senders(factory: Callable[[], Any], processes: int, timeout: float,
-             target: Callable[[int, Any, Any], tuple[Callable[..., None], tuple[Any, ...]]]) -> dict[int, list[str]]:
-    """Start ``processes`` processes (``processes.context``, for the store of ``factory``), each
-    ``target(i, barrier, out)`` (a function and its arguments), released together by the barrier; what each
-    reported ("sent", i, [...]), by i."""
+def in_processes(factory: Callable[[], Any], processes: int, work: Callable[..., Any], *args: Any,
+                 timeout: float = 180) -> list[Any]:
+    """``processes`` processes (``processes.context``, for the store of ``factory``), each building the store
+    and calling ``work(store, i, barrier, *args)`` once all are ready (``work`` is a module's function, for
+    pickling; ``barrier`` lets it wait for the others again): what each returned, by i. A process that
+    failed fails the test with its traceback."""
     ctx = process_context(factory)
-    barrier = ctx.Barrier(processes)
-    out = ctx.Queue()
-    procs = []
-    for i in range(processes):
-        function, args = target(i, barrier, out)
-        procs.append(ctx.Process(target=function, args=args))
+    barrier, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(work, factory, i, barrier, out, args)) for i in range(processes)]
     for p in procs:
         p.start()
-    sent: dict[int, list[str]] = {}
+    done: dict[int, Any] = {}
     try:
         for _ in range(processes):
             kind, i, detail = out.get(timeout=timeout)
-            assert kind == "sent", detail[0]
-            sent[i] = detail
+            assert kind == "done", detail[0]
+            done[i] = detail
     except queue.Empty:
         raise AssertionError(f"processes did not report within {timeout} s{_failures(out, procs)}") from None
     finally:
@@ -142,22 +130,28 @@ def _senders(factory: Callable[[], Any], processes: int, timeout: float,
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return sent
+    return [done[i] for i in range(processes)]
 
 
-def _enqueuer(factory: Callable[[], Any], sid: str, i: int, n: int, barrier: Any, out: Any) -> None:
-    try:
-        store = factory()
-        barrier.wait(300)
-        positions = []
-        for j in range(n):
-            key = f"q{i}-{j:04d}"
-            positions.append(store.enqueue(sid, key, f"message {key}"))
-            positions.append(store.enqueue(sid, "shared", "one message, sent by everyone"))
-        out.put(("sent", i, [str(p) for p in positions]))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", i, [traceback.format_exc()]))
-        barrier.abort()
+def _keyed_sender(store: Any, i: int, barrier: Any, sid: str, key: str) -> bool:
+    return bool(store.add_steer_once(sid, f"from process {i}", key))
+
+
+def keyed_steer_across_processes(
+    factory: Callable[[], Any], sid: str, key: str, *, processes: int, timeout: float = 180
+) -> list[bool]:
+    """``processes`` processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
+    at once; what each was answered."""
+    return in_processes(factory, processes, _keyed_sender, sid, key, timeout=timeout)
+
+
+def _enqueuer(store: Any, i: int, barrier: Any, sid: str, n: int) -> list[int]:
+    positions = []
+    for j in range(n):
+        key = f"q{i}-{j:04d}"
+        positions.append(store.enqueue(sid, key, f"message {key}"))
+        positions.append(store.enqueue(sid, "shared", "one message, sent by everyone"))
+    return positions
 
 
 def enqueue_across_processes(
@@ -166,9 +160,7 @@ def enqueue_across_processes(
     """``processes`` processes queue ``per_process`` messages each on ``sid`` at once (process i's
     j-th under the key f"q{i}-{j:04d}"), each also sending the key "shared" after every one of its own;
     the positions each was answered, per process, in the order it sent."""
-    sent = _senders(factory, processes, timeout,
-                    lambda i, barrier, out: (_enqueuer, (factory, sid, i, per_process, barrier, out)))
-    return [[int(p) for p in sent[i]] for i in range(processes)]
+    return in_processes(factory, processes, _enqueuer, sid, per_process, timeout=timeout)
 
 
 def _failures(out: Any, procs: list[Any]) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import uuid
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.run.react import CANCELLED
 
 from .crossprocess import wait_for
+from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans, together
 from .scripted import Answer, ToolsThenAnswer
 from .stalls import Stalled
 
@@ -31,26 +31,9 @@ TTL = 0.6
 """The lease of a run that is about to stall: short, so the takeover comes soon."""
 
 
-class _Crash(BaseException):
-    """Stands in for a worker dying inside a tool: nothing in the loop catches it."""
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-fence-{tag}{uuid.uuid4().hex}"
-
-
-def _claimant() -> Holder:
-    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
-
-
 def _state(store: RunStore, sid: str) -> tuple[list[Message], str | None, Holder | None]:
     """Everything a write could have changed: transcript, journal, lease."""
     return store.messages(sid), store.journal(sid), store.holder(sid)
-
-
-def _no_orphans(msgs: list[Message]) -> None:
-    orphans = agent.orphaned_tool_calls(msgs)
-    assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
 
 
 def _results(msgs: list[Message], at: int) -> dict[str, Content]:
@@ -60,52 +43,41 @@ def _results(msgs: list[Message], at: int) -> dict[str, Content]:
 def _race(store: RunStore, sid: str, holder: Holder, lists: list[list[Message]]) -> list[int]:
     """Save each of ``lists`` from a thread of its own, all at once: the indexes of those saved (the others
     refused with ``TranscriptConflict``; any other error is raised)."""
-    barrier = threading.Barrier(len(lists))
-    saved: list[int] = []
-    errors: list[Exception] = []
 
-    def step(i: int) -> None:
-        barrier.wait()
+    def step(i: int) -> bool:
         try:
             store.save_fenced(sid, holder, lists[i], take_steers=True)
-            saved.append(i)
+            return True
         except agent.TranscriptConflict:
-            pass
-        except Exception as exc:  # noqa: BLE001 - raised below, in the test's thread
-            errors.append(exc)
+            return False
 
-    threads = [threading.Thread(target=step, args=(i,)) for i in range(len(lists))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return saved
+    return [i for i, saved in enumerate(together(len(lists), step)) if saved]
 
 
-class FencingContract:
-    """Mixed into StoreContract; ``run_store`` and ``another`` come from there."""
-
-    def run_store(self) -> RunStore:
-        raise NotImplementedError
-
-    def another(self, store: RunStore) -> RunStore:
-        raise NotImplementedError
-
+class FencingContract(ContractMixin):
     def _expire(self, store: RunStore, sid: str) -> None:
         wait_for(lambda: store.holder(sid) is None, "the stalled run's lease to expire on the store's clock")
+
+    def _taken_over(self, stalled: Stalled, other: RunStore, sid: str, newer: dict[str, Any]) -> None:
+        """While ``stalled``'s run is stopped, its lease lapses and run B on ``other`` answers a question;
+        ``newer`` gets B's result and the state it left."""
+        stalled.freeze()
+        self._expire(other, sid)
+        msgs = [*other.messages(sid), Message.user("B's question")]
+        newer["result"] = agent.Runner().run(agent.Spec(session=agent.open(sid, other)), msgs, Answer("B"))
+        newer["state"] = _state(other, sid)
+        stalled.thaw()
 
     # -- the rule, store by store ----------------------------------------------------------------------
 
     def test_a_superseded_holder_can_write_nothing(self) -> None:
         store = self.run_store()
-        sid = _sid("rule-")
-        a = store.acquire(sid, _claimant(), 0.2)
+        sid = new_id("rule")
+        a = store.acquire(sid, new_holder(), 0.2)
         store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True)
         store.put_journal(sid, a, "a's journal")
         self._expire(store, sid)
-        b = self.another(store).acquire(sid, _claimant(), 30)
+        b = self.another(store).acquire(sid, new_holder(), 30)
         assert b.epoch > a.epoch
         store.add_steer(sid, "for b")
         before = _state(store, sid)
@@ -135,8 +107,8 @@ class FencingContract:
         transcript): a value that is not a bool (a truthy string, ``None``, 1) is refused before anything is
         read or written, by the save with events too, whatever the store's usual step would have made of it."""
         store = self.run_store()
-        sid = _sid("flags-")
-        held = store.acquire(sid, _claimant(), 30)
+        sid = new_id("flags")
+        held = store.acquire(sid, new_holder(), 30)
         history = [Message.user("q")]
         store.save_fenced(sid, held, history, take_steers=False)
         store.add_steer(sid, "waiting")
@@ -157,12 +129,12 @@ class FencingContract:
 
     def test_the_first_fenced_save_must_extend_the_stored_transcript(self) -> None:
         store = self.run_store()
-        sid = _sid("cas-")
+        sid = new_id("cas")
         history = [Message.user("q1"), Message.assistant("a1")]
         store.save(sid, history)
         store.add_steer(sid, "waiting")
         for cold in (store, self.another(store)):  # what this object knows, and a store object that knows nothing
-            held = cold.acquire(sid, _claimant(), 30)
+            held = cold.acquire(sid, new_holder(), 30)
             for given in ([Message.user("q2")], history[:1], [history[0], Message.assistant("other"),
                                                                Message.user("q2")], []):
                 with pytest.raises(agent.TranscriptConflict) as conflict:
@@ -172,7 +144,7 @@ class FencingContract:
                 assert str(len(given)) in str(conflict.value) and sid in str(conflict.value)
             assert store.messages(sid) == history
             cold.release(sid, held)
-        held = store.acquire(sid, _claimant(), 30)
+        held = store.acquire(sid, new_holder(), 30)
         assert store.take_steers(sid) == ["waiting"]  # no refused save took it
         assert store.save_fenced(sid, held, history, take_steers=True).steers == []  # the same: nothing new
         assert store.save_fenced(sid, held, [*history, Message.user("q2")], take_steers=True).steers == []
@@ -183,15 +155,15 @@ class FencingContract:
 
     def test_a_conflicting_save_is_refused_even_after_another_object_appended(self) -> None:
         store = self.run_store()
-        sid = _sid("cas2-")
+        sid = new_id("cas2")
         base = [Message.user("q")]
         store.save(sid, base)
         assert store.messages(sid) == base  # this object knows the transcript now
         other = self.another(store)
-        held = other.acquire(sid, _claimant(), 30)
+        held = other.acquire(sid, new_holder(), 30)
         other.save_fenced(sid, held, [*other.messages(sid), Message.assistant("theirs")], take_steers=True)
         other.release(sid, held)
-        mine = store.acquire(sid, _claimant(), 30)
+        mine = store.acquire(sid, new_holder(), 30)
         with pytest.raises(agent.TranscriptConflict):
             store.save_fenced(sid, mine, [*base, Message.assistant("mine")], take_steers=True)
         assert store.messages(sid) == [*base, Message.assistant("theirs")]
@@ -201,8 +173,8 @@ class FencingContract:
     def _stepped(self, tag: str) -> tuple[RunStore, str, Holder, list[Message]]:
         """A run two steps in: its list is the very objects this store object saved."""
         store = self.run_store()
-        sid = _sid(tag)
-        held = store.acquire(sid, _claimant(), 30)
+        sid = new_id(tag)
+        held = store.acquire(sid, new_holder(), 30)
         msgs = [Message.user("q1")]
         store.save_fenced(sid, held, msgs, take_steers=True)
         msgs += [Message.assistant("a1"), Message.user("q2")]
@@ -219,27 +191,19 @@ class FencingContract:
         assert self.another(store).messages(sid) == msgs
         assert store.messages(sid) == msgs
 
-    def test_a_step_over_an_earlier_message_replaced_by_another_is_refused_and_the_next_step_saves(self) -> None:
-        store, sid, held, msgs = self._stepped("step-changed-")
+    def test_a_step_over_an_earlier_message_replaced_or_cut_is_refused_and_the_next_step_saves(self) -> None:
+        store, sid, held, msgs = self._stepped("step-changed")
         stored = list(msgs)
-        for i in range(len(msgs)):
-            changed = [*msgs[:i], Message.user(f"changed {i}"), *msgs[i + 1:], Message.assistant("a2")]
+        changed = [[*msgs[:i], Message.user(f"changed {i}"), *msgs[i + 1:], Message.assistant("a2")]
+                   for i in range(len(msgs))]
+        shorter = [msgs[:2], [*msgs[:2], Message.assistant("other")], [*msgs[:1], *msgs[2:]]]
+        for given in changed + shorter:
             with pytest.raises(agent.TranscriptConflict):
-                store.save_fenced(sid, held, changed, take_steers=True)
+                store.save_fenced(sid, held, given, take_steers=True)
             assert self.another(store).messages(sid) == stored  # nothing of it saved, not silently unsaved
         msgs.append(Message.assistant("a2"))  # a save after the failed ones
         store.save_fenced(sid, held, msgs, take_steers=True)
         msgs.append(Message.user("q3"))
-        store.save_fenced(sid, held, msgs, take_steers=True)
-        assert self.another(store).messages(sid) == msgs
-
-    def test_a_step_shorter_than_the_known_transcript_is_refused(self) -> None:
-        store, sid, held, msgs = self._stepped("step-short-")
-        for given in (msgs[:2], [*msgs[:2], Message.assistant("other")], [*msgs[:1], *msgs[2:]]):
-            with pytest.raises(agent.TranscriptConflict):
-                store.save_fenced(sid, held, given, take_steers=True)
-        assert self.another(store).messages(sid) == msgs
-        msgs.append(Message.assistant("a2"))
         store.save_fenced(sid, held, msgs, take_steers=True)
         assert self.another(store).messages(sid) == msgs
 
@@ -262,23 +226,15 @@ class FencingContract:
 
     def test_1_a_run_taken_over_while_it_waited_on_the_model_cannot_save_its_answer(self) -> None:
         store = self.run_store()
-        sid = _sid("s1-")
+        sid = new_id("s1")
         stalled, other = Stalled(store), self.another(store)
         store.save(sid, [Message.user("q1"), Message.assistant("a1")])
         newer: dict[str, Any] = {}
 
-        def taken_over(messages: object) -> None:
-            stalled.freeze()
-            self._expire(other, sid)
-            msgs = [*other.messages(sid), Message.user("B's question")]
-            newer["result"] = agent.Runner().run(agent.Spec(session=agent.open(sid, other)), msgs, Answer("B"))
-            newer["state"] = _state(store, sid)
-            stalled.thaw()
-
         msgs = [*store.messages(sid), Message.user("A's question")]
         with pytest.raises(agent.LeaseLost):
             agent.Runner().run(agent.Spec(session=agent.open(sid, stalled), lease_ttl=TTL), msgs,
-                               Answer("A's late answer", before=taken_over))
+                               Answer("A's late answer", before=lambda _: self._taken_over(stalled, other, sid, newer)))
         assert newer["result"].stop_reason == "answered"
         assert _state(store, sid) == newer["state"]
         assert store.messages(sid) == newer["result"].messages
@@ -286,11 +242,11 @@ class FencingContract:
 
     def test_2_a_run_whose_lapsed_lease_was_taken_and_released_never_runs_its_next_tool(self) -> None:
         store = self.run_store()
-        sid = _sid("s2-")
+        sid = new_id("s2")
         stalled, other = Stalled(store), self.another(store)
         charged: list[str] = []
         newer: dict[str, Any] = {}
-        expire = self._expire
+        taken_over = self._taken_over
 
         @agent.tool(idempotent=False)
         def charge(n: int) -> str:
@@ -301,13 +257,7 @@ class FencingContract:
         class StallsThenCalls(ToolsThenAnswer):
             def complete(self, system: str, messages: Any, tools: Any) -> Message:
                 if not newer:
-                    stalled.freeze()
-                    expire(other, sid)
-                    msgs = [*other.messages(sid), Message.user("B's question")]
-                    newer["result"] = agent.Runner().run(agent.Spec(session=agent.open(sid, other)), msgs,
-                                                         Answer("B"))
-                    newer["state"] = _state(store, sid)
-                    stalled.thaw()
+                    taken_over(stalled, other, sid, newer)
                 return super().complete(system, messages, tools)
 
         with pytest.raises(agent.LeaseLost):
@@ -316,11 +266,11 @@ class FencingContract:
         assert charged == []
         assert newer["state"][2] is None  # B released the lease, so A's lapsed lease was free
         assert _state(store, sid) == newer["state"]
-        _no_orphans(store.messages(sid))
+        no_orphans(store.messages(sid))
 
     def test_3_a_run_that_waited_for_the_lease_refuses_to_write_stale_history(self) -> None:
         store = self.run_store()
-        sid = _sid("s3-")
+        sid = new_id("s3")
         store.save(sid, [Message.user("q1"), Message.assistant("a1")])
         other = self.another(store)
         first_msgs = [*store.messages(sid), Message.user("first worker's message")]
@@ -349,7 +299,7 @@ class FencingContract:
 
     def test_4_of_two_concurrent_resumes_of_a_crashed_run_one_finishes_and_the_tool_runs_once(self) -> None:
         store = self.run_store()
-        sid = _sid("s4-")
+        sid = new_id("s4")
         charges: list[int] = []
 
         @agent.tool(idempotent=False)
@@ -357,11 +307,11 @@ class FencingContract:
             """Dies the first time, after its effect."""
             charges.append(n)
             if len(charges) == 1:
-                raise _Crash
+                raise Crash
             return "charged"
 
         spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
-        with pytest.raises(_Crash):
+        with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge the card")], ToolsThenAnswer(["charge"]))
         stores = [store, self.another(store)]
         reads = [s.messages(sid) for s in stores]  # a redelivered task and a retry, each reading first
@@ -380,11 +330,11 @@ class FencingContract:
         assert stored == finished[0].messages
         assert _results(stored, 2)["call_0_0"].text == UNKNOWN_OUTCOME
         assert store.journal(sid) is None
-        _no_orphans(stored)
+        no_orphans(stored)
 
     def test_5_a_thawed_zombie_cannot_replace_the_live_holders_journal(self) -> None:
         store = self.run_store()
-        sid = _sid("s5-")
+        sid = new_id("s5")
         stalled, other = Stalled(store), self.another(store)
         ran: list[str] = []
         inside, thawed, go_on = threading.Event(), threading.Event(), threading.Event()
@@ -405,7 +355,7 @@ class FencingContract:
             if ran.count("refund") == 1:
                 entered_refund.set()
                 go_on.wait(60)
-                raise _Crash
+                raise Crash
             return "refunded"
 
         entered_refund = threading.Event()
@@ -425,7 +375,7 @@ class FencingContract:
             zombie.wait(60)
         assert _state(store, sid) == live
         go_on.set()
-        with pytest.raises(_Crash):
+        with pytest.raises(Crash):
             holder_run.wait(60)
         result = agent.Runner().run(spec, store.messages(sid), ToolsThenAnswer(["refund"], rounds=2))
         assert result.stop_reason == "answered"
@@ -433,11 +383,11 @@ class FencingContract:
         stored = store.messages(sid)
         assert _results(stored, 2)["call_0_0"].text == UNKNOWN_OUTCOME
         assert _results(stored, 4)["call_1_0"].text == UNKNOWN_OUTCOME
-        _no_orphans(stored)
+        no_orphans(stored)
 
     def test_6_a_cancelled_resume_keeps_what_ran_and_skips_only_what_never_started(self) -> None:
         store = self.run_store()
-        sid = _sid("s6-")
+        sid = new_id("s6")
         ran: list[str] = []
 
         @agent.tool
@@ -450,7 +400,7 @@ class FencingContract:
         def charge(n: int) -> str:
             """Dies after its effect."""
             ran.append("charge")
-            raise _Crash
+            raise Crash
 
         @agent.tool
         def notify(n: int) -> str:
@@ -459,7 +409,7 @@ class FencingContract:
             return "notified"
 
         tools = [lookup, charge, notify]
-        with pytest.raises(_Crash):
+        with pytest.raises(Crash):
             agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=tools), [Message.user("go")],
                                ToolsThenAnswer(["lookup", "charge", "notify"]))
         cancelling = Stalled(self.another(store))
@@ -478,7 +428,7 @@ class FencingContract:
         assert results["call_0_1"].text == UNKNOWN_OUTCOME
         assert results["call_0_2"].text == CANCELLED
         assert store.journal(sid) is None
-        _no_orphans(stored)
+        no_orphans(stored)
 
 
 __all__ = ["FencingContract"]

@@ -14,7 +14,6 @@ that raises.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from agent_sessions.events import Event, StepStarted, ToolFinished
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
+from .mixin import ContractMixin, Crash, new_id
 from .scripted import Answer, Replies, ToolsThenAnswer
 from .strategies import VERBATIM_ARGUMENTS
 
@@ -41,16 +41,8 @@ TWO_WITH_ONE_ID = Message(Role.ASSISTANT, [
 ])
 
 
-class _Crash(BaseException):
-    """Stands in for a worker dying inside a tool: nothing in the loop catches it."""
-
-
 class _Boom(Exception):
     """What an events callback raises."""
-
-
-def _sid(tag: str = "") -> str:
-    return f"storetest-identity-{tag}{uuid.uuid4().hex}"
 
 
 def _refund(ran: list[str], crash_on: str = "", **options: Any) -> Tool:
@@ -61,7 +53,7 @@ def _refund(ran: list[str], crash_on: str = "", **options: Any) -> Tool:
         """Refund 60 on an order."""
         ran.append(order)
         if order == crash_on and ran.count(order) == 1:
-            raise _Crash
+            raise Crash
         return f"refunded 60 on {order}"
 
     return agent.tool(name="refund", idempotent=False, **options)(refund)
@@ -91,30 +83,15 @@ def _answered(msgs: Sequence[Message]) -> list[tuple[str, str]]:
 BOTH = [("A", "refunded 60 on A"), ("B", "refunded 60 on B")]
 
 
-class IdentityContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    capabilities: frozenset[Capability]
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
+class IdentityContract(ContractMixin):
     def _store(self, *needs: Capability) -> Any:
-        for capability in (Capability.RUN_STORE, *needs):
-            self.requires(capability)
-        store = self.make_store()
-        if not isinstance(store, agent.RunStore):
-            pytest.fail(f"the store declares Capability.RUN_STORE, but {type(store).__name__} is no RunStore")
-        return store
+        return self.run_store(*needs)
 
     # -- two calls with one id -------------------------------------------------------------------------
 
     def test_two_calls_with_one_id_each_run_once_and_get_their_own_result(self) -> None:
         store = self._store()
-        sid = _sid()
+        sid = new_id()
         ran: list[str] = []
         model = Replies(TWO_WITH_ONE_ID)
         result = agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[_refund(ran)]),
@@ -133,7 +110,7 @@ class IdentityContract:
     def test_two_calls_with_one_id_wait_for_two_approvals(self) -> None:
         store = self._store(Capability.APPROVALS)
         assert isinstance(store, ApprovalStore)
-        sid = _sid("approve-")
+        sid = new_id("approve")
         session = agent.open(sid, store)
         ran: list[str] = []
         spec = agent.Spec(session=session, tools=[_refund(ran, needs_approval=True)])
@@ -158,11 +135,11 @@ class IdentityContract:
     def test_two_calls_with_one_id_killed_between_or_inside_them_resume_each_with_its_own_result(self) -> None:
         store = self._store()
         for crash_on, resumed in (("A", ["A", "B"]), ("B", ["A", "B"])):
-            sid = _sid(f"crash-{crash_on}-")
+            sid = new_id(f"crash-{crash_on}")
             ran: list[str] = []
             spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran, crash_on=crash_on)])
             model = Replies(TWO_WITH_ONE_ID)
-            with pytest.raises(_Crash):
+            with pytest.raises(Crash):
                 agent.Runner().run(spec, [Message.user("refund A and B")], model)
             assert ran == ["A", "B"][: 1 + (crash_on == "B")]
             assert store.messages(sid) == [Message.user("refund A and B")]  # the reply waits in the journal
@@ -177,7 +154,7 @@ class IdentityContract:
 
     def test_a_tool_result_holding_a_lone_surrogate_is_published_and_the_session_goes_on(self) -> None:
         store = self._store(Capability.EVENTS)
-        session = agent.open(_sid("lone-"), store)
+        session = agent.open(new_id("lone"), store)
         name = f"report{LONE}.txt"
 
         @agent.tool
@@ -203,7 +180,7 @@ class IdentityContract:
 
     def test_a_deny_reason_holding_a_lone_surrogate_is_published_and_the_session_goes_on(self) -> None:
         store = self._store(Capability.EVENTS, Capability.APPROVALS)
-        session = agent.open(_sid("lone-deny-"), store)
+        session = agent.open(new_id("lone-deny"), store)
         ran: list[str] = []
         spec = agent.Spec(session=session, tools=[_refund(ran, needs_approval=True)], publish_events=True)
         model = Replies(Message(Role.ASSISTANT, [Content.tool_call("c1", "refund", '{"order": "A"}')]))
@@ -220,7 +197,7 @@ class IdentityContract:
 
     def test_published_tool_calls_keep_their_arguments_byte_for_byte(self) -> None:
         store = self._store(Capability.EVENTS)
-        session = agent.open(_sid("verbatim-"), store)
+        session = agent.open(new_id("verbatim"), store)
 
         @agent.tool(name="echo")
         def echo() -> str:
@@ -240,7 +217,7 @@ class IdentityContract:
 
     def test_a_failed_run_whose_error_holds_a_lone_surrogate_publishes_failed(self) -> None:
         store = self._store(Capability.EVENTS)
-        session = agent.open(_sid("lone-fail-"), store)
+        session = agent.open(new_id("lone-fail"), store)
 
         def down(msgs: Sequence[Message]) -> None:
             raise RuntimeError(f"cannot read {LONE}")
@@ -255,7 +232,7 @@ class IdentityContract:
 
     def test_a_lone_surrogate_elsewhere_is_stored_or_refused_with_a_typed_error(self) -> None:
         store = self._store(Capability.EVENTS)
-        session = agent.open(_sid("lone-input-"), store)
+        session = agent.open(new_id("lone-input"), store)
         spec = agent.Spec(session=session, publish_events=True)
         result = agent.Runner().run(spec, [Message.user(f"open {LONE}")], Answer("opened"))
         assert session.messages() == result.messages and result.messages[0].text == f"open {LONE}"
@@ -269,7 +246,7 @@ class IdentityContract:
             with pytest.raises(agent.ArgumentError, match="surrogate"):
                 session.set_metadata({"name": f"file {LONE}"})
         with pytest.raises(agent.ArgumentError, match="surrogate"):
-            odd = agent.open(_sid(LONE), store)
+            odd = agent.open(new_id(LONE), store)
             agent.Runner().run(agent.Spec(session=odd, publish_events=True), [Message.user("q")], Answer("x"))
         assert [e.kind for e in session.events()][-1] == "finished"
 
@@ -282,7 +259,7 @@ class IdentityContract:
         cases = [("last call", ["charge"], "call_0_0", False), ("last call", ["charge"], "call_0_0", True),
                  ("first of two", ["charge", "charge"], "call_0_0", False), ("next step", ["charge"], "", False)]
         for where, calls, raise_on, publish in cases:
-            session = agent.open(_sid("callback-"), store)
+            session = agent.open(new_id("callback"), store)
             ran: list[int] = []
             charge = _charge(ran)
 

@@ -13,14 +13,13 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import agent_sessions as agent
 from agent_sessions import (
     ArgumentError,
     Content,
-    Holder,
     LeaseLost,
     LifecycleStore,
     Message,
@@ -32,15 +31,12 @@ from agent_sessions import (
 from agent_sessions.contract import Scalar
 
 from .capabilities import Capability
+from .mixin import ContractMixin, new_holder
 from .scripted import Answer, ToolsThenAnswer
 
 
 def _prefix() -> str:
     return f"storetest-life-{uuid.uuid4().hex[:12]}-"
-
-
-def _claimant() -> Holder:
-    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
 
 
 def _transcript(n: int) -> list[Message]:
@@ -98,27 +94,10 @@ def _gone(store: LifecycleStore, sid: str) -> None:
     assert store.pending_steers(sid) == []
 
 
-class LifecycleContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    capabilities: frozenset[Capability]
-    examples: int
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def hypothesis(self, **overrides: Any) -> settings:
-        raise NotImplementedError
-
+class LifecycleContract(ContractMixin):
     def lifecycle_store(self) -> LifecycleStore:
-        self.requires(Capability.LIFECYCLE)
-        store = self.make_store()
-        if not isinstance(store, LifecycleStore):
-            pytest.fail(f"the store declares Capability.LIFECYCLE, but {type(store).__name__} does not implement "
-                        "agent_sessions.LifecycleStore (check its methods and their names)")
+        store: LifecycleStore = self.capable_store(Capability.LIFECYCLE, LifecycleStore,
+                                                   "check its methods and their names")
         return store
 
     # -- info and metadata ---------------------------------------------------------------------------
@@ -297,7 +276,7 @@ class LifecycleContract:
         store.set_metadata(sid, {"user": "u"})
         store.add_steer(sid, "waiting")
         if isinstance(store, agent.RunStore):
-            holder = store.acquire(sid, _claimant(), 30)
+            holder = store.acquire(sid, new_holder(), 30)
             store.put_journal(sid, holder, '{"journal": 1}')
             store.release(sid, holder)
         assert store.delete(sid) is True
@@ -314,7 +293,7 @@ class LifecycleContract:
         if not isinstance(store, agent.RunStore):
             pytest.skip("leases need a RunStore")
         sid = _prefix() + "busy"
-        holder = store.acquire(sid, _claimant(), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         store.save_fenced(sid, holder, _transcript(3), take_steers=False)
         with pytest.raises(SessionBusy):
             store.delete(sid)
@@ -366,7 +345,7 @@ class LifecycleContract:
         held = f"{prefix}held"
         holder = None
         if isinstance(store, agent.RunStore):
-            holder = store.acquire(held, _claimant(), 60)
+            holder = store.acquire(held, new_holder(), 60)
             store.save_fenced(held, holder, _transcript(2), take_steers=False)
         time.sleep(1.2)
         fresh = f"{prefix}fresh"

@@ -20,7 +20,6 @@ import agent_sessions as agent
 from agent_sessions import (
     ArgumentError,
     Content,
-    Holder,
     LeaseLost,
     Message,
     QueueStore,
@@ -31,19 +30,11 @@ from agent_sessions import (
 from . import strategies
 from .capabilities import Capability
 from .crossprocess import enqueue_across_processes
-from .mixin import ContractMixin
+from .mixin import ContractMixin, Crash, new_holder, new_id
 from .steer_keys import KEYS
 
 QueueLifecycle = QueueStore
 """A store keeping a queue and the lifecycle: whose delete and prune must remove the queue."""
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-queue-{tag}-{uuid.uuid4().hex}"
-
-
-def _claimant() -> Holder:
-    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
 
 
 class _Counting:
@@ -55,10 +46,6 @@ class _Counting:
     def complete(self, system: str, messages: Sequence[Message], tools: object) -> Message:
         self.requests += 1
         return Message.assistant(f"answer {self.requests}")
-
-
-class _Died(BaseException):
-    """A caller dying: nothing in the library catches it."""
 
 
 class _Holding:
@@ -101,7 +88,7 @@ class QueueContract(ContractMixin):
         again. That second delivery must not stop the other caller's turn: the interrupt was sent once."""
         self.requires(Capability.RUN_STORE)
         store = self.queue_store()
-        sid = _sid("interrupt")
+        sid = new_id("interrupt")
         first = _Holding("the first answer")
         running = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), [Message.user("first")], first)
         assert first.entered.wait(20)
@@ -110,11 +97,11 @@ class QueueContract(ContractMixin):
             def __getattr__(self, name: str) -> Any:
                 if name == "enqueue":
                     def dies(*args: object, **kwargs: object) -> int:
-                        raise _Died()
+                        raise Crash()
                     return dies
                 return getattr(store, name)
 
-        with pytest.raises(_Died):
+        with pytest.raises(Crash):
             agent.Runner().turn(agent.Spec(session=agent.open(sid, DiesBeforeQueueing()), lease_wait=0.0),
                                 "stop that", "k-interrupt", _Holding("never"), if_busy="interrupt")
         first.go.set()
@@ -134,7 +121,7 @@ class QueueContract(ContractMixin):
 
     def test_a_queued_key_is_accepted_once_in_order_and_is_no_steer(self) -> None:
         store = self.queue_store()
-        sid = _sid("once")
+        sid = new_id("once")
         assert [store.enqueue(sid, k, f"text {k}") for k in ("a", "b", "c")] == [1, 2, 3]
         assert store.enqueue(sid, "b", "text b") == 2  # sent again: where it stands
         assert store.queued(sid) == ["a", "b", "c"], store.queued(sid)
@@ -145,9 +132,9 @@ class QueueContract(ContractMixin):
 
     def test_the_holder_takes_the_head_into_the_transcript_fenced(self) -> None:
         store = self.queue_store()
-        sid = _sid("take")
+        sid = new_id("take")
         store.save(sid, [Message.user("q", key="k0"), Message.assistant("a")])
-        holder = store.acquire(sid, _claimant(), 60)
+        holder = store.acquire(sid, new_holder(), 60)
         assert store.take_queued(sid, holder) is None  # nothing waits: nothing written
         store.enqueue(sid, "k1", "first")
         store.enqueue(sid, "k2", "second")
@@ -161,7 +148,7 @@ class QueueContract(ContractMixin):
         with pytest.raises(LeaseLost):
             store.take_queued(sid, holder)
         assert store.queued(sid) == ["k2"] and len(store.messages(sid)) == 3
-        again = store.acquire(sid, _claimant(), 60)
+        again = store.acquire(sid, new_holder(), 60)
         assert store.take_queued(sid, again, append=False) == Message.user("second", key="k2")
         assert store.queued(sid) == [] and len(store.messages(sid)) == 3
         store.release(sid, again)
@@ -172,7 +159,7 @@ class QueueContract(ContractMixin):
         meets it, never answered twice."""
         store = self.queue_store()
         self.requires(Capability.LIFECYCLE)
-        sid = _sid("again")
+        sid = new_id("again")
         model = _Counting()
         spec = agent.Spec(session=agent.open(sid, store))
         for i in range(3):
@@ -199,16 +186,16 @@ class QueueContract(ContractMixin):
 
     def test_a_queue_on_a_session_without_a_transcript_starts_it(self) -> None:
         store = self.queue_store()
-        sid = _sid("fresh")
+        sid = new_id("fresh")
         assert store.enqueue(sid, "k", "hello") == 1
-        holder = store.acquire(sid, _claimant(), 60)
+        holder = store.acquire(sid, new_holder(), 60)
         assert store.take_queued(sid, holder) == Message.user("hello", key="k")
         assert store.messages(sid) == [Message.user("hello", key="k")]
         store.release(sid, holder)
 
     def test_a_bad_key_or_text_is_refused_and_nothing_is_queued(self) -> None:
         store = self.queue_store()
-        sid = _sid("bad")
+        sid = new_id("bad")
         for bad in ("", "x" * 256, "line\n", "nul\x00", 7, None):
             with pytest.raises(ArgumentError):
                 store.enqueue(sid, bad, "never queued")  # type: ignore[arg-type]
@@ -220,7 +207,7 @@ class QueueContract(ContractMixin):
     def test_threads_racing_queue_each_key_once_at_distinct_places(self) -> None:
         store = self.queue_store()
         n = max(2, self.concurrency)
-        sid = _sid("threads")
+        sid = new_id("threads")
         barrier = threading.Barrier(n)
         got: dict[int, list[int]] = {}
         errors: list[BaseException] = []
@@ -249,7 +236,7 @@ class QueueContract(ContractMixin):
     def test_processes_racing_queue_each_key_once_in_the_order_taken(self) -> None:
         factory = self.factory()
         store = self.queue_store()
-        sid = _sid("procs")
+        sid = new_id("procs")
         processes, per = 6, 5
         positions = enqueue_across_processes(factory, sid, processes=processes, per_process=per)
         keys = store.queued(sid)
@@ -257,7 +244,7 @@ class QueueContract(ContractMixin):
         for i in range(processes):
             assert [k for k in keys if k.startswith(f"q{i}-")] == [f"q{i}-{j:04d}" for j in range(per)]
             assert all(p >= 1 for p in positions[i])
-        holder = store.acquire(sid, _claimant(), 60)
+        holder = store.acquire(sid, new_holder(), 60)
         taken = []
         while (message := store.take_queued(sid, holder)) is not None:
             taken.append(message.key)
@@ -266,12 +253,12 @@ class QueueContract(ContractMixin):
 
     def test_delete_and_prune_remove_the_queue_with_the_session(self) -> None:
         store = self.queue_lifecycle()
-        sid = _sid("delete")
+        sid = new_id("delete")
         store.enqueue(sid, "k", "queued")
         assert store.info(sid) is not None  # a queued message makes the session, as a save does
         assert store.delete(sid) is True
         assert store.queued(sid) == [] and store.enqueue(sid, "k", "a new session's") == 1
-        pruned = _sid("prune")
+        pruned = new_id("prune")
         store.enqueue(pruned, "k", "queued")
         time.sleep(1.2)
         store.prune(idle_for=1.0)
@@ -281,8 +268,8 @@ class QueueContract(ContractMixin):
     def test_a_held_session_keeps_its_queue_when_delete_is_refused(self) -> None:
         self.requires(Capability.RUN_STORE)
         store = self.queue_lifecycle()
-        sid = _sid("held")
-        holder = store.acquire(sid, _claimant(), 60)
+        sid = new_id("held")
+        holder = store.acquire(sid, new_holder(), 60)
         store.enqueue(sid, "k", "waits")
         with pytest.raises(SessionBusy):
             store.delete(sid)
@@ -295,11 +282,11 @@ class QueueContract(ContractMixin):
         @given(st.lists(st.tuples(strategies.steer_texts, KEYS), max_size=6, unique_by=lambda p: p[1]))
         @self.hypothesis()
         def check(queued: list[tuple[str, str]]) -> None:
-            sid = _sid("prop")
+            sid = new_id("prop")
             assert [store.enqueue(sid, key, text) for text, key in queued] == list(range(1, len(queued) + 1))
             assert [store.enqueue(sid, key, text) for text, key in queued] == list(range(1, len(queued) + 1))
             assert store.queued(sid) == [key for _, key in queued]
-            holder = store.acquire(sid, _claimant(), 60)
+            holder = store.acquire(sid, new_holder(), 60)
             for text, key in queued:
                 assert store.take_queued(sid, holder) == Message.user(text, key=key)
             assert store.take_queued(sid, holder) is None

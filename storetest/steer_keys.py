@@ -22,7 +22,7 @@ from agent_sessions import ArgumentError, Holder, LifecycleStore, Message, RunSt
 from . import strategies
 from .capabilities import Capability
 from .crossprocess import keyed_steer_across_processes
-from .mixin import ContractMixin
+from .mixin import ContractMixin, new_id
 
 KEYS = st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"),
                              include_characters=" "), min_size=1, max_size=255)
@@ -31,10 +31,6 @@ KEYS = st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "
 
 KeyedLifecycle = SteerKeyStore
 """A store keeping steer keys and the lifecycle: whose delete and prune must forget the keys."""
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-keys-{tag}-{uuid.uuid4().hex}"
 
 
 class SteerKeyContract(ContractMixin):
@@ -52,7 +48,7 @@ class SteerKeyContract(ContractMixin):
 
     def test_a_keyed_steer_is_stored_once_and_its_key_outlives_its_delivery(self) -> None:
         store = self.steer_key_store()
-        sid = _sid("once")
+        sid = new_id("once")
         assert store.add_steer_once(sid, "check the expiry", "k-1") is True
         assert store.add_steer_once(sid, "check the expiry", "k-1") is False
         assert store.add_steer_once(sid, "another text, the same key", "k-1") is False
@@ -62,7 +58,7 @@ class SteerKeyContract(ContractMixin):
 
     def test_different_keys_are_different_steers_kept_in_order_with_unkeyed_ones(self) -> None:
         store = self.steer_key_store()
-        sid = _sid("order")
+        sid = new_id("order")
         assert store.add_steer_once(sid, "one", "a") is True
         store.add_steer(sid, "two")
         assert store.add_steer_once(sid, "three", "b") is True
@@ -74,14 +70,14 @@ class SteerKeyContract(ContractMixin):
 
     def test_one_key_on_two_sessions_is_two_steers(self) -> None:
         store = self.steer_key_store()
-        a, b = _sid("a"), _sid("b")
+        a, b = new_id("a"), new_id("b")
         assert store.add_steer_once(a, "for a", "shared") is True
         assert store.add_steer_once(b, "for b", "shared") is True
         assert store.take_steers(a) == ["for a"] and store.take_steers(b) == ["for b"]
 
     def test_a_bad_key_is_refused_and_nothing_is_stored(self) -> None:
         store = self.steer_key_store()
-        sid = _sid("bad")
+        sid = new_id("bad")
         for bad in ("", "x" * 256, "line\n", "tab\there", "nul\x00", "lone \ud800", 7, None, b"bytes"):
             with pytest.raises(ArgumentError):
                 store.add_steer_once(sid, "never stored", bad)  # type: ignore[arg-type]
@@ -93,7 +89,7 @@ class SteerKeyContract(ContractMixin):
 
     def test_a_session_steer_with_a_key_says_whether_it_was_stored(self) -> None:
         store = self.steer_key_store()
-        session = agent.open(_sid("session"), store)
+        session = agent.open(new_id("session"), store)
         assert session.steer("first", key="req-1") is True
         assert session.steer("first", key="req-1") is False
         assert session.steer("first") is True  # no key: stored again
@@ -105,7 +101,7 @@ class SteerKeyContract(ContractMixin):
         store = self.steer_key_store()
         n = max(2, self.concurrency)
         for round in range(5):
-            sid = _sid(f"race{round}")
+            sid = new_id(f"race{round}")
             results = _race(store, sid, n)
             assert sorted(results) == [False] * (n - 1) + [True], results
             taken = store.take_steers(sid)
@@ -114,7 +110,7 @@ class SteerKeyContract(ContractMixin):
     def test_processes_racing_one_key_store_it_exactly_once(self) -> None:
         factory = self.factory()
         self.steer_key_store()
-        sid = _sid("procs")
+        sid = new_id("procs")
         results = keyed_steer_across_processes(factory, sid, "the key", processes=6)
         assert sorted(results) == [False] * 5 + [True], results
         assert len(self.make_store().take_steers(sid)) == 1
@@ -123,7 +119,7 @@ class SteerKeyContract(ContractMixin):
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
         assert isinstance(store, RunStore)
-        source, target = _sid("source"), _sid("target")
+        source, target = new_id("source"), new_id("target")
         store.save(source, [Message.user("q"), Message.assistant("a")])
         assert store.add_steer_once(source, "s", "k") is True
         store.fork(source, target, None)
@@ -132,7 +128,7 @@ class SteerKeyContract(ContractMixin):
 
     def test_delete_forgets_the_keys_with_the_session(self) -> None:
         store = self.lifecycle_with_keys()
-        sid = _sid("delete")
+        sid = new_id("delete")
         store.save(sid, [Message.user("q")])
         assert store.add_steer_once(sid, "before", "k") is True
         store.take_steers(sid)
@@ -144,7 +140,7 @@ class SteerKeyContract(ContractMixin):
         """A steer before any write of the session: the session does not exist, but its keys go with its
         steers when it is deleted."""
         store = self.lifecycle_with_keys()
-        sid = _sid("rowless")
+        sid = new_id("rowless")
         assert store.add_steer_once(sid, "waiting", "k") is True
         assert store.info(sid) is None
         assert store.delete(sid) is True
@@ -157,7 +153,7 @@ class SteerKeyContract(ContractMixin):
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
         assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
-        sid = _sid("held")
+        sid = new_id("held")
         holder = store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 60)
         assert store.add_steer_once(sid, "s", "k") is True
         with pytest.raises(agent.SessionBusy):
@@ -167,7 +163,7 @@ class SteerKeyContract(ContractMixin):
 
     def test_prune_forgets_the_keys_of_the_sessions_it_deletes(self) -> None:
         store = self.lifecycle_with_keys()
-        sid = _sid("prune")
+        sid = new_id("prune")
         store.save(sid, [Message.user("q")])
         assert store.add_steer_once(sid, "s", "k") is True
         time.sleep(1.2)
@@ -181,7 +177,7 @@ class SteerKeyContract(ContractMixin):
         @given(st.lists(st.tuples(strategies.steer_texts, KEYS), max_size=6, unique_by=lambda p: p[1]))
         @self.hypothesis()
         def check(steers: list[tuple[str, str]]) -> None:
-            sid = _sid("prop")
+            sid = new_id("prop")
             for text, key in steers:
                 assert store.add_steer_once(sid, text, key) is True
             for text, key in steers:
@@ -198,7 +194,7 @@ class SteerKeyContract(ContractMixin):
         ``superseded`` and unanswered."""
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
-        sid = _sid("joins")
+        sid = new_id("joins")
         assert store.add_steer_once(sid, "and mind the expiry", "steer-key") is True
         spec = agent.Spec(session=agent.open(sid, store))
 
@@ -222,7 +218,7 @@ class SteerKeyContract(ContractMixin):
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
         assert isinstance(store, RunStore)
-        sid = _sid("yes")
+        sid = new_id("yes")
         session = agent.open(sid, store)
         first = agent.Runner().run(agent.Spec(session=session), [Message.user("yes")], _Reply("the first answer"))
         assert first.text == "the first answer"

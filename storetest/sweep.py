@@ -13,20 +13,17 @@ from dataclasses import replace
 from typing import Any
 
 import agent_sessions as agent
-from agent_sessions import Content, LifecycleStore, Message, Role, RunStore, Tool
+from agent_sessions import Content, Message, Role, Tool
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
+from .mixin import ContractMixin, Crash
 from .stranded import stranded_ids
-
-
-class _Died(BaseException):
-    """A worker dying inside a tool: nothing in the loop catches it."""
 
 
 class Charges:
     """A model that calls the non-idempotent ``charge`` on every request (a run only ends by its budget), and
-    the tool itself: counts the requests and the charges; ``die_at`` (a charge's number) raises ``_Died``
+    the tool itself: counts the requests and the charges; ``die_at`` (a charge's number) raises ``Crash``
     inside that charge, after it was made."""
 
     def __init__(self, die_at: int = 0) -> None:
@@ -43,28 +40,13 @@ class Charges:
             """Charge the card (not idempotent)."""
             self.charges += 1
             if self.charges == self.die_at:
-                raise _Died()
+                raise Crash()
             return f"charged {self.charges}"
 
         return agent.tool(name="charge", idempotent=False)(charge)
 
 
-class SweepContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def _sweep_store(self) -> Any:
-        self.requires(Capability.LIFECYCLE)
-        self.requires(Capability.RUN_STORE)
-        store = self.make_store()
-        assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
-        return store
-
+class SweepContract(ContractMixin):
     @staticmethod
     def _sweep(store: Any, sid: str, spec: agent.Spec, model: Charges) -> list[agent.Recovered]:
         def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
@@ -73,7 +55,7 @@ class SweepContract:
         return [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
 
     def test_a_run_stopped_at_max_steps_is_not_stranded_and_no_sweep_runs_it_again(self) -> None:
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-spent-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
@@ -84,13 +66,13 @@ class SweepContract:
         assert (model.requests, model.charges) == (2, 2), "the sweep ran a turn that had ended at max_steps"
 
     def test_the_sweep_gives_a_plain_turn_only_what_is_left_of_its_budget(self) -> None:
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-left-{uuid.uuid4().hex}"
         model = Charges(die_at=1)  # the worker dies inside the first request's charge
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
         try:
             agent.Runner().run(spec, [Message.user("charge me")], model)
-        except _Died:
+        except Crash:
             pass
         else:  # pragma: no cover
             raise AssertionError("the run did not die in its tool")
@@ -103,13 +85,13 @@ class SweepContract:
         assert sid not in stranded_ids(store)
 
     def test_the_sweep_runs_nothing_of_a_plain_turn_that_spent_its_budget_before_it_died(self) -> None:
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-died-{uuid.uuid4().hex}"
         model = Charges(die_at=2)  # dies inside the charge of its last allowed request
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
         try:
             agent.Runner().run(spec, [Message.user("charge me")], model)
-        except _Died:
+        except Crash:
             pass
         else:  # pragma: no cover
             raise AssertionError("the run did not die in its tool")
@@ -125,7 +107,7 @@ class SweepContract:
         """A plain run stops at its ``max_steps`` (its turn ends there, open in the transcript); a message is
         queued behind it, whose caller is gone. The sweep answers the message, a turn of its own, and runs
         nothing more of the run's turn: no request, no charge."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-queued-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
@@ -152,7 +134,7 @@ class SweepContract:
         """A keyed turn stops at its ``max_steps``; then a plain run's worker saves its message and dies before
         its first request. That message is a turn of its own, open: the sweep answers it (it cleared the mark
         as "finished", and the message was never answered)."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-after-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
@@ -176,7 +158,7 @@ class SweepContract:
         the tool its reply called (the reply waits in the journal). k sent again has ended: it says
         ``max_steps`` and touches nothing of the later turn (it finished that turn's reply under k's name and
         cleared the session's mark, so no sweep ever answered the new message)."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-later-plain-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1, lease_ttl=5.0)
@@ -185,7 +167,7 @@ class SweepContract:
         try:
             agent.Runner().run(replace(spec, tools=[dying.tool()]), [*store.messages(sid), Message.user("again")],
                                dying)
-        except _Died:
+        except Crash:
             pass
         else:  # pragma: no cover
             raise AssertionError("the run did not die in its tool")
@@ -195,7 +177,7 @@ class SweepContract:
         assert sid in stranded_ids(store), "a turn sent again hid a later turn from the sweep"
 
     def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
         sid = f"storetest-sweep-asks-{uuid.uuid4().hex}"
 
@@ -228,7 +210,7 @@ class SweepContract:
     def test_a_redelivered_turn_that_stopped_at_max_steps_never_takes_a_later_answer(self) -> None:
         """Turn k stops at its ``max_steps``; a later run answers newer input; k delivered again must say how
         k ended (``max_steps``), not return that later answer as its own."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-later-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
@@ -243,7 +225,7 @@ class SweepContract:
     def test_a_keyed_steer_behind_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep(self) -> None:
         """A turn stops at its ``max_steps``; then a keyed steer comes, with nobody running the session. The
         turn has ended; the steer is input of its own, which the sweep answers, once."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-steer-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
@@ -264,7 +246,7 @@ class SweepContract:
         """A turn waits for a decision on a refund; it is approved; a run holding the session is cancelled
         (``cancel()`` is True) and lets go; a message is queued behind. The sweep closes the cancelled turn
         (the approved refund does not run: the turn was cancelled) and answers the queued message."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
         sid = f"storetest-sweep-decided-{uuid.uuid4().hex}"
         refunds: list[str] = []
