@@ -32,6 +32,7 @@ from .identity import IdentityContract
 from .lifecycle import LifecycleContract
 from .lost import LostAnswersContract
 from .meeting import CancelMeetsContract, MeetingContract
+from .mixin import together
 from .model import ModelContract
 from .queue import QueueContract
 from .runs import RunStoreContract
@@ -83,7 +84,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     """Threads adding and threads taking in the exactly-once test (each side)."""
     steers_per_adder: int = 25
     long_transcript: int = 2000
-    large_message_bytes: int = 1_000_000
     huge_text_bytes: int = 10_000_000
     """A message and a steer this long must round-trip (the hostile-input check). Lower it to what the
     store documents as its largest message, if that is less (MySQL's depends on max_allowed_packet)."""
@@ -117,10 +117,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         return settings(SETTINGS, **{"max_examples": self.examples, **overrides})
 
     # -- transcripts ---------------------------------------------------------------------------------
-
-    def test_unknown_session_has_no_messages(self) -> None:
-        store = self.make_store()
-        assert store.messages(_ids(1)[0]) == []
 
     def test_every_content_type_round_trips(self) -> None:
         store = self.make_store()
@@ -179,15 +175,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
             store.save(sid, msgs)
             assert store.messages(sid) == msgs
 
-    def test_appending_one_message_at_a_time_keeps_the_whole_transcript(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        msgs: list[Message] = []
-        for m in _transcript(30):
-            msgs.append(m)
-            store.save(sid, msgs)
-        assert store.messages(sid) == msgs
-
     def test_a_second_store_object_sees_and_replaces_what_the_first_saved(self) -> None:
         self.requires(Capability.DURABLE)
         first, second = self.make_store(), self.make_store()
@@ -199,17 +186,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         first.save(sid, [*_transcript(6), *_transcript(1, "a ")])  # first must not trust its own view
         assert second.messages(sid) == [*_transcript(6), *_transcript(1, "a ")]
 
-    def test_sessions_are_isolated(self) -> None:
-        store = self.make_store()
-        a, b = _ids(2)
-        store.save(a, _transcript(5, "a "))
-        store.save(b, _transcript(3, "b "))
-        store.add_steer(a, "for a")
-        store.save(a, _transcript(2, "a2 "))
-        assert store.messages(b) == _transcript(3, "b ")
-        assert store.take_steers(b) == []
-        assert store.take_steers(a) == ["for a"]
-
     def test_session_ids_are_compared_exactly(self) -> None:
         store = self.make_store()
         (base,) = _ids(1)
@@ -218,14 +194,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
             store.save(sid, [Message.user(str(i))])
         for i, sid in enumerate(variants):
             assert store.messages(sid) == [Message.user(str(i))], f"{sid!r} was confused with another id"
-
-    def test_a_large_message_round_trips(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        big = Message(Role.USER, [Content.tool_result("c1", "x" * self.large_message_bytes)])
-        msgs = [Message.user("read it"), _call("c1", "{}"), big, Message.assistant("done")]
-        store.save(sid, msgs)
-        assert store.messages(sid) == msgs
 
     def test_a_long_transcript_round_trips(self) -> None:
         store = self.make_store()
@@ -239,88 +207,51 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     # -- steers --------------------------------------------------------------------------------------
 
-    def test_steers_come_back_oldest_first_and_once(self) -> None:
+    def test_steers_come_back_oldest_first_once_and_apart_from_the_transcript(self) -> None:
         store = self.make_store()
         (sid,) = _ids(1)
-        texts = [f"steer {i}" for i in range(12)]
+        assert store.take_steers(sid) == []
+        store.save(sid, _transcript(3))
+        texts = ["'; DROP TABLE agent_steers; --", "日本語 😀 \U0001f9ea", "x" * 100_000, " spaced ", "\n",
+                 *(f"steer {i}" for i in range(8))]
         for t in texts:
             store.add_steer(sid, t)
-        assert store.take_steers(sid) == texts
-        assert store.take_steers(sid) == []
-
-    def test_add_after_take(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        assert store.take_steers(sid) == []
-        store.add_steer(sid, "one")
-        assert store.take_steers(sid) == ["one"]
-        store.add_steer(sid, "two")
-        store.add_steer(sid, "three")
-        assert store.take_steers(sid) == ["two", "three"]
-        assert store.take_steers(sid) == []
-
-    def test_steers_do_not_touch_the_transcript(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        store.save(sid, _transcript(3))
-        store.add_steer(sid, "s")
         assert store.messages(sid) == _transcript(3)
         store.save(sid, _transcript(4))
-        assert store.take_steers(sid) == ["s"]
-
-    def test_steer_texts_round_trip(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        texts = ["'; DROP TABLE agent_steers; --", "日本語 😀 \U0001f9ea", "x" * 100_000, " spaced ", "\n"]
-        for t in texts:
-            store.add_steer(sid, t)
         assert store.take_steers(sid) == texts
+        assert store.take_steers(sid) == []
+        store.add_steer(sid, "after a take")
+        assert store.take_steers(sid) == ["after a take"]
+        assert store.messages(sid) == _transcript(4)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_threads(self) -> None:
         store = self.make_store()
         (sid,) = _ids(1)
         k, m = self.concurrency, self.steers_per_adder
-        barrier = threading.Barrier(2 * k)
-        adders_done = threading.Event()
-        taken: list[list[str]] = [[] for _ in range(k)]
-        errors: list[BaseException] = []
-
-        def adder(i: int) -> None:
-            try:
-                barrier.wait(60)
-                for j in range(m):
-                    store.add_steer(sid, f"a{i}-{j:04d}")
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                errors.append(exc)
-
+        adding = [k]
+        lock = threading.Lock()
         deadline = time.monotonic() + 300
 
-        def taker(i: int) -> None:
-            try:
-                barrier.wait(60)
-                while time.monotonic() < deadline:
-                    finished = adders_done.is_set()
-                    batch = store.take_steers(sid)
-                    if batch:
-                        taken[i].extend(batch)
-                    elif finished:
-                        return
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                errors.append(exc)
+        def work(i: int) -> list[str]:
+            if i < k:  # an adder
+                try:
+                    for j in range(m):
+                        store.add_steer(sid, f"a{i}-{j:04d}")
+                finally:
+                    with lock:
+                        adding[0] -= 1
+                return []
+            taken: list[str] = []
+            while time.monotonic() < deadline:
+                finished = adding[0] == 0
+                batch = store.take_steers(sid)
+                taken.extend(batch)
+                if not batch and finished:
+                    return taken
+            raise AssertionError("the takers did not finish within 300 s")
 
-        adders = [threading.Thread(target=adder, args=(i,)) for i in range(k)]
-        takers = [threading.Thread(target=taker, args=(i,)) for i in range(k)]
-        for t in adders + takers:
-            t.start()
-        for t in adders:
-            t.join(max(0.0, deadline - time.monotonic()))
-        adders_done.set()
-        for t in takers:
-            t.join(max(0.0, deadline - time.monotonic()) + 10)
-        assert not any(t.is_alive() for t in adders + takers), "the threads did not finish within 300 s"
-        assert not errors, errors
         # Each taker's whole sequence must keep every sender's order: stronger than each batch alone.
-        assert_each_taken_once(taken, "a", k, m)
+        assert_each_taken_once(together(2 * k, work, 310)[k:], "a", k, m)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
         exactly_once_across_processes(self.factory(), _ids(1)[0], adders=4, takers=4, per_adder=40)
@@ -397,18 +328,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
         check()
 
-
-    def test_property_any_transcript_round_trips(self) -> None:
-        store = self.make_store()
-
-        @self.hypothesis()
-        @given(strategies.transcripts)
-        def check(msgs: list[Message]) -> None:
-            (sid,) = _ids(1)
-            store.save(sid, msgs)
-            assert store.messages(sid) == msgs
-
-        check()
 
     def test_property_any_session_id_and_steer_round_trip(self) -> None:
         store = self.make_store()

@@ -269,12 +269,29 @@ class LifecycleContract(ContractMixin):
 
     # -- delete ----------------------------------------------------------------------------------------
 
+    def _keyed_and_queued(self, store: Any, sid: str, queue: bool = True) -> tuple[bool, bool]:
+        """Give ``sid`` a keyed steer and a queued message, where the store keeps those: whether it did."""
+        keyed = Capability.STEER_KEYS in self.capabilities and isinstance(store, agent.SteerKeyStore)
+        queues = queue and Capability.QUEUE in self.capabilities and isinstance(store, agent.QueueStore)
+        if keyed:
+            assert store.add_steer_once(sid, "keyed", "k") is True
+        if queues:
+            assert store.enqueue(sid, "q", "queued") >= 1
+        return keyed, queues
+
+    def _forgotten(self, store: Any, sid: str, keyed: bool, queues: bool) -> None:
+        """The steer key and the queue went with the session: a new one of the id takes both afresh."""
+        _gone(store, sid)
+        assert not keyed or store.add_steer_once(sid, "keyed", "k") is True
+        assert not queues or (store.queued(sid) == [] and store.enqueue(sid, "q", "a new session's") == 1)
+
     def test_delete_removes_everything_at_once(self) -> None:
         store = self.lifecycle_store()
-        sid = _prefix() + "d"
+        sid, alone = _prefix() + "d", _prefix() + "steers-alone"
         store.save(sid, _transcript(5))
         store.set_metadata(sid, {"user": "u"})
         store.add_steer(sid, "waiting")
+        kept = self._keyed_and_queued(store, sid)
         if isinstance(store, agent.RunStore):
             holder = store.acquire(sid, new_holder(), 30)
             store.put_journal(sid, holder, '{"journal": 1}')
@@ -287,6 +304,13 @@ class LifecycleContract(ContractMixin):
         store.save(sid, _transcript(2))  # the id can be used again, from nothing
         info = store.info(sid)
         assert info is not None and info.messages == 2 and dict(info.metadata) == {}
+        store.delete(sid)
+        self._forgotten(store, sid, *kept)
+        # A session of steers alone does not exist (no info), but its steers and their keys go with it.
+        keyed, _ = self._keyed_and_queued(store, alone, queue=False)
+        store.add_steer(alone, "waiting")
+        assert store.info(alone) is None and store.delete(alone) is True
+        self._forgotten(store, alone, keyed, False)
 
     def test_delete_refuses_a_session_a_live_run_holds_and_force_fences_the_run_out(self) -> None:
         store = self.lifecycle_store()
@@ -295,9 +319,12 @@ class LifecycleContract(ContractMixin):
         sid = _prefix() + "busy"
         holder = store.acquire(sid, new_holder(), 30)
         store.save_fenced(sid, holder, _transcript(3), take_steers=False)
+        keyed, queues = self._keyed_and_queued(store, sid)
         with pytest.raises(SessionBusy):
             store.delete(sid)
-        assert store.messages(sid) == _transcript(3)
+        assert store.messages(sid) == _transcript(3)  # and its steer's key and its queue are kept
+        assert not keyed or store.add_steer_once(sid, "keyed", "k") is False
+        assert not queues or store.queued(sid) == ["q"]
         assert store.delete(sid, force=True) is True
         _gone(store, sid)
         for late_write in (
@@ -342,6 +369,7 @@ class LifecycleContract(ContractMixin):
         for sid in old:
             store.save(sid, _transcript(3))
             store.add_steer(sid, "stale")
+        kept = self._keyed_and_queued(store, old[0])
         held = f"{prefix}held"
         holder = None
         if isinstance(store, agent.RunStore):
@@ -355,6 +383,7 @@ class LifecycleContract(ContractMixin):
         assert deleted >= 3 or all(store.info(sid) is None for sid in old)
         for sid in old:
             _gone(store, sid)
+        self._forgotten(store, old[0], *kept)
         assert store.messages(fresh) == _transcript(1)
         if holder is not None:
             assert store.messages(held) == _transcript(2)

@@ -1,13 +1,13 @@
 """The QueueStore contract: messages queued for a busy session (``Runner.turn(if_busy="queue")``), each key
 accepted once per session however often it is sent and by however many threads or processes at once, kept
 in the order accepted, and taken into the transcript one at a time by the lease's holder, fenced. A queued
-message is not a steer. ``delete`` and ``prune`` remove the queue with the session.
+message is not a steer. ``delete`` and ``prune`` remove the queue with the session (checked with the
+lifecycle's).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +24,6 @@ from agent_sessions import (
     Message,
     QueueStore,
     Role,
-    SessionBusy,
 )
 
 from . import strategies
@@ -32,9 +31,6 @@ from .capabilities import Capability
 from .crossprocess import enqueue_across_processes
 from .mixin import ContractMixin, Crash, new_holder, new_id
 from .steer_keys import KEYS
-
-QueueLifecycle = QueueStore
-"""A store keeping a queue and the lifecycle: whose delete and prune must remove the queue."""
 
 
 class _Counting:
@@ -74,12 +70,6 @@ class QueueContract(ContractMixin):
 
     def queue_store(self) -> QueueStore:
         store: QueueStore = self.capable_store(Capability.QUEUE, QueueStore, "enqueue, queued, take_queued")
-        return store
-
-    def queue_lifecycle(self) -> QueueLifecycle:
-        self.requires(Capability.LIFECYCLE)
-        store = self.queue_store()
-        assert isinstance(store, QueueLifecycle)
         return store
 
     def test_an_interrupt_delivered_again_cancels_nothing_more(self) -> None:
@@ -250,31 +240,6 @@ class QueueContract(ContractMixin):
             taken.append(message.key)
         store.release(sid, holder)
         assert taken == keys and [m.key for m in store.messages(sid)] == keys
-
-    def test_delete_and_prune_remove_the_queue_with_the_session(self) -> None:
-        store = self.queue_lifecycle()
-        sid = new_id("delete")
-        store.enqueue(sid, "k", "queued")
-        assert store.info(sid) is not None  # a queued message makes the session, as a save does
-        assert store.delete(sid) is True
-        assert store.queued(sid) == [] and store.enqueue(sid, "k", "a new session's") == 1
-        pruned = new_id("prune")
-        store.enqueue(pruned, "k", "queued")
-        time.sleep(1.2)
-        store.prune(idle_for=1.0)
-        assert store.info(pruned) is None and store.queued(pruned) == []
-        assert store.enqueue(pruned, "k", "accepted anew") == 1
-
-    def test_a_held_session_keeps_its_queue_when_delete_is_refused(self) -> None:
-        self.requires(Capability.RUN_STORE)
-        store = self.queue_lifecycle()
-        sid = new_id("held")
-        holder = store.acquire(sid, new_holder(), 60)
-        store.enqueue(sid, "k", "waits")
-        with pytest.raises(SessionBusy):
-            store.delete(sid)
-        assert store.queued(sid) == ["k"]
-        store.release(sid, holder)
 
     def test_property_queued_messages_round_trip_in_order(self) -> None:
         store = self.queue_store()

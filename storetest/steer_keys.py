@@ -9,15 +9,13 @@ test (tests/faults/test_steer_keys.py) loses the answer of a keyed steer's commi
 from __future__ import annotations
 
 import threading
-import time
-import uuid
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import agent_sessions as agent
-from agent_sessions import ArgumentError, Holder, LifecycleStore, Message, RunStore, SteerKeyStore
+from agent_sessions import ArgumentError, Message, RunStore, SteerKeyStore
 
 from . import strategies
 from .capabilities import Capability
@@ -28,11 +26,6 @@ KEYS = st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "
                              include_characters=" "), min_size=1, max_size=255)
 """Keys a caller may use: printable characters, 1 to 255 of them."""
 
-
-KeyedLifecycle = SteerKeyStore
-"""A store keeping steer keys and the lifecycle: whose delete and prune must forget the keys."""
-
-
 class SteerKeyContract(ContractMixin):
     """Mixed into StoreContract; ``make_store``, ``requires``, ``factory`` and ``hypothesis`` come from there."""
 
@@ -40,40 +33,21 @@ class SteerKeyContract(ContractMixin):
         store: SteerKeyStore = self.capable_store(Capability.STEER_KEYS, SteerKeyStore, "add_steer_once")
         return store
 
-    def lifecycle_with_keys(self) -> KeyedLifecycle:
-        self.requires(Capability.LIFECYCLE)
+    def test_a_keyed_steer_is_stored_once_per_session_and_its_key_outlives_its_delivery(self) -> None:
         store = self.steer_key_store()
-        assert isinstance(store, KeyedLifecycle)
-        return store
-
-    def test_a_keyed_steer_is_stored_once_and_its_key_outlives_its_delivery(self) -> None:
-        store = self.steer_key_store()
-        sid = new_id("once")
+        sid, other = new_id("once"), new_id("other")
         assert store.add_steer_once(sid, "check the expiry", "k-1") is True
         assert store.add_steer_once(sid, "check the expiry", "k-1") is False
         assert store.add_steer_once(sid, "another text, the same key", "k-1") is False
-        assert store.take_steers(sid) == ["check the expiry"]
-        assert store.add_steer_once(sid, "check the expiry", "k-1") is False  # delivered: still remembered
-        assert store.take_steers(sid) == []
-
-    def test_different_keys_are_different_steers_kept_in_order_with_unkeyed_ones(self) -> None:
-        store = self.steer_key_store()
-        sid = new_id("order")
-        assert store.add_steer_once(sid, "one", "a") is True
         store.add_steer(sid, "two")
         assert store.add_steer_once(sid, "three", "b") is True
         store.add_steer(sid, "two")  # without a key, sending again stores again
-        assert store.add_steer_once(sid, "one", "a") is False
-        assert store.add_steer_once(sid, "four", "A") is True  # keys compare exactly: case
-        assert store.add_steer_once(sid, "five", "a ") is True  # and a trailing space
-        assert store.take_steers(sid) == ["one", "two", "three", "two", "four", "five"]
-
-    def test_one_key_on_two_sessions_is_two_steers(self) -> None:
-        store = self.steer_key_store()
-        a, b = new_id("a"), new_id("b")
-        assert store.add_steer_once(a, "for a", "shared") is True
-        assert store.add_steer_once(b, "for b", "shared") is True
-        assert store.take_steers(a) == ["for a"] and store.take_steers(b) == ["for b"]
+        assert store.add_steer_once(sid, "four", "K-1") is True  # keys compare exactly: case
+        assert store.add_steer_once(sid, "five", "k-1 ") is True  # and a trailing space
+        assert store.add_steer_once(other, "for the other session", "k-1") is True
+        assert store.take_steers(sid) == ["check the expiry", "two", "three", "two", "four", "five"]
+        assert store.add_steer_once(sid, "check the expiry", "k-1") is False  # delivered: still remembered
+        assert store.take_steers(sid) == [] and store.take_steers(other) == ["for the other session"]
 
     def test_a_bad_key_is_refused_and_nothing_is_stored(self) -> None:
         store = self.steer_key_store()
@@ -125,51 +99,6 @@ class SteerKeyContract(ContractMixin):
         store.fork(source, target, None)
         assert store.add_steer_once(target, "s", "k") is True
         assert store.take_steers(target) == ["s"] and store.take_steers(source) == ["s"]
-
-    def test_delete_forgets_the_keys_with_the_session(self) -> None:
-        store = self.lifecycle_with_keys()
-        sid = new_id("delete")
-        store.save(sid, [Message.user("q")])
-        assert store.add_steer_once(sid, "before", "k") is True
-        store.take_steers(sid)
-        assert store.delete(sid) is True
-        assert store.add_steer_once(sid, "after", "k") is True  # a new session of the same id
-        assert store.take_steers(sid) == ["after"]
-
-    def test_delete_of_a_session_of_steers_alone_forgets_their_keys(self) -> None:
-        """A steer before any write of the session: the session does not exist, but its keys go with its
-        steers when it is deleted."""
-        store = self.lifecycle_with_keys()
-        sid = new_id("rowless")
-        assert store.add_steer_once(sid, "waiting", "k") is True
-        assert store.info(sid) is None
-        assert store.delete(sid) is True
-        assert store.pending_steers(sid) == []
-        assert store.add_steer_once(sid, "again", "k") is True
-        assert store.take_steers(sid) == ["again"]
-
-    def test_a_held_session_keeps_its_keys_when_delete_is_refused(self) -> None:
-        self.requires(Capability.LIFECYCLE)
-        self.requires(Capability.RUN_STORE)
-        store = self.steer_key_store()
-        assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
-        sid = new_id("held")
-        holder = store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 60)
-        assert store.add_steer_once(sid, "s", "k") is True
-        with pytest.raises(agent.SessionBusy):
-            store.delete(sid)
-        assert store.add_steer_once(sid, "s", "k") is False
-        store.release(sid, holder)
-
-    def test_prune_forgets_the_keys_of_the_sessions_it_deletes(self) -> None:
-        store = self.lifecycle_with_keys()
-        sid = new_id("prune")
-        store.save(sid, [Message.user("q")])
-        assert store.add_steer_once(sid, "s", "k") is True
-        time.sleep(1.2)
-        store.prune(idle_for=1.0)
-        assert store.info(sid) is None
-        assert store.add_steer_once(sid, "s", "k") is True
 
     def test_property_keyed_steers_round_trip_once(self) -> None:
         store = self.steer_key_store()
