@@ -12,12 +12,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 import agent_sessions as agent
 from agent_sessions import Content, Message, Role, Tool
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
-from .mixin import ContractMixin, Crash
+from .mixin import ContractMixin, Crash, new_holder, new_id
+from .scripted import Answer
 from .stranded import stranded_ids
 
 
@@ -48,7 +51,8 @@ class Charges:
 
 class SweepContract(ContractMixin):
     @staticmethod
-    def _sweep(store: Any, sid: str, spec: agent.Spec, model: Charges) -> list[agent.Recovered]:
+    def _sweep(store: Any, sid: str, spec: agent.Spec, model: Any) -> list[agent.Recovered]:
+        """The sweep, ``(spec, model)`` resolving this test's session and nothing else: what it did with that."""
         def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
             return (spec, model) if info.id == sid else None
 
@@ -102,56 +106,45 @@ class SweepContract(ContractMixin):
         assert outcome[-1] == UNKNOWN_OUTCOME, outcome
         assert sid not in stranded_ids(store)
 
-    def test_a_message_queued_behind_a_run_that_stopped_at_max_steps_is_answered_and_that_turn_not_run_again(
-            self) -> None:
-        """A plain run stops at its ``max_steps`` (its turn ends there, open in the transcript); a message is
-        queued behind it, whose caller is gone. The sweep answers the message, a turn of its own, and runs
-        nothing more of the run's turn: no request, no charge."""
+    @pytest.mark.parametrize("comes", ["queued", "plain", "keyed steer"])
+    def test_input_behind_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep_and_that_turn_not_run_again(
+            self, comes: str) -> None:
+        """A turn stops at its ``max_steps`` (its turn ends there): a plain run's, behind which a message is
+        ``queued`` (its caller gone); or a keyed turn, after which a ``plain`` run's worker saves its message
+        and dies before its first request, or a ``keyed steer`` comes with nobody running the session. That
+        input is a turn of its own, open: the sweep answers it, once, and runs nothing more of the ended
+        turn (no request, no charge)."""
         store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-queued-{uuid.uuid4().hex}"
-        model = Charges()
+        sid = new_id("sweep-" + comes.replace(" ", "-"))
+        model, answering = Charges(), Answer("the refund is on its way")
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
-        assert agent.Runner().run(spec, [Message.user("charge me")], model).stop_reason == "max_steps"
-        agent.open(sid, store).enqueue("and the refund?", "q-1")
-        answering = _Says("the refund is on its way")
+        if comes == "queued":
+            assert agent.Runner().run(spec, [Message.user("charge me")], model).stop_reason == "max_steps"
+            agent.open(sid, store).enqueue("and the refund?", "q-1")
+        else:
+            assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
+        if comes == "plain":
+            holder = store.acquire(sid, new_holder(), 30)
+            store.save_fenced(sid, holder, [*store.messages(sid), Message.user("and the refund?")], take_steers=False)
+            store.release(sid, holder)
+        elif comes == "keyed steer":
+            assert agent.open(sid, store).steer("and the refund?", key="s-1") is True
+        assert sid in stranded_ids(store)
 
         class Either:
-            """``model`` for the run's own turn (what a sweep must not go on with), ``answering`` for the rest."""
+            """``model`` for the ended turn (what a sweep must not go on with), ``answering`` for the rest."""
 
             def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
                 asked = [m.text for m in messages if m.role is Role.USER and m.text]
                 return (answering if asked[-1] == "and the refund?" else model).complete(system, messages, tools)
 
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, Either()) if info.id == sid else None
-
-        swept = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        swept = self._sweep(store, sid, spec, Either())
         assert (model.requests, model.charges) == (2, 2), "the sweep went on with a turn that had ended at max_steps"
-        assert [r.outcome for r in swept] == ["recovered"] and answering.requests == 1
-        assert agent.open(sid, store).answer("q-1") is not None and sid not in stranded_ids(store)
-
-    def test_a_plain_message_after_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep(self) -> None:
-        """A keyed turn stops at its ``max_steps``; then a plain run's worker saves its message and dies before
-        its first request. That message is a turn of its own, open: the sweep answers it (it cleared the mark
-        as "finished", and the message was never answered)."""
-        store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-after-{uuid.uuid4().hex}"
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
-        assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
-        holder = store.acquire(sid, agent.Holder("dead", 1, uuid.uuid4().hex, 0.0), 30)
-        store.save_fenced(sid, holder, [*store.messages(sid), Message.user("and the refund?")], take_steers=False)
-        store.release(sid, holder)
-        assert sid in stranded_ids(store)
-        answering = _Says("the refund is on its way")
-
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, answering) if info.id == sid else None
-
-        swept = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
-        assert [r.outcome for r in swept] == ["recovered"], swept
-        assert store.messages(sid)[-1].text == "the refund is on its way" and answering.requests == 1
-        assert model.charges == 1 and sid not in stranded_ids(store)
+        assert [r.outcome for r in swept] == ["recovered"] and answering.requests == 1, swept
+        assert store.messages(sid)[-1].text == "the refund is on its way"
+        assert store.pending_steers(sid) == [] and store.queued(sid) == [] and sid not in stranded_ids(store)
+        assert self._sweep(store, sid, spec, Either()) == [] and answering.requests == 1
+        assert comes != "queued" or agent.open(sid, store).answer("q-1") is not None
 
     def test_a_turn_sent_again_after_it_stopped_leaves_a_later_plain_runs_turn_to_the_sweep(self) -> None:
         """Turn k stops at its ``max_steps``; a plain run then asks the model about a new message and dies inside
@@ -199,10 +192,7 @@ class SweepContract(ContractMixin):
         agent.open(sid, store).approve("r1")
         assert sid in stranded_ids(store), "a decision must open the turn for the sweep"
 
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, Once()) if info.id == sid else None
-
-        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        (swept,) = self._sweep(store, sid, spec, Once())
         assert swept.outcome == "recovered" and swept.result is not None
         assert swept.result.text == "refund done"
         assert sid not in stranded_ids(store)
@@ -216,31 +206,11 @@ class SweepContract(ContractMixin):
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
         first = agent.Runner().turn(spec, "charge me", "k-1", model)
         assert first.stop_reason == "max_steps"
-        later = agent.Runner().run(spec, [*store.messages(sid), Message.user("and now?")], _Says("the later answer"))
+        later = agent.Runner().run(spec, [*store.messages(sid), Message.user("and now?")], Answer("the later answer"))
         assert later.text == "the later answer"
         again = agent.Runner().turn(spec, "charge me", "k-1", model)
         assert (again.stop_reason, again.text, again.steps) == ("max_steps", "", 0), again
         assert model.charges == 1
-
-    def test_a_keyed_steer_behind_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep(self) -> None:
-        """A turn stops at its ``max_steps``; then a keyed steer comes, with nobody running the session. The
-        turn has ended; the steer is input of its own, which the sweep answers, once."""
-        store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-steer-{uuid.uuid4().hex}"
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
-        assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
-        assert agent.open(sid, store).steer("and what about this?", key="s-1") is True
-        answering = _Says("about that")
-
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, answering) if info.id == sid else None
-
-        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
-        assert swept.outcome == "recovered" and swept.result is not None and swept.result.text == "about that"
-        assert store.pending_steers(sid) == [] and sid not in stranded_ids(store)
-        assert [r for r in agent.recover(store, resolve, grace=0) if r.session == sid] == []
-        assert model.charges == 1 and answering.requests == 1
 
     def test_a_cancelled_turn_whose_calls_were_decided_lets_the_queue_behind_it_be_answered(self) -> None:
         """A turn waits for a decision on a refund; it is approved; a run holding the session is cancelled
@@ -272,22 +242,7 @@ class SweepContract(ContractMixin):
         store.release(sid, holder)
         assert store.enqueue(sid, "q-1", "what next?") == 1
 
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, RefundThenAnswer()) if info.id == sid else None
-
-        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        (swept,) = self._sweep(store, sid, spec, RefundThenAnswer())
         assert swept.outcome == "recovered", swept
         assert refunds == [], "the cancelled turn's approved call ran"
         assert store.messages(sid)[-1].text == "re: what next?" and store.queued(sid) == []
-
-
-class _Says:
-    """Answers ``text`` to every request, counting them."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.requests = 0
-
-    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
-        self.requests += 1
-        return Message.assistant(self.text)
