@@ -311,8 +311,9 @@ class ApprovalContract(ContractMixin):
     # -- across processes ------------------------------------------------------------------------------
 
     def test_stop_approve_resume_and_a_kill_inside_the_approved_tool_across_processes(self, tmp_path: Path) -> None:
-        """A stops; B approves; C resumes and is killed inside the approved non-idempotent tool; D resumes
-        and does not run it again: its outcome is unknown."""
+        """A stops; B approves; C resumes, runs the lookup and is killed (SIGKILL) inside the approved
+        non-idempotent tool; D resumes and runs neither again: the lookup's result is replayed from the
+        journal, the refund's outcome is unknown."""
         factory = self.factory()
         store = self.approval_store()
         sid = new_id("approval")
@@ -344,6 +345,7 @@ class ApprovalContract(ContractMixin):
         assert out.get(timeout=120) == ("run", "answered")
         d.join(30)
         assert len(lines(tmp_path / "refunds")) == 1, "the approved non-idempotent tool ran again"
+        assert len(lines(tmp_path / "lookups")) == 1, "a journalled result was not replayed"
         msgs = no_orphans(store.messages(sid))
         refund = next(c for c in msgs[2].content if c.tool_call_id == "call_refund")
         assert refund.is_error and refund.text == UNKNOWN_OUTCOME

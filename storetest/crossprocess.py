@@ -189,16 +189,14 @@ def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, pe
             assert mine == sorted(mine), f"a taker received one sender's steers out of order: {mine}"
 
 
-# -- a run in one process, cancelled or killed from another -------------------------------------------
+# -- a run in one process, cancelled from another -------------------------------------------
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     stop_reason: str
     stored: list[Message]
-    requests_after_cancel: int = 0
-    charges: int = 0
-    lookups: int = 0
+    requests_after_cancel: int
 
 
 def lines(path: Path) -> list[str]:
@@ -255,66 +253,13 @@ def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir:
         _stop(child)
 
 
-def _lookup(path: str) -> Callable[[int], str]:
-    def lookup(n: int) -> str:
-        with open(path, "a") as f:
-            f.write("looked up\n")
-        return "found it"
-
-    return lookup
-
-
-def _charge(path: str, then_hang: bool) -> Callable[[int], str]:
+def _charge(path: str) -> Callable[[int], str]:
     def charge(n: int) -> str:
         with open(path, "a") as f:
             f.write("charged\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if then_hang:
-            time.sleep(600)  # killed here
         return "charged"
 
     return charge
-
-
-def _run_charging(factory: Callable[[], Store], sid: str, workdir: str, hang: bool, out: Any) -> None:
-    try:
-        work = Path(workdir)
-        tools = [tool(name="lookup")(_lookup(str(work / "lookups"))),
-                 tool(name="charge", idempotent=False)(_charge(str(work / "charges"), hang))]
-        session = open_session(sid, factory())
-        # A short lease, so the resuming process can take over soon after the kill; it waits for that.
-        spec = Spec(session=session, tools=tools, lease_ttl=1.0, lease_wait=30.0)
-        msgs = session.messages() or [Message.user("look it up, then charge the card")]
-        result = Runner().run(spec, msgs, ToolsThenAnswer(["lookup", "charge"]))
-        out.put(("result", result.stop_reason))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", traceback.format_exc()))
-
-
-def kill_mid_tool_then_resume(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
-    """SIGKILL a child inside a non-idempotent tool; resume the session in a second child."""
-    ctx = process_context(factory)
-    out = ctx.Queue()
-    charges, lookups = Path(workdir) / "charges", Path(workdir) / "lookups"
-    first = ctx.Process(target=_run_charging, args=(factory, sid, workdir, True, out))
-    first.start()
-    try:
-        wait_for(lambda: len(lines(charges)) == 1, "the first child to enter the charge tool")
-        os.kill(first.pid or 0, signal.SIGKILL)
-        first.join(30)
-    finally:
-        _stop(first)
-    second = ctx.Process(target=_run_charging, args=(factory, sid, workdir, False, out))
-    second.start()
-    try:
-        kind, value = out.get(timeout=90)
-        assert kind == "result", value
-        second.join(30)
-    finally:
-        _stop(second)
-    stored = open_session(sid, factory()).messages()
-    return RunOutcome(value, stored, charges=len(lines(charges)), lookups=len(lines(lookups)))
 
 
 def _stop(process: Any) -> None:
@@ -365,7 +310,7 @@ def _run_then_stall(factory: Callable[[], Store], sid: str, workdir: str, out: A
 def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
     try:
         session = open_session(sid, factory())
-        charge = tool(name="charge", idempotent=False)(_charge(str(Path(workdir) / "charges"), False))
+        charge = tool(name="charge", idempotent=False)(_charge(str(Path(workdir) / "charges")))
         spec = Spec(session=session, tools=[charge], lease_ttl=30.0, lease_wait=30.0)
         msgs = [*session.messages(), Message.user("charge the card instead")]
         result = Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))

@@ -215,21 +215,6 @@ class IdentityContract(ContractMixin):
         published = Message.from_dict(next(e for e in events if e.kind == "model_response").data["message"])
         assert [c.arguments for c in published.tool_calls] == VERBATIM_ARGUMENTS
 
-    def test_a_failed_run_whose_error_holds_a_lone_surrogate_publishes_failed(self) -> None:
-        store = self._store(Capability.EVENTS)
-        session = agent.open(new_id("lone-fail"), store)
-
-        def down(msgs: Sequence[Message]) -> None:
-            raise RuntimeError(f"cannot read {LONE}")
-
-        spec = agent.Spec(session=session, publish_events=True)
-        with pytest.raises(RuntimeError, match="cannot read"):
-            agent.Runner().run(spec, [Message.user("q")], Answer("never", down))
-        events = session.events()
-        assert [e.kind for e in events] == ["step_started", "failed"]
-        assert events[-1].data["message"] == f"cannot read {LONE}"
-        assert agent.Runner().run(spec, [Message.user("q")], Answer("up again")).text == "up again"
-
     def test_a_lone_surrogate_elsewhere_is_stored_or_refused_with_a_typed_error(self) -> None:
         store = self._store(Capability.EVENTS)
         session = agent.open(new_id("lone-input"), store)

@@ -734,17 +734,6 @@ class RunStoreContract(ContractMixin):
         assert outcome.requests_after_cancel <= 1, outcome
         assert_no_orphans(outcome.stored)
 
-    def test_a_non_idempotent_tool_killed_mid_call_runs_exactly_once_after_resume(self, tmp_path: Any) -> None:
-        factory = self.factory()
-        self.run_store()
-        outcome = crossprocess.kill_mid_tool_then_resume(factory, new_id(), str(tmp_path))
-        assert outcome.charges == 1, "the non-idempotent tool ran again after the resume"
-        assert outcome.lookups == 1, "a journalled result was not replayed"
-        assert outcome.stop_reason == "answered"
-        assert_no_orphans(outcome.stored)
-        results = {c.tool_call_id: c for c in outcome.stored[2].content}
-        assert results["call_0_1"].text == UNKNOWN_OUTCOME
-
     def test_a_run_stopped_past_its_lease_and_continued_after_a_takeover_writes_nothing(self, tmp_path: Any) -> None:
         factory = self.factory()
         self.run_store()

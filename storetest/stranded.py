@@ -21,7 +21,6 @@ from agent_sessions import (
     Message,
     QueueStore,
     Role,
-    RunStore,
     SteerKeyStore,
 )
 
@@ -32,10 +31,6 @@ QUESTION = Message.user("what expires?", key="turn-1")
 CALL = Message(Role.ASSISTANT, [Content.tool_call("c1", "read_file", '{"path": "lease.go"}')])
 RESULT = Message(Role.USER, [Content.tool_result("c1", "package lease")])
 ANSWER = Message.assistant("the lease")
-
-
-StrandedStore = RunStore
-"""What the contract exercises: the lifecycle's listing and the run lease."""
 
 
 def stranded_ids(store: LifecycleStore, grace: float = 0.0) -> list[str]:
@@ -152,10 +147,9 @@ class StrandedContract(ContractMixin):
             pytest.skip("the store keeps no steer keys")
         sid = new_id("steer")
         store.save(sid, [QUESTION, ANSWER])
-        listed = store
-        assert sid not in stranded_ids(listed)
+        assert sid not in stranded_ids(store)
         assert store.add_steer_once(sid, "and the renewal?", "steer-1") is True
-        assert sid in stranded_ids(listed)
+        assert sid in stranded_ids(store)
 
     def test_a_closing_save_keeps_the_turn_open_while_input_waits(self) -> None:
         """A message queued, or a steer posted, while a run works keeps the turn open when that run's last
@@ -190,18 +184,17 @@ class StrandedContract(ContractMixin):
         holder = store.acquire(sid, new_holder(), 30)
         assert store.cancel(sid) is True
         store.release(sid, holder)
-        listed = store
-        assert sid not in stranded_ids(listed)
+        assert sid not in stranded_ids(store)
         if not isinstance(store, QueueStore):
             return
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
-        assert sid in stranded_ids(listed)
+        assert sid in stranded_ids(store)
         taker = store.acquire(sid, new_holder(), 30)
         assert taker.cancelled  # the cancel is handed to the next holder, still
         assert store.take_queued(sid, taker) == Message.user("and the renewal?", key="turn-2")
         store.cancel(sid)  # handed on again, as a run that stops does
         store.release(sid, taker)
-        assert sid not in stranded_ids(listed)
+        assert sid not in stranded_ids(store)
 
     def test_taking_a_queued_message_keeps_the_mark_its_enqueue_set(self) -> None:
         """The turn has been open since the message was accepted, not since a holder took it: the sweep's
@@ -210,16 +203,15 @@ class StrandedContract(ContractMixin):
         if not isinstance(store, QueueStore):
             pytest.skip("the store keeps no queue")
         sid = new_id("keep")
-        listed = store
         store.save(sid, [QUESTION, ANSWER])
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
-        before = listed.info(sid)
+        before = store.info(sid)
         assert before is not None and before.open_since is not None
         time.sleep(0.05)
         holder = store.acquire(sid, new_holder(), 30)
         assert store.take_queued(sid, holder) is not None
         store.release(sid, holder)
-        after = listed.info(sid)
+        after = store.info(sid)
         assert after is not None and after.open_since == before.open_since
 
     def test_mark_finished_is_fenced_and_refused_while_input_waits(self) -> None:
