@@ -25,6 +25,7 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 from . import processes
 from .capabilities import Capability
 from .crossprocess import in_processes, lines, wait_for
+from .meeting import Landing
 from .mixin import ContractMixin, new_id, no_orphans, together
 
 
@@ -67,26 +68,6 @@ class RefundThenAnswer:
         if not any(m.tool_calls for m in messages if m.role is Role.ASSISTANT):
             return Message(Role.ASSISTANT, [Content.tool_call(f"call_{name}", name, args) for name, args in self.calls])
         return Message.assistant("done: " + " | ".join(c.text for c in messages[-1].content))
-
-
-class _ReadThen:
-    """A store whose first ``journal()`` read, once it has read, calls ``then`` before returning the text
-    (a barrier; another decision landing): a decision taken through it swaps against a text that may no
-    longer be stored. Everything else passes through."""
-
-    def __init__(self, store: Any, then: Callable[[], object]) -> None:
-        self.store = store
-        self.then: Callable[[], object] | None = then
-
-    def journal(self, session: str) -> str | None:
-        text: str | None = self.store.journal(session)
-        then, self.then = self.then, None
-        if then is not None:
-            then()
-        return text
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
 
 
 class ApprovalContract(ContractMixin):
@@ -214,7 +195,7 @@ class ApprovalContract(ContractMixin):
         with pytest.raises(agent.UnknownApproval):
             session.approve("call_lookup")  # a call of the reply that needs no approval
         first = agent.open(sid, self.another(store))
-        late = agent.open(sid, _ReadThen(store, lambda: first.deny("call_refund", "no")))
+        late = agent.open(sid, Landing(store, after={"journal": lambda: first.deny("call_refund", "no")}))
         with pytest.raises(agent.AlreadyDecided, match="denied by a person") as info:
             late.approve("call_refund")
         assert info.value.decision.approved is False and info.value.decision.reason == "no"
@@ -229,7 +210,7 @@ class ApprovalContract(ContractMixin):
         store = self.approval_store()
         sid, _, _ = self._stopped(store, tmp_path)
         barrier = threading.Barrier(8, timeout=30)
-        deciders = [agent.open(sid, _ReadThen(self.another(store), barrier.wait)) for _ in range(8)]
+        deciders = [agent.open(sid, Landing(self.another(store), after={"journal": barrier.wait})) for _ in range(8)]
 
         def decide(i: int) -> str:
             try:

@@ -7,8 +7,6 @@ lifecycle's).
 
 from __future__ import annotations
 
-import threading
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,17 +17,16 @@ from hypothesis import strategies as st
 import agent_sessions as agent
 from agent_sessions import (
     ArgumentError,
-    Content,
     LeaseLost,
     Message,
     QueueStore,
-    Role,
 )
 
 from . import strategies
 from .capabilities import Capability
 from .crossprocess import enqueue_across_processes
-from .mixin import ContractMixin, Crash, new_holder, new_id
+from .mixin import ContractMixin, Crash, new_holder, new_id, together
+from .scripted import Held
 from .steer_keys import KEYS
 
 
@@ -42,21 +39,6 @@ class _Counting:
     def complete(self, system: str, messages: Sequence[Message], tools: object) -> Message:
         self.requests += 1
         return Message.assistant(f"answer {self.requests}")
-
-
-class _Holding:
-    """Answers ``text`` once let go (``go``), saying when it was asked (``entered``); with ``calls``, its
-    first reply calls ``lookup`` (so a cancel that came meanwhile stops the run before the tool)."""
-
-    def __init__(self, text: str, calls: bool = False) -> None:
-        self.text, self.calls, self.entered, self.go = text, calls, threading.Event(), threading.Event()
-
-    def complete(self, system: str, messages: Sequence[Message], tools: object) -> Message:
-        self.entered.set()
-        self.go.wait(20)
-        if self.calls and not any(m.tool_calls for m in messages):
-            return Message(Role.ASSISTANT, [Content.tool_call(f"c-{uuid.uuid4().hex[:6]}", "lookup", "{}")])
-        return Message.assistant(self.text)
 
 
 @agent.tool(name="lookup")
@@ -79,7 +61,7 @@ class QueueContract(ContractMixin):
         self.requires(Capability.RUN_STORE)
         store = self.queue_store()
         sid = new_id("interrupt")
-        first = _Holding("the first answer")
+        first = Held("the first answer")
         running = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), [Message.user("first")], first)
         assert first.entered.wait(20)
 
@@ -93,17 +75,17 @@ class QueueContract(ContractMixin):
 
         with pytest.raises(Crash):
             agent.Runner().turn(agent.Spec(session=agent.open(sid, DiesBeforeQueueing()), lease_wait=0.0),
-                                "stop that", "k-interrupt", _Holding("never"), if_busy="interrupt")
+                                "stop that", "k-interrupt", Held("never"), if_busy="interrupt")
         first.go.set()
         running.wait(20)  # answered: the cancel came while it waited on its model, which answered
-        other = _Holding("the other answer", calls=True)
+        other = Held("the other answer", calls=True)
         theirs = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[_lookup]),
                                       [*store.messages(sid), Message.user("another caller's question")], other)
         assert other.entered.wait(20)
         try:
             with pytest.raises(agent.StillQueued):
                 agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=0.0), "stop that",
-                                    "k-interrupt", _Holding("never"), if_busy="interrupt")
+                                    "k-interrupt", Held("never"), if_busy="interrupt")
         finally:
             other.go.set()
         got = theirs.wait(20)
@@ -174,15 +156,6 @@ class QueueContract(ContractMixin):
         info = store.info(sid)
         assert info is not None and info.open_since is None
 
-    def test_a_queue_on_a_session_without_a_transcript_starts_it(self) -> None:
-        store = self.queue_store()
-        sid = new_id("fresh")
-        assert store.enqueue(sid, "k", "hello") == 1
-        holder = store.acquire(sid, new_holder(), 60)
-        assert store.take_queued(sid, holder) == Message.user("hello", key="k")
-        assert store.messages(sid) == [Message.user("hello", key="k")]
-        store.release(sid, holder)
-
     def test_a_bad_key_or_text_is_refused_and_nothing_is_queued(self) -> None:
         store = self.queue_store()
         sid = new_id("bad")
@@ -198,24 +171,8 @@ class QueueContract(ContractMixin):
         store = self.queue_store()
         n = max(2, self.concurrency)
         sid = new_id("threads")
-        barrier = threading.Barrier(n)
-        got: dict[int, list[int]] = {}
-        errors: list[BaseException] = []
-
-        def send(i: int) -> None:
-            try:
-                barrier.wait(60)
-                got[i] = [store.enqueue(sid, f"t{i}-{j}", f"text {i} {j}") for j in range(3)]
-                got[i].append(store.enqueue(sid, "shared", "one text"))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        got = together(n, lambda i: [*(store.enqueue(sid, f"t{i}-{j}", f"text {i} {j}") for j in range(3)),
+                                     store.enqueue(sid, "shared", "one text")])
         keys = store.queued(sid)
         assert sorted(keys) == sorted([f"t{i}-{j}" for i in range(n) for j in range(3)] + ["shared"])
         for i in range(n):

@@ -8,8 +8,6 @@ test (tests/faults/test_steer_keys.py) loses the answer of a keyed steer's commi
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,7 +18,8 @@ from agent_sessions import ArgumentError, Message, RunStore, SteerKeyStore
 from . import strategies
 from .capabilities import Capability
 from .crossprocess import keyed_steer_across_processes
-from .mixin import ContractMixin, new_id
+from .mixin import ContractMixin, new_id, together
+from .scripted import Answer, Held
 
 KEYS = st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"),
                              include_characters=" "), min_size=1, max_size=255)
@@ -76,7 +75,7 @@ class SteerKeyContract(ContractMixin):
         n = max(2, self.concurrency)
         for round in range(5):
             sid = new_id(f"race{round}")
-            results = _race(store, sid, n)
+            results = together(n, lambda i: store.add_steer_once(sid, f"from thread {i}", "the key"))  # noqa: B023
             assert sorted(results) == [False] * (n - 1) + [True], results
             taken = store.take_steers(sid)
             assert len(taken) == 1 and taken[0].startswith("from thread "), taken
@@ -136,7 +135,7 @@ class SteerKeyContract(ContractMixin):
         stored = store.messages(sid)
         assert [(m.text, m.key, m.steer) for m in stored] == [("the question", "turn-key", False),
                                                              ("and mind the expiry", "steer-key", True)]
-        again = agent.Runner().turn(spec, "the question", "turn-key", _Reply("both answered"))
+        again = agent.Runner().turn(spec, "the question", "turn-key", Answer("both answered"))
         assert (again.stop_reason, again.text) == ("answered", "both answered")
 
     def test_a_steered_turn_retried_gets_its_own_answer_never_an_earlier_one_of_the_same_text(self) -> None:
@@ -149,60 +148,23 @@ class SteerKeyContract(ContractMixin):
         assert isinstance(store, RunStore)
         sid = new_id("yes")
         session = agent.open(sid, store)
-        first = agent.Runner().run(agent.Spec(session=session), [Message.user("yes")], _Reply("the first answer"))
+        first = agent.Runner().run(agent.Spec(session=session), [Message.user("yes")], Answer("the first answer"))
         assert first.text == "the first answer"
-        entered, go = threading.Event(), threading.Event()
+        held = Held("more")
         holding = agent.Runner().start(agent.Spec(session=session, lease_ttl=30),
-                                       [*session.messages(), Message.user("tell me more")],
-                                       _Reply("more", entered, go))
+                                       [*session.messages(), Message.user("tell me more")], held)
         try:
-            assert entered.wait(20), "the holding run never asked its model"
+            assert held.entered.wait(20), "the holding run never asked its model"
             spec = agent.Spec(session=agent.open(sid, store), lease_wait=0.0)
             for _ in range(2):  # the turn, then its retry while its steer still waits
                 with pytest.raises(agent.StillQueued):
-                    agent.Runner().turn(spec, "yes", "k-yes-2", _Reply("never asked"), if_busy="steer")
+                    agent.Runner().turn(spec, "yes", "k-yes-2", Answer("never asked"), if_busy="steer")
         finally:
-            go.set()
+            held.go.set()
         assert holding.wait(20).text == "more"
         mine = agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=10.0), "yes", "k-yes-2",
-                                   _Reply("the second answer"), if_busy="steer")
+                                   Answer("the second answer"), if_busy="steer")
         assert mine.text == "the second answer"
         again = agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=0.0), "yes", "k-yes-2",
-                                    _Reply("never asked"), if_busy="steer")
+                                    Answer("never asked"), if_busy="steer")
         assert (again.text, again.steps) == ("the second answer", 0)
-
-
-def _race(store: SteerKeyStore, sid: str, n: int) -> list[bool]:
-    """``n`` threads, released together, each sending a steer of its own to ``sid`` under one key."""
-    barrier = threading.Barrier(n)
-    results: list[bool] = []
-    errors: list[BaseException] = []
-
-    def send(i: int) -> None:
-        try:
-            barrier.wait(60)
-            results.append(store.add_steer_once(sid, f"from thread {i}", "the key"))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads), "a sender did not return within 120 s"
-    return results
-
-
-class _Reply:
-    """Answers ``text``; with ``entered`` and ``go``, says it was asked and waits to be let go first."""
-
-    def __init__(self, text: str, entered: threading.Event | None = None, go: threading.Event | None = None) -> None:
-        self.text, self.entered, self.go = text, entered, go
-
-    def complete(self, system: str, messages: object, tools: object) -> Message:
-        if self.entered is not None and self.go is not None:
-            self.entered.set()
-            self.go.wait(20)
-        return Message.assistant(self.text)
