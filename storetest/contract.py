@@ -130,6 +130,8 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
                                 Content.tool_result("c2", "no such file", is_error=True)]),
             Message(Role.ASSISTANT, []),
             Message.assistant(""),
+            Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"), _call("c3", "{}"),
+            Message(Role.USER, [Content.tool_result("c3", "\x00\x01\x1f", is_error=True)]),
         ]
         store.save(sid, msgs)
         got = store.messages(sid)
@@ -144,14 +146,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         got = [m.tool_calls[0].arguments for m in store.messages(sid)]
         for want, have in zip(VERBATIM_ARGUMENTS, got, strict=True):
             assert have == want, f"stored {want!r}, got back {have!r}"
-
-    def test_texts_keep_nul_surrogates_and_astral_characters(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        msgs = [Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"), _call("c", "{}"),
-                Message(Role.USER, [Content.tool_result("c", "\x00\x01\x1f", is_error=True)])]
-        store.save(sid, msgs)
-        assert store.messages(sid) == msgs
 
     def test_a_tool_result_that_answers_no_call_is_refused(self) -> None:
         store = self.make_store()

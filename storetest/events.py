@@ -168,26 +168,6 @@ class EventContract(ContractMixin):
         with pytest.raises(agent.ArgumentError):
             store.events(new_id(), after, limit)
 
-    def test_a_superseded_holder_appends_nothing(self) -> None:
-        store = self.event_store()
-        sid = new_id("fence")
-        a = store.acquire(sid, new_holder(), 0.2)
-        store.save_fenced(sid, a, [Message.user("q")], take_steers=False)
-        store.append_events(sid, a, _texts(1, "a"), keep=100)
-        wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
-        b = self.another(store).acquire(sid, new_holder(), 30)
-        before = store.events(sid, 0, 100), store.messages(sid)
-        with pytest.raises(agent.LeaseLost):
-            store.append_events(sid, a, _texts(2, "late"), keep=100)
-        with pytest.raises(agent.LeaseLost):
-            store.save_fenced_events(sid, a, [Message.user("q"), Message.assistant("late")], take_steers=False,
-                                     events=_texts(1, "late"), keep=100)
-        assert (store.events(sid, 0, 100), store.messages(sid)) == before
-        store.append_events(sid, b, _texts(1, "b"), keep=100)
-        every = store.events(sid, 0, 100)
-        _consecutive(every)
-        assert [e.data["tag"] for e in every] == ["a", "b"]
-
     def test_events_ride_in_a_save_atomically(self) -> None:
         store = self.event_store()
         sid = new_id("ride")

@@ -76,12 +76,20 @@ class FencingContract(ContractMixin):
         a = store.acquire(sid, new_holder(), 0.2)
         store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True)
         store.put_journal(sid, a, "a's journal")
+        logs = isinstance(store, agent.EventStore)
+        if logs:
+            store.append_events(sid, a, [encode("note", {"by": "a"})], keep=100)
         self._expire(store, sid)
         b = self.another(store).acquire(sid, new_holder(), 30)
         assert b.epoch > a.epoch
         store.add_steer(sid, "for b")
         before = _state(store, sid)
-        for write in (
+        late: list[Any] = [  # an event log's writes, where the store keeps one
+            lambda: store.append_events(sid, a, [encode("note", {"by": "late a"})], keep=100),
+            lambda: store.save_fenced_events(sid, a, [Message.user("a's question"), Message.assistant("late")],
+                                             take_steers=False, events=[encode("note", {"by": "late a"})], keep=100),
+        ] if logs else []
+        for write in (*late,
             lambda: store.save_fenced(sid, a, [Message.user("a's question"), Message.assistant("late")],
                                       take_steers=True),
             lambda: store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True),
@@ -101,6 +109,10 @@ class FencingContract(ContractMixin):
         store.release(sid, a)
         assert _state(store, sid) == before
         assert store.take_steers(sid) == ["for b"]  # the stale saves took no steer
+        if logs:  # nor an event, nor a number: b's event follows a's
+            store.append_events(sid, b, [encode("note", {"by": "b"})], keep=100)
+            log = store.events(sid, 0, 100)
+            assert [e.data["by"] for e in log] == ["a", "b"] and log[1].seq == log[0].seq + 1
 
     def test_a_save_whose_flags_are_not_bools_is_an_argument_error_and_writes_nothing(self) -> None:
         """``take_steers`` and ``replace`` each decide what a save does (take the steers, replace the

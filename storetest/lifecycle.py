@@ -420,27 +420,3 @@ class LifecycleContract(ContractMixin):
         result = agent.Runner().turn(agent.Spec(session=agent.open(sid, store)), "q", "k", model)
         assert result.steps == 1 and model.requests == 1
         assert [m.text for m in store.messages(sid)] == ["q", "answered once"]
-
-    def test_two_deliveries_at_once_ask_the_model_once(self) -> None:
-        store = self.lifecycle_store()
-        if not isinstance(store, agent.RunStore):
-            pytest.skip("turns need a RunStore")
-        sid = _prefix() + "twice"
-        store.save(sid, [Message.user("earlier"), Message.assistant("earlier answer")])
-        barrier = threading.Barrier(2, timeout=30)
-        model = Answer("once", before=lambda _: time.sleep(0.2))
-        results: list[Any] = []
-
-        def deliver() -> None:
-            barrier.wait()
-            spec = agent.Spec(session=agent.open(sid, store), lease_wait=30)
-            results.append(agent.Runner().turn(spec, "now", "task-7", model))
-
-        threads = [threading.Thread(target=deliver) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert len(results) == 2 and model.requests == 1
-        assert sorted(r.steps for r in results) == [0, 1] and {r.text for r in results} == {"once"}
-        assert [m.text for m in store.messages(sid)] == ["earlier", "earlier answer", "now", "once"]

@@ -443,39 +443,6 @@ class RunStoreContract(ContractMixin):
 
     # -- cancel --------------------------------------------------------------------------------------
 
-    def test_cancel_from_another_store_object_stops_the_run_before_its_next_request(self) -> None:
-        """The cancel lands while the run is inside its third step's tool (which waits for it), so every
-        model request made after it is one the cancel should have prevented."""
-        store = self.run_store()
-        sid = new_id()
-        inside, landed = threading.Event(), threading.Event()
-        tool_calls: list[int] = []
-
-        @agent.tool
-        def step(n: int) -> str:
-            """One step of work; the third waits for the cancel to land."""
-            tool_calls.append(n)
-            if len(tool_calls) == 3:
-                inside.set()
-                landed.wait(30)
-            return "ok"
-
-        model = ToolsThenAnswer(["step"], rounds=10**6)
-        run = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[step], max_steps=500),
-                                   [Message.user("go")], model)
-        assert inside.wait(30)
-        assert agent.open(sid, self.another(store)).cancel() is True
-        asked = model.requests
-        landed.set()
-        result = run.wait(30)
-        assert result.stop_reason == "cancelled"
-        assert model.requests == asked, f"{model.requests - asked} model requests after the cancel landed"
-        assert len(tool_calls) == 3, "the run went on to another step after the cancel"
-        stored = store.messages(sid)
-        assert stored == result.messages
-        assert_no_orphans(stored)
-        assert agent.open(sid, store).holder() is None
-
     def test_a_cancel_between_two_tool_calls_skips_the_second_and_answers_both(self) -> None:
         store = self.run_store()
         sid = new_id()
@@ -496,11 +463,13 @@ class RunStoreContract(ContractMixin):
             ran.append("second")
             return "second done"
 
+        model = ToolsThenAnswer(["first", "second"], rounds=5)
         result = agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[first, second]),
-                                    [Message.user("go")], ToolsThenAnswer(["first", "second"], rounds=5))
-        assert result.stop_reason == "cancelled" and result.steps == 1
+                                    [Message.user("go")], model)
+        assert result.stop_reason == "cancelled" and result.steps == 1 and model.requests == 1
         assert ran == ["first"]
         stored = store.messages(sid)
+        assert stored == result.messages and agent.open(sid, store).holder() is None
         assert_no_orphans(stored)
         results = {c.tool_call_id: c for c in stored[-1].content}
         assert results["call_0_0"].text == "first done" and not results["call_0_0"].is_error
