@@ -221,6 +221,32 @@ class _CallsThenAnswer:
 class CancelMeetsContract(ContractMixin):
     """Scenarios 2 and 3 of issue 29, a cancel beside a redelivered turn and beside a resume."""
 
+    def _cancelled_turn(self, tag: str, died: bool = False) -> tuple[RunStore, str, agent.Spec, Any, list[str]]:
+        """A turn ("msg-1") that sends one email and is cancelled from another store object (``other``) while
+        it waits on its second request: it returns cancelled, or (``died``) its worker dies there and its
+        lease lapses. The store, the session's id, the turn's spec, ``other`` and the emails sent."""
+        store = self.run_store()
+        sid = new_id(tag)
+        sent: list[str] = []
+        other = agent.open(sid, self.another(store))
+
+        def cancel_then(request: int) -> None:
+            if request == 2:
+                assert other.cancel() is True
+                if died:
+                    raise Crash()
+
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=8, lease_ttl=0.6)
+        first = _CallsThenAnswer("email", '{"to": "a@example.com"}', rounds=3, before=cancel_then)
+        if died:
+            with pytest.raises(Crash):
+                agent.Runner().turn(spec, "email everyone", "msg-1", first)
+            wait_for(lambda: store.holder(sid) is None, "the dead worker's lease to expire", 20)
+        else:
+            assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "cancelled"
+        assert sent == ["a@example.com"], "the cancel landed after one email and before the second reply"
+        return store, sid, spec, other, sent
+
     # -- 2. a redelivered turn does not undo how the turn ended ----------------------------------------
 
     @pytest.mark.parametrize("steered", [False, True])
@@ -231,26 +257,7 @@ class CancelMeetsContract(ContractMixin):
         delivered again, and the repeat reports the cancel without a model request or a tool. ``steered``:
         a steer waits by then; it is not new input for the cancelled turn's repeat, which stops all the
         same; it waits for the next turn, which takes it. (Found by the soak: seed 2713294601 on MariaDB.)"""
-        store = self.run_store()
-        sid = new_id("turn-cancel")
-        sent: list[str] = []
-        other = agent.open(sid, self.another(store))
-
-        def cancel_then(request: int) -> None:
-            if request == 2:
-                assert other.cancel() is True
-                if how == "died":
-                    raise Crash()
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=8, lease_ttl=0.6)
-        first = _CallsThenAnswer("email", '{"to": "a@example.com"}', rounds=3, before=cancel_then)
-        if how == "died":
-            with pytest.raises(Crash):
-                agent.Runner().turn(spec, "email everyone", "msg-1", first)
-            wait_for(lambda: store.holder(sid) is None, "the dead worker's lease to expire", 20)
-        else:
-            assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "cancelled"
-        assert sent == ["a@example.com"], "the cancel landed after one email and before the second reply"
+        store, sid, spec, other, sent = self._cancelled_turn("turn-cancel", died=how == "died")
         if steered:
             other.steer("and cc the team")
         again = _CallsThenAnswer("email", '{"to": "b@example.com"}', rounds=3)
@@ -273,20 +280,8 @@ class CancelMeetsContract(ContractMixin):
         raising on the step's first event). The turn is still open: its redelivery must stop, cancelled, with
         no model request and no tool, as if that run had never taken the lease; a new turn after it is
         answered. (Found by the model of concurrent operations: seed 1956223834, on SQLite and then memory.)"""
-        store = self.run_store()
-        sid = new_id("turn-cancel-handed")
-        sent: list[str] = []
-        other = agent.open(sid, self.another(store))
+        store, sid, spec, _, sent = self._cancelled_turn("turn-cancel-handed")
         stale = [Message.user("read before the turn wrote")]
-
-        def cancel_then(request: int) -> None:
-            if request == 2:
-                assert other.cancel() is True
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=8)
-        first = _CallsThenAnswer("email", '{"to": "a@example.com"}', rounds=3, before=cancel_then)
-        assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "cancelled"
-        assert sent == ["a@example.com"]
         failing = _CallsThenAnswer("email", '{"to": "c@example.com"}', rounds=3)
         if fails == "stale transcript":
             with pytest.raises(agent.TranscriptConflict):
@@ -310,18 +305,7 @@ class CancelMeetsContract(ContractMixin):
         before its first request, which spends the cancel it was handed with the lease. Answered, the session is
         not cancelled any more: the next holder is handed nothing (else a later turn's redelivery, after its
         worker died, would stop as cancelled, and the sweep would never list that turn)."""
-        store = self.run_store()
-        sid = new_id("turn-cancel-spent")
-        sent: list[str] = []
-        other = agent.open(sid, self.another(store))
-
-        def cancel_then(request: int) -> None:
-            if request == 2:
-                assert other.cancel() is True
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[_email(sent)], max_steps=8)
-        first = _CallsThenAnswer("email", '{"to": "a@example.com"}', rounds=3, before=cancel_then)
-        assert agent.Runner().turn(spec, "email everyone", "msg-1", first).stop_reason == "cancelled"
+        store, sid, spec, _, sent = self._cancelled_turn("turn-cancel-spent")
         later = agent.Runner().run(spec, [*store.messages(sid), Message.user("a new question")], Answer("an answer"))
         assert later.stop_reason == "answered" and sent == ["a@example.com"]
         holder = store.acquire(sid, new_holder(), 30)

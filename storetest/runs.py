@@ -662,37 +662,6 @@ class RunStoreContract(ContractMixin):
         assert result.messages[3].text == "something else"
         assert store.messages(sid) == result.messages and store.journal(sid) is None
 
-    def test_no_stored_transcript_holds_a_tool_call_without_its_result(self) -> None:
-        store = self.run_store()
-
-        @agent.tool
-        def work(n: int) -> str:
-            """Works."""
-            return "worked"
-
-        @agent.tool
-        def broken(n: int) -> str:
-            """Fails."""
-            raise RuntimeError("broken tool")
-
-        @agent.tool
-        def dies(n: int) -> str:
-            """Takes the worker with it."""
-            raise Crash
-
-        cases = {"max_steps": (["work", "work"], 2), "tool error": (["work", "broken"], 1),
-                 "crash": (["work", "dies"], 1)}
-        for name, (calls, max_steps) in cases.items():
-            sid = new_id(name.replace(" ", "-") + "-")
-            spec = agent.Spec(session=agent.open(sid, store), tools=[work, broken, dies], max_steps=max_steps)
-            try:
-                agent.Runner().run(spec, [Message.user(name)], ToolsThenAnswer(calls, rounds=10))
-            except Crash:
-                pass
-            stored = store.messages(sid)
-            assert stored, name
-            assert_no_orphans(stored)
-
     # -- across processes ------------------------------------------------------------------------------
 
     def test_cancel_from_another_process_stops_the_run_within_one_step(self, tmp_path: Any) -> None:

@@ -19,7 +19,7 @@ from agent_sessions import Content, Message, Role, Tool
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
-from .mixin import ContractMixin, Crash, new_holder, new_id
+from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans
 from .scripted import Answer
 from .stranded import stranded_ids
 
@@ -65,6 +65,7 @@ class SweepContract(ContractMixin):
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
         result = agent.Runner().run(spec, [Message.user("charge me")], model)
         assert (result.stop_reason, model.requests, model.charges) == ("max_steps", 2, 2)
+        no_orphans(store.messages(sid))  # its last reply's calls answered
         assert sid not in stranded_ids(store), "a run that returned left its turn listed as stranded"
         assert self._sweep(store, sid, spec, model) == []
         assert (model.requests, model.charges) == (2, 2), "the sweep ran a turn that had ended at max_steps"
