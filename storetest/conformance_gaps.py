@@ -1,9 +1,10 @@
-"""Where operations meet: concurrent first saves of a new session, the cancel flag every fenced save
-returns, and a non-idempotent call's result journalled while more calls of its reply follow.
+"""Where operations meet: concurrent first saves of a new session, and the cancel flag every fenced save
+returns.
 
 Each test here was added because a plausible bug passed the rest of the suite: first saves that both
-append from the start (PostgreSQL locked a row that did not exist yet), a fenced append that ignored the
-cancel flag, and a run that journalled a non-idempotent result only when its call was the reply's last.
+append from the start (PostgreSQL locked a row that did not exist yet), and a fenced append that ignored
+the cancel flag. (A run that journalled a non-idempotent result only when its call was the reply's last:
+``test_a_resumed_run_replays_*``, non-idempotent-first.)
 """
 
 from __future__ import annotations
@@ -12,17 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 import agent_sessions as agent
 from agent_sessions import EventStore, Holder, Message, RunStore, Saved, Store
 from agent_sessions.eventlog import encode
-from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
 from .crossprocess import in_processes, wait_for
-from .mixin import ContractMixin, Crash, new_holder, new_id, together
-from .scripted import ToolsThenAnswer
+from .mixin import ContractMixin, new_holder, new_id, together
 
 ROUNDS = 20
 """How many new sessions each race is run on: a lost race shows in most rounds, seldom in one."""
@@ -135,48 +132,3 @@ class GapsContract(ContractMixin):
                 assert save(store, sid, b, [*msgs, Message.user("z")], take).cancelled is True, (
                     f"{how}: the new holder's append after a cancel")
                 store.release(sid, b)
-
-    # -- a non-idempotent result journalled before the reply's other calls ------------------------------
-
-    def test_a_crash_after_a_non_idempotent_call_replays_its_result_when_more_calls_followed(self) -> None:
-        """The reply is [charge (not idempotent), refresh, lookup]: the worker dies inside refresh. The
-        resume must replay charge's real result (it ran: never run it again, and its outcome is known)."""
-        store = self.run_store()
-        sid = new_id("journal")
-        ran: list[str] = []
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Not idempotent: runs once, first."""
-            ran.append("charge")
-            return f"charged {n}"
-
-        @agent.tool
-        def refresh(n: int) -> str:
-            """Idempotent: the worker dies in it the first time."""
-            ran.append("refresh")
-            if ran.count("refresh") == 1:
-                raise Crash
-            return "refreshed"
-
-        @agent.tool
-        def lookup(n: int) -> str:
-            """Idempotent."""
-            ran.append("lookup")
-            return "looked up"
-
-        model = ToolsThenAnswer(["charge", "refresh", "lookup"])
-        spec = agent.Spec(session=agent.open(sid, store), tools=[charge, refresh, lookup])
-        with pytest.raises(Crash):
-            agent.Runner().run(spec, [Message.user("go")], model)
-        assert ran == ["charge", "refresh"]
-        worker = self.another(store)  # the redelivered task, in another worker
-        result = agent.Runner().run(agent.Spec(session=agent.open(sid, worker), tools=[charge, refresh, lookup]),
-                                    worker.messages(sid), model)
-        assert ran.count("charge") == 1, "the non-idempotent tool ran again after the resume"
-        assert result.stop_reason == "answered"
-        results = {c.tool_call_id: c for c in worker.messages(sid)[2].content}
-        assert results["call_0_0"].text != UNKNOWN_OUTCOME, "the journalled result of charge was not replayed"
-        assert results["call_0_0"].text == "charged 0" and not results["call_0_0"].is_error
-        assert results["call_0_1"].text == "refreshed" and results["call_0_2"].text == "looked up"
-        assert not agent.orphaned_tool_calls(worker.messages(sid))

@@ -254,37 +254,41 @@ class RunStoreContract(ContractMixin):
         assert store.save_fenced(sid, a, [Message.user("still mine")], take_steers=True).steers == []
         assert store.messages(sid) == [Message.user("still mine")]
 
-    def test_a_replaced_history_never_forgets_a_call_that_ran(self) -> None:
-        """A run died inside a non-idempotent tool: its reply waits in the journal, the call started. A run
-        replacing the history (``Spec.replace_transcript``) must not drop that reply silently: given a
-        history that still holds what the reply answered, it puts the reply back closed as it stands (the
-        call's outcome unknown, not run again); given one that does not, it writes nothing and says so."""
+    @pytest.mark.parametrize("replacing", [False, True], ids=["new-turn", "replace_transcript"])
+    def test_a_journal_is_never_replayed_onto_a_different_transcript_nor_forgotten(self, replacing: bool) -> None:
+        """A run died inside a non-idempotent tool: its reply waits in the journal, the call started. A new turn
+        on that history (a new user message; or a run replacing the history, ``Spec.replace_transcript``, with
+        one that still holds what the reply answered) does not replay it, nor drop it silently: it puts the
+        reply back in its place closed as it stood (its outcome unknown, not run again), before the new
+        message, where the model sees it. A replacement that does not hold what it answered writes nothing
+        and says so."""
         store = self.run_store()
         sid = new_id()
         ran: list[str] = []
 
-        class _Died(BaseException):
-            pass
-
         @agent.tool(name="charge", idempotent=False)
         def charge(n: int) -> str:
-            """Charge the card (not idempotent)."""
+            """Charge the card (not idempotent): dies after its effect."""
             ran.append("charge")
-            raise _Died()
+            raise Crash
 
-        spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
-        with pytest.raises(_Died):
-            agent.Runner().run(spec, [Message.user("charge me")], ToolsThenAnswer(["charge"]))
+        with pytest.raises(Crash):
+            agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[charge]), [Message.user("go")],
+                               ToolsThenAnswer(["charge"]))
         stored, journal = store.messages(sid), store.journal(sid)
         assert journal is not None and ran == ["charge"]
-        replacing = agent.Spec(session=agent.open(sid, store), tools=[charge], replace_transcript=True)
-        with pytest.raises(agent.ArgumentError, match="replace_transcript"):
-            agent.Runner().run(replacing, [Message.user("an edited question")], ToolsThenAnswer(["charge"]))
-        assert (store.messages(sid), store.journal(sid)) == (stored, journal)
-        result = agent.Runner().run(replacing, [*stored, Message.user("and then?")], ToolsThenAnswer([], 0))
+        spec = agent.Spec(session=agent.open(sid, store), tools=[charge], replace_transcript=replacing)
+        if replacing:
+            with pytest.raises(agent.ArgumentError, match="replace_transcript"):
+                agent.Runner().run(spec, [Message.user("an edited question")], ToolsThenAnswer(["charge"]))
+            assert (store.messages(sid), store.journal(sid)) == (stored, journal)
+        result = agent.Runner().run(spec, [*stored, Message.user("something else")], ToolsThenAnswer(["charge"]))
         assert result.stop_reason == "answered" and ran == ["charge"]
-        outcome = [c.text for m in store.messages(sid) for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
-        assert outcome == [UNKNOWN_OUTCOME]
+        assert [(m.role, len(m.tool_calls)) for m in result.messages] == [
+            (Role.USER, 0), (Role.ASSISTANT, 1), (Role.USER, 0), (Role.USER, 0), (Role.ASSISTANT, 0)]
+        assert result.messages[2].content[0].text == UNKNOWN_OUTCOME
+        assert result.messages[3].text == "something else"
+        assert store.messages(sid) == result.messages and store.journal(sid) is None
 
     def test_a_save_whose_refusal_went_unanswered_still_takes_the_waiting_steer(self) -> None:
         """The first save of a resume is refused (a steer waits, so it must take it), and the answer of that
@@ -578,89 +582,53 @@ class RunStoreContract(ContractMixin):
         assert other.journal(sid) == '{"started": "last"}' and other.messages(sid) == msgs
         other.release(sid, taker)
 
+    @pytest.mark.parametrize(("reply", "dies", "runs", "results"), [
+        # Idempotent calls first: nothing is journalled until the non-idempotent one starts (their results
+        # ride with the next save), so the first resume asks again and they run again.
+        (["lookup", "refresh", "charge"], {"refresh", "charge"},
+         [["lookup", "refresh"], ["lookup", "refresh", "charge"], []], ["looked up", "refreshed", UNKNOWN_OUTCOME]),
+        # A non-idempotent call first: its result is journalled before the calls after it run, and replayed.
+        (["charge", "refresh", "lookup"], {"refresh"},
+         [["charge", "refresh"], ["refresh", "lookup"]], ["charged", "refreshed", "looked up"]),
+    ], ids=["idempotent-first", "non-idempotent-first"])
     def test_a_resumed_run_replays_finished_tools_reruns_idempotent_ones_and_never_repeats_the_rest(
-        self,
+        self, reply: list[str], dies: set[str], runs: list[list[str]], results: list[str]
     ) -> None:
+        """The worker dies inside each tool of ``dies`` the first time it runs; each resume (another worker's)
+        runs what ``runs`` says, the last to its answer; the reply's results are ``results``."""
         store = self.run_store()
         sid = new_id()
         ran: list[str] = []
-        dies = {"refresh", "charge"}
 
-        @agent.tool
-        def lookup(n: int) -> str:
-            """Finishes before the first crash."""
-            ran.append("lookup")
-            return "looked up"
+        def tool(name: str, text: str, idempotent: bool = True) -> agent.Tool:
+            def run(n: int) -> str:
+                """A tool that may take its worker with it."""
+                ran.append(name)
+                if name in dies:
+                    dies.discard(name)
+                    raise Crash
+                return text
 
-        @agent.tool
-        def refresh(n: int) -> str:
-            """Idempotent: dies the first time."""
-            ran.append("refresh")
-            if "refresh" in dies:
-                dies.discard("refresh")
-                raise Crash
-            return "refreshed"
+            return agent.tool(name=name, idempotent=idempotent)(run)
 
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Not idempotent: dies the first time, after its effect."""
-            ran.append("charge")
-            if "charge" in dies:
-                dies.discard("charge")
-                raise Crash
-            return "charged"
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[lookup, refresh, charge])
-        model = ToolsThenAnswer(["lookup", "refresh", "charge"])
-        with pytest.raises(Crash):
-            agent.Runner().run(spec, [Message.user("go")], model)
-        assert ran == ["lookup", "refresh"]
-        assert store.messages(sid) == [Message.user("go")]
-        # Only idempotent tools ran: nothing was journalled (their results ride with the next save), so the
-        # resume asks the model again and they run again.
-        assert store.journal(sid) is None
-        with pytest.raises(Crash):
-            agent.Runner().run(spec, store.messages(sid), model)
-        assert ran == ["lookup", "refresh", "lookup", "refresh", "charge"]
-        assert store.messages(sid) == [Message.user("go")]  # the reply waits in the journal, not here
-        result = agent.Runner().run(spec, store.messages(sid), model)
-        assert ran == ["lookup", "refresh", "lookup", "refresh", "charge"]
+        tools = [tool("lookup", "looked up"), tool("refresh", "refreshed"), tool("charge", "charged", False)]
+        for i, expected in enumerate(runs):
+            worker = store if i == 0 else self.another(store)
+            spec, before = agent.Spec(session=agent.open(sid, worker), tools=tools), len(ran)
+            msgs = worker.messages(sid) if i else [Message.user("go")]
+            if i < len(runs) - 1:
+                with pytest.raises(Crash):
+                    agent.Runner().run(spec, msgs, ToolsThenAnswer(reply))
+                assert store.messages(sid) == [Message.user("go")]  # the reply waits in the journal, if anywhere
+            else:
+                result = agent.Runner().run(spec, msgs, ToolsThenAnswer(reply))
+            assert ran[before:] == expected, f"run {i}"
         assert result.stop_reason == "answered" and result.steps == 1
-        stored = store.messages(sid)
-        assert_no_orphans(stored)
-        results = {c.tool_call_id: c for c in stored[2].content}
-        assert results["call_0_0"].text == "looked up"
-        assert results["call_0_1"].text == "refreshed"
-        assert results["call_0_2"].is_error and results["call_0_2"].text == UNKNOWN_OUTCOME
+        stored = assert_no_orphans(store.messages(sid))
+        got = {c.tool_call_id: c for c in stored[2].content}
+        assert [got[f"call_0_{i}"].text for i in range(3)] == results
+        assert all(got[f"call_0_{i}"].is_error == (results[i] == UNKNOWN_OUTCOME) for i in range(3))
         assert store.journal(sid) is None
-
-    def test_a_journal_is_not_replayed_onto_a_different_transcript(self) -> None:
-        store = self.run_store()
-        sid = new_id()
-        ran: list[str] = []
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Dies after its effect."""
-            ran.append("charge")
-            if len(ran) == 1:
-                raise Crash
-            return "charged"
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
-        with pytest.raises(Crash):
-            agent.Runner().run(spec, [Message.user("go")], ToolsThenAnswer(["charge"]))
-        # A new turn on the same history (a new user message): the journal answers the transcript without
-        # it, not this one, so its call is not replayed here. Its reply goes back in its place, the call
-        # closed as it stood (started, its outcome unknown), before the new message: the model sees it.
-        msgs = [*store.messages(sid), Message.user("something else")]
-        result = agent.Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))
-        assert ran == ["charge"]
-        assert [(m.role, len(m.tool_calls)) for m in result.messages] == [
-            (Role.USER, 0), (Role.ASSISTANT, 1), (Role.USER, 0), (Role.USER, 0), (Role.ASSISTANT, 0)]
-        assert result.messages[2].content[0].text == UNKNOWN_OUTCOME
-        assert result.messages[3].text == "something else"
-        assert store.messages(sid) == result.messages and store.journal(sid) is None
 
     # -- across processes ------------------------------------------------------------------------------
 
