@@ -95,12 +95,12 @@ def _joined_as_stored(store: EventStore, sid: str) -> list[int]:
     return places
 
 
-def _riding(spec: agent.Spec, msgs: list[Message], model: Any) -> agent.Result:
+def _riding(spec: agent.Spec, msgs: list[Message], model: Any, *listener: Any) -> agent.Result:
     """``Runner().run``, each event riding in the save that stores its message however slow this machine is:
     no watcher write (``FLUSH_SECONDS``), so the shapes checked are the usual step's, not a stalled one's."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(publisher, "FLUSH_SECONDS", 60.0)
-        return agent.Runner().run(spec, msgs, model)
+        return agent.Runner().run(spec, msgs, model, *listener)
 
 
 def _old_shape(kind: str, data: dict[str, Any]) -> str:
@@ -354,13 +354,15 @@ class EventContract(ContractMixin):
 
     # -- runs that publish -----------------------------------------------------------------------------
 
-    def test_a_run_publishes_each_kind_in_order_exactly_once(self) -> None:
+    def test_a_run_publishes_each_kind_in_order_exactly_once_pointing_at_its_messages(self) -> None:
+        """A step's ``model_response`` and ``tool_finished`` ride in the save that writes their message and
+        point at it (``ref``) rather than repeat it; a reader gets them whole."""
         store = self.event_store()
         session = agent.open(new_id("run"), store)
         session.steer("be brief")
         seen: list[Any] = []
         spec = agent.Spec(session=session, tools=[GREP], publish_events=True)
-        result = agent.Runner().run(spec, [Message.user("q")], ToolsThenAnswer(["grep", "grep"]), seen.append)
+        result = _riding(spec, [Message.user("q")], ToolsThenAnswer(["grep", "grep"]), seen.append)
         events = session.events()
         _consecutive(events)
         assert [e.kind for e in events] == RUN_KINDS
@@ -377,6 +379,13 @@ class EventContract(ContractMixin):
                                                                            agent.events.ModelRequest))]
         assert in_process == ["StepStarted", "SteerApplied", "ModelResponse", "ToolCalled", "ToolFinished",
                               "ToolCalled", "ToolFinished", "StepStarted", "ModelResponse", "Finished"]
+        raw = store.events(session.id, 0, 100)
+        assert _shapes(raw) == ["ref"] * 6, "a quick step's reply, calls and results ride in its save: pointers"
+        assert not [e for e in raw if {"message", "call", "result"} & set(e.data)]
+        assert [e.seq for e in events] == [e.seq for e in raw] and _unresolved(events) == [None] * 6
+        assert _joined_as_stored(store, session.id) == [2, 2, 3, 2, 3, 4]  # the steer is message 1
+        assert list(agent.open(session.id, self.another(store)).follow(timeout=0.2)) == events
+        assert resolve(store, session.id, raw) == events
         agent.Runner().run(spec, [*session.messages(), Message.user("again")], Answer("ok"))
         more = session.events(after=events[-1].seq)
         assert [e.kind for e in more] == ["step_started", "model_response", "finished"]
@@ -442,26 +451,6 @@ class EventContract(ContractMixin):
             "finished"]
 
     # -- events that point at the messages their save wrote ----------------------------------------------
-
-    def test_a_steps_events_point_at_the_messages_its_save_wrote_and_read_whole(self) -> None:
-        store = self.event_store()
-        session = agent.open(new_id("point"), store)
-        _riding(agent.Spec(session=session, tools=[GREP], publish_events=True), [Message.user("q")],
-                ToolsThenAnswer(["grep", "grep"]))
-        raw = store.events(session.id, 0, 100)
-        assert _shapes(raw) == ["ref"] * 6, "a quick step's reply, calls and results ride in its save: pointers"
-        assert [e.data["ref"]["index"] for e in raw if e.kind in POINTING] == [1, 1, 2, 1, 2, 3]
-        assert not [e for e in raw if {"message", "call", "result"} & set(e.data)]
-        events = session.events()
-        assert [e.seq for e in events] == [e.seq for e in raw] and _unresolved(events) == [None] * 6
-        assert _joined_as_stored(store, session.id) == [1, 1, 2, 1, 2, 3]
-        pointing = [e for e in events if e.kind in POINTING]
-        assert pointing[3].data == {"step": 1, "call": {"id": "call_0_1", "name": "grep", "arguments": '{"n": 1}'}}
-        assert pointing[4].data == {"step": 1, "call_id": "call_0_1", "name": "grep",
-                                    "result": {"text": "found 1", "is_error": False},
-                                    "seconds": pointing[4].data["seconds"]}
-        assert list(agent.open(session.id, self.another(store)).follow(timeout=0.2)) == events
-        assert resolve(store, session.id, raw) == events
 
     def test_events_stored_whole_read_as_they_always_did(self) -> None:
         """Events of the shape every event had before pointers (the message, the result inside), as a log
