@@ -32,7 +32,7 @@ from .identity import IdentityContract
 from .lifecycle import LifecycleContract
 from .lost import LostAnswersContract
 from .meeting import CancelMeetsContract, MeetingContract
-from .mixin import together
+from .mixin import call, together, transcript
 from .model import ModelContract
 from .queue import QueueContract
 from .runs import RunStoreContract
@@ -53,22 +53,6 @@ SETTINGS = settings.get_profile("storetest")
 
 def _ids(n: int) -> list[str]:
     return [f"storetest-{uuid.uuid4().hex}-{i}" for i in range(n)]
-
-
-def _call(id: str, arguments: str) -> Message:
-    return Message(Role.ASSISTANT, [Content.tool_call(id, "read_file", arguments)])
-
-
-def _transcript(n: int, tag: str = "") -> list[Message]:
-    out: list[Message] = []
-    for i in range(n):
-        if i % 3 == 0:
-            out.append(Message.user(f"{tag}question {i}"))
-        elif i % 3 == 1:
-            out.append(_call(f"call_{i}", f'{{"path": "{tag}f{i}.py"}}'))
-        else:
-            out.append(Message(Role.USER, [Content.tool_result(f"call_{i - 1}", f"{tag}contents {i}")]))
-    return out
 
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
@@ -130,7 +114,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
                                 Content.tool_result("c2", "no such file", is_error=True)]),
             Message(Role.ASSISTANT, []),
             Message.assistant(""),
-            Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"), _call("c3", "{}"),
+            Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"), call("c3", "{}"),
             Message(Role.USER, [Content.tool_result("c3", "\x00\x01\x1f", is_error=True)]),
         ]
         store.save(sid, msgs)
@@ -141,7 +125,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     def test_tool_call_arguments_are_kept_byte_for_byte(self) -> None:
         store = self.make_store()
         (sid,) = _ids(1)
-        msgs = [_call(f"c{i}", text) for i, text in enumerate(VERBATIM_ARGUMENTS)]
+        msgs = [call(f"c{i}", text) for i, text in enumerate(VERBATIM_ARGUMENTS)]
         store.save(sid, msgs)
         got = [m.tool_calls[0].arguments for m in store.messages(sid)]
         for want, have in zip(VERBATIM_ARGUMENTS, got, strict=True):
@@ -150,7 +134,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     def test_a_tool_result_that_answers_no_call_is_refused(self) -> None:
         store = self.make_store()
         (sid,) = _ids(1)
-        good = [Message.user("q"), _call("c1", "{}"), Message(Role.USER, [Content.tool_result("c1", "r")])]
+        good = [Message.user("q"), call("c1", "{}"), Message(Role.USER, [Content.tool_result("c1", "r")])]
         store.save(sid, good)
         for bad in ([Message.user("q"), Message(Role.USER, [Content.tool_result("c1", "r")])],
                     [*good[:2], Message(Role.USER, [Content.tool_result("c2", "which call?")])],
@@ -163,9 +147,9 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     def test_save_replaces_with_shorter_longer_and_diverging_transcripts(self) -> None:
         store = self.make_store()
         (sid,) = _ids(1)
-        base = _transcript(10)
-        for msgs in (base, base[:4], base, [*base, *_transcript(5, "more ")], [],
-                     [*base[:6], *_transcript(7, "fork ")], base[:1], _transcript(3, "new ")):
+        base = transcript(10)
+        for msgs in (base, base[:4], base, [*base, *transcript(5, "more ")], [],
+                     [*base[:6], *transcript(7, "fork ")], base[:1], transcript(3, "new ")):
             store.save(sid, msgs)
             assert store.messages(sid) == msgs
 
@@ -173,12 +157,12 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         self.requires(Capability.DURABLE)
         first, second = self.make_store(), self.make_store()
         (sid,) = _ids(1)
-        first.save(sid, _transcript(6))
-        assert second.messages(sid) == _transcript(6), (
+        first.save(sid, transcript(6))
+        assert second.messages(sid) == transcript(6), (
             "the store declares Capability.DURABLE, but a second store object does not see what the first saved")
-        second.save(sid, [*_transcript(6), *_transcript(2, "b ")])
-        first.save(sid, [*_transcript(6), *_transcript(1, "a ")])  # first must not trust its own view
-        assert second.messages(sid) == [*_transcript(6), *_transcript(1, "a ")]
+        second.save(sid, [*transcript(6), *transcript(2, "b ")])
+        first.save(sid, [*transcript(6), *transcript(1, "a ")])  # first must not trust its own view
+        assert second.messages(sid) == [*transcript(6), *transcript(1, "a ")]
 
     def test_session_ids_are_compared_exactly(self) -> None:
         store = self.make_store()
@@ -192,7 +176,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     def test_a_long_transcript_round_trips(self) -> None:
         store = self.make_store()
         (sid,) = _ids(1)
-        msgs = _transcript(self.long_transcript)
+        msgs = transcript(self.long_transcript)
         store.save(sid, msgs)
         assert store.messages(sid) == msgs
         msgs.append(Message.assistant("one more"))
@@ -205,18 +189,18 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         store = self.make_store()
         (sid,) = _ids(1)
         assert store.take_steers(sid) == []
-        store.save(sid, _transcript(3))
+        store.save(sid, transcript(3))
         texts = ["'; DROP TABLE agent_steers; --", "日本語 😀 \U0001f9ea", "x" * 100_000, " spaced ", "\n",
                  *(f"steer {i}" for i in range(8))]
         for t in texts:
             store.add_steer(sid, t)
-        assert store.messages(sid) == _transcript(3)
-        store.save(sid, _transcript(4))
+        assert store.messages(sid) == transcript(3)
+        store.save(sid, transcript(4))
         assert store.take_steers(sid) == texts
         assert store.take_steers(sid) == []
         store.add_steer(sid, "after a take")
         assert store.take_steers(sid) == ["after a take"]
-        assert store.messages(sid) == _transcript(4)
+        assert store.messages(sid) == transcript(4)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_threads(self) -> None:
         store = self.make_store()
@@ -255,7 +239,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     def test_bad_input_is_a_typed_error_and_changes_nothing(self) -> None:
         store = self.make_store()
         (sid,) = _ids(1)
-        kept = _transcript(4)
+        kept = transcript(4)
         store.save(sid, kept)
         store.add_steer(sid, "kept steer")
         bad_ids: list[Any] = ["", None, 42, b"bytes", "x" * 256, "nul\x00id", "lone\ud800"]
@@ -284,21 +268,21 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     def test_ten_megabyte_texts_round_trip_and_touch_nothing_else(self) -> None:
         store = self.make_store()
         canary, sid = _ids(2)
-        store.save(canary, _transcript(3, "canary "))
+        store.save(canary, transcript(3, "canary "))
         huge = "y" * self.huge_text_bytes
-        msgs = [Message.user(huge), _call("c", '{"blob": "' + "z" * (self.huge_text_bytes // 10) + '"}')]
+        msgs = [Message.user(huge), call("c", '{"blob": "' + "z" * (self.huge_text_bytes // 10) + '"}')]
         store.save(sid, msgs)
         store.add_steer(sid, huge)
         assert store.messages(sid) == msgs
         assert store.take_steers(sid) == [huge]
-        assert store.messages(canary) == _transcript(3, "canary ")
+        assert store.messages(canary) == transcript(3, "canary ")
 
     # -- properties ----------------------------------------------------------------------------------
 
     def test_property_hostile_ids_and_texts_give_a_typed_error_or_a_verbatim_round_trip(self) -> None:
         store = self.make_store()
         canary, prefix = _ids(1)[0], uuid.uuid4().hex[:8]
-        kept = _transcript(4, "canary ")
+        kept = transcript(4, "canary ")
         store.save(canary, kept)
 
         @self.hypothesis()

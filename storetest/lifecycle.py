@@ -19,11 +19,9 @@ from hypothesis import strategies as st
 import agent_sessions as agent
 from agent_sessions import (
     ArgumentError,
-    Content,
     LeaseLost,
     LifecycleStore,
     Message,
-    Role,
     SessionBusy,
     SessionInfo,
     lifecycle,
@@ -31,24 +29,12 @@ from agent_sessions import (
 from agent_sessions.contract import Scalar
 
 from .capabilities import Capability
-from .mixin import ContractMixin, new_holder
+from .mixin import ContractMixin, new_holder, transcript
 from .scripted import Answer
 
 
 def _prefix() -> str:
     return f"storetest-life-{uuid.uuid4().hex[:12]}-"
-
-
-def _transcript(n: int) -> list[Message]:
-    out: list[Message] = []
-    for i in range(n):
-        if i % 3 == 0:
-            out.append(Message.user(f"question {i}"))
-        elif i % 3 == 1:
-            out.append(Message(Role.ASSISTANT, [Content.tool_call(f"c{i}", "grep", f'{{"q": {i}, "q": "dup"}}')]))
-        else:
-            out.append(Message(Role.USER, [Content.tool_result(f"c{i - 1}", f"found {i}")]))
-    return out
 
 
 LISTED = 200
@@ -108,7 +94,7 @@ class LifecycleContract(ContractMixin):
         assert store.info(sid) is None
         store.add_steer(sid, "a steer alone does not make the session exist")
         assert store.info(sid) is None
-        store.save(sid, _transcript(7))
+        store.save(sid, transcript(7))
         info = store.info(sid)
         assert info is not None
         assert (info.id, info.messages, dict(info.metadata)) == (sid, 7, {})
@@ -145,14 +131,14 @@ class LifecycleContract(ContractMixin):
     def test_set_metadata_keeps_the_transcript_and_updated_moves_on(self) -> None:
         store = self.lifecycle_store()
         sid = _prefix() + "u"
-        store.save(sid, _transcript(4))
+        store.save(sid, transcript(4))
         before = store.info(sid)
         time.sleep(0.02)
         store.set_metadata(sid, {"k": "v"})
         after = store.info(sid)
         assert before is not None and after is not None
         assert after.created == before.created and after.updated > before.updated
-        assert store.messages(sid) == _transcript(4)
+        assert store.messages(sid) == transcript(4)
 
     # -- listing ---------------------------------------------------------------------------------------
 
@@ -162,7 +148,7 @@ class LifecycleContract(ContractMixin):
         for i, user in enumerate(["u-1", "u-2", "u-1", "u-1", "u-2"]):
             store.set_metadata(f"{prefix}{i}", {"user": user, "n": i, "odd": i % 2 == 1})
             time.sleep(0.01)
-        store.save(f"{prefix}0", _transcript(2))  # now the most recently updated
+        store.save(f"{prefix}0", transcript(2))  # now the most recently updated
         page = store.list_sessions(prefix=prefix)
         assert [s.id for s in page] == [f"{prefix}{i}" for i in (0, 4, 3, 2, 1)]
         assert page.next is None and page.sessions[0].messages == 2
@@ -227,7 +213,7 @@ class LifecycleContract(ContractMixin):
     def test_tail_is_the_last_messages_byte_for_byte(self) -> None:
         store = self.lifecycle_store()
         sid = _prefix() + "t"
-        msgs = _transcript(30)
+        msgs = transcript(30)
         store.save(sid, msgs)
         assert store.tail(sid, 5) == msgs[-5:]
         assert [m.to_json() for m in store.tail(sid, 5)] == [m.to_json() for m in msgs[-5:]]
@@ -269,7 +255,7 @@ class LifecycleContract(ContractMixin):
     def test_delete_removes_everything_at_once(self) -> None:
         store = self.lifecycle_store()
         sid, alone = _prefix() + "d", _prefix() + "steers-alone"
-        store.save(sid, _transcript(5))
+        store.save(sid, transcript(5))
         store.set_metadata(sid, {"user": "u"})
         store.add_steer(sid, "waiting")
         kept = self._keyed_and_queued(store, sid)
@@ -282,7 +268,7 @@ class LifecycleContract(ContractMixin):
         if isinstance(store, agent.RunStore):
             assert store.journal(sid) is None and store.holder(sid) is None
         assert store.delete(sid) is False
-        store.save(sid, _transcript(2))  # the id can be used again, from nothing
+        store.save(sid, transcript(2))  # the id can be used again, from nothing
         info = store.info(sid)
         assert info is not None and info.messages == 2 and dict(info.metadata) == {}
         store.delete(sid)
@@ -299,17 +285,17 @@ class LifecycleContract(ContractMixin):
             pytest.skip("leases need a RunStore")
         sid = _prefix() + "busy"
         holder = store.acquire(sid, new_holder(), 30)
-        store.save_fenced(sid, holder, _transcript(3), take_steers=False)
+        store.save_fenced(sid, holder, transcript(3), take_steers=False)
         keyed, queues = self._keyed_and_queued(store, sid)
         with pytest.raises(SessionBusy):
             store.delete(sid)
-        assert store.messages(sid) == _transcript(3)  # and its steer's key and its queue are kept
+        assert store.messages(sid) == transcript(3)  # and its steer's key and its queue are kept
         assert not keyed or store.add_steer_once(sid, "keyed", "k") is False
         assert not queues or store.queued(sid) == ["q"]
         assert store.delete(sid, force=True) is True
         _gone(store, sid)
         for late_write in (
-            lambda: store.save_fenced(sid, holder, _transcript(6), take_steers=True),
+            lambda: store.save_fenced(sid, holder, transcript(6), take_steers=True),
             lambda: store.put_journal(sid, holder, "{}"),
             lambda: store.renew(sid, holder, 30),
             lambda: store.check(sid, holder),
@@ -326,26 +312,26 @@ class LifecycleContract(ContractMixin):
         prefix = _prefix()
         old = [f"{prefix}old{i}" for i in range(5)]
         for sid in old:
-            store.save(sid, _transcript(3))
+            store.save(sid, transcript(3))
             store.add_steer(sid, "stale")
         kept = self._keyed_and_queued(store, old[0])
         held = f"{prefix}held"
         holder = None
         if isinstance(store, agent.RunStore):
             holder = store.acquire(held, new_holder(), 60)
-            store.save_fenced(held, holder, _transcript(2), take_steers=False)
+            store.save_fenced(held, holder, transcript(2), take_steers=False)
         time.sleep(1.2)
         fresh = f"{prefix}fresh"
-        store.save(fresh, _transcript(1))
+        store.save(fresh, transcript(1))
         assert store.prune(idle_for=1.0, limit=2) <= 2
         deleted = store.prune(idle_for=1.0)
         assert deleted >= 3 or all(store.info(sid) is None for sid in old)
         for sid in old:
             _gone(store, sid)
         self._forgotten(store, old[0], *kept)
-        assert store.messages(fresh) == _transcript(1)
+        assert store.messages(fresh) == transcript(1)
         if holder is not None:
-            assert store.messages(held) == _transcript(2)
+            assert store.messages(held) == transcript(2)
             assert isinstance(store, agent.RunStore)
             store.release(held, holder)
         for bad in (-1, float("nan"), "1", None):
@@ -365,7 +351,7 @@ class LifecycleContract(ContractMixin):
                 n = 1
                 while not stop.is_set():
                     for sid in sids:
-                        msgs = _transcript(n)
+                        msgs = transcript(n)
                         store.save(sid, msgs)
                         last[sid] = msgs
                     n = n % 9 + 1

@@ -66,6 +66,24 @@ def together(n: int, work: Callable[[int], T], timeout: float = 120) -> list[T]:
     return [results[i] for i in range(n)]
 
 
+def call(id: str, arguments: str = '{"z":1,"a":[1, 2],"z":3}') -> Message:
+    """A reply calling ``read_file`` (by default with arguments a JSON column would rewrite)."""
+    return Message(agent.Role.ASSISTANT, [agent.Content.tool_call(id, "read_file", arguments)])
+
+
+def transcript(n: int, tag: str = "") -> list[Message]:
+    """``n`` messages of questions, calls (their arguments with a duplicate key) and results."""
+    out: list[Message] = []
+    for i in range(n):
+        if i % 3 == 0:
+            out.append(Message.user(f"{tag}question {i}"))
+        elif i % 3 == 1:
+            out.append(call(f"call_{i}", f'{{"path": "{tag}f{i}.py", "path": {i}}}'))
+        else:
+            out.append(Message(agent.Role.USER, [agent.Content.tool_result(f"call_{i - 1}", f"{tag}contents {i}")]))
+    return out
+
+
 def no_orphans(msgs: list[Message]) -> list[Message]:
     orphans = agent.orphaned_tool_calls(msgs)
     assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"

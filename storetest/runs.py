@@ -26,13 +26,8 @@ from agent_sessions.run.react import CANCELLED
 from . import crossprocess
 from .capabilities import Capability
 from .crossprocess import wait_for
-from .mixin import ContractMixin, Crash, join, new_holder, new_id, no_orphans, together
+from .mixin import ContractMixin, Crash, call, join, new_holder, new_id, no_orphans, together
 from .scripted import ToolsThenAnswer
-
-
-def _call(id: str, arguments: str = '{"z":1,"a":[1, 2],"z":3}') -> Message:
-    return Message(Role.ASSISTANT, [Content.tool_call(id, "read_file", arguments)])
-
 
 assert_no_orphans = no_orphans
 """Kept under its old name: the library's own tests import it from here."""
@@ -66,7 +61,7 @@ class RunStoreContract(ContractMixin):
         store = self.run_store()
         sid = new_id()
         held = store.acquire(sid, new_holder(), 30)
-        base = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
+        base = [Message.user("q"), call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
         assert store.save_fenced(sid, held, base, take_steers=True) == agent.Saved([], False)
         assert store.messages(sid) == base
         store.add_steer(sid, "first")
@@ -140,7 +135,7 @@ class RunStoreContract(ContractMixin):
     def test_fork_copies_the_whole_transcript_or_up_to_an_index(self) -> None:
         store = self.run_store()
         src, whole, head, empty = new_id("src"), new_id("whole"), new_id("head"), new_id("empty")
-        msgs = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")]),
+        msgs = [Message.user("q"), call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")]),
                 Message.assistant("a")]
         store.save(src, msgs)
         store.fork(src, whole, None)
@@ -155,7 +150,7 @@ class RunStoreContract(ContractMixin):
     def test_a_fork_that_would_cut_tool_calls_from_their_results_is_refused_unless_asked_for(self) -> None:
         store = self.run_store()
         src, cut = new_id("src"), new_id("cut")
-        msgs = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
+        msgs = [Message.user("q"), call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
         store.save(src, msgs)
         with pytest.raises(agent.ArgumentError, match="tool calls whose results would be cut off"):
             store.fork(src, cut, 2)
@@ -556,9 +551,9 @@ class RunStoreContract(ContractMixin):
             """The transcript after the reply's call ran and the model called again."""
             calls = msgs[-1].tool_calls
             results = [Message(Role.USER, [Content.tool_result(calls[0].id, f"charged {n}")])] if calls else []
-            return [*msgs, *results, _call(f"c{n}")]
+            return [*msgs, *results, call(f"c{n}")]
 
-        msgs = [Message.user("q"), _call("c0")]
+        msgs = [Message.user("q"), call("c0")]
         store.save_fenced(sid, held, msgs, take_steers=True)
         for n, landed in enumerate(("nothing", "steer", "cancel"), 1):
             store.put_journal(sid, held, f'{{"started": {n}}}', unless_cancelled=landed != "cancel")
