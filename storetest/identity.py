@@ -152,7 +152,8 @@ class IdentityContract(ContractMixin):
 
     # -- one encoding: a lone surrogate ----------------------------------------------------------------
 
-    def test_a_tool_result_holding_a_lone_surrogate_is_published_and_the_session_goes_on(self) -> None:
+    def test_a_lone_surrogate_in_a_message_or_a_tool_result_is_published_and_refused_where_it_cannot_be_kept(
+            self) -> None:
         store = self._store(Capability.EVENTS)
         session = agent.open(new_id("lone"), store)
         name = f"report{LONE}.txt"
@@ -163,20 +164,31 @@ class IdentityContract(ContractMixin):
             return name
 
         spec = agent.Spec(session=session, tools=[listdir], publish_events=True)
-        result = agent.Runner().run(spec, [Message.user("what is there?")], ToolsThenAnswer(["listdir"]))
+        result = agent.Runner().run(spec, [Message.user(f"open {LONE}")], ToolsThenAnswer(["listdir"]))
         assert result.stop_reason == "answered"
         stored = session.messages()
-        assert stored == result.messages and stored[2].content[0].text == name
+        assert stored == result.messages and stored[0].text == f"open {LONE}" and stored[2].content[0].text == name
         events = session.events()
         assert [e.kind for e in events] == ["step_started", "model_response", "tool_called", "tool_finished",
                                             "step_started", "model_response", "finished"]
         assert events[3].data["result"] == {"text": name, "is_error": False}
         assert Message.from_dict(events[1].data["message"]) == stored[1]
-        again = agent.Runner().run(spec, [*stored, Message.user("and now?")], Answer(f"still {LONE}"))
+        with pytest.raises(agent.ArgumentError, match="surrogate"):
+            session.steer(f"steer {LONE}")
+        run = agent.Runner().start(spec, [*stored, Message.user("and now?")], Answer(f"still {LONE}"))
+        with pytest.raises(agent.ArgumentError, match="surrogate"):
+            run.steer(f"steer {LONE}")
+        again = run.wait(60)
         assert again.stop_reason == "answered" and session.messages() == again.messages
         more = session.events(after=events[-1].seq)
         assert [e.kind for e in more] == ["step_started", "model_response", "finished"]
         assert more[-1].data["text"] == f"still {LONE}"
+        if isinstance(store, LifecycleStore):
+            with pytest.raises(agent.ArgumentError, match="surrogate"):
+                session.set_metadata({"name": f"file {LONE}"})
+        with pytest.raises(agent.ArgumentError, match="surrogate"):
+            odd = agent.open(new_id(LONE), store)
+            agent.Runner().run(agent.Spec(session=odd, publish_events=True), [Message.user("q")], Answer("x"))
 
     def test_a_deny_reason_holding_a_lone_surrogate_is_published_and_the_session_goes_on(self) -> None:
         store = self._store(Capability.EVENTS, Capability.APPROVALS)
@@ -214,26 +226,6 @@ class IdentityContract(ContractMixin):
         assert [e.data["call"]["arguments"] for e in events if e.kind == "tool_called"] == VERBATIM_ARGUMENTS
         published = Message.from_dict(next(e for e in events if e.kind == "model_response").data["message"])
         assert [c.arguments for c in published.tool_calls] == VERBATIM_ARGUMENTS
-
-    def test_a_lone_surrogate_elsewhere_is_stored_or_refused_with_a_typed_error(self) -> None:
-        store = self._store(Capability.EVENTS)
-        session = agent.open(new_id("lone-input"), store)
-        spec = agent.Spec(session=session, publish_events=True)
-        result = agent.Runner().run(spec, [Message.user(f"open {LONE}")], Answer("opened"))
-        assert session.messages() == result.messages and result.messages[0].text == f"open {LONE}"
-        with pytest.raises(agent.ArgumentError, match="surrogate"):
-            session.steer(f"steer {LONE}")
-        run = agent.Runner().start(spec, [*result.messages, Message.user("more")], Answer("more"))
-        with pytest.raises(agent.ArgumentError, match="surrogate"):
-            run.steer(f"steer {LONE}")
-        assert run.wait(60).stop_reason == "answered"
-        if isinstance(store, LifecycleStore):
-            with pytest.raises(agent.ArgumentError, match="surrogate"):
-                session.set_metadata({"name": f"file {LONE}"})
-        with pytest.raises(agent.ArgumentError, match="surrogate"):
-            odd = agent.open(new_id(LONE), store)
-            agent.Runner().run(agent.Spec(session=odd, publish_events=True), [Message.user("q")], Answer("x"))
-        assert [e.kind for e in session.events()][-1] == "finished"
 
     # -- an events callback that raises ----------------------------------------------------------------
 
