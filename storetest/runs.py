@@ -132,47 +132,34 @@ class RunStoreContract(ContractMixin):
 
     # -- fork ----------------------------------------------------------------------------------------
 
-    def test_fork_copies_the_whole_transcript_or_up_to_an_index(self) -> None:
+    def test_a_fork_copies_the_transcript_or_its_head_and_then_each_goes_its_own_way(self) -> None:
+        """A fork copies the whole transcript or up to an index, never cutting tool calls from their results
+        unless asked to; the waiting steers stay with the original, and the two diverge."""
         store = self.run_store()
-        src, whole, head, empty = new_id("src"), new_id("whole"), new_id("head"), new_id("empty")
+        src, whole, head, empty, cut = (new_id(tag) for tag in ("src", "whole", "head", "empty", "cut"))
         msgs = [Message.user("q"), call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")]),
                 Message.assistant("a")]
         store.save(src, msgs)
+        store.add_steer(src, "for the original")
         store.fork(src, whole, None)
-        store.fork(src, head, 3)
         store.fork(src, empty, 0)
-        assert store.messages(whole) == msgs
-        assert store.messages(head) == msgs[:3]
-        assert store.messages(head)[1].tool_calls[0].arguments == '{"z":1,"a":[1, 2],"z":3}'
-        assert store.messages(empty) == []
         store.fork(src, new_id("end"), len(msgs))
-
-    def test_a_fork_that_would_cut_tool_calls_from_their_results_is_refused_unless_asked_for(self) -> None:
-        store = self.run_store()
-        src, cut = new_id("src"), new_id("cut")
-        msgs = [Message.user("q"), call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
-        store.save(src, msgs)
+        session = agent.open(src, store)
+        fork = session.fork(head, at=3)
+        assert store.messages(whole) == msgs and store.messages(empty) == [] and store.messages(head) == msgs[:3]
+        assert store.messages(head)[1].tool_calls[0].arguments == '{"z":1,"a":[1, 2],"z":3}'
         with pytest.raises(agent.ArgumentError, match="tool calls whose results would be cut off"):
             store.fork(src, cut, 2)
-        assert store.messages(cut) == []
         with pytest.raises(agent.ArgumentError, match="allow_unanswered"):
-            agent.open(src, store).fork(cut, at=2)
-        agent.open(src, store).fork(cut, at=2, allow_unanswered=True)
+            session.fork(cut, at=2)
+        assert store.messages(cut) == []
+        session.fork(cut, at=2, allow_unanswered=True)
         assert store.messages(cut) == msgs[:2]
-
-    def test_a_fork_and_its_original_diverge_and_steers_stay_behind(self) -> None:
-        store = self.run_store()
-        src, dst = new_id("src"), new_id("dst")
-        base = [Message.user(f"m{i}") for i in range(5)]
-        store.save(src, base)
-        store.add_steer(src, "for the original")
-        session = agent.open(src, store)
-        fork = session.fork(dst, at=3)
         assert fork.take_steers() == []
-        fork.save([*base[:3], Message.user("fork only")])
-        session.save([*base, Message.user("original only")])
-        assert store.messages(dst) == [*base[:3], Message.user("fork only")]
-        assert store.messages(src) == [*base, Message.user("original only")]
+        fork.save([*msgs[:3], Message.user("fork only")])
+        session.save([*msgs, Message.user("original only")])
+        assert store.messages(head) == [*msgs[:3], Message.user("fork only")]
+        assert store.messages(src) == [*msgs, Message.user("original only")]
         assert session.take_steers() == ["for the original"]
 
     def test_fork_refuses_a_bad_index_a_missing_source_and_an_existing_target(self) -> None:
