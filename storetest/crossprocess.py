@@ -21,34 +21,22 @@ from .processes import context as process_context
 from .scripted import ToolsThenAnswer
 
 
-def _adder(factory: Callable[[], Store], sid: str, i: int, n: int, barrier: Any, out: Any) -> None:
-    try:
-        store = factory()
-        barrier.wait(300)
-        for j in range(n):
-            store.add_steer(sid, f"p{i}-{j:04d}")
-        out.put(("added", i, []))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", i, [traceback.format_exc()]))
-        barrier.abort()  # the parent stops waiting for this process to be ready
+def _add(store: Store, i: int, barrier: Any, sid: str, n: int) -> list[str]:
+    for j in range(n):
+        store.add_steer(sid, f"p{i}-{j:04d}")
+    return []
 
 
-def _taker(factory: Callable[[], Store], sid: str, i: int, barrier: Any, adders_done: Any, out: Any) -> None:
-    try:
-        store = factory()
-        barrier.wait(300)
-        taken: list[str] = []
-        deadline = time.monotonic() + 600  # an orphan (its parent gone) does not spin forever
-        while time.monotonic() < deadline:
-            finished = adders_done.is_set()
-            batch = store.take_steers(sid)
-            taken.extend(batch)
-            if not batch and finished:
-                break
-        out.put(("taken", i, taken))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", i, [traceback.format_exc()]))
-        barrier.abort()  # the parent stops waiting for this process to be ready
+def _take(store: Store, i: int, barrier: Any, sid: str, adders_done: Any) -> list[str]:
+    taken: list[str] = []
+    deadline = time.monotonic() + 600  # an orphan (its parent gone) does not spin forever
+    while time.monotonic() < deadline:
+        finished = adders_done.is_set()
+        batch = store.take_steers(sid)
+        taken.extend(batch)
+        if not batch and finished:
+            break
+    return taken
 
 
 def exactly_once_across_processes(
@@ -58,40 +46,36 @@ def exactly_once_across_processes(
     them being ready to the last steer taken (the benchmark's steer throughput)."""
     ctx = process_context(factory)
     barrier = ctx.Barrier(adders + takers + 1)  # and this process, to start the clock
-    adders_done = ctx.Event()
-    out = ctx.Queue()
-    add_procs = [ctx.Process(target=_adder, args=(factory, sid, i, per_adder, barrier, out)) for i in range(adders)]
-    take_procs = [
-        ctx.Process(target=_taker, args=(factory, sid, i, barrier, adders_done, out)) for i in range(takers)
-    ]
-    for p in add_procs + take_procs:
+    adders_done, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(_add, factory, i, barrier, out, (sid, per_adder)))
+             for i in range(adders)]
+    procs += [ctx.Process(target=_child, args=(_take, factory, adders + i, barrier, out, (sid, adders_done)))
+              for i in range(takers)]
+    for p in procs:
         p.start()
-    reports: list[tuple[str, int, list[str]]] = []
+    done: dict[int, list[str]] = {}
     try:
         try:
             barrier.wait(timeout)
         except threading.BrokenBarrierError:
-            raise AssertionError(
-                f"the processes were not all ready within {timeout} s{_failures(out, add_procs + take_procs)}"
-            ) from None
+            why = _failures(out, procs)
+            raise AssertionError(f"the processes were not all ready within {timeout} s{why}") from None
         started = time.monotonic()
-        while len([r for r in reports if r[0] != "taken"]) < adders:
-            reports.append(out.get(timeout=timeout))
-            assert reports[-1][0] != "error", reports[-1][2][0]
-        adders_done.set()
-        while len(reports) < adders + takers:
-            reports.append(out.get(timeout=timeout))
-            assert reports[-1][0] != "error", reports[-1][2][0]
+        while len(done) < adders + takers:
+            if sum(1 for i in done if i < adders) == adders:
+                adders_done.set()
+            kind, i, detail = out.get(timeout=timeout)
+            assert kind == "done", detail[0]
+            done[i] = detail
         seconds = time.monotonic() - started
     except queue.Empty:
         raise AssertionError(f"processes did not report within {timeout} s") from None
     finally:
-        for p in add_procs + take_procs:
+        for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    taken = [r[2] for r in reports if r[0] == "taken"]
-    assert_each_taken_once(taken, "p", adders, per_adder)
+    assert_each_taken_once([done[adders + i] for i in range(takers)], "p", adders, per_adder)
     return seconds
 
 
