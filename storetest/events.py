@@ -194,7 +194,8 @@ class EventContract(ContractMixin):
         """A store may skip the cap's drop while it knows the log has room (PostgreSQL's one-statement step):
         so after each write, by a save's riding events or an append of its own, of one to three events, the
         log holds exactly the newest ``keep`` (or all, while fewer). A second store object writing between
-        them may leave a few more until the first writes twice, never fewer than the newest ``keep``."""
+        them may leave a few more until the first writes twice, never fewer than the newest ``keep``. A large
+        write (PostgreSQL's transaction path) and a small one after it keep the newest ``keep`` too."""
         store = self.event_store()
         sid = new_id("cap-each")
         holder = store.acquire(sid, new_holder(), 30)
@@ -221,26 +222,13 @@ class EventContract(ContractMixin):
             assert kept[-4:] == given[-4:] and kept == given[-len(kept):], f"write {i}"
             if i % 3 == 2:  # the second write in a row by ``store``
                 assert kept == given[-4:], f"write {i}"
-
-    def test_the_cap_holds_the_newest_keep_after_a_large_write_then_a_small_one_by_one_store(self) -> None:
-        """One store object, no other writer: a save with more events than one statement carries
-        (PostgreSQL's ``MAX_RIDING``, 16: the transaction path) or a save with events that takes the
-        general transaction (``replace=True``), then a save with one event: the log holds exactly the
-        newest ``keep`` after each, as after any write of either path by a lone writer."""
-        store = self.event_store()
-        for big in (False, True):
-            sid = new_id("cap-big")
-            holder = store.acquire(sid, new_holder(), 30)
-            msgs = [Message.user("q")]
-            for i in range(5):  # the log full, its cap known
-                msgs.append(Message.assistant(f"a{i}"))
-                store.save_fenced_events(sid, holder, msgs, take_steers=False, events=_texts(1, f"s{i}"), keep=4)
-            msgs.append(Message.assistant("big"))
-            if big:
-                store.save_fenced_events(sid, holder, msgs, take_steers=False, events=_texts(20, "big"), keep=4)
-            else:
-                store.save_fenced_events(sid, holder, msgs, take_steers=False, replace=True,
-                                         events=_texts(2, "replace"), keep=4)
+        # Then by ``store`` alone, its cap known: a save with more events than one statement carries
+        # (PostgreSQL's ``MAX_RIDING``, 16), or one taking the general transaction (``replace=True``), then a
+        # save with one event: exactly the newest ``keep`` after each.
+        for big in (True, False):
+            msgs.append(Message.assistant(f"big {big}"))
+            store.save_fenced_events(sid, holder, msgs, take_steers=False, replace=not big,
+                                     events=_texts(20 if big else 2, "big"), keep=4)
             after_big = [e.seq for e in store.events(sid, 0, 100)]
             assert len(after_big) == 4, after_big
             msgs.append(Message.assistant("small"))
