@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from agent_sessions import ArgumentError, Content, Message, MessageError, Role, Store
+from agent_sessions import ArgumentError, Content, LifecycleStore, Message, MessageError, Role, Store
 
 from . import strategies
 from .approvals import ApprovalContract
@@ -194,6 +194,8 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
                  *(f"steer {i}" for i in range(8))]
         for t in texts:
             store.add_steer(sid, t)
+        if isinstance(store, LifecycleStore):  # shown, and left in place
+            assert store.pending_steers(sid) == texts and store.pending_steers(sid) == texts
         assert store.messages(sid) == transcript(3)
         store.save(sid, transcript(4))
         assert store.take_steers(sid) == texts

@@ -217,16 +217,6 @@ class LifecycleContract(ContractMixin):
             store.tail(sid, -1)
         assert agent.open(sid, store).messages(last=2) == msgs[-2:]
 
-    def test_pending_steers_are_shown_and_left_in_place(self) -> None:
-        store = self.lifecycle_store()
-        sid = _prefix() + "s"
-        for text in ("first", "second 'quoted'", "third"):
-            store.add_steer(sid, text)
-        assert store.pending_steers(sid) == ["first", "second 'quoted'", "third"]
-        assert store.pending_steers(sid) == ["first", "second 'quoted'", "third"]
-        assert store.take_steers(sid) == ["first", "second 'quoted'", "third"]
-        assert store.pending_steers(sid) == []
-
     # -- delete ----------------------------------------------------------------------------------------
 
     def _keyed_and_queued(self, store: Any, sid: str, queue: bool = True) -> tuple[bool, bool]:

@@ -141,6 +141,9 @@ class RunStoreContract(ContractMixin):
                 Message.assistant("a")]
         store.save(src, msgs)
         store.add_steer(src, "for the original")
+        keyed = isinstance(store, agent.SteerKeyStore) and Capability.STEER_KEYS in self.capabilities
+        if keyed:  # and the keys of its steers
+            assert cast(Any, store).add_steer_once(src, "for the original", "k") is True
         store.fork(src, whole, None)
         store.fork(src, empty, 0)
         store.fork(src, new_id("end"), len(msgs))
@@ -156,11 +159,13 @@ class RunStoreContract(ContractMixin):
         session.fork(cut, at=2, allow_unanswered=True)
         assert store.messages(cut) == msgs[:2]
         assert fork.take_steers() == []
+        assert not keyed or cast(Any, store).add_steer_once(head, "for the fork", "k") is True
         fork.save([*msgs[:3], Message.user("fork only")])
         session.save([*msgs, Message.user("original only")])
         assert store.messages(head) == [*msgs[:3], Message.user("fork only")]
         assert store.messages(src) == [*msgs, Message.user("original only")]
-        assert session.take_steers() == ["for the original"]
+        assert session.take_steers() == ["for the original"] * (1 + keyed)
+        assert fork.take_steers() == ["for the fork"] * keyed
 
     def test_fork_refuses_a_bad_index_a_missing_source_and_an_existing_target(self) -> None:
         store = self.run_store()

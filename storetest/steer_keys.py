@@ -88,17 +88,6 @@ class SteerKeyContract(ContractMixin):
         assert sorted(results) == [False] * 5 + [True], results
         assert len(self.make_store().take_steers(sid)) == 1
 
-    def test_a_fork_leaves_the_keys_behind(self) -> None:
-        self.requires(Capability.RUN_STORE)
-        store = self.steer_key_store()
-        assert isinstance(store, RunStore)
-        source, target = new_id("source"), new_id("target")
-        store.save(source, [Message.user("q"), Message.assistant("a")])
-        assert store.add_steer_once(source, "s", "k") is True
-        store.fork(source, target, None)
-        assert store.add_steer_once(target, "s", "k") is True
-        assert store.take_steers(target) == ["s"] and store.take_steers(source) == ["s"]
-
     def test_property_keyed_steers_round_trip_once(self) -> None:
         store = self.steer_key_store()
 

@@ -21,7 +21,6 @@ from agent_sessions import (
     Message,
     QueueStore,
     Role,
-    SteerKeyStore,
 )
 
 from .capabilities import Capability
@@ -140,16 +139,6 @@ class StrandedContract(ContractMixin):
         later = store.list_sessions(limit=1, after=page.next, stranded=True)
         assert len(later) <= 1 and all(s.open_since is not None and first is not None and s.open_since >= first
                                        for s in later)
-
-    def test_a_keyed_steer_opens_a_finished_turn(self) -> None:
-        store = self.run_lifecycle_store()
-        if not isinstance(store, SteerKeyStore):
-            pytest.skip("the store keeps no steer keys")
-        sid = new_id("steer")
-        store.save(sid, [QUESTION, ANSWER])
-        assert sid not in stranded_ids(store)
-        assert store.add_steer_once(sid, "and the renewal?", "steer-1") is True
-        assert sid in stranded_ids(store)
 
     def test_a_closing_save_keeps_the_turn_open_while_input_waits(self) -> None:
         """A message queued, or a steer posted, while a run works keeps the turn open when that run's last
