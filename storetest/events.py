@@ -426,7 +426,7 @@ class EventContract(ContractMixin):
         follower.start()
         session = agent.open(sid, store)
         spec = agent.Spec(session=session, tools=[GREP], publish_events=True)
-        agent.Runner().run(spec, [Message.user("q")], _Both(ToolsThenAnswer(["grep"]), wait_for_the_cut))
+        agent.Runner().run(spec, [Message.user("q")], ToolsThenAnswer(["grep"], before=wait_for_the_cut))
         follower.join(60)
         assert first and first[-1].kind == "tool_finished"
         for event in agent.open(sid, self.another(store)).follow(after=first[-1].seq, timeout=30):
@@ -592,17 +592,6 @@ class EventContract(ContractMixin):
         started = time.monotonic()
         assert list(agent.open(new_id(), store).follow(timeout=0.3)) == []
         assert 0.25 < time.monotonic() - started < 10
-
-
-class _Both:
-    """``model``'s replies, with ``before`` run inside each request first."""
-
-    def __init__(self, model: ToolsThenAnswer, before: Any) -> None:
-        self.model, self.before = model, before
-
-    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[agent.Tool]) -> Message:
-        self.before(messages)
-        return self.model.complete(system, messages, tools)
 
 
 class _PlainStore:

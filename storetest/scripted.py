@@ -16,16 +16,21 @@ class ToolsThenAnswer:
     """Asks for ``calls`` (tool names) in one reply on every request until ``rounds`` replies have
     been made, then answers with what the last results said. Picklable, for child processes."""
 
-    def __init__(self, calls: Sequence[str], rounds: int = 1, log: str | None = None) -> None:
+    def __init__(self, calls: Sequence[str], rounds: int = 1, log: str | None = None,
+                 before: Callable[[Sequence[Message]], object] | None = None) -> None:
         self.calls = list(calls)
         self.rounds = rounds
         self.log = log
         """A file to which every request appends a line: how a parent process counts requests."""
+        self.before = before
+        """Runs first, inside each request: where a test makes something happen while the run waits."""
         self.requests = 0
         """Requests made so far (in this process)."""
 
     def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
         self.requests += 1
+        if self.before is not None:
+            self.before(messages)
         if self.log is not None:
             with open(self.log, "a") as f:
                 f.write("request\n")
