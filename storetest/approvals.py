@@ -160,6 +160,8 @@ class ApprovalContract(ContractMixin):
             work.mkdir()
             sid, _, spec = self._stopped(store, work)
             session = agent.open(sid, store)
+            if approve:  # a steer left while the call waits lands before the next request
+                session.steer("and email the customer")
             decision = session.approve("call_refund") if approve else session.deny("call_refund", "over the limit")
             assert decision.approved is approve and decision.by == "person"
             seen: list[Any] = []
@@ -167,6 +169,7 @@ class ApprovalContract(ContractMixin):
             assert result.stop_reason == "answered" and result.steps == 1
             assert len(lines(work / "refunds")) == (1 if approve else 0) and len(lines(work / "lookups")) == 1
             msgs = no_orphans(store.messages(sid))
+            assert not approve or (msgs[3].text, msgs[4].role) == ("and email the customer", Role.ASSISTANT)
             refund = next(c for c in msgs[2].content if c.tool_call_id == "call_refund")
             if approve:
                 assert not refund.is_error and refund.text.startswith("done")
@@ -248,17 +251,6 @@ class ApprovalContract(ContractMixin):
         assert len(lines(tmp_path / "lookups")) == 1
         refund = next(c for c in no_orphans(store.messages(sid))[2].content if c.tool_call_id == "call_refund")
         assert refund.is_error and refund.text == EXPIRED
-
-    def test_a_steer_left_while_it_waits_lands_before_the_next_request(self, tmp_path: Path) -> None:
-        store = self.approval_store()
-        sid, _, spec = self._stopped(store, tmp_path)
-        session = agent.open(sid, store)
-        session.steer("and email the customer")
-        session.approve("call_refund")
-        agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(tmp_path / "requests")))
-        msgs = no_orphans(store.messages(sid))
-        assert [m.text for m in msgs][3] == "and email the customer"
-        assert msgs[2].content[0].tool_call_id == "call_lookup" and msgs[4].role is Role.ASSISTANT
 
     def test_a_cancel_while_it_waits_closes_the_turn(self, tmp_path: Path) -> None:
         store = self.approval_store()

@@ -10,13 +10,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent_sessions import LeaseLost, Message, Runner, Spec, Store, tool
 from agent_sessions import open as open_session
 
+from .mixin import no_orphans
 from .processes import context as process_context
 from .scripted import ToolsThenAnswer
 
@@ -176,13 +176,6 @@ def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, pe
 # -- a run in one process, cancelled from another -------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunOutcome:
-    stop_reason: str
-    stored: list[Message]
-    requests_after_cancel: int
-
-
 def lines(path: Path) -> list[str]:
     """The lines a child process has appended to ``path`` so far (none before it exists)."""
     try:
@@ -214,8 +207,9 @@ def _run_until_cancelled(factory: Callable[[], Store], sid: str, workdir: str, o
         out.put(("error", traceback.format_exc()))
 
 
-def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
-    """A child runs; this process waits for its third request, cancels, and counts what came after."""
+def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir: str) -> None:
+    """A child runs; this process waits for its third request and cancels: the run stops within one step (at
+    most one request after the cancel), its lease released, no call left without its result."""
     ctx = process_context(factory)
     out = ctx.Queue()
     child = ctx.Process(target=_run_until_cancelled, args=(factory, sid, workdir, out))
@@ -232,7 +226,8 @@ def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir:
         assert kind == "result", value
         child.join(30)
         assert session.holder() is None, "the cancelled run kept its lease"
-        return RunOutcome(value, session.messages(), requests_after_cancel=len(lines(requests)) - at_cancel)
+        assert (value, len(lines(requests)) - at_cancel <= 1) == ("cancelled", True), (value, at_cancel)
+        no_orphans(session.messages())
     finally:
         _stop(child)
 
@@ -254,19 +249,6 @@ def _stop(process: Any) -> None:
 
 
 # -- a run stopped with SIGSTOP past its lease, taken over, then continued ----------------------------------
-
-
-@dataclass(frozen=True)
-class TakeoverOutcome:
-    stale: str
-    """How the stopped run ended once continued: "LeaseLost", or what else it said."""
-    newer: list[Message]
-    """The transcript the run that took over returned."""
-    before: tuple[list[Message], str | None]
-    """The stored transcript and journal once the newer run finished, before the stale one was continued."""
-    after: tuple[list[Message], str | None]
-    """The same once the stale run had exited."""
-    charges: int
 
 
 def _stall_in_tool(path: str) -> Callable[[int], str]:
@@ -303,10 +285,11 @@ def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -
         out.put(("newer-error", traceback.format_exc()))
 
 
-def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, workdir: str) -> TakeoverOutcome:
+def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, workdir: str) -> None:
     """A child runs with a 1 s lease and is stopped with SIGSTOP inside a tool; once its lease has expired on
     the store's clock a second child takes the session over and finishes a turn (with a non-idempotent
-    tool); then the first is continued with SIGCONT and must end with LeaseLost, having written nothing."""
+    tool, run once); then the first is continued with SIGCONT and must end with LeaseLost, having written
+    nothing: the store holds exactly the second run's transcript."""
     ctx = process_context(factory)
     out = ctx.Queue()
     entered = Path(workdir) / "entered"
@@ -332,7 +315,10 @@ def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, wor
         assert kind == "stale", said
         stale.join(30)
         after = (session.messages(), run_store.journal(sid))
-        return TakeoverOutcome(said, newer, before, after, charges=len(lines(Path(workdir) / "charges")))
+        assert said == "LeaseLost", said
+        assert before[0] == newer and after == before
+        assert len(lines(Path(workdir) / "charges")) == 1
+        no_orphans(after[0])
     finally:
         if stale.pid is not None and stale.is_alive():
             os.kill(stale.pid, signal.SIGCONT)
