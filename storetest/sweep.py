@@ -49,6 +49,24 @@ class Charges:
         return agent.tool(name="charge", idempotent=False)(charge)
 
 
+def _refund(refunds: list[str]) -> Tool:
+    def refund() -> str:
+        """Refund (a person approves it first)."""
+        refunds.append("refund")
+        return "refunded"
+
+    return agent.tool(name="refund", idempotent=False, needs_approval=True)(refund)
+
+
+class _RefundThenAnswer:
+    """Calls ``refund`` for "refund order 7", and answers anything else."""
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        if messages[-1].role is Role.USER and messages[-1].text == "refund order 7":
+            return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
+        return Message.assistant(f"re: {messages[-1].text}")
+
+
 class SweepContract(ContractMixin):
     @staticmethod
     def _sweep(store: Any, sid: str, spec: agent.Spec, model: Any) -> list[agent.Recovered]:
@@ -174,28 +192,16 @@ class SweepContract(ContractMixin):
         store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
         sid = f"storetest-sweep-asks-{uuid.uuid4().hex}"
-
-        @agent.tool(name="refund", idempotent=False, needs_approval=True)
-        def refund() -> str:
-            """Refund (a person approves it first)."""
-            return "refunded"
-
-        class Once:
-            def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
-                if messages[-1].role is Role.USER and messages[-1].text:
-                    return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
-                return Message.assistant("refund done")
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[refund])
-        result = agent.Runner().run(spec, [Message.user("refund order 7")], Once())
+        refunds: list[str] = []
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
+        result = agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer())
         assert result.stop_reason == "awaiting_approval"
         assert sid not in stranded_ids(store), "a run waiting for a person left its turn listed as stranded"
         agent.open(sid, store).approve("r1")
         assert sid in stranded_ids(store), "a decision must open the turn for the sweep"
 
-        (swept,) = self._sweep(store, sid, spec, Once())
-        assert swept.outcome == "recovered" and swept.result is not None
-        assert swept.result.text == "refund done"
+        (swept,) = self._sweep(store, sid, spec, _RefundThenAnswer())
+        assert swept.outcome == "recovered" and swept.result is not None and refunds == ["refund"]
         assert sid not in stranded_ids(store)
 
     def test_a_redelivered_turn_that_stopped_at_max_steps_never_takes_a_later_answer(self) -> None:
@@ -221,21 +227,8 @@ class SweepContract(ContractMixin):
         self.requires(Capability.APPROVALS)
         sid = f"storetest-sweep-decided-{uuid.uuid4().hex}"
         refunds: list[str] = []
-
-        @agent.tool(name="refund", idempotent=False, needs_approval=True)
-        def refund() -> str:
-            """Refund (a person approves it first)."""
-            refunds.append("refund")
-            return "refunded"
-
-        class RefundThenAnswer:
-            def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
-                if messages[-1].role is Role.USER and messages[-1].text == "refund order 7":
-                    return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
-                return Message.assistant(f"re: {messages[-1].text}")
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[refund])
-        assert agent.Runner().run(spec, [Message.user("refund order 7")], RefundThenAnswer()).stop_reason == (
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
+        assert agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer()).stop_reason == (
             "awaiting_approval")
         agent.open(sid, store).approve("r1")
         holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
@@ -243,7 +236,7 @@ class SweepContract(ContractMixin):
         store.release(sid, holder)
         assert store.enqueue(sid, "q-1", "what next?") == 1
 
-        (swept,) = self._sweep(store, sid, spec, RefundThenAnswer())
+        (swept,) = self._sweep(store, sid, spec, _RefundThenAnswer())
         assert swept.outcome == "recovered", swept
         assert refunds == [], "the cancelled turn's approved call ran"
         assert store.messages(sid)[-1].text == "re: what next?" and store.queued(sid) == []
