@@ -47,6 +47,12 @@ class SteerKeyContract(ContractMixin):
         assert store.take_steers(sid) == ["check the expiry", "two", "three", "two", "four", "five"]
         assert store.add_steer_once(sid, "check the expiry", "k-1") is False  # delivered: still remembered
         assert store.take_steers(sid) == [] and store.take_steers(other) == ["for the other session"]
+        session = agent.open(other, store)  # through a session: whether it was stored
+        assert (session.steer("first", key="req-1"), session.steer("first", key="req-1")) == (True, False)
+        assert session.steer("first") is True  # no key: stored again
+        with pytest.raises(ArgumentError, match="key"):
+            session.steer("x", key="")
+        assert session.take_steers() == ["first", "first"]
 
     def test_a_bad_key_is_refused_and_nothing_is_stored(self) -> None:
         store = self.steer_key_store()
@@ -59,16 +65,6 @@ class SteerKeyContract(ContractMixin):
         assert store.add_steer_once(sid, "kept", "x" * 255) is True
         assert store.take_steers(sid) == ["kept"]
         assert store.add_steer_once(sid, "the key of the refused empty text was not taken", "good key") is True
-
-    def test_a_session_steer_with_a_key_says_whether_it_was_stored(self) -> None:
-        store = self.steer_key_store()
-        session = agent.open(new_id("session"), store)
-        assert session.steer("first", key="req-1") is True
-        assert session.steer("first", key="req-1") is False
-        assert session.steer("first") is True  # no key: stored again
-        with pytest.raises(ArgumentError, match="key"):
-            session.steer("x", key="")
-        assert session.take_steers() == ["first", "first"]
 
     def test_threads_racing_one_key_store_it_exactly_once(self) -> None:
         store = self.steer_key_store()
