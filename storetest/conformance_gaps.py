@@ -9,9 +9,12 @@ the cancel flag. (A run that journalled a non-idempotent result only when its ca
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 import agent_sessions as agent
 from agent_sessions import EventStore, Holder, Message, RunStore, Saved, Store
@@ -33,7 +36,7 @@ def _transcript(writer: int, round: int) -> list[Message]:
 
 
 def _first_saver(store: Store, i: int, barrier: Any, sids: list[str]) -> None:
-    """One process of the race: a first save of each round's session, all processes at once."""
+    """One writer of the race: a first save of each round's session, all writers at once."""
     for r, sid in enumerate(sids):
         barrier.wait(120)
         store.save(sid, _transcript(i, r))
@@ -46,20 +49,15 @@ _Save = Callable[[RunStore, str, Holder, list[Message], bool], Saved]
 class GapsContract(ContractMixin):
     # -- concurrent first saves ------------------------------------------------------------------------
 
-    def test_concurrent_first_saves_of_a_new_session_leave_exactly_one_of_them(self) -> None:
+    @pytest.mark.parametrize("apart", ["threads", "processes"])
+    def test_concurrent_first_saves_of_a_new_session_leave_exactly_one_of_them(self, apart: str) -> None:
         store = self.make_store()
-        writers = [self.another(store) for _ in range(WRITERS)]
-        for r in range(ROUNDS):
-            sid = new_id("first")
-            together(WRITERS, lambda i: writers[i].save(sid, _transcript(i, r)), 30)  # noqa: B023 - run at once
-            stored = store.messages(sid)
-            assert stored in [_transcript(i, r) for i in range(WRITERS)], f"round {r}: stored {stored}"
-
-    def test_first_saves_of_a_new_session_from_several_processes_leave_exactly_one_of_them(self) -> None:
-        factory = self.factory()
-        store = self.make_store()
-        sids = [new_id("first-proc") for _ in range(ROUNDS)]
-        in_processes(factory, WRITERS, _first_saver, sids, timeout=300)
+        sids = [new_id("first") for _ in range(ROUNDS)]
+        if apart == "processes":
+            in_processes(self.factory(), WRITERS, _first_saver, sids, timeout=300)
+        else:
+            writers, barrier = [self.another(store) for _ in range(WRITERS)], threading.Barrier(WRITERS)
+            together(WRITERS, lambda i: _first_saver(writers[i], i, barrier, sids), 300)
         for r, sid in enumerate(sids):
             stored = store.messages(sid)
             assert stored in [_transcript(i, r) for i in range(WRITERS)], f"round {r}: stored {stored}"
