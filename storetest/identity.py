@@ -89,22 +89,30 @@ class IdentityContract(ContractMixin):
 
     # -- two calls with one id -------------------------------------------------------------------------
 
-    def test_two_calls_with_one_id_each_run_once_and_get_their_own_result(self) -> None:
+    @pytest.mark.parametrize("crash_on", ["", "A", "B"], ids=["none", "killed-in-A", "killed-in-B"])
+    def test_two_calls_with_one_id_each_run_once_and_get_their_own_result(self, crash_on: str) -> None:
+        """Also when the worker is killed between or inside them: a resume gives each its own result."""
         store = self._store()
-        sid = new_id()
+        sid = new_id(f"crash-{crash_on}")
         ran: list[str] = []
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran, crash_on=crash_on)])
         model = Replies(TWO_WITH_ONE_ID)
-        result = agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[_refund(ran)]),
-                                    [Message.user("refund A and B")], model)
+        if crash_on:
+            with pytest.raises(Crash):
+                agent.Runner().run(spec, [Message.user("refund A and B")], model)
+            assert ran == ["A", "B"][: 1 + (crash_on == "B")]
+            assert store.messages(sid) == [Message.user("refund A and B")]  # the reply waits in the journal
+        result = agent.Runner().run(spec, store.messages(sid) or [Message.user("refund A and B")], model)
         assert result.stop_reason == "answered"
-        assert ran == ["A", "B"]
+        assert ran == ["A", "B"], f"crashed in {crash_on}: then ran {ran}"
         stored = store.messages(sid)
-        assert stored == result.messages and _answered(stored) == BOTH
+        want = [(order, UNKNOWN_OUTCOME if order == crash_on else f"refunded 60 on {order}") for order in "AB"]
+        assert stored == result.messages and _answered(stored) == want
         first, second = stored[1].tool_calls
         assert first.id == "c1" and second.id != "c1" and second.arguments == '{"order": "B"}'
         assert stored[1].text == "refunding both"
         # What the provider is sent next: the reply with the new id, and a result for each of its calls.
-        assert model.requests[-1][1] == stored[1] and _answered(model.requests[-1]) == BOTH
+        assert model.requests[-1][1] == stored[1] and _answered(model.requests[-1]) == want
         assert store.journal(sid) is None
 
     def test_two_calls_with_one_id_wait_for_two_approvals(self) -> None:
@@ -131,24 +139,6 @@ class IdentityContract(ContractMixin):
         assert third.stop_reason == "answered" and ran == ["A", "B"]
         assert _answered(store.messages(sid)) == BOTH
         assert store.journal(sid) is None and session.pending_approvals() == []
-
-    def test_two_calls_with_one_id_killed_between_or_inside_them_resume_each_with_its_own_result(self) -> None:
-        store = self._store()
-        for crash_on, resumed in (("A", ["A", "B"]), ("B", ["A", "B"])):
-            sid = new_id(f"crash-{crash_on}")
-            ran: list[str] = []
-            spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran, crash_on=crash_on)])
-            model = Replies(TWO_WITH_ONE_ID)
-            with pytest.raises(Crash):
-                agent.Runner().run(spec, [Message.user("refund A and B")], model)
-            assert ran == ["A", "B"][: 1 + (crash_on == "B")]
-            assert store.messages(sid) == [Message.user("refund A and B")]  # the reply waits in the journal
-            result = agent.Runner().run(spec, store.messages(sid), model)
-            assert result.stop_reason == "answered"
-            assert ran == resumed, f"crashed in {crash_on}: then ran {ran}"
-            want = [(order, UNKNOWN_OUTCOME if order == crash_on else f"refunded 60 on {order}") for order in "AB"]
-            assert _answered(store.messages(sid)) == want
-            assert store.journal(sid) is None
 
     # -- one encoding: a lone surrogate ----------------------------------------------------------------
 
