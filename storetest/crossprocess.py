@@ -72,9 +72,7 @@ def exactly_once_across_processes(
         raise AssertionError(f"processes did not report within {timeout} s") from None
     finally:
         for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+            _stop(p)
     assert_each_taken_once([done[adders + i] for i in range(takers)], "p", adders, per_adder)
     return seconds
 
@@ -111,9 +109,7 @@ def in_processes(factory: Callable[[], Any], processes: int, work: Callable[...,
         raise AssertionError(f"processes did not report within {timeout} s{_failures(out, procs)}") from None
     finally:
         for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+            _stop(p)
     return [done[i] for i in range(processes)]
 
 

@@ -17,6 +17,7 @@ import json
 import threading
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -101,6 +102,12 @@ def _riding(spec: agent.Spec, msgs: list[Message], model: Any, *listener: Any) -
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(publisher, "FLUSH_SECONDS", 60.0)
         return agent.Runner().run(spec, msgs, model, *listener)
+
+
+def _plain_store() -> Any:
+    """A Store with only the four methods."""
+    return SimpleNamespace(save=lambda session, msgs: None, messages=lambda session: [],
+                           add_steer=lambda session, text: None, take_steers=lambda session: [])
 
 
 def _old_shape(kind: str, data: dict[str, Any]) -> str:
@@ -399,7 +406,7 @@ class EventContract(ContractMixin):
     def test_publish_events_needs_an_event_store(self) -> None:
         model = Answer("never asked")
         for spec in (agent.Spec(publish_events=True),
-                     agent.Spec(session=agent.open(new_id(), _PlainStore()), publish_events=True)):
+                     agent.Spec(session=agent.open(new_id(), _plain_store()), publish_events=True)):
             with pytest.raises(agent.ArgumentError, match="EventStore"):
                 agent.Runner().run(spec, [Message.user("q")], model)
         assert model.requests == 0
@@ -437,6 +444,9 @@ class EventContract(ContractMixin):
         assert [e.kind for e in [*first, *second]] == [
             "step_started", "model_response", "tool_called", "tool_finished", "step_started", "model_response",
             "finished"]
+        started = time.monotonic()  # and with nothing new, a follow ends at its timeout
+        assert list(agent.open(sid, self.another(store)).follow(after=second[-1].seq, timeout=0.3)) == []
+        assert 0.25 < time.monotonic() - started < 10
 
     # -- events that point at the messages their save wrote ----------------------------------------------
 
@@ -586,25 +596,3 @@ class EventContract(ContractMixin):
         assert _shapes(store.events(session.id, 0, 100)) == ["whole", "ref", "ref", "ref"]
         assert _unresolved(events) == [None] * 4 and _whole(events[1], transcript, 1)
         assert _joined_as_stored(store, session.id) == [1, 2, 3]
-
-    def test_follow_ends_at_its_timeout(self) -> None:
-        store = self.event_store()
-        started = time.monotonic()
-        assert list(agent.open(new_id(), store).follow(timeout=0.3)) == []
-        assert 0.25 < time.monotonic() - started < 10
-
-
-class _PlainStore:
-    """A Store with only the four methods."""
-
-    def save(self, session: str, msgs: Sequence[Message]) -> None:
-        pass
-
-    def messages(self, session: str) -> list[Message]:
-        return []
-
-    def add_steer(self, session: str, text: str) -> None:
-        pass
-
-    def take_steers(self, session: str) -> list[str]:
-        return []
