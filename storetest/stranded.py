@@ -23,7 +23,6 @@ from agent_sessions import (
     Role,
 )
 
-from .capabilities import Capability
 from .mixin import ContractMixin, new_holder, new_id
 
 QUESTION = Message.user("what expires?", key="turn-1")
@@ -47,7 +46,7 @@ def stranded_ids(store: LifecycleStore, grace: float = 0.0) -> list[str]:
 
 class StrandedContract(ContractMixin):
 
-    def test_a_plain_save_marks_an_open_turn_and_an_answer_clears_it(self) -> None:
+    def test_a_plain_save_marks_an_open_turn_an_answer_clears_it_and_a_fork_keeps_its_own(self) -> None:
         store = self.run_lifecycle_store()
         sid = new_id("plain")
         store.save(sid, [QUESTION])
@@ -61,22 +60,16 @@ class StrandedContract(ContractMixin):
         store.save(sid, [QUESTION, CALL, RESULT, ANSWER])
         closed = store.info(sid)
         assert closed is not None and closed.open_since is None
-        assert sid not in stranded_ids(store)
-
-    def test_a_fork_cut_inside_a_turn_is_open_and_a_fork_of_an_answer_is_not(self) -> None:
-        """A fork is a conversation that exists from the fork on: cut where its turn is open (a question, tool
-        results waiting for the model), that turn waits for its answer like any other, so the sweep sees it."""
-        store = self.run_lifecycle_store()
-        self.requires(Capability.RUN_STORE)
-        source, open_fork, closed_fork = new_id("fork-src"), new_id("fork-open"), new_id("fork-closed")
-        store.save(source, [QUESTION, CALL, RESULT, ANSWER])
-        store.fork(source, open_fork, 3)
-        store.fork(source, closed_fork, 4)
+        # A fork exists from the fork on: cut where its turn is open (tool results waiting for the model),
+        # that turn waits for its answer like any other, so the sweep sees it; a fork of an answer does not.
+        open_fork, closed_fork = new_id("fork-open"), new_id("fork-closed")
+        store.fork(sid, open_fork, 3)
+        store.fork(sid, closed_fork, 4)
         opened, closed = store.info(open_fork), store.info(closed_fork)
         assert opened is not None and opened.open_since is not None
         assert closed is not None and closed.open_since is None
         ids = stranded_ids(store)
-        assert open_fork in ids and closed_fork not in ids
+        assert sid not in ids and open_fork in ids and closed_fork not in ids
 
     def test_info_says_who_holds_the_session_what_waits_and_whether_it_is_stranded(self) -> None:
         store = self.run_lifecycle_store()
