@@ -100,13 +100,13 @@ class ApprovalContract(ContractMixin):
 
     # -- the stop --------------------------------------------------------------------------------------
 
-    def test_a_call_needing_approval_stops_the_run_before_any_call_of_its_reply_runs(self, tmp_path: Path) -> None:
+    def test_a_call_needing_approval_stops_the_run_before_any_call_of_its_reply_runs_and_a_cancel_closes_it(
+            self, tmp_path: Path) -> None:
         store = self.approval_store()
         sid, result, spec = self._stopped(store, tmp_path)
         assert result.stop_reason == "awaiting_approval" and result.text == ""
         assert [(p.call_id, p.tool, p.arguments) for p in result.pending_approvals] == [
             ("call_refund", "refund", '{"amount": 5}')]
-        assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
         assert no_orphans(store.messages(sid)) == [Message.user("refund order 7")]  # the reply waits in the journal
         assert store.holder(sid) is None  # the lease is released
         session = agent.open(sid, store)
@@ -114,6 +114,17 @@ class ApprovalContract(ContractMixin):
         again = agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(tmp_path / "requests")))
         assert again.stop_reason == "awaiting_approval" and again.steps == 0
         assert len(lines(tmp_path / "requests")) == 1, "a run started while a call waits made a model request"
+        assert session.cancel() is True  # a cancel while it waits closes the turn
+        msgs = no_orphans(store.messages(sid))
+        assert len(msgs) == 3 and store.journal(sid) is None
+        results = {c.tool_call_id: c for c in msgs[2].content}
+        assert results["call_refund"].is_error and results["call_refund"].text == CANCELLED_WAITING
+        assert results["call_lookup"].is_error
+        with pytest.raises(agent.AlreadyDecided) as closed:
+            session.approve("call_refund")
+        assert closed.value.decision.by == "cancel"
+        assert session.cancel() is False
+        assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
 
     def test_a_decision_landing_before_an_unanswered_journal_write_is_read_back_keeps_the_request(
             self, tmp_path: Path) -> None:
@@ -251,22 +262,6 @@ class ApprovalContract(ContractMixin):
         assert len(lines(tmp_path / "lookups")) == 1
         refund = next(c for c in no_orphans(store.messages(sid))[2].content if c.tool_call_id == "call_refund")
         assert refund.is_error and refund.text == EXPIRED
-
-    def test_a_cancel_while_it_waits_closes_the_turn(self, tmp_path: Path) -> None:
-        store = self.approval_store()
-        sid, _, _spec = self._stopped(store, tmp_path)
-        session = agent.open(sid, store)
-        assert session.cancel() is True
-        msgs = no_orphans(store.messages(sid))
-        assert len(msgs) == 3 and store.journal(sid) is None
-        results = {c.tool_call_id: c for c in msgs[2].content}
-        assert results["call_refund"].is_error and results["call_refund"].text == CANCELLED_WAITING
-        assert results["call_lookup"].is_error
-        with pytest.raises(agent.AlreadyDecided) as closed:
-            session.approve("call_refund")
-        assert closed.value.decision.by == "cancel"
-        assert session.cancel() is False
-        assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
 
     def test_a_tool_needing_approval_without_an_approval_store_is_refused_at_once(self, tmp_path: Path) -> None:
         with pytest.raises(agent.ArgumentError, match="needs approval"):
