@@ -1,5 +1,6 @@
-"""Exactly-once across OS processes: separate interpreters (from the fork server, never forked from the test,
-so no connection is shared: storetest/processes.py) adding and taking steers on one session at once."""
+"""Across OS processes: separate interpreters (from the fork server, never forked from the test, so no
+connection is shared: storetest/processes.py) racing on one session (``in_processes``; steers added and
+taken exactly once), and a run in one process cancelled, killed or stopped from another."""
 
 from __future__ import annotations
 
@@ -111,36 +112,6 @@ def in_processes(factory: Callable[[], Any], processes: int, work: Callable[...,
         for p in procs:
             _stop(p)
     return [done[i] for i in range(processes)]
-
-
-def _keyed_sender(store: Any, i: int, barrier: Any, sid: str, key: str) -> bool:
-    return bool(store.add_steer_once(sid, f"from process {i}", key))
-
-
-def keyed_steer_across_processes(
-    factory: Callable[[], Any], sid: str, key: str, *, processes: int, timeout: float = 180
-) -> list[bool]:
-    """``processes`` processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
-    at once; what each was answered."""
-    return in_processes(factory, processes, _keyed_sender, sid, key, timeout=timeout)
-
-
-def _enqueuer(store: Any, i: int, barrier: Any, sid: str, n: int) -> list[int]:
-    positions = []
-    for j in range(n):
-        key = f"q{i}-{j:04d}"
-        positions.append(store.enqueue(sid, key, f"message {key}"))
-        positions.append(store.enqueue(sid, "shared", "one message, sent by everyone"))
-    return positions
-
-
-def enqueue_across_processes(
-    factory: Callable[[], Any], sid: str, *, processes: int, per_process: int, timeout: float = 180
-) -> list[list[int]]:
-    """``processes`` processes queue ``per_process`` messages each on ``sid`` at once (process i's
-    j-th under the key f"q{i}-{j:04d}"), each also sending the key "shared" after every one of its own;
-    the positions each was answered, per process, in the order it sent."""
-    return in_processes(factory, processes, _enqueuer, sid, per_process, timeout=timeout)
 
 
 def _failures(out: Any, procs: list[Any]) -> str:

@@ -24,7 +24,7 @@ from agent_sessions import (
 
 from . import strategies
 from .capabilities import Capability
-from .crossprocess import enqueue_across_processes
+from .crossprocess import in_processes
 from .mixin import ContractMixin, Crash, new_holder, new_id, together
 from .scripted import Held
 from .steer_keys import KEYS
@@ -45,6 +45,15 @@ class _Counting:
 def _lookup() -> str:
     """Look something up (idempotent)."""
     return "found"
+
+
+def _enqueuer(store: QueueStore, i: int, barrier: object, sid: str, n: int) -> list[int]:
+    """Process i's j-th message under the key f"q{i}-{j:04d}", each followed by the key "shared"."""
+    positions = []
+    for j in range(n):
+        positions.append(store.enqueue(sid, f"q{i}-{j:04d}", f"message q{i}-{j:04d}"))
+        positions.append(store.enqueue(sid, "shared", "one message, sent by everyone"))
+    return positions
 
 
 class QueueContract(ContractMixin):
@@ -185,7 +194,7 @@ class QueueContract(ContractMixin):
         store = self.queue_store()
         sid = new_id("procs")
         processes, per = 6, 5
-        positions = enqueue_across_processes(factory, sid, processes=processes, per_process=per)
+        positions = in_processes(factory, processes, _enqueuer, sid, per)
         keys = store.queued(sid)
         assert sorted(keys) == sorted([f"q{i}-{j:04d}" for i in range(processes) for j in range(per)] + ["shared"])
         for i in range(processes):

@@ -17,13 +17,17 @@ from agent_sessions import ArgumentError, Message, RunStore, SteerKeyStore
 
 from . import strategies
 from .capabilities import Capability
-from .crossprocess import keyed_steer_across_processes
+from .crossprocess import in_processes
 from .mixin import ContractMixin, new_id, together
 from .scripted import Answer, Held
 
 KEYS = st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"),
                              include_characters=" "), min_size=1, max_size=255)
 """Keys a caller may use: printable characters, 1 to 255 of them."""
+
+def _keyed_sender(store: SteerKeyStore, i: int, barrier: object, sid: str, key: str) -> bool:
+    return store.add_steer_once(sid, f"from process {i}", key)
+
 
 class SteerKeyContract(ContractMixin):
     """Mixed into StoreContract; ``make_store``, ``requires``, ``factory`` and ``hypothesis`` come from there."""
@@ -80,7 +84,7 @@ class SteerKeyContract(ContractMixin):
         factory = self.factory()
         self.steer_key_store()
         sid = new_id("procs")
-        results = keyed_steer_across_processes(factory, sid, "the key", processes=6)
+        results = in_processes(factory, 6, _keyed_sender, sid, "the key")
         assert sorted(results) == [False] * 5 + [True], results
         assert len(self.make_store().take_steers(sid)) == 1
 
