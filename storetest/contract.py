@@ -32,7 +32,7 @@ from .identity import IdentityContract
 from .lifecycle import LifecycleContract
 from .lost import LostAnswersContract
 from .meeting import CancelMeetsContract, MeetingContract
-from .mixin import call, together, transcript
+from .mixin import call, new_id, together, transcript
 from .model import ModelContract
 from .queue import QueueContract
 from .runs import RunStoreContract
@@ -49,10 +49,6 @@ settings.register_profile(
 )
 SETTINGS = settings.get_profile("storetest")
 
-
-
-def _ids(n: int) -> list[str]:
-    return [f"storetest-{uuid.uuid4().hex}-{i}" for i in range(n)]
 
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
@@ -104,7 +100,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_every_content_type_round_trips(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         msgs = [
             Message.user("hello"),
             Message(Role.ASSISTANT, [Content.from_text("let me look"),
@@ -124,7 +120,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_tool_call_arguments_are_kept_byte_for_byte(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         msgs = [call(f"c{i}", text) for i, text in enumerate(VERBATIM_ARGUMENTS)]
         store.save(sid, msgs)
         got = [m.tool_calls[0].arguments for m in store.messages(sid)]
@@ -133,7 +129,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_a_tool_result_that_answers_no_call_is_refused(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         good = [Message.user("q"), call("c1", "{}"), Message(Role.USER, [Content.tool_result("c1", "r")])]
         store.save(sid, good)
         for bad in ([Message.user("q"), Message(Role.USER, [Content.tool_result("c1", "r")])],
@@ -146,7 +142,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_save_replaces_with_shorter_longer_and_diverging_transcripts(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         base = transcript(10)
         for msgs in (base, base[:4], base, [*base, *transcript(5, "more ")], [],
                      [*base[:6], *transcript(7, "fork ")], base[:1], transcript(3, "new ")):
@@ -156,7 +152,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     def test_a_second_store_object_sees_and_replaces_what_the_first_saved(self) -> None:
         self.requires(Capability.DURABLE)
         first, second = self.make_store(), self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         first.save(sid, transcript(6))
         assert second.messages(sid) == transcript(6), (
             "the store declares Capability.DURABLE, but a second store object does not see what the first saved")
@@ -166,7 +162,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_session_ids_are_compared_exactly(self) -> None:
         store = self.make_store()
-        (base,) = _ids(1)
+        base = new_id()
         variants = [base + "-Case", base + "-case", base + "-case ", base + "-cas\u00e9", base + "-case\u0301"]
         for i, sid in enumerate(variants):
             store.save(sid, [Message.user(str(i))])
@@ -175,7 +171,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_a_long_transcript_round_trips(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         msgs = transcript(self.long_transcript)
         store.save(sid, msgs)
         assert store.messages(sid) == msgs
@@ -187,7 +183,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_steers_come_back_oldest_first_once_and_apart_from_the_transcript(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         assert store.take_steers(sid) == []
         store.save(sid, transcript(3))
         texts = ["'; DROP TABLE agent_steers; --", "日本語 😀 \U0001f9ea", "x" * 100_000, " spaced ", "\n",
@@ -206,7 +202,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_threads(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         k, m = self.concurrency, self.steers_per_adder
         adding = [k]
         lock = threading.Lock()
@@ -234,13 +230,13 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         assert_each_taken_once(together(2 * k, work, 310)[k:], "a", k, m)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
-        exactly_once_across_processes(self.factory(), _ids(1)[0], adders=4, takers=4, per_adder=40)
+        exactly_once_across_processes(self.factory(), new_id(), adders=4, takers=4, per_adder=40)
 
     # -- bad input -----------------------------------------------------------------------------------
 
     def test_bad_input_is_a_typed_error_and_changes_nothing(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         kept = transcript(4)
         store.save(sid, kept)
         store.add_steer(sid, "kept steer")
@@ -269,7 +265,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_ten_megabyte_texts_round_trip_and_touch_nothing_else(self) -> None:
         store = self.make_store()
-        canary, sid = _ids(2)
+        canary, sid = new_id("canary"), new_id()
         store.save(canary, transcript(3, "canary "))
         huge = "y" * self.huge_text_bytes
         msgs = [Message.user(huge), call("c", '{"blob": "' + "z" * (self.huge_text_bytes // 10) + '"}')]
@@ -283,7 +279,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_property_hostile_ids_and_texts_give_a_typed_error_or_a_verbatim_round_trip(self) -> None:
         store = self.make_store()
-        canary, prefix = _ids(1)[0], uuid.uuid4().hex[:8]
+        canary, prefix = new_id(), uuid.uuid4().hex[:8]
         kept = transcript(4, "canary ")
         store.save(canary, kept)
 
@@ -329,7 +325,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_property_store_behaves_like_a_dict_and_queues(self) -> None:
         make_store = self.make_store
-        ids = _ids(3)
+        ids = [new_id(str(i)) for i in range(3)]
 
         class Machine(RuleBasedStateMachine):
             def __init__(self) -> None:
