@@ -263,11 +263,6 @@ class ApprovalContract(ContractMixin):
         refund = next(c for c in no_orphans(store.messages(sid))[2].content if c.tool_call_id == "call_refund")
         assert refund.is_error and refund.text == EXPIRED
 
-    def test_a_tool_needing_approval_without_an_approval_store_is_refused_at_once(self, tmp_path: Path) -> None:
-        with pytest.raises(agent.ArgumentError, match="needs approval"):
-            agent.Runner().run(agent.Spec(tools=[refund_tool(str(tmp_path))]), [Message.user("q")],
-                               RefundThenAnswer(str(tmp_path / "requests")))
-
     # -- across processes ------------------------------------------------------------------------------
 
     def test_stop_approve_resume_and_a_kill_inside_the_approved_tool_across_processes(self, tmp_path: Path) -> None:

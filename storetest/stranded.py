@@ -132,6 +132,9 @@ class StrandedContract(ContractMixin):
         later = store.list_sessions(limit=1, after=page.next, stranded=True)
         assert len(later) <= 1 and all(s.open_since is not None and first is not None and s.open_since >= first
                                        for s in later)
+        for bad in ({"prefix": "x"}, {"where": {"user": "u"}}, {"grace": -1}, {"grace": float("nan")}):
+            with pytest.raises(ArgumentError):  # the stranded listing takes no prefix or where
+                store.list_sessions(stranded=True, **bad)
 
     def test_a_closing_save_keeps_the_turn_open_while_input_waits(self) -> None:
         """A message queued, or a steer posted, while a run works keeps the turn open when that run's last
@@ -212,9 +215,3 @@ class StrandedContract(ContractMixin):
         store.release(sid, holder)
         info = store.info(sid)
         assert info is not None and info.open_since is None and sid not in stranded_ids(store)
-
-    def test_stranded_takes_no_prefix_or_where(self) -> None:
-        store = self.run_lifecycle_store()
-        for bad in ({"prefix": "x"}, {"where": {"user": "u"}}, {"grace": -1}, {"grace": float("nan")}):
-            with pytest.raises(ArgumentError):
-                store.list_sessions(stranded=True, **bad)
