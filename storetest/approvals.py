@@ -24,19 +24,9 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from . import processes
 from .capabilities import Capability
-from .crossprocess import lines, wait_for
-from .mixin import ContractMixin
-
-
-def _sid() -> str:
-    return f"storetest-approval-{uuid.uuid4().hex}"
-
-
-def _no_orphans(store: Store, sid: str) -> list[Message]:
-    msgs = store.messages(sid)
-    orphans = agent.orphaned_tool_calls(msgs)
-    assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
-    return msgs
+from .crossprocess import in_processes, lines, wait_for
+from .meeting import Landing
+from .mixin import ContractMixin, new_id, no_orphans, together
 
 
 def _counted(path: str, hang: bool = False) -> Callable[..., str]:
@@ -80,46 +70,16 @@ class RefundThenAnswer:
         return Message.assistant("done: " + " | ".join(c.text for c in messages[-1].content))
 
 
-class _ReadThen:
-    """A store whose first ``journal()`` read, once it has read, calls ``then`` before returning the text
-    (a barrier; another decision landing): a decision taken through it swaps against a text that may no
-    longer be stored. Everything else passes through."""
-
-    def __init__(self, store: Any, then: Callable[[], object]) -> None:
-        self.store = store
-        self.then: Callable[[], object] | None = then
-
-    def journal(self, session: str) -> str | None:
-        text: str | None = self.store.journal(session)
-        then, self.then = self.then, None
-        if then is not None:
-            then()
-        return text
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
-
-
 class ApprovalContract(ContractMixin):
-    """Mixed into StoreContract; ``make_store``, ``requires`` and ``factory`` come from there."""
-
-    capabilities: frozenset[Capability]
-
-    def another(self, store: Any) -> Any:
-        raise NotImplementedError
-
     def approval_store(self) -> ApprovalStore:
-        self.requires(Capability.APPROVALS)
-        store = self.make_store()
-        if not isinstance(store, ApprovalStore):
-            pytest.fail(f"the store declares Capability.APPROVALS, but {type(store).__name__} does not implement "
-                        "agent_sessions.ApprovalStore (swap_journal)")
+        store: ApprovalStore = self.capable_store(Capability.APPROVALS, ApprovalStore, "swap_journal")
         return store
 
-    def _stopped(self, store: ApprovalStore, workdir: Path, **refund: Any) -> tuple[str, agent.Result, agent.Spec]:
-        sid = _sid()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[lookup_tool(str(workdir)),
-                                                                 refund_tool(str(workdir), **refund)])
+    def _stopped(self, store: ApprovalStore, workdir: Path, deadline: float | None = None,
+                 **refund: Any) -> tuple[str, agent.Result, agent.Spec]:
+        sid = new_id("approval")
+        spec = agent.Spec(session=agent.open(sid, store), approval_deadline=deadline,
+                          tools=[lookup_tool(str(workdir)), refund_tool(str(workdir), **refund)])
         result = agent.Runner().run(spec, [Message.user("refund order 7")], RefundThenAnswer(str(workdir / "requests")))
         return sid, result, spec
 
@@ -127,7 +87,7 @@ class ApprovalContract(ContractMixin):
 
     def test_swap_journal_replaces_only_the_expected_text(self) -> None:
         store = self.approval_store()
-        sid = _sid()
+        sid = new_id("approval")
         assert store.swap_journal(sid, "{}", '{"a":1}') is False  # no journal: nothing to swap
         holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
         store.put_journal(sid, holder, '{"v":1}')
@@ -140,20 +100,31 @@ class ApprovalContract(ContractMixin):
 
     # -- the stop --------------------------------------------------------------------------------------
 
-    def test_a_call_needing_approval_stops_the_run_before_any_call_of_its_reply_runs(self, tmp_path: Path) -> None:
+    def test_a_call_needing_approval_stops_the_run_before_any_call_of_its_reply_runs_and_a_cancel_closes_it(
+            self, tmp_path: Path) -> None:
         store = self.approval_store()
         sid, result, spec = self._stopped(store, tmp_path)
         assert result.stop_reason == "awaiting_approval" and result.text == ""
         assert [(p.call_id, p.tool, p.arguments) for p in result.pending_approvals] == [
             ("call_refund", "refund", '{"amount": 5}')]
-        assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
-        assert _no_orphans(store, sid) == [Message.user("refund order 7")]  # the reply waits in the journal
+        assert no_orphans(store.messages(sid)) == [Message.user("refund order 7")]  # the reply waits in the journal
         assert store.holder(sid) is None  # the lease is released
         session = agent.open(sid, store)
         assert [p.call_id for p in session.pending_approvals()] == ["call_refund"]
         again = agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(tmp_path / "requests")))
         assert again.stop_reason == "awaiting_approval" and again.steps == 0
         assert len(lines(tmp_path / "requests")) == 1, "a run started while a call waits made a model request"
+        assert session.cancel() is True  # a cancel while it waits closes the turn
+        msgs = no_orphans(store.messages(sid))
+        assert len(msgs) == 3 and store.journal(sid) is None
+        results = {c.tool_call_id: c for c in msgs[2].content}
+        assert results["call_refund"].is_error and results["call_refund"].text == CANCELLED_WAITING
+        assert results["call_lookup"].is_error
+        with pytest.raises(agent.AlreadyDecided) as closed:
+            session.approve("call_refund")
+        assert closed.value.decision.by == "cancel"
+        assert session.cancel() is False
+        assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
 
     def test_a_decision_landing_before_an_unanswered_journal_write_is_read_back_keeps_the_request(
             self, tmp_path: Path) -> None:
@@ -162,7 +133,7 @@ class ApprovalContract(ContractMixin):
         the journal with that decision: it landed, so the run announces the request (``approval_requested``)
         and does not fail; the approved call runs once, when the turn goes on."""
         store = self.approval_store()
-        sid = _sid()
+        sid = new_id("approval")
         other: Any = self.another(store)
 
         class LosesTheAnswer:
@@ -191,7 +162,7 @@ class ApprovalContract(ContractMixin):
                                    store.messages(sid), RefundThenAnswer(str(tmp_path / "req")))
         assert again.stop_reason == "answered"
         assert lines(tmp_path / "refunds") == ["ran"]
-        _no_orphans(store, sid)
+        no_orphans(store.messages(sid))
 
     def test_an_approved_call_runs_once_and_a_denied_one_gets_the_reason(self, tmp_path: Path) -> None:
         store = self.approval_store()
@@ -200,13 +171,16 @@ class ApprovalContract(ContractMixin):
             work.mkdir()
             sid, _, spec = self._stopped(store, work)
             session = agent.open(sid, store)
+            if approve:  # a steer left while the call waits lands before the next request
+                session.steer("and email the customer")
             decision = session.approve("call_refund") if approve else session.deny("call_refund", "over the limit")
             assert decision.approved is approve and decision.by == "person"
             seen: list[Any] = []
             result = agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(work / "requests")), seen.append)
             assert result.stop_reason == "answered" and result.steps == 1
             assert len(lines(work / "refunds")) == (1 if approve else 0) and len(lines(work / "lookups")) == 1
-            msgs = _no_orphans(store, sid)
+            msgs = no_orphans(store.messages(sid))
+            assert not approve or (msgs[3].text, msgs[4].role) == ("and email the customer", Role.ASSISTANT)
             refund = next(c for c in msgs[2].content if c.tool_call_id == "call_refund")
             if approve:
                 assert not refund.is_error and refund.text.startswith("done")
@@ -224,9 +198,11 @@ class ApprovalContract(ContractMixin):
                 assert (denied.value.decision.approved, denied.value.decision.by) == (False, "person")
                 assert denied.value.decision.reason == "over the limit"
 
-    def test_a_decision_is_taken_once_and_an_unknown_call_is_refused(self, tmp_path: Path) -> None:
-        """The second decision reads the journal before the first lands and swaps after it, so only the
-        compare-and-swap (``swap_journal`` refusing a text that is no longer stored) can refuse it."""
+    def test_of_concurrent_decisions_exactly_one_wins_and_an_unknown_call_is_refused(self, tmp_path: Path) -> None:
+        """Every decider's first read of the journal waits until all have read, so all eight swaps race on
+        the same expected text (threads alone seldom interleave between a read and its swap): only the
+        compare-and-swap (``swap_journal`` refusing a text that is no longer stored) can refuse the others,
+        each told the decision that won."""
         store = self.approval_store()
         sid, _, _ = self._stopped(store, tmp_path)
         session = agent.open(sid, store)
@@ -234,138 +210,68 @@ class ApprovalContract(ContractMixin):
             session.approve("call_nobody_made")
         with pytest.raises(agent.UnknownApproval):
             session.approve("call_lookup")  # a call of the reply that needs no approval
-        first = agent.open(sid, self.another(store))
-        late = agent.open(sid, _ReadThen(store, lambda: first.deny("call_refund", "no")))
-        with pytest.raises(agent.AlreadyDecided, match="denied by a person") as info:
-            late.approve("call_refund")
-        assert info.value.decision.approved is False and info.value.decision.reason == "no"
-        with pytest.raises(agent.AlreadyDecided, match="denied by a person"):
-            session.approve("call_refund")
-        decision = agent.approvals._journal(store, sid).approvals["call_refund"].decision  # type: ignore[union-attr]
-        assert decision is not None and decision.approved is False and decision.reason == "no"
-
-    def test_of_concurrent_decisions_exactly_one_wins(self, tmp_path: Path) -> None:
-        """Every decider's first read of the journal waits until all have read, so all eight swaps race on
-        the same expected text (threads alone seldom interleave between a read and its swap)."""
-        store = self.approval_store()
-        sid, _, _ = self._stopped(store, tmp_path)
         barrier = threading.Barrier(8, timeout=30)
-        outcomes: list[str] = []
+        deciders = [agent.open(sid, Landing(self.another(store), after={"journal": barrier.wait})) for _ in range(8)]
 
-        def decide(i: int) -> None:
-            session = agent.open(sid, _ReadThen(self.another(store), barrier.wait))
+        def decide(i: int) -> agent.Decision | agent.AlreadyDecided:
             try:
-                session.approve("call_refund") if i % 2 else session.deny("call_refund", f"denier {i}")
-                outcomes.append(f"won {i}")
-            except agent.AlreadyDecided:
-                outcomes.append("already")
+                return deciders[i].approve("call_refund") if i % 2 else deciders[i].deny("call_refund", f"denier {i}")
+            except agent.AlreadyDecided as refused:
+                return refused
 
-        threads = [threading.Thread(target=decide, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert len(outcomes) == 8 and outcomes.count("already") == 7, outcomes
+        outcomes = together(8, decide, 60)
+        won = [o for o in outcomes if not isinstance(o, agent.AlreadyDecided)]
+        refused = [o.decision for o in outcomes if isinstance(o, agent.AlreadyDecided)]
+        assert len(won) == 1, outcomes
+        decision = agent.approvals._journal(store, sid).approvals["call_refund"].decision  # type: ignore[union-attr]
+        assert decision == won[0] and refused == [decision] * 7
+        with pytest.raises(agent.AlreadyDecided, match="by a person"):
+            session.approve("call_refund")
 
     def test_of_eight_deciding_processes_exactly_one_wins(self, tmp_path: Path) -> None:
         factory = self.factory()
         store = self.approval_store()
         sid, _, _ = self._stopped(store, tmp_path)
-        ctx = processes.context(factory)
-        out = ctx.Queue()
-        barrier = ctx.Barrier(8, timeout=120)
-        procs = [ctx.Process(target=_decider, args=(factory, sid, i, barrier, out)) for i in range(8)]
-        for p in procs:
-            p.start()
-        try:
-            outcomes = [out.get(timeout=120) for _ in procs]
-        finally:
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
-        errors = [o for o in outcomes if o[0] == "error"]
-        assert not errors, errors[0][1]
-        winners = [o for o in outcomes if o[0] == "won"]
-        assert len(winners) == 1 and sum(o[0] == "already" for o in outcomes) == 7, outcomes
-        i = winners[0][1]
+        outcomes = in_processes(factory, 8, _decider, sid, timeout=120)
+        assert sorted(outcomes) == ["already"] * 7 + ["won"], outcomes
+        i = outcomes.index("won")
         decision = agent.approvals._journal(store, sid).approvals["call_refund"].decision  # type: ignore[union-attr]
         assert decision is not None and decision.approved is (i % 2 == 1)
 
     # -- deadlines, steers, cancels --------------------------------------------------------------------
 
-    def test_a_call_undecided_past_its_deadline_counts_as_denied(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("set_on", ["tool", "spec"])
+    def test_a_call_undecided_past_its_deadline_counts_as_denied(self, tmp_path: Path, set_on: str) -> None:
+        """The deadline given with the tool or the run's ``Spec``: past it, nothing waits, a person's decision
+        is refused (decided at its deadline, not unknown: issue 29), and the next run denies the call itself."""
         store = self.approval_store()
-        sid, result, spec = self._stopped(store, tmp_path, approval_deadline=0.5)
+        if set_on == "tool":
+            sid, result, spec = self._stopped(store, tmp_path, approval_deadline=0.5)
+        else:
+            sid, result, spec = self._stopped(store, tmp_path, deadline=0.5)
         deadline = result.pending_approvals[0].deadline
         assert deadline is not None and 0.4 < (deadline - result.pending_approvals[0].asked).total_seconds() < 0.6
         time.sleep(0.6)
         session = agent.open(sid, store)
         assert session.pending_approvals() == []
-        with pytest.raises(agent.AlreadyDecided, match="deadline"):
+        with pytest.raises(agent.AlreadyDecided, match="deadline") as late:
             session.approve("call_refund")
+        assert late.value.decision.by == "deadline"
         result = agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(tmp_path / "requests")))
         assert result.stop_reason == "answered" and lines(tmp_path / "refunds") == []
-        refund = next(c for c in _no_orphans(store, sid)[2].content if c.tool_call_id == "call_refund")
-        assert refund.is_error and refund.text == EXPIRED
-
-    def test_a_run_finds_the_deadline_passed_and_denies_the_call_itself(self, tmp_path: Path) -> None:
-        store = self.approval_store()
-        spec = agent.Spec(session=agent.open(_sid(), store), approval_deadline=0.3,
-                          tools=[lookup_tool(str(tmp_path)), refund_tool(str(tmp_path))])
-        sid = spec.session.id  # type: ignore[union-attr]
-        first = agent.Runner().run(spec, [Message.user("refund order 7")], RefundThenAnswer(str(tmp_path / "r")))
-        assert first.stop_reason == "awaiting_approval"
-        time.sleep(0.4)  # nobody decides
-        again = agent.Runner().run(spec, store.messages(sid), RefundThenAnswer(str(tmp_path / "r")))
-        assert again.stop_reason == "answered" and lines(tmp_path / "refunds") == []
         assert len(lines(tmp_path / "lookups")) == 1
-        refund = next(c for c in _no_orphans(store, sid)[2].content if c.tool_call_id == "call_refund")
+        refund = next(c for c in no_orphans(store.messages(sid))[2].content if c.tool_call_id == "call_refund")
         assert refund.is_error and refund.text == EXPIRED
-        with pytest.raises(agent.AlreadyDecided) as late:  # issue 29: decided at its deadline, not unknown
-            agent.open(sid, store).approve("call_refund")
-        assert late.value.decision.by == "deadline"
-
-    def test_a_steer_left_while_it_waits_lands_before_the_next_request(self, tmp_path: Path) -> None:
-        store = self.approval_store()
-        sid, _, spec = self._stopped(store, tmp_path)
-        session = agent.open(sid, store)
-        session.steer("and email the customer")
-        session.approve("call_refund")
-        agent.Runner().run(spec, session.messages(), RefundThenAnswer(str(tmp_path / "requests")))
-        msgs = _no_orphans(store, sid)
-        assert [m.text for m in msgs][3] == "and email the customer"
-        assert msgs[2].content[0].tool_call_id == "call_lookup" and msgs[4].role is Role.ASSISTANT
-
-    def test_a_cancel_while_it_waits_closes_the_turn(self, tmp_path: Path) -> None:
-        store = self.approval_store()
-        sid, _, _spec = self._stopped(store, tmp_path)
-        session = agent.open(sid, store)
-        assert session.cancel() is True
-        msgs = _no_orphans(store, sid)
-        assert len(msgs) == 3 and store.journal(sid) is None
-        results = {c.tool_call_id: c for c in msgs[2].content}
-        assert results["call_refund"].is_error and results["call_refund"].text == CANCELLED_WAITING
-        assert results["call_lookup"].is_error
-        with pytest.raises(agent.AlreadyDecided) as closed:
-            session.approve("call_refund")
-        assert closed.value.decision.by == "cancel"
-        assert session.cancel() is False
-        assert lines(tmp_path / "refunds") == [] and lines(tmp_path / "lookups") == []
-
-    def test_a_tool_needing_approval_without_an_approval_store_is_refused_at_once(self, tmp_path: Path) -> None:
-        with pytest.raises(agent.ArgumentError, match="needs approval"):
-            agent.Runner().run(agent.Spec(tools=[refund_tool(str(tmp_path))]), [Message.user("q")],
-                               RefundThenAnswer(str(tmp_path / "requests")))
 
     # -- across processes ------------------------------------------------------------------------------
 
     def test_stop_approve_resume_and_a_kill_inside_the_approved_tool_across_processes(self, tmp_path: Path) -> None:
-        """A stops; B approves; C resumes and is killed inside the approved non-idempotent tool; D resumes
-        and does not run it again: its outcome is unknown."""
+        """A stops; B approves; C resumes, runs the lookup and is killed (SIGKILL) inside the approved
+        non-idempotent tool; D resumes and runs neither again: the lookup's result is replayed from the
+        journal, the refund's outcome is unknown."""
         factory = self.factory()
         store = self.approval_store()
-        sid = _sid()
+        sid = new_id("approval")
         ctx = processes.context(factory)
         out = ctx.Queue()
         work = str(tmp_path)
@@ -394,23 +300,20 @@ class ApprovalContract(ContractMixin):
         assert out.get(timeout=120) == ("run", "answered")
         d.join(30)
         assert len(lines(tmp_path / "refunds")) == 1, "the approved non-idempotent tool ran again"
-        msgs = _no_orphans(store, sid)
+        assert len(lines(tmp_path / "lookups")) == 1, "a journalled result was not replayed"
+        msgs = no_orphans(store.messages(sid))
         refund = next(c for c in msgs[2].content if c.tool_call_id == "call_refund")
         assert refund.is_error and refund.text == UNKNOWN_OUTCOME
         assert len(lines(tmp_path / "requests")) == 2  # the first reply, and the answer after the resume
 
 
-def _decider(factory: Callable[[], Store], sid: str, i: int, barrier: Any, out: Any) -> None:
+def _decider(store: Store, i: int, barrier: Any, sid: str) -> str:
+    session = agent.open(sid, store)
     try:
-        session = agent.open(sid, factory())
-        barrier.wait()
-        try:
-            session.approve("call_refund") if i % 2 else session.deny("call_refund", f"denier {i}")
-            out.put(("won", i))
-        except agent.AlreadyDecided:
-            out.put(("already", i))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", traceback.format_exc()))
+        session.approve("call_refund") if i % 2 else session.deny("call_refund", f"denier {i}")
+        return "won"
+    except agent.AlreadyDecided:
+        return "already"
 
 
 def _approval_child(factory: Callable[[], Store], sid: str, workdir: str, role: str, hang: bool, out: Any) -> None:

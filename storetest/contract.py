@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from agent_sessions import ArgumentError, Content, Message, MessageError, Role, Store
+from agent_sessions import ArgumentError, Content, LifecycleStore, Message, MessageError, Role, Store
 
 from . import strategies
 from .approvals import ApprovalContract
@@ -32,6 +32,7 @@ from .identity import IdentityContract
 from .lifecycle import LifecycleContract
 from .lost import LostAnswersContract
 from .meeting import CancelMeetsContract, MeetingContract
+from .mixin import call, new_id, together, transcript
 from .model import ModelContract
 from .queue import QueueContract
 from .runs import RunStoreContract
@@ -50,26 +51,6 @@ SETTINGS = settings.get_profile("storetest")
 
 
 
-def _ids(n: int) -> list[str]:
-    return [f"storetest-{uuid.uuid4().hex}-{i}" for i in range(n)]
-
-
-def _call(id: str, arguments: str) -> Message:
-    return Message(Role.ASSISTANT, [Content.tool_call(id, "read_file", arguments)])
-
-
-def _transcript(n: int, tag: str = "") -> list[Message]:
-    out: list[Message] = []
-    for i in range(n):
-        if i % 3 == 0:
-            out.append(Message.user(f"{tag}question {i}"))
-        elif i % 3 == 1:
-            out.append(_call(f"call_{i}", f'{{"path": "{tag}f{i}.py"}}'))
-        else:
-            out.append(Message(Role.USER, [Content.tool_result(f"call_{i - 1}", f"{tag}contents {i}")]))
-    return out
-
-
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
                     ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract,
@@ -83,7 +64,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
     """Threads adding and threads taking in the exactly-once test (each side)."""
     steers_per_adder: int = 25
     long_transcript: int = 2000
-    large_message_bytes: int = 1_000_000
     huge_text_bytes: int = 10_000_000
     """A message and a steer this long must round-trip (the hostile-input check). Lower it to what the
     store documents as its largest message, if that is less (MySQL's depends on max_allowed_packet)."""
@@ -118,13 +98,9 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     # -- transcripts ---------------------------------------------------------------------------------
 
-    def test_unknown_session_has_no_messages(self) -> None:
-        store = self.make_store()
-        assert store.messages(_ids(1)[0]) == []
-
     def test_every_content_type_round_trips(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         msgs = [
             Message.user("hello"),
             Message(Role.ASSISTANT, [Content.from_text("let me look"),
@@ -134,6 +110,8 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
                                 Content.tool_result("c2", "no such file", is_error=True)]),
             Message(Role.ASSISTANT, []),
             Message.assistant(""),
+            Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"), call("c3", "{}"),
+            Message(Role.USER, [Content.tool_result("c3", "\x00\x01\x1f", is_error=True)]),
         ]
         store.save(sid, msgs)
         got = store.messages(sid)
@@ -142,25 +120,17 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_tool_call_arguments_are_kept_byte_for_byte(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
-        msgs = [_call(f"c{i}", text) for i, text in enumerate(VERBATIM_ARGUMENTS)]
+        sid = new_id()
+        msgs = [call(f"c{i}", text) for i, text in enumerate(VERBATIM_ARGUMENTS)]
         store.save(sid, msgs)
         got = [m.tool_calls[0].arguments for m in store.messages(sid)]
         for want, have in zip(VERBATIM_ARGUMENTS, got, strict=True):
             assert have == want, f"stored {want!r}, got back {have!r}"
 
-    def test_texts_keep_nul_surrogates_and_astral_characters(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        msgs = [Message.user("nul \x00 lone \ud800 \udfff astral \U0001f600 bom \ufeff"), _call("c", "{}"),
-                Message(Role.USER, [Content.tool_result("c", "\x00\x01\x1f", is_error=True)])]
-        store.save(sid, msgs)
-        assert store.messages(sid) == msgs
-
     def test_a_tool_result_that_answers_no_call_is_refused(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
-        good = [Message.user("q"), _call("c1", "{}"), Message(Role.USER, [Content.tool_result("c1", "r")])]
+        sid = new_id()
+        good = [Message.user("q"), call("c1", "{}"), Message(Role.USER, [Content.tool_result("c1", "r")])]
         store.save(sid, good)
         for bad in ([Message.user("q"), Message(Role.USER, [Content.tool_result("c1", "r")])],
                     [*good[:2], Message(Role.USER, [Content.tool_result("c2", "which call?")])],
@@ -172,65 +142,37 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_save_replaces_with_shorter_longer_and_diverging_transcripts(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
-        base = _transcript(10)
-        for msgs in (base, base[:4], base, [*base, *_transcript(5, "more ")], [],
-                     [*base[:6], *_transcript(7, "fork ")], base[:1], _transcript(3, "new ")):
+        sid = new_id()
+        base = transcript(10)
+        for msgs in (base, base[:4], base, [*base, *transcript(5, "more ")], [],
+                     [*base[:6], *transcript(7, "fork ")], base[:1], transcript(3, "new ")):
             store.save(sid, msgs)
             assert store.messages(sid) == msgs
-
-    def test_appending_one_message_at_a_time_keeps_the_whole_transcript(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        msgs: list[Message] = []
-        for m in _transcript(30):
-            msgs.append(m)
-            store.save(sid, msgs)
-        assert store.messages(sid) == msgs
 
     def test_a_second_store_object_sees_and_replaces_what_the_first_saved(self) -> None:
         self.requires(Capability.DURABLE)
         first, second = self.make_store(), self.make_store()
-        (sid,) = _ids(1)
-        first.save(sid, _transcript(6))
-        assert second.messages(sid) == _transcript(6), (
+        sid = new_id()
+        first.save(sid, transcript(6))
+        assert second.messages(sid) == transcript(6), (
             "the store declares Capability.DURABLE, but a second store object does not see what the first saved")
-        second.save(sid, [*_transcript(6), *_transcript(2, "b ")])
-        first.save(sid, [*_transcript(6), *_transcript(1, "a ")])  # first must not trust its own view
-        assert second.messages(sid) == [*_transcript(6), *_transcript(1, "a ")]
-
-    def test_sessions_are_isolated(self) -> None:
-        store = self.make_store()
-        a, b = _ids(2)
-        store.save(a, _transcript(5, "a "))
-        store.save(b, _transcript(3, "b "))
-        store.add_steer(a, "for a")
-        store.save(a, _transcript(2, "a2 "))
-        assert store.messages(b) == _transcript(3, "b ")
-        assert store.take_steers(b) == []
-        assert store.take_steers(a) == ["for a"]
+        second.save(sid, [*transcript(6), *transcript(2, "b ")])
+        first.save(sid, [*transcript(6), *transcript(1, "a ")])  # first must not trust its own view
+        assert second.messages(sid) == [*transcript(6), *transcript(1, "a ")]
 
     def test_session_ids_are_compared_exactly(self) -> None:
         store = self.make_store()
-        (base,) = _ids(1)
+        base = new_id()
         variants = [base + "-Case", base + "-case", base + "-case ", base + "-cas\u00e9", base + "-case\u0301"]
         for i, sid in enumerate(variants):
             store.save(sid, [Message.user(str(i))])
         for i, sid in enumerate(variants):
             assert store.messages(sid) == [Message.user(str(i))], f"{sid!r} was confused with another id"
 
-    def test_a_large_message_round_trips(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        big = Message(Role.USER, [Content.tool_result("c1", "x" * self.large_message_bytes)])
-        msgs = [Message.user("read it"), _call("c1", "{}"), big, Message.assistant("done")]
-        store.save(sid, msgs)
-        assert store.messages(sid) == msgs
-
     def test_a_long_transcript_round_trips(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
-        msgs = _transcript(self.long_transcript)
+        sid = new_id()
+        msgs = transcript(self.long_transcript)
         store.save(sid, msgs)
         assert store.messages(sid) == msgs
         msgs.append(Message.assistant("one more"))
@@ -239,98 +181,63 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     # -- steers --------------------------------------------------------------------------------------
 
-    def test_steers_come_back_oldest_first_and_once(self) -> None:
+    def test_steers_come_back_oldest_first_once_and_apart_from_the_transcript(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
-        texts = [f"steer {i}" for i in range(12)]
+        sid = new_id()
+        assert store.take_steers(sid) == []
+        store.save(sid, transcript(3))
+        texts = ["'; DROP TABLE agent_steers; --", "日本語 😀 \U0001f9ea", "x" * 100_000, " spaced ", "\n",
+                 *(f"steer {i}" for i in range(8))]
         for t in texts:
             store.add_steer(sid, t)
+        if isinstance(store, LifecycleStore):  # shown, and left in place
+            assert store.pending_steers(sid) == texts and store.pending_steers(sid) == texts
+        assert store.messages(sid) == transcript(3)
+        store.save(sid, transcript(4))
         assert store.take_steers(sid) == texts
         assert store.take_steers(sid) == []
-
-    def test_add_after_take(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        assert store.take_steers(sid) == []
-        store.add_steer(sid, "one")
-        assert store.take_steers(sid) == ["one"]
-        store.add_steer(sid, "two")
-        store.add_steer(sid, "three")
-        assert store.take_steers(sid) == ["two", "three"]
-        assert store.take_steers(sid) == []
-
-    def test_steers_do_not_touch_the_transcript(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        store.save(sid, _transcript(3))
-        store.add_steer(sid, "s")
-        assert store.messages(sid) == _transcript(3)
-        store.save(sid, _transcript(4))
-        assert store.take_steers(sid) == ["s"]
-
-    def test_steer_texts_round_trip(self) -> None:
-        store = self.make_store()
-        (sid,) = _ids(1)
-        texts = ["'; DROP TABLE agent_steers; --", "日本語 😀 \U0001f9ea", "x" * 100_000, " spaced ", "\n"]
-        for t in texts:
-            store.add_steer(sid, t)
-        assert store.take_steers(sid) == texts
+        store.add_steer(sid, "after a take")
+        assert store.take_steers(sid) == ["after a take"]
+        assert store.messages(sid) == transcript(4)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_threads(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
+        sid = new_id()
         k, m = self.concurrency, self.steers_per_adder
-        barrier = threading.Barrier(2 * k)
-        adders_done = threading.Event()
-        taken: list[list[str]] = [[] for _ in range(k)]
-        errors: list[BaseException] = []
-
-        def adder(i: int) -> None:
-            try:
-                barrier.wait(60)
-                for j in range(m):
-                    store.add_steer(sid, f"a{i}-{j:04d}")
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                errors.append(exc)
-
+        adding = [k]
+        lock = threading.Lock()
         deadline = time.monotonic() + 300
 
-        def taker(i: int) -> None:
-            try:
-                barrier.wait(60)
-                while time.monotonic() < deadline:
-                    finished = adders_done.is_set()
-                    batch = store.take_steers(sid)
-                    if batch:
-                        taken[i].extend(batch)
-                    elif finished:
-                        return
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                errors.append(exc)
+        def work(i: int) -> list[str]:
+            if i < k:  # an adder
+                try:
+                    for j in range(m):
+                        store.add_steer(sid, f"a{i}-{j:04d}")
+                finally:
+                    with lock:
+                        adding[0] -= 1
+                return []
+            taken: list[str] = []
+            while time.monotonic() < deadline:
+                finished = adding[0] == 0
+                batch = store.take_steers(sid)
+                taken.extend(batch)
+                if not batch and finished:
+                    return taken
+            raise AssertionError("the takers did not finish within 300 s")
 
-        adders = [threading.Thread(target=adder, args=(i,)) for i in range(k)]
-        takers = [threading.Thread(target=taker, args=(i,)) for i in range(k)]
-        for t in adders + takers:
-            t.start()
-        for t in adders:
-            t.join(max(0.0, deadline - time.monotonic()))
-        adders_done.set()
-        for t in takers:
-            t.join(max(0.0, deadline - time.monotonic()) + 10)
-        assert not any(t.is_alive() for t in adders + takers), "the threads did not finish within 300 s"
-        assert not errors, errors
         # Each taker's whole sequence must keep every sender's order: stronger than each batch alone.
-        assert_each_taken_once(taken, "a", k, m)
+        assert_each_taken_once(together(2 * k, work, 310)[k:], "a", k, m)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
-        exactly_once_across_processes(self.factory(), _ids(1)[0], adders=4, takers=4, per_adder=40)
+        exactly_once_across_processes(self.factory(), new_id(), adders=4, takers=4, per_adder=40)
 
     # -- bad input -----------------------------------------------------------------------------------
 
     def test_bad_input_is_a_typed_error_and_changes_nothing(self) -> None:
         store = self.make_store()
-        (sid,) = _ids(1)
-        kept = _transcript(4)
+        sid = new_id()
+        kept = transcript(4)
         store.save(sid, kept)
         store.add_steer(sid, "kept steer")
         bad_ids: list[Any] = ["", None, 42, b"bytes", "x" * 256, "nul\x00id", "lone\ud800"]
@@ -358,22 +265,22 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_ten_megabyte_texts_round_trip_and_touch_nothing_else(self) -> None:
         store = self.make_store()
-        canary, sid = _ids(2)
-        store.save(canary, _transcript(3, "canary "))
+        canary, sid = new_id("canary"), new_id()
+        store.save(canary, transcript(3, "canary "))
         huge = "y" * self.huge_text_bytes
-        msgs = [Message.user(huge), _call("c", '{"blob": "' + "z" * (self.huge_text_bytes // 10) + '"}')]
+        msgs = [Message.user(huge), call("c", '{"blob": "' + "z" * (self.huge_text_bytes // 10) + '"}')]
         store.save(sid, msgs)
         store.add_steer(sid, huge)
         assert store.messages(sid) == msgs
         assert store.take_steers(sid) == [huge]
-        assert store.messages(canary) == _transcript(3, "canary ")
+        assert store.messages(canary) == transcript(3, "canary ")
 
     # -- properties ----------------------------------------------------------------------------------
 
     def test_property_hostile_ids_and_texts_give_a_typed_error_or_a_verbatim_round_trip(self) -> None:
         store = self.make_store()
-        canary, prefix = _ids(1)[0], uuid.uuid4().hex[:8]
-        kept = _transcript(4, "canary ")
+        canary, prefix = new_id(), uuid.uuid4().hex[:8]
+        kept = transcript(4, "canary ")
         store.save(canary, kept)
 
         @self.hypothesis()
@@ -398,18 +305,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         check()
 
 
-    def test_property_any_transcript_round_trips(self) -> None:
-        store = self.make_store()
-
-        @self.hypothesis()
-        @given(strategies.transcripts)
-        def check(msgs: list[Message]) -> None:
-            (sid,) = _ids(1)
-            store.save(sid, msgs)
-            assert store.messages(sid) == msgs
-
-        check()
-
     def test_property_any_session_id_and_steer_round_trip(self) -> None:
         store = self.make_store()
         prefix = uuid.uuid4().hex[:8]
@@ -430,7 +325,7 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
     def test_property_store_behaves_like_a_dict_and_queues(self) -> None:
         make_store = self.make_store
-        ids = _ids(3)
+        ids = [new_id(str(i)) for i in range(3)]
 
         class Machine(RuleBasedStateMachine):
             def __init__(self) -> None:

@@ -1,5 +1,6 @@
-"""Exactly-once across OS processes: separate interpreters (from the fork server, never forked from the test,
-so no connection is shared: storetest/processes.py) adding and taking steers on one session at once."""
+"""Across OS processes: separate interpreters (from the fork server, never forked from the test, so no
+connection is shared: storetest/processes.py) racing on one session (``in_processes``; steers added and
+taken exactly once), and a run in one process cancelled, killed or stopped from another."""
 
 from __future__ import annotations
 
@@ -10,45 +11,33 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent_sessions import LeaseLost, Message, Runner, Spec, Store, tool
 from agent_sessions import open as open_session
 
+from .mixin import no_orphans
 from .processes import context as process_context
 from .scripted import ToolsThenAnswer
 
 
-def _adder(factory: Callable[[], Store], sid: str, i: int, n: int, barrier: Any, out: Any) -> None:
-    try:
-        store = factory()
-        barrier.wait(300)
-        for j in range(n):
-            store.add_steer(sid, f"p{i}-{j:04d}")
-        out.put(("added", i, []))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", i, [traceback.format_exc()]))
-        barrier.abort()  # the parent stops waiting for this process to be ready
+def _add(store: Store, i: int, barrier: Any, sid: str, n: int) -> list[str]:
+    for j in range(n):
+        store.add_steer(sid, f"p{i}-{j:04d}")
+    return []
 
 
-def _taker(factory: Callable[[], Store], sid: str, i: int, barrier: Any, adders_done: Any, out: Any) -> None:
-    try:
-        store = factory()
-        barrier.wait(300)
-        taken: list[str] = []
-        deadline = time.monotonic() + 600  # an orphan (its parent gone) does not spin forever
-        while time.monotonic() < deadline:
-            finished = adders_done.is_set()
-            batch = store.take_steers(sid)
-            taken.extend(batch)
-            if not batch and finished:
-                break
-        out.put(("taken", i, taken))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", i, [traceback.format_exc()]))
-        barrier.abort()  # the parent stops waiting for this process to be ready
+def _take(store: Store, i: int, barrier: Any, sid: str, adders_done: Any) -> list[str]:
+    taken: list[str] = []
+    deadline = time.monotonic() + 600  # an orphan (its parent gone) does not spin forever
+    while time.monotonic() < deadline:
+        finished = adders_done.is_set()
+        batch = store.take_steers(sid)
+        taken.extend(batch)
+        if not batch and finished:
+            break
+    return taken
 
 
 def exactly_once_across_processes(
@@ -58,117 +47,71 @@ def exactly_once_across_processes(
     them being ready to the last steer taken (the benchmark's steer throughput)."""
     ctx = process_context(factory)
     barrier = ctx.Barrier(adders + takers + 1)  # and this process, to start the clock
-    adders_done = ctx.Event()
-    out = ctx.Queue()
-    add_procs = [ctx.Process(target=_adder, args=(factory, sid, i, per_adder, barrier, out)) for i in range(adders)]
-    take_procs = [
-        ctx.Process(target=_taker, args=(factory, sid, i, barrier, adders_done, out)) for i in range(takers)
-    ]
-    for p in add_procs + take_procs:
+    adders_done, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(_add, factory, i, barrier, out, (sid, per_adder)))
+             for i in range(adders)]
+    procs += [ctx.Process(target=_child, args=(_take, factory, adders + i, barrier, out, (sid, adders_done)))
+              for i in range(takers)]
+    for p in procs:
         p.start()
-    reports: list[tuple[str, int, list[str]]] = []
+    done: dict[int, list[str]] = {}
     try:
         try:
             barrier.wait(timeout)
         except threading.BrokenBarrierError:
-            raise AssertionError(
-                f"the processes were not all ready within {timeout} s{_failures(out, add_procs + take_procs)}"
-            ) from None
+            why = _failures(out, procs)
+            raise AssertionError(f"the processes were not all ready within {timeout} s{why}") from None
         started = time.monotonic()
-        while len([r for r in reports if r[0] != "taken"]) < adders:
-            reports.append(out.get(timeout=timeout))
-            assert reports[-1][0] != "error", reports[-1][2][0]
-        adders_done.set()
-        while len(reports) < adders + takers:
-            reports.append(out.get(timeout=timeout))
-            assert reports[-1][0] != "error", reports[-1][2][0]
+        while len(done) < adders + takers:
+            if sum(1 for i in done if i < adders) == adders:
+                adders_done.set()
+            kind, i, detail = out.get(timeout=timeout)
+            assert kind == "done", detail[0]
+            done[i] = detail
         seconds = time.monotonic() - started
     except queue.Empty:
         raise AssertionError(f"processes did not report within {timeout} s") from None
     finally:
-        for p in add_procs + take_procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    taken = [r[2] for r in reports if r[0] == "taken"]
-    assert_each_taken_once(taken, "p", adders, per_adder)
+        for p in procs:
+            _stop(p)
+    assert_each_taken_once([done[adders + i] for i in range(takers)], "p", adders, per_adder)
     return seconds
 
 
-def _keyed_sender(factory: Callable[[], Any], sid: str, key: str, i: int, barrier: Any, out: Any) -> None:
+def _child(work: Callable[..., Any], factory: Callable[[], Any], i: int, barrier: Any, out: Any,
+           args: tuple[Any, ...]) -> None:
     try:
         store = factory()
         barrier.wait(300)
-        out.put(("sent", i, [str(store.add_steer_once(sid, f"from process {i}", key))]))
+        out.put(("done", i, work(store, i, barrier, *args)))
     except BaseException:  # noqa: BLE001 - reported by the parent
         out.put(("error", i, [traceback.format_exc()]))
-        barrier.abort()
+        barrier.abort()  # the others stop waiting for this process
 
 
-def keyed_steer_across_processes(
-    factory: Callable[[], Any], sid: str, key: str, *, processes: int, timeout: float = 180
-) -> list[bool]:
-    """``processes`` processes send one steer each to ``sid`` under one ``key`` (``add_steer_once``)
-    at once; what each was answered."""
-    sent = _senders(factory, processes, timeout,
-                    lambda i, barrier, out: (_keyed_sender, (factory, sid, key, i, barrier, out)))
-    return [sent[i][0] == "True" for i in range(processes)]
-
-
-def _senders(factory: Callable[[], Any], processes: int, timeout: float,
-             target: Callable[[int, Any, Any], tuple[Callable[..., None], tuple[Any, ...]]]) -> dict[int, list[str]]:
-    """Start ``processes`` processes (``processes.context``, for the store of ``factory``), each
-    ``target(i, barrier, out)`` (a function and its arguments), released together by the barrier; what each
-    reported ("sent", i, [...]), by i."""
+def in_processes(factory: Callable[[], Any], processes: int, work: Callable[..., Any], *args: Any,
+                 timeout: float = 180) -> list[Any]:
+    """``processes`` processes (``processes.context``, for the store of ``factory``), each building the store
+    and calling ``work(store, i, barrier, *args)`` once all are ready (``work`` is a module's function, for
+    pickling; ``barrier`` lets it wait for the others again): what each returned, by i. A process that
+    failed fails the test with its traceback."""
     ctx = process_context(factory)
-    barrier = ctx.Barrier(processes)
-    out = ctx.Queue()
-    procs = []
-    for i in range(processes):
-        function, args = target(i, barrier, out)
-        procs.append(ctx.Process(target=function, args=args))
+    barrier, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(work, factory, i, barrier, out, args)) for i in range(processes)]
     for p in procs:
         p.start()
-    sent: dict[int, list[str]] = {}
+    done: dict[int, Any] = {}
     try:
         for _ in range(processes):
             kind, i, detail = out.get(timeout=timeout)
-            assert kind == "sent", detail[0]
-            sent[i] = detail
+            assert kind == "done", detail[0]
+            done[i] = detail
     except queue.Empty:
         raise AssertionError(f"processes did not report within {timeout} s{_failures(out, procs)}") from None
     finally:
         for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return sent
-
-
-def _enqueuer(factory: Callable[[], Any], sid: str, i: int, n: int, barrier: Any, out: Any) -> None:
-    try:
-        store = factory()
-        barrier.wait(300)
-        positions = []
-        for j in range(n):
-            key = f"q{i}-{j:04d}"
-            positions.append(store.enqueue(sid, key, f"message {key}"))
-            positions.append(store.enqueue(sid, "shared", "one message, sent by everyone"))
-        out.put(("sent", i, [str(p) for p in positions]))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", i, [traceback.format_exc()]))
-        barrier.abort()
-
-
-def enqueue_across_processes(
-    factory: Callable[[], Any], sid: str, *, processes: int, per_process: int, timeout: float = 180
-) -> list[list[int]]:
-    """``processes`` processes queue ``per_process`` messages each on ``sid`` at once (process i's
-    j-th under the key f"q{i}-{j:04d}"), each also sending the key "shared" after every one of its own;
-    the positions each was answered, per process, in the order it sent."""
-    sent = _senders(factory, processes, timeout,
-                    lambda i, barrier, out: (_enqueuer, (factory, sid, i, per_process, barrier, out)))
-    return [[int(p) for p in sent[i]] for i in range(processes)]
+            _stop(p)
+    return [done[i] for i in range(processes)]
 
 
 def _failures(out: Any, procs: list[Any]) -> str:
@@ -197,16 +140,7 @@ def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, pe
             assert mine == sorted(mine), f"a taker received one sender's steers out of order: {mine}"
 
 
-# -- a run in one process, cancelled or killed from another -------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    stop_reason: str
-    stored: list[Message]
-    requests_after_cancel: int = 0
-    charges: int = 0
-    lookups: int = 0
+# -- a run in one process, cancelled from another -------------------------------------------
 
 
 def lines(path: Path) -> list[str]:
@@ -240,8 +174,9 @@ def _run_until_cancelled(factory: Callable[[], Store], sid: str, workdir: str, o
         out.put(("error", traceback.format_exc()))
 
 
-def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
-    """A child runs; this process waits for its third request, cancels, and counts what came after."""
+def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir: str) -> None:
+    """A child runs; this process waits for its third request and cancels: the run stops within one step (at
+    most one request after the cancel), its lease released, no call left without its result."""
     ctx = process_context(factory)
     out = ctx.Queue()
     child = ctx.Process(target=_run_until_cancelled, args=(factory, sid, workdir, out))
@@ -258,71 +193,19 @@ def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir:
         assert kind == "result", value
         child.join(30)
         assert session.holder() is None, "the cancelled run kept its lease"
-        return RunOutcome(value, session.messages(), requests_after_cancel=len(lines(requests)) - at_cancel)
+        assert (value, len(lines(requests)) - at_cancel <= 1) == ("cancelled", True), (value, at_cancel)
+        no_orphans(session.messages())
     finally:
         _stop(child)
 
 
-def _lookup(path: str) -> Callable[[int], str]:
-    def lookup(n: int) -> str:
-        with open(path, "a") as f:
-            f.write("looked up\n")
-        return "found it"
-
-    return lookup
-
-
-def _charge(path: str, then_hang: bool) -> Callable[[int], str]:
+def _charge(path: str) -> Callable[[int], str]:
     def charge(n: int) -> str:
         with open(path, "a") as f:
             f.write("charged\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if then_hang:
-            time.sleep(600)  # killed here
         return "charged"
 
     return charge
-
-
-def _run_charging(factory: Callable[[], Store], sid: str, workdir: str, hang: bool, out: Any) -> None:
-    try:
-        work = Path(workdir)
-        tools = [tool(name="lookup")(_lookup(str(work / "lookups"))),
-                 tool(name="charge", idempotent=False)(_charge(str(work / "charges"), hang))]
-        session = open_session(sid, factory())
-        # A short lease, so the resuming process can take over soon after the kill; it waits for that.
-        spec = Spec(session=session, tools=tools, lease_ttl=1.0, lease_wait=30.0)
-        msgs = session.messages() or [Message.user("look it up, then charge the card")]
-        result = Runner().run(spec, msgs, ToolsThenAnswer(["lookup", "charge"]))
-        out.put(("result", result.stop_reason))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        out.put(("error", traceback.format_exc()))
-
-
-def kill_mid_tool_then_resume(factory: Callable[[], Store], sid: str, workdir: str) -> RunOutcome:
-    """SIGKILL a child inside a non-idempotent tool; resume the session in a second child."""
-    ctx = process_context(factory)
-    out = ctx.Queue()
-    charges, lookups = Path(workdir) / "charges", Path(workdir) / "lookups"
-    first = ctx.Process(target=_run_charging, args=(factory, sid, workdir, True, out))
-    first.start()
-    try:
-        wait_for(lambda: len(lines(charges)) == 1, "the first child to enter the charge tool")
-        os.kill(first.pid or 0, signal.SIGKILL)
-        first.join(30)
-    finally:
-        _stop(first)
-    second = ctx.Process(target=_run_charging, args=(factory, sid, workdir, False, out))
-    second.start()
-    try:
-        kind, value = out.get(timeout=90)
-        assert kind == "result", value
-        second.join(30)
-    finally:
-        _stop(second)
-    stored = open_session(sid, factory()).messages()
-    return RunOutcome(value, stored, charges=len(lines(charges)), lookups=len(lines(lookups)))
 
 
 def _stop(process: Any) -> None:
@@ -333,19 +216,6 @@ def _stop(process: Any) -> None:
 
 
 # -- a run stopped with SIGSTOP past its lease, taken over, then continued ----------------------------------
-
-
-@dataclass(frozen=True)
-class TakeoverOutcome:
-    stale: str
-    """How the stopped run ended once continued: "LeaseLost", or what else it said."""
-    newer: list[Message]
-    """The transcript the run that took over returned."""
-    before: tuple[list[Message], str | None]
-    """The stored transcript and journal once the newer run finished, before the stale one was continued."""
-    after: tuple[list[Message], str | None]
-    """The same once the stale run had exited."""
-    charges: int
 
 
 def _stall_in_tool(path: str) -> Callable[[int], str]:
@@ -373,7 +243,7 @@ def _run_then_stall(factory: Callable[[], Store], sid: str, workdir: str, out: A
 def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
     try:
         session = open_session(sid, factory())
-        charge = tool(name="charge", idempotent=False)(_charge(str(Path(workdir) / "charges"), False))
+        charge = tool(name="charge", idempotent=False)(_charge(str(Path(workdir) / "charges")))
         spec = Spec(session=session, tools=[charge], lease_ttl=30.0, lease_wait=30.0)
         msgs = [*session.messages(), Message.user("charge the card instead")]
         result = Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))
@@ -382,10 +252,11 @@ def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -
         out.put(("newer-error", traceback.format_exc()))
 
 
-def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, workdir: str) -> TakeoverOutcome:
+def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, workdir: str) -> None:
     """A child runs with a 1 s lease and is stopped with SIGSTOP inside a tool; once its lease has expired on
     the store's clock a second child takes the session over and finishes a turn (with a non-idempotent
-    tool); then the first is continued with SIGCONT and must end with LeaseLost, having written nothing."""
+    tool, run once); then the first is continued with SIGCONT and must end with LeaseLost, having written
+    nothing: the store holds exactly the second run's transcript."""
     ctx = process_context(factory)
     out = ctx.Queue()
     entered = Path(workdir) / "entered"
@@ -411,7 +282,10 @@ def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, wor
         assert kind == "stale", said
         stale.join(30)
         after = (session.messages(), run_store.journal(sid))
-        return TakeoverOutcome(said, newer, before, after, charges=len(lines(Path(workdir) / "charges")))
+        assert said == "LeaseLost", said
+        assert before[0] == newer and after == before
+        assert len(lines(Path(workdir) / "charges")) == 1
+        no_orphans(after[0])
     finally:
         if stale.pid is not None and stale.is_alive():
             os.kill(stale.pid, signal.SIGCONT)

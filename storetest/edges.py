@@ -6,42 +6,26 @@ A metadata value too large for its JSON form is an ``ArgumentError`` naming its 
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 import pytest
 
 import agent_sessions as agent
-from agent_sessions import EventStore, Holder, LifecycleStore
+from agent_sessions import EventStore, LifecycleStore
 from agent_sessions.eventlog import MAX_SEQ, encode
 
 from .capabilities import Capability
+from .mixin import ContractMixin, new_holder, new_id
 
 HUGE = 10**5000
 """More digits than ``int()`` and ``str()`` accept by default (4,300): its repr alone raises ValueError."""
 
 
-def _sid(tag: str) -> str:
-    return f"storetest-edges-{tag}-{uuid.uuid4().hex}"
-
-
-class EdgeContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    capabilities: frozenset[Capability]
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
+class EdgeContract(ContractMixin):
     def _events_with_a_log(self) -> tuple[EventStore, str]:
         self.requires(Capability.EVENTS)
         store = self.make_store()
         assert isinstance(store, EventStore)
-        sid = _sid("after")
-        holder = store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 30)
+        sid = new_id("after")
+        holder = store.acquire(sid, new_holder(), 30)
         store.append_events(sid, holder, [encode("note", {"n": 1})], keep=10)
         return store, sid
 
@@ -49,7 +33,7 @@ class EdgeContract:
         store, sid = self._events_with_a_log()
         assert MAX_SEQ == 2**63 - 1
         assert store.events(sid, MAX_SEQ, 10) == []
-        assert store.events(_sid("none"), MAX_SEQ, 10) == []
+        assert store.events(new_id("none"), MAX_SEQ, 10) == []
         session = agent.open(sid, store)
         assert session.events(after=MAX_SEQ) == []
         assert list(session.follow(after=MAX_SEQ, timeout=0)) == []
@@ -73,7 +57,7 @@ class EdgeContract:
         self.requires(Capability.LIFECYCLE)
         store = self.make_store()
         assert isinstance(store, LifecycleStore)
-        sid = _sid("meta")
+        sid = new_id("meta")
         store.set_metadata(sid, {"keep": "me"})
         with pytest.raises(agent.ArgumentError, match="'count'"):
             store.set_metadata(sid, {"ok": 1, "count": value})

@@ -2,17 +2,16 @@
 it started from.
 
 The store-level tests check the fencing rule of ``agent_sessions.RunStore`` directly. The scenario tests
-(``test_1_`` ... ``test_6_``) drive whole runs through the six ways a stale run used to overwrite a newer
-one; each ends with the newer run's transcript and journal intact, the stale run refused, every
-non-idempotent tool run at most once, and no stored tool call without its result. A stall is simulated in
-process (``stalls.Stalled``); ``crossprocess`` stops a real process with SIGSTOP.
-"""
+(``test_1_`` ... ``test_6_``; the third, a run that waited for the lease, is the fourth's loser) drive whole
+runs through the six ways a stale run used to overwrite a newer one; each ends with the newer run's
+transcript and journal intact, the stale run refused, every non-idempotent tool run at most once, and no
+stored tool call without its result. A stall is simulated in process (``stalls.Stalled``); ``crossprocess``
+stops a real process with SIGSTOP."""
 
 from __future__ import annotations
 
 import functools
 import threading
-import uuid
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.run.react import CANCELLED
 
 from .crossprocess import wait_for
+from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans, together
 from .scripted import Answer, ToolsThenAnswer
 from .stalls import Stalled
 
@@ -31,26 +31,9 @@ TTL = 0.6
 """The lease of a run that is about to stall: short, so the takeover comes soon."""
 
 
-class _Crash(BaseException):
-    """Stands in for a worker dying inside a tool: nothing in the loop catches it."""
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-fence-{tag}{uuid.uuid4().hex}"
-
-
-def _claimant() -> Holder:
-    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
-
-
 def _state(store: RunStore, sid: str) -> tuple[list[Message], str | None, Holder | None]:
     """Everything a write could have changed: transcript, journal, lease."""
     return store.messages(sid), store.journal(sid), store.holder(sid)
-
-
-def _no_orphans(msgs: list[Message]) -> None:
-    orphans = agent.orphaned_tool_calls(msgs)
-    assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
 
 
 def _results(msgs: list[Message], at: int) -> dict[str, Content]:
@@ -60,56 +43,53 @@ def _results(msgs: list[Message], at: int) -> dict[str, Content]:
 def _race(store: RunStore, sid: str, holder: Holder, lists: list[list[Message]]) -> list[int]:
     """Save each of ``lists`` from a thread of its own, all at once: the indexes of those saved (the others
     refused with ``TranscriptConflict``; any other error is raised)."""
-    barrier = threading.Barrier(len(lists))
-    saved: list[int] = []
-    errors: list[Exception] = []
 
-    def step(i: int) -> None:
-        barrier.wait()
+    def step(i: int) -> bool:
         try:
             store.save_fenced(sid, holder, lists[i], take_steers=True)
-            saved.append(i)
+            return True
         except agent.TranscriptConflict:
-            pass
-        except Exception as exc:  # noqa: BLE001 - raised below, in the test's thread
-            errors.append(exc)
+            return False
 
-    threads = [threading.Thread(target=step, args=(i,)) for i in range(len(lists))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return saved
+    return [i for i, saved in enumerate(together(len(lists), step)) if saved]
 
 
-class FencingContract:
-    """Mixed into StoreContract; ``run_store`` and ``another`` come from there."""
-
-    def run_store(self) -> RunStore:
-        raise NotImplementedError
-
-    def another(self, store: RunStore) -> RunStore:
-        raise NotImplementedError
-
+class FencingContract(ContractMixin):
     def _expire(self, store: RunStore, sid: str) -> None:
         wait_for(lambda: store.holder(sid) is None, "the stalled run's lease to expire on the store's clock")
+
+    def _taken_over(self, stalled: Stalled, other: RunStore, sid: str, newer: dict[str, Any]) -> None:
+        """While ``stalled``'s run is stopped, its lease lapses and run B on ``other`` answers a question;
+        ``newer`` gets B's result and the state it left."""
+        stalled.freeze()
+        self._expire(other, sid)
+        msgs = [*other.messages(sid), Message.user("B's question")]
+        newer["result"] = agent.Runner().run(agent.Spec(session=agent.open(sid, other)), msgs, Answer("B"))
+        newer["state"] = _state(other, sid)
+        stalled.thaw()
 
     # -- the rule, store by store ----------------------------------------------------------------------
 
     def test_a_superseded_holder_can_write_nothing(self) -> None:
         store = self.run_store()
-        sid = _sid("rule-")
-        a = store.acquire(sid, _claimant(), 0.2)
+        sid = new_id("rule")
+        a = store.acquire(sid, new_holder(), 0.2)
         store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True)
         store.put_journal(sid, a, "a's journal")
+        logs = isinstance(store, agent.EventStore)
+        if logs:
+            store.append_events(sid, a, [encode("note", {"by": "a"})], keep=100)
         self._expire(store, sid)
-        b = self.another(store).acquire(sid, _claimant(), 30)
+        b = self.another(store).acquire(sid, new_holder(), 30)
         assert b.epoch > a.epoch
         store.add_steer(sid, "for b")
         before = _state(store, sid)
-        for write in (
+        late: list[Any] = [  # an event log's writes, where the store keeps one
+            lambda: store.append_events(sid, a, [encode("note", {"by": "late a"})], keep=100),
+            lambda: store.save_fenced_events(sid, a, [Message.user("a's question"), Message.assistant("late")],
+                                             take_steers=False, events=[encode("note", {"by": "late a"})], keep=100),
+        ] if logs else []
+        for write in (*late,
             lambda: store.save_fenced(sid, a, [Message.user("a's question"), Message.assistant("late")],
                                       take_steers=True),
             lambda: store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True),
@@ -129,14 +109,18 @@ class FencingContract:
         store.release(sid, a)
         assert _state(store, sid) == before
         assert store.take_steers(sid) == ["for b"]  # the stale saves took no steer
+        if logs:  # nor an event, nor a number: b's event follows a's
+            store.append_events(sid, b, [encode("note", {"by": "b"})], keep=100)
+            log = store.events(sid, 0, 100)
+            assert [e.data["by"] for e in log] == ["a", "b"] and log[1].seq == log[0].seq + 1
 
     def test_a_save_whose_flags_are_not_bools_is_an_argument_error_and_writes_nothing(self) -> None:
         """``take_steers`` and ``replace`` each decide what a save does (take the steers, replace the
         transcript): a value that is not a bool (a truthy string, ``None``, 1) is refused before anything is
         read or written, by the save with events too, whatever the store's usual step would have made of it."""
         store = self.run_store()
-        sid = _sid("flags-")
-        held = store.acquire(sid, _claimant(), 30)
+        sid = new_id("flags")
+        held = store.acquire(sid, new_holder(), 30)
         history = [Message.user("q")]
         store.save_fenced(sid, held, history, take_steers=False)
         store.add_steer(sid, "waiting")
@@ -157,12 +141,12 @@ class FencingContract:
 
     def test_the_first_fenced_save_must_extend_the_stored_transcript(self) -> None:
         store = self.run_store()
-        sid = _sid("cas-")
+        sid = new_id("cas")
         history = [Message.user("q1"), Message.assistant("a1")]
         store.save(sid, history)
         store.add_steer(sid, "waiting")
         for cold in (store, self.another(store)):  # what this object knows, and a store object that knows nothing
-            held = cold.acquire(sid, _claimant(), 30)
+            held = cold.acquire(sid, new_holder(), 30)
             for given in ([Message.user("q2")], history[:1], [history[0], Message.assistant("other"),
                                                                Message.user("q2")], []):
                 with pytest.raises(agent.TranscriptConflict) as conflict:
@@ -172,7 +156,7 @@ class FencingContract:
                 assert str(len(given)) in str(conflict.value) and sid in str(conflict.value)
             assert store.messages(sid) == history
             cold.release(sid, held)
-        held = store.acquire(sid, _claimant(), 30)
+        held = store.acquire(sid, new_holder(), 30)
         assert store.take_steers(sid) == ["waiting"]  # no refused save took it
         assert store.save_fenced(sid, held, history, take_steers=True).steers == []  # the same: nothing new
         assert store.save_fenced(sid, held, [*history, Message.user("q2")], take_steers=True).steers == []
@@ -181,67 +165,37 @@ class FencingContract:
         assert store.save_fenced(sid, held, replaced, take_steers=False, replace=True).steers == []
         assert self.another(store).messages(sid) == replaced
 
-    def test_a_conflicting_save_is_refused_even_after_another_object_appended(self) -> None:
-        store = self.run_store()
-        sid = _sid("cas2-")
-        base = [Message.user("q")]
-        store.save(sid, base)
-        assert store.messages(sid) == base  # this object knows the transcript now
-        other = self.another(store)
-        held = other.acquire(sid, _claimant(), 30)
-        other.save_fenced(sid, held, [*other.messages(sid), Message.assistant("theirs")], take_steers=True)
-        other.release(sid, held)
-        mine = store.acquire(sid, _claimant(), 30)
-        with pytest.raises(agent.TranscriptConflict):
-            store.save_fenced(sid, mine, [*base, Message.assistant("mine")], take_steers=True)
-        assert store.messages(sid) == [*base, Message.assistant("theirs")]
-
     # -- the usual step: new messages appended to the transcript this object knows ---------------------
 
     def _stepped(self, tag: str) -> tuple[RunStore, str, Holder, list[Message]]:
         """A run two steps in: its list is the very objects this store object saved."""
         store = self.run_store()
-        sid = _sid(tag)
-        held = store.acquire(sid, _claimant(), 30)
+        sid = new_id(tag)
+        held = store.acquire(sid, new_holder(), 30)
         msgs = [Message.user("q1")]
         store.save_fenced(sid, held, msgs, take_steers=True)
         msgs += [Message.assistant("a1"), Message.user("q2")]
         store.save_fenced(sid, held, msgs, take_steers=True)
         return store, sid, held, msgs
 
-    def test_a_step_over_an_earlier_message_replaced_by_an_equal_object_is_saved(self) -> None:
-        store, sid, held, msgs = self._stepped("step-equal-")
-        msgs[1] = Message.assistant("a1")  # another object, equal
-        msgs.append(Message.assistant("a2"))
-        store.save_fenced(sid, held, msgs, take_steers=True)
-        msgs.append(Message.user("q3"))  # and the step after it, over the replacement
-        store.save_fenced(sid, held, msgs, take_steers=True)
-        assert self.another(store).messages(sid) == msgs
-        assert store.messages(sid) == msgs
-
-    def test_a_step_over_an_earlier_message_replaced_by_another_is_refused_and_the_next_step_saves(self) -> None:
-        store, sid, held, msgs = self._stepped("step-changed-")
+    def test_a_step_over_an_earlier_message_replaced_or_cut_is_refused_and_over_an_equal_one_saved(self) -> None:
+        store, sid, held, msgs = self._stepped("step-changed")
         stored = list(msgs)
-        for i in range(len(msgs)):
-            changed = [*msgs[:i], Message.user(f"changed {i}"), *msgs[i + 1:], Message.assistant("a2")]
+        changed = [[*msgs[:i], Message.user(f"changed {i}"), *msgs[i + 1:], Message.assistant("a2")]
+                   for i in range(len(msgs))]
+        shorter = [msgs[:2], [*msgs[:2], Message.assistant("other")], [*msgs[:1], *msgs[2:]]]
+        for given in changed + shorter:
             with pytest.raises(agent.TranscriptConflict):
-                store.save_fenced(sid, held, changed, take_steers=True)
+                store.save_fenced(sid, held, given, take_steers=True)
             assert self.another(store).messages(sid) == stored  # nothing of it saved, not silently unsaved
         msgs.append(Message.assistant("a2"))  # a save after the failed ones
         store.save_fenced(sid, held, msgs, take_steers=True)
+        msgs[1] = Message.assistant("a1")  # an earlier message replaced by an equal object: saved
         msgs.append(Message.user("q3"))
         store.save_fenced(sid, held, msgs, take_steers=True)
-        assert self.another(store).messages(sid) == msgs
-
-    def test_a_step_shorter_than_the_known_transcript_is_refused(self) -> None:
-        store, sid, held, msgs = self._stepped("step-short-")
-        for given in (msgs[:2], [*msgs[:2], Message.assistant("other")], [*msgs[:1], *msgs[2:]]):
-            with pytest.raises(agent.TranscriptConflict):
-                store.save_fenced(sid, held, given, take_steers=True)
-        assert self.another(store).messages(sid) == msgs
-        msgs.append(Message.assistant("a2"))
+        msgs.append(Message.assistant("a3"))  # and the step after it, over the replacement
         store.save_fenced(sid, held, msgs, take_steers=True)
-        assert self.another(store).messages(sid) == msgs
+        assert self.another(store).messages(sid) == msgs and store.messages(sid) == msgs
 
     def test_threads_stepping_one_session_on_one_store_object_never_lose_a_step(self) -> None:
         """Each round two threads step the session from the same transcript: one is saved, the other
@@ -262,23 +216,15 @@ class FencingContract:
 
     def test_1_a_run_taken_over_while_it_waited_on_the_model_cannot_save_its_answer(self) -> None:
         store = self.run_store()
-        sid = _sid("s1-")
+        sid = new_id("s1")
         stalled, other = Stalled(store), self.another(store)
         store.save(sid, [Message.user("q1"), Message.assistant("a1")])
         newer: dict[str, Any] = {}
 
-        def taken_over(messages: object) -> None:
-            stalled.freeze()
-            self._expire(other, sid)
-            msgs = [*other.messages(sid), Message.user("B's question")]
-            newer["result"] = agent.Runner().run(agent.Spec(session=agent.open(sid, other)), msgs, Answer("B"))
-            newer["state"] = _state(store, sid)
-            stalled.thaw()
-
         msgs = [*store.messages(sid), Message.user("A's question")]
         with pytest.raises(agent.LeaseLost):
             agent.Runner().run(agent.Spec(session=agent.open(sid, stalled), lease_ttl=TTL), msgs,
-                               Answer("A's late answer", before=taken_over))
+                               Answer("A's late answer", before=lambda _: self._taken_over(stalled, other, sid, newer)))
         assert newer["result"].stop_reason == "answered"
         assert _state(store, sid) == newer["state"]
         assert store.messages(sid) == newer["result"].messages
@@ -286,11 +232,11 @@ class FencingContract:
 
     def test_2_a_run_whose_lapsed_lease_was_taken_and_released_never_runs_its_next_tool(self) -> None:
         store = self.run_store()
-        sid = _sid("s2-")
+        sid = new_id("s2")
         stalled, other = Stalled(store), self.another(store)
         charged: list[str] = []
         newer: dict[str, Any] = {}
-        expire = self._expire
+        taken_over = self._taken_over
 
         @agent.tool(idempotent=False)
         def charge(n: int) -> str:
@@ -301,13 +247,7 @@ class FencingContract:
         class StallsThenCalls(ToolsThenAnswer):
             def complete(self, system: str, messages: Any, tools: Any) -> Message:
                 if not newer:
-                    stalled.freeze()
-                    expire(other, sid)
-                    msgs = [*other.messages(sid), Message.user("B's question")]
-                    newer["result"] = agent.Runner().run(agent.Spec(session=agent.open(sid, other)), msgs,
-                                                         Answer("B"))
-                    newer["state"] = _state(store, sid)
-                    stalled.thaw()
+                    taken_over(stalled, other, sid, newer)
                 return super().complete(system, messages, tools)
 
         with pytest.raises(agent.LeaseLost):
@@ -316,40 +256,11 @@ class FencingContract:
         assert charged == []
         assert newer["state"][2] is None  # B released the lease, so A's lapsed lease was free
         assert _state(store, sid) == newer["state"]
-        _no_orphans(store.messages(sid))
-
-    def test_3_a_run_that_waited_for_the_lease_refuses_to_write_stale_history(self) -> None:
-        store = self.run_store()
-        sid = _sid("s3-")
-        store.save(sid, [Message.user("q1"), Message.assistant("a1")])
-        other = self.another(store)
-        first_msgs = [*store.messages(sid), Message.user("first worker's message")]
-        second_msgs = [*other.messages(sid), Message.user("second worker's message")]  # read at the same moment
-        entered, go = threading.Event(), threading.Event()
-        def wait_for_the_second(messages: object) -> None:
-            entered.set()
-            go.wait(30)
-
-        first_model = Answer("first answer", before=wait_for_the_second)
-        second_model = Answer("second answer")
-        first = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), first_msgs, first_model)
-        assert entered.wait(30)
-        second = agent.Runner().start(agent.Spec(session=agent.open(sid, other), lease_wait=60), second_msgs,
-                                      second_model)
-        wait_for(lambda: not second.done() and first_model.requests == 1, "the second run to be waiting")
-        go.set()
-        done = first.wait(60)
-        with pytest.raises(agent.TranscriptConflict) as conflict:
-            second.wait(60)
-        assert (conflict.value.stored, conflict.value.given) == (4, 3)
-        assert second_model.requests == 0
-        assert store.messages(sid) == done.messages
-        assert [m.text for m in done.messages[2:]] == ["first worker's message", "first answer"]
-        assert store.holder(sid) is None
+        no_orphans(store.messages(sid))
 
     def test_4_of_two_concurrent_resumes_of_a_crashed_run_one_finishes_and_the_tool_runs_once(self) -> None:
         store = self.run_store()
-        sid = _sid("s4-")
+        sid = new_id("s4")
         charges: list[int] = []
 
         @agent.tool(idempotent=False)
@@ -357,16 +268,17 @@ class FencingContract:
             """Dies the first time, after its effect."""
             charges.append(n)
             if len(charges) == 1:
-                raise _Crash
+                raise Crash
             return "charged"
 
         spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
-        with pytest.raises(_Crash):
+        with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge the card")], ToolsThenAnswer(["charge"]))
         stores = [store, self.another(store)]
         reads = [s.messages(sid) for s in stores]  # a redelivered task and a retry, each reading first
-        runs = [agent.Runner().start(agent.Spec(session=agent.open(sid, s), tools=[charge], lease_wait=60), msgs,
-                                     ToolsThenAnswer(["charge"])) for s, msgs in zip(stores, reads, strict=True)]
+        models = [ToolsThenAnswer(["charge"]) for _ in stores]
+        runs = [agent.Runner().start(agent.Spec(session=agent.open(sid, s), tools=[charge], lease_wait=60), msgs, m)
+                for s, msgs, m in zip(stores, reads, models, strict=True)]
         outcomes: list[Any] = []
         for run in runs:
             try:
@@ -375,16 +287,18 @@ class FencingContract:
                 outcomes.append(exc)
         finished = [o for o in outcomes if isinstance(o, agent.Result)]
         assert len(finished) == 1 and len(outcomes) == 2, outcomes
-        assert charges == [0]
+        # the one that waited for the lease refused to write its stale history, before asking its model
+        assert [m.requests for m in models] == [int(isinstance(o, agent.Result)) for o in outcomes]
+        assert charges == [0] and store.holder(sid) is None
         stored = store.messages(sid)
         assert stored == finished[0].messages
         assert _results(stored, 2)["call_0_0"].text == UNKNOWN_OUTCOME
         assert store.journal(sid) is None
-        _no_orphans(stored)
+        no_orphans(stored)
 
     def test_5_a_thawed_zombie_cannot_replace_the_live_holders_journal(self) -> None:
         store = self.run_store()
-        sid = _sid("s5-")
+        sid = new_id("s5")
         stalled, other = Stalled(store), self.another(store)
         ran: list[str] = []
         inside, thawed, go_on = threading.Event(), threading.Event(), threading.Event()
@@ -405,7 +319,7 @@ class FencingContract:
             if ran.count("refund") == 1:
                 entered_refund.set()
                 go_on.wait(60)
-                raise _Crash
+                raise Crash
             return "refunded"
 
         entered_refund = threading.Event()
@@ -425,7 +339,7 @@ class FencingContract:
             zombie.wait(60)
         assert _state(store, sid) == live
         go_on.set()
-        with pytest.raises(_Crash):
+        with pytest.raises(Crash):
             holder_run.wait(60)
         result = agent.Runner().run(spec, store.messages(sid), ToolsThenAnswer(["refund"], rounds=2))
         assert result.stop_reason == "answered"
@@ -433,11 +347,11 @@ class FencingContract:
         stored = store.messages(sid)
         assert _results(stored, 2)["call_0_0"].text == UNKNOWN_OUTCOME
         assert _results(stored, 4)["call_1_0"].text == UNKNOWN_OUTCOME
-        _no_orphans(stored)
+        no_orphans(stored)
 
     def test_6_a_cancelled_resume_keeps_what_ran_and_skips_only_what_never_started(self) -> None:
         store = self.run_store()
-        sid = _sid("s6-")
+        sid = new_id("s6")
         ran: list[str] = []
 
         @agent.tool
@@ -450,7 +364,7 @@ class FencingContract:
         def charge(n: int) -> str:
             """Dies after its effect."""
             ran.append("charge")
-            raise _Crash
+            raise Crash
 
         @agent.tool
         def notify(n: int) -> str:
@@ -459,7 +373,7 @@ class FencingContract:
             return "notified"
 
         tools = [lookup, charge, notify]
-        with pytest.raises(_Crash):
+        with pytest.raises(Crash):
             agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=tools), [Message.user("go")],
                                ToolsThenAnswer(["lookup", "charge", "notify"]))
         cancelling = Stalled(self.another(store))
@@ -478,7 +392,7 @@ class FencingContract:
         assert results["call_0_1"].text == UNKNOWN_OUTCOME
         assert results["call_0_2"].text == CANCELLED
         assert store.journal(sid) is None
-        _no_orphans(stored)
+        no_orphans(stored)
 
 
 __all__ = ["FencingContract"]

@@ -14,7 +14,6 @@ that raises.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from agent_sessions.events import Event, StepStarted, ToolFinished
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
+from .mixin import ContractMixin, Crash, new_id
 from .scripted import Answer, Replies, ToolsThenAnswer
 from .strategies import VERBATIM_ARGUMENTS
 
@@ -41,16 +41,8 @@ TWO_WITH_ONE_ID = Message(Role.ASSISTANT, [
 ])
 
 
-class _Crash(BaseException):
-    """Stands in for a worker dying inside a tool: nothing in the loop catches it."""
-
-
 class _Boom(Exception):
     """What an events callback raises."""
-
-
-def _sid(tag: str = "") -> str:
-    return f"storetest-identity-{tag}{uuid.uuid4().hex}"
 
 
 def _refund(ran: list[str], crash_on: str = "", **options: Any) -> Tool:
@@ -61,7 +53,7 @@ def _refund(ran: list[str], crash_on: str = "", **options: Any) -> Tool:
         """Refund 60 on an order."""
         ran.append(order)
         if order == crash_on and ran.count(order) == 1:
-            raise _Crash
+            raise Crash
         return f"refunded 60 on {order}"
 
     return agent.tool(name="refund", idempotent=False, **options)(refund)
@@ -91,49 +83,42 @@ def _answered(msgs: Sequence[Message]) -> list[tuple[str, str]]:
 BOTH = [("A", "refunded 60 on A"), ("B", "refunded 60 on B")]
 
 
-class IdentityContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    capabilities: frozenset[Capability]
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
+class IdentityContract(ContractMixin):
     def _store(self, *needs: Capability) -> Any:
-        for capability in (Capability.RUN_STORE, *needs):
-            self.requires(capability)
-        store = self.make_store()
-        if not isinstance(store, agent.RunStore):
-            pytest.fail(f"the store declares Capability.RUN_STORE, but {type(store).__name__} is no RunStore")
-        return store
+        return self.run_store(*needs)
 
     # -- two calls with one id -------------------------------------------------------------------------
 
-    def test_two_calls_with_one_id_each_run_once_and_get_their_own_result(self) -> None:
+    @pytest.mark.parametrize("crash_on", ["", "A", "B"], ids=["none", "killed-in-A", "killed-in-B"])
+    def test_two_calls_with_one_id_each_run_once_and_get_their_own_result(self, crash_on: str) -> None:
+        """Also when the worker is killed between or inside them: a resume gives each its own result."""
         store = self._store()
-        sid = _sid()
+        sid = new_id(f"crash-{crash_on}")
         ran: list[str] = []
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran, crash_on=crash_on)])
         model = Replies(TWO_WITH_ONE_ID)
-        result = agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[_refund(ran)]),
-                                    [Message.user("refund A and B")], model)
+        if crash_on:
+            with pytest.raises(Crash):
+                agent.Runner().run(spec, [Message.user("refund A and B")], model)
+            assert ran == ["A", "B"][: 1 + (crash_on == "B")]
+            assert store.messages(sid) == [Message.user("refund A and B")]  # the reply waits in the journal
+        result = agent.Runner().run(spec, store.messages(sid) or [Message.user("refund A and B")], model)
         assert result.stop_reason == "answered"
-        assert ran == ["A", "B"]
+        assert ran == ["A", "B"], f"crashed in {crash_on}: then ran {ran}"
         stored = store.messages(sid)
-        assert stored == result.messages and _answered(stored) == BOTH
+        want = [(order, UNKNOWN_OUTCOME if order == crash_on else f"refunded 60 on {order}") for order in "AB"]
+        assert stored == result.messages and _answered(stored) == want
         first, second = stored[1].tool_calls
         assert first.id == "c1" and second.id != "c1" and second.arguments == '{"order": "B"}'
         assert stored[1].text == "refunding both"
         # What the provider is sent next: the reply with the new id, and a result for each of its calls.
-        assert model.requests[-1][1] == stored[1] and _answered(model.requests[-1]) == BOTH
+        assert model.requests[-1][1] == stored[1] and _answered(model.requests[-1]) == want
         assert store.journal(sid) is None
 
     def test_two_calls_with_one_id_wait_for_two_approvals(self) -> None:
         store = self._store(Capability.APPROVALS)
         assert isinstance(store, ApprovalStore)
-        sid = _sid("approve-")
+        sid = new_id("approve")
         session = agent.open(sid, store)
         ran: list[str] = []
         spec = agent.Spec(session=session, tools=[_refund(ran, needs_approval=True)])
@@ -155,29 +140,12 @@ class IdentityContract:
         assert _answered(store.messages(sid)) == BOTH
         assert store.journal(sid) is None and session.pending_approvals() == []
 
-    def test_two_calls_with_one_id_killed_between_or_inside_them_resume_each_with_its_own_result(self) -> None:
-        store = self._store()
-        for crash_on, resumed in (("A", ["A", "B"]), ("B", ["A", "B"])):
-            sid = _sid(f"crash-{crash_on}-")
-            ran: list[str] = []
-            spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran, crash_on=crash_on)])
-            model = Replies(TWO_WITH_ONE_ID)
-            with pytest.raises(_Crash):
-                agent.Runner().run(spec, [Message.user("refund A and B")], model)
-            assert ran == ["A", "B"][: 1 + (crash_on == "B")]
-            assert store.messages(sid) == [Message.user("refund A and B")]  # the reply waits in the journal
-            result = agent.Runner().run(spec, store.messages(sid), model)
-            assert result.stop_reason == "answered"
-            assert ran == resumed, f"crashed in {crash_on}: then ran {ran}"
-            want = [(order, UNKNOWN_OUTCOME if order == crash_on else f"refunded 60 on {order}") for order in "AB"]
-            assert _answered(store.messages(sid)) == want
-            assert store.journal(sid) is None
-
     # -- one encoding: a lone surrogate ----------------------------------------------------------------
 
-    def test_a_tool_result_holding_a_lone_surrogate_is_published_and_the_session_goes_on(self) -> None:
+    def test_a_lone_surrogate_in_a_message_or_a_tool_result_is_published_and_refused_where_it_cannot_be_kept(
+            self) -> None:
         store = self._store(Capability.EVENTS)
-        session = agent.open(_sid("lone-"), store)
+        session = agent.open(new_id("lone"), store)
         name = f"report{LONE}.txt"
 
         @agent.tool
@@ -186,24 +154,35 @@ class IdentityContract:
             return name
 
         spec = agent.Spec(session=session, tools=[listdir], publish_events=True)
-        result = agent.Runner().run(spec, [Message.user("what is there?")], ToolsThenAnswer(["listdir"]))
+        result = agent.Runner().run(spec, [Message.user(f"open {LONE}")], ToolsThenAnswer(["listdir"]))
         assert result.stop_reason == "answered"
         stored = session.messages()
-        assert stored == result.messages and stored[2].content[0].text == name
+        assert stored == result.messages and stored[0].text == f"open {LONE}" and stored[2].content[0].text == name
         events = session.events()
         assert [e.kind for e in events] == ["step_started", "model_response", "tool_called", "tool_finished",
                                             "step_started", "model_response", "finished"]
         assert events[3].data["result"] == {"text": name, "is_error": False}
         assert Message.from_dict(events[1].data["message"]) == stored[1]
-        again = agent.Runner().run(spec, [*stored, Message.user("and now?")], Answer(f"still {LONE}"))
+        with pytest.raises(agent.ArgumentError, match="surrogate"):
+            session.steer(f"steer {LONE}")
+        run = agent.Runner().start(spec, [*stored, Message.user("and now?")], Answer(f"still {LONE}"))
+        with pytest.raises(agent.ArgumentError, match="surrogate"):
+            run.steer(f"steer {LONE}")
+        again = run.wait(60)
         assert again.stop_reason == "answered" and session.messages() == again.messages
         more = session.events(after=events[-1].seq)
         assert [e.kind for e in more] == ["step_started", "model_response", "finished"]
         assert more[-1].data["text"] == f"still {LONE}"
+        if isinstance(store, LifecycleStore):
+            with pytest.raises(agent.ArgumentError, match="surrogate"):
+                session.set_metadata({"name": f"file {LONE}"})
+        with pytest.raises(agent.ArgumentError, match="surrogate"):
+            odd = agent.open(new_id(LONE), store)
+            agent.Runner().run(agent.Spec(session=odd, publish_events=True), [Message.user("q")], Answer("x"))
 
     def test_a_deny_reason_holding_a_lone_surrogate_is_published_and_the_session_goes_on(self) -> None:
         store = self._store(Capability.EVENTS, Capability.APPROVALS)
-        session = agent.open(_sid("lone-deny-"), store)
+        session = agent.open(new_id("lone-deny"), store)
         ran: list[str] = []
         spec = agent.Spec(session=session, tools=[_refund(ran, needs_approval=True)], publish_events=True)
         model = Replies(Message(Role.ASSISTANT, [Content.tool_call("c1", "refund", '{"order": "A"}')]))
@@ -220,7 +199,7 @@ class IdentityContract:
 
     def test_published_tool_calls_keep_their_arguments_byte_for_byte(self) -> None:
         store = self._store(Capability.EVENTS)
-        session = agent.open(_sid("verbatim-"), store)
+        session = agent.open(new_id("verbatim"), store)
 
         @agent.tool(name="echo")
         def echo() -> str:
@@ -238,41 +217,6 @@ class IdentityContract:
         published = Message.from_dict(next(e for e in events if e.kind == "model_response").data["message"])
         assert [c.arguments for c in published.tool_calls] == VERBATIM_ARGUMENTS
 
-    def test_a_failed_run_whose_error_holds_a_lone_surrogate_publishes_failed(self) -> None:
-        store = self._store(Capability.EVENTS)
-        session = agent.open(_sid("lone-fail-"), store)
-
-        def down(msgs: Sequence[Message]) -> None:
-            raise RuntimeError(f"cannot read {LONE}")
-
-        spec = agent.Spec(session=session, publish_events=True)
-        with pytest.raises(RuntimeError, match="cannot read"):
-            agent.Runner().run(spec, [Message.user("q")], Answer("never", down))
-        events = session.events()
-        assert [e.kind for e in events] == ["step_started", "failed"]
-        assert events[-1].data["message"] == f"cannot read {LONE}"
-        assert agent.Runner().run(spec, [Message.user("q")], Answer("up again")).text == "up again"
-
-    def test_a_lone_surrogate_elsewhere_is_stored_or_refused_with_a_typed_error(self) -> None:
-        store = self._store(Capability.EVENTS)
-        session = agent.open(_sid("lone-input-"), store)
-        spec = agent.Spec(session=session, publish_events=True)
-        result = agent.Runner().run(spec, [Message.user(f"open {LONE}")], Answer("opened"))
-        assert session.messages() == result.messages and result.messages[0].text == f"open {LONE}"
-        with pytest.raises(agent.ArgumentError, match="surrogate"):
-            session.steer(f"steer {LONE}")
-        run = agent.Runner().start(spec, [*result.messages, Message.user("more")], Answer("more"))
-        with pytest.raises(agent.ArgumentError, match="surrogate"):
-            run.steer(f"steer {LONE}")
-        assert run.wait(60).stop_reason == "answered"
-        if isinstance(store, LifecycleStore):
-            with pytest.raises(agent.ArgumentError, match="surrogate"):
-                session.set_metadata({"name": f"file {LONE}"})
-        with pytest.raises(agent.ArgumentError, match="surrogate"):
-            odd = agent.open(_sid(LONE), store)
-            agent.Runner().run(agent.Spec(session=odd, publish_events=True), [Message.user("q")], Answer("x"))
-        assert [e.kind for e in session.events()][-1] == "finished"
-
     # -- an events callback that raises ----------------------------------------------------------------
 
     def test_an_events_callback_raising_after_a_tool_ran_fails_the_run_and_keeps_what_ran(self) -> None:
@@ -282,7 +226,7 @@ class IdentityContract:
         cases = [("last call", ["charge"], "call_0_0", False), ("last call", ["charge"], "call_0_0", True),
                  ("first of two", ["charge", "charge"], "call_0_0", False), ("next step", ["charge"], "", False)]
         for where, calls, raise_on, publish in cases:
-            session = agent.open(_sid("callback-"), store)
+            session = agent.open(new_id("callback"), store)
             ran: list[int] = []
             charge = _charge(ran)
 

@@ -7,24 +7,20 @@ Stores share databases with other tests, so every test works under a prefix of i
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from typing import Any
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import agent_sessions as agent
 from agent_sessions import (
     ArgumentError,
-    Content,
-    Holder,
     LeaseLost,
     LifecycleStore,
     Message,
-    Role,
     SessionBusy,
     SessionInfo,
     lifecycle,
@@ -32,27 +28,12 @@ from agent_sessions import (
 from agent_sessions.contract import Scalar
 
 from .capabilities import Capability
-from .scripted import Answer, ToolsThenAnswer
+from .mixin import ContractMixin, new_holder, transcript
+from .scripted import Answer
 
 
 def _prefix() -> str:
     return f"storetest-life-{uuid.uuid4().hex[:12]}-"
-
-
-def _claimant() -> Holder:
-    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
-
-
-def _transcript(n: int) -> list[Message]:
-    out: list[Message] = []
-    for i in range(n):
-        if i % 3 == 0:
-            out.append(Message.user(f"question {i}"))
-        elif i % 3 == 1:
-            out.append(Message(Role.ASSISTANT, [Content.tool_call(f"c{i}", "grep", f'{{"q": {i}, "q": "dup"}}')]))
-        else:
-            out.append(Message(Role.USER, [Content.tool_result(f"c{i - 1}", f"found {i}")]))
-    return out
 
 
 LISTED = 200
@@ -98,27 +79,10 @@ def _gone(store: LifecycleStore, sid: str) -> None:
     assert store.pending_steers(sid) == []
 
 
-class LifecycleContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    capabilities: frozenset[Capability]
-    examples: int
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def hypothesis(self, **overrides: Any) -> settings:
-        raise NotImplementedError
-
+class LifecycleContract(ContractMixin):
     def lifecycle_store(self) -> LifecycleStore:
-        self.requires(Capability.LIFECYCLE)
-        store = self.make_store()
-        if not isinstance(store, LifecycleStore):
-            pytest.fail(f"the store declares Capability.LIFECYCLE, but {type(store).__name__} does not implement "
-                        "agent_sessions.LifecycleStore (check its methods and their names)")
+        store: LifecycleStore = self.capable_store(Capability.LIFECYCLE, LifecycleStore,
+                                                   "check its methods and their names")
         return store
 
     # -- info and metadata ---------------------------------------------------------------------------
@@ -129,12 +93,17 @@ class LifecycleContract:
         assert store.info(sid) is None
         store.add_steer(sid, "a steer alone does not make the session exist")
         assert store.info(sid) is None
-        store.save(sid, _transcript(7))
+        store.save(sid, transcript(7))
         info = store.info(sid)
         assert info is not None
         assert (info.id, info.messages, dict(info.metadata)) == (sid, 7, {})
         assert info.created.tzinfo is not None and info.created <= info.updated
         assert abs(info.updated.timestamp() - time.time()) < 60, "updated is far from now: which clock is it?"
+        time.sleep(0.02)
+        store.set_metadata(sid, {"k": "v"})  # keeps the transcript, and updated moves on
+        after = store.info(sid)
+        assert after is not None and after.created == info.created and after.updated > info.updated
+        assert store.messages(sid) == transcript(7)
 
     def test_metadata_merges_removes_with_none_and_creates_the_session(self) -> None:
         store = self.lifecycle_store()
@@ -163,18 +132,6 @@ class LifecycleContract:
         info = store.info(sid)
         assert info is not None and dict(info.metadata) == {"keep": "me"}
 
-    def test_set_metadata_keeps_the_transcript_and_updated_moves_on(self) -> None:
-        store = self.lifecycle_store()
-        sid = _prefix() + "u"
-        store.save(sid, _transcript(4))
-        before = store.info(sid)
-        time.sleep(0.02)
-        store.set_metadata(sid, {"k": "v"})
-        after = store.info(sid)
-        assert before is not None and after is not None
-        assert after.created == before.created and after.updated > before.updated
-        assert store.messages(sid) == _transcript(4)
-
     # -- listing ---------------------------------------------------------------------------------------
 
     def test_list_is_newest_first_filtered_by_prefix_and_metadata(self) -> None:
@@ -183,7 +140,7 @@ class LifecycleContract:
         for i, user in enumerate(["u-1", "u-2", "u-1", "u-1", "u-2"]):
             store.set_metadata(f"{prefix}{i}", {"user": user, "n": i, "odd": i % 2 == 1})
             time.sleep(0.01)
-        store.save(f"{prefix}0", _transcript(2))  # now the most recently updated
+        store.save(f"{prefix}0", transcript(2))  # now the most recently updated
         page = store.list_sessions(prefix=prefix)
         assert [s.id for s in page] == [f"{prefix}{i}" for i in (0, 4, 3, 2, 1)]
         assert page.next is None and page.sessions[0].messages == 2
@@ -193,25 +150,12 @@ class LifecycleContract:
         assert list(store.list_sessions(prefix=prefix, where={"n": "1"})) == []  # "1" is not 1
         assert list(store.list_sessions(prefix=prefix, where={"odd": 1})) == []  # 1 is not true
         assert list(store.list_sessions(prefix=prefix + "nobody")) == []
-
-    def test_pages_cover_every_session_once_in_order(self) -> None:
-        store = self.lifecycle_store()
-        prefix = _prefix()
-        ids = [f"{prefix}{i:02d}" for i in range(7)]
-        for sid in ids:
-            store.set_metadata(sid, {"t": "page"})
-        seen: list[str] = []
-        after = None
-        for _ in range(10):
-            page = store.list_sessions(prefix=prefix, where={"t": "page"}, limit=3, after=after)
-            assert len(page) <= 3
-            seen.extend(s.id for s in page)
-            after = page.next
-            if after is None:
-                break
-        assert sorted(seen) == ids and len(seen) == len(set(seen))
-        whole = [s.id for s in store.list_sessions(prefix=prefix, limit=50)]
-        assert seen == whole
+        odd = "%_'\"; DROP TABLE agent_sessions; --\\"  # hostile prefixes and values are data, not syntax
+        store.set_metadata(prefix + odd, {"q": odd})
+        assert [s.id for s in store.list_sessions(prefix=prefix + "3%")] == []  # LIKE would match "3"
+        assert [s.id for s in store.list_sessions(prefix=prefix + "_")] == []
+        assert [s.id for s in store.list_sessions(prefix=prefix, where={"q": odd})] == [prefix + odd]
+        assert [s.id for s in store.list_sessions(prefix=prefix + odd)] == [prefix + odd]
 
     @pytest.mark.parametrize("kwargs", [
         {"limit": 0}, {"limit": 1001}, {"limit": True}, {"after": "not a cursor"}, {"after": 7},
@@ -221,17 +165,6 @@ class LifecycleContract:
         store = self.lifecycle_store()
         with pytest.raises(ArgumentError):
             store.list_sessions(**kwargs)
-
-    def test_hostile_prefix_and_values_are_data_not_syntax(self) -> None:
-        store = self.lifecycle_store()
-        prefix = _prefix()
-        odd = "%_'\"; DROP TABLE agent_sessions; --\\"
-        store.set_metadata(prefix + odd, {"q": odd})
-        store.set_metadata(prefix + "plain", {"q": "x"})
-        assert [s.id for s in store.list_sessions(prefix=prefix + "p%")] == []  # LIKE would match "plain"
-        assert [s.id for s in store.list_sessions(prefix=prefix + "_lain")] == []
-        assert [s.id for s in store.list_sessions(prefix=prefix, where={"q": odd})] == [prefix + odd]
-        assert [s.id for s in store.list_sessions(prefix=prefix + odd)] == [prefix + odd]
 
     def test_property_filtered_pages_are_the_filter_of_all_sessions(self) -> None:
         """Paging by a common value, a rare one, two keys, a prefix, a value of only the oldest sessions,
@@ -267,7 +200,7 @@ class LifecycleContract:
     def test_tail_is_the_last_messages_byte_for_byte(self) -> None:
         store = self.lifecycle_store()
         sid = _prefix() + "t"
-        msgs = _transcript(30)
+        msgs = transcript(30)
         store.save(sid, msgs)
         assert store.tail(sid, 5) == msgs[-5:]
         assert [m.to_json() for m in store.tail(sid, 5)] == [m.to_json() for m in msgs[-5:]]
@@ -278,26 +211,33 @@ class LifecycleContract:
             store.tail(sid, -1)
         assert agent.open(sid, store).messages(last=2) == msgs[-2:]
 
-    def test_pending_steers_are_shown_and_left_in_place(self) -> None:
-        store = self.lifecycle_store()
-        sid = _prefix() + "s"
-        for text in ("first", "second 'quoted'", "third"):
-            store.add_steer(sid, text)
-        assert store.pending_steers(sid) == ["first", "second 'quoted'", "third"]
-        assert store.pending_steers(sid) == ["first", "second 'quoted'", "third"]
-        assert store.take_steers(sid) == ["first", "second 'quoted'", "third"]
-        assert store.pending_steers(sid) == []
-
     # -- delete ----------------------------------------------------------------------------------------
+
+    def _keyed_and_queued(self, store: Any, sid: str, queue: bool = True) -> tuple[bool, bool]:
+        """Give ``sid`` a keyed steer and a queued message, where the store keeps those: whether it did."""
+        keyed = Capability.STEER_KEYS in self.capabilities and isinstance(store, agent.SteerKeyStore)
+        queues = queue and Capability.QUEUE in self.capabilities and isinstance(store, agent.QueueStore)
+        if keyed:
+            assert store.add_steer_once(sid, "keyed", "k") is True
+        if queues:
+            assert store.enqueue(sid, "q", "queued") >= 1
+        return keyed, queues
+
+    def _forgotten(self, store: Any, sid: str, keyed: bool, queues: bool) -> None:
+        """The steer key and the queue went with the session: a new one of the id takes both afresh."""
+        _gone(store, sid)
+        assert not keyed or store.add_steer_once(sid, "keyed", "k") is True
+        assert not queues or (store.queued(sid) == [] and store.enqueue(sid, "q", "a new session's") == 1)
 
     def test_delete_removes_everything_at_once(self) -> None:
         store = self.lifecycle_store()
-        sid = _prefix() + "d"
-        store.save(sid, _transcript(5))
+        sid, alone = _prefix() + "d", _prefix() + "steers-alone"
+        store.save(sid, transcript(5))
         store.set_metadata(sid, {"user": "u"})
         store.add_steer(sid, "waiting")
+        kept = self._keyed_and_queued(store, sid)
         if isinstance(store, agent.RunStore):
-            holder = store.acquire(sid, _claimant(), 30)
+            holder = store.acquire(sid, new_holder(), 30)
             store.put_journal(sid, holder, '{"journal": 1}')
             store.release(sid, holder)
         assert store.delete(sid) is True
@@ -305,24 +245,34 @@ class LifecycleContract:
         if isinstance(store, agent.RunStore):
             assert store.journal(sid) is None and store.holder(sid) is None
         assert store.delete(sid) is False
-        store.save(sid, _transcript(2))  # the id can be used again, from nothing
+        store.save(sid, transcript(2))  # the id can be used again, from nothing
         info = store.info(sid)
         assert info is not None and info.messages == 2 and dict(info.metadata) == {}
+        store.delete(sid)
+        self._forgotten(store, sid, *kept)
+        # A session of steers alone does not exist (no info), but its steers and their keys go with it.
+        keyed, _ = self._keyed_and_queued(store, alone, queue=False)
+        store.add_steer(alone, "waiting")
+        assert store.info(alone) is None and store.delete(alone) is True
+        self._forgotten(store, alone, keyed, False)
 
     def test_delete_refuses_a_session_a_live_run_holds_and_force_fences_the_run_out(self) -> None:
         store = self.lifecycle_store()
         if not isinstance(store, agent.RunStore):
             pytest.skip("leases need a RunStore")
         sid = _prefix() + "busy"
-        holder = store.acquire(sid, _claimant(), 30)
-        store.save_fenced(sid, holder, _transcript(3), take_steers=False)
+        holder = store.acquire(sid, new_holder(), 30)
+        store.save_fenced(sid, holder, transcript(3), take_steers=False)
+        keyed, queues = self._keyed_and_queued(store, sid)
         with pytest.raises(SessionBusy):
             store.delete(sid)
-        assert store.messages(sid) == _transcript(3)
+        assert store.messages(sid) == transcript(3)  # and its steer's key and its queue are kept
+        assert not keyed or store.add_steer_once(sid, "keyed", "k") is False
+        assert not queues or store.queued(sid) == ["q"]
         assert store.delete(sid, force=True) is True
         _gone(store, sid)
         for late_write in (
-            lambda: store.save_fenced(sid, holder, _transcript(6), take_steers=True),
+            lambda: store.save_fenced(sid, holder, transcript(6), take_steers=True),
             lambda: store.put_journal(sid, holder, "{}"),
             lambda: store.renew(sid, holder, 30),
             lambda: store.check(sid, holder),
@@ -332,28 +282,6 @@ class LifecycleContract:
         store.release(sid, holder)
         _gone(store, sid)
 
-    def test_delete_racing_a_run_leaves_nothing_behind(self) -> None:
-        store = self.lifecycle_store()
-        if not isinstance(store, agent.RunStore):
-            pytest.skip("leases need a RunStore")
-        sid = _prefix() + "race"
-        started = threading.Event()
-
-        @agent.tool(idempotent=True)
-        def slow(n: int) -> str:
-            """Takes a while."""
-            started.set()
-            time.sleep(0.3)
-            return f"slow {n}"
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[slow], max_steps=5)
-        run = agent.Runner().start(spec, [Message.user("go")], ToolsThenAnswer(["slow"], rounds=3))
-        assert started.wait(30)
-        assert store.delete(sid, force=True) is True
-        with pytest.raises(LeaseLost):
-            run.wait(60)
-        _gone(store, sid)
-
     # -- prune -----------------------------------------------------------------------------------------
 
     def test_prune_deletes_idle_sessions_only_and_spares_a_held_one(self) -> None:
@@ -361,66 +289,31 @@ class LifecycleContract:
         prefix = _prefix()
         old = [f"{prefix}old{i}" for i in range(5)]
         for sid in old:
-            store.save(sid, _transcript(3))
+            store.save(sid, transcript(3))
             store.add_steer(sid, "stale")
+        kept = self._keyed_and_queued(store, old[0])
         held = f"{prefix}held"
         holder = None
         if isinstance(store, agent.RunStore):
-            holder = store.acquire(held, _claimant(), 60)
-            store.save_fenced(held, holder, _transcript(2), take_steers=False)
+            holder = store.acquire(held, new_holder(), 60)
+            store.save_fenced(held, holder, transcript(2), take_steers=False)
         time.sleep(1.2)
         fresh = f"{prefix}fresh"
-        store.save(fresh, _transcript(1))
+        store.save(fresh, transcript(1))
         assert store.prune(idle_for=1.0, limit=2) <= 2
         deleted = store.prune(idle_for=1.0)
         assert deleted >= 3 or all(store.info(sid) is None for sid in old)
         for sid in old:
             _gone(store, sid)
-        assert store.messages(fresh) == _transcript(1)
+        self._forgotten(store, old[0], *kept)
+        assert store.messages(fresh) == transcript(1)
         if holder is not None:
-            assert store.messages(held) == _transcript(2)
+            assert store.messages(held) == transcript(2)
             assert isinstance(store, agent.RunStore)
             store.release(held, holder)
         for bad in (-1, float("nan"), "1", None):
             with pytest.raises(ArgumentError):
                 store.prune(idle_for=bad)  # type: ignore[arg-type]
-
-    def test_prune_racing_saves_never_leaves_half_a_session(self) -> None:
-        store = self.lifecycle_store()
-        prefix = _prefix()
-        sids = [f"{prefix}{i}" for i in range(4)]
-        stop = threading.Event()
-        last: dict[str, list[Message]] = {}
-        errors: list[BaseException] = []
-
-        def saver() -> None:
-            try:
-                n = 1
-                while not stop.is_set():
-                    for sid in sids:
-                        msgs = _transcript(n)
-                        store.save(sid, msgs)
-                        last[sid] = msgs
-                    n = n % 9 + 1
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-
-        thread = threading.Thread(target=saver, daemon=True)
-        thread.start()
-        try:
-            deadline = time.monotonic() + 1.5
-            while time.monotonic() < deadline:
-                store.prune(idle_for=0)
-        finally:
-            stop.set()
-            thread.join(30)
-        assert not thread.is_alive() and not errors, errors
-        for sid in sids:
-            info, msgs = store.info(sid), store.messages(sid)
-            if info is None:
-                assert msgs == [], f"{sid}: deleted, but {len(msgs)} messages remain"
-            else:
-                assert msgs == last[sid] and info.messages == len(msgs)
 
     # -- turns safe to repeat ----------------------------------------------------------------------------
 
@@ -442,38 +335,6 @@ class LifecycleContract:
         assert agent.Runner().turn(spec, "what is it?", "msg-1", model).steps == 0  # an older turn, too
         with pytest.raises(ArgumentError, match="already used"):
             agent.Runner().turn(spec, "another text", "msg-1", model)
-
-    def test_an_unfinished_turn_is_continued_not_repeated(self) -> None:
-        store = self.lifecycle_store()
-        if not isinstance(store, agent.RunStore):
-            pytest.skip("turns need a RunStore")
-        sid = _prefix() + "cont"
-        store.save(sid, [Message.user("q", key="k")])  # a worker died after saving the message
-        model = Answer("answered once")
-        result = agent.Runner().turn(agent.Spec(session=agent.open(sid, store)), "q", "k", model)
-        assert result.steps == 1 and model.requests == 1
-        assert [m.text for m in store.messages(sid)] == ["q", "answered once"]
-
-    def test_two_deliveries_at_once_ask_the_model_once(self) -> None:
-        store = self.lifecycle_store()
-        if not isinstance(store, agent.RunStore):
-            pytest.skip("turns need a RunStore")
-        sid = _prefix() + "twice"
-        store.save(sid, [Message.user("earlier"), Message.assistant("earlier answer")])
-        barrier = threading.Barrier(2, timeout=30)
-        model = Answer("once", before=lambda _: time.sleep(0.2))
-        results: list[Any] = []
-
-        def deliver() -> None:
-            barrier.wait()
-            spec = agent.Spec(session=agent.open(sid, store), lease_wait=30)
-            results.append(agent.Runner().turn(spec, "now", "task-7", model))
-
-        threads = [threading.Thread(target=deliver) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert len(results) == 2 and model.requests == 1
-        assert sorted(r.steps for r in results) == [0, 1] and {r.text for r in results} == {"once"}
-        assert [m.text for m in store.messages(sid)] == ["earlier", "earlier answer", "now", "once"]
+        store.save(sid, [*store.messages(sid), Message.user("q", key="k")])  # a worker died after saving it
+        assert agent.Runner().turn(spec, "q", "k", model).steps == 1  # an unfinished turn: continued, once
+        assert model.requests == 3 and [m.text for m in store.messages(sid)][-2:] == ["q", "the answer"]

@@ -1,17 +1,97 @@
-"""What a contract mixed into ``StoreContract`` uses of it, declared once for the type checker:
-``StoreContract`` comes first in the class's order and gives the real ones."""
+"""What every contract mixed into ``StoreContract`` shares: the stubs the type checker needs (``StoreContract``
+comes first in the class's order and gives the real ones), the store getters, and small helpers."""
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import settings
 
+import agent_sessions as agent
+from agent_sessions import Holder, Message, RunStore
+
 from .capabilities import Capability
+
+T = TypeVar("T")
+
+
+class Crash(BaseException):
+    """Stands in for a worker dying inside a tool or a request: nothing in the loop catches it."""
+
+
+def new_id(tag: str = "") -> str:
+    """A fresh session id: tests and Hypothesis examples never see each other's data on a shared database."""
+    return f"storetest-{tag}-{uuid.uuid4().hex}"
+
+
+def new_holder(tag: str = "", spec: str | None = None) -> Holder:
+    """A would-be holder; the store sets its expiry and epoch. Tagged ones get a recognisable token."""
+    token = (tag * 32)[:32] if tag else uuid.uuid4().hex
+    return Holder("host-" + token[:8], 1234, token, 0.0, spec=spec)
+
+
+def join(threads: list[threading.Thread], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        assert not t.is_alive(), f"thread {t.name} did not finish within {timeout} s"
+
+
+def together(n: int, work: Callable[[int], T], timeout: float = 120) -> list[T]:
+    """``work(0)`` ... ``work(n - 1)``, each in a thread of its own, released at once by a barrier: what each
+    returned, in order. The first exception a thread raised is raised here."""
+    barrier = threading.Barrier(n)
+    results: dict[int, T] = {}
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            barrier.wait(timeout)
+            results[i] = work(i)
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the test's thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    join(threads, timeout)
+    if errors:
+        raise errors[0]
+    return [results[i] for i in range(n)]
+
+
+def call(id: str, arguments: str = '{"z":1,"a":[1, 2],"z":3}') -> Message:
+    """A reply calling ``read_file`` (by default with arguments a JSON column would rewrite)."""
+    return Message(agent.Role.ASSISTANT, [agent.Content.tool_call(id, "read_file", arguments)])
+
+
+def transcript(n: int, tag: str = "") -> list[Message]:
+    """``n`` messages of questions, calls (their arguments with a duplicate key) and results."""
+    out: list[Message] = []
+    for i in range(n):
+        if i % 3 == 0:
+            out.append(Message.user(f"{tag}question {i}"))
+        elif i % 3 == 1:
+            out.append(call(f"call_{i}", f'{{"path": "{tag}f{i}.py", "path": {i}}}'))
+        else:
+            out.append(Message(agent.Role.USER, [agent.Content.tool_result(f"call_{i - 1}", f"{tag}contents {i}")]))
+    return out
+
+
+def no_orphans(msgs: list[Message]) -> list[Message]:
+    orphans = agent.orphaned_tool_calls(msgs)
+    assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
+    return msgs
 
 
 class ContractMixin:
+    capabilities: frozenset[Capability]
     examples: int
     concurrency: int
 
@@ -36,3 +116,25 @@ class ContractMixin:
             pytest.fail(f"the store declares Capability.{capability.name}, but {type(store).__name__} does not "
                         f"implement agent_sessions.{protocol.__name__} ({methods})")
         return store
+
+    def run_store(self, *needs: Capability) -> RunStore:
+        """A ``RunStore``, and every capability of ``needs`` declared (else the test skips)."""
+        for capability in needs:
+            self.requires(capability)
+        store: RunStore = self.capable_store(Capability.RUN_STORE, RunStore, "check its methods and their names")
+        return store
+
+    def run_lifecycle_store(self) -> Any:
+        """A RunStore that is also a LifecycleStore: one whose sessions can be listed, deleted and pruned."""
+        store = self.run_store(Capability.LIFECYCLE)
+        assert isinstance(store, agent.LifecycleStore)
+        return store
+
+    def another(self, store: Any) -> Any:
+        """A second store object on the same data, as another worker would have; ``store`` itself for a
+        store that does not declare ``Capability.DURABLE`` (its objects share nothing)."""
+        if Capability.DURABLE not in self.capabilities:
+            return store
+        other = self.make_store()
+        assert other is not store, "make_store() must make a new store object"
+        return other

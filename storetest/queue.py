@@ -1,14 +1,12 @@
 """The QueueStore contract: messages queued for a busy session (``Runner.turn(if_busy="queue")``), each key
 accepted once per session however often it is sent and by however many threads or processes at once, kept
 in the order accepted, and taken into the transcript one at a time by the lease's holder, fenced. A queued
-message is not a steer. ``delete`` and ``prune`` remove the queue with the session.
+message is not a steer. ``delete`` and ``prune`` remove the queue with the session (checked with the
+lifecycle's).
 """
 
 from __future__ import annotations
 
-import threading
-import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,31 +17,17 @@ from hypothesis import strategies as st
 import agent_sessions as agent
 from agent_sessions import (
     ArgumentError,
-    Content,
-    Holder,
     LeaseLost,
     Message,
     QueueStore,
-    Role,
-    SessionBusy,
 )
 
 from . import strategies
 from .capabilities import Capability
-from .crossprocess import enqueue_across_processes
-from .mixin import ContractMixin
+from .crossprocess import in_processes
+from .mixin import ContractMixin, Crash, new_holder, new_id, together
+from .scripted import Held
 from .steer_keys import KEYS
-
-QueueLifecycle = QueueStore
-"""A store keeping a queue and the lifecycle: whose delete and prune must remove the queue."""
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-queue-{tag}-{uuid.uuid4().hex}"
-
-
-def _claimant() -> Holder:
-    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0)
 
 
 class _Counting:
@@ -57,29 +41,19 @@ class _Counting:
         return Message.assistant(f"answer {self.requests}")
 
 
-class _Died(BaseException):
-    """A caller dying: nothing in the library catches it."""
-
-
-class _Holding:
-    """Answers ``text`` once let go (``go``), saying when it was asked (``entered``); with ``calls``, its
-    first reply calls ``lookup`` (so a cancel that came meanwhile stops the run before the tool)."""
-
-    def __init__(self, text: str, calls: bool = False) -> None:
-        self.text, self.calls, self.entered, self.go = text, calls, threading.Event(), threading.Event()
-
-    def complete(self, system: str, messages: Sequence[Message], tools: object) -> Message:
-        self.entered.set()
-        self.go.wait(20)
-        if self.calls and not any(m.tool_calls for m in messages):
-            return Message(Role.ASSISTANT, [Content.tool_call(f"c-{uuid.uuid4().hex[:6]}", "lookup", "{}")])
-        return Message.assistant(self.text)
-
-
 @agent.tool(name="lookup")
 def _lookup() -> str:
     """Look something up (idempotent)."""
     return "found"
+
+
+def _enqueuer(store: QueueStore, i: int, barrier: object, sid: str, n: int) -> list[int]:
+    """Process i's j-th message under the key f"q{i}-{j:04d}", each followed by the key "shared"."""
+    positions = []
+    for j in range(n):
+        positions.append(store.enqueue(sid, f"q{i}-{j:04d}", f"message q{i}-{j:04d}"))
+        positions.append(store.enqueue(sid, "shared", "one message, sent by everyone"))
+    return positions
 
 
 class QueueContract(ContractMixin):
@@ -89,20 +63,14 @@ class QueueContract(ContractMixin):
         store: QueueStore = self.capable_store(Capability.QUEUE, QueueStore, "enqueue, queued, take_queued")
         return store
 
-    def queue_lifecycle(self) -> QueueLifecycle:
-        self.requires(Capability.LIFECYCLE)
-        store = self.queue_store()
-        assert isinstance(store, QueueLifecycle)
-        return store
-
     def test_an_interrupt_delivered_again_cancels_nothing_more(self) -> None:
         """``Runner.turn(if_busy="interrupt")`` cancels the run in progress, then queues its message. Its first
         delivery dies between the two; another caller's turn takes the session; the interrupt is delivered
         again. That second delivery must not stop the other caller's turn: the interrupt was sent once."""
         self.requires(Capability.RUN_STORE)
         store = self.queue_store()
-        sid = _sid("interrupt")
-        first = _Holding("the first answer")
+        sid = new_id("interrupt")
+        first = Held("the first answer")
         running = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), [Message.user("first")], first)
         assert first.entered.wait(20)
 
@@ -110,23 +78,23 @@ class QueueContract(ContractMixin):
             def __getattr__(self, name: str) -> Any:
                 if name == "enqueue":
                     def dies(*args: object, **kwargs: object) -> int:
-                        raise _Died()
+                        raise Crash()
                     return dies
                 return getattr(store, name)
 
-        with pytest.raises(_Died):
+        with pytest.raises(Crash):
             agent.Runner().turn(agent.Spec(session=agent.open(sid, DiesBeforeQueueing()), lease_wait=0.0),
-                                "stop that", "k-interrupt", _Holding("never"), if_busy="interrupt")
+                                "stop that", "k-interrupt", Held("never"), if_busy="interrupt")
         first.go.set()
         running.wait(20)  # answered: the cancel came while it waited on its model, which answered
-        other = _Holding("the other answer", calls=True)
+        other = Held("the other answer", calls=True)
         theirs = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[_lookup]),
                                       [*store.messages(sid), Message.user("another caller's question")], other)
         assert other.entered.wait(20)
         try:
             with pytest.raises(agent.StillQueued):
                 agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=0.0), "stop that",
-                                    "k-interrupt", _Holding("never"), if_busy="interrupt")
+                                    "k-interrupt", Held("never"), if_busy="interrupt")
         finally:
             other.go.set()
         got = theirs.wait(20)
@@ -134,20 +102,26 @@ class QueueContract(ContractMixin):
 
     def test_a_queued_key_is_accepted_once_in_order_and_is_no_steer(self) -> None:
         store = self.queue_store()
-        sid = _sid("once")
+        sid = new_id("once")
         assert [store.enqueue(sid, k, f"text {k}") for k in ("a", "b", "c")] == [1, 2, 3]
         assert store.enqueue(sid, "b", "text b") == 2  # sent again: where it stands
         assert store.queued(sid) == ["a", "b", "c"], store.queued(sid)
         with pytest.raises(ArgumentError, match="already used"):
             store.enqueue(sid, "b", "another text under the same key")
         assert store.enqueue(sid, "B", "keys compare exactly") == 4
-        assert store.take_steers(sid) == [] and store.queued(sid) == ["a", "b", "c", "B"]
+        for bad in ("", "x" * 256, "line\n", "nul\x00", 7, None):  # a bad key or text: refused, nothing queued
+            with pytest.raises(ArgumentError):
+                store.enqueue(sid, bad, "never queued")  # type: ignore[arg-type]
+        with pytest.raises(ArgumentError):
+            store.enqueue(sid, "good", "")
+        assert store.enqueue(sid, "x" * 255, "kept") == 5
+        assert store.take_steers(sid) == [] and store.queued(sid) == ["a", "b", "c", "B", "x" * 255]
 
     def test_the_holder_takes_the_head_into_the_transcript_fenced(self) -> None:
         store = self.queue_store()
-        sid = _sid("take")
+        sid = new_id("take")
         store.save(sid, [Message.user("q", key="k0"), Message.assistant("a")])
-        holder = store.acquire(sid, _claimant(), 60)
+        holder = store.acquire(sid, new_holder(), 60)
         assert store.take_queued(sid, holder) is None  # nothing waits: nothing written
         store.enqueue(sid, "k1", "first")
         store.enqueue(sid, "k2", "second")
@@ -161,7 +135,7 @@ class QueueContract(ContractMixin):
         with pytest.raises(LeaseLost):
             store.take_queued(sid, holder)
         assert store.queued(sid) == ["k2"] and len(store.messages(sid)) == 3
-        again = store.acquire(sid, _claimant(), 60)
+        again = store.acquire(sid, new_holder(), 60)
         assert store.take_queued(sid, again, append=False) == Message.user("second", key="k2")
         assert store.queued(sid) == [] and len(store.messages(sid)) == 3
         store.release(sid, again)
@@ -172,7 +146,7 @@ class QueueContract(ContractMixin):
         meets it, never answered twice."""
         store = self.queue_store()
         self.requires(Capability.LIFECYCLE)
-        sid = _sid("again")
+        sid = new_id("again")
         model = _Counting()
         spec = agent.Spec(session=agent.open(sid, store))
         for i in range(3):
@@ -197,48 +171,12 @@ class QueueContract(ContractMixin):
         info = store.info(sid)
         assert info is not None and info.open_since is None
 
-    def test_a_queue_on_a_session_without_a_transcript_starts_it(self) -> None:
-        store = self.queue_store()
-        sid = _sid("fresh")
-        assert store.enqueue(sid, "k", "hello") == 1
-        holder = store.acquire(sid, _claimant(), 60)
-        assert store.take_queued(sid, holder) == Message.user("hello", key="k")
-        assert store.messages(sid) == [Message.user("hello", key="k")]
-        store.release(sid, holder)
-
-    def test_a_bad_key_or_text_is_refused_and_nothing_is_queued(self) -> None:
-        store = self.queue_store()
-        sid = _sid("bad")
-        for bad in ("", "x" * 256, "line\n", "nul\x00", 7, None):
-            with pytest.raises(ArgumentError):
-                store.enqueue(sid, bad, "never queued")  # type: ignore[arg-type]
-        with pytest.raises(ArgumentError):
-            store.enqueue(sid, "good", "")
-        assert store.queued(sid) == []
-        assert store.enqueue(sid, "x" * 255, "kept") == 1
-
     def test_threads_racing_queue_each_key_once_at_distinct_places(self) -> None:
         store = self.queue_store()
         n = max(2, self.concurrency)
-        sid = _sid("threads")
-        barrier = threading.Barrier(n)
-        got: dict[int, list[int]] = {}
-        errors: list[BaseException] = []
-
-        def send(i: int) -> None:
-            try:
-                barrier.wait(60)
-                got[i] = [store.enqueue(sid, f"t{i}-{j}", f"text {i} {j}") for j in range(3)]
-                got[i].append(store.enqueue(sid, "shared", "one text"))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        sid = new_id("threads")
+        got = together(n, lambda i: [*(store.enqueue(sid, f"t{i}-{j}", f"text {i} {j}") for j in range(3)),
+                                     store.enqueue(sid, "shared", "one text")])
         keys = store.queued(sid)
         assert sorted(keys) == sorted([f"t{i}-{j}" for i in range(n) for j in range(3)] + ["shared"])
         for i in range(n):
@@ -249,45 +187,20 @@ class QueueContract(ContractMixin):
     def test_processes_racing_queue_each_key_once_in_the_order_taken(self) -> None:
         factory = self.factory()
         store = self.queue_store()
-        sid = _sid("procs")
+        sid = new_id("procs")
         processes, per = 6, 5
-        positions = enqueue_across_processes(factory, sid, processes=processes, per_process=per)
+        positions = in_processes(factory, processes, _enqueuer, sid, per)
         keys = store.queued(sid)
         assert sorted(keys) == sorted([f"q{i}-{j:04d}" for i in range(processes) for j in range(per)] + ["shared"])
         for i in range(processes):
             assert [k for k in keys if k.startswith(f"q{i}-")] == [f"q{i}-{j:04d}" for j in range(per)]
             assert all(p >= 1 for p in positions[i])
-        holder = store.acquire(sid, _claimant(), 60)
+        holder = store.acquire(sid, new_holder(), 60)
         taken = []
         while (message := store.take_queued(sid, holder)) is not None:
             taken.append(message.key)
         store.release(sid, holder)
         assert taken == keys and [m.key for m in store.messages(sid)] == keys
-
-    def test_delete_and_prune_remove_the_queue_with_the_session(self) -> None:
-        store = self.queue_lifecycle()
-        sid = _sid("delete")
-        store.enqueue(sid, "k", "queued")
-        assert store.info(sid) is not None  # a queued message makes the session, as a save does
-        assert store.delete(sid) is True
-        assert store.queued(sid) == [] and store.enqueue(sid, "k", "a new session's") == 1
-        pruned = _sid("prune")
-        store.enqueue(pruned, "k", "queued")
-        time.sleep(1.2)
-        store.prune(idle_for=1.0)
-        assert store.info(pruned) is None and store.queued(pruned) == []
-        assert store.enqueue(pruned, "k", "accepted anew") == 1
-
-    def test_a_held_session_keeps_its_queue_when_delete_is_refused(self) -> None:
-        self.requires(Capability.RUN_STORE)
-        store = self.queue_lifecycle()
-        sid = _sid("held")
-        holder = store.acquire(sid, _claimant(), 60)
-        store.enqueue(sid, "k", "waits")
-        with pytest.raises(SessionBusy):
-            store.delete(sid)
-        assert store.queued(sid) == ["k"]
-        store.release(sid, holder)
 
     def test_property_queued_messages_round_trip_in_order(self) -> None:
         store = self.queue_store()
@@ -295,11 +208,11 @@ class QueueContract(ContractMixin):
         @given(st.lists(st.tuples(strategies.steer_texts, KEYS), max_size=6, unique_by=lambda p: p[1]))
         @self.hypothesis()
         def check(queued: list[tuple[str, str]]) -> None:
-            sid = _sid("prop")
+            sid = new_id("prop")
             assert [store.enqueue(sid, key, text) for text, key in queued] == list(range(1, len(queued) + 1))
             assert [store.enqueue(sid, key, text) for text, key in queued] == list(range(1, len(queued) + 1))
             assert store.queued(sid) == [key for _, key in queued]
-            holder = store.acquire(sid, _claimant(), 60)
+            holder = store.acquire(sid, new_holder(), 60)
             for text, key in queued:
                 assert store.take_queued(sid, holder) == Message.user(text, key=key)
             assert store.take_queued(sid, holder) is None

@@ -10,7 +10,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -19,7 +18,7 @@ from typing import Any, cast
 import pytest
 
 import agent_sessions as agent
-from agent_sessions import Content, Holder, Message, Role, RunStore, Store
+from agent_sessions import Content, Message, Role, RunStore
 from agent_sessions.contract import CancelWatcher
 from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.run.react import CANCELLED
@@ -27,43 +26,11 @@ from agent_sessions.run.react import CANCELLED
 from . import crossprocess
 from .capabilities import Capability
 from .crossprocess import wait_for
+from .mixin import ContractMixin, Crash, call, join, new_holder, new_id, no_orphans, together
 from .scripted import ToolsThenAnswer
 
-
-class _Crash(BaseException):
-    """Stands in for a worker dying inside a tool: nothing in the loop catches it."""
-
-
-def _sid(tag: str = "") -> str:
-    return f"storetest-run-{tag}{uuid.uuid4().hex}"
-
-
-def _call(id: str, arguments: str = '{"z":1,"a":[1, 2],"z":3}') -> Message:
-    return Message(Role.ASSISTANT, [Content.tool_call(id, "read_file", arguments)])
-
-
-def _claimant(tag: str = "") -> Holder:
-    """A would-be holder; the store sets its expiry and epoch. Tagged ones get a recognisable token."""
-    token = (tag * 32)[:32] if tag else uuid.uuid4().hex
-    return Holder("host-" + token[:8], 1234, token, 0.0)
-
-
-def _expires(store: RunStore, sid: str) -> float:
-    held = store.holder(sid)
-    assert held is not None
-    return held.expires
-
-
-def _join(threads: list[threading.Thread], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-        assert not t.is_alive(), f"thread {t.name} did not finish within {timeout} s"
-
-
-def assert_no_orphans(msgs: list[Message]) -> None:
-    orphans = agent.orphaned_tool_calls(msgs)
-    assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
+assert_no_orphans = no_orphans
+"""Kept under its old name: the library's own tests import it from here."""
 
 
 @contextmanager
@@ -87,50 +54,14 @@ def _hearing(store: RunStore, sid: str) -> Iterator[None]:
         watch.close()
 
 
-def another_holder_sees(store: RunStore, sid: str, holder: agent.Holder) -> bool:
-    """A second store object sees ``holder`` holding, unmarked."""
-    held = store.holder(sid)
-    return held is not None and held.token == holder.token and not held.cancelled
-
-
-class RunStoreContract:
-    """Mixed into StoreContract; ``make_store`` and ``process_factory`` come from there."""
-
-    capabilities: frozenset[Capability]
-
-    def make_store(self) -> Store:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def factory(self) -> Any:
-        raise NotImplementedError
-
-    def run_store(self) -> RunStore:
-        self.requires(Capability.RUN_STORE)
-        store = self.make_store()
-        if not isinstance(store, RunStore):
-            pytest.fail(f"the store declares Capability.RUN_STORE, but {type(store).__name__} does not implement "
-                        "agent_sessions.RunStore (check its methods and their names)")
-        return store
-
-    def another(self, store: RunStore) -> RunStore:
-        """A second store object on the same data, as another worker would have; ``store`` itself for a
-        store that does not declare ``Capability.DURABLE`` (its objects share nothing)."""
-        if Capability.DURABLE not in self.capabilities:
-            return store
-        other = self.make_store()
-        assert other is not store and isinstance(other, RunStore), "make_store() must make a new store object"
-        return other
-
+class RunStoreContract(ContractMixin):
     # -- steers taken with the save ------------------------------------------------------------------
 
     def test_a_fenced_save_appends_the_waiting_steers_and_saves_them_together(self) -> None:
         store = self.run_store()
-        sid = _sid()
-        held = store.acquire(sid, _claimant(), 30)
-        base = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
+        sid = new_id()
+        held = store.acquire(sid, new_holder(), 30)
+        base = [Message.user("q"), call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
         assert store.save_fenced(sid, held, base, take_steers=True) == agent.Saved([], False)
         assert store.messages(sid) == base
         store.add_steer(sid, "first")
@@ -152,8 +83,8 @@ class RunStoreContract:
 
     def test_fenced_saves_hand_each_steer_over_once_beside_concurrent_adders_and_takers(self) -> None:
         store = self.run_store()
-        sid = _sid()
-        held = store.acquire(sid, _claimant(), 60)
+        sid = new_id()
+        held = store.acquire(sid, new_holder(), 60)
         adders, per_adder = 4, 25
         done = threading.Event()
         saved: list[Message] = [Message.user("start")]
@@ -187,9 +118,9 @@ class RunStoreContract:
         others = [threading.Thread(target=save), threading.Thread(target=take)]
         for t in threads + others:
             t.start()
-        _join(threads)
+        join(threads)
         done.set()
-        _join(others)
+        join(others)
         assert not errors, errors
         assert sorted(by_saver + by_taker) == sorted(f"s{i}-{j:04d}" for i in range(adders) for j in range(per_adder))
         stored = store.messages(sid)
@@ -201,59 +132,51 @@ class RunStoreContract:
 
     # -- fork ----------------------------------------------------------------------------------------
 
-    def test_fork_copies_the_whole_transcript_or_up_to_an_index(self) -> None:
+    def test_a_fork_copies_the_transcript_or_its_head_and_then_each_goes_its_own_way(self) -> None:
+        """A fork copies the whole transcript or up to an index, never cutting tool calls from their results
+        unless asked to; the waiting steers stay with the original, and the two diverge."""
         store = self.run_store()
-        src, whole, head, empty = _sid("src-"), _sid("whole-"), _sid("head-"), _sid("empty-")
-        msgs = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")]),
+        src, whole, head, empty, cut = (new_id(tag) for tag in ("src", "whole", "head", "empty", "cut"))
+        msgs = [Message.user("q"), call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")]),
                 Message.assistant("a")]
         store.save(src, msgs)
+        store.add_steer(src, "for the original")
+        keyed = isinstance(store, agent.SteerKeyStore) and Capability.STEER_KEYS in self.capabilities
+        if keyed:  # and the keys of its steers
+            assert cast(Any, store).add_steer_once(src, "for the original", "k") is True
         store.fork(src, whole, None)
-        store.fork(src, head, 3)
         store.fork(src, empty, 0)
-        assert store.messages(whole) == msgs
-        assert store.messages(head) == msgs[:3]
+        store.fork(src, new_id("end"), len(msgs))
+        session = agent.open(src, store)
+        fork = session.fork(head, at=3)
+        assert store.messages(whole) == msgs and store.messages(empty) == [] and store.messages(head) == msgs[:3]
         assert store.messages(head)[1].tool_calls[0].arguments == '{"z":1,"a":[1, 2],"z":3}'
-        assert store.messages(empty) == []
-        store.fork(src, _sid("end-"), len(msgs))
-
-    def test_a_fork_that_would_cut_tool_calls_from_their_results_is_refused_unless_asked_for(self) -> None:
-        store = self.run_store()
-        src, cut = _sid("src-"), _sid("cut-")
-        msgs = [Message.user("q"), _call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")])]
-        store.save(src, msgs)
         with pytest.raises(agent.ArgumentError, match="tool calls whose results would be cut off"):
             store.fork(src, cut, 2)
-        assert store.messages(cut) == []
         with pytest.raises(agent.ArgumentError, match="allow_unanswered"):
-            agent.open(src, store).fork(cut, at=2)
-        agent.open(src, store).fork(cut, at=2, allow_unanswered=True)
+            session.fork(cut, at=2)
+        assert store.messages(cut) == []
+        session.fork(cut, at=2, allow_unanswered=True)
         assert store.messages(cut) == msgs[:2]
-
-    def test_a_fork_and_its_original_diverge_and_steers_stay_behind(self) -> None:
-        store = self.run_store()
-        src, dst = _sid("src-"), _sid("dst-")
-        base = [Message.user(f"m{i}") for i in range(5)]
-        store.save(src, base)
-        store.add_steer(src, "for the original")
-        session = agent.open(src, store)
-        fork = session.fork(dst, at=3)
         assert fork.take_steers() == []
-        fork.save([*base[:3], Message.user("fork only")])
-        session.save([*base, Message.user("original only")])
-        assert store.messages(dst) == [*base[:3], Message.user("fork only")]
-        assert store.messages(src) == [*base, Message.user("original only")]
-        assert session.take_steers() == ["for the original"]
+        assert not keyed or cast(Any, store).add_steer_once(head, "for the fork", "k") is True
+        fork.save([*msgs[:3], Message.user("fork only")])
+        session.save([*msgs, Message.user("original only")])
+        assert store.messages(head) == [*msgs[:3], Message.user("fork only")]
+        assert store.messages(src) == [*msgs, Message.user("original only")]
+        assert session.take_steers() == ["for the original"] * (1 + keyed)
+        assert fork.take_steers() == ["for the fork"] * keyed
 
     def test_fork_refuses_a_bad_index_a_missing_source_and_an_existing_target(self) -> None:
         store = self.run_store()
-        src, taken = _sid("src-"), _sid("taken-")
+        src, taken = new_id("src"), new_id("taken")
         store.save(src, [Message.user("a"), Message.user("b")])
         store.save(taken, [Message.user("kept")])
         for bad in (3, -1, 1.5, True, "1"):
             with pytest.raises(agent.ArgumentError, match="fork"):
-                store.fork(src, _sid("bad-"), bad)  # type: ignore[arg-type]
+                store.fork(src, new_id("bad"), bad)  # type: ignore[arg-type]
         with pytest.raises(agent.ArgumentError, match="no transcript"):
-            store.fork(_sid("never-saved-"), _sid("x-"), None)
+            store.fork(new_id("never-saved"), new_id("x"), None)
         with pytest.raises(agent.SessionExists, match="already has a transcript"):
             store.fork(src, taken, None)
         with pytest.raises(agent.ArgumentError):
@@ -263,24 +186,18 @@ class RunStoreContract:
 
     def test_concurrent_forks_to_one_target_make_it_once(self) -> None:
         store = self.run_store()
-        src, dst = _sid("src-"), _sid("dst-")
+        src, dst = new_id("src"), new_id("dst")
         store.save(src, [Message.user(f"m{i}") for i in range(20)])
-        outcomes: list[str] = []
-        barrier = threading.Barrier(6)
+        others = [self.another(store) for _ in range(6)]
 
-        def fork(i: int) -> None:
-            mine = self.another(store)
-            barrier.wait(30)
+        def fork(i: int) -> str:
             try:
-                mine.fork(src, dst, i)
-                outcomes.append(f"made {i}")
+                others[i].fork(src, dst, i)
+                return f"made {i}"
             except agent.SessionExists:
-                outcomes.append("exists")
+                return "exists"
 
-        threads = [threading.Thread(target=fork, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        _join(threads)
+        outcomes = together(6, fork)
         made = [o for o in outcomes if o.startswith("made")]
         assert len(made) == 1 and len(outcomes) == 6, outcomes
         assert len(store.messages(dst)) == int(made[0].split()[1])
@@ -289,19 +206,19 @@ class RunStoreContract:
 
     def test_a_lease_is_held_renewed_released_and_each_new_holder_raises_the_epoch(self) -> None:
         store = self.run_store()
-        sid = _sid()
+        sid = new_id()
         assert store.holder(sid) is None
-        a = store.acquire(sid, _claimant("a"), 30)
+        a = store.acquire(sid, new_holder("a"), 30)
         assert a.token == "a" * 32 and a.epoch >= 1 and a.cancelled is False
         assert store.holder(sid) == a
-        assert store.acquire(sid, _claimant("b"), 30) == a  # live: b is refused and told who holds it
+        assert store.acquire(sid, new_holder("b"), 30) == a  # live: b is refused and told who holds it
         store.renew(sid, a, 60)
         renewed = store.holder(sid)
         assert renewed is not None and renewed.token == a.token and renewed.epoch == a.epoch
         assert renewed.expires > a.expires
         store.release(sid, a)
         assert store.holder(sid) is None
-        b = store.acquire(sid, _claimant("b"), 30)
+        b = store.acquire(sid, new_holder("b"), 30)
         assert b.token == "b" * 32 and b.epoch > a.epoch
         store.release(sid, a)  # not a's any more: nothing happens
         assert store.holder(sid) == b
@@ -310,62 +227,8 @@ class RunStoreContract:
         epochs = [b.epoch]
         for i in range(3):
             store.release(sid, store.holder(sid) or b)
-            epochs.append(store.acquire(sid, _claimant(str(i)), 30).epoch)
+            epochs.append(store.acquire(sid, new_holder(str(i)), 30).epoch)
         assert epochs == sorted(set(epochs)), f"the epoch must grow with every new holder: {epochs}"
-
-    def test_an_expired_lease_is_taken_over_and_its_old_holder_can_neither_renew_nor_release_it(self) -> None:
-        store = self.run_store()
-        sid = _sid()
-        a = store.acquire(sid, _claimant("a"), 0.2)
-        wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
-        b = store.acquire(sid, _claimant("b"), 30)
-        assert b.token == "b" * 32 and b.epoch == a.epoch + 1
-        with pytest.raises(agent.LeaseLost):
-            store.renew(sid, a, 30)
-        store.release(sid, a)
-        assert store.holder(sid) == b
-
-    def test_a_lapsed_lease_nobody_took_is_still_its_holders(self) -> None:
-        store = self.run_store()
-        sid = _sid()
-        a = store.acquire(sid, _claimant("a"), 0.2)
-        wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
-        store.renew(sid, a, 30)  # nobody acquired in between: the epoch is unchanged
-        assert store.holder(sid) == replace(a, expires=_expires(store, sid))
-        assert store.save_fenced(sid, a, [Message.user("still mine")], take_steers=True).steers == []
-        assert store.messages(sid) == [Message.user("still mine")]
-
-    def test_a_replaced_history_never_forgets_a_call_that_ran(self) -> None:
-        """A run died inside a non-idempotent tool: its reply waits in the journal, the call started. A run
-        replacing the history (``Spec.replace_transcript``) must not drop that reply silently: given a
-        history that still holds what the reply answered, it puts the reply back closed as it stands (the
-        call's outcome unknown, not run again); given one that does not, it writes nothing and says so."""
-        store = self.run_store()
-        sid = _sid()
-        ran: list[str] = []
-
-        class _Died(BaseException):
-            pass
-
-        @agent.tool(name="charge", idempotent=False)
-        def charge(n: int) -> str:
-            """Charge the card (not idempotent)."""
-            ran.append("charge")
-            raise _Died()
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
-        with pytest.raises(_Died):
-            agent.Runner().run(spec, [Message.user("charge me")], ToolsThenAnswer(["charge"]))
-        stored, journal = store.messages(sid), store.journal(sid)
-        assert journal is not None and ran == ["charge"]
-        replacing = agent.Spec(session=agent.open(sid, store), tools=[charge], replace_transcript=True)
-        with pytest.raises(agent.ArgumentError, match="replace_transcript"):
-            agent.Runner().run(replacing, [Message.user("an edited question")], ToolsThenAnswer(["charge"]))
-        assert (store.messages(sid), store.journal(sid)) == (stored, journal)
-        result = agent.Runner().run(replacing, [*stored, Message.user("and then?")], ToolsThenAnswer([], 0))
-        assert result.stop_reason == "answered" and ran == ["charge"]
-        outcome = [c.text for m in store.messages(sid) for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
-        assert outcome == [UNKNOWN_OUTCOME]
 
     def test_a_save_whose_refusal_went_unanswered_still_takes_the_waiting_steer(self) -> None:
         """The first save of a resume is refused (a steer waits, so it must take it), and the answer of that
@@ -376,7 +239,7 @@ class RunStoreContract:
         if getattr(store, "backend", None) is None:
             pytest.skip("a store without a backend to lose an answer below")
         backend: Any = store.backend
-        sid = _sid()
+        sid = new_id()
         store.save(sid, [Message.user("the question")])
         store.add_steer(sid, "and mind the expiry")
         lost: list[bool] = []
@@ -408,27 +271,13 @@ class RunStoreContract:
         assert seen == [["the question", "and mind the expiry"]]
         assert store.pending_steers(sid) == []
 
-    def test_an_acquire_asked_again_after_its_answer_was_lost_keeps_the_cancel_it_was_handed(self) -> None:
-        """``Lease`` asks an acquisition whose answer was lost (``OutcomeUnknown``) again, with the same token:
-        the second answer must say what the first would have, the cancel it was handed included."""
-        store = self.run_store()
-        sid = _sid()
-        a = store.acquire(sid, _claimant("a"), 30)
-        assert store.cancel(sid) is True
-        store.release(sid, a)
-        claimant = _claimant("b")
-        first = store.acquire(sid, claimant, 30)
-        again = store.acquire(sid, claimant, 30)  # the same acquisition, asked again
-        assert (first.token, first.cancelled) == (claimant.token, True)
-        assert (again.token, again.epoch, again.cancelled) == (claimant.token, first.epoch, True)
-
     def test_a_failed_run_gives_no_steer_back_to_a_session_deleted_meanwhile(self) -> None:
         """A run fails with a steer given to it (``Run.steer``) in no stored transcript: it is left as the
         session's waiting steer, fenced by the run's lease, so never under a session a forced delete erased
         meanwhile (a new conversation under the id would take it); it is handed back on the exception."""
         self.requires(Capability.LIFECYCLE)
         store = self.run_store()
-        sid = _sid()
+        sid = new_id()
         held: list[agent.Run] = []
         started = threading.Event()
         other: Any = self.another(store)
@@ -451,9 +300,9 @@ class RunStoreContract:
 
     def test_cancel_marks_a_held_lease_a_renewal_keeps_it_and_the_next_holder_is_handed_it(self) -> None:
         store = self.run_store()
-        sid = _sid()
+        sid = new_id()
         assert store.cancel(sid) is False
-        a = store.acquire(sid, _claimant("a"), 30)
+        a = store.acquire(sid, new_holder("a"), 30)
         assert a.cancelled is False and store.check(sid, a) is False
         assert store.cancel(sid) is True
         assert store.check(sid, a) is True
@@ -461,48 +310,46 @@ class RunStoreContract:
         assert store.check(sid, a) is True and (store.holder(sid) or a).cancelled is True
         store.release(sid, a)
         assert store.cancel(sid) is False  # nobody holds it now
-        b = store.acquire(sid, _claimant("b"), 0.2)
+        b = store.acquire(sid, new_holder("b"), 0.2)
         assert b.cancelled is True, "a released lease's cancel is handed to the next holder"
+        # ``Lease`` asks an acquisition whose answer was lost again, with the same token: the same answer
+        again = store.acquire(sid, new_holder("b"), 0.2)
+        assert (again.token, again.epoch, again.cancelled) == (b.token, b.epoch, True)
         assert store.check(sid, b) is False  # whose own lease starts without one
         store.release(sid, b)
-        b1 = store.acquire(sid, _claimant("b1"), 30)
+        b1 = store.acquire(sid, new_holder("b1"), 30)
         assert b1.cancelled is True, "a handed cancel its holder did not act on is handed on"
         store.save_fenced(sid, b1, [Message.user("the next question")], take_steers=True, closes=True)
         store.release(sid, b1)
-        b2 = store.acquire(sid, _claimant("b2"), 0.2)
+        b2 = store.acquire(sid, new_holder("b2"), 0.2)
         assert b2.cancelled is False, "a handed cancel a save closed is spent"
+        wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
+        store.renew(sid, b2, 0.2)  # lapsed, but nobody took it: still b2's, its epoch unchanged, and it writes
+        held = store.holder(sid)
+        assert held is not None and held == replace(b2, expires=held.expires)
+        assert store.save_fenced(sid, b2, [Message.user("the next question"), Message.user("still mine")],
+                                 take_steers=True).steers == []
         wait_for(lambda: store.holder(sid) is None, "the lease to expire on the store's clock")
         assert store.cancel(sid) is True  # lapsed, but nobody took it: b2 may be alive, renewing late
         assert store.check(sid, b2) is True
-        c = store.acquire(sid, _claimant("c"), 30)
+        c = store.acquire(sid, new_holder("c"), 30)
         assert c.cancelled is True, "a dead holder's cancel is handed to the run taking over"
         assert store.check(sid, c) is False
-        assert another_holder_sees(self.another(store), sid, c)
+        held = self.another(store).holder(sid)
+        assert held is not None and held.token == c.token and not held.cancelled
 
     def test_concurrent_acquires_give_the_lease_to_one(self) -> None:
         store = self.run_store()
-        sid = _sid()
-        winners: list[agent.Holder] = []
-        barrier = threading.Barrier(8)
-
-        def acquire(i: int) -> None:
-            own = self.another(store)
-            barrier.wait(30)
-            mine = _claimant(str(i))
-            got = own.acquire(sid, mine, 30)
-            if got.token == mine.token:
-                winners.append(got)
-
-        threads = [threading.Thread(target=acquire, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        _join(threads)
+        sid = new_id()
+        others = [self.another(store) for _ in range(8)]
+        got = together(8, lambda i: others[i].acquire(sid, new_holder(str(i)), 30))
+        winners = [h for i, h in enumerate(got) if h.token == new_holder(str(i)).token]
         assert len(winners) == 1, winners
         assert store.holder(sid) == winners[0]
 
     def test_a_second_run_of_a_held_session_is_refused_or_waits(self) -> None:
         store = self.run_store()
-        sid = _sid()
+        sid = new_id()
         entered, release = threading.Event(), threading.Event()
 
         @agent.tool
@@ -535,42 +382,9 @@ class RunStoreContract:
 
     # -- cancel --------------------------------------------------------------------------------------
 
-    def test_cancel_from_another_store_object_stops_the_run_before_its_next_request(self) -> None:
-        """The cancel lands while the run is inside its third step's tool (which waits for it), so every
-        model request made after it is one the cancel should have prevented."""
-        store = self.run_store()
-        sid = _sid()
-        inside, landed = threading.Event(), threading.Event()
-        tool_calls: list[int] = []
-
-        @agent.tool
-        def step(n: int) -> str:
-            """One step of work; the third waits for the cancel to land."""
-            tool_calls.append(n)
-            if len(tool_calls) == 3:
-                inside.set()
-                landed.wait(30)
-            return "ok"
-
-        model = ToolsThenAnswer(["step"], rounds=10**6)
-        run = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[step], max_steps=500),
-                                   [Message.user("go")], model)
-        assert inside.wait(30)
-        assert agent.open(sid, self.another(store)).cancel() is True
-        asked = model.requests
-        landed.set()
-        result = run.wait(30)
-        assert result.stop_reason == "cancelled"
-        assert model.requests == asked, f"{model.requests - asked} model requests after the cancel landed"
-        assert len(tool_calls) == 3, "the run went on to another step after the cancel"
-        stored = store.messages(sid)
-        assert stored == result.messages
-        assert_no_orphans(stored)
-        assert agent.open(sid, store).holder() is None
-
     def test_a_cancel_between_two_tool_calls_skips_the_second_and_answers_both(self) -> None:
         store = self.run_store()
-        sid = _sid()
+        sid = new_id()
         ran: list[str] = []
 
         @agent.tool
@@ -588,11 +402,13 @@ class RunStoreContract:
             ran.append("second")
             return "second done"
 
+        model = ToolsThenAnswer(["first", "second"], rounds=5)
         result = agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=[first, second]),
-                                    [Message.user("go")], ToolsThenAnswer(["first", "second"], rounds=5))
-        assert result.stop_reason == "cancelled" and result.steps == 1
+                                    [Message.user("go")], model)
+        assert result.stop_reason == "cancelled" and result.steps == 1 and model.requests == 1
         assert ran == ["first"]
         stored = store.messages(sid)
+        assert stored == result.messages and agent.open(sid, store).holder() is None
         assert_no_orphans(stored)
         results = {c.tool_call_id: c for c in stored[-1].content}
         assert results["call_0_0"].text == "first done" and not results["call_0_0"].is_error
@@ -608,10 +424,10 @@ class RunStoreContract:
         store = self.run_store()
         if not isinstance(store, CancelWatcher):
             pytest.skip("the store does not watch for cancels (agent_sessions.contract.CancelWatcher)")
-        sid, other = _sid("push-"), _sid("push-other-")
-        held = store.acquire(sid, _claimant(), 30)
+        sid, other = new_id("push"), new_id("push-other")
+        held = store.acquire(sid, new_holder(), 30)
         mine = store.watch_cancel(sid, held)
-        theirs = store.watch_cancel(other, store.acquire(other, _claimant(), 30))
+        theirs = store.watch_cancel(other, store.acquire(other, new_holder(), 30))
         try:
             wait_for(lambda: mine.listening() is not None, "the store to listen", 30)
             since, their_since = mine.listening(), theirs.listening()
@@ -637,8 +453,8 @@ class RunStoreContract:
 
     def test_journal_round_trips_byte_for_byte_and_a_writing_save_drops_it(self) -> None:
         store = self.run_store()
-        a, b = _sid(), _sid()
-        ha, hb = store.acquire(a, _claimant(), 30), store.acquire(b, _claimant(), 30)
+        a, b = new_id(), new_id()
+        ha, hb = store.acquire(a, new_holder(), 30), store.acquire(b, new_holder(), 30)
         assert store.journal(a) is None
         assert store.put_journal(a, ha, '{"z":1,"z":2} ünï \U0001f600') is False
         store.put_journal(b, hb, "other")
@@ -668,16 +484,16 @@ class RunStoreContract:
         it."""
         store = self.run_store()
         other = self.another(store)
-        sid = _sid()
-        held = store.acquire(sid, _claimant("a"), 30)
+        sid = new_id()
+        held = store.acquire(sid, new_holder("a"), 30)
 
         def step(msgs: list[Message], n: int) -> list[Message]:
             """The transcript after the reply's call ran and the model called again."""
             calls = msgs[-1].tool_calls
             results = [Message(Role.USER, [Content.tool_result(calls[0].id, f"charged {n}")])] if calls else []
-            return [*msgs, *results, _call(f"c{n}")]
+            return [*msgs, *results, call(f"c{n}")]
 
-        msgs = [Message.user("q"), _call("c0")]
+        msgs = [Message.user("q"), call("c0")]
         store.save_fenced(sid, held, msgs, take_steers=True)
         for n, landed in enumerate(("nothing", "steer", "cancel"), 1):
             store.put_journal(sid, held, f'{{"started": {n}}}', unless_cancelled=landed != "cancel")
@@ -695,154 +511,68 @@ class RunStoreContract:
             assert other.messages(sid) == msgs, landed
         store.put_journal(sid, held, '{"started": "last"}', unless_cancelled=False)
         store.release(sid, held)
-        taker = other.acquire(sid, _claimant("b"), 30)
+        taker = other.acquire(sid, new_holder("b"), 30)
         with pytest.raises(agent.LeaseLost):
             store.save_fenced(sid, held, step(msgs, 9), take_steers=True)
         assert other.journal(sid) == '{"started": "last"}' and other.messages(sid) == msgs
         other.release(sid, taker)
 
+    @pytest.mark.parametrize(("reply", "dies", "runs", "results"), [
+        # Idempotent calls first: nothing is journalled until the non-idempotent one starts (their results
+        # ride with the next save), so the first resume asks again and they run again.
+        (["lookup", "refresh", "charge"], {"refresh", "charge"},
+         [["lookup", "refresh"], ["lookup", "refresh", "charge"], []], ["looked up", "refreshed", UNKNOWN_OUTCOME]),
+        # A non-idempotent call first: its result is journalled before the calls after it run, and replayed.
+        (["charge", "refresh", "lookup"], {"refresh"},
+         [["charge", "refresh"], ["refresh", "lookup"]], ["charged", "refreshed", "looked up"]),
+    ], ids=["idempotent-first", "non-idempotent-first"])
     def test_a_resumed_run_replays_finished_tools_reruns_idempotent_ones_and_never_repeats_the_rest(
-        self,
+        self, reply: list[str], dies: set[str], runs: list[list[str]], results: list[str]
     ) -> None:
+        """The worker dies inside each tool of ``dies`` the first time it runs; each resume (another worker's)
+        runs what ``runs`` says, the last to its answer; the reply's results are ``results``."""
         store = self.run_store()
-        sid = _sid()
+        sid = new_id()
         ran: list[str] = []
-        dies = {"refresh", "charge"}
 
-        @agent.tool
-        def lookup(n: int) -> str:
-            """Finishes before the first crash."""
-            ran.append("lookup")
-            return "looked up"
+        def tool(name: str, text: str, idempotent: bool = True) -> agent.Tool:
+            def run(n: int) -> str:
+                """A tool that may take its worker with it."""
+                ran.append(name)
+                if name in dies:
+                    dies.discard(name)
+                    raise Crash
+                return text
 
-        @agent.tool
-        def refresh(n: int) -> str:
-            """Idempotent: dies the first time."""
-            ran.append("refresh")
-            if "refresh" in dies:
-                dies.discard("refresh")
-                raise _Crash
-            return "refreshed"
+            return agent.tool(name=name, idempotent=idempotent)(run)
 
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Not idempotent: dies the first time, after its effect."""
-            ran.append("charge")
-            if "charge" in dies:
-                dies.discard("charge")
-                raise _Crash
-            return "charged"
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[lookup, refresh, charge])
-        model = ToolsThenAnswer(["lookup", "refresh", "charge"])
-        with pytest.raises(_Crash):
-            agent.Runner().run(spec, [Message.user("go")], model)
-        assert ran == ["lookup", "refresh"]
-        assert store.messages(sid) == [Message.user("go")]
-        # Only idempotent tools ran: nothing was journalled (their results ride with the next save), so the
-        # resume asks the model again and they run again.
-        assert store.journal(sid) is None
-        with pytest.raises(_Crash):
-            agent.Runner().run(spec, store.messages(sid), model)
-        assert ran == ["lookup", "refresh", "lookup", "refresh", "charge"]
-        assert store.messages(sid) == [Message.user("go")]  # the reply waits in the journal, not here
-        result = agent.Runner().run(spec, store.messages(sid), model)
-        assert ran == ["lookup", "refresh", "lookup", "refresh", "charge"]
+        tools = [tool("lookup", "looked up"), tool("refresh", "refreshed"), tool("charge", "charged", False)]
+        for i, expected in enumerate(runs):
+            worker = store if i == 0 else self.another(store)
+            spec, before = agent.Spec(session=agent.open(sid, worker), tools=tools), len(ran)
+            msgs = worker.messages(sid) if i else [Message.user("go")]
+            if i < len(runs) - 1:
+                with pytest.raises(Crash):
+                    agent.Runner().run(spec, msgs, ToolsThenAnswer(reply))
+                assert store.messages(sid) == [Message.user("go")]  # the reply waits in the journal, if anywhere
+            else:
+                result = agent.Runner().run(spec, msgs, ToolsThenAnswer(reply))
+            assert ran[before:] == expected, f"run {i}"
         assert result.stop_reason == "answered" and result.steps == 1
-        stored = store.messages(sid)
-        assert_no_orphans(stored)
-        results = {c.tool_call_id: c for c in stored[2].content}
-        assert results["call_0_0"].text == "looked up"
-        assert results["call_0_1"].text == "refreshed"
-        assert results["call_0_2"].is_error and results["call_0_2"].text == UNKNOWN_OUTCOME
+        stored = assert_no_orphans(store.messages(sid))
+        got = {c.tool_call_id: c for c in stored[2].content}
+        assert [got[f"call_0_{i}"].text for i in range(3)] == results
+        assert all(got[f"call_0_{i}"].is_error == (results[i] == UNKNOWN_OUTCOME) for i in range(3))
         assert store.journal(sid) is None
-
-    def test_a_journal_is_not_replayed_onto_a_different_transcript(self) -> None:
-        store = self.run_store()
-        sid = _sid()
-        ran: list[str] = []
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Dies after its effect."""
-            ran.append("charge")
-            if len(ran) == 1:
-                raise _Crash
-            return "charged"
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
-        with pytest.raises(_Crash):
-            agent.Runner().run(spec, [Message.user("go")], ToolsThenAnswer(["charge"]))
-        # A new turn on the same history (a new user message): the journal answers the transcript without
-        # it, not this one, so its call is not replayed here. Its reply goes back in its place, the call
-        # closed as it stood (started, its outcome unknown), before the new message: the model sees it.
-        msgs = [*store.messages(sid), Message.user("something else")]
-        result = agent.Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))
-        assert ran == ["charge"]
-        assert [(m.role, len(m.tool_calls)) for m in result.messages] == [
-            (Role.USER, 0), (Role.ASSISTANT, 1), (Role.USER, 0), (Role.USER, 0), (Role.ASSISTANT, 0)]
-        assert result.messages[2].content[0].text == UNKNOWN_OUTCOME
-        assert result.messages[3].text == "something else"
-        assert store.messages(sid) == result.messages and store.journal(sid) is None
-
-    def test_no_stored_transcript_holds_a_tool_call_without_its_result(self) -> None:
-        store = self.run_store()
-
-        @agent.tool
-        def work(n: int) -> str:
-            """Works."""
-            return "worked"
-
-        @agent.tool
-        def broken(n: int) -> str:
-            """Fails."""
-            raise RuntimeError("broken tool")
-
-        @agent.tool
-        def dies(n: int) -> str:
-            """Takes the worker with it."""
-            raise _Crash
-
-        cases = {"max_steps": (["work", "work"], 2), "tool error": (["work", "broken"], 1),
-                 "crash": (["work", "dies"], 1)}
-        for name, (calls, max_steps) in cases.items():
-            sid = _sid(name.replace(" ", "-") + "-")
-            spec = agent.Spec(session=agent.open(sid, store), tools=[work, broken, dies], max_steps=max_steps)
-            try:
-                agent.Runner().run(spec, [Message.user(name)], ToolsThenAnswer(calls, rounds=10))
-            except _Crash:
-                pass
-            stored = store.messages(sid)
-            assert stored, name
-            assert_no_orphans(stored)
 
     # -- across processes ------------------------------------------------------------------------------
 
     def test_cancel_from_another_process_stops_the_run_within_one_step(self, tmp_path: Any) -> None:
         factory = self.factory()
         self.run_store()
-        outcome = crossprocess.cancel_from_another_process(factory, _sid(), str(tmp_path))
-        assert outcome.stop_reason == "cancelled"
-        assert outcome.requests_after_cancel <= 1, outcome
-        assert_no_orphans(outcome.stored)
-
-    def test_a_non_idempotent_tool_killed_mid_call_runs_exactly_once_after_resume(self, tmp_path: Any) -> None:
-        factory = self.factory()
-        self.run_store()
-        outcome = crossprocess.kill_mid_tool_then_resume(factory, _sid(), str(tmp_path))
-        assert outcome.charges == 1, "the non-idempotent tool ran again after the resume"
-        assert outcome.lookups == 1, "a journalled result was not replayed"
-        assert outcome.stop_reason == "answered"
-        assert_no_orphans(outcome.stored)
-        results = {c.tool_call_id: c for c in outcome.stored[2].content}
-        assert results["call_0_1"].text == UNKNOWN_OUTCOME
+        crossprocess.cancel_from_another_process(factory, new_id(), str(tmp_path))
 
     def test_a_run_stopped_past_its_lease_and_continued_after_a_takeover_writes_nothing(self, tmp_path: Any) -> None:
         factory = self.factory()
         self.run_store()
-        outcome = crossprocess.stopped_past_ttl_then_taken_over(factory, _sid(), str(tmp_path))
-        assert outcome.stale == "LeaseLost"
-        assert outcome.before[0] == outcome.newer  # exactly the second run's transcript ...
-        assert outcome.after == outcome.before  # ... and nothing written once the first was continued
-        assert outcome.charges == 1
-        assert_no_orphans(outcome.after[0])
+        crossprocess.stopped_past_ttl_then_taken_over(factory, new_id(), str(tmp_path))

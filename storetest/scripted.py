@@ -5,6 +5,8 @@ over real HTTP; this only decides what the loop does next.)"""
 from __future__ import annotations
 
 import json
+import threading
+import uuid
 from collections.abc import Callable, Sequence
 
 from agent_sessions import Content, Message, Role, Tool
@@ -14,16 +16,21 @@ class ToolsThenAnswer:
     """Asks for ``calls`` (tool names) in one reply on every request until ``rounds`` replies have
     been made, then answers with what the last results said. Picklable, for child processes."""
 
-    def __init__(self, calls: Sequence[str], rounds: int = 1, log: str | None = None) -> None:
+    def __init__(self, calls: Sequence[str], rounds: int = 1, log: str | None = None,
+                 before: Callable[[Sequence[Message]], object] | None = None) -> None:
         self.calls = list(calls)
         self.rounds = rounds
         self.log = log
         """A file to which every request appends a line: how a parent process counts requests."""
+        self.before = before
+        """Runs first, inside each request: where a test makes something happen while the run waits."""
         self.requests = 0
         """Requests made so far (in this process)."""
 
     def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
         self.requests += 1
+        if self.before is not None:
+            self.before(messages)
         if self.log is not None:
             with open(self.log, "a") as f:
                 f.write("request\n")
@@ -68,3 +75,19 @@ class Replies:
         if made < len(self.replies):
             return self.replies[made]
         return Message.assistant("done: " + " | ".join(c.text for c in messages[-1].content))
+
+
+class Held:
+    """Answers ``text`` once let go (``go``), saying when it was asked (``entered``): a run that holds its
+    session while the test does something beside it. With ``calls``, its first reply calls ``lookup``
+    (so a cancel that came meanwhile stops the run before the tool)."""
+
+    def __init__(self, text: str, calls: bool = False) -> None:
+        self.text, self.calls, self.entered, self.go = text, calls, threading.Event(), threading.Event()
+
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        self.entered.set()
+        self.go.wait(20)
+        if self.calls and not any(m.tool_calls for m in messages):
+            return Message(Role.ASSISTANT, [Content.tool_call(f"c-{uuid.uuid4().hex[:6]}", "lookup", "{}")])
+        return Message.assistant(self.text)

@@ -8,33 +8,25 @@ test (tests/faults/test_steer_keys.py) loses the answer of a keyed steer's commi
 
 from __future__ import annotations
 
-import threading
-import time
-import uuid
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import agent_sessions as agent
-from agent_sessions import ArgumentError, Holder, LifecycleStore, Message, RunStore, SteerKeyStore
+from agent_sessions import ArgumentError, Message, RunStore, SteerKeyStore
 
 from . import strategies
 from .capabilities import Capability
-from .crossprocess import keyed_steer_across_processes
-from .mixin import ContractMixin
+from .crossprocess import in_processes
+from .mixin import ContractMixin, new_id, together
+from .scripted import Answer, Held
 
 KEYS = st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"),
                              include_characters=" "), min_size=1, max_size=255)
 """Keys a caller may use: printable characters, 1 to 255 of them."""
 
-
-KeyedLifecycle = SteerKeyStore
-"""A store keeping steer keys and the lifecycle: whose delete and prune must forget the keys."""
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-keys-{tag}-{uuid.uuid4().hex}"
+def _keyed_sender(store: SteerKeyStore, i: int, barrier: object, sid: str, key: str) -> bool:
+    return store.add_steer_once(sid, f"from process {i}", key)
 
 
 class SteerKeyContract(ContractMixin):
@@ -44,69 +36,42 @@ class SteerKeyContract(ContractMixin):
         store: SteerKeyStore = self.capable_store(Capability.STEER_KEYS, SteerKeyStore, "add_steer_once")
         return store
 
-    def lifecycle_with_keys(self) -> KeyedLifecycle:
-        self.requires(Capability.LIFECYCLE)
+    def test_a_keyed_steer_is_stored_once_per_session_and_its_key_outlives_its_delivery(self) -> None:
         store = self.steer_key_store()
-        assert isinstance(store, KeyedLifecycle)
-        return store
-
-    def test_a_keyed_steer_is_stored_once_and_its_key_outlives_its_delivery(self) -> None:
-        store = self.steer_key_store()
-        sid = _sid("once")
+        sid, other = new_id("once"), new_id("other")
         assert store.add_steer_once(sid, "check the expiry", "k-1") is True
         assert store.add_steer_once(sid, "check the expiry", "k-1") is False
         assert store.add_steer_once(sid, "another text, the same key", "k-1") is False
-        assert store.take_steers(sid) == ["check the expiry"]
-        assert store.add_steer_once(sid, "check the expiry", "k-1") is False  # delivered: still remembered
-        assert store.take_steers(sid) == []
-
-    def test_different_keys_are_different_steers_kept_in_order_with_unkeyed_ones(self) -> None:
-        store = self.steer_key_store()
-        sid = _sid("order")
-        assert store.add_steer_once(sid, "one", "a") is True
         store.add_steer(sid, "two")
         assert store.add_steer_once(sid, "three", "b") is True
         store.add_steer(sid, "two")  # without a key, sending again stores again
-        assert store.add_steer_once(sid, "one", "a") is False
-        assert store.add_steer_once(sid, "four", "A") is True  # keys compare exactly: case
-        assert store.add_steer_once(sid, "five", "a ") is True  # and a trailing space
-        assert store.take_steers(sid) == ["one", "two", "three", "two", "four", "five"]
-
-    def test_one_key_on_two_sessions_is_two_steers(self) -> None:
-        store = self.steer_key_store()
-        a, b = _sid("a"), _sid("b")
-        assert store.add_steer_once(a, "for a", "shared") is True
-        assert store.add_steer_once(b, "for b", "shared") is True
-        assert store.take_steers(a) == ["for a"] and store.take_steers(b) == ["for b"]
-
-    def test_a_bad_key_is_refused_and_nothing_is_stored(self) -> None:
-        store = self.steer_key_store()
-        sid = _sid("bad")
-        for bad in ("", "x" * 256, "line\n", "tab\there", "nul\x00", "lone \ud800", 7, None, b"bytes"):
-            with pytest.raises(ArgumentError):
-                store.add_steer_once(sid, "never stored", bad)  # type: ignore[arg-type]
-        with pytest.raises(ArgumentError):
-            store.add_steer_once(sid, "", "good key")
-        assert store.add_steer_once(sid, "kept", "x" * 255) is True
-        assert store.take_steers(sid) == ["kept"]
-        assert store.add_steer_once(sid, "the key of the refused empty text was not taken", "good key") is True
-
-    def test_a_session_steer_with_a_key_says_whether_it_was_stored(self) -> None:
-        store = self.steer_key_store()
-        session = agent.open(_sid("session"), store)
-        assert session.steer("first", key="req-1") is True
-        assert session.steer("first", key="req-1") is False
+        assert store.add_steer_once(sid, "four", "K-1") is True  # keys compare exactly: case
+        assert store.add_steer_once(sid, "five", "k-1 ") is True  # and a trailing space
+        assert store.add_steer_once(other, "for the other session", "k-1") is True
+        assert store.take_steers(sid) == ["check the expiry", "two", "three", "two", "four", "five"]
+        assert store.add_steer_once(sid, "check the expiry", "k-1") is False  # delivered: still remembered
+        assert store.take_steers(sid) == [] and store.take_steers(other) == ["for the other session"]
+        session = agent.open(other, store)  # through a session: whether it was stored
+        assert (session.steer("first", key="req-1"), session.steer("first", key="req-1")) == (True, False)
         assert session.steer("first") is True  # no key: stored again
         with pytest.raises(ArgumentError, match="key"):
             session.steer("x", key="")
         assert session.take_steers() == ["first", "first"]
+        for bad in ("", "x" * 256, "line\n", "tab\there", "nul\x00", "lone \ud800", 7, None, b"bytes"):
+            with pytest.raises(ArgumentError):  # a bad key is refused and nothing is stored
+                store.add_steer_once(other, "never stored", bad)  # type: ignore[arg-type]
+        with pytest.raises(ArgumentError):
+            store.add_steer_once(other, "", "good key")
+        assert store.add_steer_once(other, "kept", "x" * 255) is True
+        assert store.add_steer_once(other, "the key of the refused empty text was not taken", "good key") is True
+        assert store.take_steers(other) == ["kept", "the key of the refused empty text was not taken"]
 
     def test_threads_racing_one_key_store_it_exactly_once(self) -> None:
         store = self.steer_key_store()
         n = max(2, self.concurrency)
         for round in range(5):
-            sid = _sid(f"race{round}")
-            results = _race(store, sid, n)
+            sid = new_id(f"race{round}")
+            results = together(n, lambda i: store.add_steer_once(sid, f"from thread {i}", "the key"))  # noqa: B023
             assert sorted(results) == [False] * (n - 1) + [True], results
             taken = store.take_steers(sid)
             assert len(taken) == 1 and taken[0].startswith("from thread "), taken
@@ -114,66 +79,10 @@ class SteerKeyContract(ContractMixin):
     def test_processes_racing_one_key_store_it_exactly_once(self) -> None:
         factory = self.factory()
         self.steer_key_store()
-        sid = _sid("procs")
-        results = keyed_steer_across_processes(factory, sid, "the key", processes=6)
+        sid = new_id("procs")
+        results = in_processes(factory, 6, _keyed_sender, sid, "the key")
         assert sorted(results) == [False] * 5 + [True], results
         assert len(self.make_store().take_steers(sid)) == 1
-
-    def test_a_fork_leaves_the_keys_behind(self) -> None:
-        self.requires(Capability.RUN_STORE)
-        store = self.steer_key_store()
-        assert isinstance(store, RunStore)
-        source, target = _sid("source"), _sid("target")
-        store.save(source, [Message.user("q"), Message.assistant("a")])
-        assert store.add_steer_once(source, "s", "k") is True
-        store.fork(source, target, None)
-        assert store.add_steer_once(target, "s", "k") is True
-        assert store.take_steers(target) == ["s"] and store.take_steers(source) == ["s"]
-
-    def test_delete_forgets_the_keys_with_the_session(self) -> None:
-        store = self.lifecycle_with_keys()
-        sid = _sid("delete")
-        store.save(sid, [Message.user("q")])
-        assert store.add_steer_once(sid, "before", "k") is True
-        store.take_steers(sid)
-        assert store.delete(sid) is True
-        assert store.add_steer_once(sid, "after", "k") is True  # a new session of the same id
-        assert store.take_steers(sid) == ["after"]
-
-    def test_delete_of_a_session_of_steers_alone_forgets_their_keys(self) -> None:
-        """A steer before any write of the session: the session does not exist, but its keys go with its
-        steers when it is deleted."""
-        store = self.lifecycle_with_keys()
-        sid = _sid("rowless")
-        assert store.add_steer_once(sid, "waiting", "k") is True
-        assert store.info(sid) is None
-        assert store.delete(sid) is True
-        assert store.pending_steers(sid) == []
-        assert store.add_steer_once(sid, "again", "k") is True
-        assert store.take_steers(sid) == ["again"]
-
-    def test_a_held_session_keeps_its_keys_when_delete_is_refused(self) -> None:
-        self.requires(Capability.LIFECYCLE)
-        self.requires(Capability.RUN_STORE)
-        store = self.steer_key_store()
-        assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
-        sid = _sid("held")
-        holder = store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 60)
-        assert store.add_steer_once(sid, "s", "k") is True
-        with pytest.raises(agent.SessionBusy):
-            store.delete(sid)
-        assert store.add_steer_once(sid, "s", "k") is False
-        store.release(sid, holder)
-
-    def test_prune_forgets_the_keys_of_the_sessions_it_deletes(self) -> None:
-        store = self.lifecycle_with_keys()
-        sid = _sid("prune")
-        store.save(sid, [Message.user("q")])
-        assert store.add_steer_once(sid, "s", "k") is True
-        time.sleep(1.2)
-        store.prune(idle_for=1.0)
-        assert store.info(sid) is None
-        assert store.add_steer_once(sid, "s", "k") is True
 
     def test_property_keyed_steers_round_trip_once(self) -> None:
         store = self.steer_key_store()
@@ -181,7 +90,7 @@ class SteerKeyContract(ContractMixin):
         @given(st.lists(st.tuples(strategies.steer_texts, KEYS), max_size=6, unique_by=lambda p: p[1]))
         @self.hypothesis()
         def check(steers: list[tuple[str, str]]) -> None:
-            sid = _sid("prop")
+            sid = new_id("prop")
             for text, key in steers:
                 assert store.add_steer_once(sid, text, key) is True
             for text, key in steers:
@@ -198,7 +107,7 @@ class SteerKeyContract(ContractMixin):
         ``superseded`` and unanswered."""
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
-        sid = _sid("joins")
+        sid = new_id("joins")
         assert store.add_steer_once(sid, "and mind the expiry", "steer-key") is True
         spec = agent.Spec(session=agent.open(sid, store))
 
@@ -211,7 +120,7 @@ class SteerKeyContract(ContractMixin):
         stored = store.messages(sid)
         assert [(m.text, m.key, m.steer) for m in stored] == [("the question", "turn-key", False),
                                                              ("and mind the expiry", "steer-key", True)]
-        again = agent.Runner().turn(spec, "the question", "turn-key", _Reply("both answered"))
+        again = agent.Runner().turn(spec, "the question", "turn-key", Answer("both answered"))
         assert (again.stop_reason, again.text) == ("answered", "both answered")
 
     def test_a_steered_turn_retried_gets_its_own_answer_never_an_earlier_one_of_the_same_text(self) -> None:
@@ -222,62 +131,25 @@ class SteerKeyContract(ContractMixin):
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
         assert isinstance(store, RunStore)
-        sid = _sid("yes")
+        sid = new_id("yes")
         session = agent.open(sid, store)
-        first = agent.Runner().run(agent.Spec(session=session), [Message.user("yes")], _Reply("the first answer"))
+        first = agent.Runner().run(agent.Spec(session=session), [Message.user("yes")], Answer("the first answer"))
         assert first.text == "the first answer"
-        entered, go = threading.Event(), threading.Event()
+        held = Held("more")
         holding = agent.Runner().start(agent.Spec(session=session, lease_ttl=30),
-                                       [*session.messages(), Message.user("tell me more")],
-                                       _Reply("more", entered, go))
+                                       [*session.messages(), Message.user("tell me more")], held)
         try:
-            assert entered.wait(20), "the holding run never asked its model"
+            assert held.entered.wait(20), "the holding run never asked its model"
             spec = agent.Spec(session=agent.open(sid, store), lease_wait=0.0)
             for _ in range(2):  # the turn, then its retry while its steer still waits
                 with pytest.raises(agent.StillQueued):
-                    agent.Runner().turn(spec, "yes", "k-yes-2", _Reply("never asked"), if_busy="steer")
+                    agent.Runner().turn(spec, "yes", "k-yes-2", Answer("never asked"), if_busy="steer")
         finally:
-            go.set()
+            held.go.set()
         assert holding.wait(20).text == "more"
         mine = agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=10.0), "yes", "k-yes-2",
-                                   _Reply("the second answer"), if_busy="steer")
+                                   Answer("the second answer"), if_busy="steer")
         assert mine.text == "the second answer"
         again = agent.Runner().turn(agent.Spec(session=agent.open(sid, store), lease_wait=0.0), "yes", "k-yes-2",
-                                    _Reply("never asked"), if_busy="steer")
+                                    Answer("never asked"), if_busy="steer")
         assert (again.text, again.steps) == ("the second answer", 0)
-
-
-def _race(store: SteerKeyStore, sid: str, n: int) -> list[bool]:
-    """``n`` threads, released together, each sending a steer of its own to ``sid`` under one key."""
-    barrier = threading.Barrier(n)
-    results: list[bool] = []
-    errors: list[BaseException] = []
-
-    def send(i: int) -> None:
-        try:
-            barrier.wait(60)
-            results.append(store.add_steer_once(sid, f"from thread {i}", "the key"))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads), "a sender did not return within 120 s"
-    return results
-
-
-class _Reply:
-    """Answers ``text``; with ``entered`` and ``go``, says it was asked and waits to be let go first."""
-
-    def __init__(self, text: str, entered: threading.Event | None = None, go: threading.Event | None = None) -> None:
-        self.text, self.entered, self.go = text, entered, go
-
-    def complete(self, system: str, messages: object, tools: object) -> Message:
-        if self.entered is not None and self.go is not None:
-            self.entered.set()
-            self.go.wait(20)
-        return Message.assistant(self.text)

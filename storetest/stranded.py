@@ -9,42 +9,26 @@ Other tests share the database, so these look only at their own sessions in the 
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
 from agent_sessions import (
     ArgumentError,
     Content,
-    Holder,
     LeaseLost,
     LifecycleStore,
     Message,
     QueueStore,
     Role,
-    RunStore,
-    SteerKeyStore,
 )
 
-from .capabilities import Capability
+from .mixin import ContractMixin, new_holder, new_id
 
 QUESTION = Message.user("what expires?", key="turn-1")
 CALL = Message(Role.ASSISTANT, [Content.tool_call("c1", "read_file", '{"path": "lease.go"}')])
 RESULT = Message(Role.USER, [Content.tool_result("c1", "package lease")])
 ANSWER = Message.assistant("the lease")
-
-
-StrandedStore = RunStore
-"""What the contract exercises: the lifecycle's listing and the run lease."""
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-stranded-{tag}-{uuid.uuid4().hex}"
-
-
-def _holder(spec: str | None = None) -> Holder:
-    return Holder("storetest", 4321, uuid.uuid4().hex, 0.0, spec=spec)
 
 
 def stranded_ids(store: LifecycleStore, grace: float = 0.0) -> list[str]:
@@ -60,25 +44,11 @@ def stranded_ids(store: LifecycleStore, grace: float = 0.0) -> list[str]:
     raise AssertionError("over 100,000 stranded sessions: the listing never ends")
 
 
-class StrandedContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
+class StrandedContract(ContractMixin):
 
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def stranded_store(self) -> Any:
-        self.requires(Capability.LIFECYCLE)
-        self.requires(Capability.RUN_STORE)
-        store = self.make_store()
-        assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
-        return store
-
-    def test_a_plain_save_marks_an_open_turn_and_an_answer_clears_it(self) -> None:
-        store = self.stranded_store()
-        sid = _sid("plain")
+    def test_a_plain_save_marks_an_open_turn_an_answer_clears_it_and_a_fork_keeps_its_own(self) -> None:
+        store = self.run_lifecycle_store()
+        sid = new_id("plain")
         store.save(sid, [QUESTION])
         info = store.info(sid)
         assert info is not None and info.open_since is not None
@@ -90,31 +60,25 @@ class StrandedContract:
         store.save(sid, [QUESTION, CALL, RESULT, ANSWER])
         closed = store.info(sid)
         assert closed is not None and closed.open_since is None
-        assert sid not in stranded_ids(store)
-
-    def test_a_fork_cut_inside_a_turn_is_open_and_a_fork_of_an_answer_is_not(self) -> None:
-        """A fork is a conversation that exists from the fork on: cut where its turn is open (a question, tool
-        results waiting for the model), that turn waits for its answer like any other, so the sweep sees it."""
-        store = self.stranded_store()
-        self.requires(Capability.RUN_STORE)
-        source, open_fork, closed_fork = _sid("fork-src"), _sid("fork-open"), _sid("fork-closed")
-        store.save(source, [QUESTION, CALL, RESULT, ANSWER])
-        store.fork(source, open_fork, 3)
-        store.fork(source, closed_fork, 4)
+        # A fork exists from the fork on: cut where its turn is open (tool results waiting for the model),
+        # that turn waits for its answer like any other, so the sweep sees it; a fork of an answer does not.
+        open_fork, closed_fork = new_id("fork-open"), new_id("fork-closed")
+        store.fork(sid, open_fork, 3)
+        store.fork(sid, closed_fork, 4)
         opened, closed = store.info(open_fork), store.info(closed_fork)
         assert opened is not None and opened.open_since is not None
         assert closed is not None and closed.open_since is None
         ids = stranded_ids(store)
-        assert open_fork in ids and closed_fork not in ids
+        assert sid not in ids and open_fork in ids and closed_fork not in ids
 
     def test_info_says_who_holds_the_session_what_waits_and_whether_it_is_stranded(self) -> None:
-        store = self.stranded_store()
-        sid = _sid("info")
+        store = self.run_lifecycle_store()
+        sid = new_id("info")
         store.save(sid, [QUESTION])
         info = store.info(sid)
         assert info is not None and (info.holder, info.cancelled, info.steers, info.queued) == (None, False, 0, 0)
         assert info.stranded
-        holder = store.acquire(sid, _holder("support-agent"), 30)
+        holder = store.acquire(sid, new_holder(spec="support-agent"), 30)
         store.add_steer(sid, "one more thing")
         held = store.info(sid)
         assert held is not None and held.holder is not None and held.holder.token == holder.token
@@ -125,9 +89,9 @@ class StrandedContract:
         assert cancelled is not None and cancelled.cancelled and cancelled.holder is None and not cancelled.stranded
 
     def test_every_fenced_save_keeps_the_mark_and_a_live_lease_hides_the_session(self) -> None:
-        store = self.stranded_store()
-        sid = _sid("fenced")
-        holder = store.acquire(sid, _holder("support-agent"), 30)
+        store = self.run_lifecycle_store()
+        sid = new_id("fenced")
+        holder = store.acquire(sid, new_holder(spec="support-agent"), 30)
         for step in ([QUESTION], [QUESTION, CALL], [QUESTION, CALL, RESULT]):  # appends, as a run's steps are
             store.save_fenced(sid, holder, step, take_steers=True)
             info = store.info(sid)
@@ -135,7 +99,7 @@ class StrandedContract:
         assert sid not in stranded_ids(store)  # a live run holds it
         store.release(sid, holder)
         assert sid in stranded_ids(store)  # its worker is gone: stranded
-        holder = store.acquire(sid, _holder(), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         store.save_fenced(sid, holder, [QUESTION, CALL, RESULT, ANSWER], take_steers=True)
         store.release(sid, holder)
         info = store.info(sid)
@@ -143,10 +107,10 @@ class StrandedContract:
         assert sid not in stranded_ids(store)
 
     def test_a_lapsed_lease_is_stranded_and_a_cancelled_one_is_not(self) -> None:
-        store = self.stranded_store()
-        lapsed, cancelled = _sid("lapsed"), _sid("cancelled")
+        store = self.run_lifecycle_store()
+        lapsed, cancelled = new_id("lapsed"), new_id("cancelled")
         for sid in (lapsed, cancelled):
-            holder = store.acquire(sid, _holder(), 0.5)
+            holder = store.acquire(sid, new_holder(), 0.5)
             store.save_fenced(sid, holder, [QUESTION], take_steers=False)
         assert store.cancel(cancelled) is True
         time.sleep(1.0)
@@ -154,8 +118,8 @@ class StrandedContract:
         assert lapsed in found and cancelled not in found
 
     def test_oldest_first_with_grace_and_pages(self) -> None:
-        store = self.stranded_store()
-        ids = [_sid(f"order-{i}") for i in range(3)]
+        store = self.run_lifecycle_store()
+        ids = [new_id(f"order-{i}") for i in range(3)]
         for sid in ids:
             store.save(sid, [QUESTION])
             time.sleep(0.02)
@@ -168,30 +132,22 @@ class StrandedContract:
         later = store.list_sessions(limit=1, after=page.next, stranded=True)
         assert len(later) <= 1 and all(s.open_since is not None and first is not None and s.open_since >= first
                                        for s in later)
-
-    def test_a_keyed_steer_opens_a_finished_turn(self) -> None:
-        store = self.stranded_store()
-        if not isinstance(store, SteerKeyStore):
-            pytest.skip("the store keeps no steer keys")
-        sid = _sid("steer")
-        store.save(sid, [QUESTION, ANSWER])
-        listed = store
-        assert sid not in stranded_ids(listed)
-        assert store.add_steer_once(sid, "and the renewal?", "steer-1") is True
-        assert sid in stranded_ids(listed)
+        for bad in ({"prefix": "x"}, {"where": {"user": "u"}}, {"grace": -1}, {"grace": float("nan")}):
+            with pytest.raises(ArgumentError):  # the stranded listing takes no prefix or where
+                store.list_sessions(stranded=True, **bad)
 
     def test_a_closing_save_keeps_the_turn_open_while_input_waits(self) -> None:
         """A message queued, or a steer posted, while a run works keeps the turn open when that run's last
         save ends it: nobody else would answer it if the run's worker died before taking it. So does a plain
         ``save`` (an application's own) that ends the turn while input waits."""
-        store = self.stranded_store()
+        store = self.run_lifecycle_store()
         for kind in ("queue", "steer"):
             if kind == "queue" and not isinstance(store, QueueStore):
                 continue
             for how in ("fenced", "plain"):
-                sid = _sid(f"close-{kind}-{how}")
+                sid = new_id(f"close-{kind}-{how}")
                 store.save(sid, [QUESTION])
-                holder = store.acquire(sid, _holder(), 30) if how == "fenced" else None
+                holder = store.acquire(sid, new_holder(), 30) if how == "fenced" else None
                 if kind == "queue":
                     assert cast(QueueStore, store).enqueue(sid, "turn-2", "and the renewal?") == 1
                 else:
@@ -207,52 +163,50 @@ class StrandedContract:
 
     def test_a_cancelled_session_is_listed_only_while_a_message_is_queued(self) -> None:
         """A cancel stops the turn in progress, not the messages queued behind it."""
-        store = self.stranded_store()
-        sid = _sid("cancelled")
+        store = self.run_lifecycle_store()
+        sid = new_id("cancelled")
         store.save(sid, [QUESTION])
-        holder = store.acquire(sid, _holder(), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         assert store.cancel(sid) is True
         store.release(sid, holder)
-        listed = store
-        assert sid not in stranded_ids(listed)
+        assert sid not in stranded_ids(store)
         if not isinstance(store, QueueStore):
             return
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
-        assert sid in stranded_ids(listed)
-        taker = store.acquire(sid, _holder(), 30)
+        assert sid in stranded_ids(store)
+        taker = store.acquire(sid, new_holder(), 30)
         assert taker.cancelled  # the cancel is handed to the next holder, still
         assert store.take_queued(sid, taker) == Message.user("and the renewal?", key="turn-2")
         store.cancel(sid)  # handed on again, as a run that stops does
         store.release(sid, taker)
-        assert sid not in stranded_ids(listed)
+        assert sid not in stranded_ids(store)
 
     def test_taking_a_queued_message_keeps_the_mark_its_enqueue_set(self) -> None:
         """The turn has been open since the message was accepted, not since a holder took it: the sweep's
         ``grace`` and its order count from then."""
-        store = self.stranded_store()
+        store = self.run_lifecycle_store()
         if not isinstance(store, QueueStore):
             pytest.skip("the store keeps no queue")
-        sid = _sid("keep")
-        listed = store
+        sid = new_id("keep")
         store.save(sid, [QUESTION, ANSWER])
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
-        before = listed.info(sid)
+        before = store.info(sid)
         assert before is not None and before.open_since is not None
         time.sleep(0.05)
-        holder = store.acquire(sid, _holder(), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         assert store.take_queued(sid, holder) is not None
         store.release(sid, holder)
-        after = listed.info(sid)
+        after = store.info(sid)
         assert after is not None and after.open_since == before.open_since
 
     def test_mark_finished_is_fenced_and_refused_while_input_waits(self) -> None:
-        store = self.stranded_store()
-        sid = _sid("mark")
+        store = self.run_lifecycle_store()
+        sid = new_id("mark")
         store.save(sid, [QUESTION, ANSWER])
-        holder = store.acquire(sid, _holder(), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         store.save_fenced(sid, holder, [QUESTION, ANSWER, Message.user("more")], take_steers=False)
         with pytest.raises(LeaseLost):
-            store.mark_finished(sid, _holder(), None)
+            store.mark_finished(sid, new_holder(), None)
         store.add_steer(sid, "waiting")
         assert store.mark_finished(sid, holder, None) is False  # a steer waits: the turn stays open
         assert store.take_steers(sid) == ["waiting"]
@@ -261,9 +215,3 @@ class StrandedContract:
         store.release(sid, holder)
         info = store.info(sid)
         assert info is not None and info.open_since is None and sid not in stranded_ids(store)
-
-    def test_stranded_takes_no_prefix_or_where(self) -> None:
-        store = self.stranded_store()
-        for bad in ({"prefix": "x"}, {"where": {"user": "u"}}, {"grace": -1}, {"grace": float("nan")}):
-            with pytest.raises(ArgumentError):
-                store.list_sessions(stranded=True, **bad)

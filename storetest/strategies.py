@@ -16,9 +16,6 @@ any_text = st.text(
     max_size=60,
 )
 
-# What a backend can key on: no NUL, no lone surrogate (see agent_sessions.validate).
-keyable_text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1)
-
 session_ids = st.text(
     alphabet=st.characters(codec="utf-8", exclude_characters="\x00"),
     min_size=1,

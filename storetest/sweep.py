@@ -12,21 +12,21 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 import agent_sessions as agent
-from agent_sessions import Content, LifecycleStore, Message, Role, RunStore, Tool
+from agent_sessions import Content, Message, Role, Tool
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
+from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans
+from .scripted import Answer
 from .stranded import stranded_ids
-
-
-class _Died(BaseException):
-    """A worker dying inside a tool: nothing in the loop catches it."""
 
 
 class Charges:
     """A model that calls the non-idempotent ``charge`` on every request (a run only ends by its budget), and
-    the tool itself: counts the requests and the charges; ``die_at`` (a charge's number) raises ``_Died``
+    the tool itself: counts the requests and the charges; ``die_at`` (a charge's number) raises ``Crash``
     inside that charge, after it was made."""
 
     def __init__(self, die_at: int = 0) -> None:
@@ -43,54 +43,59 @@ class Charges:
             """Charge the card (not idempotent)."""
             self.charges += 1
             if self.charges == self.die_at:
-                raise _Died()
+                raise Crash()
             return f"charged {self.charges}"
 
         return agent.tool(name="charge", idempotent=False)(charge)
 
 
-class SweepContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
+def _refund(refunds: list[str]) -> Tool:
+    def refund() -> str:
+        """Refund (a person approves it first)."""
+        refunds.append("refund")
+        return "refunded"
 
-    def make_store(self) -> Any:
-        raise NotImplementedError
+    return agent.tool(name="refund", idempotent=False, needs_approval=True)(refund)
 
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
 
-    def _sweep_store(self) -> Any:
-        self.requires(Capability.LIFECYCLE)
-        self.requires(Capability.RUN_STORE)
-        store = self.make_store()
-        assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
-        return store
+class _RefundThenAnswer:
+    """Calls ``refund`` for "refund order 7", and answers anything else."""
 
+    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
+        if messages[-1].role is Role.USER and messages[-1].text == "refund order 7":
+            return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
+        return Message.assistant(f"re: {messages[-1].text}")
+
+
+class SweepContract(ContractMixin):
     @staticmethod
-    def _sweep(store: Any, sid: str, spec: agent.Spec, model: Charges) -> list[agent.Recovered]:
+    def _sweep(store: Any, sid: str, spec: agent.Spec, model: Any) -> list[agent.Recovered]:
+        """The sweep, ``(spec, model)`` resolving this test's session and nothing else: what it did with that."""
         def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
             return (spec, model) if info.id == sid else None
 
         return [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
 
     def test_a_run_stopped_at_max_steps_is_not_stranded_and_no_sweep_runs_it_again(self) -> None:
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-spent-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
         result = agent.Runner().run(spec, [Message.user("charge me")], model)
         assert (result.stop_reason, model.requests, model.charges) == ("max_steps", 2, 2)
+        no_orphans(store.messages(sid))  # its last reply's calls answered
         assert sid not in stranded_ids(store), "a run that returned left its turn listed as stranded"
         assert self._sweep(store, sid, spec, model) == []
         assert (model.requests, model.charges) == (2, 2), "the sweep ran a turn that had ended at max_steps"
 
     def test_the_sweep_gives_a_plain_turn_only_what_is_left_of_its_budget(self) -> None:
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-left-{uuid.uuid4().hex}"
         model = Charges(die_at=1)  # the worker dies inside the first request's charge
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
         try:
             agent.Runner().run(spec, [Message.user("charge me")], model)
-        except _Died:
+        except Crash:
             pass
         else:  # pragma: no cover
             raise AssertionError("the run did not die in its tool")
@@ -103,13 +108,13 @@ class SweepContract:
         assert sid not in stranded_ids(store)
 
     def test_the_sweep_runs_nothing_of_a_plain_turn_that_spent_its_budget_before_it_died(self) -> None:
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-died-{uuid.uuid4().hex}"
         model = Charges(die_at=2)  # dies inside the charge of its last allowed request
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
         try:
             agent.Runner().run(spec, [Message.user("charge me")], model)
-        except _Died:
+        except Crash:
             pass
         else:  # pragma: no cover
             raise AssertionError("the run did not die in its tool")
@@ -120,63 +125,52 @@ class SweepContract:
         assert outcome[-1] == UNKNOWN_OUTCOME, outcome
         assert sid not in stranded_ids(store)
 
-    def test_a_message_queued_behind_a_run_that_stopped_at_max_steps_is_answered_and_that_turn_not_run_again(
-            self) -> None:
-        """A plain run stops at its ``max_steps`` (its turn ends there, open in the transcript); a message is
-        queued behind it, whose caller is gone. The sweep answers the message, a turn of its own, and runs
-        nothing more of the run's turn: no request, no charge."""
-        store = self._sweep_store()
-        sid = f"storetest-sweep-queued-{uuid.uuid4().hex}"
-        model = Charges()
+    @pytest.mark.parametrize("comes", ["queued", "plain", "keyed steer"])
+    def test_input_behind_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep_and_that_turn_not_run_again(
+            self, comes: str) -> None:
+        """A turn stops at its ``max_steps`` (its turn ends there): a plain run's, behind which a message is
+        ``queued`` (its caller gone); or a keyed turn, after which a ``plain`` run's worker saves its message
+        and dies before its first request, or a ``keyed steer`` comes with nobody running the session. That
+        input is a turn of its own, open: the sweep answers it, once, and runs nothing more of the ended
+        turn (no request, no charge)."""
+        store = self.run_lifecycle_store()
+        sid = new_id("sweep-" + comes.replace(" ", "-"))
+        model, answering = Charges(), Answer("the refund is on its way")
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
-        assert agent.Runner().run(spec, [Message.user("charge me")], model).stop_reason == "max_steps"
-        agent.open(sid, store).enqueue("and the refund?", "q-1")
-        answering = _Says("the refund is on its way")
+        if comes == "queued":
+            assert agent.Runner().run(spec, [Message.user("charge me")], model).stop_reason == "max_steps"
+            agent.open(sid, store).enqueue("and the refund?", "q-1")
+        else:
+            assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
+        if comes == "plain":
+            holder = store.acquire(sid, new_holder(), 30)
+            store.save_fenced(sid, holder, [*store.messages(sid), Message.user("and the refund?")], take_steers=False)
+            store.release(sid, holder)
+        elif comes == "keyed steer":
+            assert agent.open(sid, store).steer("and the refund?", key="s-1") is True
+        assert sid in stranded_ids(store)
 
         class Either:
-            """``model`` for the run's own turn (what a sweep must not go on with), ``answering`` for the rest."""
+            """``model`` for the ended turn (what a sweep must not go on with), ``answering`` for the rest."""
 
             def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
                 asked = [m.text for m in messages if m.role is Role.USER and m.text]
                 return (answering if asked[-1] == "and the refund?" else model).complete(system, messages, tools)
 
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, Either()) if info.id == sid else None
-
-        swept = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        swept = self._sweep(store, sid, spec, Either())
         assert (model.requests, model.charges) == (2, 2), "the sweep went on with a turn that had ended at max_steps"
-        assert [r.outcome for r in swept] == ["recovered"] and answering.requests == 1
-        assert agent.open(sid, store).answer("q-1") is not None and sid not in stranded_ids(store)
-
-    def test_a_plain_message_after_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep(self) -> None:
-        """A keyed turn stops at its ``max_steps``; then a plain run's worker saves its message and dies before
-        its first request. That message is a turn of its own, open: the sweep answers it (it cleared the mark
-        as "finished", and the message was never answered)."""
-        store = self._sweep_store()
-        sid = f"storetest-sweep-after-{uuid.uuid4().hex}"
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
-        assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
-        holder = store.acquire(sid, agent.Holder("dead", 1, uuid.uuid4().hex, 0.0), 30)
-        store.save_fenced(sid, holder, [*store.messages(sid), Message.user("and the refund?")], take_steers=False)
-        store.release(sid, holder)
-        assert sid in stranded_ids(store)
-        answering = _Says("the refund is on its way")
-
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, answering) if info.id == sid else None
-
-        swept = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
-        assert [r.outcome for r in swept] == ["recovered"], swept
-        assert store.messages(sid)[-1].text == "the refund is on its way" and answering.requests == 1
-        assert model.charges == 1 and sid not in stranded_ids(store)
+        assert [r.outcome for r in swept] == ["recovered"] and answering.requests == 1, swept
+        assert store.messages(sid)[-1].text == "the refund is on its way"
+        assert store.pending_steers(sid) == [] and store.queued(sid) == [] and sid not in stranded_ids(store)
+        assert self._sweep(store, sid, spec, Either()) == [] and answering.requests == 1
+        assert comes != "queued" or agent.open(sid, store).answer("q-1") is not None
 
     def test_a_turn_sent_again_after_it_stopped_leaves_a_later_plain_runs_turn_to_the_sweep(self) -> None:
         """Turn k stops at its ``max_steps``; a plain run then asks the model about a new message and dies inside
         the tool its reply called (the reply waits in the journal). k sent again has ended: it says
         ``max_steps`` and touches nothing of the later turn (it finished that turn's reply under k's name and
         cleared the session's mark, so no sweep ever answered the new message)."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-later-plain-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1, lease_ttl=5.0)
@@ -185,7 +179,7 @@ class SweepContract:
         try:
             agent.Runner().run(replace(spec, tools=[dying.tool()]), [*store.messages(sid), Message.user("again")],
                                dying)
-        except _Died:
+        except Crash:
             pass
         else:  # pragma: no cover
             raise AssertionError("the run did not die in its tool")
@@ -195,94 +189,46 @@ class SweepContract:
         assert sid in stranded_ids(store), "a turn sent again hid a later turn from the sweep"
 
     def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
         sid = f"storetest-sweep-asks-{uuid.uuid4().hex}"
-
-        @agent.tool(name="refund", idempotent=False, needs_approval=True)
-        def refund() -> str:
-            """Refund (a person approves it first)."""
-            return "refunded"
-
-        class Once:
-            def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
-                if messages[-1].role is Role.USER and messages[-1].text:
-                    return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
-                return Message.assistant("refund done")
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[refund])
-        result = agent.Runner().run(spec, [Message.user("refund order 7")], Once())
+        refunds: list[str] = []
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
+        result = agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer())
         assert result.stop_reason == "awaiting_approval"
         assert sid not in stranded_ids(store), "a run waiting for a person left its turn listed as stranded"
         agent.open(sid, store).approve("r1")
         assert sid in stranded_ids(store), "a decision must open the turn for the sweep"
 
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, Once()) if info.id == sid else None
-
-        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
-        assert swept.outcome == "recovered" and swept.result is not None
-        assert swept.result.text == "refund done"
+        (swept,) = self._sweep(store, sid, spec, _RefundThenAnswer())
+        assert swept.outcome == "recovered" and swept.result is not None and refunds == ["refund"]
         assert sid not in stranded_ids(store)
 
     def test_a_redelivered_turn_that_stopped_at_max_steps_never_takes_a_later_answer(self) -> None:
         """Turn k stops at its ``max_steps``; a later run answers newer input; k delivered again must say how
         k ended (``max_steps``), not return that later answer as its own."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         sid = f"storetest-sweep-later-{uuid.uuid4().hex}"
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
         first = agent.Runner().turn(spec, "charge me", "k-1", model)
         assert first.stop_reason == "max_steps"
-        later = agent.Runner().run(spec, [*store.messages(sid), Message.user("and now?")], _Says("the later answer"))
+        later = agent.Runner().run(spec, [*store.messages(sid), Message.user("and now?")], Answer("the later answer"))
         assert later.text == "the later answer"
         again = agent.Runner().turn(spec, "charge me", "k-1", model)
         assert (again.stop_reason, again.text, again.steps) == ("max_steps", "", 0), again
         assert model.charges == 1
 
-    def test_a_keyed_steer_behind_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep(self) -> None:
-        """A turn stops at its ``max_steps``; then a keyed steer comes, with nobody running the session. The
-        turn has ended; the steer is input of its own, which the sweep answers, once."""
-        store = self._sweep_store()
-        sid = f"storetest-sweep-steer-{uuid.uuid4().hex}"
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
-        assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
-        assert agent.open(sid, store).steer("and what about this?", key="s-1") is True
-        answering = _Says("about that")
-
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, answering) if info.id == sid else None
-
-        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
-        assert swept.outcome == "recovered" and swept.result is not None and swept.result.text == "about that"
-        assert store.pending_steers(sid) == [] and sid not in stranded_ids(store)
-        assert [r for r in agent.recover(store, resolve, grace=0) if r.session == sid] == []
-        assert model.charges == 1 and answering.requests == 1
-
     def test_a_cancelled_turn_whose_calls_were_decided_lets_the_queue_behind_it_be_answered(self) -> None:
         """A turn waits for a decision on a refund; it is approved; a run holding the session is cancelled
         (``cancel()`` is True) and lets go; a message is queued behind. The sweep closes the cancelled turn
         (the approved refund does not run: the turn was cancelled) and answers the queued message."""
-        store = self._sweep_store()
+        store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
         sid = f"storetest-sweep-decided-{uuid.uuid4().hex}"
         refunds: list[str] = []
-
-        @agent.tool(name="refund", idempotent=False, needs_approval=True)
-        def refund() -> str:
-            """Refund (a person approves it first)."""
-            refunds.append("refund")
-            return "refunded"
-
-        class RefundThenAnswer:
-            def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
-                if messages[-1].role is Role.USER and messages[-1].text == "refund order 7":
-                    return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
-                return Message.assistant(f"re: {messages[-1].text}")
-
-        spec = agent.Spec(session=agent.open(sid, store), tools=[refund])
-        assert agent.Runner().run(spec, [Message.user("refund order 7")], RefundThenAnswer()).stop_reason == (
+        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
+        assert agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer()).stop_reason == (
             "awaiting_approval")
         agent.open(sid, store).approve("r1")
         holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
@@ -290,22 +236,7 @@ class SweepContract:
         store.release(sid, holder)
         assert store.enqueue(sid, "q-1", "what next?") == 1
 
-        def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, agent.Endpoint] | None:
-            return (spec, RefundThenAnswer()) if info.id == sid else None
-
-        (swept,) = [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
+        (swept,) = self._sweep(store, sid, spec, _RefundThenAnswer())
         assert swept.outcome == "recovered", swept
         assert refunds == [], "the cancelled turn's approved call ran"
         assert store.messages(sid)[-1].text == "re: what next?" and store.queued(sid) == []
-
-
-class _Says:
-    """Answers ``text`` to every request, counting them."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.requests = 0
-
-    def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
-        self.requests += 1
-        return Message.assistant(self.text)

@@ -5,28 +5,17 @@ session reading about what its requests send (``context.read_recent``, docs/runs
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, cast
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_sessions import ArgumentError, Holder, Message, TailStore, TranscriptConflict
 from agent_sessions.contract import EventStore
 
 from .capabilities import Capability
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-tail-{tag}-{uuid.uuid4().hex}"
-
-
-def _checked(store: object) -> TailStore:
-    if not isinstance(store, TailStore):
-        pytest.fail(f"the store declares Capability.TAIL, but {type(store).__name__} does not implement "
-                    "agent_sessions.TailStore (read_back, save_fenced(start=))")
-    return store
+from .mixin import ContractMixin, new_holder, new_id
 
 
 def _said(n: int, tag: str = "") -> list[Message]:
@@ -34,28 +23,22 @@ def _said(n: int, tag: str = "") -> list[Message]:
             for i in range(n)]
 
 
-class TailContract:
-    """Mixed into StoreContract, whose ``make_store``, ``requires`` and ``hypothesis`` it uses."""
-
-    def hypothesis(self, **overrides: Any) -> settings:
-        raise NotImplementedError
-
+class TailContract(ContractMixin):
     def tail_store(self) -> TailStore:
-        contract: Any = self  # a StoreContract
-        contract.requires(Capability.TAIL)
-        return _checked(contract.make_store())
+        store: TailStore = self.capable_store(Capability.TAIL, TailStore, "read_back, save_fenced(start=)")
+        return store
 
     def stored(self, tag: str, length: int) -> tuple[TailStore, str, list[Message], Holder]:
         """A TailStore holding a new session of ``length`` messages, its id, them, and its lease."""
         store = self.tail_store()
-        sid = _sid(tag)
+        sid = new_id(tag)
         said = _said(length)
         store.save(sid, said)
-        return store, sid, said, store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 30)
+        return store, sid, said, store.acquire(sid, new_holder(), 30)
 
     def test_read_back_reads_pages_from_the_end(self) -> None:
         store = self.tail_store()
-        sid = _sid("pages")
+        sid = new_id("pages")
         stored = _said(100)
         store.save(sid, stored)
         assert store.read_back(sid, None, 30) == (70, stored[70:])
@@ -63,7 +46,7 @@ class TailContract:
         assert store.read_back(sid, 10, 30) == (0, stored[:10])
         assert store.read_back(sid, 0, 30) == (0, [])
         assert store.read_back(sid, 500, 3) == (97, stored[97:])
-        assert store.read_back(_sid("never"), None, 5) == (0, [])
+        assert store.read_back(new_id("never"), None, 5) == (0, [])
         for stop, count in ((None, 0), (-1, 3), (True, 3), (None, "3")):
             with pytest.raises(ArgumentError):
                 store.read_back(sid, stop, count)  # type: ignore[arg-type]
@@ -74,11 +57,11 @@ class TailContract:
         @given(length=st.integers(1, 80), cut=st.integers(0, 80), added=st.integers(0, 5), steps=st.integers(1, 3))
         @self.hypothesis()
         def check(length: int, cut: int, added: int, steps: int) -> None:
-            sid = _sid("from")
+            sid = new_id("from")
             stored = _said(length)
             store.save(sid, stored)
             start = min(cut, length)
-            holder = store.acquire(sid, Holder("storetest", 4321, uuid.uuid4().hex, 0.0), 30)
+            holder = store.acquire(sid, new_holder(), 30)
             first, tail = store.read_back(sid, None, length - start) if start < length else (length, [])
             assert first == start
             msgs = list(tail)
