@@ -10,9 +10,16 @@ each store and its ``Backend``, as ``storetest.between`` does, and widens some o
 What it decides is seeded: each operation (the model test runs op ``n`` on a thread named ``model-op-<n>``)
 draws from its own ``random.Random`` of the program's seed and ``n``, once per backend call, whether to pause
 there and for how long. The program's own draws are untouched (a seed draws the same program with gaps or
-without). A pause is taken only while another operation of the round is still running (alone, nothing can
-land in it), at most ``MOST`` per operation, each of a few milliseconds; each pause taken goes to the op
-log. A store without a ``Backend`` (its reads and writes are its own) is left as it is.
+without). An operation may also start late (its first call waits), so that it lands inside the others
+rather than beside their starts. A pause is taken only while another operation of the round is still
+running (alone, nothing can land in it), at most ``MOST`` per operation (and a late start), each of a few
+milliseconds; each pause taken goes to the op log. A store without a ``Backend`` (its reads and writes are
+its own) is left as it is.
+
+Off unless ``AGENT_SESSIONS_MODEL_GAPS=on`` (``storetest.model``): measured against the mutants of
+tests/mutants.py, on the memory store and Redis, it killed none that the programs without it did not, and
+no more often (docs/reliability.md, "Mutants"): the meeting-point bugs the model test misses need
+operations its programs seldom put in one round, or a check it lacks, more than a wider gap.
 """
 
 from __future__ import annotations

@@ -148,6 +148,8 @@ class ModelContract:
                 lines += [f"-- op log of seed {seed} --", *log]
             named = ",".join(sorted(skip)) or "none"
             skipping = "" if skip == self.model_skip else f" AGENT_SESSIONS_MODEL_SKIP={named}"
+            if os.environ.get("AGENT_SESSIONS_MODEL_GAPS") == "on":
+                skipping += " AGENT_SESSIONS_MODEL_GAPS=on"
             pytest.fail(f"{len(total.violations)} invariant violations; replay one with AGENT_SESSIONS_MODEL_SEED="
                         f"{next(iter(logs))}{skipping} AGENT_SESSIONS_MODEL_OPS={ops} pytest -k model_random_programs\n"
                         + "\n".join(lines), pytrace=False)
