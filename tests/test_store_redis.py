@@ -20,6 +20,7 @@ def open_store(url: str, prefix: str) -> redis.Store:
 
 
 class TestRedisStoreKeepsTheContract(storetest.StoreContract):
+    model_programs = 2  # three seconds each (child processes killed and frozen): the memory store draws 20
     @pytest.fixture(autouse=True)
     def _prefix(self) -> Iterator[None]:
         self.prefix = f"{servers.REDIS_KEY_PREFIX}store:{uuid.uuid4().hex[:12]}:"
