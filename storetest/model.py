@@ -4,19 +4,14 @@ once, checked after every round against a reference model of what may have happe
 
 A failure prints its seed; replay it with ``AGENT_SESSIONS_MODEL_SEED=<seed> pytest -k model_random_programs``
 (``AGENT_SESSIONS_MODEL_SKIP=none`` lets in the mixes the class leaves out, ``AGENT_SESSIONS_MODEL_OPS``
-sets the program's length). ``AGENT_SESSIONS_MODEL_GAPS=on`` pauses operations now and then between a
-backend read and the write it decides (``storetest.gaps``, drawn from the seed: a replay pauses where the
-failure did, as its op log says); off by default: measured against the mutants (docs/reliability.md,
-"Mutants"), it found nothing the programs without it did not.
+sets the program's length).
 """
 
 from __future__ import annotations
 
 import os
 import random
-import re
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +20,6 @@ import pytest
 from agent_sessions import RunStore, Store
 
 from .capabilities import Capability
-from .gaps import Gaps
 from .model_ops import FILTERS, KNOWN, Report, run_program
 
 IN_PROCESS, PROCESSES = "in-process", "processes"
@@ -95,19 +89,6 @@ wins inside a round, so before the fixes a replay failed most times, not always:
 ``model_replays`` times (issue 42's failed every time)."""
 
 
-def _with_gaps(log: list[str], gaps: Gaps | None) -> list[str]:
-    """The op log with, under each op's line, where it paused (``storetest.gaps``)."""
-    if gaps is None:
-        return log
-    lines = []
-    for line in log:
-        lines.append(line)
-        op = re.match(r"op (\d+) \[", line)
-        if op:
-            lines += gaps.lines(int(op.group(1)))
-    return lines
-
-
 class ModelContract:
     """Mixed into StoreContract; ``make_store``, ``requires``, ``capabilities`` and ``process_factory``
     come from there."""
@@ -144,11 +125,8 @@ class ModelContract:
         logs: dict[int, list[str]] = {}
         for seed in seeds:
             print(f"model program: seed {seed}, {ops} ops, leaving out {sorted(skip) or 'nothing'}")
-            gaps = Gaps(seed) if os.environ.get("AGENT_SESSIONS_MODEL_GAPS") == "on" else None
-            make: Callable[[], Store] = self.make_store if gaps is None else gaps.around(self.make_store)
-            report, log = run_program(seed, make, self.capabilities, factory, workdir / uuid.uuid4().hex, ops, skip,
-                                      replay)
-            log = _with_gaps(log, gaps)
+            report, log = run_program(seed, self.make_store, self.capabilities, factory, workdir / uuid.uuid4().hex,
+                                      ops, skip, replay)
             total.merge(report)
             if report.violations:
                 logs[seed] = log
@@ -161,8 +139,6 @@ class ModelContract:
                 lines += [f"-- op log of seed {seed} --", *log]
             named = ",".join(sorted(skip)) or "none"
             skipping = "" if skip == self.model_skip else f" AGENT_SESSIONS_MODEL_SKIP={named}"
-            if os.environ.get("AGENT_SESSIONS_MODEL_GAPS") == "on":
-                skipping += " AGENT_SESSIONS_MODEL_GAPS=on"
             pytest.fail(f"{len(total.violations)} invariant violations; replay one with AGENT_SESSIONS_MODEL_SEED="
                         f"{next(iter(logs))}{skipping} AGENT_SESSIONS_MODEL_OPS={ops} pytest -k model_random_programs\n"
                         + "\n".join(lines), pytrace=False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from xml.etree import ElementTree
@@ -69,46 +68,3 @@ def test_a_declared_capability_the_store_does_not_deliver_fails_and_never_skips(
         buggy["TestANewFilePerStoreObject::test_a_second_store_object_sees_and_replaces_what_the_first_saved"]))
     for name, case in declared.items():
         assert case.find("skipped") is not None, f"{name} should skip for a store declaring it lives in one process"
-
-
-def _gapped_calls(seed: int) -> list[str]:
-    """Forty backend calls of op 1 (a thread named as the model test names it) beside a running op 2: the
-    pauses ``storetest.gaps`` took, as its op log says."""
-    from agent_sessions.backend import Backend, Change, Guard, Want
-    from stores import memory
-    from storetest.gaps import Gaps
-
-    gaps = Gaps(seed)
-    store = gaps.stand(memory.Store())
-    assert isinstance(store.backend, Backend) and gaps.stand(store).backend is store.backend
-    beside = threading.Event()
-    other = threading.Thread(target=beside.wait, args=(30,), name="model-op-2")
-    other.start()
-    try:
-        def op() -> None:
-            for _ in range(20):
-                store.backend.write("gaps", Guard(), Change(exist=True))
-                store.backend.read("gaps", Want())
-        mine = threading.Thread(target=op, name="model-op-1")
-        mine.start()
-        mine.join(30)
-        assert not mine.is_alive()
-        op()  # the machine's own thread: never paused
-    finally:
-        beside.set()
-        other.join(30)
-    assert gaps.lines(2) == []
-    return gaps.lines(1)
-
-
-def test_gaps_pause_where_the_seed_says_and_say_where() -> None:
-    """The model test's gaps (``AGENT_SESSIONS_MODEL_GAPS=on``) are the seed's: a replay pauses at the same
-    calls for as long, each pause in the op log; none on a thread that is no op's; a store without a
-    backend is left as it is."""
-    from storetest.gaps import MOST, Gaps
-
-    first = _gapped_calls(7)
-    assert 1 <= len(first) <= MOST + 1 and all(line.startswith("  op 1 paused ") for line in first), first
-    assert _gapped_calls(7) == first
-    plain = object()
-    assert Gaps(7).stand(plain) is plain and not hasattr(plain, "backend")
