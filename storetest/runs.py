@@ -531,6 +531,7 @@ class RunStoreContract(ContractMixin):
     ) -> None:
         """The worker dies inside each tool of ``dies`` the first time it runs; each resume (another worker's)
         runs what ``runs`` says, the last to its answer; the reply's results are ``results``."""
+        dies = set(dies)  # the parameter's own set is every store class's: each run spends a copy
         store = self.run_store()
         sid = new_id()
         ran: list[str] = []
