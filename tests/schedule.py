@@ -4,7 +4,8 @@ A unit of work runs whole on one worker, in the order a serial run has: a test c
 outside classes (xdist's ``loadscope``), so what a class or module sets up once (a fresh schema, a model
 server, a browser, a Django project) is set up once, and tests that follow each other in one database still
 do. The modules in ``SPLIT`` are long runs of independent tests that each set up their own (CLI processes,
-killed workers, busy sessions): each of their tests is a unit, so one module is not the whole run's tail.
+killed workers, busy sessions): each of their tests is a unit, so one module is not the whole run's tail
+(not a module whose tests share a costly module fixture: tests/test_listing_plans.py's fills a database).
 Each worker has its own prefix (tests/servers.py): units on two workers share nothing on the servers.
 
 Units start longest first (``COST``), so the run does not end waiting on a long unit that started last.
@@ -32,7 +33,6 @@ SPLIT = (
     "tests/test_django_celery.py",
     "tests/test_footprint.py",
     "tests/test_front_doors.py",
-    "tests/test_listing_plans.py",
     "tests/test_messages.py",
     "tests/test_review_meet.py",
 )
@@ -54,7 +54,7 @@ COST: dict[str, float] = {
     "tests/test_django_app.py": 31,
     "tests/test_django_celery.py::"
     "test_a_whole_worker_killed_inside_a_tool_is_answered_by_another_the_tool_run_once": 26,
-    "tests/test_listing_plans.py::test_recent_and_idle_walk_the_updated_index_in_order": 22,
+    "tests/test_listing_plans.py": 27,
     "tests/test_front_doors.py::test_both_front_doors_print_the_same_and_exit_the_same": 20,
     "tests/test_busy.py::test_eight_processes_send_five_messages_each_to_a_busy_session": 20,
     "tests/test_review_meet.py::test_an_incarnation_is_never_that_of_the_session_deleted_before_it": 19,
