@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import fcntl
+import json
 import multiprocessing
 import os
 import sys
@@ -18,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from storetest import processes
 from tests import servers
 from tests.model_server import ModelServer
+from tests.reliability import figures
 
 THREAD_GRACE = 10.0
 """Seconds a thread or process still running when the session ends gets to finish (a run saving its last
@@ -75,15 +79,54 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
-def wheel_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The python of a fresh venv holding the wheel built from this tree, with every extra
-    (tests/wheel.py): what a pip user has, for the tests that must not see the tree. Built once a session."""
+    (tests/wheel.py): what a pip user has, for the tests that must not see the tree. Built once a run: under
+    pytest-xdist, by the first worker to need it, in the run's temp dir that all workers share, while the
+    others wait for it (its build failing fails them all with its error, without a build of their own)."""
     from tests import wheel
 
-    try:
-        return wheel.build(tmp_path_factory.mktemp("wheel"))
-    except wheel.Failed as exc:
-        pytest.fail(str(exc))
+    if not hasattr(request.config, "workerinput"):
+        try:
+            return wheel.build(tmp_path_factory.mktemp("wheel"))
+        except wheel.Failed as exc:
+            pytest.fail(str(exc))
+    shared = tmp_path_factory.getbasetemp().parent  # basetemp/popen-gwN's parent: the run's
+    built, failed = shared / "wheel" / "python", shared / "wheel-failed.txt"
+    with _held(shared / "wheel.lock", WHEEL_BUILD_LIMIT):
+        if not built.exists() and not failed.exists():
+            try:
+                python = wheel.build(shared / "wheel")
+            except wheel.Failed as exc:
+                failed.write_text(str(exc))
+            else:
+                built.write_text(str(python))
+    if failed.exists():
+        pytest.fail(failed.read_text())
+    return Path(built.read_text())
+
+
+WHEEL_BUILD_LIMIT = 1800.0
+"""Seconds a worker waits for another to build the wheel: its steps' own timeouts add up to 25 minutes."""
+
+
+@contextlib.contextmanager
+def _held(path: Path, limit: float) -> Iterator[None]:
+    """An exclusive flock on ``path``, waited for ``limit`` seconds at most."""
+    with path.open("a") as f:
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{path} was held for {limit:.0f} s")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture
@@ -94,6 +137,7 @@ def model() -> Iterator[ModelServer]:
 
 
 _LINGERING: list[str] = []
+_UNDROPPED: list[str] = []
 
 
 def _lingering(grace: float) -> list[str]:
@@ -123,23 +167,52 @@ def _lingering(grace: float) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _LINGERING[:] = _lingering(THREAD_GRACE)
+    _LINGERING.extend(_lingering(THREAD_GRACE))
     if not KEEP_DATABASES:
         try:
             _drop_what_this_run_made()
         except SQLAlchemyError as exc:
-            print(f"conftest: dropping this run's databases failed: {exc!r}", file=sys.stderr)
-            if session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a footprint left behind is a failure
-    if _LINGERING and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a leak that would have hung the exit is a failure
+            _UNDROPPED.append(f"dropping this run's databases failed: {exc!r}")
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a pytest-xdist worker: the controller reports these and fails the run on them
+        output["lingering"], output["undropped"] = _LINGERING, _UNDROPPED
+    elif (_LINGERING or _UNDROPPED) and session.exitstatus == pytest.ExitCode.OK:
+        # A leak that would have hung the exit is a failure, and so is a footprint left behind.
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     # Armed last, once every test has run: a C watchdog thread, so it fires even if the interpreter is
     # stuck in threading._shutdown or an atexit handler. Its own copy of stderr: pytest closes its one.
     faulthandler.dump_traceback_later(EXIT_LIMIT, file=os.dup(2), exit=True)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist, whole classes and modules to a worker, the longest first (tests/schedule.py)."""
+    if config.getvalue("dist") == "each":
+        return None
+    from tests import schedule
+
+    return schedule.scheduler(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object | None) -> None:
+    """What a pytest-xdist worker hands over as it ends joins the run's: its reliability figures
+    (tests/reliability/conftest.py), and what it left running or could not drop, which fail the run here."""
+    output = getattr(node, "workeroutput", {})
+    figures.merge(output.get(figures.WORKER_OUTPUT, {}))
+    _LINGERING.extend(f"[{node.gateway.id}] {item}" for item in output.get("lingering", []))
+    _UNDROPPED.extend(f"[{node.gateway.id}] {item}" for item in output.get("undropped", []))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # A pytest-xdist worker's summary is shown nowhere, and its figures are the controller's to write.
+    out = None if hasattr(terminalreporter.config, "workerinput") else figures.write()
+    if out is not None:
+        terminalreporter.write_sep("-", f"reliability figures (also in {out})")
+        terminalreporter.write_line(json.dumps(figures.RECORDED, sort_keys=True))
     if _LINGERING:
         terminalreporter.write_sep("=", "left running when the session ended (the run fails)", red=True)
         for item in _LINGERING:
             terminalreporter.write_line(item)
+    for item in _UNDROPPED:
+        terminalreporter.write_line(f"conftest: {item} (the run fails)", red=True)

@@ -26,11 +26,23 @@ from stores._sql import TABLES
 
 
 def _prefix() -> str:
+    """The prefix of this process's names: the run's, except in one of pytest-xdist's workers, which takes
+    ``<prefix>_<worker id>`` (``agent_sessions_test_gw0``) so that workers running side by side share no
+    database, Redis key, Mongo database or Celery worker name, just as two copies of the suite do not. The
+    worker puts its prefix in the environment, with AGENT_SESSIONS_TEST_WORKER saying it is derived already,
+    so what it spawns (children inherit both, and the xdist variable) keeps that prefix rather than adding
+    the worker's id again, and a child given a prefix of its own (tests/test_footprint.py's) keeps that."""
     prefix = os.environ.get("AGENT_SESSIONS_TEST_PREFIX") or "agent_sessions_test"
+    run = prefix
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and os.environ.get("AGENT_SESSIONS_TEST_WORKER") != worker:
+        prefix = f"{prefix}_{worker}"
+        os.environ.update(AGENT_SESSIONS_TEST_PREFIX=prefix, AGENT_SESSIONS_TEST_WORKER=worker)
     # Lower case, since MySQL's names are case-sensitive files on Linux and PostgreSQL folds unquoted ones;
     # 40 characters leave room for the longest suffix within MySQL's and MongoDB's 64 (PostgreSQL's 63).
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", prefix):
-        raise SystemExit(f"AGENT_SESSIONS_TEST_PREFIX={prefix!r}: 1 to 40 of a-z, 0-9 and _, starting with a letter")
+        raise SystemExit(f"AGENT_SESSIONS_TEST_PREFIX={prefix!r}: 1 to 40 of a-z, 0-9 and _, starting with a letter"
+                         + (f" (an xdist worker adds _{worker} to the run's {run!r})" if prefix != run else ""))
     return prefix
 
 

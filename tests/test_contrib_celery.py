@@ -5,6 +5,7 @@ workers, with Django, are tests/test_django_celery.py."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -52,11 +53,13 @@ def store() -> Iterator[memory.Store]:
         agent_celery._configured = None
 
 
-def test_configure_refuses_what_it_cannot_use() -> None:
+def test_configure_refuses_what_it_cannot_use(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(agent.ArgumentError, match="resolve"):
         agent_celery.configure(store=memory.Store(), resolve="myapp.agent:resolve")  # type: ignore[arg-type]
     with pytest.raises(agent.ArgumentError, match="sweep_seconds"):
         agent_celery.configure(store=memory.Store(), resolve=resolve, sweep_seconds=-1)
+    # A process without Django: one that ran tests/test_django_app.py first has the Django app's store set up.
+    monkeypatch.setitem(sys.modules, "django.apps", None)
     with pytest.raises(agent.ArgumentError, match="has no store"):
         agent_celery.setup()
 

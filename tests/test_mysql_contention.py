@@ -201,9 +201,9 @@ def test_a_writer_stalled_in_its_transaction_holds_up_no_other_session(url: str,
                 assert time.monotonic() < deadline, "the stalled writer never reached its row's UPDATE"
                 time.sleep(0.005)
             for beside in (f"{run}-l", f"{run}-n"):
-                started = time.monotonic()
-                OTHERS[other](others, beside)  # SessionLocked after LOCK_WAIT if it waited on the stalled writer
-                assert time.monotonic() - started < LOCK_WAIT
+                # SessionLocked after LOCK_WAIT if it waited on the stalled writer, which holds its locks until
+                # the end: a wait would fail here, so no clock is read (a loaded machine's second is no proof).
+                OTHERS[other](others, beside)
         finally:
             holder.exec_driver_sql("DO RELEASE_LOCK('agent_sessions_stall')")
             worker.join(30)

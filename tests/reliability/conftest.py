@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -24,14 +23,11 @@ def processes() -> Any:
     return storetest.processes.context()
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    out = figures.write()
-    if out is not None:
-        terminalreporter.write_sep("-", f"reliability figures (also in {out})")
-        terminalreporter.write_line(json.dumps(figures.RECORDED, sort_keys=True))
-
-
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    figures.write()
-
-
+    """The figures go to the file now (tests/conftest.py prints them); a pytest-xdist worker hands them to the
+    controller instead, which merges every worker's and writes them once (tests/conftest.py)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[figures.WORKER_OUTPUT] = figures.RECORDED
+    else:
+        figures.write()
