@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 import agent_sessions as agent
+from agent_sessions.run import turns
 from agent_sessions.run.react import CANCELLED
 from stores import memory
 from storetest.scripted import Answer, ToolsThenAnswer
@@ -819,6 +820,23 @@ class RefundsTheSteer:
         if messages[-1].steer:
             return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r-8", "refund", '{"order": 8}')])
         return agent.Message.assistant("refunded order 8")
+
+
+def test_where_turns_begin_in_a_long_turn_of_steers_is_read_in_one_pass() -> None:
+    """A turn of 300 tool steps with a steer after each. Whether a steer began a turn depends on where the
+    turn before it began and the replies made since; worked out again for each earlier steer (as it once was),
+    the answer took time exponential in the steers (18 steers: a second; 300: never). Within a budget of
+    1,000 every steer joined the turn; with 2, every second steer came after the turn had made its two
+    requests, and began one."""
+    msgs = [agent.Message.user("go", key="go")]
+    for i in range(300):
+        msgs += [agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call(f"c{i}", "look", "{}")]),
+                 agent.Message(agent.Role.USER, [agent.Content.tool_result(f"c{i}", "ok")]),
+                 agent.Message.user(f"and {i}", key=f"s{i}", steer=True)]
+    last = len(msgs) - 1
+    assert turns.turn_start(msgs, 1000) == 0 and not turns.begins(msgs, last, 1000)
+    assert turns.turn_start(msgs) == 0 and not turns.begins(msgs, last)
+    assert turns.turn_start(msgs, 2) == last and turns.begins(msgs, last, 2) and not turns.begins(msgs, last - 3, 2)
 
 
 @pytest.mark.parametrize("then", ["repeat", "sweep"])

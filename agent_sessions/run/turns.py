@@ -17,7 +17,7 @@ and waits for (or returns) the other's turn. That is why a turn needs a session 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 from ..contract import RunSession, is_run_session
@@ -199,15 +199,27 @@ def begins(msgs: Sequence[Message], i: int, budget: int | None = None) -> bool:
     the ``"steer"`` caller's, the sweep's), so no run was in a turn for it to join?"""
     if not msgs[i].steer:
         return True
-    for j in range(i - 1, -1, -1):
-        if not msgs[j].steer:
-            if msgs[j].role is Role.ASSISTANT and not msgs[j].tool_calls:
-                return True
-            if budget is None:
-                return False
-            before = msgs[:i]
-            return replies(before, turn_start(before, budget)) >= budget
-    return True
+    return dict(_beginnings(msgs[:i + 1], budget))[i]  # a steer is a user message: it has its entry
+
+
+def _beginnings(msgs: Sequence[Message], budget: int | None) -> Iterator[tuple[int, bool]]:
+    """Each user message's index and whether it begins a turn (``begins``), in one pass from the first: where
+    a turn began, and the replies made since, are carried along (worked out again for each steer, they cost
+    time exponential in the steers of one long turn)."""
+    before: Message | None = None  # the last message that came as no steer
+    made = 0  # the replies since the last user message with text that began a turn
+    for i, message in enumerate(msgs):
+        if message.role is Role.USER:
+            starts = (not message.steer or before is None
+                      or (before.role is Role.ASSISTANT and not before.tool_calls)
+                      or (budget is not None and made >= budget))
+            yield i, starts
+            if starts and message.text:
+                made = 0
+        elif message.role is Role.ASSISTANT:
+            made += 1
+        if not message.steer:
+            before = message
 
 
 def running(msgs: Sequence[Message], continuing: bool) -> str | None:
@@ -225,10 +237,7 @@ def turn_start(msgs: Sequence[Message], budget: int | None = None) -> int:
     """Where the transcript's last turn begins: its last user message with text that begins one (a plain run's
     message, or steers that came when no turn was in progress: ``begins``, given the turns' ``budget``); -1
     when it has none."""
-    for i in range(len(msgs) - 1, -1, -1):
-        if msgs[i].role is Role.USER and msgs[i].text and begins(msgs, i, budget):
-            return i
-    return -1
+    return max((i for i, starts in _beginnings(msgs, budget) if starts and msgs[i].text), default=-1)
 
 
 def replies(msgs: Sequence[Message], at: int) -> int:
