@@ -65,7 +65,21 @@ POSTGRES_URL = _on_prefix(os.environ.get(
 MYSQL_URL = _on_prefix(os.environ.get(
     "AGENT_SESSIONS_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/agent_sessions_test?charset=utf8mb4"
 ))
-MONGO_URL = os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
+
+
+def _mongo_url() -> str:
+    """The MongoDB-protocol server of this process: where scripts/servers started one per pytest-xdist
+    worker (AGENT_SESSIONS_MONGO_URLS), worker gwN's is the Nth, so that workers neither queue on one
+    single-core mongoeco nor meet its transactions' server-wide conflicts; a spawned child inherits the
+    worker's variable and so reaches the same server."""
+    urls = os.environ.get("AGENT_SESSIONS_MONGO_URLS", "").split()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if urls and re.fullmatch(r"gw[0-9]+", worker):
+        return urls[int(worker[2:]) % len(urls)]
+    return os.environ.get("AGENT_SESSIONS_MONGO_URL", "mongodb://127.0.0.1:27017/?directConnection=true")
+
+
+MONGO_URL = _mongo_url()
 MONGO_DATABASE = PREFIX
 """The Mongo database of the conformance tests (the others are ``database_name(suffix)`` too)."""
 REDIS_URL = os.environ.get("AGENT_SESSIONS_REDIS_URL", "redis://127.0.0.1:6379/0")

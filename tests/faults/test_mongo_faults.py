@@ -13,6 +13,7 @@ write, when it arrives, is fenced. There is no ``terminate``.
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import threading
@@ -113,9 +114,11 @@ def model() -> Iterator[ModelServer]:
 
 def _in_a_transaction(client: pymongo.MongoClient[Any], write: Callable[[Any], object]) -> None:
     """``write`` in a transaction, committed. mongoeco refuses a commit after any write to the server since
-    the transaction began, in any database: the suite's other workers write all the time, so a refused
-    commit (nothing written) is tried again, a bounded number of times."""
-    for _ in range(50):
+    the transaction began, in any database: where the suite's workers share one server (a developer's own,
+    named by AGENT_SESSIONS_MONGO_URL; scripts/test gives each worker its own) the others write all the
+    time, so a refused commit (nothing written) is tried again after a random pause, a bounded number of
+    times."""
+    for attempt in range(50):
         try:
             with client.start_session() as session, session.start_transaction():
                 write(session)
@@ -123,6 +126,7 @@ def _in_a_transaction(client: pymongo.MongoClient[Any], write: Callable[[Any], o
         except pymongo.errors.OperationFailure as exc:
             if "Write conflict" not in str(exc):
                 raise
+        time.sleep(random.uniform(0, 0.002 * attempt))
     raise AssertionError("50 transactions in a row met another worker's write")
 
 
