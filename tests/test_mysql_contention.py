@@ -146,11 +146,13 @@ STALLED: dict[str, tuple[Callable[[mysql.Store, str], None], int]] = {
 }
 """What the stalled writer does to its session, and the version whose write stalls at the row's UPDATE (the
 procedure's last statement before its COMMIT, after the child tables)."""
+_LOCK = f"{servers.PREFIX}_stall"
+"""The user lock the trigger waits on: a name is the whole server's, so it is the run's (and worker's) own."""
 _STALL = """CREATE TRIGGER agent_sessions_stall BEFORE UPDATE ON agent_sessions FOR EACH ROW
 BEGIN
   IF NEW.session_id = CAST('{sid}' AS BINARY) AND NEW.version = {version} THEN
-    DO GET_LOCK('agent_sessions_stall', 30);
-    DO RELEASE_LOCK('agent_sessions_stall');
+    DO GET_LOCK('{lock}', 30);
+    DO RELEASE_LOCK('{lock}');
   END IF;
 END"""
 
@@ -193,8 +195,8 @@ def test_a_writer_stalled_in_its_transaction_holds_up_no_other_session(url: str,
     with admin.connect() as holder:
         try:
             holder.exec_driver_sql("DROP TRIGGER IF EXISTS agent_sessions_stall")
-            holder.exec_driver_sql(_STALL.format(sid=sid, version=version))
-            assert holder.exec_driver_sql("SELECT GET_LOCK('agent_sessions_stall', 0)").scalar() == 1
+            holder.exec_driver_sql(_STALL.format(sid=sid, version=version, lock=_LOCK))
+            assert holder.exec_driver_sql(f"SELECT GET_LOCK('{_LOCK}', 0)").scalar() == 1
             worker.start()
             deadline = time.monotonic() + 10
             while not _waiting_in_trigger(holder):
@@ -205,7 +207,7 @@ def test_a_writer_stalled_in_its_transaction_holds_up_no_other_session(url: str,
                 # the end: a wait would fail here, so no clock is read (a loaded machine's second is no proof).
                 OTHERS[other](others, beside)
         finally:
-            holder.exec_driver_sql("DO RELEASE_LOCK('agent_sessions_stall')")
+            holder.exec_driver_sql(f"DO RELEASE_LOCK('{_LOCK}')")
             worker.join(30)
             holder.exec_driver_sql("DROP TRIGGER IF EXISTS agent_sessions_stall")
             for store in (stalling, others):
