@@ -398,7 +398,8 @@ class BackedStore:
                 assert row is not None
                 self._remember(lease, row, start, (*items, *taking))
                 self._left(lease, row)
-                return Saved([m.text for m in taking], row.cancelled, [m.key for m in taking])
+                return Saved([m.text for m in taking], row.cancelled, [m.key for m in taking],
+                             bool(taking) and not taking[0].steer)
             _owned(session, holder, row)
             assert row is not None
             if plan.incarnation is not None and row.incarnation != plan.incarnation:
@@ -410,7 +411,11 @@ class BackedStore:
             if take_steers and row.steers and not steer_ids:
                 snap = self.backend.read(session, Want(steers=True))
                 waiting = [] if snap is None else snap.steers
-                taking = [Message.user(s.text, key=s.key or "", steer=True) for s in waiting]
+                # With no turn in progress (the last one ended: answered or at its budget, its open mark
+                # cleared; or cancelled, its cancel handed on), the first steer begins one: that turn's
+                # message, stored as no steer (a steer joins a turn).
+                joins = (row.open_since is not None and not row.handed) or turn_open(plan.new)
+                taking = [Message.user(s.text, key=s.key or "", steer=joins or i > 0) for i, s in enumerate(waiting)]
                 steer_ids = tuple(s.id for s in waiting)
                 opened = None
                 continue

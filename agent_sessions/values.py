@@ -47,6 +47,9 @@ class Saved:
     keys: list[str] | None = field(default=None, compare=False)
     """The keys the steers were left with ("" for none), in order, where the store keeps them in the
     transcript (``Message.user(text, key=key)``); ``None``: the store appends them without."""
+    began: bool = field(default=False, compare=False)
+    """The first steer began a turn (none was in progress: the last had ended), so it is stored as that turn's
+    message, with no ``steer`` mark; the others join it."""
 
 
 # -- the lifecycle ---------------------------------------------------------------------------------------------

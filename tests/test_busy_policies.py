@@ -839,6 +839,57 @@ def test_where_turns_begin_in_a_long_turn_of_steers_is_read_in_one_pass() -> Non
     assert turns.turn_start(msgs, 2) == last and turns.begins(msgs, last, 2) and not turns.begins(msgs, last - 3, 2)
 
 
+class RefundsOrderEight:
+    """Asks for a refund of order 8 when the last user message asks for it, else answers."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
+        self.requests += 1
+        if messages[-1].text == "and refund order 8":
+            return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r-8", "refund", '{"order": 8}')])
+        return agent.Message.assistant("refunded order 8")
+
+
+@pytest.mark.parametrize("then", ["repeat", "sweep"])
+def test_a_steer_its_caller_ran_after_a_cancelled_turn_begins_a_turn_of_its_own(then: str) -> None:
+    """A plain run is cancelled in its second tool (two requests made of its ``max_steps`` of 3; tool results
+    last, its cancel handed on with the lease). A ``"steer"`` caller runs the session itself: its run takes the
+    steer, which begins a turn (stored as that turn's message, no steer: the cancelled turn had ended), asks
+    the model, and waits for the refund's approval. Approved, its repeat (or the sweep) answers within the
+    steer's own budget. Counted in the cancelled turn, it had one request left: the refund ran and the turn
+    stopped at ``max_steps``, unanswered."""
+    store = memory.Store()
+    session = agent.open("chat", store)
+    looked: list[int] = []
+
+    @agent.tool(name="lookup")
+    def cancelled_meanwhile(n: int) -> str:
+        """Look an order up (the user cancels during the second)."""
+        looked.append(n)
+        if len(looked) == 2:
+            assert session.cancel()
+        return "found"
+
+    spec = agent.Spec(session=session, tools=[cancelled_meanwhile, refund], max_steps=3)
+    plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
+    assert plain.stop_reason == "cancelled"
+    model = RefundsOrderEight()
+    first = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    assert first.stop_reason == "awaiting_approval" and model.requests == 1
+    steer = store.messages("chat")[5]
+    assert (steer.text, steer.key, steer.steer) == ("and refund order 8", "k-8", False)
+    session.approve("r-8")
+    if then == "repeat":
+        result = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    else:
+        done = agent.recover(store, lambda info: (spec, model), grace=0, session="chat")
+        assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
+        result = done[0].result
+    assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
+
+
 @pytest.mark.parametrize("then", ["repeat", "sweep"])
 def test_a_steer_its_caller_ran_after_a_turn_stopped_at_max_steps_begins_a_turn_of_its_own(then: str) -> None:
     """A plain run stopped at its ``max_steps`` (tool results last). Nobody holds the session: a ``"steer"``

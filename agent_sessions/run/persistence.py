@@ -430,7 +430,8 @@ class Leased:
         saved = self.writes.save(transcript, take_steers=True, closes=self.calls.closing)
         self.calls.closing = False  # the cancelled turn is closed in the store (its cancel spent): the new turn goes on
         keys = saved.keys if saved.keys is not None else [""] * len(saved.steers)
-        transcript.extend(Message.user(t, key=k, steer=True) for t, k in zip(saved.steers, keys, strict=True))
+        transcript.extend(Message.user(t, key=k, steer=not (saved.began and i == 0))
+                          for i, (t, k) in enumerate(zip(saved.steers, keys, strict=True)))
         self.calls.saved()
         # Where nothing pushes cancels, this save is the check before the reply's first call (a cancel that
         # comes while the model answers stops the run at its next write, or before the reply's next call).
