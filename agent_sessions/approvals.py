@@ -65,9 +65,13 @@ def pending(store: ApprovalStore, session: str) -> list[PendingApproval]:
     for call in journal.reply.tool_calls:
         approval = journal.approvals.get(call.id)
         if approval is not None and approval.decision is None and not expired(approval, now):
-            out.append(PendingApproval(call.id, call.name, call.arguments, when(approval.asked),
-                                       None if approval.deadline is None else when(approval.deadline)))
+            out.append(waiting(call, approval))
     return out
+
+
+def waiting(call: Content, approval: Approval) -> PendingApproval:
+    return PendingApproval(call.id, call.name, call.arguments, when(approval.asked),
+                           None if approval.deadline is None else when(approval.deadline))
 
 
 def decide(store: ApprovalStore, session: str, call_id: str, approved: bool, reason: str) -> Decision:
@@ -118,7 +122,7 @@ def cancel(store: RunStore, session: str) -> bool:
 
     ``True`` when a run held the session or a turn waited: no call of that turn starts afterwards."""
     running = store.cancel(session)
-    if not isinstance(store, ApprovalStore) or _decide_rest(store, session) is None:
+    if _decide_rest(store, session) is None:
         return running
     if running:
         return True  # the holder finds the mark and the decisions; so does whoever resumes after it
@@ -234,8 +238,4 @@ def _journal(store: RunStore, session: str) -> Journal | None:
 
 def _parse(text: str, session: str) -> Journal:
     return Journal.from_json(text, f"session {session!r}")
-
-
-def deadline_of(seconds: float | None, asked: float) -> float | None:
-    return None if seconds is None else asked + seconds
 

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 from . import eventlog, lifecycle, validate
 from .backend import (
@@ -55,6 +56,7 @@ from .messages import Message, origin, read_from, turn_open
 from .values import Holder, Saved, Scalar, SessionInfo, SessionPage, StoredEvent, when
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 ATTEMPTS = 20
 """Writes an operation makes at most: each refusal means another process changed the session meanwhile."""
@@ -279,11 +281,7 @@ class BackedStore:
 
     def _left(self, lease: tuple[str, str, int], row: Row) -> None:
         """What a write under ``lease`` left of the journal (``journal_as_taken``)."""
-        with self._lock:
-            self._journals[lease] = row.journal
-            self._journals.move_to_end(lease)
-            while len(self._journals) > REMEMBER:
-                self._journals.popitem(last=False)
+        self._remember(self._journals, lease, row.journal)
 
     def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
         validate.session_id(session)
@@ -353,7 +351,8 @@ class BackedStore:
         validate.session_id(session)
         start = validate.save_start(start, replace, take_steers)
         lease = (session, holder.token, holder.epoch)
-        wrote = self._remembered(lease)
+        with self._lock:
+            wrote = self._wrote.get(lease)
         trusted = wrote.msgs if wrote is not None and wrote.start == start else ()
         items = validate.messages(msgs, trusted=trusted)
         records = tuple(eventlog.check_append(events, keep)) if events else ()
@@ -396,7 +395,7 @@ class BackedStore:
             row = written.row
             if written.done:
                 assert row is not None
-                self._remember(lease, row, start, (*items, *taking))
+                self._remember(self._wrote, lease, _Wrote(row.edits, row.length, start, (*items, *taking)))
                 self._left(lease, row)
                 return Saved([m.text for m in taking], row.cancelled, [m.key for m in taking])
             _owned(session, holder, row)
@@ -504,16 +503,12 @@ class BackedStore:
             return None
         return read.pop() if len(read) == 1 else ""
 
-    def _remembered(self, lease: tuple[str, str, int]) -> _Wrote | None:
+    def _remember(self, table: OrderedDict[tuple[str, str, int], _T], lease: tuple[str, str, int], value: _T) -> None:
         with self._lock:
-            return self._wrote.get(lease)
-
-    def _remember(self, lease: tuple[str, str, int], row: Row, start: int, msgs: tuple[Message, ...]) -> None:
-        with self._lock:
-            self._wrote[lease] = _Wrote(row.edits, row.length, start, msgs)
-            self._wrote.move_to_end(lease)
-            while len(self._wrote) > REMEMBER:
-                self._wrote.popitem(last=False)
+            table[lease] = value
+            table.move_to_end(lease)
+            while len(table) > REMEMBER:
+                table.popitem(last=False)
 
     # -- the queue -------------------------------------------------------------------------------------------
 

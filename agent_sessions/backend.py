@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -349,9 +349,6 @@ class Idle:
     limit: int
 
 
-Query = Recent | Open | Idle
-
-
 @runtime_checkable
 class Backend(Protocol):
     """What a store keeps and how it answers. Every method is thread-safe and, for a store many processes
@@ -448,16 +445,11 @@ def meta_index(value: object) -> str:
     return json.dumps(value)
 
 
-def metadata_items(text: str) -> Mapping[str, object]:
-    """The metadata of a row's ``metadata`` text."""
-    data = json.loads(text)
-    assert isinstance(data, dict)
-    return data
-
-
 def indexed(text: str) -> Sequence[tuple[str, str]]:
     """The (key, ``meta_index``) pairs of a row's metadata: what a backend indexes for ``Recent.where``."""
-    return [(k, meta_index(v)) for k, v in metadata_items(text).items()]
+    data = json.loads(text)
+    assert isinstance(data, dict)
+    return [(k, meta_index(v)) for k, v in data.items()]
 
 
 def guard_json(guard: Guard) -> dict[str, Any]:

@@ -95,11 +95,8 @@ class Window:
     def __repr__(self) -> str:
         return f"Window(max_tokens={self.max_tokens}, scale={self.scale:.3f}, limit={self.limit})"
 
-    def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool]) -> Selection:
-        return self.choose(system, transcript, tools)
-
-    def choose(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool], reserve: int = 0) -> Selection:
-        """``select``, with ``reserve`` tokens of the budget kept for something sent besides (a summary)."""
+    def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool], reserve: int = 0) -> Selection:
+        """``reserve``: tokens of the budget kept for something sent besides (``Compaction``'s summary)."""
         fixed = (self.estimate(system) if system else 0) + (self.estimate(_tools_json(tools)) if tools else 0)
         fixed += reserve
         budget = self.limit / self.scale - fixed
@@ -213,7 +210,7 @@ class Compaction:
         record = view[0]
         rest = view[1:]
         reserve = self.window.estimate(record.to_json())
-        chosen = self.window.choose(system, rest, tools, reserve)  # the summary is always sent
+        chosen = self.window.select(system, rest, tools, reserve)  # the summary is always sent
         return Selection([record, *chosen.messages], start_of(transcript) + where[0], chosen.tokens)
 
     def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:

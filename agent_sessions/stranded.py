@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -23,7 +23,7 @@ from .endpoints import Endpoint
 from .errors import ArgumentError, AwaitingApproval, SessionBusy, TranscriptConflict
 from .journal import Journal
 from .lease import Lease
-from .messages import Message, turn_open
+from .messages import turn_open
 from .result import Result
 from .run import busy, turns
 from .run.runner import Runner
@@ -160,7 +160,10 @@ def _left(store: RunStore, session: str, spec: Spec, lease: Lease) -> Left | Out
     text = store.journal(session)
     journal = None if text is None else Journal.from_json(text, f"session {session!r}")
     waits = journal is not None and any(a.decision is None for a in journal.approvals.values())
-    queued = [] if waits else _queued(store, session, lease, msgs)
+    # The keys queued that the transcript does not hold (one it holds came in another way as well: dropped
+    # at the queue's head, as a holder answering the queue drops it, and behind it when the queue gets there).
+    queued = [] if waits else [key for key in busy.queued_keys(store, session, lease.holder, msgs)
+                               if turns.keyed(msgs, key) is None]
     if lease.holder.cancelled and queued:
         # The cancel stopped the turn in progress, not the messages queued behind it: answered as below,
         # each a new turn. The first is handed this lease, which came with the cancel: a reply the cancelled
@@ -213,19 +216,6 @@ def _left(store: RunStore, session: str, spec: Spec, lease: Lease) -> Left | Out
 def _answering(spec: Spec, last: str) -> Left:
     """The run that answers the session's queue from its head up to ``last`` (``busy.answer_queued``)."""
     return lambda endpoint, held: busy.answer_queued(Runner()._turn_run, spec, last, endpoint, held)
-
-
-def _queued(store: RunStore, session: str, lease: Lease, msgs: Sequence[Message]) -> list[str]:
-    """Under the lease: the keys queued for the session (``Runner.turn(if_busy="queue")``) that the transcript
-    does not hold. A key it holds came in another way as well (a turn begun before the queue, under another
-    policy): one at the queue's head is dropped here, as a holder answering the queue drops it, and one
-    behind it when the queue gets there."""
-    queued = store.queued(session)
-    while queued and turns.keyed(msgs, queued[0]) is not None:
-        store.take_queued(session, lease.holder, append=False)
-        log.info("session %r: dropped queued turn %r, which the transcript holds already", session, queued[0])
-        queued = store.queued(session)
-    return [key for key in queued if turns.keyed(msgs, key) is None]
 
 
 def _left_open(store: RunStore, session: str, spec: Spec, result: Result) -> None:

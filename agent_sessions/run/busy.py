@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal, Protocol, get_args
 
-from ..contract import LifecycleStore, QueueStore, RunSession, SteerKeyStore
+from ..contract import QueueStore, RunSession
 from ..endpoints import Endpoint
 from ..errors import ArgumentError, AwaitingApproval, SessionBusy, StillQueued, TranscriptDeleted
 from ..events import Event, Events, ModelRequest
@@ -53,6 +53,7 @@ from ..lease import Lease
 from ..messages import Message, Role, unanswered
 from ..result import Result
 from ..spec import Spec
+from ..values import Holder
 from . import turns
 
 Busy = Literal["queue", "steer", "reject", "interrupt"]
@@ -79,58 +80,51 @@ def turn(run: HandedRun, spec: Spec, text: str, key: str, endpoint: Endpoint, ev
     if if_busy not in POLICIES:
         raise ArgumentError(f"Runner.turn(if_busy=) must be one of {', '.join(map(repr, POLICIES))}, got {if_busy!r}")
     store = session.store
-    queue = store if isinstance(store, QueueStore) else None
-    if if_busy == "queue" and queue is not None:
-        return _queued(run, spec, session, queue, text, key, endpoint, events)
+    if if_busy == "queue":
+        return _queued(run, spec, session, text, key, endpoint, events)
     if turns.keyed(session.messages(), key) is not None:
         # A repeat (a task delivered again): what a turn always did, whatever the policy.
         return turns.turn(run, spec, text, key, endpoint, events)
     if if_busy == "reject":
-        if queue is not None and queue.queued(session.id):
+        if store.queued(session.id):
             raise SessionBusy(f"session {session.id!r} has messages queued, and Runner.turn(if_busy='reject') "
                               f"does not wait: nothing was written", store.holder(session.id))  # type: ignore[arg-type]
         return turns.turn(run, replace(spec, lease_wait=0.0), text, key, endpoint, events)
-    if if_busy == "interrupt":
-        if queue is not None and _delivered_again(session, queue, key):
-            # Its message waits in the queue or was taken from it since: the cancel was sent with the first
-            # delivery. Sent again it would stop the turn now answering the queue: another caller's, or this
-            # very message's.
-            return _queued(run, spec, session, queue, text, key, endpoint, events)
-        held = store.holder(session.id)
-        # Once per key: a delivery that died between this cancel and the enqueue below, delivered again,
-        # must not stop whichever run holds the session by then (another caller's turn).
-        if store.cancel(session.id, once=key):
-            log.info("session %r is held by %s; turn %r cancelled that run, and waits up to %g s for the lease "
-                     "(lease_wait)", session.id, "a run" if held is None else held.describe(), key,
-                     spec.lease_wait)
-        if queue is not None:
-            # Stored after the cancel, as "queue" stores it: a wait that runs out (the cancelled run has not
-            # stopped yet; lease_wait 0) leaves the message to the session's next holder or the sweep, not
-            # dropped. The cancel comes first, so it cannot stop a run that has taken this very message.
-            return _queued(run, spec, session, queue, text, key, endpoint, events)
-        return turns.turn(run, spec, text, key, endpoint, events)
-    if if_busy == "steer" and isinstance(store, SteerKeyStore):
-        return _steered(run, spec, session, store, text, key, endpoint, events)
-    # A store without the capability the policy needs: the turn waits for the lease, as it always did.
-    return turns.turn(run, spec, text, key, endpoint, events)
+    if if_busy == "steer":
+        return _steered(run, spec, session, text, key, endpoint, events)
+    if _delivered_again(session, key):
+        # Its message waits in the queue or was taken from it since: the cancel was sent with the first
+        # delivery. Sent again it would stop the turn now answering the queue: another caller's, or this
+        # very message's.
+        return _queued(run, spec, session, text, key, endpoint, events)
+    held = store.holder(session.id)
+    # Once per key: a delivery that died between this cancel and the enqueue below, delivered again,
+    # must not stop whichever run holds the session by then (another caller's turn).
+    if store.cancel(session.id, once=key):
+        log.info("session %r is held by %s; turn %r cancelled that run, and waits up to %g s for the lease "
+                 "(lease_wait)", session.id, "a run" if held is None else held.describe(), key, spec.lease_wait)
+    # Stored after the cancel, as "queue" stores it: a wait that runs out (the cancelled run has not stopped
+    # yet; lease_wait 0) leaves the message to the session's next holder or the sweep, not dropped. The
+    # cancel comes first, so it cannot stop a run that has taken this very message.
+    return _queued(run, spec, session, text, key, endpoint, events)
 
 
-def _delivered_again(session: RunSession, queue: QueueStore, key: str) -> bool:
+def _delivered_again(session: RunSession, key: str) -> bool:
     """Is ``key``'s message queued, or in the transcript? Read in that order: ``take_queued`` moves a message
     from the queue into the transcript in one step, so one taken between the two reads is found by the
     second (the caller's earlier look at the transcript came before the queue's)."""
-    return key in queue.queued(session.id) or turns.keyed(session.messages(), key) is not None
+    return key in session.store.queued(session.id) or turns.keyed(session.messages(), key) is not None
 
 
-def _queued(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, text: str, key: str,
-            endpoint: Endpoint, events: Events | None) -> Result:
+def _queued(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str, endpoint: Endpoint,
+            events: Events | None) -> Result:
     # Stored first, read after: a delete of the session between the two takes the queued message with it,
     # and the turn then finds it nowhere (``TranscriptDeleted``) rather than answer an erased conversation.
-    position = queue.enqueue(session.id, key, text)
+    position = session.store.enqueue(session.id, key, text)
     if turns.keyed(session.messages(), key) is not None:
         # A repeat (a task delivered again): what a turn always did. The transcript holds its message, so the
         # copy just queued (a key goes with its message into the transcript) waits for nothing.
-        queue.withdraw(session.id, key)
+        session.store.withdraw(session.id, key)
         return turns.turn(run, spec, text, key, endpoint, events)
     # Contention is said where there is some: messages queued ahead of this one here, a run holding the
     # lease by the lease's own wait (``lease.Lease``). An uncontended turn passes through the queue quietly.
@@ -139,7 +133,7 @@ def _queued(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, 
                  "session (lease_wait)", session.id, key, position, position - 1, spec.lease_wait)
     else:
         log.debug("session %r: turn %r queued at position %d", session.id, key, position)
-    return _wait_and_answer(run, spec, session, queue, key, endpoint, events)
+    return _wait_and_answer(run, spec, session, key, endpoint, events)
 
 
 def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint, lease: Lease | None = None) -> Result:
@@ -148,15 +142,12 @@ def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint, leas
     is ``TranscriptDeleted``, not a new message. ``lease``: the session's, taken already (``recover`` looked
     under it), which the first turn is handed."""
     session = turns.run_session(spec, key)
-    store = session.store
-    if not isinstance(store, QueueStore):
-        raise ArgumentError(f"answer_queued needs a QueueStore, got {type(store).__name__}")
     if lease is None:
         stored = session.messages()
         at = turns.keyed(stored, key)
         if at is not None:  # taken into the transcript meanwhile: its answer, or what is left of its turn
             return turns.turn(run, spec, stored[at].text, key, endpoint, None)
-    return _wait_and_answer(run, spec, session, store, key, endpoint, None, lease)
+    return _wait_and_answer(run, spec, session, key, endpoint, None, lease)
 
 
 def go_on(run: HandedRun, spec: Spec, stored: list[Message], at: int, endpoint: Endpoint, lease: Lease,
@@ -171,8 +162,8 @@ def go_on(run: HandedRun, spec: Spec, stored: list[Message], at: int, endpoint: 
     return run(budget, todo, endpoint, events, True, lease)
 
 
-def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, key: str,
-                     endpoint: Endpoint, events: Events | None, handed: Lease | None = None) -> Result:
+def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
+                     events: Events | None, handed: Lease | None = None) -> Result:
     """Wait (``lease_wait``) for the lease (the first time, ``handed``: held already), and with it answer the
     queue from its head until ``key`` is."""
     started = time.monotonic()
@@ -183,14 +174,14 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: Que
         rounds += 1
         # Taken for this caller's turn: a cancel landing before any message is taken is of that turn (a queued
         # message taken under the lease makes the lease its turn's: ``take_queued``).
-        lease = handed if handed is not None else Lease(queue, session.id, spec.lease_ttl, wait, spec.name, key)
+        lease = handed or Lease(session.store, session.id, spec.lease_ttl, wait, spec.name, key)
         handed = None
         try:
             lease.__enter__()
         except SessionBusy as exc:
-            raise _still_queued(session, queue, key, spec, exc) from None
+            raise _still_queued(session, key, spec, exc) from None
         try:
-            result = _answer_head(run, spec, session, queue, lease, key, endpoint, events)
+            result = _answer_head(run, spec, session, lease, key, endpoint, events)
         except BaseException:
             if not lease.closed:  # the run never started: the lease is still ours to give back
                 lease.__exit__(*sys.exc_info())
@@ -205,23 +196,19 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: Que
             return result
 
 
-def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, lease: Lease, key: str,
-                 endpoint: Endpoint, events: Events | None) -> Result | None:
+def _answer_head(run: HandedRun, spec: Spec, session: RunSession, lease: Lease, key: str, endpoint: Endpoint,
+                 events: Events | None) -> Result | None:
     """Under the lease: this caller's own turn, once the transcript holds its message (its Result); else
     the turn of the queue's head, someone else's (``None``: the caller waits for the lease again)."""
     stored = session.messages()
     at = turns.keyed(stored, key)
     if at is not None:
         return go_on(run, spec, stored, at, endpoint, lease, events)
-    waiting = queue.queued(session.id)
-    while waiting and turns.keyed(stored, waiting[0]) is not None:
-        queue.take_queued(session.id, lease.holder, append=False)  # delivered another way already
-        log.info("session %r: dropped queued turn %r, which the transcript holds already", session.id, waiting[0])
-        waiting = queue.queued(session.id)
-    if stored and not _answered_last(stored) and _unfinished_first(run, spec, session, queue, lease, stored,
-                                                                   endpoint, waiting[0] if waiting else None):
+    waiting = queued_keys(session.store, session.id, lease.holder, stored)
+    if stored and not _answered_last(stored) and _unfinished_first(run, spec, session, lease, stored, endpoint,
+                                                                   waiting[0] if waiting else None):
         return None  # the lease is given back; the queue's head is taken under the next one
-    head = queue.take_queued(session.id, lease.holder)
+    head = session.store.take_queued(session.id, lease.holder)
     if head is None:
         # Neither in the transcript nor queued: the session was deleted (its queue with it) after enqueue.
         raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)
@@ -232,14 +219,26 @@ def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueSt
     return result if mine else None
 
 
+def queued_keys(store: QueueStore, session: str, holder: Holder, stored: Sequence[Message]) -> list[str]:
+    """Under the lease: the keys queued for the session. One at the head that ``stored`` holds already came
+    in another way as well (a turn begun before the queue, under another policy): it is dropped, unanswered
+    (the key went into the transcript with its message, so it waits for nothing)."""
+    keys = store.queued(session)
+    while keys and turns.keyed(stored, keys[0]) is not None:
+        store.take_queued(session, holder, append=False)
+        log.info("session %r: dropped queued turn %r, which the transcript holds already", session, keys[0])
+        keys = store.queued(session)
+    return keys
+
+
 def _answered_last(stored: list[Message]) -> bool:
     """Does the transcript end with an answer (a reply without tool calls)? Then no reply of its turn waits
     in the journal: a save that writes drops it, and the answer was saved."""
     return stored[-1].role is Role.ASSISTANT and not stored[-1].tool_calls
 
 
-def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, lease: Lease,
-                      stored: list[Message], endpoint: Endpoint, head: str | None) -> bool:
+def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, lease: Lease, stored: list[Message],
+                      endpoint: Endpoint, head: str | None) -> bool:
     """Under the lease, before the queue's head is taken: does the transcript's turn leave something that the
     transcript does not hold yet? Its reply waits in the journal (its holder died among the reply's tools: which
     calls started, the results waiting to ride the next save), or the transcript ends with tool calls without
@@ -254,7 +253,7 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: Qu
     The turn waits for decisions on its tool calls: taking the next message now would drop the waiting
     reply and its decisions, as a new turn would (``persistence.Leased.resume``). Raise ``AwaitingApproval``,
     taking nothing: the queued messages wait for the turn to go on."""
-    text = queue.journal(session.id)
+    text = session.store.journal(session.id)
     journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
     undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
     if undecided:
@@ -291,9 +290,9 @@ def open_turn(stored: Sequence[Message], budget: int | None = None) -> int | Non
     return at if at is not None and turns.answered(stored, at) is None else None
 
 
-def _still_queued(session: RunSession, queue: QueueStore, key: str, spec: Spec, busy: SessionBusy) -> StillQueued:
+def _still_queued(session: RunSession, key: str, spec: Spec, busy: SessionBusy) -> StillQueued:
     """``busy`` (who holds the session, until when, the lease_wait used), said of a message that is stored."""
-    keys = queue.queued(session.id)
+    keys = session.store.queued(session.id)
     position = keys.index(key) + 1 if key in keys else 0
     log.info("session %r: turn %r still queued (position %d) after waiting %g s (lease_wait)", session.id, key,
              position, spec.lease_wait)
@@ -303,12 +302,12 @@ def _still_queued(session: RunSession, queue: QueueStore, key: str, spec: Spec, 
         f"called again waits for it and returns that answer", busy.holder, key, position)
 
 
-def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStore, text: str, key: str,
-             endpoint: Endpoint, events: Events | None) -> Result:
+def _steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str, endpoint: Endpoint,
+             events: Events | None) -> Result:
     store = session.store
     # Stored as a steer even when nobody holds the session: its key is how a repeat finds it (a steer taken
     # into the transcript keeps its key), and with the lease free this caller runs it at once, below.
-    keys.add_steer_once(session.id, text, key)  # False: sent before (a repeat), stored once
+    store.add_steer_once(session.id, text, key)  # False: sent before (a repeat), stored once
     started = time.monotonic()
     deadline = started + spec.lease_wait
     log.info("session %r: turn %r left as a steer for its run; waiting up to %g s for its answer (lease_wait)",
@@ -322,8 +321,7 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
         if answer is not None:
             log.info("session %r: steered turn %r answered after waiting %.1f s", session.id, key,
                      time.monotonic() - started)
-            return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
-                          unapplied_steers=[], usage={})
+            return turns.ended(stored, "answered", answer.text)
         if store.holder(session.id) is None:
             result = _run_steered(run, spec, session, key, endpoint, events)
             if isinstance(result, Result):
@@ -382,7 +380,7 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
                 return planned if planned.stop_reason != "superseded" else False
             budget, todo = planned
             return run(budget, todo, endpoint, events, True, lease)
-        if isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
+        if not store.pending_steers(session.id):
             raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
         heard = _Steering(events)
         try:

@@ -13,14 +13,14 @@ import time
 from collections.abc import Sequence
 
 from .. import approvals
-from ..contract import ApprovalStore, PendingApproval
+from ..contract import PendingApproval
 from ..errors import StoreError
 from ..events import Sink
 from ..journal import UNKNOWN_OUTCOME, Approval, Journal, fingerprint
 from ..messages import Content, Message
 from ..spec import Spec
 from ..tools import Tool
-from ..values import Decision, when
+from ..values import Decision
 from .writes import Writes
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class Calls:
             for call in new:
                 tool = spec.tool(call.name)
                 seconds = None if tool is None else spec.deadline_seconds(tool)
-                journal.approvals[call.id] = Approval(now, approvals.deadline_of(seconds, now))
+                journal.approvals[call.id] = Approval(now, None if seconds is None else now + seconds)
             if not self._store_approvals():
                 return None  # decided meanwhile: look again
             if self.fresh:
@@ -166,7 +166,7 @@ class Calls:
                 # A cancel reached this run (session.cancel() found it holding the lease, so did not close the
                 # turn itself): close it here, deciding the undecided calls "cancel" as close_waiting does, by
                 # compare-and-swap, so a concurrent person's decision is kept or refused.
-                approvals._decide_rest(self._deciding(), self.session)
+                approvals._decide_rest(self.writes.store, self.session)
                 self._reload()
                 return [], True
             return waiting, False
@@ -175,11 +175,6 @@ class Calls:
             assert decision is not None
             emit.approval_decided(step, call, decision.approved, decision.reason, decision.by)
         return NO_APPROVALS
-
-    def _deciding(self) -> ApprovalStore:
-        store = self.writes.store
-        assert isinstance(store, ApprovalStore)
-        return store
 
     def _store_approvals(self) -> bool:
         """Write the journal naming the calls that wait. ``False`` when a resumed journal changed under it
@@ -190,7 +185,7 @@ class Calls:
             self.fresh = self.writes.put_journal(text, unless_cancelled=True)
             self.text = None if self.fresh else text
             return True
-        if self._deciding().swap_journal(self.session, self.text, text):
+        if self.writes.store.swap_journal(self.session, self.text, text):
             self.text = text
             return True
         self._reload()
@@ -206,7 +201,7 @@ class Calls:
                 if approvals.expired(approval, now):
                     approval.decision = Decision(False, "the approval deadline passed", now, "deadline")
             text = self.journal.to_json()
-            if self.text is not None and self._deciding().swap_journal(self.session, self.text, text):
+            if self.text is not None and self.writes.store.swap_journal(self.session, self.text, text):
                 self.text = text
                 return
             self._reload()
@@ -231,12 +226,7 @@ class Calls:
         if not calls:
             return []
         assert self.journal is not None
-        out = []
-        for call in calls:
-            approval = self.journal.approvals[call.id]
-            out.append(PendingApproval(call.id, call.name, call.arguments, when(approval.asked),
-                                       None if approval.deadline is None else when(approval.deadline)))
-        return out
+        return [approvals.waiting(call, self.journal.approvals[call.id]) for call in calls]
 
 
 def closing(journal: Journal, call: Content) -> Content:

@@ -13,19 +13,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Literal, Protocol
+from typing import Literal
 
 from .. import approvals
-from ..contract import (
-    ApprovalStore,
-    EventStore,
-    LifecycleStore,
-    PendingApproval,
-    RunSession,
-    Session,
-    TailStore,
-    is_run_session,
-)
+from ..contract import PendingApproval, RunSession, Session, is_run_session
 from ..errors import (
     AgentError,
     ArgumentError,
@@ -40,34 +31,37 @@ from ..messages import Content, Message, Role, turn_open, unanswered
 from ..result import Result
 from ..spec import Spec
 from ..tools import Tool
-from .calls import Calls, closing
+from .calls import NO_APPROVALS, Calls, closing
 from .publisher import Publisher
 from .writes import Writes, holds
 
 log = logging.getLogger(__name__)
 
-_NOTHING: tuple[Sequence[str], bool] = ((), False)
-_NO_APPROVALS: tuple[list[Content], bool] = ([], False)
 
+class Keeping:
+    """How a run keeps its transcript; this base keeps nothing (``NOT_KEPT``)."""
 
-class Keeping(Protocol):
-    saves: bool
+    saves = False
     """Whether ``before_request`` and ``finish`` write anything (for the Saved events)."""
-    stopped: bool
+    stopped = False
     """Set by ``resume``: the turn this run goes on with was cancelled before it, so it starts nothing (not
     even the save before its first request, which would take the steers waiting for the next turn)."""
-
-    def __enter__(self) -> Keeping: ...
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> None: ...
 
     @property
     def epoch(self) -> int | None:
         """The epoch of the lease the run holds (for its log lines); ``None`` when it holds none."""
+        return None
+
+    def __enter__(self) -> Keeping:
+        return self
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        pass
 
     def publishing(self, emit: Sink) -> Sink:
         """The sink the loop reports to: ``emit``, or with ``Spec.publish_events`` a ``Publisher`` around it
         whose events go to the session's log."""
+        return emit
 
     def resume(self, transcript: list[Message]) -> None:
         """Before the loop starts: put back a reply whose tools a dead run was running."""
@@ -75,100 +69,52 @@ class Keeping(Protocol):
     def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
         """Take the steers waiting, append them to ``transcript`` and save it; return those steers and
         whether somebody asked the run to stop."""
+        return (), False
 
     def begin_tools(self, transcript: Sequence[Message]) -> None:
         """The last message of ``transcript`` is a reply whose tool calls are about to run."""
 
     def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        """Before any call of the reply runs: the calls still waiting for a person's decision (asking for
-        those not asked yet, and counting those past their deadline as denied), and whether the run was
-        asked to stop meanwhile."""
+        """Before any call of the reply runs: the calls still waiting for a person's decision, and whether
+        the run was asked to stop meanwhile (``Calls.approvals``)."""
+        return NO_APPROVALS
 
     def approval(self, call: Content) -> Approval | None:
         """The approval ``call`` needed, with its decision; ``None`` when it needed none."""
-
-    def pending(self, calls: Sequence[Content]) -> list[PendingApproval]: ...
-
-    def replay(self, call: Content, tool: Tool | None) -> Content | None:
-        """The result a resumed call gets without running, or ``None`` to run it."""
-
-    def may_run(self, call: Content, tool: Tool | None) -> bool:
-        """Immediately before a tool runs: ``False`` when the run was asked to stop."""
-
-    def ran(self, call: Content, tool: Tool | None, result: Content) -> None: ...
-
-    def store_steers(self, steers: Sequence[str]) -> list[str]:
-        """Store ``steers`` (given to this run, in no stored transcript) as the session's waiting steers, so
-        the next run takes them; return those it could not store."""
-        ...
-
-    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
-        """After a save that went unanswered: is ``transcript`` what the session holds? ``None``: unknown
-        (no session, or the read failed)."""
-        ...
-
-    def finish(self, transcript: list[Message], result: Result) -> None:
-        """The run returns ``result``: save what the last request's reply (and anything since) added."""
-
-
-class _NotKept:
-    saves = False
-    stopped = False
-
-    @property
-    def epoch(self) -> int | None:
-        return None
-
-    def store_steers(self, steers: Sequence[str]) -> list[str]:
-        return list(steers)  # no session to keep them in
-
-    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
-        return None
-
-    def __enter__(self) -> _NotKept:
-        return self
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        pass
-
-    def publishing(self, emit: Sink) -> Sink:
-        return emit
-
-    def resume(self, transcript: list[Message]) -> None:
-        pass
-
-    def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
-        return _NOTHING
-
-    def begin_tools(self, transcript: Sequence[Message]) -> None:
-        pass
-
-    def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        return _NO_APPROVALS
-
-    def approval(self, call: Content) -> Approval | None:
         return None
 
     def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
         return []
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
+        """The result a resumed call gets without running, or ``None`` to run it."""
         return None
 
     def may_run(self, call: Content, tool: Tool | None) -> bool:
+        """Immediately before a tool runs: ``False`` when the run was asked to stop."""
         return True
 
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
         pass
 
+    def store_steers(self, steers: Sequence[str]) -> list[str]:
+        """Store ``steers`` (given to this run, in no stored transcript) as the session's waiting steers, so
+        the next run takes them; return those it could not store."""
+        return list(steers)  # no session to keep them in
+
+    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
+        """After a save that went unanswered: is ``transcript`` what the session holds? ``None``: unknown
+        (no session, or the read failed)."""
+        return None
+
     def finish(self, transcript: list[Message], result: Result) -> None:
-        pass
+        """The run returns ``result``: save what the last request's reply (and anything since) added."""
 
 
-NOT_KEPT = _NotKept()
+NOT_KEPT = Keeping()
 
 
-class Kept(_NotKept):
+class Kept(Keeping):
     """A plain Session: saves == requests + 1. Nothing fences it: two runs of one session both write."""
 
     saves = True
@@ -192,7 +138,7 @@ class Kept(_NotKept):
         return _stored_as(self.session.messages, transcript)
 
 
-class Leased:
+class Leased(Keeping):
     """A session over a RunStore. Per step: one fenced save before the request (which takes the steers and
     reports a cancel); before each tool call a cancel check, which for a non-idempotent tool is the journal
     write recording that it started (``Calls``), and for an idempotent one what the store pushed, or a read
@@ -224,7 +170,6 @@ class Leased:
                              spec.events_kept)
         self.calls = Calls(self.writes)
         self.publish = spec.publish_events
-        self.stopped = False
         self.checked = False
         """The save before this step's request read the cancel flag and found none (``Calls.begin``)."""
 
@@ -415,7 +360,7 @@ class Leased:
 
     def _steers_wait(self) -> bool:
         """Are steers waiting (new input for the session)? Asked only of a run handed a cancel."""
-        return isinstance(self.store, LifecycleStore) and bool(self.store.pending_steers(self.session))
+        return bool(self.store.pending_steers(self.session))
 
     def _put_back(self, journal: Journal, transcript: list[Message],
                   result: Callable[[Journal, Content], Content]) -> None:
@@ -495,10 +440,8 @@ class Leased:
         while nothing came since (a steer, a queued message, a decision, which are new input: the mark stays
         for the sweep). A cancelled turn is kept from the sweep by its cancel, handed on. One round trip,
         only for a run that ends without an answer."""
-        if result.stop_reason not in ("max_steps", "awaiting_approval") or not isinstance(self.store,
-                                                                                          LifecycleStore):
-            return
-        if not turn_open(transcript) and result.stop_reason == "max_steps":
+        if result.stop_reason not in ("max_steps", "awaiting_approval") or (
+                result.stop_reason == "max_steps" and not turn_open(transcript)):
             return
         journal = self.calls.text if result.stop_reason == "awaiting_approval" else None
         self.store.mark_finished(self.session, self.lease.holder, journal)
@@ -527,7 +470,8 @@ def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Leas
     taken already, by a turn that waited for the session (``busy``); the run holds it from here and
     releases it. ``turn``: the key of the turn the run runs, if it runs one (``turns.running``)."""
     session = spec.session
-    if start and session is not None and not (is_run_session(session) and isinstance(session.store, TailStore)):
+    leased = session is not None and is_run_session(session)  # every capability below is a RunStore's
+    if start and session is not None and not leased:
         raise ArgumentError(
             f"the run was given the stored transcript from message {start} on (a Tail), which only a session over "
             f"a store implementing agent_sessions.contract.TailStore can save: give it the whole transcript"
@@ -535,16 +479,12 @@ def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Leas
     if start and spec.replace_transcript:
         raise ArgumentError("Spec.replace_transcript replaces the whole stored transcript: give the run all of it, "
                             "not a Tail")
-    if spec.publish_events and not (
-        session is not None and is_run_session(session) and isinstance(session.store, EventStore)
-    ):
+    if spec.publish_events and not leased:
         raise ArgumentError(
             "Spec.publish_events writes the run's events to the session's store: give the spec a session over a "
             "store implementing agent_sessions.EventStore"
         )
-    if spec.asks_approval and not (
-        session is not None and is_run_session(session) and isinstance(session.store, ApprovalStore)
-    ):
+    if spec.asks_approval and not leased:
         raise ArgumentError(
             "a tool of this spec needs approval, and decisions are kept in the session's store: give the spec a "
             "session over a store implementing agent_sessions.ApprovalStore (all of the library's "

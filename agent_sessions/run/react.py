@@ -33,8 +33,6 @@ from .persistence import Keeping, keeping
 from .steerbox import SteerBox
 from .turns import running
 
-log = logging.getLogger(__name__)
-
 CANCELLED = "not run: the run was cancelled before this tool call"
 
 log = logging.getLogger(__name__)

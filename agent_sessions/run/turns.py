@@ -26,7 +26,7 @@ from ..errors import ArgumentError, TranscriptConflict, TranscriptDeleted
 from ..events import Compacted, Event, Events, Failed, SteerApplied, StepStarted
 from ..journal import Journal
 from ..messages import Message, Role
-from ..result import Result
+from ..result import Result, StopReason
 from ..spec import Spec
 
 Run = Callable[[Spec, list[Message], Endpoint, Events | None, bool], Result]
@@ -99,22 +99,19 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
     answer = answered(stored, at, spec.max_steps)
     if answer is not None:
         log.info("session %r: turn %r was answered already; returning its answer", session.id, key)
-        return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
-                      unapplied_steers=[], usage={})
+        return ended(stored, "answered", answer.text)
     later = _later_turn(stored, at)
     if later is not None and replies(stored[:later], at) >= spec.max_steps:
         # It stopped at its budget before the later turn came: that is how it ended.
         log.info("session %r: turn %r stopped at max_steps before a later turn came", session.id, key)
-        return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
-                      usage={})
+        return ended(stored, "max_steps")
     if later is not None:
         # Another turn's message followed this one's before it was answered (its worker died, and the
         # next message came): the model takes both up in that turn, whose budget and outcome are its
         # own. Going on here would run that turn's work under this turn's budget.
         log.info("session %r: turn %r was taken up by the later turn %r before it was answered", session.id,
                  key, stored[later].key)
-        return Result(messages=stored, text="", steps=0, stop_reason="superseded", unapplied_steers=[],
-                      usage={})
+        return ended(stored, "superseded")
     waiting = _reply_waiting(session, stored)
     # A keyed steer that joined a turn in progress is that turn's: its budget was spent from where that turn
     # began, not from the steer (counted from the steer, a repeat would go on with a turn that had ended).
@@ -122,12 +119,16 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
     made = replies(stored, at if begins(stored, at, budget) else turn_start(stored[:at + 1], budget)) + waiting
     if made >= spec.max_steps and not waiting:
         log.info("session %r: turn %r stopped at max_steps (%d requests) already", session.id, key, made)
-        return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
-                      usage={})
+        return ended(stored, "max_steps")
     log.info("session %r: turn %r is unfinished; continuing it", session.id, key)
     # What is left of the turn's budget: a turn makes max_steps requests in all, however often it is
     # delivered. A turn that was cancelled stops at once: its lease hands the cancel on.
     return replace(spec, max_steps=max(0, spec.max_steps - made)), stored  # 0: only finish the waiting reply
+
+
+def ended(stored: list[Message], reason: StopReason, text: str = "") -> Result:
+    """The Result of a turn that ended before this delivery: as it stands, no request made."""
+    return Result(messages=stored, text=text, steps=0, stop_reason=reason, unapplied_steers=[])
 
 
 class _Attempt:
