@@ -1,16 +1,13 @@
 """The session rules, once: every store of the library is a ``BackedStore`` over a ``Backend``.
 
-Each operation a store offers (``contract``: a run's fenced save, an acquire, a cancel, a queued message, a
-keyed steer, a decision, a delete) is said here as one guarded write of the backend, or a read and then a
-write whose guard holds exactly what the read decided on, so nothing another process does between the two
-can make the write wrong: it is refused, and the operation reads again (at most ``ATTEMPTS`` times). The
-backend (``agent_sessions.backend``) only keeps what it is given and evaluates the guard.
+Each operation a store offers (``contract``) is said here as one guarded write of the backend, or a read and
+then a write whose guard holds exactly what the read decided on: a write another process made wrong meanwhile
+is refused, and the operation reads again (at most ``ATTEMPTS`` times). The backend only keeps what it is
+given and evaluates the guard.
 
-A run's save carries only what is new. What the run last wrote under its lease is remembered here
-(``_Wrote``, per lease), and its first save starts from where the messages it was given were read
-(``messages.read_from``: the read's incarnation, edit count, length and each message's index), so the usual
-step is one write and a run's start two (the acquire, and its first save). Messages from anywhere else
-(made by the caller, or read from another database) are compared with the stored transcript first.
+A run's save carries only what is new, placed by what the run last wrote under its lease (``_Wrote``) or by
+where its messages were read (``messages.read_from``), so the usual step is one write. Messages from
+anywhere else (made by the caller, read from another database) are compared with the stored transcript first.
 """
 
 from __future__ import annotations
@@ -321,9 +318,8 @@ class BackedStore:
         return self._save(session, holder, msgs, take_steers, replace, start, events, keep, closes, logged=True)
 
     def give_back(self, session: str, holder: Holder, steers: Sequence[str]) -> list[str]:
-        """Leave ``steers`` (given to a run that fails, in no stored transcript) as the session's waiting
-        steers, in order, each fenced by ``holder``: none is left under a session deleted meanwhile (or
-        taken over). Returns those not left, from the first that could not be."""
+        """Leave ``steers`` (given to a run that fails) as the session's waiting steers, in order, each fenced by
+        ``holder``; return those not left, from the first that could not be."""
         validate.session_id(session)
         for i, text in enumerate(steers):
             if not self.backend.write(session, _lease(holder), Change(add_steer=(text, None))).done:
@@ -345,9 +341,8 @@ class BackedStore:
 
     def _save(self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool,
               start: int, events: Sequence[str], keep: int, closes: bool, logged: bool = False) -> Saved:
-        """A leased run's save (``RunStore.save_fenced``, ``TailStore``'s ``start``, ``EventStore``'s
-        ``save_fenced_events``): only what is new, where the stored transcript ends, in one write, fenced by
-        the lease and guarded by the transcript it extends."""
+        """A leased run's save: only what is new, where the stored transcript ends, in one write, fenced by the
+        lease and guarded by the transcript it extends."""
         validate.session_id(session)
         start = validate.save_start(start, replace, take_steers)
         lease = (session, holder.token, holder.epoch)
@@ -422,11 +417,9 @@ class BackedStore:
     def _landed(self, session: str, holder: Holder, plan: _Plan, new: Sequence[Message] | None,
                 records: Sequence[str]) -> Row | None:
         """A save whose answer was lost: the row, if it landed; ``None`` if it did not, so the same write goes
-        again (its guard holds it to once). Landed: the lease still this holder's and, for one that wrote
-        messages, the transcript from where they went holding exactly them, one edit on; for one that wrote
-        events, the log ending in exactly them (they carry their time: only this write ends it so, and only
-        the lease's holder writes events). A save that wrote neither is asked again. A read that fails too,
-        or a lease lost meanwhile, is the caller's error."""
+        again (its guard holds it to once). Landed: the lease still this holder's, the transcript from where
+        its messages went holding exactly them, one edit on, and the log ending in exactly its events (they
+        carry their time, and only the lease's holder writes events). A save that wrote neither goes again."""
         at = plan.at if new is not None else None
         snap = self.backend.read(session, Want(start=at))
         _owned(session, holder, None if snap is None else snap.row)
@@ -679,9 +672,8 @@ class BackedStore:
 
 def _attempts() -> Iterator[int]:
     """The ``ATTEMPTS`` tries of a read and a guarded write: the first at once, each later one after a random
-    pause growing to 64 ms, so writers refused because they read and write in step with each other (takers
-    of one steer, eight callers of ``set_metadata`` on one session) fall out of step instead of meeting
-    again until their attempts run out."""
+    pause growing to 64 ms, so writers refused for reading and writing in step with each other fall out of
+    step instead of meeting again until their attempts run out."""
     for attempt in range(ATTEMPTS):
         if attempt:
             time.sleep(random.random() * 0.001 * 2 ** min(attempt, 6))

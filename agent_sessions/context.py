@@ -1,10 +1,6 @@
-"""What a run sends the model of its transcript: a context policy, kept apart from what is stored.
-
-A session lives for weeks and a model's context does not, so a long conversation cannot be sent whole.
-The store keeps every message whatever is sent (``session.messages()``, fork and the CLI see them all);
-a policy (``Spec(context=...)``) chooses, before each model request, which of the transcript's messages
-that request sends. docs/runs/context.md says what each policy guarantees. Without a policy the whole
-transcript is sent, as before, and nothing here runs.
+"""What a run sends the model of its transcript: a context policy (``Spec(context=...)``), kept apart from
+what is stored, which is every message whatever is sent. docs/runs/context.md says what each policy
+guarantees; without one the whole transcript is sent and nothing here runs.
 """
 
 from __future__ import annotations
@@ -50,24 +46,21 @@ class Selection:
 
 @runtime_checkable
 class ContextPolicy(Protocol):
-    """Chooses what each model request of a run sends (``Spec(context=...)``). One policy object serves
-    every run of the Spec, on any thread, so what it learns (``Window``'s correction) is shared by them.
-
-    The loop calls ``select`` before each request, ``observe`` with the usage the provider reported for
-    its reply, and ``overflowed`` when the provider refused it as too long (``ContextOverflow``): a
-    Selection returned then is sent once more; ``None`` lets the error end the run."""
+    """Chooses what each model request of a run sends. One policy object serves every run of the Spec, on
+    any thread, so what it learns (``Window``'s correction) is shared by them."""
 
     def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool]) -> Selection:
         """What the next request sends of ``transcript`` (the run's, whole)."""
 
     def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:
-        """The provider's count for the request that sent ``sent`` (its ``usage``, ``None`` if none)."""
+        """The usage the provider reported for the request that sent ``sent``."""
 
     def overflowed(
         self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
         tools: Sequence[Tool],
     ) -> Selection | None:
-        """The provider refused ``sent`` as too long: a smaller request to send instead, or ``None``."""
+        """The provider refused ``sent`` as too long: a smaller request to send instead, or ``None`` (the
+        error ends the run)."""
 
 
 class Window:
@@ -276,9 +269,8 @@ class Compaction:
 
 def _view(transcript: Sequence[Message]) -> tuple[Sequence[Message], Sequence[int]]:
     """What a request may send of ``transcript``: its newest compaction record, then the messages after
-    its range that are not records themselves; and the index in ``transcript`` of each of them (the
-    record's own: its position). Without a record, the transcript itself. (A ``Tail`` read from the
-    record's range on holds all of these: its indexes are the stored ones less its ``start``.)"""
+    its range that are not records themselves; and the index in ``transcript`` of each of them. Without a
+    record, the transcript itself."""
     for r in range(len(transcript) - 1, -1, -1):
         if is_record(transcript[r]):
             break
@@ -344,10 +336,9 @@ FIRST_PAGE = 256
 def read_recent(store: Store, session: str) -> list[Message]:
     """What a run needs of a session's stored transcript to go on with it under ``Compaction``, as a
     ``Tail``: the messages from the newest compaction record's range on, and the journal's ``TAIL`` before
-    them (a reply's fingerprint covers those), never starting at a tool result. Read from the end a page at
-    a time until that record is found; a session with none, or a store that is no ``TailStore``, is read
-    whole. A transcript rewritten between two pages may read as neither version: the run's first save then
-    refuses it (``TranscriptConflict``), as it refuses any stale read."""
+    them, never starting at a tool result. Read from the end a page at a time until that record is found
+    (a store that is no ``TailStore``: whole). A transcript rewritten between two pages may read as neither
+    version: the run's first save then refuses it, as it refuses any stale read."""
     if not isinstance(store, TailStore):
         return store.messages(session)
     first, msgs = store.read_back(session, None, FIRST_PAGE)

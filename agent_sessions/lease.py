@@ -65,19 +65,13 @@ class Lease:
         unanswered = 0
         waiting = False
         while True:
+            refused: Exception
             try:
                 got = self.store.acquire(self.session, self.holder, self.ttl)
             except SessionLocked as exc:
                 # Another worker is inside a transaction on the session (taking it, say): busy, as a held
                 # lease is, for as long as the run may wait; then that is the error.
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                if not waiting:
-                    waiting = self._waiting(f"locked by another worker's transaction ({exc})")
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, 0.5)
-                continue
+                refused, why = exc, f"locked by another worker's transaction ({exc})"
             except OutcomeUnknown as exc:
                 # It may have taken the lease: the same acquisition again (same token) finds it ours, where
                 # a new one would find the session held, by this very process, for the whole ttl.
@@ -88,14 +82,16 @@ class Lease:
                             "token (%d of %d)", self.session, exc, unanswered, ACQUIRE_RETRIES)
                 time.sleep(min(pause, 0.1))
                 continue
-            if got.token == self.holder.token:
-                self.holder = got
-                break
+            else:
+                if got.token == self.holder.token:
+                    self.holder = got
+                    break
+                refused, why = self.busy(got), f"held by {got.describe()}"
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self.busy(got)
+                raise refused
             if not waiting:
-                waiting = self._waiting(f"held by {got.describe()}")
+                waiting = self._waiting(why)
             # Backoff rather than the holder's expiry: that is on the store's clock, not this one.
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.5)

@@ -1,38 +1,11 @@
-"""What ``Runner.turn`` does with a message that arrives while its session is busy (issue 26).
-
-A session is busy while a live run holds its lease, or while messages are queued for it (a queue that is
-not empty makes it busy even with its lease free, so a new message cannot jump ahead of the queued ones).
-The caller chooses, per call (``if_busy``):
-
-- ``"queue"`` (the default: nobody's message is dropped): the message is stored at once, under its key, in
-  the session's queue (``QueueStore.enqueue``), so a crash of this caller loses nothing. Then the caller
-  waits for the lease, and with it answers the queue from its head, one message per turn (``take_queued``
-  moves the head into the transcript; the turn runs as ``turns`` continues a stored keyed turn), until its
-  own message is answered, and returns that answer. Whoever holds the lease answers the head: a caller
-  that died leaves its message to the next one. A holder does not drain the queue before it returns. A turn
-  the transcript leaves unfinished with its reply in the journal (its holder died among the tools) goes on
-  first, the journal honoured: ``take_queued`` would drop it (``_unfinished_first``).
-- ``"steer"``: the message joins the running run as a keyed steer (``add_steer_once``); the run takes it
-  before its next model request. The caller waits until the transcript holds the steer followed by an
-  answer, and returns that answer, whichever process made it. When the lease is free while the steer still
-  waits (it came after the run's last request, or nobody was running), the caller takes the lease and runs
-  the session itself. A steer taken into the transcript carries its key, so the caller (and a repeat of
-  it) finds its own message, never another of the same text. A run of the caller's that stops before it
-  took the steer (it went on with the session's turn first, and that turn was cancelled or waits for
-  decisions) is that turn's, not the caller's: its listener never hears of it (``_Steering``).
-- ``"reject"``: ``SessionBusy`` at once, nothing written.
-- ``"interrupt"``: the running run is cancelled (``RunStore.cancel``: it stops at its next check; a started
-  non-idempotent tool is still recorded), then the message is queued as ``"queue"`` queues it, and answered
-  on the transcript the cancelled run left, closing its unfinished reply (``persistence.Leased.resume``).
-  Messages queued before it are answered first: the cancel stops the run in progress, not the queue.
-  Delivered again while its message is queued (or taken), it cancels nothing more: it waits as ``"queue"``.
-
-Every wait is bounded by ``Spec.lease_wait`` and logged at INFO when it starts and when it ends. A wait
-for a stored message that runs out raises ``StillQueued``: the message is stored and will be answered, and
-``turn(..., key)`` called again returns that answer.
+"""What ``Runner.turn`` does with a message that arrives while its session is busy (a live run holds its
+lease, or messages wait in its queue): ``if_busy`` is ``"queue"`` (stored at once, answered in the order
+accepted, each by a turn of its own), ``"steer"`` (a keyed steer for the running run), ``"reject"``
+(``SessionBusy``, nothing written) or ``"interrupt"`` (the running run cancelled, then queued).
+docs/runs/busy.md says what each does, and what each wait (bounded by ``Spec.lease_wait``) waits for.
 
 Whatever the policy, a message whose key the transcript holds already is a repeat: ``turns.turn`` returns
-its answer, or goes on with its unfinished turn, as it always did.
+its answer, or goes on with its unfinished turn.
 """
 
 from __future__ import annotations
@@ -126,8 +99,7 @@ def _queued(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str
         # copy just queued (a key goes with its message into the transcript) waits for nothing.
         session.store.withdraw(session.id, key)
         return turns.turn(run, spec, text, key, endpoint, events)
-    # Contention is said where there is some: messages queued ahead of this one here, a run holding the
-    # lease by the lease's own wait (``lease.Lease``). An uncontended turn passes through the queue quietly.
+    # INFO only where there is contention (a held lease is said by ``lease.Lease``'s own wait).
     if position > 1:
         log.info("session %r: turn %r queued at position %d, behind %d message(s); waiting up to %g s for the "
                  "session (lease_wait)", session.id, key, position, position - 1, spec.lease_wait)
@@ -137,10 +109,8 @@ def _queued(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str
 
 
 def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint, lease: Lease | None = None) -> Result:
-    """Answer a session's queue from its head up to ``key``, a message queued already (``recover``: every
-    caller that queued it is gone). Nothing is queued here: a session deleted meanwhile, its queue with it,
-    is ``TranscriptDeleted``, not a new message. ``lease``: the session's, taken already (``recover`` looked
-    under it), which the first turn is handed."""
+    """Answer a session's queue from its head up to ``key``, queued already by a caller that is gone
+    (``recover``); nothing is queued here. ``lease``: the session's, taken already, handed to the first turn."""
     session = turns.run_session(spec, key)
     if lease is None:
         stored = session.messages()
@@ -239,20 +209,11 @@ def _answered_last(stored: list[Message]) -> bool:
 
 def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, lease: Lease, stored: list[Message],
                       endpoint: Endpoint, head: str | None) -> bool:
-    """Under the lease, before the queue's head is taken: does the transcript's turn leave something that the
-    transcript does not hold yet? Its reply waits in the journal (its holder died among the reply's tools: which
-    calls started, the results waiting to ride the next save), or the transcript ends with tool calls without
-    results (a plain save, a fork). ``take_queued`` drops the journal, as every save that writes does, and
-    would append the head after those calls: taking it now would lose that reply, so a model asked afresh
-    runs a non-idempotent tool that ran once again, a finished tool's result is forgotten, and the calls are
-    never answered. Then that turn goes on first, as a resume goes on with it (``go_on``: what is left of its
-    ``max_steps``; the journal replayed, a started non-idempotent call's outcome unknown; a turn that was
-    cancelled only has its reply closed, and the cancel handed on), and ``True``: the caller gives the lease
-    back and takes the head under the next one.
-
-    The turn waits for decisions on its tool calls: taking the next message now would drop the waiting
-    reply and its decisions, as a new turn would (``persistence.Leased.resume``). Raise ``AwaitingApproval``,
-    taking nothing: the queued messages wait for the turn to go on."""
+    """Under the lease, before the queue's head is taken: does the transcript's turn leave what it does not
+    hold yet (its reply in the journal, or tool calls without results)? ``take_queued`` would drop the journal
+    and append the head after those calls, so a model asked afresh could run a tool that ran once again. That
+    turn goes on first, as a resume goes on with it, and ``True``: the caller gives the lease back and takes
+    the head under the next one. A turn waiting for decisions raises ``AwaitingApproval``, taking nothing."""
     text = session.store.journal(session.id)
     journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
     undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
@@ -329,10 +290,8 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key: st
                          key, time.monotonic() - started)
                 return result
             if result and not again:
-                # Its own run went on with the session's turn first and was cancelled there, before it took
-                # the steer: that cancel was of the turn it stopped, and the steer waits, new input for the
-                # next turn. The lease was this caller's a moment ago: it runs the steer now, even with its
-                # lease_wait spent (else ``StillQueued`` would promise an answer no run is coming to give).
+                # That cancel was of the session's turn, and the steer waits, the next turn's input: run it
+                # now, even with lease_wait spent (``StillQueued`` would promise an answer no run will give).
                 log.info("session %r: steered turn %r: this caller's run was cancelled before it took the "
                          "steer; running the steer", session.id, key)
                 again = True
@@ -353,11 +312,10 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key: st
 
 def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
                  events: Events | None) -> Result | bool:
-    """The lease is free while the steer waits (it came after the holder's last request, or the holder died):
-    take it and run the session, which takes the steers into its first request. ``False``: someone else took
-    the lease first, or answered the steer meanwhile (the caller looks again). ``True``: this caller's run
-    was cancelled before it took the steer (it went on with the session's turn first: a reply waiting in the
-    journal)."""
+    """The lease is free while the steer waits: take it and run the session, whose first request takes the
+    steers. ``False``: someone else took the lease or answered the steer meanwhile (the caller looks again).
+    ``True``: this caller's run went on with the session's turn first and was cancelled before it took the
+    steer."""
     store = session.store
     lease = Lease(store, session.id, spec.lease_ttl, 0.0, spec.name, key)
     try:
@@ -386,7 +344,7 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
         try:
             result = run(spec, stored, endpoint, None if events is None else heard, False, lease)
         except BaseException:
-            heard.take()  # the run failed, and so does this turn: its listener hears how
+            heard.report()  # the run failed, and so does this turn: its listener hears how
             raise
         if turns.keyed(result.messages, key) is None:
             # The run stopped before it took the steer: it went on with the session's turn first (a reply
@@ -395,28 +353,19 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
                 # At the turn's waiting decisions: as above, the steer lands once that turn goes on.
                 raise AwaitingApproval(session.id, [p.call_id for p in result.pending_approvals])
             return result.stop_reason == "cancelled"  # else the steer went with a delete: look again
-        # The run took the steer: its turn is this caller's, however it ended (answered, out of budget,
-        # waiting for a decision, cancelled). Waiting on for an answer would promise one nobody gives: the
-        # run that returned cleared the session's open mark, and another run would go on with a turn that
-        # ended.
-        heard.take()
+        # The run took the steer: its turn is this caller's, however it ended. Waiting on for an answer would
+        # wait for one nobody gives (the run that returned cleared the session's open mark).
+        heard.report()
         return result
     finally:
         if not lease.closed:
             lease.__exit__(*sys.exc_info())
 
 
-class _Steering:
-    """The events of a run the ``"steer"`` caller makes with its steer still waiting: they are its listener's
-    once the run has taken the steer (its first model request follows the save that took every waiting
-    steer), or once it returns having taken it. A run that stops before (it went on with the session's turn
-    first, and that turn was cancelled or waits for decisions) is that turn's, not this one's: its listener
-    never hears of it, so it hears one ``Finished`` for its turn, or the error the caller raises."""
-
-    def __init__(self, events: Events | None) -> None:
-        self.events = events
-        self.held: list[Event] | None = []
-        """What the run said before it took the steer; ``None`` once its events are the listener's."""
+class _Steering(turns.Held):
+    """The events of the ``"steer"`` caller's run: its listener's once the run has taken the steer (at its
+    first model request) or returns having taken it. A run that stops before went on with the session's turn,
+    not this one: its listener never hears of it."""
 
     def __call__(self, event: Event) -> None:
         if self.held is None:
@@ -425,11 +374,4 @@ class _Steering:
             return
         self.held.append(event)
         if isinstance(event, ModelRequest):
-            self.take()
-
-    def take(self) -> None:
-        """The run is this turn's: what it held back is the listener's, and so is what comes after."""
-        held, self.held = self.held or [], None
-        if self.events is not None:
-            for event in held:
-                self.events(event)
+            self.report()

@@ -68,7 +68,7 @@ class Calls:
     # -- a call ------------------------------------------------------------------------------------------------
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
-        """The result a resumed call gets without running, or ``None`` to run it."""
+        """The result a call gets without running (a resumed call's, a denied one's), or ``None`` to run it."""
         assert self.journal is not None
         if self.closing:  # the resumed reply of a cancelled turn: nothing of it runs
             return closing(self.journal, call)
@@ -77,6 +77,11 @@ class Calls:
             return done
         if call.id in self.journal.started and tool is not None and not tool.idempotent:
             return Content.tool_result(call.id, UNKNOWN_OUTCOME, is_error=True)
+        approval = self.journal.approvals.get(call.id)
+        if approval is not None and approval.decision is None:  # reached only once cancelled
+            return Content.tool_result(call.id, approvals.CANCELLED_WAITING, is_error=True)
+        if approval is not None and approval.decision is not None and not approval.decision.approved:
+            return Content.tool_result(call.id, approvals.result_text(approval.decision), is_error=True)
         return None
 
     def may_run(self, call: Content, tool: Tool | None) -> bool:
@@ -124,9 +129,8 @@ class Calls:
     # -- decisions ---------------------------------------------------------------------------------------------
 
     def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        """Before any call of the reply runs: the calls still waiting for a person's decision (asking for those
-        not asked yet, and counting those past their deadline as denied), and whether the run was asked to
-        stop meanwhile."""
+        """``Keeping.approvals``: asking for the calls not asked yet, and counting those past their deadline as
+        denied."""
         for _ in range(approvals.ATTEMPTS):  # each look again follows a change by someone else: bounded
             outcome = self._approvals_once(spec, step, emit)
             if outcome is not None:
@@ -216,11 +220,6 @@ class Calls:
             raise StoreError(f"session {self.session!r}: the journal of the reply being run vanished while this "
                              f"run held the session")
         self.journal, self.text = journal, text
-
-    def approval(self, call: Content) -> Approval | None:
-        """The approval ``call`` needed, with its decision; ``None`` when it needed none."""
-        assert self.journal is not None
-        return self.journal.approvals.get(call.id)
 
     def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
         if not calls:

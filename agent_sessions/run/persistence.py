@@ -17,15 +17,9 @@ from typing import Literal
 
 from .. import approvals
 from ..contract import PendingApproval, RunSession, Session, is_run_session
-from ..errors import (
-    AgentError,
-    ArgumentError,
-    AwaitingApproval,
-    LeaseLost,
-    TranscriptConflict,
-)
+from ..errors import AgentError, ArgumentError, AwaitingApproval, LeaseLost, TranscriptConflict
 from ..events import Sink
-from ..journal import NOT_RUN_SUPERSEDED, Approval, Journal
+from ..journal import NOT_RUN_SUPERSEDED, Journal
 from ..lease import Lease
 from ..messages import Content, Message, Role, turn_open, unanswered
 from ..result import Result
@@ -79,15 +73,11 @@ class Keeping:
         the run was asked to stop meanwhile (``Calls.approvals``)."""
         return NO_APPROVALS
 
-    def approval(self, call: Content) -> Approval | None:
-        """The approval ``call`` needed, with its decision; ``None`` when it needed none."""
-        return None
-
     def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
         return []
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
-        """The result a resumed call gets without running, or ``None`` to run it."""
+        """The result a call gets without running (a resumed call's, a denied one's), or ``None`` to run it."""
         return None
 
     def may_run(self, call: Content, tool: Tool | None) -> bool:
@@ -285,12 +275,10 @@ class Leased(Keeping):
             self.writes.save(transcript, take_steers=False)  # stored with its calls already, and no journal
 
     def _handed(self, transcript: Sequence[Message]) -> Literal["close", "stop"] | None:
-        """What a cancel handed with the lease (``RunStore.acquire``) makes of this run. With new input (a
-        user's message of this run's own, or steers waiting: the next turn) the cancelled turn is closed, its
-        calls still pending answered unrun, and the input answered ("close"). A run going on with the
-        cancelled turn (``continuing``: a redelivered ``Runner.turn``; the very turn whose cancel it was,
-        even one whose message was never stored; or a resume bringing nothing new) stops before it starts
-        anything ("stop"), and the steers wait for the next turn."""
+        """What a cancel handed with the lease (``RunStore.acquire``) makes of this run. With new input (a user's
+        message of its own, or steers waiting) the cancelled turn is closed, its pending calls answered unrun
+        ("close"). A run going on with the cancelled turn (``continuing``, the very turn whose cancel it was, or a
+        resume bringing nothing new) stops before it starts anything ("stop")."""
         holder = self.lease.holder
         if not holder.cancelled:
             return None
@@ -347,11 +335,9 @@ class Leased(Keeping):
         return False
 
     def _begins_turn(self, transcript: Sequence[Message]) -> bool:
-        """Does ``transcript`` bring a user's message of its own, one the stored transcript does not hold
-        where it stands (a new turn), rather than only what a resume adds (the waiting reply, its results)?
-        Compared from where the two part, not from the stored one's end: a history replaced on purpose
-        (``replace_transcript``, an edited question) may be no longer than the stored one. Asked only of a
-        run handed a cancel."""
+        """Does ``transcript`` bring a user's message the stored transcript does not hold where it stands (a new
+        turn), rather than only what a resume adds? Compared from where the two part: a history replaced on
+        purpose may be no longer than the stored one. Asked only of a run handed a cancel."""
         stored = self.store.messages(self.session)[self.start:]
         same = 0
         while same < min(len(stored), len(transcript)) and stored[same] == transcript[same]:
@@ -388,9 +374,6 @@ class Leased(Keeping):
 
     def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
         return self.calls.approvals(spec, step, emit)
-
-    def approval(self, call: Content) -> Approval | None:
-        return self.calls.approval(call)
 
     def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
         return self.calls.pending(calls)
@@ -448,8 +431,7 @@ class Leased(Keeping):
 
 
 def _superseded(journal: Journal, call: Content) -> Content:
-    """What a call of a stopped run's reply gets when new input comes first: as a closed turn's call
-    (``approvals.closing_result``: its result, "outcome unknown" if it started and is not idempotent), else
+    """What a call of a stopped run's reply gets when new input comes first: as a closed turn's call, else
     that it was not run again."""
     return approvals.closing_result(journal, call, NOT_RUN_SUPERSEDED)
 
@@ -464,11 +446,10 @@ def _started_anew(journal: Journal, transcript: Sequence[Message], start: int) -
 
 def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Lease | None = None,
             turn: str | None = None) -> Keeping:
-    """How the run of ``spec`` keeps its transcript. ``continuing``: the run goes on with a turn already begun
-    (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``). ``start``: the run was given
-    the stored transcript from that index on (a ``Tail``), which only a ``TailStore`` can save. ``lease``:
-    taken already, by a turn that waited for the session (``busy``); the run holds it from here and
-    releases it. ``turn``: the key of the turn the run runs, if it runs one (``turns.running``)."""
+    """How the run of ``spec`` keeps its transcript. ``continuing``: the run goes on with a turn already begun.
+    ``start``: the run was given the stored transcript from that index on (a ``Tail``). ``lease``: taken
+    already, by a turn that waited for the session (``busy``); the run releases it. ``turn``: the key of the
+    turn the run runs, if it runs one (``turns.running``)."""
     session = spec.session
     leased = session is not None and is_run_session(session)  # every capability below is a RunStore's
     if start and session is not None and not leased:

@@ -1,14 +1,10 @@
 """The ReAct loop: ask the model, run the tools it calls, repeat until it answers.
 
-Immediately before every request the loop collects steers (the Run's box first, then the session's
-store) and appends them where the run has got to; with a session it then saves the transcript (with a
-RunStore, the steers are taken in the same atomic write). It saves once more when it returns, because the
-model's last reply would otherwise only be written by a request that never comes.
-
-A run whose transcript ends with tool calls (a resume) answers them first. How the run keeps its
-transcript (not at all, a plain session, a leased and fenced one) is chosen once, in ``persistence``; what
-it reports goes to a ``Sink``. So the loop below reads top to bottom, with no branch on either. A run ends
-with exactly one of ``Finished`` and ``Failed``.
+Immediately before every request the loop appends the steers (the Run's box first, then the session's) and
+saves the transcript; it saves once more when it returns, else the model's last reply would only be written
+by a request that never comes. How the run keeps its transcript is chosen once (``persistence``) and what it
+reports goes to a ``Sink``, so the loop has no branch on either. A run ends with exactly one of ``Finished``
+and ``Failed``.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-from ..approvals import CANCELLED_WAITING, result_text
 from ..context import Compacts, ContextPolicy
 from ..endpoints import Endpoint, StreamingEndpoint, streaming
 from ..errors import ContextOverflow, EndpointError, OutcomeUnknown, TranscriptDeleted
@@ -178,10 +173,8 @@ def _complete(
 def _compact(
     compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int, emit: Sink,
 ) -> None:
-    """Append the policy's compaction record, if it makes one, to ``transcript``: the save before the
-    request stores it, fenced, with the steers that follow it. A summary request that fails appends
-    nothing, and the run goes on (the policy's ``select`` then sends what fits). For a listener, the
-    ``compacted`` event says what the record covers and the request's estimate without and with it."""
+    """Append the policy's compaction record, if it makes one, to ``transcript`` (the save before the request
+    stores it). A summary request that fails appends nothing, and the run goes on: ``select`` sends what fits."""
     try:
         record = compacts(spec.system, transcript, spec.toolbox, endpoint)
     except EndpointError as exc:
@@ -234,13 +227,9 @@ def _run_tools(
     spec: Spec, step: int, transcript: list[Message], emit: Sink, cancelled: threading.Event, keep: Keeping
 ) -> list[Content]:
     """Answer every tool call of the last message, in one message of results: a call never stands in the
-    transcript without its result, whatever stops the run. A call whose result a dead run journalled gets
-    that result; a call that would run, once a cancel is seen, is skipped (with every later one) with an
-    error result saying so.
-
-    Calls needing a person's approval come first: while any waits for its decision, none of the reply's
-    calls runs, the reply leaves the transcript (it waits in the journal) and the calls waiting are
-    returned. A denied call gets an error result saying why."""
+    transcript without its result, whatever stops the run. Once a cancel is seen, every call left gets an
+    error result saying so. While a call waits for a person's decision none of the reply's calls runs: the
+    reply leaves the transcript (it waits in the journal) and the calls waiting are returned."""
     keep.begin_tools(transcript)
     if not cancelled.is_set():
         waiting, stop_asked = keep.approvals(spec, step, emit)
@@ -253,13 +242,6 @@ def _run_tools(
     for call in transcript[-1].tool_calls:
         tool = spec.tool(call.name)
         result = keep.replay(call, tool)
-        approval = keep.approval(call)
-        if result is None and approval is not None:
-            decision = approval.decision
-            if decision is None:  # reached only once cancelled: the call never got its decision
-                result = Content.tool_result(call.id, CANCELLED_WAITING, is_error=True)
-            elif not decision.approved:
-                result = Content.tool_result(call.id, result_text(decision), is_error=True)
         if result is None:
             if not cancelled.is_set() and not keep.may_run(call, tool):
                 cancelled.set()
@@ -291,12 +273,10 @@ def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink
 def _give_back(
     keep: Keeping, exc: BaseException, transcript: list[Message], taken: list[str], left: list[str]
 ) -> None:
-    """A failing run keeps what it was given (``Run.steer``) and no stored transcript holds: the steers
-    the failed step took from the box (the end of ``transcript``), and those still in it. They become the
-    session's waiting steers, which the documented resume takes. When the save that carried them went
-    unanswered (``OutcomeUnknown``) the stored transcript is read to tell whether it landed. What cannot be
-    stored (no session, the store failing, a session erased meanwhile) or checked is handed back on the
-    exception, as ``exc.unapplied_steers``, in the order given."""
+    """A failing run keeps the steers it was given (``Run.steer``) that no stored transcript holds: they become
+    the session's waiting steers, which a resume takes (after an unanswered save, ``stored_as`` tells whether
+    it landed with them). What cannot be stored or checked is handed back on the exception, in order, as
+    ``exc.unapplied_steers``."""
     if not taken and not left:
         return
     maybe: list[str] = []

@@ -72,7 +72,6 @@ class Run:
         assert self._result is not None
         return self._result
 
-
     def _finish(self) -> None:
         with self._lock:
             self._done.set()
@@ -122,7 +121,7 @@ class Runner:
         its queue): ``"queue"`` (stored at once, answered in the order accepted, each by a turn of its own),
         ``"steer"`` (joins the running run as a keyed steer), ``"reject"`` (``SessionBusy`` at once, nothing
         written), ``"interrupt"`` (the running run is cancelled; this turn runs on what it leaves). Each wait
-        is bounded by ``Spec.lease_wait``; see agent_sessions.run.busy and docs/runs/turns.md."""
+        is bounded by ``Spec.lease_wait``; see docs/runs/busy.md."""
         _check(spec, [], endpoint, events)
         if not isinstance(text, str) or not text:
             raise ArgumentError(f"Runner.turn(text=) must be a non-empty str, got {text!r}")

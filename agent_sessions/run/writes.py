@@ -141,11 +141,8 @@ class Writes:
 
     def _journalled(self, text: str, exc: OutcomeUnknown, unless_cancelled: bool) -> bool:
         """A journal write that went unanswered: read the journal back, then the lease, and answer as the
-        write would have. Landed (``written``): the run goes on, so a call it
-        marked started runs now (once: nobody else can have run it) and the calls it asked approval for are
-        announced (``approval_requested``), where failing would leave a resume to call the one's outcome
-        unknown and never announce the others. Not landed and the run cancelled, for a write that would not
-        land once it was: not written, cancelled. Otherwise, or when a read fails too, ``exc``."""
+        write would have. Landed: the run goes on (a call it marked started runs now, once). Not landed and
+        the run cancelled, for a write that would not land once it was: cancelled. Otherwise ``exc``."""
         def read() -> tuple[bool, bool]:
             return written(self.store.journal(self.session), text), self.store.check(self.session, self.lease.holder)
 
