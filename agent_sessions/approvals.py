@@ -74,7 +74,7 @@ def decide(store: ApprovalStore, session: str, call_id: str, approved: bool, rea
         raise ArgumentError(f"the reason must be a str, got {type(reason).__name__}")
     for _ in range(ATTEMPTS):
         text = store.journal(session)
-        journal = None if text is None else _parse(text, session)
+        journal = Journal.of(text, session)
         approval = None if journal is None else journal.approvals.get(call_id)
         if text is None or journal is None or approval is None:
             closed = _closed(store, session, call_id)
@@ -161,7 +161,7 @@ def _decide_rest(store: ApprovalStore, session: str) -> Journal | None:
         text = store.journal(session)
         if text is None:
             return None
-        journal = _parse(text, session)
+        journal = Journal.from_json(text, f"session {session!r}")
         waiting = [a for a in journal.approvals.values() if a.decision is None]
         if not journal.approvals:
             return None  # a crashed run's journal, not a turn waiting for decisions
@@ -216,10 +216,5 @@ def _closed(store: RunStore, session: str, call_id: str) -> Decision | None:
 
 def _journal(store: RunStore, session: str) -> Journal | None:
     validate.session_id(session)
-    text = store.journal(session)
-    return None if text is None else _parse(text, session)
-
-
-def _parse(text: str, session: str) -> Journal:
-    return Journal.from_json(text, f"session {session!r}")
+    return Journal.of(store.journal(session), session)
 

@@ -550,10 +550,8 @@ class BackedStore:
             head = snap.queue[0]
             message = Message.user(head.text, key=head.key)
             row = snap.row
-            # The key goes with the item: from here the transcript holds the message and its key (or held it
-            # already: ``append=False``), so the key rows are only those of messages waiting. A message sent
-            # again after this is queued again, and whoever meets it at the head drops it unanswered, since
-            # the transcript holds its key (``busy._answer_head``, ``stranded._queued``).
+            # The key goes with the item into the transcript (or was there already: ``append=False``): sent
+            # again, the message is queued again, and dropped unanswered at the head (``busy.queued_keys``).
             if append:
                 guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id, length=row.length,
                               edits=row.edits)

@@ -101,6 +101,11 @@ class Journal:
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
+    def of(cls, text: str | None, session: str) -> Journal | None:
+        """The journal ``session``'s store holds as ``text`` (``None``: none)."""
+        return None if text is None else cls.from_json(text, f"session {session!r}")
+
+    @classmethod
     def from_json(cls, text: str, where: str) -> Journal:
         try:
             data = json.loads(text)

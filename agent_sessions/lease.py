@@ -91,7 +91,8 @@ class Lease:
             if left <= 0:
                 raise refused
             if not waiting:
-                waiting = self._waiting(why)
+                log.info("session %r is %s; waiting up to %g s for it (lease_wait)", self.session, why, self.wait)
+                waiting = True
             # Backoff rather than the holder's expiry: that is on the store's clock, not this one.
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.5)
@@ -102,11 +103,6 @@ class Lease:
         self._thread = threading.Thread(target=self._heartbeat, name="agent-lease", daemon=True)
         self._thread.start()
         return self
-
-    def _waiting(self, why: str) -> bool:
-        """Says that the run begins to wait for the session, and for how long at most (``True``: it said so)."""
-        log.info("session %r is %s; waiting up to %g s for it (lease_wait)", self.session, why, self.wait)
-        return True
 
     def busy(self, got: Holder) -> SessionBusy:
         """The error when ``got`` still holds the session after the run's ``lease_wait``: who, until when,

@@ -155,7 +155,7 @@ def _left(store: RunStore, session: str, spec: Spec, lease: Lease) -> Left | Out
     """``_look``'s decision, under ``lease``."""
     msgs = store.messages(session)
     text = store.journal(session)
-    journal = None if text is None else Journal.from_json(text, f"session {session!r}")
+    journal = Journal.of(text, session)
     waits = journal is not None and any(a.decision is None for a in journal.approvals.values())
     # The keys queued that the transcript does not hold (one it holds came in another way as well: dropped
     # at the queue's head, as a holder answering the queue drops it, and behind it when the queue gets there).

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Literal, Protocol, get_args
+from typing import Literal, get_args
 
 from ..contract import QueueStore, RunSession
 from ..endpoints import Endpoint
@@ -39,15 +39,7 @@ POLL_MAX = 0.25
 """Seconds at most between two looks of a caller waiting for its steer's answer."""
 
 
-class HandedRun(Protocol):
-    """``Runner._turn_run``: a run told whether it goes on with its turn, and handed the lease it runs under
-    (taken by the caller, released by the run), or ``None`` to take its own."""
-
-    def __call__(self, spec: Spec, msgs: list[Message], endpoint: Endpoint, events: Events | None,
-                 continuing: bool, lease: Lease | None = None) -> Result: ...
-
-
-def turn(run: HandedRun, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None,
+def turn(run: turns.Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None,
          if_busy: str) -> Result:
     session = turns.run_session(spec, key)
     if if_busy not in POLICIES:
@@ -89,7 +81,7 @@ def _delivered_again(session: RunSession, key: str) -> bool:
     return key in session.store.queued(session.id) or turns.keyed(session.messages(), key) is not None
 
 
-def _queued(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str, endpoint: Endpoint,
+def _queued(run: turns.Run, spec: Spec, session: RunSession, text: str, key: str, endpoint: Endpoint,
             events: Events | None) -> Result:
     # Stored first, read after: a delete of the session between the two takes the queued message with it,
     # and the turn then finds it nowhere (``TranscriptDeleted``) rather than answer an erased conversation.
@@ -108,7 +100,7 @@ def _queued(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str
     return _wait_and_answer(run, spec, session, key, endpoint, events)
 
 
-def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint, lease: Lease | None = None) -> Result:
+def answer_queued(run: turns.Run, spec: Spec, key: str, endpoint: Endpoint, lease: Lease | None = None) -> Result:
     """Answer a session's queue from its head up to ``key``, queued already by a caller that is gone
     (``recover``); nothing is queued here. ``lease``: the session's, taken already, handed to the first turn."""
     session = turns.run_session(spec, key)
@@ -120,7 +112,7 @@ def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint, leas
     return _wait_and_answer(run, spec, session, key, endpoint, None, lease)
 
 
-def go_on(run: HandedRun, spec: Spec, stored: list[Message], at: int, endpoint: Endpoint, lease: Lease,
+def go_on(run: turns.Run, spec: Spec, stored: list[Message], at: int, endpoint: Endpoint, lease: Lease,
           events: Events | None = None) -> Result:
     """Under ``lease`` (taken by the caller, released by the run): the turn whose message is ``stored[at]``
     goes on, as ``Runner.turn`` goes on with it, or its Result as it stands (answered, superseded, out of
@@ -132,7 +124,7 @@ def go_on(run: HandedRun, spec: Spec, stored: list[Message], at: int, endpoint: 
     return run(budget, todo, endpoint, events, True, lease)
 
 
-def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
+def _wait_and_answer(run: turns.Run, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
                      events: Events | None, handed: Lease | None = None) -> Result:
     """Wait (``lease_wait``) for the lease (the first time, ``handed``: held already), and with it answer the
     queue from its head until ``key`` is."""
@@ -166,7 +158,7 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, key: str, 
             return result
 
 
-def _answer_head(run: HandedRun, spec: Spec, session: RunSession, lease: Lease, key: str, endpoint: Endpoint,
+def _answer_head(run: turns.Run, spec: Spec, session: RunSession, lease: Lease, key: str, endpoint: Endpoint,
                  events: Events | None) -> Result | None:
     """Under the lease: this caller's own turn, once the transcript holds its message (its Result); else
     the turn of the queue's head, someone else's (``None``: the caller waits for the lease again)."""
@@ -207,7 +199,7 @@ def _answered_last(stored: list[Message]) -> bool:
     return stored[-1].role is Role.ASSISTANT and not stored[-1].tool_calls
 
 
-def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, lease: Lease, stored: list[Message],
+def _unfinished_first(run: turns.Run, spec: Spec, session: RunSession, lease: Lease, stored: list[Message],
                       endpoint: Endpoint, head: str | None) -> bool:
     """Under the lease, before the queue's head is taken: does the transcript's turn leave what it does not
     hold yet (its reply in the journal, or tool calls without results)? ``take_queued`` would drop the journal
@@ -215,7 +207,7 @@ def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, lease: Le
     turn goes on first, as a resume goes on with it, and ``True``: the caller gives the lease back and takes
     the head under the next one. A turn waiting for decisions raises ``AwaitingApproval``, taking nothing."""
     text = session.store.journal(session.id)
-    journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
+    journal = Journal.of(text, session.id)
     undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
     if undecided:
         raise AwaitingApproval(session.id, undecided)
@@ -263,7 +255,7 @@ def _still_queued(session: RunSession, key: str, spec: Spec, busy: SessionBusy) 
         f"called again waits for it and returns that answer", busy.holder, key, position)
 
 
-def _steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key: str, endpoint: Endpoint,
+def _steered(run: turns.Run, spec: Spec, session: RunSession, text: str, key: str, endpoint: Endpoint,
              events: Events | None) -> Result:
     store = session.store
     # Stored as a steer even when nobody holds the session: its key is how a repeat finds it (a steer taken
@@ -310,7 +302,7 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, text: str, key: st
         pause = min(pause * 2, POLL_MAX)
 
 
-def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
+def _run_steered(run: turns.Run, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
                  events: Events | None) -> Result | bool:
     """The lease is free while the steer waits: take it and run the session, whose first request takes the
     steers. ``False``: someone else took the lease or answered the steer meanwhile (the caller looks again).
@@ -326,7 +318,7 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
         # The session's turn waits for decisions: a run would stop there at once, without the steer (which
         # lands once the turn goes on), and the caller would run it again until its wait ran out.
         text = store.journal(session.id)
-        journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
+        journal = Journal.of(text, session.id)
         undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
         if undecided:
             raise AwaitingApproval(session.id, undecided)

@@ -167,9 +167,8 @@ class Calls:
         waiting = [c for c in needing if self.journal.approvals[c.id].decision is None]
         if waiting:
             if self.fresh is None and self.writes.check():
-                # A cancel reached this run (session.cancel() found it holding the lease, so did not close the
-                # turn itself): close it here, deciding the undecided calls "cancel" as close_waiting does, by
-                # compare-and-swap, so a concurrent person's decision is kept or refused.
+                # A cancel reached this run (so session.cancel() did not close the turn itself): close it here,
+                # deciding the undecided calls "cancel" by compare-and-swap, as close_waiting does.
                 approvals._decide_rest(self.writes.store, self.session)
                 self._reload()
                 return [], True
@@ -215,7 +214,7 @@ class Calls:
     def _reload(self) -> None:
         assert self.journal is not None
         text = self.writes.store.journal(self.session)
-        journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
+        journal = Journal.of(text, self.session)
         if journal is None or (journal.at, journal.digest) != (self.journal.at, self.journal.digest):
             raise StoreError(f"session {self.session!r}: the journal of the reply being run vanished while this "
                              f"run held the session")

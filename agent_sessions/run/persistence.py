@@ -122,7 +122,13 @@ class Kept(Keeping):
         self.session.save(transcript)
 
     def store_steers(self, steers: Sequence[str]) -> list[str]:
-        return _store_steers(self.session.steer, str(getattr(self.session, "id", "?")), steers)
+        session = str(getattr(self.session, "id", "?"))
+        for i, text in enumerate(steers):
+            try:
+                self.session.steer(text)
+            except AgentError as exc:
+                return _kept(session, steers, list(steers[i:]), exc)
+        return _kept(session, steers, [])
 
     def stored_as(self, transcript: Sequence[Message]) -> bool | None:
         return _stored_as(self.session.messages, transcript)
@@ -196,14 +202,12 @@ class Leased(Keeping):
             publisher.close()
             if isinstance(exc, BaseException) and self.lease.lost is None:
                 if self.writes.written < 0 and isinstance(exc, (TranscriptConflict, AwaitingApproval)):
-                    # Refused before it wrote anything (another delivery of the turn saved first, a turn waits
-                    # for decisions, the session was erased): as far as the session goes this run did not
-                    # happen, so it publishes nothing, not even ``failed``.
+                    # Refused before it wrote anything: as far as the session goes this run did not happen,
+                    # so it publishes nothing, not even ``failed``.
                     publisher.buffer.clear()
                 else:
-                    # Any other failure, even before the first write (an events callback raising on the first
-                    # step, say), is the run's, which held the session: its events and ``failed`` go to the
-                    # log, while the lease is still the run's (its writes are fenced by it).
+                    # Any other failure, even before the first write, is the run's: its events and ``failed``
+                    # go to the log, while the lease is still the run's.
                     self.writes.held = False
                     publisher.failing(exc)
 
@@ -211,17 +215,8 @@ class Leased(Keeping):
         try:
             left = self.store.give_back(self.session, self.lease.holder, steers)
         except AgentError as exc:
-            log.warning("session %r: %d steer(s) given to the failed run could not be kept as waiting steers "
-                        "(%s); they are handed back on its exception", self.session, len(steers), exc)
-            return list(steers)
-        if left:
-            log.warning("session %r: %d steer(s) given to the failed run were not kept (its lease is gone: the "
-                        "session was deleted or taken over); they are handed back on its exception",
-                        self.session, len(left))
-        elif steers:
-            log.info("session %r: %d steer(s) given to the failed run kept as waiting steers", self.session,
-                     len(steers))
-        return left
+            return _kept(self.session, steers, list(steers), exc)
+        return _kept(self.session, steers, left)
 
     def stored_as(self, transcript: Sequence[Message]) -> bool | None:
         return _stored_as(lambda: self.store.messages(self.session)[self.start:], transcript)
@@ -249,7 +244,7 @@ class Leased(Keeping):
                      self.session)
             self.calls.closing = True
         text = self.store.journal_as_taken(self.session, self.lease.holder)
-        journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
+        journal = Journal.of(text, self.session)
         if journal is not None and self._journalled(journal, text, transcript):
             return
         if not unanswered(transcript):
@@ -299,39 +294,32 @@ class Leased(Keeping):
             # answered: the reply goes back in its place, with its calls answered unrun, before the input.
             self._put_back(journal, transcript, closing)
             return True
-        if self.replace and (journal.started or journal.results):
-            # A history replaced on purpose keeps what a stopped run's tools did: its reply goes back closed as
-            # it stands where the new history still holds what it answered, or the run goes on with it when
-            # given the stored transcript; else nothing is written, rather than forget a call that ran.
-            if anew:
-                self._put_back(journal, transcript, _superseded)
-                return True
-            if journal.answers(transcript, self.start) and self.writes.is_stored(transcript):
-                self.calls.resumed(journal, text)
-                transcript.append(journal.reply)
-                return True
-            raise ArgumentError(
-                f"session {self.session!r}: its last run stopped among the tools of a reply ({len(journal.started)} "
-                f"call(s) started, {len(journal.results)} result(s) kept), which Spec(replace_transcript=True) "
-                f"with this history would drop, outcome and all; nothing was written. Resume the session first "
-                f"(Runner().run(spec, session.messages())), then replace its history")
-        if anew and not self.replace:
-            if journal.approvals:
-                raise AwaitingApproval(self.session, [c for c, a in journal.approvals.items()
-                                                      if a.decision is None] or list(journal.approvals))
+        ran = bool(journal.started or journal.results)
+        if anew and (ran or not self.replace):
             # A run stopped among the tools of a reply the transcript does not hold (its lease lapsed), and this
             # run brings new input after the transcript that reply answered. The first save would drop the
             # journal with the reply: a finished call's result lost, and a model asked afresh free to run again
-            # what ran. So the reply goes back in its place, each call closed as it stands, before the input.
+            # what ran. So the reply goes back in its place, each call closed as it stands, before the input
+            # (a history replaced on purpose too, where it still holds what the reply answered).
+            if not self.replace and journal.approvals:
+                raise AwaitingApproval(self.session, [c for c, a in journal.approvals.items()
+                                                      if a.decision is None] or list(journal.approvals))
             self._put_back(journal, transcript, _superseded)
-            log.info("session %r: a stopped run's reply (%d call(s), %d started, %d result(s) kept) is closed "
-                     "before the new input", self.session, len(journal.reply.tool_calls), len(journal.started),
-                     len(journal.results))
+            if not self.replace:
+                log.info("session %r: a stopped run's reply (%d call(s), %d started, %d result(s) kept) is closed "
+                         "before the new input", self.session, len(journal.reply.tool_calls), len(journal.started),
+                         len(journal.results))
             return True
         if journal.answers(transcript, self.start) and self.writes.is_stored(transcript):
             self.calls.resumed(journal, text)  # the reply waits in the journal: finish it
             transcript.append(journal.reply)
             return True
+        if self.replace and ran:  # rather than forget a call that ran, nothing is written
+            raise ArgumentError(
+                f"session {self.session!r}: its last run stopped among the tools of a reply ({len(journal.started)} "
+                f"call(s) started, {len(journal.results)} result(s) kept), which Spec(replace_transcript=True) "
+                f"with this history would drop, outcome and all; nothing was written. Resume the session first "
+                f"(Runner().run(spec, session.messages())), then replace its history")
         return False
 
     def _begins_turn(self, transcript: Sequence[Message]) -> bool:
@@ -392,8 +380,7 @@ class Leased(Keeping):
     def finish(self, transcript: list[Message], result: Result) -> None:
         if result.stop_reason == "cancelled":
             # A cancel is of the turn however it reached the run (``Run.cancel()`` sets only this process's
-            # flag): the lease is marked, and its release keeps the mark for whichever run goes on with the
-            # turn (``approvals.cancel``). One round trip, only for a run that was cancelled.
+            # flag): the lease is marked, and its release hands the mark on (``approvals.cancel``).
             self.store.cancel(self.session)
         publisher = self.writes.publisher
         if publisher is None:
@@ -478,18 +465,17 @@ def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Leas
     return Kept(session)
 
 
-def _store_steers(add: Callable[[str], object], session: str, steers: Sequence[str]) -> list[str]:
-    """Add each of ``steers``, in order, until one fails; return the rest (that one included)."""
-    for i, text in enumerate(steers):
-        try:
-            add(text)
-        except AgentError as exc:
-            log.warning("session %r: %d steer(s) given to the failed run could not be kept as waiting steers "
-                        "(%s); they are handed back on its exception", session, len(steers) - i, exc)
-            return list(steers[i:])
-    if steers:
+def _kept(session: str, steers: Sequence[str], left: list[str], error: AgentError | None = None) -> list[str]:
+    """Say what became of the ``steers`` given to a failed run (``left``: those not kept); return ``left``."""
+    if error is not None:
+        log.warning("session %r: %d steer(s) given to the failed run could not be kept as waiting steers "
+                    "(%s); they are handed back on its exception", session, len(left), error)
+    elif left:
+        log.warning("session %r: %d steer(s) given to the failed run were not kept (its lease is gone: the "
+                    "session was deleted or taken over); they are handed back on its exception", session, len(left))
+    elif steers:
         log.info("session %r: %d steer(s) given to the failed run kept as waiting steers", session, len(steers))
-    return []
+    return left
 
 
 def _stored_as(read: Callable[[], list[Message]], transcript: Sequence[Message]) -> bool | None:

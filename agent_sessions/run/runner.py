@@ -114,14 +114,10 @@ class Runner:
         """Run the turn that answers the user message ``text``, safe to repeat with the same ``key`` (a
         task redelivered, a retried request): the message is appended only if no stored message has that
         key; a turn left unfinished is continued; an answered one is returned as it is stored, with no
-        model request (``steps == 0``). Reads the transcript from ``spec.session``, which must be over a
-        RunStore. See agent_sessions.turns.
+        model request (``steps == 0``). ``spec.session`` must be over a RunStore (docs/lifecycle.md).
 
-        ``if_busy``: what happens to the message while another run holds the session (or messages wait in
-        its queue): ``"queue"`` (stored at once, answered in the order accepted, each by a turn of its own),
-        ``"steer"`` (joins the running run as a keyed steer), ``"reject"`` (``SessionBusy`` at once, nothing
-        written), ``"interrupt"`` (the running run is cancelled; this turn runs on what it leaves). Each wait
-        is bounded by ``Spec.lease_wait``; see docs/runs/busy.md."""
+        ``if_busy``: what happens to the message while the session is busy: ``"queue"``, ``"steer"``,
+        ``"reject"`` or ``"interrupt"`` (docs/runs/busy.md)."""
         _check(spec, [], endpoint, events)
         if not isinstance(text, str) or not text:
             raise ArgumentError(f"Runner.turn(text=) must be a non-empty str, got {text!r}")

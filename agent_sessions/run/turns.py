@@ -8,21 +8,28 @@ cannot both append: a leased run's first write is a compare-and-swap, so the lat
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from ..contract import RunSession, is_run_session
 from ..endpoints import Endpoint
 from ..errors import ArgumentError, TranscriptConflict, TranscriptDeleted
 from ..events import Compacted, Event, Events, Failed, SteerApplied, StepStarted
 from ..journal import Journal
+from ..lease import Lease
 from ..messages import Message, Role
 from ..result import Result, StopReason
 from ..spec import Spec
 
-Run = Callable[[Spec, list[Message], Endpoint, Events | None, bool], Result]
-"""How a turn runs its messages: ``Runner.run``, told whether it goes on with the turn (``True``) or begins it:
-a cancel handed with the lease stops a run going on with its turn, whatever input waits (``persistence``)."""
+
+class Run(Protocol):
+    """How a turn runs its messages (``Runner._turn_run``): told whether it goes on with its turn (a cancel
+    handed with the lease stops a run going on with it), and handed the lease it runs under (taken by the
+    caller, released by the run), or ``None`` to take its own."""
+
+    def __call__(self, spec: Spec, msgs: list[Message], endpoint: Endpoint, events: Events | None,
+                 continuing: bool, lease: Lease | None = None) -> Result: ...
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +103,8 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
         log.info("session %r: turn %r stopped at max_steps before a later turn came", session.id, key)
         return ended(stored, "max_steps")
     if later is not None:
-        # Another turn's message followed this one's before it was answered (its worker died, and the
-        # next message came): the model takes both up in that turn, whose budget and outcome are its
-        # own. Going on here would run that turn's work under this turn's budget.
+        # Another turn's message followed this one's before it was answered: that turn takes both up,
+        # with its own budget and outcome.
         log.info("session %r: turn %r was taken up by the later turn %r before it was answered", session.id,
                  key, stored[later].key)
         return ended(stored, "superseded")
@@ -169,10 +175,8 @@ def keyed(msgs: Sequence[Message], key: str) -> int | None:
 def _reply_waiting(session: RunSession, stored: Sequence[Message]) -> int:
     """1 when a reply of the turn waits in the journal to follow ``stored``: a request the transcript does not
     hold yet."""
-    text = session.store.journal(session.id)
-    if text is None:
-        return 0
-    return int(Journal.from_json(text, f"session {session.id!r}").answers(stored))
+    journal = Journal.of(session.store.journal(session.id), session.id)
+    return int(journal is not None and journal.answers(stored))
 
 
 def _later_turn(msgs: Sequence[Message], at: int) -> int | None:
