@@ -211,7 +211,7 @@ class BackedStore:
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
         items = validate.messages(msgs)
-        validate.stored_size(items, 0, self.max_message_bytes, self.name)
+        validate.stored_size(items, self.max_message_bytes, self.name)
         texts = tuple(m.to_json() for m in items)
         opened = turn_open(items)
         for _ in _attempts():
@@ -263,10 +263,7 @@ class BackedStore:
 
     def check(self, session: str, holder: Holder) -> bool:
         validate.session_id(session)
-        row = self._row(session)
-        _owned(session, holder, row)
-        assert row is not None
-        return row.cancelled
+        return _owned(session, holder, self._row(session)).cancelled
 
     def journal_as_taken(self, session: str, holder: Holder) -> str | None:
         validate.session_id(session)
@@ -363,7 +360,7 @@ class BackedStore:
                 plan = self._compared(session, items, start, replace)
             new = (*plan.new, *taking)
             if new or replace:
-                validate.stored_size(plan.new, 0, self.max_message_bytes, self.name)
+                validate.stored_size(plan.new, self.max_message_bytes, self.name)
                 if opened is None:
                     opened = turn_open(new) if new else False
                 guard = Guard(lease=(holder.token, holder.epoch), length=plan.length, edits=plan.edits,
@@ -393,8 +390,7 @@ class BackedStore:
                 self._remember(self._wrote, lease, _Wrote(row.edits, row.length, start, (*items, *taking)))
                 self._left(lease, row)
                 return Saved([m.text for m in taking], row.cancelled, [m.key for m in taking])
-            _owned(session, holder, row)
-            assert row is not None
+            row = _owned(session, holder, row)
             if plan.incarnation is not None and row.incarnation != plan.incarnation:
                 raise TranscriptDeleted(session, row.length, start + len(items))
             if (plan.length is not None and row.length != plan.length) or (
@@ -422,9 +418,8 @@ class BackedStore:
         carry their time, and only the lease's holder writes events). A save that wrote neither goes again."""
         at = plan.at if new is not None else None
         snap = self.backend.read(session, Want(start=at))
-        _owned(session, holder, None if snap is None else snap.row)
+        row = _owned(session, holder, None if snap is None else snap.row)
         assert snap is not None
-        row = snap.row
         if new is None and not records:
             return None
         if new is not None and (snap.messages != [m.to_json() for m in new]
@@ -520,7 +515,8 @@ class BackedStore:
         for position, item in enumerate(waiting, 1):
             if item.key == key:
                 if item.text != text:
-                    raise validate.queued_text_differs(session, key)
+                    raise ArgumentError(f"session {session!r}: the turn key {key!r} is already used by a queued "
+                                        "message whose text differs from this one; a key names one message")
                 return position
         return 0
 
@@ -682,11 +678,12 @@ def _lease(holder: Holder) -> Guard:
     return Guard(lease=(holder.token, holder.epoch))
 
 
-def _owned(session: str, holder: Holder, row: Row | None) -> None:
-    """``LeaseLost`` unless ``row`` still holds ``holder``'s lease."""
+def _owned(session: str, holder: Holder, row: Row | None) -> Row:
+    """``row``, if it still holds ``holder``'s lease; else ``LeaseLost``."""
     if row is None or row.token != holder.token or row.epoch != holder.epoch:
         raise LeaseLost.superseded(session, holder.epoch, None if row is None else row.token,
                                    None if row is None or not row.epoch else row.epoch)
+    return row
 
 
 def _holder(row: Row) -> Holder:

@@ -34,10 +34,9 @@ def bytes_over_4(text: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """What one model request sends: ``messages``; ``start``, the transcript index of the first of them
-    (for ``Window`` they are the transcript's from there on); and ``tokens``, the policy's estimate of the
-    whole request (system prompt and tools included) before any correction, which the provider's reported
-    count is compared with."""
+    """What one model request sends: ``messages``; ``start``, the transcript index of the first of them; and
+    ``tokens``, the policy's estimate of the whole request before any correction (the provider's count is
+    compared with it)."""
 
     messages: Sequence[Message]
     start: int
@@ -65,12 +64,10 @@ class ContextPolicy(Protocol):
 
 class Window:
     """Sends the system prompt, the tools and the newest messages that fit in ``max_tokens``, starting at a
-    user message (never at a tool result or a reply, so no call goes without its result); when not even
-    the newest such start fits, it is sent anyway and the provider decides (docs/runs/context.md).
-
-    Tokens are ``estimate``d per message from its stored JSON, scaled by the largest ratio yet seen of the
-    provider's count to the estimate, and the window lowered to the provider's maximum when a
-    ``ContextOverflow`` reports one: the correction only tightens, shared by every run of the policy."""
+    user message (so no call goes without its result); when not even the newest such start fits, it is sent
+    anyway. Tokens are ``estimate``d, scaled by the largest ratio yet seen of the provider's count to the
+    estimate, and the window lowered to a maximum a ``ContextOverflow`` reports: the correction only tightens
+    (docs/runs/context.md)."""
 
     def __init__(self, max_tokens: int, *, estimate: Estimate = bytes_over_4) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -170,13 +167,11 @@ SUMMARY_ASK = ("Summarise the conversation above (and any earlier summary in it)
 
 
 class Compaction:
-    """Sends what fits, as ``Window`` does, and keeps what it leaves out: when what would be sent passes
-    ``threshold`` of ``max_tokens``, the run first asks the model (``endpoint``, or the run's own) for a
-    summary of the oldest messages and appends it to the transcript as a compaction record; a request is
-    then the newest summary and the messages after its range. No stored message is rewritten. The newest
-    messages, up to ``keep`` of the threshold, stay outside the range; a summary over ``summary`` of
-    ``max_tokens`` counts as a failed request (each summary takes the last in, so nothing else bounds it),
-    and a failed one leaves the transcript as it was (docs/runs/context.md)."""
+    """Sends what fits, as ``Window`` does, and keeps what it leaves out: past ``threshold`` of ``max_tokens``,
+    the run first asks the model (``endpoint``, or the run's own) for a summary of the oldest messages, up to
+    ``keep`` of the threshold from the end, and appends it as a compaction record; a request is then the
+    newest summary and what follows its range. A summary over ``summary`` of ``max_tokens`` counts as a
+    failed request (docs/runs/context.md)."""
 
     def __init__(self, max_tokens: int, *, threshold: float = 0.8, keep: float = 0.5, summary: float = 0.25,
                  endpoint: Completes | None = None, estimate: Estimate = bytes_over_4) -> None:

@@ -1,11 +1,8 @@
-"""The tool journal: what a run has started and finished of one model reply's tool calls.
+"""The tool journal: what a run has started and finished of one model reply's tool calls (docs/runs/journal.md).
 
-The stored transcript never holds a tool call without its result, so a reply whose tools are running is
-kept beside it, in the journal, until the next save carries the reply and all its results. A run that
-resumes a session finds the reply there (when the transcript is still the one the reply answered) and
-finishes it instead of asking the model again: journalled results are replayed, idempotent tools that
-never finished are run again, and a non-idempotent tool that started but never finished is not; the
-model is told its outcome is unknown.
+The stored transcript never holds a tool call without its result, so a reply whose tools are running is kept
+beside it, in the journal, until the next save carries the reply and all its results. A resume finishes it:
+journalled results are replayed, and a non-idempotent tool that started but never finished is not run again.
 """
 
 from __future__ import annotations

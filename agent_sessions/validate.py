@@ -1,6 +1,4 @@
-"""Argument checks every store makes, in one place, so all stores refuse the same inputs the same way.
-
-A store calls these before it touches its backend: bad input then fails with an ``ArgumentError`` and
+"""Argument checks, made before anything touches a backend: bad input fails with an ``ArgumentError`` and
 nothing stored changes.
 """
 
@@ -76,12 +74,6 @@ def turn_key(value: object, where: str = "turn key") -> str:
     return steer_key(value, where)
 
 
-def queued_text_differs(session: str, key: str) -> ArgumentError:
-    """The error of ``QueueStore.enqueue`` for a key accepted before with another text."""
-    return ArgumentError(f"session {session!r}: the turn key {key!r} is already used by a queued message whose "
-                         "text differs from this one; a key names one message")
-
-
 def messages(value: object, where: str = "messages", trusted: Sequence[Message] = ()) -> tuple[Message, ...]:
     """``trusted`` is a transcript already checked (what a store last saved): when ``value`` starts with
     it, only the rest is checked, so an appending save does not re-check the whole transcript."""
@@ -143,12 +135,10 @@ def distinct_call_ids(msgs: Sequence[Message], where: str = "messages") -> None:
 
 
 def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:
-    """Does ``items`` start with ``prefix``? Asked on every save, of the whole transcript, so it is done in C
-    without copying either: ``prefix <= items`` goes through the two tuples pair by pair, each pair compared
-    by identity and then equality, and when all of ``prefix`` matched it is the shorter, hence the smaller:
-    True. At the first pair that differs it answers that pair's ``<=`` instead, which messages do not have
-    (``TypeError``): not an extension. About 4 µs for 1,000 messages that are the very objects saved last
-    time, against 15 µs for ``items[:len(prefix)] == prefix``, which increfs and decrefs each of them."""
+    """Does ``items`` start with ``prefix``? Asked on every save, so done in C without copying: ``prefix <=
+    items`` compares pair by pair (identity, then equality), True once all of the shorter ``prefix`` matched;
+    at the first pair that differs it asks that pair's ``<=``, which messages lack (``TypeError``). About 4 µs
+    for 1,000 messages, against 15 µs for ``items[:len(prefix)] == prefix``."""
     if len(items) < len(prefix):
         return False
     try:
@@ -157,15 +147,15 @@ def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:
         return False
 
 
-def stored_size(items: Sequence[Message], start: int, limit: int | None, store: str, where: str = "messages") -> None:
-    """Each message from ``start`` on fits what ``store`` can keep (``limit`` bytes of stored JSON)."""
+def stored_size(items: Sequence[Message], limit: int | None, store: str) -> None:
+    """Each message fits what ``store`` can keep (``limit`` bytes of stored JSON)."""
     if limit is None:
         return
-    for i in range(start, len(items)):
-        size = len(items[i].to_json())
+    for i, message in enumerate(items):
+        size = len(message.to_json())
         if size > limit:
             raise ArgumentError(
-                f"{where}[{i}] is {size:,} bytes as stored (JSON, non-ASCII escaped); the {store} keeps messages "
+                f"messages[{i}] is {size:,} bytes as stored (JSON, non-ASCII escaped); the {store} keeps messages "
                 f"of at most {limit:,} bytes"
             )
 
@@ -215,10 +205,9 @@ def read_back(stop: object, count: object) -> None:
 
 
 def save_start(start: object, replace: object, take_steers: object) -> int:
-    """A fenced save's arguments beside the transcript, checked: ``take_steers`` and ``replace`` are bools
-    (each decides the shape of the save's statement, so a truthy string or ``None`` is refused rather than
-    read one way by one store and another by the next), and a ``TailStore`` save's ``start`` (the index of
-    its first message) an int >= 0; a replacing save writes the whole transcript, so it has none."""
+    """A fenced save's arguments beside the transcript: ``take_steers`` and ``replace`` bools (a truthy string
+    is refused, not read one way by one store and another by the next), ``start`` an int >= 0, and none for
+    a replacing save, which writes the whole transcript."""
     for name, flag in (("take_steers", take_steers), ("replace", replace)):
         if type(flag) is not bool:
             raise ArgumentError(f"save_fenced({name}=) must be a bool, got {flag!r}")

@@ -23,7 +23,7 @@ from ..errors import ArgumentError, AwaitingApproval, SessionBusy, StillQueued, 
 from ..events import Event, Events, ModelRequest
 from ..journal import Journal
 from ..lease import Lease
-from ..messages import Message, Role, unanswered
+from ..messages import Message, Role, turn_open, unanswered
 from ..result import Result
 from ..spec import Spec
 from ..values import Holder
@@ -167,8 +167,9 @@ def _answer_head(run: turns.Run, spec: Spec, session: RunSession, lease: Lease, 
     if at is not None:
         return go_on(run, spec, stored, at, endpoint, lease, events)
     waiting = queued_keys(session.store, session.id, lease.holder, stored)
-    if stored and not _answered_last(stored) and _unfinished_first(run, spec, session, lease, stored, endpoint,
-                                                                   waiting[0] if waiting else None):
+    # A transcript ending with an answer leaves no reply in the journal (the save that wrote it dropped it).
+    if turn_open(stored) and _unfinished_first(run, spec, session, lease, stored, endpoint,
+                                               waiting[0] if waiting else None):
         return None  # the lease is given back; the queue's head is taken under the next one
     head = session.store.take_queued(session.id, lease.holder)
     if head is None:
@@ -191,12 +192,6 @@ def queued_keys(store: QueueStore, session: str, holder: Holder, stored: Sequenc
         log.info("session %r: dropped queued turn %r, which the transcript holds already", session, keys[0])
         keys = store.queued(session)
     return keys
-
-
-def _answered_last(stored: list[Message]) -> bool:
-    """Does the transcript end with an answer (a reply without tool calls)? Then no reply of its turn waits
-    in the journal: a save that writes drops it, and the answer was saved."""
-    return stored[-1].role is Role.ASSISTANT and not stored[-1].tool_calls
 
 
 def _unfinished_first(run: turns.Run, spec: Spec, session: RunSession, lease: Lease, stored: list[Message],

@@ -115,9 +115,8 @@ class Calls:
             self.unwritten = True
 
     def keep_results(self) -> None:
-        """The run fails (an events callback raised on ``ToolFinished``, say) after a non-idempotent tool ran
-        and before the save that would carry its result: journal the result, so a resume replays it rather
-        than call its outcome unknown. Best effort: the run's own error is the one that propagates."""
+        """The run fails after a non-idempotent tool ran and before the save that would carry its result:
+        journal the result, so a resume replays it rather than call its outcome unknown. Best effort."""
         if not self.unwritten or self.journal is None:
             return
         try:

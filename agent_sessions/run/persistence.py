@@ -136,11 +136,9 @@ class Kept(Keeping):
 
 class Leased(Keeping):
     """A session over a RunStore. Per step: one fenced save before the request (which takes the steers and
-    reports a cancel); before each tool call a cancel check, which for a non-idempotent tool is the journal
-    write recording that it started (``Calls``), and for an idempotent one what the store pushed, or a read
-    of the lease (for the first call of a reply, the save before its request was that read: no round trip);
-    after a non-idempotent tool that is not the reply's last call, a journal write of its result. Every
-    other result rides with the next write. The writes are ``Writes``'; the reply being run is ``Calls``'."""
+    reports a cancel); before each tool call a cancel check (for a non-idempotent tool, the journal write
+    saying it started; for the first call of a reply, the save before its request); every other result
+    rides with the next write. The writes are ``Writes``'; the reply being run is ``Calls``'."""
 
     saves = True
 
@@ -279,15 +277,14 @@ class Leased(Keeping):
             return None
         own = self.turn is not None and holder.turn == self.turn
         if not self.continuing and not own and (self.new_input or self._begins_turn(transcript)
-                                                 or self._steers_wait()):
+                                                 or self.store.pending_steers(self.session)):
             return "close"
         return "stop"
 
     def _journalled(self, journal: Journal, text: str | None, transcript: list[Message]) -> bool:
-        """What becomes of the reply waiting in the journal, before the run starts (``True``: settled here):
-        put back closed where new input follows what it answered (closed unrun for a cancelled turn; closed as
-        it stands, each call's result kept and a started non-idempotent one's outcome unknown, for a stopped
-        run), refused where that would drop decisions or calls that ran, or finished by this run."""
+        """What becomes of the reply waiting in the journal, before the run starts (``True``: settled here): put
+        back closed where new input follows what it answered, refused where that would drop decisions or calls
+        that ran, or finished by this run."""
         anew = _started_anew(journal, transcript, self.start)
         if self.calls.closing and anew:
             # The cancelled turn's reply waits in the journal while the new input follows the transcript it
@@ -331,10 +328,6 @@ class Leased(Keeping):
         while same < min(len(stored), len(transcript)) and stored[same] == transcript[same]:
             same += 1
         return any(m.role is Role.USER and m.text for m in transcript[same:])
-
-    def _steers_wait(self) -> bool:
-        """Are steers waiting (new input for the session)? Asked only of a run handed a cancel."""
-        return bool(self.store.pending_steers(self.session))
 
     def _put_back(self, journal: Journal, transcript: list[Message],
                   result: Callable[[Journal, Content], Content]) -> None:
@@ -404,12 +397,9 @@ class Leased(Keeping):
         self.calls.unwritten = False
 
     def _end_turn(self, transcript: Sequence[Message], result: Result) -> None:
-        """The run returns, so its turn has ended however it ended: a turn it leaves open in the transcript
-        (stopped at ``max_steps`` after tool results, or waiting for decisions) is no stranded run, and no
-        sweep may run it again (with a fresh budget). Its mark is cleared under this run's own lease, only
-        while nothing came since (a steer, a queued message, a decision, which are new input: the mark stays
-        for the sweep). A cancelled turn is kept from the sweep by its cancel, handed on. One round trip,
-        only for a run that ends without an answer."""
+        """The run returns, so its turn has ended: one it leaves open (at ``max_steps`` after tool results, or
+        waiting for decisions) is no stranded run for a sweep to run again. Its mark is cleared under this run's
+        lease, only while no new input came since (then the mark stays for the sweep)."""
         if result.stop_reason not in ("max_steps", "awaiting_approval") or (
                 result.stop_reason == "max_steps" and not turn_open(transcript)):
             return

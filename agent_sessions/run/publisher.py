@@ -148,8 +148,7 @@ class Publisher(Sink):
     @staticmethod
     def render(records: Sequence[str | Pointing], msgs: Sequence[Message] | None = None, start: int = 0) -> list[str]:
         """The texts of ``records`` for a write storing ``msgs`` (the transcript from index ``start`` on): an
-        event whose message is among them points at it, any other carries its message whole (so does every
-        event of a write storing none)."""
+        event whose message is among them points at it, any other carries its message whole."""
         digests: dict[int, str] = {}
         return [r if isinstance(r, str) else r.render(msgs, digests, start) for r in records]
 
