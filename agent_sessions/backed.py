@@ -584,10 +584,8 @@ class BackedStore:
 
     # -- the lifecycle ---------------------------------------------------------------------------------------
 
-    def list_sessions(
-        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None,
-        *, stranded: bool = False, grace: float = 0.0,
-    ) -> SessionPage:
+    def list_sessions(self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50,
+                      after: str | None = None, *, stranded: bool = False, grace: float = 0.0) -> SessionPage:
         if stranded:
             return self._stranded(lifecycle.check_stranded(prefix, where, limit, after, grace), limit, after)
         wanted = lifecycle.check_listing(prefix, where, limit, after)

@@ -54,10 +54,8 @@ class ContextPolicy(Protocol):
     def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:
         """The usage the provider reported for the request that sent ``sent``."""
 
-    def overflowed(
-        self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
-        tools: Sequence[Tool],
-    ) -> Selection | None:
+    def overflowed(self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
+                   tools: Sequence[Tool]) -> Selection | None:
         """The provider refused ``sent`` as too long: a smaller request to send instead, or ``None`` (the
         error ends the run)."""
 
@@ -116,10 +114,8 @@ class Window:
         if counted and sent.tokens > 0:
             self._tighten(counted / sent.tokens)
 
-    def overflowed(
-        self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
-        tools: Sequence[Tool],
-    ) -> Selection | None:
+    def overflowed(self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
+                   tools: Sequence[Tool]) -> Selection | None:
         self.learn(error, sent)
         again = self.select(system, transcript, tools)
         return again if len(again.messages) < len(sent.messages) else None  # None: nothing more to leave out
@@ -157,11 +153,10 @@ class Completes(Protocol):
         """The reply to ``messages``."""
 
 
-SUMMARY_SYSTEM = (
-    "You write the summary that replaces the older part of a long conversation between a user and an "
-    "assistant using tools. Keep every fact, decision, name, number, file, open question and promise "
-    "that a later turn may need; leave out pleasantries. Write it as notes, in the conversation's language."
-)
+SUMMARY_SYSTEM = ("You write the summary that replaces the older part of a long conversation between a user and an "
+                  "assistant using tools. Keep every fact, decision, name, number, file, open question and promise "
+                  "that a later turn may need; leave out pleasantries. Write it as notes, in the conversation's "
+                  "language.")
 SUMMARY_ASK = ("Summarise the conversation above (and any earlier summary in it) for the assistant to carry on "
                "from. Answer with the summary only; call no tool.")
 
@@ -204,10 +199,8 @@ class Compaction:
     def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:
         self.window.observe(sent, usage)
 
-    def overflowed(
-        self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
-        tools: Sequence[Tool],
-    ) -> Selection | None:
+    def overflowed(self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
+                   tools: Sequence[Tool]) -> Selection | None:
         self.window.learn(error, sent)
         again = self.select(system, transcript, tools)
         return again if len(again.messages) < len(sent.messages) else None

@@ -17,14 +17,10 @@ from .errors import MessageError, StoreError
 from .messages import Content, Message, Role
 from .values import Decision
 
-UNKNOWN_OUTCOME = (
-    "the outcome of this call is unknown: the run that made it stopped while the tool ran, and the tool "
-    "is not idempotent, so it was not run again"
-)
-NOT_RUN_SUPERSEDED = (
-    "no result: the run that made this call stopped before this call's result was kept, and the conversation "
-    "went on with a new message, so it was not run again"
-)
+UNKNOWN_OUTCOME = ("the outcome of this call is unknown: the run that made it stopped while the tool ran, and the "
+                   "tool is not idempotent, so it was not run again")
+NOT_RUN_SUPERSEDED = ("no result: the run that made this call stopped before this call's result was kept, and the "
+                      "conversation went on with a new message, so it was not run again")
 """A call of a reply left in the journal by a run that stopped (its lease lapsed), when a run with new input
 comes first: the reply goes back in its place with its calls closed (``persistence.Leased.resume``)."""
 
@@ -107,13 +103,11 @@ class Journal:
         try:
             data = json.loads(text)
             results = Message.from_json(data["results"]).content
-            return cls(
-                at=int(data["at"]),
-                digest=str(data["digest"]),
-                reply=Message.from_json(data["reply"]),
-                started=[str(s) for s in data["started"]],
-                results={r.tool_call_id: r for r in results},
-                approvals={str(k): Approval.from_dict(v) for k, v in data.get("approvals", {}).items()},
-            )
+            return cls(at=int(data["at"]),
+                       digest=str(data["digest"]),
+                       reply=Message.from_json(data["reply"]),
+                       started=[str(s) for s in data["started"]],
+                       results={r.tool_call_id: r for r in results},
+                       approvals={str(k): Approval.from_dict(v) for k, v in data.get("approvals", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError, MessageError) as exc:
             raise StoreError(f"{where}: the stored tool journal is corrupt: {exc}") from exc

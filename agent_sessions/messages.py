@@ -163,15 +163,8 @@ class Message:
     """Where a store read this message from: (session, the session's incarnation, its index there or -1),
     set by ``read_from``."""
 
-    def __init__(
-        self,
-        role: Role | str,
-        content: Iterable[Content] = (),
-        *,
-        key: str = "",
-        steer: bool = False,
-        usage: Mapping[str, int] | None = None,
-    ) -> None:
+    def __init__(self, role: Role | str, content: Iterable[Content] = (), *, key: str = "", steer: bool = False,
+                 usage: Mapping[str, int] | None = None) -> None:
         checked = _ROLES.get(role) if isinstance(role, str) else None
         if checked is None:
             raise MessageError(f"Message.role must be one of {[r.value for r in Role]}, got {role!r}")

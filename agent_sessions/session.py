@@ -192,8 +192,6 @@ def open(session_id: str, store: Store) -> StoreSession:
     """Address one conversation of ``store``. Opening touches nothing: the session may not exist yet."""
     validate.session_id(session_id, "agent.open(session_id)")
     if not isinstance(store, Store):
-        raise ArgumentError(
-            f"agent.open(store) needs a Store (save, messages, add_steer, take_steers), "
-            f"got {type(store).__name__}"
-        )
+        raise ArgumentError(f"agent.open(store) needs a Store (save, messages, add_steer, take_steers), "
+                            f"got {type(store).__name__}")
     return StoreSession(session_id, store)

@@ -30,9 +30,7 @@ def session_id(value: object, where: str = "session id") -> str:
     if not value:
         raise ArgumentError(f"{where} must not be empty")
     if len(value) > MAX_SESSION_ID_LENGTH:
-        raise ArgumentError(
-            f"{where} is {len(value)} characters long; at most {MAX_SESSION_ID_LENGTH} are allowed"
-        )
+        raise ArgumentError(f"{where} is {len(value)} characters long; at most {MAX_SESSION_ID_LENGTH} are allowed")
     if not encodable(value):
         raise ArgumentError(f"{where} {value!r} contains NUL or a lone surrogate")
     return value
@@ -80,9 +78,8 @@ def messages(value: object, where: str = "messages", trusted: Sequence[Message] 
     return messages_after(value, trusted, where)[0]
 
 
-def messages_after(
-    value: object, trusted: Sequence[Message], where: str = "messages"
-) -> tuple[tuple[Message, ...], int]:
+def messages_after(value: object, trusted: Sequence[Message],
+                   where: str = "messages") -> tuple[tuple[Message, ...], int]:
     """``messages``, also saying how many leading messages are ``trusted`` ones: ``len(trusted)`` when
     ``value`` extends it, else 0. A store asks this on every save, of the whole transcript, so it copies
     ``value`` once and looks at only the messages that are not trusted."""
@@ -113,10 +110,9 @@ def _answers(results: Message, before: Message | None, where: str, index: int) -
         calls = {c.id for c in before.content if c.type is _TOOL_CALL}
     for c in results.content:
         if c.type is _TOOL_RESULT and c.tool_call_id not in calls:
-            raise MessageError(
-                f"{where}[{index}] holds a tool result for call {c.tool_call_id!r}, but the message before it makes "
-                f"no call with that id (a result must directly follow the reply that called it)"
-            )
+            raise MessageError(f"{where}[{index}] holds a tool result for call {c.tool_call_id!r}, but the message "
+                               f"before it makes no call with that id (a result must directly follow the reply that "
+                               f"called it)")
 
 
 def distinct_call_ids(msgs: Sequence[Message], where: str = "messages") -> None:
@@ -127,10 +123,8 @@ def distinct_call_ids(msgs: Sequence[Message], where: str = "messages") -> None:
         seen: set[str] = set()
         for c in m.tool_calls:
             if c.id in seen:
-                raise MessageError(
-                    f"{where}[{i}] makes two tool calls with id {c.id!r}: their results could not be told apart "
-                    f"(give each call of a message its own id)"
-                )
+                raise MessageError(f"{where}[{i}] makes two tool calls with id {c.id!r}: their results could not be "
+                                   f"told apart (give each call of a message its own id)")
             seen.add(c.id)
 
 
@@ -154,10 +148,8 @@ def stored_size(items: Sequence[Message], limit: int | None, store: str) -> None
     for i, message in enumerate(items):
         size = len(message.to_json())
         if size > limit:
-            raise ArgumentError(
-                f"messages[{i}] is {size:,} bytes as stored (JSON, non-ASCII escaped); the {store} keeps messages "
-                f"of at most {limit:,} bytes"
-            )
+            raise ArgumentError(f"messages[{i}] is {size:,} bytes as stored (JSON, non-ASCII escaped); the {store} "
+                                f"keeps messages of at most {limit:,} bytes")
 
 
 def deliverable_steer(text: str, limit: int | None, store: str) -> None:
@@ -167,10 +159,8 @@ def deliverable_steer(text: str, limit: int | None, store: str) -> None:
         return
     size = len(Message.user(text, steer=True).to_json())
     if size > limit:
-        raise ArgumentError(
-            f"the steer is {size:,} bytes as it would be stored (JSON, non-ASCII escaped); the {store} keeps "
-            f"messages of at most {limit:,} bytes, so it could never be delivered"
-        )
+        raise ArgumentError(f"the steer is {size:,} bytes as it would be stored (JSON, non-ASCII escaped); the "
+                            f"{store} keeps messages of at most {limit:,} bytes, so it could never be delivered")
 
 
 def fork_cut(last_kept: Message | None, at: int, source: str, allow_unanswered: bool) -> None:
@@ -178,11 +168,9 @@ def fork_cut(last_kept: Message | None, at: int, source: str, allow_unanswered: 
     since the fork's next run runs them again (its journal is the original's, not the fork's)."""
     if allow_unanswered or last_kept is None or not last_kept.tool_calls:
         return
-    raise ArgumentError(
-        f"cannot fork session {source!r} at {at}: message {at - 1} has tool calls whose results would be cut "
-        f"off, and the fork's next run would run them again (non-idempotent ones included); cut at {at - 1} "
-        f"or {at + 1}, or pass allow_unanswered=True"
-    )
+    raise ArgumentError(f"cannot fork session {source!r} at {at}: message {at - 1} has tool calls whose results "
+                        f"would be cut off, and the fork's next run would run them again (non-idempotent ones "
+                        f"included); cut at {at - 1} or {at + 1}, or pass allow_unanswered=True")
 
 
 def fork_index(at: object, length: int, source: str) -> None:
@@ -190,10 +178,8 @@ def fork_index(at: object, length: int, source: str) -> None:
     if at is None:
         return
     if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= length:
-        raise ArgumentError(
-            f"cannot fork session {source!r} at {at!r}: its transcript has {length} messages, so at must be "
-            f"None or an int from 0 to {length}"
-        )
+        raise ArgumentError(f"cannot fork session {source!r} at {at!r}: its transcript has {length} messages, so at "
+                            f"must be None or an int from 0 to {length}")
 
 
 def read_back(stop: object, count: object) -> None:

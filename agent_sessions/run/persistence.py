@@ -430,24 +430,19 @@ def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Leas
     session = spec.session
     leased = session is not None and is_run_session(session)  # every capability below is a RunStore's
     if start and session is not None and not leased:
-        raise ArgumentError(
-            f"the run was given the stored transcript from message {start} on (a Tail), which only a session over "
-            f"a store implementing agent_sessions.contract.TailStore can save: give it the whole transcript"
-        )
+        raise ArgumentError(f"the run was given the stored transcript from message {start} on (a Tail), which only a "
+                            f"session over a store implementing agent_sessions.contract.TailStore can save: give it "
+                            f"the whole transcript")
     if start and spec.replace_transcript:
         raise ArgumentError("Spec.replace_transcript replaces the whole stored transcript: give the run all of it, "
                             "not a Tail")
     if spec.publish_events and not leased:
-        raise ArgumentError(
-            "Spec.publish_events writes the run's events to the session's store: give the spec a session over a "
-            "store implementing agent_sessions.EventStore"
-        )
+        raise ArgumentError("Spec.publish_events writes the run's events to the session's store: give the spec a "
+                            "session over a store implementing agent_sessions.EventStore")
     if spec.asks_approval and not leased:
-        raise ArgumentError(
-            "a tool of this spec needs approval, and decisions are kept in the session's store: give the spec a "
-            "session over a store implementing agent_sessions.ApprovalStore (all of the library's "
-            "stores but a plain Store do)"
-        )
+        raise ArgumentError("a tool of this spec needs approval, and decisions are kept in the session's store: give "
+                            "the spec a session over a store implementing agent_sessions.ApprovalStore (all of the "
+                            "library's stores but a plain Store do)")
     if session is None:
         return NOT_KEPT
     if is_run_session(session):

@@ -35,21 +35,13 @@ log = logging.getLogger(__name__)
 counts and sizes only, never what a message or a tool's arguments or result say (they may be anyone's)."""
 
 
-def run(
-    spec: Spec,
-    transcript: list[Message],
-    endpoint: Endpoint,
-    events: Events | None,
-    box: SteerBox,
-    cancelled: threading.Event,
-    continuing: bool = False,
-    lease: Lease | None = None,
-) -> Result:
+def run(spec: Spec, transcript: list[Message], endpoint: Endpoint, events: Events | None, box: SteerBox,
+        cancelled: threading.Event, continuing: bool = False, lease: Lease | None = None) -> Result:
     """Run the loop on ``transcript``; ``continuing``: it goes on with a turn already begun (``keeping``);
     ``lease``: the session's lease, taken already by the caller and handed to the run, which releases it."""
     emit = sink(events)
     taken: list[str] = []  # steers of the box in the transcript, in no stored transcript yet
-    sid = getattr(spec.session, "id", None)
+    sid = keep_id(spec)
     started = time.monotonic()
     try:
         with keeping(spec, continuing=continuing, start=start_of(transcript), lease=lease,
@@ -77,16 +69,8 @@ def run(
     return result
 
 
-def _loop(
-    spec: Spec,
-    transcript: list[Message],
-    endpoint: Endpoint,
-    emit: Sink,
-    box: SteerBox,
-    cancelled: threading.Event,
-    keep: Keeping,
-    taken: list[str],
-) -> Result:
+def _loop(spec: Spec, transcript: list[Message], endpoint: Endpoint, emit: Sink, box: SteerBox,
+          cancelled: threading.Event, keep: Keeping, taken: list[str]) -> Result:
     steps = 0
     reply: Message | None = None
     usage: dict[str, int] = {}
@@ -146,33 +130,24 @@ def _loop(
         waiting = _run_tools(spec, step, transcript, emit, cancelled, keep)
     if waiting:
         stop = "awaiting_approval"
-    result = Result(
-        messages=transcript,
-        text=reply.text if stop == "answered" and reply is not None else "",
-        steps=steps,
-        stop_reason=stop,
-        unapplied_steers=box.close(),
-        usage=usage,
-        pending_approvals=keep.pending(waiting),
-    )
+    result = Result(messages=transcript, text=reply.text if stop == "answered" and reply is not None else "",
+                    steps=steps, stop_reason=stop, unapplied_steers=box.close(), usage=usage,
+                    pending_approvals=keep.pending(waiting))
     keep.finish(transcript, result)
     if keep.saves:
         emit.saved(steps, start_of(transcript) + len(transcript))
     return result
 
 
-def _complete(
-    spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None, messages: Sequence[Message], step: int,
-    emit: Sink,
-) -> Message:
+def _complete(spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None, messages: Sequence[Message],
+              step: int, emit: Sink) -> Message:
     if streams is None:
         return endpoint.complete(spec.system, messages, spec.toolbox)
     return streams.complete(spec.system, messages, spec.toolbox, on_text=partial(emit.text_delta, step))
 
 
-def _compact(
-    compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int, emit: Sink,
-) -> None:
+def _compact(compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int,
+             emit: Sink) -> None:
     """Append the policy's compaction record, if it makes one, to ``transcript`` (the save before the request
     stores it). A summary request that fails appends nothing, and the run goes on: ``select`` sends what fits."""
     try:
@@ -194,10 +169,8 @@ def _compact(
     emit.compacted(step, block.start, block.end, start_of(transcript) + len(transcript) - 1, before, after)
 
 
-def _within(
-    policy: ContextPolicy, spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None,
-    transcript: list[Message], step: int, emit: Sink,
-) -> tuple[Message, float]:
+def _within(policy: ContextPolicy, spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None,
+            transcript: list[Message], step: int, emit: Sink) -> tuple[Message, float]:
     """The reply to what ``policy`` sends of ``transcript``, and the clock reading of its request. A
     request the provider refuses as too long is narrowed by the policy and sent once more (the error
     came before any of the reply did, so nothing was handed on)."""
@@ -223,9 +196,8 @@ def _within(
     return reply, started
 
 
-def _run_tools(
-    spec: Spec, step: int, transcript: list[Message], emit: Sink, cancelled: threading.Event, keep: Keeping
-) -> list[Content]:
+def _run_tools(spec: Spec, step: int, transcript: list[Message], emit: Sink, cancelled: threading.Event,
+               keep: Keeping) -> list[Content]:
     """Answer every tool call of the last message, in one message of results: a call never stands in the
     transcript without its result, whatever stops the run. Once a cancel is seen, every call left gets an
     error result saying so. While a call waits for a person's decision none of the reply's calls runs: the
@@ -270,9 +242,8 @@ def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink
     return steers
 
 
-def _give_back(
-    keep: Keeping, exc: BaseException, transcript: list[Message], taken: list[str], left: list[str]
-) -> None:
+def _give_back(keep: Keeping, exc: BaseException, transcript: list[Message], taken: list[str],
+               left: list[str]) -> None:
     """A failing run keeps the steers it was given (``Run.steer``) that no stored transcript holds: they become
     the session's waiting steers, which a resume takes (after an unanswered save, ``stored_as`` tells whether
     it landed with them). What cannot be stored or checked is handed back on the exception, in order, as

@@ -91,26 +91,12 @@ class Run:
 
 
 class Runner:
-    def run(
-        self,
-        spec: Spec,
-        msgs: Sequence[Message],
-        endpoint: Endpoint,
-        events: Events | None = None,
-    ) -> Result:
+    def run(self, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None = None) -> Result:
         """Run to the end on the calling thread."""
-        _check(spec, msgs, endpoint, events)
-        return _execute(Run(), spec, msgs, endpoint, events)
+        return self._turn_run(spec, msgs, endpoint, events, False)
 
-    def turn(
-        self,
-        spec: Spec,
-        text: str,
-        key: str,
-        endpoint: Endpoint,
-        events: Events | None = None,
-        if_busy: Busy = "queue",
-    ) -> Result:
+    def turn(self, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None = None,
+             if_busy: Busy = "queue") -> Result:
         """Run the turn that answers the user message ``text``, safe to repeat with the same ``key`` (a
         task redelivered, a retried request): the message is appended only if no stored message has that
         key; a turn left unfinished is continued; an answered one is returned as it is stored, with no
@@ -130,13 +116,7 @@ class Runner:
         _check(spec, msgs, endpoint, events)
         return _execute(Run(), spec, msgs, endpoint, events, continuing, lease)
 
-    def start(
-        self,
-        spec: Spec,
-        msgs: Sequence[Message],
-        endpoint: Endpoint,
-        events: Events | None = None,
-    ) -> Run:
+    def start(self, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None = None) -> Run:
         """Run on a new thread and return its handle at once. Arguments are checked here, not there."""
         _check(spec, msgs, endpoint, events)
         session_id = getattr(spec.session, "id", None)
@@ -165,11 +145,8 @@ def _check(spec: object, msgs: object, endpoint: object, events: object) -> None
         raise ArgumentError("Runner: events must be None or a callable")
 
 
-def _execute(
-    run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None,
-    continuing: bool = False,
-    lease: Lease | None = None,
-) -> Result:
+def _execute(run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None,
+             continuing: bool = False, lease: Lease | None = None) -> Result:
     assert spec.pattern is Pattern.REACT
     try:
         transcript = Tail(msgs, msgs.start) if isinstance(msgs, Tail) else list(msgs)

@@ -41,10 +41,8 @@ def run_session(spec: Spec, key: object) -> RunSession:
     """The session a turn runs in, once its arguments are checked: ``Spec.session`` over a RunStore."""
     session = spec.session
     if session is None or not is_run_session(session):
-        raise ArgumentError(
-            "Runner.turn needs Spec.session over a RunStore: only a leased, fenced run can tell a repeated "
-            "delivery from a new turn"
-        )
+        raise ArgumentError("Runner.turn needs Spec.session over a RunStore: only a leased, fenced run can tell a "
+                            "repeated delivery from a new turn")
     if not isinstance(key, str) or not key:
         raise ArgumentError(f"Runner.turn(key=) must be a non-empty str, got {key!r}")
     return session
@@ -89,10 +87,8 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
     what is left of the turn's budget) and the transcript to go on with."""
     key = message.key
     if stored[at] != message:
-        raise ArgumentError(
-            f"session {session.id!r}: the turn key {key!r} is already used by message {at}, whose text "
-            f"differs from this one; a key names one message"
-        )
+        raise ArgumentError(f"session {session.id!r}: the turn key {key!r} is already used by message {at}, whose text "
+                            f"differs from this one; a key names one message")
     answer = answered(stored, at, spec.max_steps)
     if answer is not None:
         log.info("session %r: turn %r was answered already; returning its answer", session.id, key)
