@@ -1,19 +1,10 @@
-"""Tool calls a person must approve: asked for by a run, decided from any process, executed at most once.
+"""Tool calls a person must approve: asked for by a run, decided from any process, executed at most once
+(docs/runs/approvals.md).
 
-A reply that calls a tool needing approval stops its run before any of the reply's calls runs
-(``stop_reason == "awaiting_approval"``): the reply waits beside the stored transcript, in the tool
-journal, with an ``Approval`` per call that needs one, and the run releases its lease. Nothing of the
-reply runs before every decision is in, so the calls run in the order the model wrote them and none runs
-on the strength of a sibling a person may yet deny.
-
-A decision is a compare-and-swap of the journal's text (``ApprovalStore.swap_journal``): of concurrent
-decisions on one call exactly one is stored and the others raise ``AlreadyDecided``. The next run of the
-session, on any worker, finds the decisions in the journal: it runs the approved calls (journalled as any
-call is, so a non-idempotent one is never run twice) and gives the denied ones an error result.
-
-Deadlines are absolute times on the clock of the process that asked; they are checked by the clocks of
-the processes that decide and resume. They are meant for hours and days, where the skew between hosts
-is noise; for seconds, use one host's clock.
+A reply calling a tool that needs approval stops its run before any of its calls runs: the reply waits in
+the tool journal, with an ``Approval`` per call that needs one. A decision is a compare-and-swap of the
+journal's text (``swap_journal``), so of concurrent decisions on one call exactly one is stored. Deadlines
+are absolute times on the clock of the process that asked: meant for hours and days, where skew is noise.
 """
 
 from __future__ import annotations
@@ -65,9 +56,13 @@ def pending(store: ApprovalStore, session: str) -> list[PendingApproval]:
     for call in journal.reply.tool_calls:
         approval = journal.approvals.get(call.id)
         if approval is not None and approval.decision is None and not expired(approval, now):
-            out.append(PendingApproval(call.id, call.name, call.arguments, when(approval.asked),
-                                       None if approval.deadline is None else when(approval.deadline)))
+            out.append(waiting(call, approval))
     return out
+
+
+def waiting(call: Content, approval: Approval) -> PendingApproval:
+    return PendingApproval(call.id, call.name, call.arguments, when(approval.asked),
+                           None if approval.deadline is None else when(approval.deadline))
 
 
 def decide(store: ApprovalStore, session: str, call_id: str, approved: bool, reason: str) -> Decision:
@@ -79,7 +74,7 @@ def decide(store: ApprovalStore, session: str, call_id: str, approved: bool, rea
         raise ArgumentError(f"the reason must be a str, got {type(reason).__name__}")
     for _ in range(ATTEMPTS):
         text = store.journal(session)
-        journal = None if text is None else _parse(text, session)
+        journal = Journal.of(text, session)
         approval = None if journal is None else journal.approvals.get(call_id)
         if text is None or journal is None or approval is None:
             closed = _closed(store, session, call_id)
@@ -105,20 +100,15 @@ def decide(store: ApprovalStore, session: str, call_id: str, approved: bool, rea
 
 
 def cancel(store: RunStore, session: str) -> bool:
-    """What ``StoreSession.cancel`` does, whatever it meets, as one rule: the cancel is stored where every
-    run that could go on with the turn looks before it starts anything.
-
-    - The lease is marked (``RunStore.cancel``): its run sees the mark at its next check, and the mark
-      outlives the run: released, or left to expire by a dead worker, it is handed to whichever run takes
-      the session next (``RunStore.acquire``), which stops at once if it goes on with the same turn and
-      drops it if it begins a new one (``persistence.Leased.resume``).
-    - A turn waiting for decisions has its undecided calls decided "cancel" (by compare-and-swap, so a
-      person's decision stored first is kept and one coming after raises ``AlreadyDecided``), and when no
-      run holds the session it is closed now (``close_waiting``). A run that resumes it finds the mark.
+    """What ``StoreSession.cancel`` does: the cancel is stored where every run that could go on with the turn
+    looks before it starts anything. The lease is marked (``RunStore.cancel``), and the mark outlives its run:
+    it is handed to whichever run takes the session next, which stops if it goes on with the same turn
+    (``persistence.Leased.resume``). A turn waiting for decisions has its undecided calls decided "cancel",
+    by compare-and-swap, and with no run holding the session it is closed now (``close_waiting``).
 
     ``True`` when a run held the session or a turn waited: no call of that turn starts afterwards."""
     running = store.cancel(session)
-    if not isinstance(store, ApprovalStore) or _decide_rest(store, session) is None:
+    if _decide_rest(store, session) is None:
         return running
     if running:
         return True  # the holder finds the mark and the decisions; so does whoever resumes after it
@@ -171,7 +161,7 @@ def _decide_rest(store: ApprovalStore, session: str) -> Journal | None:
         text = store.journal(session)
         if text is None:
             return None
-        journal = _parse(text, session)
+        journal = Journal.from_json(text, f"session {session!r}")
         waiting = [a for a in journal.approvals.values() if a.decision is None]
         if not journal.approvals:
             return None  # a crashed run's journal, not a turn waiting for decisions
@@ -208,11 +198,9 @@ def _already(session: str, call_id: str, decision: Decision) -> AlreadyDecided:
 
 
 def _closed(store: RunStore, session: str, call_id: str) -> Decision | None:
-    """The decision a call's stored result shows, once its turn was closed (its results saved, the journal
-    gone): a decision coming after a denial (at its deadline, by a cancel, by another person) is one too
-    late, not one on an unknown call. ``None`` when the transcript holds no such result (a call that ran
-    may or may not have waited for a decision: that is no longer kept). When it was made is not kept
-    either (``at`` is NaN)."""
+    """The decision a call's stored result shows, once its turn was closed: a decision coming after a denial
+    is one too late, not one on an unknown call. ``None`` when no such result says one (a call that ran may
+    or may not have waited for a decision: that is no longer kept). ``at`` is NaN: not kept either."""
     for message in reversed(store.messages(session)):
         for c in message.content:
             if c.type is ContentType.TOOL_RESULT and c.tool_call_id == call_id:
@@ -228,14 +216,5 @@ def _closed(store: RunStore, session: str, call_id: str) -> Decision | None:
 
 def _journal(store: RunStore, session: str) -> Journal | None:
     validate.session_id(session)
-    text = store.journal(session)
-    return None if text is None else _parse(text, session)
-
-
-def _parse(text: str, session: str) -> Journal:
-    return Journal.from_json(text, f"session {session!r}")
-
-
-def deadline_of(seconds: float | None, asked: float) -> float | None:
-    return None if seconds is None else asked + seconds
+    return Journal.of(store.journal(session), session)
 

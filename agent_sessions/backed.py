@@ -1,16 +1,13 @@
 """The session rules, once: every store of the library is a ``BackedStore`` over a ``Backend``.
 
-Each operation a store offers (``contract``: a run's fenced save, an acquire, a cancel, a queued message, a
-keyed steer, a decision, a delete) is said here as one guarded write of the backend, or a read and then a
-write whose guard holds exactly what the read decided on, so nothing another process does between the two
-can make the write wrong: it is refused, and the operation reads again (at most ``ATTEMPTS`` times). The
-backend (``agent_sessions.backend``) only keeps what it is given and evaluates the guard.
+Each operation a store offers (``contract``) is said here as one guarded write of the backend, or a read and
+then a write whose guard holds exactly what the read decided on: a write another process made wrong meanwhile
+is refused, and the operation reads again (at most ``ATTEMPTS`` times). The backend only keeps what it is
+given and evaluates the guard.
 
-A run's save carries only what is new. What the run last wrote under its lease is remembered here
-(``_Wrote``, per lease), and its first save starts from where the messages it was given were read
-(``messages.read_from``: the read's incarnation, edit count, length and each message's index), so the usual
-step is one write and a run's start two (the acquire, and its first save). Messages from anywhere else
-(made by the caller, or read from another database) are compared with the stored transcript first.
+A run's save carries only what is new, placed by what the run last wrote under its lease (``_Wrote``) or by
+where its messages were read (``messages.read_from``), so the usual step is one write. Messages from
+anywhere else (made by the caller, read from another database) are compared with the stored transcript first.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 from . import eventlog, lifecycle, validate
 from .backend import (
@@ -55,6 +53,7 @@ from .messages import Message, origin, read_from, turn_open
 from .values import Holder, Saved, Scalar, SessionInfo, SessionPage, StoredEvent, when
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 ATTEMPTS = 20
 """Writes an operation makes at most: each refusal means another process changed the session meanwhile."""
@@ -212,7 +211,7 @@ class BackedStore:
     def save(self, session: str, msgs: Sequence[Message]) -> None:
         validate.session_id(session)
         items = validate.messages(msgs)
-        validate.stored_size(items, 0, self.max_message_bytes, self.name)
+        validate.stored_size(items, self.max_message_bytes, self.name)
         texts = tuple(m.to_json() for m in items)
         opened = turn_open(items)
         for _ in _attempts():
@@ -264,10 +263,7 @@ class BackedStore:
 
     def check(self, session: str, holder: Holder) -> bool:
         validate.session_id(session)
-        row = self._row(session)
-        _owned(session, holder, row)
-        assert row is not None
-        return row.cancelled
+        return _owned(session, holder, self._row(session)).cancelled
 
     def journal_as_taken(self, session: str, holder: Holder) -> str | None:
         validate.session_id(session)
@@ -279,11 +275,7 @@ class BackedStore:
 
     def _left(self, lease: tuple[str, str, int], row: Row) -> None:
         """What a write under ``lease`` left of the journal (``journal_as_taken``)."""
-        with self._lock:
-            self._journals[lease] = row.journal
-            self._journals.move_to_end(lease)
-            while len(self._journals) > REMEMBER:
-                self._journals.popitem(last=False)
+        self._remember(self._journals, lease, row.journal)
 
     def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
         validate.session_id(session)
@@ -323,9 +315,8 @@ class BackedStore:
         return self._save(session, holder, msgs, take_steers, replace, start, events, keep, closes, logged=True)
 
     def give_back(self, session: str, holder: Holder, steers: Sequence[str]) -> list[str]:
-        """Leave ``steers`` (given to a run that fails, in no stored transcript) as the session's waiting
-        steers, in order, each fenced by ``holder``: none is left under a session deleted meanwhile (or
-        taken over). Returns those not left, from the first that could not be."""
+        """Leave ``steers`` (given to a run that fails) as the session's waiting steers, in order, each fenced by
+        ``holder``; return those not left, from the first that could not be."""
         validate.session_id(session)
         for i, text in enumerate(steers):
             if not self.backend.write(session, _lease(holder), Change(add_steer=(text, None))).done:
@@ -347,13 +338,13 @@ class BackedStore:
 
     def _save(self, session: str, holder: Holder, msgs: Sequence[Message], take_steers: bool, replace: bool,
               start: int, events: Sequence[str], keep: int, closes: bool, logged: bool = False) -> Saved:
-        """A leased run's save (``RunStore.save_fenced``, ``TailStore``'s ``start``, ``EventStore``'s
-        ``save_fenced_events``): only what is new, where the stored transcript ends, in one write, fenced by
-        the lease and guarded by the transcript it extends."""
+        """A leased run's save: only what is new, where the stored transcript ends, in one write, fenced by the
+        lease and guarded by the transcript it extends."""
         validate.session_id(session)
         start = validate.save_start(start, replace, take_steers)
         lease = (session, holder.token, holder.epoch)
-        wrote = self._remembered(lease)
+        with self._lock:
+            wrote = self._wrote.get(lease)
         trusted = wrote.msgs if wrote is not None and wrote.start == start else ()
         items = validate.messages(msgs, trusted=trusted)
         records = tuple(eventlog.check_append(events, keep)) if events else ()
@@ -369,7 +360,7 @@ class BackedStore:
                 plan = self._compared(session, items, start, replace)
             new = (*plan.new, *taking)
             if new or replace:
-                validate.stored_size(plan.new, 0, self.max_message_bytes, self.name)
+                validate.stored_size(plan.new, self.max_message_bytes, self.name)
                 if opened is None:
                     opened = turn_open(new) if new else False
                 guard = Guard(lease=(holder.token, holder.epoch), length=plan.length, edits=plan.edits,
@@ -396,12 +387,11 @@ class BackedStore:
             row = written.row
             if written.done:
                 assert row is not None
-                self._remember(lease, row, start, (*items, *taking))
+                self._remember(self._wrote, lease, _Wrote(row.edits, row.length, start, (*items, *taking)))
                 self._left(lease, row)
                 return Saved([m.text for m in taking], row.cancelled, [m.key for m in taking],
                              bool(taking) and not taking[0].steer)
-            _owned(session, holder, row)
-            assert row is not None
+            row = _owned(session, holder, row)
             if plan.incarnation is not None and row.incarnation != plan.incarnation:
                 raise TranscriptDeleted(session, row.length, start + len(items))
             if (plan.length is not None and row.length != plan.length) or (
@@ -428,16 +418,13 @@ class BackedStore:
     def _landed(self, session: str, holder: Holder, plan: _Plan, new: Sequence[Message] | None,
                 records: Sequence[str]) -> Row | None:
         """A save whose answer was lost: the row, if it landed; ``None`` if it did not, so the same write goes
-        again (its guard holds it to once). Landed: the lease still this holder's and, for one that wrote
-        messages, the transcript from where they went holding exactly them, one edit on; for one that wrote
-        events, the log ending in exactly them (they carry their time: only this write ends it so, and only
-        the lease's holder writes events). A save that wrote neither is asked again. A read that fails too,
-        or a lease lost meanwhile, is the caller's error."""
+        again (its guard holds it to once). Landed: the lease still this holder's, the transcript from where
+        its messages went holding exactly them, one edit on, and the log ending in exactly its events (they
+        carry their time, and only the lease's holder writes events). A save that wrote neither goes again."""
         at = plan.at if new is not None else None
         snap = self.backend.read(session, Want(start=at))
-        _owned(session, holder, None if snap is None else snap.row)
+        row = _owned(session, holder, None if snap is None else snap.row)
         assert snap is not None
-        row = snap.row
         if new is None and not records:
             return None
         if new is not None and (snap.messages != [m.to_json() for m in new]
@@ -509,16 +496,12 @@ class BackedStore:
             return None
         return read.pop() if len(read) == 1 else ""
 
-    def _remembered(self, lease: tuple[str, str, int]) -> _Wrote | None:
+    def _remember(self, table: OrderedDict[tuple[str, str, int], _T], lease: tuple[str, str, int], value: _T) -> None:
         with self._lock:
-            return self._wrote.get(lease)
-
-    def _remember(self, lease: tuple[str, str, int], row: Row, start: int, msgs: tuple[Message, ...]) -> None:
-        with self._lock:
-            self._wrote[lease] = _Wrote(row.edits, row.length, start, msgs)
-            self._wrote.move_to_end(lease)
-            while len(self._wrote) > REMEMBER:
-                self._wrote.popitem(last=False)
+            table[lease] = value
+            table.move_to_end(lease)
+            while len(table) > REMEMBER:
+                table.popitem(last=False)
 
     # -- the queue -------------------------------------------------------------------------------------------
 
@@ -537,7 +520,8 @@ class BackedStore:
         for position, item in enumerate(waiting, 1):
             if item.key == key:
                 if item.text != text:
-                    raise validate.queued_text_differs(session, key)
+                    raise ArgumentError(f"session {session!r}: the turn key {key!r} is already used by a queued "
+                                        "message whose text differs from this one; a key names one message")
                 return position
         return 0
 
@@ -567,10 +551,8 @@ class BackedStore:
             head = snap.queue[0]
             message = Message.user(head.text, key=head.key)
             row = snap.row
-            # The key goes with the item: from here the transcript holds the message and its key (or held it
-            # already: ``append=False``), so the key rows are only those of messages waiting. A message sent
-            # again after this is queued again, and whoever meets it at the head drops it unanswered, since
-            # the transcript holds its key (``busy._answer_head``, ``stranded._queued``).
+            # The key goes with the item into the transcript (or was there already: ``append=False``): sent
+            # again, the message is queued again, and dropped unanswered at the head (``busy.queued_keys``).
             if append:
                 guard = Guard(lease=(holder.token, holder.epoch), queue_head=head.id, length=row.length,
                               edits=row.edits)
@@ -607,10 +589,8 @@ class BackedStore:
 
     # -- the lifecycle ---------------------------------------------------------------------------------------
 
-    def list_sessions(
-        self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50, after: str | None = None,
-        *, stranded: bool = False, grace: float = 0.0,
-    ) -> SessionPage:
+    def list_sessions(self, prefix: str = "", where: Mapping[str, Scalar] | None = None, limit: int = 50,
+                      after: str | None = None, *, stranded: bool = False, grace: float = 0.0) -> SessionPage:
         if stranded:
             return self._stranded(lifecycle.check_stranded(prefix, where, limit, after, grace), limit, after)
         wanted = lifecycle.check_listing(prefix, where, limit, after)
@@ -689,9 +669,8 @@ class BackedStore:
 
 def _attempts() -> Iterator[int]:
     """The ``ATTEMPTS`` tries of a read and a guarded write: the first at once, each later one after a random
-    pause growing to 64 ms, so writers refused because they read and write in step with each other (takers
-    of one steer, eight callers of ``set_metadata`` on one session) fall out of step instead of meeting
-    again until their attempts run out."""
+    pause growing to 64 ms, so writers refused for reading and writing in step with each other fall out of
+    step instead of meeting again until their attempts run out."""
     for attempt in range(ATTEMPTS):
         if attempt:
             time.sleep(random.random() * 0.001 * 2 ** min(attempt, 6))
@@ -702,11 +681,12 @@ def _lease(holder: Holder) -> Guard:
     return Guard(lease=(holder.token, holder.epoch))
 
 
-def _owned(session: str, holder: Holder, row: Row | None) -> None:
-    """``LeaseLost`` unless ``row`` still holds ``holder``'s lease."""
+def _owned(session: str, holder: Holder, row: Row | None) -> Row:
+    """``row``, if it still holds ``holder``'s lease; else ``LeaseLost``."""
     if row is None or row.token != holder.token or row.epoch != holder.epoch:
         raise LeaseLost.superseded(session, holder.epoch, None if row is None else row.token,
                                    None if row is None or not row.epoch else row.epoch)
+    return row
 
 
 def _holder(row: Row) -> Holder:

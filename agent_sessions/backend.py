@@ -1,36 +1,22 @@
-"""The backend contract: all a store author implements, in one file.
+"""The backend contract: all a store author implements, in one file (docs/writing-a-store.md).
 
 A store of this library is a ``BackedStore`` (``agent_sessions.backed``) over a ``Backend``: the library
-decides what every operation means (a run's step, an acquire, a cancel, a queued message, a keyed steer, a
-decision, a delete) and says it as **one guarded write** or **one read**; the backend only keeps what it is
-given and evaluates the guard. It knows nothing of turns, approvals or policies. ``storetest`` is its test.
+decides what every operation means and says it as **one guarded write** or **one read**; the backend only
+keeps what it is given and evaluates the guard. Per session id it keeps a row (``Row``, which may exist
+before the session does: ``exists`` False), messages by index (opaque texts, kept byte for byte), steers and
+a queue (oldest first, each id the row's ``version`` after the write that added it), accepted keys, and
+events numbered by the backend. Times are seconds since 1970 on the **store's clock** (the database
+server's where it has one), which also decides whether a lease has lapsed. ``storetest`` is its test.
 
-What a backend keeps, per session id (any string the library passes):
-
-- **a row** (``Row``): the fields below, one record. A row may exist before the session does (``exists``
-  False: only steers or keys wait for it), as a placeholder that listings never show.
-- **messages** by index ``0..length-1``: each an opaque text (a message's JSON), kept byte for byte.
-- **steers** waiting: ``(id, text, key)``, oldest first.
-- **a queue**: ``(id, key, text)``, oldest first.
-- **keys** accepted (opaque strings): a set.
-- **events**: ``(seq, text)``, numbered by the backend, oldest first.
-
-Ids of steers and queue items are the row's ``version`` after the write that added them: unique within the
-session and growing. Times are seconds since 1970 on the **store's clock** (the database server's where it
-has one), which is also what decides whether a lease has lapsed.
-
-The methods: ``read``, ``write``, ``events``, ``sessions``, ``identity``, ``close``; optionally
-``wait_for_events`` (``agent_sessions.contract.EventWaiter``) and ``watch_cancel``
-(``agent_sessions.contract.CancelWatcher``), which a store class adds where its database can push.
-A backend raises ``StoreError`` (``OutcomeUnknown`` when a write may or may not have happened) wrapping
-its driver's exceptions, and nothing else.
+A backend raises ``StoreError`` (``OutcomeUnknown`` when a write may or may not have happened) wrapping its
+driver's exceptions, and nothing else.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -349,9 +335,6 @@ class Idle:
     limit: int
 
 
-Query = Recent | Open | Idle
-
-
 @runtime_checkable
 class Backend(Protocol):
     """What a store keeps and how it answers. Every method is thread-safe and, for a store many processes
@@ -448,16 +431,11 @@ def meta_index(value: object) -> str:
     return json.dumps(value)
 
 
-def metadata_items(text: str) -> Mapping[str, object]:
-    """The metadata of a row's ``metadata`` text."""
-    data = json.loads(text)
-    assert isinstance(data, dict)
-    return data
-
-
 def indexed(text: str) -> Sequence[tuple[str, str]]:
     """The (key, ``meta_index``) pairs of a row's metadata: what a backend indexes for ``Recent.where``."""
-    return [(k, meta_index(v)) for k, v in metadata_items(text).items()]
+    data = json.loads(text)
+    assert isinstance(data, dict)
+    return [(k, meta_index(v)) for k, v in data.items()]
 
 
 def guard_json(guard: Guard) -> dict[str, Any]:

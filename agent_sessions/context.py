@@ -1,10 +1,6 @@
-"""What a run sends the model of its transcript: a context policy, kept apart from what is stored.
-
-A session lives for weeks and a model's context does not, so a long conversation cannot be sent whole.
-The store keeps every message whatever is sent (``session.messages()``, fork and the CLI see them all);
-a policy (``Spec(context=...)``) chooses, before each model request, which of the transcript's messages
-that request sends. docs/runs/context.md says what each policy guarantees. Without a policy the whole
-transcript is sent, as before, and nothing here runs.
+"""What a run sends the model of its transcript: a context policy (``Spec(context=...)``), kept apart from
+what is stored, which is every message whatever is sent. docs/runs/context.md says what each policy
+guarantees; without one the whole transcript is sent and nothing here runs.
 """
 
 from __future__ import annotations
@@ -38,10 +34,9 @@ def bytes_over_4(text: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """What one model request sends: ``messages``; ``start``, the transcript index of the first of them
-    (for ``Window`` they are the transcript's from there on); and ``tokens``, the policy's estimate of the
-    whole request (system prompt and tools included) before any correction, which the provider's reported
-    count is compared with."""
+    """What one model request sends: ``messages``; ``start``, the transcript index of the first of them; and
+    ``tokens``, the policy's estimate of the whole request before any correction (the provider's count is
+    compared with it)."""
 
     messages: Sequence[Message]
     start: int
@@ -50,34 +45,27 @@ class Selection:
 
 @runtime_checkable
 class ContextPolicy(Protocol):
-    """Chooses what each model request of a run sends (``Spec(context=...)``). One policy object serves
-    every run of the Spec, on any thread, so what it learns (``Window``'s correction) is shared by them.
-
-    The loop calls ``select`` before each request, ``observe`` with the usage the provider reported for
-    its reply, and ``overflowed`` when the provider refused it as too long (``ContextOverflow``): a
-    Selection returned then is sent once more; ``None`` lets the error end the run."""
+    """Chooses what each model request of a run sends. One policy object serves every run of the Spec, on
+    any thread, so what it learns (``Window``'s correction) is shared by them."""
 
     def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool]) -> Selection:
         """What the next request sends of ``transcript`` (the run's, whole)."""
 
     def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:
-        """The provider's count for the request that sent ``sent`` (its ``usage``, ``None`` if none)."""
+        """The usage the provider reported for the request that sent ``sent``."""
 
-    def overflowed(
-        self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
-        tools: Sequence[Tool],
-    ) -> Selection | None:
-        """The provider refused ``sent`` as too long: a smaller request to send instead, or ``None``."""
+    def overflowed(self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
+                   tools: Sequence[Tool]) -> Selection | None:
+        """The provider refused ``sent`` as too long: a smaller request to send instead, or ``None`` (the
+        error ends the run)."""
 
 
 class Window:
     """Sends the system prompt, the tools and the newest messages that fit in ``max_tokens``, starting at a
-    user message (never at a tool result or a reply, so no call goes without its result); when not even
-    the newest such start fits, it is sent anyway and the provider decides (docs/runs/context.md).
-
-    Tokens are ``estimate``d per message from its stored JSON, scaled by the largest ratio yet seen of the
-    provider's count to the estimate, and the window lowered to the provider's maximum when a
-    ``ContextOverflow`` reports one: the correction only tightens, shared by every run of the policy."""
+    user message (so no call goes without its result); when not even the newest such start fits, it is sent
+    anyway. Tokens are ``estimate``d, scaled by the largest ratio yet seen of the provider's count to the
+    estimate, and the window lowered to a maximum a ``ContextOverflow`` reports: the correction only tightens
+    (docs/runs/context.md)."""
 
     def __init__(self, max_tokens: int, *, estimate: Estimate = bytes_over_4) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -95,11 +83,8 @@ class Window:
     def __repr__(self) -> str:
         return f"Window(max_tokens={self.max_tokens}, scale={self.scale:.3f}, limit={self.limit})"
 
-    def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool]) -> Selection:
-        return self.choose(system, transcript, tools)
-
-    def choose(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool], reserve: int = 0) -> Selection:
-        """``select``, with ``reserve`` tokens of the budget kept for something sent besides (a summary)."""
+    def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool], reserve: int = 0) -> Selection:
+        """``reserve``: tokens of the budget kept for something sent besides (``Compaction``'s summary)."""
         fixed = (self.estimate(system) if system else 0) + (self.estimate(_tools_json(tools)) if tools else 0)
         fixed += reserve
         budget = self.limit / self.scale - fixed
@@ -129,10 +114,8 @@ class Window:
         if counted and sent.tokens > 0:
             self._tighten(counted / sent.tokens)
 
-    def overflowed(
-        self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
-        tools: Sequence[Tool],
-    ) -> Selection | None:
+    def overflowed(self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
+                   tools: Sequence[Tool]) -> Selection | None:
         self.learn(error, sent)
         again = self.select(system, transcript, tools)
         return again if len(again.messages) < len(sent.messages) else None  # None: nothing more to leave out
@@ -170,23 +153,20 @@ class Completes(Protocol):
         """The reply to ``messages``."""
 
 
-SUMMARY_SYSTEM = (
-    "You write the summary that replaces the older part of a long conversation between a user and an "
-    "assistant using tools. Keep every fact, decision, name, number, file, open question and promise "
-    "that a later turn may need; leave out pleasantries. Write it as notes, in the conversation's language."
-)
+SUMMARY_SYSTEM = ("You write the summary that replaces the older part of a long conversation between a user and an "
+                  "assistant using tools. Keep every fact, decision, name, number, file, open question and promise "
+                  "that a later turn may need; leave out pleasantries. Write it as notes, in the conversation's "
+                  "language.")
 SUMMARY_ASK = ("Summarise the conversation above (and any earlier summary in it) for the assistant to carry on "
                "from. Answer with the summary only; call no tool.")
 
 
 class Compaction:
-    """Sends what fits, as ``Window`` does, and keeps what it leaves out: when what would be sent passes
-    ``threshold`` of ``max_tokens``, the run first asks the model (``endpoint``, or the run's own) for a
-    summary of the oldest messages and appends it to the transcript as a compaction record; a request is
-    then the newest summary and the messages after its range. No stored message is rewritten. The newest
-    messages, up to ``keep`` of the threshold, stay outside the range; a summary over ``summary`` of
-    ``max_tokens`` counts as a failed request (each summary takes the last in, so nothing else bounds it),
-    and a failed one leaves the transcript as it was (docs/runs/context.md)."""
+    """Sends what fits, as ``Window`` does, and keeps what it leaves out: past ``threshold`` of ``max_tokens``,
+    the run first asks the model (``endpoint``, or the run's own) for a summary of the oldest messages, up to
+    ``keep`` of the threshold from the end, and appends it as a compaction record; a request is then the
+    newest summary and what follows its range. A summary over ``summary`` of ``max_tokens`` counts as a
+    failed request (docs/runs/context.md)."""
 
     def __init__(self, max_tokens: int, *, threshold: float = 0.8, keep: float = 0.5, summary: float = 0.25,
                  endpoint: Completes | None = None, estimate: Estimate = bytes_over_4) -> None:
@@ -213,16 +193,14 @@ class Compaction:
         record = view[0]
         rest = view[1:]
         reserve = self.window.estimate(record.to_json())
-        chosen = self.window.choose(system, rest, tools, reserve)  # the summary is always sent
+        chosen = self.window.select(system, rest, tools, reserve)  # the summary is always sent
         return Selection([record, *chosen.messages], start_of(transcript) + where[0], chosen.tokens)
 
     def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:
         self.window.observe(sent, usage)
 
-    def overflowed(
-        self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
-        tools: Sequence[Tool],
-    ) -> Selection | None:
+    def overflowed(self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
+                   tools: Sequence[Tool]) -> Selection | None:
         self.window.learn(error, sent)
         again = self.select(system, transcript, tools)
         return again if len(again.messages) < len(sent.messages) else None
@@ -279,9 +257,8 @@ class Compaction:
 
 def _view(transcript: Sequence[Message]) -> tuple[Sequence[Message], Sequence[int]]:
     """What a request may send of ``transcript``: its newest compaction record, then the messages after
-    its range that are not records themselves; and the index in ``transcript`` of each of them (the
-    record's own: its position). Without a record, the transcript itself. (A ``Tail`` read from the
-    record's range on holds all of these: its indexes are the stored ones less its ``start``.)"""
+    its range that are not records themselves; and the index in ``transcript`` of each of them. Without a
+    record, the transcript itself."""
     for r in range(len(transcript) - 1, -1, -1):
         if is_record(transcript[r]):
             break
@@ -347,10 +324,9 @@ FIRST_PAGE = 256
 def read_recent(store: Store, session: str) -> list[Message]:
     """What a run needs of a session's stored transcript to go on with it under ``Compaction``, as a
     ``Tail``: the messages from the newest compaction record's range on, and the journal's ``TAIL`` before
-    them (a reply's fingerprint covers those), never starting at a tool result. Read from the end a page at
-    a time until that record is found; a session with none, or a store that is no ``TailStore``, is read
-    whole. A transcript rewritten between two pages may read as neither version: the run's first save then
-    refuses it (``TranscriptConflict``), as it refuses any stale read."""
+    them, never starting at a tool result. Read from the end a page at a time until that record is found
+    (a store that is no ``TailStore``: whole). A transcript rewritten between two pages may read as neither
+    version: the run's first save then refuses it, as it refuses any stale read."""
     if not isinstance(store, TailStore):
         return store.messages(session)
     first, msgs = store.read_back(session, None, FIRST_PAGE)

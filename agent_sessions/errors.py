@@ -155,11 +155,9 @@ class TranscriptConflict(Conflict):
         self.session = session
         self.stored = stored
         self.given = given
-        super().__init__(
-            f"session {session!r}: the {given} messages given do not extend the {stored} stored; another run "
-            f"saved meanwhile, or the history would be lost. Reload the transcript and try again "
-            f"(Spec(replace_transcript=True) replaces it on purpose)"
-        )
+        super().__init__(f"session {session!r}: the {given} messages given do not extend the {stored} stored; another "
+                         f"run saved meanwhile, or the history would be lost. Reload the transcript and try again "
+                         f"(Spec(replace_transcript=True) replaces it on purpose)")
 
 
 class TranscriptDeleted(TranscriptConflict):
@@ -168,11 +166,9 @@ class TranscriptDeleted(TranscriptConflict):
 
     def __init__(self, session: str, stored: int, given: int) -> None:
         super().__init__(session, stored, given)
-        self.args = (
-            f"session {session!r}: the {given} messages given were read from the session before it was deleted "
-            f"or pruned; writing them would bring the erased conversation back, so nothing was written "
-            f"(it holds {stored} messages now)",
-        )
+        self.args = (f"session {session!r}: the {given} messages given were read from the session before it was "
+                     f"deleted or pruned; writing them would bring the erased conversation back, so nothing was "
+                     f"written (it holds {stored} messages now)",)
 
 
 class AlreadyDecided(Conflict):
@@ -192,11 +188,9 @@ class AwaitingApproval(Conflict):
     def __init__(self, session: str, calls: list[str]) -> None:
         self.session = session
         self.calls = calls
-        super().__init__(
-            f"session {session!r}: its turn waits for decisions on calls {', '.join(map(repr, calls))}; this "
-            f"run's new messages were not written. Approve or deny them (or cancel the turn) first, or leave the "
-            f"message as a steer"
-        )
+        super().__init__(f"session {session!r}: its turn waits for decisions on calls {', '.join(map(repr, calls))}; "
+                         f"this run's new messages were not written. Approve or deny them (or cancel the turn) "
+                         f"first, or leave the message as a steer")
 
 
 class UnknownApproval(ArgumentError):

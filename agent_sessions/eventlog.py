@@ -1,12 +1,10 @@
 """A session's durable event log (docs/runs/events.md): its format, its checks, reading and following it,
 and serving it as server-sent events.
 
-A run with ``Spec(publish_events=True)`` writes its events to the session's store (``EventStore``), fenced
-by its lease, riding in the writes a step makes anyway where they can. A log's numbers are consecutive
-and start at the store's clock in microseconds (``backend.first_seq``), so a session deleted and made again numbers
-above its old log and a follower's ``after`` stays good. An event about a message the same write stores
-holds a pointer to it (``ref``: its place and ``digest``), which ``resolve`` joins back on reading, or marks
-``unresolved``: never joined to another message. With ``publish_events=False`` none of this runs.
+A log's numbers start at the store's clock in microseconds (``backend.first_seq``), so a session deleted and
+made again numbers above its old log and a follower's ``after`` stays good. An event about a message the same
+write stores holds a pointer to it (``ref``), which ``resolve`` joins back on reading, or marks
+``unresolved``: never joined to another message.
 """
 
 from __future__ import annotations

@@ -190,10 +190,8 @@ class Failed(Reported):
         return {"type": f"{kind.__module__}.{kind.__qualname__}", "message": str(self.error)}
 
 
-Event = (
-    StepStarted | SteerApplied | TextDelta | ModelResponse | ToolCalled | ToolFinished | ApprovalRequested
-    | ApprovalDecided | Compacted | Finished | Failed | Saved | ModelRequest
-)
+Event = (StepStarted | SteerApplied | TextDelta | ModelResponse | ToolCalled | ToolFinished | ApprovalRequested
+         | ApprovalDecided | Compacted | Finished | Failed | Saved | ModelRequest)
 """Every event a run reports; those with a ``kind`` in the log's order (docs/runs/events.md), then those
 that stay in process."""
 Events = Callable[[Event], None]

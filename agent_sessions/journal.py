@@ -1,11 +1,8 @@
-"""The tool journal: what a run has started and finished of one model reply's tool calls.
+"""The tool journal: what a run has started and finished of one model reply's tool calls (docs/runs/journal.md).
 
-The stored transcript never holds a tool call without its result, so a reply whose tools are running is
-kept beside it, in the journal, until the next save carries the reply and all its results. A run that
-resumes a session finds the reply there (when the transcript is still the one the reply answered) and
-finishes it instead of asking the model again: journalled results are replayed, idempotent tools that
-never finished are run again, and a non-idempotent tool that started but never finished is not; the
-model is told its outcome is unknown.
+The stored transcript never holds a tool call without its result, so a reply whose tools are running is kept
+beside it, in the journal, until the next save carries the reply and all its results. A resume finishes it:
+journalled results are replayed, and a non-idempotent tool that started but never finished is not run again.
 """
 
 from __future__ import annotations
@@ -20,14 +17,10 @@ from .errors import MessageError, StoreError
 from .messages import Content, Message, Role
 from .values import Decision
 
-UNKNOWN_OUTCOME = (
-    "the outcome of this call is unknown: the run that made it stopped while the tool ran, and the tool "
-    "is not idempotent, so it was not run again"
-)
-NOT_RUN_SUPERSEDED = (
-    "no result: the run that made this call stopped before this call's result was kept, and the conversation "
-    "went on with a new message, so it was not run again"
-)
+UNKNOWN_OUTCOME = ("the outcome of this call is unknown: the run that made it stopped while the tool ran, and the "
+                   "tool is not idempotent, so it was not run again")
+NOT_RUN_SUPERSEDED = ("no result: the run that made this call stopped before this call's result was kept, and the "
+                      "conversation went on with a new message, so it was not run again")
 """A call of a reply left in the journal by a run that stopped (its lease lapsed), when a run with new input
 comes first: the reply goes back in its place with its calls closed (``persistence.Leased.resume``)."""
 
@@ -101,17 +94,20 @@ class Journal:
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
+    def of(cls, text: str | None, session: str) -> Journal | None:
+        """The journal ``session``'s store holds as ``text`` (``None``: none)."""
+        return None if text is None else cls.from_json(text, f"session {session!r}")
+
+    @classmethod
     def from_json(cls, text: str, where: str) -> Journal:
         try:
             data = json.loads(text)
             results = Message.from_json(data["results"]).content
-            return cls(
-                at=int(data["at"]),
-                digest=str(data["digest"]),
-                reply=Message.from_json(data["reply"]),
-                started=[str(s) for s in data["started"]],
-                results={r.tool_call_id: r for r in results},
-                approvals={str(k): Approval.from_dict(v) for k, v in data.get("approvals", {}).items()},
-            )
+            return cls(at=int(data["at"]),
+                       digest=str(data["digest"]),
+                       reply=Message.from_json(data["reply"]),
+                       started=[str(s) for s in data["started"]],
+                       results={r.tool_call_id: r for r in results},
+                       approvals={str(k): Approval.from_dict(v) for k, v in data.get("approvals", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError, MessageError) as exc:
             raise StoreError(f"{where}: the stored tool journal is corrupt: {exc}") from exc

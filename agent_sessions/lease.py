@@ -65,19 +65,13 @@ class Lease:
         unanswered = 0
         waiting = False
         while True:
+            refused: Exception
             try:
                 got = self.store.acquire(self.session, self.holder, self.ttl)
             except SessionLocked as exc:
                 # Another worker is inside a transaction on the session (taking it, say): busy, as a held
                 # lease is, for as long as the run may wait; then that is the error.
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                if not waiting:
-                    waiting = self._waiting(f"locked by another worker's transaction ({exc})")
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, 0.5)
-                continue
+                refused, why = exc, f"locked by another worker's transaction ({exc})"
             except OutcomeUnknown as exc:
                 # It may have taken the lease: the same acquisition again (same token) finds it ours, where
                 # a new one would find the session held, by this very process, for the whole ttl.
@@ -88,14 +82,17 @@ class Lease:
                             "token (%d of %d)", self.session, exc, unanswered, ACQUIRE_RETRIES)
                 time.sleep(min(pause, 0.1))
                 continue
-            if got.token == self.holder.token:
-                self.holder = got
-                break
+            else:
+                if got.token == self.holder.token:
+                    self.holder = got
+                    break
+                refused, why = self.busy(got), f"held by {got.describe()}"
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self.busy(got)
+                raise refused
             if not waiting:
-                waiting = self._waiting(f"held by {got.describe()}")
+                log.info("session %r is %s; waiting up to %g s for it (lease_wait)", self.session, why, self.wait)
+                waiting = True
             # Backoff rather than the holder's expiry: that is on the store's clock, not this one.
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.5)
@@ -106,11 +103,6 @@ class Lease:
         self._thread = threading.Thread(target=self._heartbeat, name="agent-lease", daemon=True)
         self._thread.start()
         return self
-
-    def _waiting(self, why: str) -> bool:
-        """Says that the run begins to wait for the session, and for how long at most (``True``: it said so)."""
-        log.info("session %r is %s; waiting up to %g s for it (lease_wait)", self.session, why, self.wait)
-        return True
 
     def busy(self, got: Holder) -> SessionBusy:
         """The error when ``got`` still holds the session after the run's ``lease_wait``: who, until when,

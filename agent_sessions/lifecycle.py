@@ -37,18 +37,15 @@ _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 def metadata_key(key: object, where: str = "metadata") -> str:
     if not isinstance(key, str) or not _KEY.fullmatch(key):
-        raise ArgumentError(
-            f"{where} key {key!r} must be a str of 1 to 64 characters from A-Z a-z 0-9 _ . : -"
-        )
+        raise ArgumentError(f"{where} key {key!r} must be a str of 1 to 64 characters from A-Z a-z 0-9 _ . : -")
     return key
 
 
 def metadata_value(key: str, value: object, where: str = "metadata") -> str:
     """The value's JSON form (what stores index and compare), after checking it is a bounded scalar."""
     if not isinstance(value, (str, int, float, bool)):
-        raise ArgumentError(
-            f"{where}[{key!r}] must be a str, int, float or bool (a JSON scalar), got {type(value).__name__}"
-        )
+        raise ArgumentError(f"{where}[{key!r}] must be a str, int, float or bool (a JSON scalar), got "
+                            f"{type(value).__name__}")
     if isinstance(value, int) and value.bit_length() > 4 * MAX_VALUE_BYTES:  # more digits than the bytes allowed
         raise ArgumentError(f"{where}[{key!r}] is an int of {value.bit_length()} bits; values are indexed as JSON "
                             f"and may be at most {MAX_VALUE_BYTES} bytes")  # json.dumps would raise ValueError
@@ -58,10 +55,8 @@ def metadata_value(key: str, value: object, where: str = "metadata") -> str:
         raise ArgumentError(f"{where}[{key!r}] contains NUL or a lone surrogate")
     text = json.dumps(value)
     if len(text) > MAX_VALUE_BYTES:
-        raise ArgumentError(
-            f"{where}[{key!r}] is {len(text)} bytes as JSON; values are indexed and may be at most "
-            f"{MAX_VALUE_BYTES} bytes"
-        )
+        raise ArgumentError(f"{where}[{key!r}] is {len(text)} bytes as JSON; values are indexed and may be at most "
+                            f"{MAX_VALUE_BYTES} bytes")
     return text
 
 

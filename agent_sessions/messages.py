@@ -163,15 +163,8 @@ class Message:
     """Where a store read this message from: (session, the session's incarnation, its index there or -1),
     set by ``read_from``."""
 
-    def __init__(
-        self,
-        role: Role | str,
-        content: Iterable[Content] = (),
-        *,
-        key: str = "",
-        steer: bool = False,
-        usage: Mapping[str, int] | None = None,
-    ) -> None:
+    def __init__(self, role: Role | str, content: Iterable[Content] = (), *, key: str = "", steer: bool = False,
+                 usage: Mapping[str, int] | None = None) -> None:
         checked = _ROLES.get(role) if isinstance(role, str) else None
         if checked is None:
             raise MessageError(f"Message.role must be one of {[r.value for r in Role]}, got {role!r}")
@@ -262,26 +255,17 @@ class Message:
 
 # -- where a transcript was read from ------------------------------------------------------------------------
 #
-# A run's first write is a compare-and-swap against the stored transcript, and an empty one is a prefix of
-# anything: a run holding messages read just before a ``delete`` or ``prune`` would pass it and write the
-# erased conversation back. So a store that can delete sessions marks what ``messages()`` and ``tail()``
-# return with the session's *incarnation* (what ``info().created`` says: a session deleted and begun anew
-# has another), and a leased run checks, before it writes, that the messages it was given were read from
-# the session as it is now (``persistence``). Messages made by the caller carry no mark: a deliberate new
-# conversation under the same id is written as usual.
+# An empty transcript is a prefix of anything: a run holding messages read just before a ``delete`` would
+# pass its first write's compare-and-swap and write the erased conversation back. So a store marks what it
+# reads with the session's *incarnation* (a session deleted and begun anew has another), and a leased run's
+# save checks the mark. Messages made by the caller carry none: a new conversation under the id is written.
 
 
 def read_from(msgs: Iterable[Message], session: str, incarnation: object, start: int | None = None) -> None:
-    """Mark ``msgs`` as read from ``session`` in its incarnation ``incarnation`` (a store's read calls this
-    on the messages it returns; the mark is not part of the message: not compared, not stored); ``start``:
-    the index of the first of them in the stored transcript, when the store says."""
-    if start is None:
-        origin = (session, incarnation, -1)
-        for m in msgs:
-            object.__setattr__(m, "_origin", origin)
-        return
-    for i, m in enumerate(msgs, start):
-        object.__setattr__(m, "_origin", (session, incarnation, i))
+    """Mark ``msgs`` as read from ``session`` in its incarnation ``incarnation`` (the mark is not part of the
+    message: not compared, not stored); ``start``: the index of the first of them, when the store says."""
+    for i, m in enumerate(msgs):
+        object.__setattr__(m, "_origin", (session, incarnation, -1 if start is None else start + i))
 
 
 def origin(message: Message) -> tuple[str, object, int] | None:
@@ -350,16 +334,14 @@ def orphaned_tool_calls(msgs: Sequence[Message]) -> list[Content]:
 
 
 def made_up_call_id(index: int) -> str:
-    """An id the library gives the tool call at ``index`` of a reply: one a server sent without an id (some
-    OpenAI-compatible servers do), or one whose id an earlier call of the same reply has (``distinct_call_ids``).
-    Unique, not just its index, since results, journals and approval decisions find their call by id."""
+    """An id the library gives the tool call at ``index`` of a reply that came without one, or with an earlier
+    call's: unique, since results, journals and approval decisions find their call by id."""
     return f"call_{index}_{secrets.token_hex(8)}"
 
 
 def distinct_call_ids(reply: Message) -> Message:
-    """``reply`` with every tool call's id its own (a repeated one made up), or ``reply`` itself. Results,
-    the journal and approvals find a call by its id, so two calls sharing one would share one result and
-    one decision. The loop applies it to each reply as it arrives, before anything stores or matches it."""
+    """``reply`` with every tool call's id its own (a repeated one made up), or ``reply`` itself: two calls
+    sharing an id would share one result and one decision. The loop applies it to each reply as it arrives."""
     seen: set[str] = set()
     content: list[Content] | None = None
     calls = 0

@@ -59,12 +59,10 @@ class StoreSession:
         return self._run_store("steer(key=)", "SteerKeyStore").add_steer_once(self.id, text, key)
 
     def enqueue(self, text: str, key: str) -> int:
-        """Store ``text`` under ``key`` in the session's queue, for a turn of its own that answers it later,
-        as ``Runner.turn`` stores a message that arrives while the session is busy; nothing runs here.
-        Whoever holds the session next answers the queue from its head (a ``Runner.turn``, or the sweep:
-        ``python -m agent_sessions work``, the Celery workers), so a web request can hand a message over
-        and answer at once. A key is queued once, so sending again after a failure is safe. Returns the
-        message's place among those waiting (1: next); ``answer(key)`` reads its answer."""
+        """Store ``text`` under ``key`` in the session's queue, for a turn of its own that whoever holds the
+        session next runs (a ``Runner.turn``, or the sweep); nothing runs here. A key is queued once, so sending
+        again after a failure is safe. Returns the message's place among those waiting (1: next);
+        ``answer(key)`` reads its answer."""
         validate.turn_key(key, "Session.enqueue(key=)")
         validate.steer_text(text, "Session.enqueue(text)")
         return self._run_store("enqueue", "QueueStore").enqueue(self.id, key, text)
@@ -75,9 +73,8 @@ class StoreSession:
 
     def answer(self, key: str, timeout: float = 0.0) -> Message | None:
         """The reply that answered the turn whose message has ``key`` (``Runner.turn``, ``enqueue``), whichever
-        process made it; ``None`` while there is none, or no message has that key. With ``timeout``
-        (seconds), it waits that long at most, reading again after 0.02 s, then twice as long each time, up
-        to 0.5 s: how a caller that handed its message over waits for it."""
+        process made it; ``None`` while there is none. With ``timeout`` (seconds), it waits that long at most,
+        reading again after 0.02 s, then twice as long each time, up to 0.5 s."""
         validate.turn_key(key, "Session.answer(key)")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
             raise ArgumentError(f"Session.answer(timeout=) must be a finite number of seconds >= 0, got {timeout!r}")
@@ -180,8 +177,7 @@ class StoreSession:
         return None if at is None else turns.answered(msgs, at)
 
     def _run_store(self, op: str, protocol: str = "RunStore") -> RunStore:
-        """Every protocol a call may need is ``RunStore`` (the old capability names are aliases of it), named
-        as the caller's docs name it."""
+        """Every protocol a call may need is ``RunStore``, named as the caller's docs name it."""
         if not isinstance(self.store, RunStore):
             call = op if op.endswith(")") else op + "()"
             raise Unsupported(f"Session.{call} needs a store implementing agent_sessions.{protocol}; {self.store!r} "
@@ -196,8 +192,6 @@ def open(session_id: str, store: Store) -> StoreSession:
     """Address one conversation of ``store``. Opening touches nothing: the session may not exist yet."""
     validate.session_id(session_id, "agent.open(session_id)")
     if not isinstance(store, Store):
-        raise ArgumentError(
-            f"agent.open(store) needs a Store (save, messages, add_steer, take_steers), "
-            f"got {type(store).__name__}"
-        )
+        raise ArgumentError(f"agent.open(store) needs a Store (save, messages, add_steer, take_steers), "
+                            f"got {type(store).__name__}")
     return StoreSession(session_id, store)

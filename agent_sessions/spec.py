@@ -71,9 +71,7 @@ class Spec:
         if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 0:
             raise ArgumentError(f"Spec.max_steps must be an int >= 0, got {self.max_steps!r}")
         if self.session is not None and not isinstance(self.session, Session):
-            raise ArgumentError(
-                f"Spec.session must be a Session (see agent.open), got {type(self.session).__name__}"
-            )
+            raise ArgumentError(f"Spec.session must be a Session (see agent.open), got {type(self.session).__name__}")
         for name in ("lease_ttl", "lease_wait"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -23,7 +23,7 @@ from .endpoints import Endpoint
 from .errors import ArgumentError, AwaitingApproval, SessionBusy, TranscriptConflict
 from .journal import Journal
 from .lease import Lease
-from .messages import Message, turn_open
+from .messages import turn_open
 from .result import Result
 from .run import busy, turns
 from .run.runner import Runner
@@ -109,9 +109,7 @@ def _recover(store: RunStore, info: SessionInfo, resolve: Resolve) -> Recovered:
         if isinstance(run, str):
             return Recovered(info.id, run, info.spec)
         result = run(endpoint)
-    except SessionBusy:
-        return Recovered(info.id, "busy", info.spec)
-    except TranscriptConflict:  # another replica's run wrote after this one read: the turn is theirs
+    except (SessionBusy, TranscriptConflict):  # a conflict: another replica's run wrote after this one read
         return Recovered(info.id, "busy", info.spec)
     except AwaitingApproval:
         return Recovered(info.id, "waiting", info.spec)
@@ -127,9 +125,8 @@ def _recover(store: RunStore, info: SessionInfo, resolve: Resolve) -> Recovered:
 
 def _look(store: RunStore, session: str, spec: Spec) -> Callable[[Endpoint], Result] | Outcome:
     """Under the session's lease (``SessionBusy`` when another run holds it): what is left to run, or, when
-    nothing is, the session's mark cleared and the outcome. What is left runs under this very lease, handed
-    to its run: the lease is never free between the look and the run, so nothing that needs it (a delete, a
-    redelivered turn, another replica) lands between them and makes the look stale."""
+    nothing is, the session's mark cleared and the outcome. What is left runs under this very lease, so
+    nothing (a delete, a redelivered turn, another replica) lands between the look and the run."""
     lease = Lease(store, session, spec.lease_ttl, 0.0, spec.name).__enter__()
     try:
         left = _left(store, session, spec, lease)
@@ -158,14 +155,15 @@ def _left(store: RunStore, session: str, spec: Spec, lease: Lease) -> Left | Out
     """``_look``'s decision, under ``lease``."""
     msgs = store.messages(session)
     text = store.journal(session)
-    journal = None if text is None else Journal.from_json(text, f"session {session!r}")
+    journal = Journal.of(text, session)
     waits = journal is not None and any(a.decision is None for a in journal.approvals.values())
-    queued = [] if waits else _queued(store, session, lease, msgs)
+    # The keys queued that the transcript does not hold (one it holds came in another way as well: dropped
+    # at the queue's head, as a holder answering the queue drops it, and behind it when the queue gets there).
+    queued = [] if waits else [key for key in busy.queued_keys(store, session, lease.holder, msgs)
+                               if turns.keyed(msgs, key) is None]
     if lease.holder.cancelled and queued:
-        # The cancel stopped the turn in progress, not the messages queued behind it: answered as below,
-        # each a new turn. The first is handed this lease, which came with the cancel: a reply the cancelled
-        # turn left in the journal is closed first (its results kept, nothing of it run: busy._answer_head),
-        # and the first queued turn closes any other unfinished reply unrun.
+        # The cancel stopped the turn in progress, not the messages queued behind it. The first is handed
+        # this lease, which came with the cancel: the cancelled turn's reply is closed first, nothing of it run.
         return _answering(spec, queued[-1])
     if lease.holder.cancelled or waits:
         if lease.holder.cancelled:
@@ -189,17 +187,14 @@ def _left(store: RunStore, session: str, spec: Spec, lease: Lease) -> Left | Out
             # max_steps), and nothing is queued for it.
             budget, todo = planned
             return lambda endpoint, held: Runner()._turn_run(budget, todo, endpoint, None, True, held)
-        # That turn has ended (answered, taken up by a later one, out of budget): what is open is the input
-        # that came after it, a turn of its own with a budget of its own: the queue's, or a plain run's
-        # message (its worker gone), below.
+        # That turn has ended: what is open is the input after it, a turn of its own (the queue's, or a plain
+        # run's message, below).
         if queued:
             return _answering(spec, queued[-1])
     if not steers:
-        # A plain run's turn, left open by a worker that died in it, or by a run that returned at its
-        # max_steps: what is left of its budget, counted as ``turns.plan`` counts a keyed turn's (a turn makes
-        # max_steps requests in all, however often it is taken up). Spent, the turn has ended: what is open is
-        # the queue behind it, each message a turn of its own. Steers waiting are new input: that run answers
-        # them with a budget of its own.
+        # A plain run's turn: what is left of its budget, counted as ``turns.plan`` counts a keyed turn's.
+        # Spent, the turn has ended: what is open is the queue behind it. (Steers waiting are new input, with
+        # a budget of their own.)
         made = turns.replies(msgs, turns.turn_start(msgs, spec.max_steps)) + int(waiting_reply)
         if made >= spec.max_steps and not waiting_reply:
             if queued:
@@ -213,19 +208,6 @@ def _left(store: RunStore, session: str, spec: Spec, lease: Lease) -> Left | Out
 def _answering(spec: Spec, last: str) -> Left:
     """The run that answers the session's queue from its head up to ``last`` (``busy.answer_queued``)."""
     return lambda endpoint, held: busy.answer_queued(Runner()._turn_run, spec, last, endpoint, held)
-
-
-def _queued(store: RunStore, session: str, lease: Lease, msgs: Sequence[Message]) -> list[str]:
-    """Under the lease: the keys queued for the session (``Runner.turn(if_busy="queue")``) that the transcript
-    does not hold. A key it holds came in another way as well (a turn begun before the queue, under another
-    policy): one at the queue's head is dropped here, as a holder answering the queue drops it, and one
-    behind it when the queue gets there."""
-    queued = store.queued(session)
-    while queued and turns.keyed(msgs, queued[0]) is not None:
-        store.take_queued(session, lease.holder, append=False)
-        log.info("session %r: dropped queued turn %r, which the transcript holds already", session, queued[0])
-        queued = store.queued(session)
-    return [key for key in queued if turns.keyed(msgs, key) is None]
 
 
 def _left_open(store: RunStore, session: str, spec: Spec, result: Result) -> None:

@@ -49,10 +49,8 @@ class Tool:
         if not isinstance(self.idempotent, bool):
             raise ArgumentError(f"Tool {self.name!r}: idempotent must be a bool, got {self.idempotent!r}")
         if not isinstance(self.needs_approval, bool) and not callable(self.needs_approval):
-            raise ArgumentError(
-                f"Tool {self.name!r}: needs_approval must be a bool or a callable taking the arguments, "
-                f"got {self.needs_approval!r}"
-            )
+            raise ArgumentError(f"Tool {self.name!r}: needs_approval must be a bool or a callable taking the "
+                                f"arguments, got {self.needs_approval!r}")
         deadline = self.approval_deadline
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
                                      or not 0 < deadline < float("inf")):
@@ -111,40 +109,26 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    idempotent: bool = True,
-    needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
-    approval_deadline: float | None = None,
-) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(*, name: str | None = None, description: str | None = None, idempotent: bool = True,
+         needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+         approval_deadline: float | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
-def tool(
-    fn: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    idempotent: bool = True,
-    needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
-    approval_deadline: float | None = None,
-) -> Tool | Callable[[Callable[..., Any]], Tool]:
+def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
+         idempotent: bool = True, needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+         approval_deadline: float | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a Tool from a typed function: the schema from its hints, the description from its docstring
     (first paragraph; parameter texts from a Google-style ``Args:`` section)."""
 
     def build(f: Callable[..., Any]) -> Tool:
         summary, arg_docs = _parse_docstring(inspect.getdoc(f) or "")
-        return Tool(
-            name=name or f.__name__,
-            description=description if description is not None else summary,
-            parameters=schema_for(f, arg_docs),
-            fn=f,
-            idempotent=idempotent,
-            needs_approval=needs_approval,
-            approval_deadline=approval_deadline,
-        )
+        return Tool(name=name or f.__name__,
+                    description=description if description is not None else summary,
+                    parameters=schema_for(f, arg_docs),
+                    fn=f,
+                    idempotent=idempotent,
+                    needs_approval=needs_approval,
+                    approval_deadline=approval_deadline)
 
     return build(fn) if fn is not None else build
 

@@ -1,6 +1,4 @@
-"""Argument checks every store makes, in one place, so all stores refuse the same inputs the same way.
-
-A store calls these before it touches its backend: bad input then fails with an ``ArgumentError`` and
+"""Argument checks, made before anything touches a backend: bad input fails with an ``ArgumentError`` and
 nothing stored changes.
 """
 
@@ -32,9 +30,7 @@ def session_id(value: object, where: str = "session id") -> str:
     if not value:
         raise ArgumentError(f"{where} must not be empty")
     if len(value) > MAX_SESSION_ID_LENGTH:
-        raise ArgumentError(
-            f"{where} is {len(value)} characters long; at most {MAX_SESSION_ID_LENGTH} are allowed"
-        )
+        raise ArgumentError(f"{where} is {len(value)} characters long; at most {MAX_SESSION_ID_LENGTH} are allowed")
     if not encodable(value):
         raise ArgumentError(f"{where} {value!r} contains NUL or a lone surrogate")
     return value
@@ -76,21 +72,14 @@ def turn_key(value: object, where: str = "turn key") -> str:
     return steer_key(value, where)
 
 
-def queued_text_differs(session: str, key: str) -> ArgumentError:
-    """The error of ``QueueStore.enqueue`` for a key accepted before with another text."""
-    return ArgumentError(f"session {session!r}: the turn key {key!r} is already used by a queued message whose "
-                         "text differs from this one; a key names one message")
-
-
 def messages(value: object, where: str = "messages", trusted: Sequence[Message] = ()) -> tuple[Message, ...]:
     """``trusted`` is a transcript already checked (what a store last saved): when ``value`` starts with
     it, only the rest is checked, so an appending save does not re-check the whole transcript."""
     return messages_after(value, trusted, where)[0]
 
 
-def messages_after(
-    value: object, trusted: Sequence[Message], where: str = "messages"
-) -> tuple[tuple[Message, ...], int]:
+def messages_after(value: object, trusted: Sequence[Message],
+                   where: str = "messages") -> tuple[tuple[Message, ...], int]:
     """``messages``, also saying how many leading messages are ``trusted`` ones: ``len(trusted)`` when
     ``value`` extends it, else 0. A store asks this on every save, of the whole transcript, so it copies
     ``value`` once and looks at only the messages that are not trusted."""
@@ -121,10 +110,9 @@ def _answers(results: Message, before: Message | None, where: str, index: int) -
         calls = {c.id for c in before.content if c.type is _TOOL_CALL}
     for c in results.content:
         if c.type is _TOOL_RESULT and c.tool_call_id not in calls:
-            raise MessageError(
-                f"{where}[{index}] holds a tool result for call {c.tool_call_id!r}, but the message before it makes "
-                f"no call with that id (a result must directly follow the reply that called it)"
-            )
+            raise MessageError(f"{where}[{index}] holds a tool result for call {c.tool_call_id!r}, but the message "
+                               f"before it makes no call with that id (a result must directly follow the reply that "
+                               f"called it)")
 
 
 def distinct_call_ids(msgs: Sequence[Message], where: str = "messages") -> None:
@@ -135,20 +123,16 @@ def distinct_call_ids(msgs: Sequence[Message], where: str = "messages") -> None:
         seen: set[str] = set()
         for c in m.tool_calls:
             if c.id in seen:
-                raise MessageError(
-                    f"{where}[{i}] makes two tool calls with id {c.id!r}: their results could not be told apart "
-                    f"(give each call of a message its own id)"
-                )
+                raise MessageError(f"{where}[{i}] makes two tool calls with id {c.id!r}: their results could not be "
+                                   f"told apart (give each call of a message its own id)")
             seen.add(c.id)
 
 
 def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:
-    """Does ``items`` start with ``prefix``? Asked on every save, of the whole transcript, so it is done in C
-    without copying either: ``prefix <= items`` goes through the two tuples pair by pair, each pair compared
-    by identity and then equality, and when all of ``prefix`` matched it is the shorter, hence the smaller:
-    True. At the first pair that differs it answers that pair's ``<=`` instead, which messages do not have
-    (``TypeError``): not an extension. About 4 µs for 1,000 messages that are the very objects saved last
-    time, against 15 µs for ``items[:len(prefix)] == prefix``, which increfs and decrefs each of them."""
+    """Does ``items`` start with ``prefix``? Asked on every save, so done in C without copying: ``prefix <=
+    items`` compares pair by pair (identity, then equality), True once all of the shorter ``prefix`` matched;
+    at the first pair that differs it asks that pair's ``<=``, which messages lack (``TypeError``). About 4 µs
+    for 1,000 messages, against 15 µs for ``items[:len(prefix)] == prefix``."""
     if len(items) < len(prefix):
         return False
     try:
@@ -157,17 +141,15 @@ def is_extension(prefix: Sequence[object], items: tuple[object, ...]) -> bool:
         return False
 
 
-def stored_size(items: Sequence[Message], start: int, limit: int | None, store: str, where: str = "messages") -> None:
-    """Each message from ``start`` on fits what ``store`` can keep (``limit`` bytes of stored JSON)."""
+def stored_size(items: Sequence[Message], limit: int | None, store: str) -> None:
+    """Each message fits what ``store`` can keep (``limit`` bytes of stored JSON)."""
     if limit is None:
         return
-    for i in range(start, len(items)):
-        size = len(items[i].to_json())
+    for i, message in enumerate(items):
+        size = len(message.to_json())
         if size > limit:
-            raise ArgumentError(
-                f"{where}[{i}] is {size:,} bytes as stored (JSON, non-ASCII escaped); the {store} keeps messages "
-                f"of at most {limit:,} bytes"
-            )
+            raise ArgumentError(f"messages[{i}] is {size:,} bytes as stored (JSON, non-ASCII escaped); the {store} "
+                                f"keeps messages of at most {limit:,} bytes")
 
 
 def deliverable_steer(text: str, limit: int | None, store: str) -> None:
@@ -177,10 +159,8 @@ def deliverable_steer(text: str, limit: int | None, store: str) -> None:
         return
     size = len(Message.user(text, steer=True).to_json())
     if size > limit:
-        raise ArgumentError(
-            f"the steer is {size:,} bytes as it would be stored (JSON, non-ASCII escaped); the {store} keeps "
-            f"messages of at most {limit:,} bytes, so it could never be delivered"
-        )
+        raise ArgumentError(f"the steer is {size:,} bytes as it would be stored (JSON, non-ASCII escaped); the "
+                            f"{store} keeps messages of at most {limit:,} bytes, so it could never be delivered")
 
 
 def fork_cut(last_kept: Message | None, at: int, source: str, allow_unanswered: bool) -> None:
@@ -188,11 +168,9 @@ def fork_cut(last_kept: Message | None, at: int, source: str, allow_unanswered: 
     since the fork's next run runs them again (its journal is the original's, not the fork's)."""
     if allow_unanswered or last_kept is None or not last_kept.tool_calls:
         return
-    raise ArgumentError(
-        f"cannot fork session {source!r} at {at}: message {at - 1} has tool calls whose results would be cut "
-        f"off, and the fork's next run would run them again (non-idempotent ones included); cut at {at - 1} "
-        f"or {at + 1}, or pass allow_unanswered=True"
-    )
+    raise ArgumentError(f"cannot fork session {source!r} at {at}: message {at - 1} has tool calls whose results "
+                        f"would be cut off, and the fork's next run would run them again (non-idempotent ones "
+                        f"included); cut at {at - 1} or {at + 1}, or pass allow_unanswered=True")
 
 
 def fork_index(at: object, length: int, source: str) -> None:
@@ -200,10 +178,8 @@ def fork_index(at: object, length: int, source: str) -> None:
     if at is None:
         return
     if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= length:
-        raise ArgumentError(
-            f"cannot fork session {source!r} at {at!r}: its transcript has {length} messages, so at must be "
-            f"None or an int from 0 to {length}"
-        )
+        raise ArgumentError(f"cannot fork session {source!r} at {at!r}: its transcript has {length} messages, so at "
+                            f"must be None or an int from 0 to {length}")
 
 
 def read_back(stop: object, count: object) -> None:
@@ -215,10 +191,9 @@ def read_back(stop: object, count: object) -> None:
 
 
 def save_start(start: object, replace: object, take_steers: object) -> int:
-    """A fenced save's arguments beside the transcript, checked: ``take_steers`` and ``replace`` are bools
-    (each decides the shape of the save's statement, so a truthy string or ``None`` is refused rather than
-    read one way by one store and another by the next), and a ``TailStore`` save's ``start`` (the index of
-    its first message) an int >= 0; a replacing save writes the whole transcript, so it has none."""
+    """A fenced save's arguments beside the transcript: ``take_steers`` and ``replace`` bools (a truthy string
+    is refused, not read one way by one store and another by the next), ``start`` an int >= 0, and none for
+    a replacing save, which writes the whole transcript."""
     for name, flag in (("take_steers", take_steers), ("replace", replace)):
         if type(flag) is not bool:
             raise ArgumentError(f"save_fenced({name}=) must be a bool, got {flag!r}")

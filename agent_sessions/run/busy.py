@@ -1,38 +1,11 @@
-"""What ``Runner.turn`` does with a message that arrives while its session is busy (issue 26).
-
-A session is busy while a live run holds its lease, or while messages are queued for it (a queue that is
-not empty makes it busy even with its lease free, so a new message cannot jump ahead of the queued ones).
-The caller chooses, per call (``if_busy``):
-
-- ``"queue"`` (the default: nobody's message is dropped): the message is stored at once, under its key, in
-  the session's queue (``QueueStore.enqueue``), so a crash of this caller loses nothing. Then the caller
-  waits for the lease, and with it answers the queue from its head, one message per turn (``take_queued``
-  moves the head into the transcript; the turn runs as ``turns`` continues a stored keyed turn), until its
-  own message is answered, and returns that answer. Whoever holds the lease answers the head: a caller
-  that died leaves its message to the next one. A holder does not drain the queue before it returns. A turn
-  the transcript leaves unfinished with its reply in the journal (its holder died among the tools) goes on
-  first, the journal honoured: ``take_queued`` would drop it (``_unfinished_first``).
-- ``"steer"``: the message joins the running run as a keyed steer (``add_steer_once``); the run takes it
-  before its next model request. The caller waits until the transcript holds the steer followed by an
-  answer, and returns that answer, whichever process made it. When the lease is free while the steer still
-  waits (it came after the run's last request, or nobody was running), the caller takes the lease and runs
-  the session itself. A steer taken into the transcript carries its key, so the caller (and a repeat of
-  it) finds its own message, never another of the same text. A run of the caller's that stops before it
-  took the steer (it went on with the session's turn first, and that turn was cancelled or waits for
-  decisions) is that turn's, not the caller's: its listener never hears of it (``_Steering``).
-- ``"reject"``: ``SessionBusy`` at once, nothing written.
-- ``"interrupt"``: the running run is cancelled (``RunStore.cancel``: it stops at its next check; a started
-  non-idempotent tool is still recorded), then the message is queued as ``"queue"`` queues it, and answered
-  on the transcript the cancelled run left, closing its unfinished reply (``persistence.Leased.resume``).
-  Messages queued before it are answered first: the cancel stops the run in progress, not the queue.
-  Delivered again while its message is queued (or taken), it cancels nothing more: it waits as ``"queue"``.
-
-Every wait is bounded by ``Spec.lease_wait`` and logged at INFO when it starts and when it ends. A wait
-for a stored message that runs out raises ``StillQueued``: the message is stored and will be answered, and
-``turn(..., key)`` called again returns that answer.
+"""What ``Runner.turn`` does with a message that arrives while its session is busy (a live run holds its
+lease, or messages wait in its queue): ``if_busy`` is ``"queue"`` (stored at once, answered in the order
+accepted, each by a turn of its own), ``"steer"`` (a keyed steer for the running run), ``"reject"``
+(``SessionBusy``, nothing written) or ``"interrupt"`` (the running run cancelled, then queued).
+docs/runs/busy.md says what each does, and what each wait (bounded by ``Spec.lease_wait``) waits for.
 
 Whatever the policy, a message whose key the transcript holds already is a repeat: ``turns.turn`` returns
-its answer, or goes on with its unfinished turn, as it always did.
+its answer, or goes on with its unfinished turn.
 """
 
 from __future__ import annotations
@@ -42,17 +15,18 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Literal, Protocol, get_args
+from typing import Literal, get_args
 
-from ..contract import LifecycleStore, QueueStore, RunSession, SteerKeyStore
+from ..contract import QueueStore, RunSession
 from ..endpoints import Endpoint
 from ..errors import ArgumentError, AwaitingApproval, SessionBusy, StillQueued, TranscriptDeleted
 from ..events import Event, Events, ModelRequest
 from ..journal import Journal
 from ..lease import Lease
-from ..messages import Message, Role, unanswered
+from ..messages import Message, Role, turn_open, unanswered
 from ..result import Result
 from ..spec import Spec
+from ..values import Holder
 from . import turns
 
 Busy = Literal["queue", "steer", "reject", "interrupt"]
@@ -65,101 +39,80 @@ POLL_MAX = 0.25
 """Seconds at most between two looks of a caller waiting for its steer's answer."""
 
 
-class HandedRun(Protocol):
-    """``Runner._turn_run``: a run told whether it goes on with its turn, and handed the lease it runs under
-    (taken by the caller, released by the run), or ``None`` to take its own."""
-
-    def __call__(self, spec: Spec, msgs: list[Message], endpoint: Endpoint, events: Events | None,
-                 continuing: bool, lease: Lease | None = None) -> Result: ...
-
-
-def turn(run: HandedRun, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None,
+def turn(run: turns.Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None,
          if_busy: str) -> Result:
     session = turns.run_session(spec, key)
     if if_busy not in POLICIES:
         raise ArgumentError(f"Runner.turn(if_busy=) must be one of {', '.join(map(repr, POLICIES))}, got {if_busy!r}")
     store = session.store
-    queue = store if isinstance(store, QueueStore) else None
-    if if_busy == "queue" and queue is not None:
-        return _queued(run, spec, session, queue, text, key, endpoint, events)
+    if if_busy == "queue":
+        return _queued(run, spec, session, text, key, endpoint, events)
     if turns.keyed(session.messages(), key) is not None:
         # A repeat (a task delivered again): what a turn always did, whatever the policy.
         return turns.turn(run, spec, text, key, endpoint, events)
     if if_busy == "reject":
-        if queue is not None and queue.queued(session.id):
+        if store.queued(session.id):
             raise SessionBusy(f"session {session.id!r} has messages queued, and Runner.turn(if_busy='reject') "
                               f"does not wait: nothing was written", store.holder(session.id))  # type: ignore[arg-type]
         return turns.turn(run, replace(spec, lease_wait=0.0), text, key, endpoint, events)
-    if if_busy == "interrupt":
-        if queue is not None and _delivered_again(session, queue, key):
-            # Its message waits in the queue or was taken from it since: the cancel was sent with the first
-            # delivery. Sent again it would stop the turn now answering the queue: another caller's, or this
-            # very message's.
-            return _queued(run, spec, session, queue, text, key, endpoint, events)
-        held = store.holder(session.id)
-        # Once per key: a delivery that died between this cancel and the enqueue below, delivered again,
-        # must not stop whichever run holds the session by then (another caller's turn).
-        if store.cancel(session.id, once=key):
-            log.info("session %r is held by %s; turn %r cancelled that run, and waits up to %g s for the lease "
-                     "(lease_wait)", session.id, "a run" if held is None else held.describe(), key,
-                     spec.lease_wait)
-        if queue is not None:
-            # Stored after the cancel, as "queue" stores it: a wait that runs out (the cancelled run has not
-            # stopped yet; lease_wait 0) leaves the message to the session's next holder or the sweep, not
-            # dropped. The cancel comes first, so it cannot stop a run that has taken this very message.
-            return _queued(run, spec, session, queue, text, key, endpoint, events)
-        return turns.turn(run, spec, text, key, endpoint, events)
-    if if_busy == "steer" and isinstance(store, SteerKeyStore):
-        return _steered(run, spec, session, store, text, key, endpoint, events)
-    # A store without the capability the policy needs: the turn waits for the lease, as it always did.
-    return turns.turn(run, spec, text, key, endpoint, events)
+    if if_busy == "steer":
+        return _steered(run, spec, session, text, key, endpoint, events)
+    if _delivered_again(session, key):
+        # Its message waits in the queue or was taken from it since: the cancel was sent with the first
+        # delivery. Sent again it would stop the turn now answering the queue: another caller's, or this
+        # very message's.
+        return _queued(run, spec, session, text, key, endpoint, events)
+    held = store.holder(session.id)
+    # Once per key: a delivery that died between this cancel and the enqueue below, delivered again,
+    # must not stop whichever run holds the session by then (another caller's turn).
+    if store.cancel(session.id, once=key):
+        log.info("session %r is held by %s; turn %r cancelled that run, and waits up to %g s for the lease "
+                 "(lease_wait)", session.id, "a run" if held is None else held.describe(), key, spec.lease_wait)
+    # Stored after the cancel, as "queue" stores it: a wait that runs out (the cancelled run has not stopped
+    # yet; lease_wait 0) leaves the message to the session's next holder or the sweep, not dropped. The
+    # cancel comes first, so it cannot stop a run that has taken this very message.
+    return _queued(run, spec, session, text, key, endpoint, events)
 
 
-def _delivered_again(session: RunSession, queue: QueueStore, key: str) -> bool:
+def _delivered_again(session: RunSession, key: str) -> bool:
     """Is ``key``'s message queued, or in the transcript? Read in that order: ``take_queued`` moves a message
     from the queue into the transcript in one step, so one taken between the two reads is found by the
     second (the caller's earlier look at the transcript came before the queue's)."""
-    return key in queue.queued(session.id) or turns.keyed(session.messages(), key) is not None
+    return key in session.store.queued(session.id) or turns.keyed(session.messages(), key) is not None
 
 
-def _queued(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, text: str, key: str,
-            endpoint: Endpoint, events: Events | None) -> Result:
+def _queued(run: turns.Run, spec: Spec, session: RunSession, text: str, key: str, endpoint: Endpoint,
+            events: Events | None) -> Result:
     # Stored first, read after: a delete of the session between the two takes the queued message with it,
     # and the turn then finds it nowhere (``TranscriptDeleted``) rather than answer an erased conversation.
-    position = queue.enqueue(session.id, key, text)
+    position = session.store.enqueue(session.id, key, text)
     if turns.keyed(session.messages(), key) is not None:
         # A repeat (a task delivered again): what a turn always did. The transcript holds its message, so the
         # copy just queued (a key goes with its message into the transcript) waits for nothing.
-        queue.withdraw(session.id, key)
+        session.store.withdraw(session.id, key)
         return turns.turn(run, spec, text, key, endpoint, events)
-    # Contention is said where there is some: messages queued ahead of this one here, a run holding the
-    # lease by the lease's own wait (``lease.Lease``). An uncontended turn passes through the queue quietly.
+    # INFO only where there is contention (a held lease is said by ``lease.Lease``'s own wait).
     if position > 1:
         log.info("session %r: turn %r queued at position %d, behind %d message(s); waiting up to %g s for the "
                  "session (lease_wait)", session.id, key, position, position - 1, spec.lease_wait)
     else:
         log.debug("session %r: turn %r queued at position %d", session.id, key, position)
-    return _wait_and_answer(run, spec, session, queue, key, endpoint, events)
+    return _wait_and_answer(run, spec, session, key, endpoint, events)
 
 
-def answer_queued(run: HandedRun, spec: Spec, key: str, endpoint: Endpoint, lease: Lease | None = None) -> Result:
-    """Answer a session's queue from its head up to ``key``, a message queued already (``recover``: every
-    caller that queued it is gone). Nothing is queued here: a session deleted meanwhile, its queue with it,
-    is ``TranscriptDeleted``, not a new message. ``lease``: the session's, taken already (``recover`` looked
-    under it), which the first turn is handed."""
+def answer_queued(run: turns.Run, spec: Spec, key: str, endpoint: Endpoint, lease: Lease | None = None) -> Result:
+    """Answer a session's queue from its head up to ``key``, queued already by a caller that is gone
+    (``recover``); nothing is queued here. ``lease``: the session's, taken already, handed to the first turn."""
     session = turns.run_session(spec, key)
-    store = session.store
-    if not isinstance(store, QueueStore):
-        raise ArgumentError(f"answer_queued needs a QueueStore, got {type(store).__name__}")
     if lease is None:
         stored = session.messages()
         at = turns.keyed(stored, key)
         if at is not None:  # taken into the transcript meanwhile: its answer, or what is left of its turn
             return turns.turn(run, spec, stored[at].text, key, endpoint, None)
-    return _wait_and_answer(run, spec, session, store, key, endpoint, None, lease)
+    return _wait_and_answer(run, spec, session, key, endpoint, None, lease)
 
 
-def go_on(run: HandedRun, spec: Spec, stored: list[Message], at: int, endpoint: Endpoint, lease: Lease,
+def go_on(run: turns.Run, spec: Spec, stored: list[Message], at: int, endpoint: Endpoint, lease: Lease,
           events: Events | None = None) -> Result:
     """Under ``lease`` (taken by the caller, released by the run): the turn whose message is ``stored[at]``
     goes on, as ``Runner.turn`` goes on with it, or its Result as it stands (answered, superseded, out of
@@ -171,8 +124,8 @@ def go_on(run: HandedRun, spec: Spec, stored: list[Message], at: int, endpoint: 
     return run(budget, todo, endpoint, events, True, lease)
 
 
-def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, key: str,
-                     endpoint: Endpoint, events: Events | None, handed: Lease | None = None) -> Result:
+def _wait_and_answer(run: turns.Run, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
+                     events: Events | None, handed: Lease | None = None) -> Result:
     """Wait (``lease_wait``) for the lease (the first time, ``handed``: held already), and with it answer the
     queue from its head until ``key`` is."""
     started = time.monotonic()
@@ -183,14 +136,14 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: Que
         rounds += 1
         # Taken for this caller's turn: a cancel landing before any message is taken is of that turn (a queued
         # message taken under the lease makes the lease its turn's: ``take_queued``).
-        lease = handed if handed is not None else Lease(queue, session.id, spec.lease_ttl, wait, spec.name, key)
+        lease = handed or Lease(session.store, session.id, spec.lease_ttl, wait, spec.name, key)
         handed = None
         try:
             lease.__enter__()
         except SessionBusy as exc:
-            raise _still_queued(session, queue, key, spec, exc) from None
+            raise _still_queued(session, key, spec, exc) from None
         try:
-            result = _answer_head(run, spec, session, queue, lease, key, endpoint, events)
+            result = _answer_head(run, spec, session, lease, key, endpoint, events)
         except BaseException:
             if not lease.closed:  # the run never started: the lease is still ours to give back
                 lease.__exit__(*sys.exc_info())
@@ -205,23 +158,20 @@ def _wait_and_answer(run: HandedRun, spec: Spec, session: RunSession, queue: Que
             return result
 
 
-def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, lease: Lease, key: str,
-                 endpoint: Endpoint, events: Events | None) -> Result | None:
+def _answer_head(run: turns.Run, spec: Spec, session: RunSession, lease: Lease, key: str, endpoint: Endpoint,
+                 events: Events | None) -> Result | None:
     """Under the lease: this caller's own turn, once the transcript holds its message (its Result); else
     the turn of the queue's head, someone else's (``None``: the caller waits for the lease again)."""
     stored = session.messages()
     at = turns.keyed(stored, key)
     if at is not None:
         return go_on(run, spec, stored, at, endpoint, lease, events)
-    waiting = queue.queued(session.id)
-    while waiting and turns.keyed(stored, waiting[0]) is not None:
-        queue.take_queued(session.id, lease.holder, append=False)  # delivered another way already
-        log.info("session %r: dropped queued turn %r, which the transcript holds already", session.id, waiting[0])
-        waiting = queue.queued(session.id)
-    if stored and not _answered_last(stored) and _unfinished_first(run, spec, session, queue, lease, stored,
-                                                                   endpoint, waiting[0] if waiting else None):
+    waiting = queued_keys(session.store, session.id, lease.holder, stored)
+    # A transcript ending with an answer leaves no reply in the journal (the save that wrote it dropped it).
+    if turn_open(stored) and _unfinished_first(run, spec, session, lease, stored, endpoint,
+                                               waiting[0] if waiting else None):
         return None  # the lease is given back; the queue's head is taken under the next one
-    head = queue.take_queued(session.id, lease.holder)
+    head = session.store.take_queued(session.id, lease.holder)
     if head is None:
         # Neither in the transcript nor queued: the session was deleted (its queue with it) after enqueue.
         raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)
@@ -232,30 +182,27 @@ def _answer_head(run: HandedRun, spec: Spec, session: RunSession, queue: QueueSt
     return result if mine else None
 
 
-def _answered_last(stored: list[Message]) -> bool:
-    """Does the transcript end with an answer (a reply without tool calls)? Then no reply of its turn waits
-    in the journal: a save that writes drops it, and the answer was saved."""
-    return stored[-1].role is Role.ASSISTANT and not stored[-1].tool_calls
+def queued_keys(store: QueueStore, session: str, holder: Holder, stored: Sequence[Message]) -> list[str]:
+    """Under the lease: the keys queued for the session. One at the head that ``stored`` holds already came
+    in another way as well (a turn begun before the queue, under another policy): it is dropped, unanswered
+    (the key went into the transcript with its message, so it waits for nothing)."""
+    keys = store.queued(session)
+    while keys and turns.keyed(stored, keys[0]) is not None:
+        store.take_queued(session, holder, append=False)
+        log.info("session %r: dropped queued turn %r, which the transcript holds already", session, keys[0])
+        keys = store.queued(session)
+    return keys
 
 
-def _unfinished_first(run: HandedRun, spec: Spec, session: RunSession, queue: QueueStore, lease: Lease,
-                      stored: list[Message], endpoint: Endpoint, head: str | None) -> bool:
-    """Under the lease, before the queue's head is taken: does the transcript's turn leave something that the
-    transcript does not hold yet? Its reply waits in the journal (its holder died among the reply's tools: which
-    calls started, the results waiting to ride the next save), or the transcript ends with tool calls without
-    results (a plain save, a fork). ``take_queued`` drops the journal, as every save that writes does, and
-    would append the head after those calls: taking it now would lose that reply, so a model asked afresh
-    runs a non-idempotent tool that ran once again, a finished tool's result is forgotten, and the calls are
-    never answered. Then that turn goes on first, as a resume goes on with it (``go_on``: what is left of its
-    ``max_steps``; the journal replayed, a started non-idempotent call's outcome unknown; a turn that was
-    cancelled only has its reply closed, and the cancel handed on), and ``True``: the caller gives the lease
-    back and takes the head under the next one.
-
-    The turn waits for decisions on its tool calls: taking the next message now would drop the waiting
-    reply and its decisions, as a new turn would (``persistence.Leased.resume``). Raise ``AwaitingApproval``,
-    taking nothing: the queued messages wait for the turn to go on."""
-    text = queue.journal(session.id)
-    journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
+def _unfinished_first(run: turns.Run, spec: Spec, session: RunSession, lease: Lease, stored: list[Message],
+                      endpoint: Endpoint, head: str | None) -> bool:
+    """Under the lease, before the queue's head is taken: does the transcript's turn leave what it does not
+    hold yet (its reply in the journal, or tool calls without results)? ``take_queued`` would drop the journal
+    and append the head after those calls, so a model asked afresh could run a tool that ran once again. That
+    turn goes on first, as a resume goes on with it, and ``True``: the caller gives the lease back and takes
+    the head under the next one. A turn waiting for decisions raises ``AwaitingApproval``, taking nothing."""
+    text = session.store.journal(session.id)
+    journal = Journal.of(text, session.id)
     undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
     if undecided:
         raise AwaitingApproval(session.id, undecided)
@@ -291,9 +238,9 @@ def open_turn(stored: Sequence[Message], budget: int | None = None) -> int | Non
     return at if at is not None and turns.answered(stored, at) is None else None
 
 
-def _still_queued(session: RunSession, queue: QueueStore, key: str, spec: Spec, busy: SessionBusy) -> StillQueued:
+def _still_queued(session: RunSession, key: str, spec: Spec, busy: SessionBusy) -> StillQueued:
     """``busy`` (who holds the session, until when, the lease_wait used), said of a message that is stored."""
-    keys = queue.queued(session.id)
+    keys = session.store.queued(session.id)
     position = keys.index(key) + 1 if key in keys else 0
     log.info("session %r: turn %r still queued (position %d) after waiting %g s (lease_wait)", session.id, key,
              position, spec.lease_wait)
@@ -303,12 +250,12 @@ def _still_queued(session: RunSession, queue: QueueStore, key: str, spec: Spec, 
         f"called again waits for it and returns that answer", busy.holder, key, position)
 
 
-def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStore, text: str, key: str,
-             endpoint: Endpoint, events: Events | None) -> Result:
+def _steered(run: turns.Run, spec: Spec, session: RunSession, text: str, key: str, endpoint: Endpoint,
+             events: Events | None) -> Result:
     store = session.store
     # Stored as a steer even when nobody holds the session: its key is how a repeat finds it (a steer taken
     # into the transcript keeps its key), and with the lease free this caller runs it at once, below.
-    keys.add_steer_once(session.id, text, key)  # False: sent before (a repeat), stored once
+    store.add_steer_once(session.id, text, key)  # False: sent before (a repeat), stored once
     started = time.monotonic()
     deadline = started + spec.lease_wait
     log.info("session %r: turn %r left as a steer for its run; waiting up to %g s for its answer (lease_wait)",
@@ -322,8 +269,7 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
         if answer is not None:
             log.info("session %r: steered turn %r answered after waiting %.1f s", session.id, key,
                      time.monotonic() - started)
-            return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
-                          unapplied_steers=[], usage={})
+            return turns.ended(stored, "answered", answer.text)
         if store.holder(session.id) is None:
             result = _run_steered(run, spec, session, key, endpoint, events)
             if isinstance(result, Result):
@@ -331,10 +277,8 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
                          key, time.monotonic() - started)
                 return result
             if result and not again:
-                # Its own run went on with the session's turn first and was cancelled there, before it took
-                # the steer: that cancel was of the turn it stopped, and the steer waits, new input for the
-                # next turn. The lease was this caller's a moment ago: it runs the steer now, even with its
-                # lease_wait spent (else ``StillQueued`` would promise an answer no run is coming to give).
+                # That cancel was of the session's turn, and the steer waits, the next turn's input: run it
+                # now, even with lease_wait spent (``StillQueued`` would promise an answer no run will give).
                 log.info("session %r: steered turn %r: this caller's run was cancelled before it took the "
                          "steer; running the steer", session.id, key)
                 again = True
@@ -353,13 +297,12 @@ def _steered(run: HandedRun, spec: Spec, session: RunSession, keys: SteerKeyStor
         pause = min(pause * 2, POLL_MAX)
 
 
-def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
+def _run_steered(run: turns.Run, spec: Spec, session: RunSession, key: str, endpoint: Endpoint,
                  events: Events | None) -> Result | bool:
-    """The lease is free while the steer waits (it came after the holder's last request, or the holder died):
-    take it and run the session, which takes the steers into its first request. ``False``: someone else took
-    the lease first, or answered the steer meanwhile (the caller looks again). ``True``: this caller's run
-    was cancelled before it took the steer (it went on with the session's turn first: a reply waiting in the
-    journal)."""
+    """The lease is free while the steer waits: take it and run the session, whose first request takes the
+    steers. ``False``: someone else took the lease or answered the steer meanwhile (the caller looks again).
+    ``True``: this caller's run went on with the session's turn first and was cancelled before it took the
+    steer."""
     store = session.store
     lease = Lease(store, session.id, spec.lease_ttl, 0.0, spec.name, key)
     try:
@@ -370,7 +313,7 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
         # The session's turn waits for decisions: a run would stop there at once, without the steer (which
         # lands once the turn goes on), and the caller would run it again until its wait ran out.
         text = store.journal(session.id)
-        journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
+        journal = Journal.of(text, session.id)
         undecided = [] if journal is None else [c for c, a in journal.approvals.items() if a.decision is None]
         if undecided:
             raise AwaitingApproval(session.id, undecided)
@@ -382,13 +325,13 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
                 return planned if planned.stop_reason != "superseded" else False
             budget, todo = planned
             return run(budget, todo, endpoint, events, True, lease)
-        if isinstance(store, LifecycleStore) and not store.pending_steers(session.id):
+        if not store.pending_steers(session.id):
             raise TranscriptDeleted(session.id, len(stored), len(stored) + 1)  # the steer went with the session
         heard = _Steering(events)
         try:
             result = run(spec, stored, endpoint, None if events is None else heard, False, lease)
         except BaseException:
-            heard.take()  # the run failed, and so does this turn: its listener hears how
+            heard.report()  # the run failed, and so does this turn: its listener hears how
             raise
         if turns.keyed(result.messages, key) is None:
             # The run stopped before it took the steer: it went on with the session's turn first (a reply
@@ -397,28 +340,19 @@ def _run_steered(run: HandedRun, spec: Spec, session: RunSession, key: str, endp
                 # At the turn's waiting decisions: as above, the steer lands once that turn goes on.
                 raise AwaitingApproval(session.id, [p.call_id for p in result.pending_approvals])
             return result.stop_reason == "cancelled"  # else the steer went with a delete: look again
-        # The run took the steer: its turn is this caller's, however it ended (answered, out of budget,
-        # waiting for a decision, cancelled). Waiting on for an answer would promise one nobody gives: the
-        # run that returned cleared the session's open mark, and another run would go on with a turn that
-        # ended.
-        heard.take()
+        # The run took the steer: its turn is this caller's, however it ended. Waiting on for an answer would
+        # wait for one nobody gives (the run that returned cleared the session's open mark).
+        heard.report()
         return result
     finally:
         if not lease.closed:
             lease.__exit__(*sys.exc_info())
 
 
-class _Steering:
-    """The events of a run the ``"steer"`` caller makes with its steer still waiting: they are its listener's
-    once the run has taken the steer (its first model request follows the save that took every waiting
-    steer), or once it returns having taken it. A run that stops before (it went on with the session's turn
-    first, and that turn was cancelled or waits for decisions) is that turn's, not this one's: its listener
-    never hears of it, so it hears one ``Finished`` for its turn, or the error the caller raises."""
-
-    def __init__(self, events: Events | None) -> None:
-        self.events = events
-        self.held: list[Event] | None = []
-        """What the run said before it took the steer; ``None`` once its events are the listener's."""
+class _Steering(turns.Held):
+    """The events of the ``"steer"`` caller's run: its listener's once the run has taken the steer (at its
+    first model request) or returns having taken it. A run that stops before went on with the session's turn,
+    not this one: its listener never hears of it."""
 
     def __call__(self, event: Event) -> None:
         if self.held is None:
@@ -427,11 +361,4 @@ class _Steering:
             return
         self.held.append(event)
         if isinstance(event, ModelRequest):
-            self.take()
-
-    def take(self) -> None:
-        """The run is this turn's: what it held back is the listener's, and so is what comes after."""
-        held, self.held = self.held or [], None
-        if self.events is not None:
-            for event in held:
-                self.events(event)
+            self.report()

@@ -13,14 +13,14 @@ import time
 from collections.abc import Sequence
 
 from .. import approvals
-from ..contract import ApprovalStore, PendingApproval
+from ..contract import PendingApproval
 from ..errors import StoreError
 from ..events import Sink
 from ..journal import UNKNOWN_OUTCOME, Approval, Journal, fingerprint
 from ..messages import Content, Message
 from ..spec import Spec
 from ..tools import Tool
-from ..values import Decision, when
+from ..values import Decision
 from .writes import Writes
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class Calls:
     # -- a call ------------------------------------------------------------------------------------------------
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
-        """The result a resumed call gets without running, or ``None`` to run it."""
+        """The result a call gets without running (a resumed call's, a denied one's), or ``None`` to run it."""
         assert self.journal is not None
         if self.closing:  # the resumed reply of a cancelled turn: nothing of it runs
             return closing(self.journal, call)
@@ -77,6 +77,11 @@ class Calls:
             return done
         if call.id in self.journal.started and tool is not None and not tool.idempotent:
             return Content.tool_result(call.id, UNKNOWN_OUTCOME, is_error=True)
+        approval = self.journal.approvals.get(call.id)
+        if approval is not None and approval.decision is None:  # reached only once cancelled
+            return Content.tool_result(call.id, approvals.CANCELLED_WAITING, is_error=True)
+        if approval is not None and approval.decision is not None and not approval.decision.approved:
+            return Content.tool_result(call.id, approvals.result_text(approval.decision), is_error=True)
         return None
 
     def may_run(self, call: Content, tool: Tool | None) -> bool:
@@ -110,9 +115,8 @@ class Calls:
             self.unwritten = True
 
     def keep_results(self) -> None:
-        """The run fails (an events callback raised on ``ToolFinished``, say) after a non-idempotent tool ran
-        and before the save that would carry its result: journal the result, so a resume replays it rather
-        than call its outcome unknown. Best effort: the run's own error is the one that propagates."""
+        """The run fails after a non-idempotent tool ran and before the save that would carry its result:
+        journal the result, so a resume replays it rather than call its outcome unknown. Best effort."""
         if not self.unwritten or self.journal is None:
             return
         try:
@@ -124,9 +128,8 @@ class Calls:
     # -- decisions ---------------------------------------------------------------------------------------------
 
     def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        """Before any call of the reply runs: the calls still waiting for a person's decision (asking for those
-        not asked yet, and counting those past their deadline as denied), and whether the run was asked to
-        stop meanwhile."""
+        """``Keeping.approvals``: asking for the calls not asked yet, and counting those past their deadline as
+        denied."""
         for _ in range(approvals.ATTEMPTS):  # each look again follows a change by someone else: bounded
             outcome = self._approvals_once(spec, step, emit)
             if outcome is not None:
@@ -149,7 +152,7 @@ class Calls:
             for call in new:
                 tool = spec.tool(call.name)
                 seconds = None if tool is None else spec.deadline_seconds(tool)
-                journal.approvals[call.id] = Approval(now, approvals.deadline_of(seconds, now))
+                journal.approvals[call.id] = Approval(now, None if seconds is None else now + seconds)
             if not self._store_approvals():
                 return None  # decided meanwhile: look again
             if self.fresh:
@@ -163,10 +166,9 @@ class Calls:
         waiting = [c for c in needing if self.journal.approvals[c.id].decision is None]
         if waiting:
             if self.fresh is None and self.writes.check():
-                # A cancel reached this run (session.cancel() found it holding the lease, so did not close the
-                # turn itself): close it here, deciding the undecided calls "cancel" as close_waiting does, by
-                # compare-and-swap, so a concurrent person's decision is kept or refused.
-                approvals._decide_rest(self._deciding(), self.session)
+                # A cancel reached this run (so session.cancel() did not close the turn itself): close it here,
+                # deciding the undecided calls "cancel" by compare-and-swap, as close_waiting does.
+                approvals._decide_rest(self.writes.store, self.session)
                 self._reload()
                 return [], True
             return waiting, False
@@ -175,11 +177,6 @@ class Calls:
             assert decision is not None
             emit.approval_decided(step, call, decision.approved, decision.reason, decision.by)
         return NO_APPROVALS
-
-    def _deciding(self) -> ApprovalStore:
-        store = self.writes.store
-        assert isinstance(store, ApprovalStore)
-        return store
 
     def _store_approvals(self) -> bool:
         """Write the journal naming the calls that wait. ``False`` when a resumed journal changed under it
@@ -190,7 +187,7 @@ class Calls:
             self.fresh = self.writes.put_journal(text, unless_cancelled=True)
             self.text = None if self.fresh else text
             return True
-        if self._deciding().swap_journal(self.session, self.text, text):
+        if self.writes.store.swap_journal(self.session, self.text, text):
             self.text = text
             return True
         self._reload()
@@ -206,7 +203,7 @@ class Calls:
                 if approvals.expired(approval, now):
                     approval.decision = Decision(False, "the approval deadline passed", now, "deadline")
             text = self.journal.to_json()
-            if self.text is not None and self._deciding().swap_journal(self.session, self.text, text):
+            if self.text is not None and self.writes.store.swap_journal(self.session, self.text, text):
                 self.text = text
                 return
             self._reload()
@@ -216,27 +213,17 @@ class Calls:
     def _reload(self) -> None:
         assert self.journal is not None
         text = self.writes.store.journal(self.session)
-        journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
+        journal = Journal.of(text, self.session)
         if journal is None or (journal.at, journal.digest) != (self.journal.at, self.journal.digest):
             raise StoreError(f"session {self.session!r}: the journal of the reply being run vanished while this "
                              f"run held the session")
         self.journal, self.text = journal, text
 
-    def approval(self, call: Content) -> Approval | None:
-        """The approval ``call`` needed, with its decision; ``None`` when it needed none."""
-        assert self.journal is not None
-        return self.journal.approvals.get(call.id)
-
     def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
         if not calls:
             return []
         assert self.journal is not None
-        out = []
-        for call in calls:
-            approval = self.journal.approvals[call.id]
-            out.append(PendingApproval(call.id, call.name, call.arguments, when(approval.asked),
-                                       None if approval.deadline is None else when(approval.deadline)))
-        return out
+        return [approvals.waiting(call, self.journal.approvals[call.id]) for call in calls]
 
 
 def closing(journal: Journal, call: Content) -> Content:

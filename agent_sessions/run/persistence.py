@@ -13,61 +13,49 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Literal, Protocol
+from typing import Literal
 
 from .. import approvals
-from ..contract import (
-    ApprovalStore,
-    EventStore,
-    LifecycleStore,
-    PendingApproval,
-    RunSession,
-    Session,
-    TailStore,
-    is_run_session,
-)
-from ..errors import (
-    AgentError,
-    ArgumentError,
-    AwaitingApproval,
-    LeaseLost,
-    TranscriptConflict,
-)
+from ..contract import PendingApproval, RunSession, Session, is_run_session
+from ..errors import AgentError, ArgumentError, AwaitingApproval, LeaseLost, TranscriptConflict
 from ..events import Sink
-from ..journal import NOT_RUN_SUPERSEDED, Approval, Journal
+from ..journal import NOT_RUN_SUPERSEDED, Journal
 from ..lease import Lease
 from ..messages import Content, Message, Role, turn_open, unanswered
 from ..result import Result
 from ..spec import Spec
 from ..tools import Tool
-from .calls import Calls, closing
+from .calls import NO_APPROVALS, Calls, closing
 from .publisher import Publisher
 from .writes import Writes, holds
 
 log = logging.getLogger(__name__)
 
-_NOTHING: tuple[Sequence[str], bool] = ((), False)
-_NO_APPROVALS: tuple[list[Content], bool] = ([], False)
 
+class Keeping:
+    """How a run keeps its transcript; this base keeps nothing (``NOT_KEPT``)."""
 
-class Keeping(Protocol):
-    saves: bool
+    saves = False
     """Whether ``before_request`` and ``finish`` write anything (for the Saved events)."""
-    stopped: bool
+    stopped = False
     """Set by ``resume``: the turn this run goes on with was cancelled before it, so it starts nothing (not
     even the save before its first request, which would take the steers waiting for the next turn)."""
-
-    def __enter__(self) -> Keeping: ...
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> None: ...
 
     @property
     def epoch(self) -> int | None:
         """The epoch of the lease the run holds (for its log lines); ``None`` when it holds none."""
+        return None
+
+    def __enter__(self) -> Keeping:
+        return self
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        pass
 
     def publishing(self, emit: Sink) -> Sink:
         """The sink the loop reports to: ``emit``, or with ``Spec.publish_events`` a ``Publisher`` around it
         whose events go to the session's log."""
+        return emit
 
     def resume(self, transcript: list[Message]) -> None:
         """Before the loop starts: put back a reply whose tools a dead run was running."""
@@ -75,100 +63,48 @@ class Keeping(Protocol):
     def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
         """Take the steers waiting, append them to ``transcript`` and save it; return those steers and
         whether somebody asked the run to stop."""
+        return (), False
 
     def begin_tools(self, transcript: Sequence[Message]) -> None:
         """The last message of ``transcript`` is a reply whose tool calls are about to run."""
 
     def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        """Before any call of the reply runs: the calls still waiting for a person's decision (asking for
-        those not asked yet, and counting those past their deadline as denied), and whether the run was
-        asked to stop meanwhile."""
-
-    def approval(self, call: Content) -> Approval | None:
-        """The approval ``call`` needed, with its decision; ``None`` when it needed none."""
-
-    def pending(self, calls: Sequence[Content]) -> list[PendingApproval]: ...
-
-    def replay(self, call: Content, tool: Tool | None) -> Content | None:
-        """The result a resumed call gets without running, or ``None`` to run it."""
-
-    def may_run(self, call: Content, tool: Tool | None) -> bool:
-        """Immediately before a tool runs: ``False`` when the run was asked to stop."""
-
-    def ran(self, call: Content, tool: Tool | None, result: Content) -> None: ...
-
-    def store_steers(self, steers: Sequence[str]) -> list[str]:
-        """Store ``steers`` (given to this run, in no stored transcript) as the session's waiting steers, so
-        the next run takes them; return those it could not store."""
-        ...
-
-    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
-        """After a save that went unanswered: is ``transcript`` what the session holds? ``None``: unknown
-        (no session, or the read failed)."""
-        ...
-
-    def finish(self, transcript: list[Message], result: Result) -> None:
-        """The run returns ``result``: save what the last request's reply (and anything since) added."""
-
-
-class _NotKept:
-    saves = False
-    stopped = False
-
-    @property
-    def epoch(self) -> int | None:
-        return None
-
-    def store_steers(self, steers: Sequence[str]) -> list[str]:
-        return list(steers)  # no session to keep them in
-
-    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
-        return None
-
-    def __enter__(self) -> _NotKept:
-        return self
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        pass
-
-    def publishing(self, emit: Sink) -> Sink:
-        return emit
-
-    def resume(self, transcript: list[Message]) -> None:
-        pass
-
-    def before_request(self, transcript: list[Message]) -> tuple[Sequence[str], bool]:
-        return _NOTHING
-
-    def begin_tools(self, transcript: Sequence[Message]) -> None:
-        pass
-
-    def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        return _NO_APPROVALS
-
-    def approval(self, call: Content) -> Approval | None:
-        return None
+        """Before any call of the reply runs: the calls still waiting for a person's decision, and whether
+        the run was asked to stop meanwhile (``Calls.approvals``)."""
+        return NO_APPROVALS
 
     def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
         return []
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
+        """The result a call gets without running (a resumed call's, a denied one's), or ``None`` to run it."""
         return None
 
     def may_run(self, call: Content, tool: Tool | None) -> bool:
+        """Immediately before a tool runs: ``False`` when the run was asked to stop."""
         return True
 
     def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
         pass
 
+    def store_steers(self, steers: Sequence[str]) -> list[str]:
+        """Store ``steers`` (given to this run, in no stored transcript) as the session's waiting steers, so
+        the next run takes them; return those it could not store."""
+        return list(steers)  # no session to keep them in
+
+    def stored_as(self, transcript: Sequence[Message]) -> bool | None:
+        """After a save that went unanswered: is ``transcript`` what the session holds? ``None``: unknown
+        (no session, or the read failed)."""
+        return None
+
     def finish(self, transcript: list[Message], result: Result) -> None:
-        pass
+        """The run returns ``result``: save what the last request's reply (and anything since) added."""
 
 
-NOT_KEPT = _NotKept()
+NOT_KEPT = Keeping()
 
 
-class Kept(_NotKept):
+class Kept(Keeping):
     """A plain Session: saves == requests + 1. Nothing fences it: two runs of one session both write."""
 
     saves = True
@@ -186,19 +122,23 @@ class Kept(_NotKept):
         self.session.save(transcript)
 
     def store_steers(self, steers: Sequence[str]) -> list[str]:
-        return _store_steers(self.session.steer, str(getattr(self.session, "id", "?")), steers)
+        session = str(getattr(self.session, "id", "?"))
+        for i, text in enumerate(steers):
+            try:
+                self.session.steer(text)
+            except AgentError as exc:
+                return _kept(session, steers, list(steers[i:]), exc)
+        return _kept(session, steers, [])
 
     def stored_as(self, transcript: Sequence[Message]) -> bool | None:
         return _stored_as(self.session.messages, transcript)
 
 
-class Leased:
+class Leased(Keeping):
     """A session over a RunStore. Per step: one fenced save before the request (which takes the steers and
-    reports a cancel); before each tool call a cancel check, which for a non-idempotent tool is the journal
-    write recording that it started (``Calls``), and for an idempotent one what the store pushed, or a read
-    of the lease (for the first call of a reply, the save before its request was that read: no round trip);
-    after a non-idempotent tool that is not the reply's last call, a journal write of its result. Every
-    other result rides with the next write. The writes are ``Writes``'; the reply being run is ``Calls``'."""
+    reports a cancel); before each tool call a cancel check (for a non-idempotent tool, the journal write
+    saying it started; for the first call of a reply, the save before its request); every other result
+    rides with the next write. The writes are ``Writes``'; the reply being run is ``Calls``'."""
 
     saves = True
 
@@ -224,7 +164,6 @@ class Leased:
                              spec.events_kept)
         self.calls = Calls(self.writes)
         self.publish = spec.publish_events
-        self.stopped = False
         self.checked = False
         """The save before this step's request read the cancel flag and found none (``Calls.begin``)."""
 
@@ -261,14 +200,12 @@ class Leased:
             publisher.close()
             if isinstance(exc, BaseException) and self.lease.lost is None:
                 if self.writes.written < 0 and isinstance(exc, (TranscriptConflict, AwaitingApproval)):
-                    # Refused before it wrote anything (another delivery of the turn saved first, a turn waits
-                    # for decisions, the session was erased): as far as the session goes this run did not
-                    # happen, so it publishes nothing, not even ``failed``.
+                    # Refused before it wrote anything: as far as the session goes this run did not happen,
+                    # so it publishes nothing, not even ``failed``.
                     publisher.buffer.clear()
                 else:
-                    # Any other failure, even before the first write (an events callback raising on the first
-                    # step, say), is the run's, which held the session: its events and ``failed`` go to the
-                    # log, while the lease is still the run's (its writes are fenced by it).
+                    # Any other failure, even before the first write, is the run's: its events and ``failed``
+                    # go to the log, while the lease is still the run's.
                     self.writes.held = False
                     publisher.failing(exc)
 
@@ -276,17 +213,8 @@ class Leased:
         try:
             left = self.store.give_back(self.session, self.lease.holder, steers)
         except AgentError as exc:
-            log.warning("session %r: %d steer(s) given to the failed run could not be kept as waiting steers "
-                        "(%s); they are handed back on its exception", self.session, len(steers), exc)
-            return list(steers)
-        if left:
-            log.warning("session %r: %d steer(s) given to the failed run were not kept (its lease is gone: the "
-                        "session was deleted or taken over); they are handed back on its exception",
-                        self.session, len(left))
-        elif steers:
-            log.info("session %r: %d steer(s) given to the failed run kept as waiting steers", self.session,
-                     len(steers))
-        return left
+            return _kept(self.session, steers, list(steers), exc)
+        return _kept(self.session, steers, left)
 
     def stored_as(self, transcript: Sequence[Message]) -> bool | None:
         return _stored_as(lambda: self.store.messages(self.session)[self.start:], transcript)
@@ -314,7 +242,7 @@ class Leased:
                      self.session)
             self.calls.closing = True
         text = self.store.journal_as_taken(self.session, self.lease.holder)
-        journal = None if text is None else Journal.from_json(text, f"session {self.session!r}")
+        journal = Journal.of(text, self.session)
         if journal is not None and self._journalled(journal, text, transcript):
             return
         if not unanswered(transcript):
@@ -340,82 +268,66 @@ class Leased:
             self.writes.save(transcript, take_steers=False)  # stored with its calls already, and no journal
 
     def _handed(self, transcript: Sequence[Message]) -> Literal["close", "stop"] | None:
-        """What a cancel handed with the lease (``RunStore.acquire``) makes of this run. With new input (a
-        user's message of this run's own, or steers waiting: the next turn) the cancelled turn is closed, its
-        calls still pending answered unrun, and the input answered ("close"). A run going on with the
-        cancelled turn (``continuing``: a redelivered ``Runner.turn``; the very turn whose cancel it was,
-        even one whose message was never stored; or a resume bringing nothing new) stops before it starts
-        anything ("stop"), and the steers wait for the next turn."""
+        """What a cancel handed with the lease (``RunStore.acquire``) makes of this run. With new input (a user's
+        message of its own, or steers waiting) the cancelled turn is closed, its pending calls answered unrun
+        ("close"). A run going on with the cancelled turn (``continuing``, the very turn whose cancel it was, or a
+        resume bringing nothing new) stops before it starts anything ("stop")."""
         holder = self.lease.holder
         if not holder.cancelled:
             return None
         own = self.turn is not None and holder.turn == self.turn
         if not self.continuing and not own and (self.new_input or self._begins_turn(transcript)
-                                                 or self._steers_wait()):
+                                                 or self.store.pending_steers(self.session)):
             return "close"
         return "stop"
 
     def _journalled(self, journal: Journal, text: str | None, transcript: list[Message]) -> bool:
-        """What becomes of the reply waiting in the journal, before the run starts (``True``: settled here):
-        put back closed where new input follows what it answered (closed unrun for a cancelled turn; closed as
-        it stands, each call's result kept and a started non-idempotent one's outcome unknown, for a stopped
-        run), refused where that would drop decisions or calls that ran, or finished by this run."""
+        """What becomes of the reply waiting in the journal, before the run starts (``True``: settled here): put
+        back closed where new input follows what it answered, refused where that would drop decisions or calls
+        that ran, or finished by this run."""
         anew = _started_anew(journal, transcript, self.start)
         if self.calls.closing and anew:
             # The cancelled turn's reply waits in the journal while the new input follows the transcript it
             # answered: the reply goes back in its place, with its calls answered unrun, before the input.
             self._put_back(journal, transcript, closing)
             return True
-        if self.replace and (journal.started or journal.results):
-            # A history replaced on purpose keeps what a stopped run's tools did: its reply goes back closed as
-            # it stands where the new history still holds what it answered, or the run goes on with it when
-            # given the stored transcript; else nothing is written, rather than forget a call that ran.
-            if anew:
-                self._put_back(journal, transcript, _superseded)
-                return True
-            if journal.answers(transcript, self.start) and self.writes.is_stored(transcript):
-                self.calls.resumed(journal, text)
-                transcript.append(journal.reply)
-                return True
-            raise ArgumentError(
-                f"session {self.session!r}: its last run stopped among the tools of a reply ({len(journal.started)} "
-                f"call(s) started, {len(journal.results)} result(s) kept), which Spec(replace_transcript=True) "
-                f"with this history would drop, outcome and all; nothing was written. Resume the session first "
-                f"(Runner().run(spec, session.messages())), then replace its history")
-        if anew and not self.replace:
-            if journal.approvals:
-                raise AwaitingApproval(self.session, [c for c, a in journal.approvals.items()
-                                                      if a.decision is None] or list(journal.approvals))
+        ran = bool(journal.started or journal.results)
+        if anew and (ran or not self.replace):
             # A run stopped among the tools of a reply the transcript does not hold (its lease lapsed), and this
             # run brings new input after the transcript that reply answered. The first save would drop the
             # journal with the reply: a finished call's result lost, and a model asked afresh free to run again
-            # what ran. So the reply goes back in its place, each call closed as it stands, before the input.
+            # what ran. So the reply goes back in its place, each call closed as it stands, before the input
+            # (a history replaced on purpose too, where it still holds what the reply answered).
+            if not self.replace and journal.approvals:
+                raise AwaitingApproval(self.session, [c for c, a in journal.approvals.items()
+                                                      if a.decision is None] or list(journal.approvals))
             self._put_back(journal, transcript, _superseded)
-            log.info("session %r: a stopped run's reply (%d call(s), %d started, %d result(s) kept) is closed "
-                     "before the new input", self.session, len(journal.reply.tool_calls), len(journal.started),
-                     len(journal.results))
+            if not self.replace:
+                log.info("session %r: a stopped run's reply (%d call(s), %d started, %d result(s) kept) is closed "
+                         "before the new input", self.session, len(journal.reply.tool_calls), len(journal.started),
+                         len(journal.results))
             return True
         if journal.answers(transcript, self.start) and self.writes.is_stored(transcript):
             self.calls.resumed(journal, text)  # the reply waits in the journal: finish it
             transcript.append(journal.reply)
             return True
+        if self.replace and ran:  # rather than forget a call that ran, nothing is written
+            raise ArgumentError(
+                f"session {self.session!r}: its last run stopped among the tools of a reply ({len(journal.started)} "
+                f"call(s) started, {len(journal.results)} result(s) kept), which Spec(replace_transcript=True) "
+                f"with this history would drop, outcome and all; nothing was written. Resume the session first "
+                f"(Runner().run(spec, session.messages())), then replace its history")
         return False
 
     def _begins_turn(self, transcript: Sequence[Message]) -> bool:
-        """Does ``transcript`` bring a user's message of its own, one the stored transcript does not hold
-        where it stands (a new turn), rather than only what a resume adds (the waiting reply, its results)?
-        Compared from where the two part, not from the stored one's end: a history replaced on purpose
-        (``replace_transcript``, an edited question) may be no longer than the stored one. Asked only of a
-        run handed a cancel."""
+        """Does ``transcript`` bring a user's message the stored transcript does not hold where it stands (a new
+        turn), rather than only what a resume adds? Compared from where the two part: a history replaced on
+        purpose may be no longer than the stored one. Asked only of a run handed a cancel."""
         stored = self.store.messages(self.session)[self.start:]
         same = 0
         while same < min(len(stored), len(transcript)) and stored[same] == transcript[same]:
             same += 1
         return any(m.role is Role.USER and m.text for m in transcript[same:])
-
-    def _steers_wait(self) -> bool:
-        """Are steers waiting (new input for the session)? Asked only of a run handed a cancel."""
-        return isinstance(self.store, LifecycleStore) and bool(self.store.pending_steers(self.session))
 
     def _put_back(self, journal: Journal, transcript: list[Message],
                   result: Callable[[Journal, Content], Content]) -> None:
@@ -445,9 +357,6 @@ class Leased:
     def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
         return self.calls.approvals(spec, step, emit)
 
-    def approval(self, call: Content) -> Approval | None:
-        return self.calls.approval(call)
-
     def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
         return self.calls.pending(calls)
 
@@ -465,8 +374,7 @@ class Leased:
     def finish(self, transcript: list[Message], result: Result) -> None:
         if result.stop_reason == "cancelled":
             # A cancel is of the turn however it reached the run (``Run.cancel()`` sets only this process's
-            # flag): the lease is marked, and its release keeps the mark for whichever run goes on with the
-            # turn (``approvals.cancel``). One round trip, only for a run that was cancelled.
+            # flag): the lease is marked, and its release hands the mark on (``approvals.cancel``).
             self.store.cancel(self.session)
         publisher = self.writes.publisher
         if publisher is None:
@@ -490,24 +398,18 @@ class Leased:
         self.calls.unwritten = False
 
     def _end_turn(self, transcript: Sequence[Message], result: Result) -> None:
-        """The run returns, so its turn has ended however it ended: a turn it leaves open in the transcript
-        (stopped at ``max_steps`` after tool results, or waiting for decisions) is no stranded run, and no
-        sweep may run it again (with a fresh budget). Its mark is cleared under this run's own lease, only
-        while nothing came since (a steer, a queued message, a decision, which are new input: the mark stays
-        for the sweep). A cancelled turn is kept from the sweep by its cancel, handed on. One round trip,
-        only for a run that ends without an answer."""
-        if result.stop_reason not in ("max_steps", "awaiting_approval") or not isinstance(self.store,
-                                                                                          LifecycleStore):
-            return
-        if not turn_open(transcript) and result.stop_reason == "max_steps":
+        """The run returns, so its turn has ended: one it leaves open (at ``max_steps`` after tool results, or
+        waiting for decisions) is no stranded run for a sweep to run again. Its mark is cleared under this run's
+        lease, only while no new input came since (then the mark stays for the sweep)."""
+        if result.stop_reason not in ("max_steps", "awaiting_approval") or (
+                result.stop_reason == "max_steps" and not turn_open(transcript)):
             return
         journal = self.calls.text if result.stop_reason == "awaiting_approval" else None
         self.store.mark_finished(self.session, self.lease.holder, journal)
 
 
 def _superseded(journal: Journal, call: Content) -> Content:
-    """What a call of a stopped run's reply gets when new input comes first: as a closed turn's call
-    (``approvals.closing_result``: its result, "outcome unknown" if it started and is not idempotent), else
+    """What a call of a stopped run's reply gets when new input comes first: as a closed turn's call, else
     that it was not run again."""
     return approvals.closing_result(journal, call, NOT_RUN_SUPERSEDED)
 
@@ -522,35 +424,26 @@ def _started_anew(journal: Journal, transcript: Sequence[Message], start: int) -
 
 def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Lease | None = None,
             turn: str | None = None) -> Keeping:
-    """How the run of ``spec`` keeps its transcript. ``continuing``: the run goes on with a turn already begun
-    (``Runner.turn`` delivered again), never begins one (see ``Leased.resume``). ``start``: the run was given
-    the stored transcript from that index on (a ``Tail``), which only a ``TailStore`` can save. ``lease``:
-    taken already, by a turn that waited for the session (``busy``); the run holds it from here and
-    releases it. ``turn``: the key of the turn the run runs, if it runs one (``turns.running``)."""
+    """How the run of ``spec`` keeps its transcript. ``continuing``: the run goes on with a turn already begun.
+    ``start``: the run was given the stored transcript from that index on (a ``Tail``). ``lease``: taken
+    already, by a turn that waited for the session (``busy``); the run releases it. ``turn``: the key of the
+    turn the run runs, if it runs one (``turns.running``)."""
     session = spec.session
-    if start and session is not None and not (is_run_session(session) and isinstance(session.store, TailStore)):
-        raise ArgumentError(
-            f"the run was given the stored transcript from message {start} on (a Tail), which only a session over "
-            f"a store implementing agent_sessions.contract.TailStore can save: give it the whole transcript"
-        )
+    leased = session is not None and is_run_session(session)  # every capability below is a RunStore's
+    if start and session is not None and not leased:
+        raise ArgumentError(f"the run was given the stored transcript from message {start} on (a Tail), which only a "
+                            f"session over a store implementing agent_sessions.contract.TailStore can save: give it "
+                            f"the whole transcript")
     if start and spec.replace_transcript:
         raise ArgumentError("Spec.replace_transcript replaces the whole stored transcript: give the run all of it, "
                             "not a Tail")
-    if spec.publish_events and not (
-        session is not None and is_run_session(session) and isinstance(session.store, EventStore)
-    ):
-        raise ArgumentError(
-            "Spec.publish_events writes the run's events to the session's store: give the spec a session over a "
-            "store implementing agent_sessions.EventStore"
-        )
-    if spec.asks_approval and not (
-        session is not None and is_run_session(session) and isinstance(session.store, ApprovalStore)
-    ):
-        raise ArgumentError(
-            "a tool of this spec needs approval, and decisions are kept in the session's store: give the spec a "
-            "session over a store implementing agent_sessions.ApprovalStore (all of the library's "
-            "stores but a plain Store do)"
-        )
+    if spec.publish_events and not leased:
+        raise ArgumentError("Spec.publish_events writes the run's events to the session's store: give the spec a "
+                            "session over a store implementing agent_sessions.EventStore")
+    if spec.asks_approval and not leased:
+        raise ArgumentError("a tool of this spec needs approval, and decisions are kept in the session's store: give "
+                            "the spec a session over a store implementing agent_sessions.ApprovalStore (all of the "
+                            "library's stores but a plain Store do)")
     if session is None:
         return NOT_KEPT
     if is_run_session(session):
@@ -558,18 +451,17 @@ def keeping(spec: Spec, *, continuing: bool = False, start: int = 0, lease: Leas
     return Kept(session)
 
 
-def _store_steers(add: Callable[[str], object], session: str, steers: Sequence[str]) -> list[str]:
-    """Add each of ``steers``, in order, until one fails; return the rest (that one included)."""
-    for i, text in enumerate(steers):
-        try:
-            add(text)
-        except AgentError as exc:
-            log.warning("session %r: %d steer(s) given to the failed run could not be kept as waiting steers "
-                        "(%s); they are handed back on its exception", session, len(steers) - i, exc)
-            return list(steers[i:])
-    if steers:
+def _kept(session: str, steers: Sequence[str], left: list[str], error: AgentError | None = None) -> list[str]:
+    """Say what became of the ``steers`` given to a failed run (``left``: those not kept); return ``left``."""
+    if error is not None:
+        log.warning("session %r: %d steer(s) given to the failed run could not be kept as waiting steers "
+                    "(%s); they are handed back on its exception", session, len(left), error)
+    elif left:
+        log.warning("session %r: %d steer(s) given to the failed run were not kept (its lease is gone: the "
+                    "session was deleted or taken over); they are handed back on its exception", session, len(left))
+    elif steers:
         log.info("session %r: %d steer(s) given to the failed run kept as waiting steers", session, len(steers))
-    return []
+    return left
 
 
 def _stored_as(read: Callable[[], list[Message]], transcript: Sequence[Message]) -> bool | None:

@@ -22,8 +22,8 @@ TEXT_SECONDS = 0.1
 """Model text is published in batches: a ``text`` event once this much has arrived, or this long after its
 first piece (checked as pieces arrive), whichever comes first; the rest with the reply."""
 FLUSH_SECONDS = 0.1
-WATCHER_JOIN = 5.0
 """Buffered events older than this are appended with the next event (a slow tool's call with its end)."""
+WATCHER_JOIN = 5.0
 LOOKBACK = 64
 """How far from the end of a save's messages a pointing event's message is looked for; beyond it (it never
 is, in a run) the event is written whole."""
@@ -57,8 +57,7 @@ class Pointing:
 
 def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
     """Where ``target`` is among the last ``LOOKBACK`` of ``msgs`` (by identity: the very object the loop
-    reported, which the transcript holds), or ``None``. Plain loops, from the end, where it is found at
-    once: this runs for each of a step's events about a message."""
+    reported), or ``None``. Plain loops from the end, where it is found at once."""
     stop = max(len(msgs) - 1 - LOOKBACK, -1)
     if isinstance(target, Message):
         for index in range(len(msgs) - 1, stop, -1):
@@ -73,19 +72,12 @@ def _place(target: Message | Content, msgs: Sequence[Message]) -> int | None:
 
 
 class Publisher(Sink):
-    """The sink of a run with ``publish_events``: each event goes to the run's own listener (the user's
-    callback, if the run has one) and into a buffer the log gets (``_publish``).
-
-    The buffer goes to the store: with the save before each model request and the final save (riding in
-    them, ``Leased`` takes it under ``lock``), and on its own (``append``) when the run is about to wait on
-    something the follower should see first: the model request, if events came after the save (steers it
-    took); a batch of model text (``TEXT_CHARS`` / ``TEXT_SECONDS``); and, from a watcher thread (``start``),
-    whatever has waited ``FLUSH_SECONDS``: a tool that takes its time is seen being called while it runs,
-    and the usual quick tool's events ride in the next save, at no write of their own.
-
-    The events about a message (``Pointing``) stay objects in the buffer until a write takes them
-    (``take``): one riding in the save that stores their message points at it, any other carries it whole
-    (``render``); a write that fails puts the objects back (``restore``), to be rendered for the next."""
+    """The sink of a run with ``publish_events``: each event goes to the run's own listener and into a buffer
+    the log gets. The buffer rides in the run's saves, and goes on its own (``append``) when the run is about
+    to wait on something a follower should see first: the model request, a batch of model text, and (from a
+    watcher thread) whatever has waited ``FLUSH_SECONDS``, so a slow tool is seen being called while it runs
+    and a quick tool's events ride in the next save. A write that fails puts what it took back
+    (``restore``)."""
 
     __slots__ = (
         "append",
@@ -156,8 +148,7 @@ class Publisher(Sink):
     @staticmethod
     def render(records: Sequence[str | Pointing], msgs: Sequence[Message] | None = None, start: int = 0) -> list[str]:
         """The texts of ``records`` for a write storing ``msgs`` (the transcript from index ``start`` on): an
-        event whose message is among them points at it, any other carries its message whole (so does every
-        event of a write storing none)."""
+        event whose message is among them points at it, any other carries its message whole."""
         digests: dict[int, str] = {}
         return [r if isinstance(r, str) else r.render(msgs, digests, start) for r in records]
 
@@ -213,10 +204,9 @@ class Publisher(Sink):
     # What the Sink reports
 
     def _publish(self, event: Event) -> None:
-        """Each event the loop reports (this Sink's own ``events``): to the run's own listener, then to the
-        log as its kind says. ``Finished`` and ``Failed`` are the log's already (``finishing``, ``failing``:
-        written before the lease goes); ``Saved`` and ``ModelRequest`` stay in process, but a request flushes
-        what came after the save (the steers it took), so a follower sees it while the model thinks."""
+        """Each event the loop reports: to the run's own listener, then to the log as its kind says
+        (``Finished`` and ``Failed`` are written by ``finishing`` and ``failing``). A model request flushes
+        what came after the save, so a follower sees it while the model thinks."""
         if self.listener is not None:
             self.listener(event)
         if isinstance(event, TextDelta):

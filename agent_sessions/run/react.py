@@ -1,14 +1,10 @@
 """The ReAct loop: ask the model, run the tools it calls, repeat until it answers.
 
-Immediately before every request the loop collects steers (the Run's box first, then the session's
-store) and appends them where the run has got to; with a session it then saves the transcript (with a
-RunStore, the steers are taken in the same atomic write). It saves once more when it returns, because the
-model's last reply would otherwise only be written by a request that never comes.
-
-A run whose transcript ends with tool calls (a resume) answers them first. How the run keeps its
-transcript (not at all, a plain session, a leased and fenced one) is chosen once, in ``persistence``; what
-it reports goes to a ``Sink``. So the loop below reads top to bottom, with no branch on either. A run ends
-with exactly one of ``Finished`` and ``Failed``.
+Immediately before every request the loop appends the steers (the Run's box first, then the session's) and
+saves the transcript; it saves once more when it returns, else the model's last reply would only be written
+by a request that never comes. How the run keeps its transcript is chosen once (``persistence``) and what it
+reports goes to a ``Sink``, so the loop has no branch on either. A run ends with exactly one of ``Finished``
+and ``Failed``.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-from ..approvals import CANCELLED_WAITING, result_text
 from ..context import Compacts, ContextPolicy
 from ..endpoints import Endpoint, StreamingEndpoint, streaming
 from ..errors import ContextOverflow, EndpointError, OutcomeUnknown, TranscriptDeleted
@@ -33,8 +28,6 @@ from .persistence import Keeping, keeping
 from .steerbox import SteerBox
 from .turns import running
 
-log = logging.getLogger(__name__)
-
 CANCELLED = "not run: the run was cancelled before this tool call"
 
 log = logging.getLogger(__name__)
@@ -42,21 +35,13 @@ log = logging.getLogger(__name__)
 counts and sizes only, never what a message or a tool's arguments or result say (they may be anyone's)."""
 
 
-def run(
-    spec: Spec,
-    transcript: list[Message],
-    endpoint: Endpoint,
-    events: Events | None,
-    box: SteerBox,
-    cancelled: threading.Event,
-    continuing: bool = False,
-    lease: Lease | None = None,
-) -> Result:
+def run(spec: Spec, transcript: list[Message], endpoint: Endpoint, events: Events | None, box: SteerBox,
+        cancelled: threading.Event, continuing: bool = False, lease: Lease | None = None) -> Result:
     """Run the loop on ``transcript``; ``continuing``: it goes on with a turn already begun (``keeping``);
     ``lease``: the session's lease, taken already by the caller and handed to the run, which releases it."""
     emit = sink(events)
     taken: list[str] = []  # steers of the box in the transcript, in no stored transcript yet
-    sid = getattr(spec.session, "id", None)
+    sid = keep_id(spec)
     started = time.monotonic()
     try:
         with keeping(spec, continuing=continuing, start=start_of(transcript), lease=lease,
@@ -84,16 +69,8 @@ def run(
     return result
 
 
-def _loop(
-    spec: Spec,
-    transcript: list[Message],
-    endpoint: Endpoint,
-    emit: Sink,
-    box: SteerBox,
-    cancelled: threading.Event,
-    keep: Keeping,
-    taken: list[str],
-) -> Result:
+def _loop(spec: Spec, transcript: list[Message], endpoint: Endpoint, emit: Sink, box: SteerBox,
+          cancelled: threading.Event, keep: Keeping, taken: list[str]) -> Result:
     steps = 0
     reply: Message | None = None
     usage: dict[str, int] = {}
@@ -153,37 +130,26 @@ def _loop(
         waiting = _run_tools(spec, step, transcript, emit, cancelled, keep)
     if waiting:
         stop = "awaiting_approval"
-    result = Result(
-        messages=transcript,
-        text=reply.text if stop == "answered" and reply is not None else "",
-        steps=steps,
-        stop_reason=stop,
-        unapplied_steers=box.close(),
-        usage=usage,
-        pending_approvals=keep.pending(waiting),
-    )
+    result = Result(messages=transcript, text=reply.text if stop == "answered" and reply is not None else "",
+                    steps=steps, stop_reason=stop, unapplied_steers=box.close(), usage=usage,
+                    pending_approvals=keep.pending(waiting))
     keep.finish(transcript, result)
     if keep.saves:
         emit.saved(steps, start_of(transcript) + len(transcript))
     return result
 
 
-def _complete(
-    spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None, messages: Sequence[Message], step: int,
-    emit: Sink,
-) -> Message:
+def _complete(spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None, messages: Sequence[Message],
+              step: int, emit: Sink) -> Message:
     if streams is None:
         return endpoint.complete(spec.system, messages, spec.toolbox)
     return streams.complete(spec.system, messages, spec.toolbox, on_text=partial(emit.text_delta, step))
 
 
-def _compact(
-    compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int, emit: Sink,
-) -> None:
-    """Append the policy's compaction record, if it makes one, to ``transcript``: the save before the
-    request stores it, fenced, with the steers that follow it. A summary request that fails appends
-    nothing, and the run goes on (the policy's ``select`` then sends what fits). For a listener, the
-    ``compacted`` event says what the record covers and the request's estimate without and with it."""
+def _compact(compacts: Compacts, spec: Spec, endpoint: Endpoint, transcript: list[Message], step: int,
+             emit: Sink) -> None:
+    """Append the policy's compaction record, if it makes one, to ``transcript`` (the save before the request
+    stores it). A summary request that fails appends nothing, and the run goes on: ``select`` sends what fits."""
     try:
         record = compacts(spec.system, transcript, spec.toolbox, endpoint)
     except EndpointError as exc:
@@ -203,10 +169,8 @@ def _compact(
     emit.compacted(step, block.start, block.end, start_of(transcript) + len(transcript) - 1, before, after)
 
 
-def _within(
-    policy: ContextPolicy, spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None,
-    transcript: list[Message], step: int, emit: Sink,
-) -> tuple[Message, float]:
+def _within(policy: ContextPolicy, spec: Spec, endpoint: Endpoint, streams: StreamingEndpoint | None,
+            transcript: list[Message], step: int, emit: Sink) -> tuple[Message, float]:
     """The reply to what ``policy`` sends of ``transcript``, and the clock reading of its request. A
     request the provider refuses as too long is narrowed by the policy and sent once more (the error
     came before any of the reply did, so nothing was handed on)."""
@@ -232,17 +196,12 @@ def _within(
     return reply, started
 
 
-def _run_tools(
-    spec: Spec, step: int, transcript: list[Message], emit: Sink, cancelled: threading.Event, keep: Keeping
-) -> list[Content]:
+def _run_tools(spec: Spec, step: int, transcript: list[Message], emit: Sink, cancelled: threading.Event,
+               keep: Keeping) -> list[Content]:
     """Answer every tool call of the last message, in one message of results: a call never stands in the
-    transcript without its result, whatever stops the run. A call whose result a dead run journalled gets
-    that result; a call that would run, once a cancel is seen, is skipped (with every later one) with an
-    error result saying so.
-
-    Calls needing a person's approval come first: while any waits for its decision, none of the reply's
-    calls runs, the reply leaves the transcript (it waits in the journal) and the calls waiting are
-    returned. A denied call gets an error result saying why."""
+    transcript without its result, whatever stops the run. Once a cancel is seen, every call left gets an
+    error result saying so. While a call waits for a person's decision none of the reply's calls runs: the
+    reply leaves the transcript (it waits in the journal) and the calls waiting are returned."""
     keep.begin_tools(transcript)
     if not cancelled.is_set():
         waiting, stop_asked = keep.approvals(spec, step, emit)
@@ -255,13 +214,6 @@ def _run_tools(
     for call in transcript[-1].tool_calls:
         tool = spec.tool(call.name)
         result = keep.replay(call, tool)
-        approval = keep.approval(call)
-        if result is None and approval is not None:
-            decision = approval.decision
-            if decision is None:  # reached only once cancelled: the call never got its decision
-                result = Content.tool_result(call.id, CANCELLED_WAITING, is_error=True)
-            elif not decision.approved:
-                result = Content.tool_result(call.id, result_text(decision), is_error=True)
         if result is None:
             if not cancelled.is_set() and not keep.may_run(call, tool):
                 cancelled.set()
@@ -290,15 +242,12 @@ def _collect(step: int, transcript: list[Message], steers: list[str], emit: Sink
     return steers
 
 
-def _give_back(
-    keep: Keeping, exc: BaseException, transcript: list[Message], taken: list[str], left: list[str]
-) -> None:
-    """A failing run keeps what it was given (``Run.steer``) and no stored transcript holds: the steers
-    the failed step took from the box (the end of ``transcript``), and those still in it. They become the
-    session's waiting steers, which the documented resume takes. When the save that carried them went
-    unanswered (``OutcomeUnknown``) the stored transcript is read to tell whether it landed. What cannot be
-    stored (no session, the store failing, a session erased meanwhile) or checked is handed back on the
-    exception, as ``exc.unapplied_steers``, in the order given."""
+def _give_back(keep: Keeping, exc: BaseException, transcript: list[Message], taken: list[str],
+               left: list[str]) -> None:
+    """A failing run keeps the steers it was given (``Run.steer``) that no stored transcript holds: they become
+    the session's waiting steers, which a resume takes (after an unanswered save, ``stored_as`` tells whether
+    it landed with them). What cannot be stored or checked is handed back on the exception, in order, as
+    ``exc.unapplied_steers``."""
     if not taken and not left:
         return
     maybe: list[str] = []

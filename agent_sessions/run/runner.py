@@ -72,7 +72,6 @@ class Run:
         assert self._result is not None
         return self._result
 
-
     def _finish(self) -> None:
         with self._lock:
             self._done.set()
@@ -92,37 +91,19 @@ class Run:
 
 
 class Runner:
-    def run(
-        self,
-        spec: Spec,
-        msgs: Sequence[Message],
-        endpoint: Endpoint,
-        events: Events | None = None,
-    ) -> Result:
+    def run(self, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None = None) -> Result:
         """Run to the end on the calling thread."""
-        _check(spec, msgs, endpoint, events)
-        return _execute(Run(), spec, msgs, endpoint, events)
+        return self._turn_run(spec, msgs, endpoint, events, False)
 
-    def turn(
-        self,
-        spec: Spec,
-        text: str,
-        key: str,
-        endpoint: Endpoint,
-        events: Events | None = None,
-        if_busy: Busy = "queue",
-    ) -> Result:
+    def turn(self, spec: Spec, text: str, key: str, endpoint: Endpoint, events: Events | None = None,
+             if_busy: Busy = "queue") -> Result:
         """Run the turn that answers the user message ``text``, safe to repeat with the same ``key`` (a
         task redelivered, a retried request): the message is appended only if no stored message has that
         key; a turn left unfinished is continued; an answered one is returned as it is stored, with no
-        model request (``steps == 0``). Reads the transcript from ``spec.session``, which must be over a
-        RunStore. See agent_sessions.turns.
+        model request (``steps == 0``). ``spec.session`` must be over a RunStore (docs/lifecycle.md).
 
-        ``if_busy``: what happens to the message while another run holds the session (or messages wait in
-        its queue): ``"queue"`` (stored at once, answered in the order accepted, each by a turn of its own),
-        ``"steer"`` (joins the running run as a keyed steer), ``"reject"`` (``SessionBusy`` at once, nothing
-        written), ``"interrupt"`` (the running run is cancelled; this turn runs on what it leaves). Each wait
-        is bounded by ``Spec.lease_wait``; see agent_sessions.run.busy and docs/runs/turns.md."""
+        ``if_busy``: what happens to the message while the session is busy: ``"queue"``, ``"steer"``,
+        ``"reject"`` or ``"interrupt"`` (docs/runs/busy.md)."""
         _check(spec, [], endpoint, events)
         if not isinstance(text, str) or not text:
             raise ArgumentError(f"Runner.turn(text=) must be a non-empty str, got {text!r}")
@@ -135,13 +116,7 @@ class Runner:
         _check(spec, msgs, endpoint, events)
         return _execute(Run(), spec, msgs, endpoint, events, continuing, lease)
 
-    def start(
-        self,
-        spec: Spec,
-        msgs: Sequence[Message],
-        endpoint: Endpoint,
-        events: Events | None = None,
-    ) -> Run:
+    def start(self, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None = None) -> Run:
         """Run on a new thread and return its handle at once. Arguments are checked here, not there."""
         _check(spec, msgs, endpoint, events)
         session_id = getattr(spec.session, "id", None)
@@ -170,11 +145,8 @@ def _check(spec: object, msgs: object, endpoint: object, events: object) -> None
         raise ArgumentError("Runner: events must be None or a callable")
 
 
-def _execute(
-    run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None,
-    continuing: bool = False,
-    lease: Lease | None = None,
-) -> Result:
+def _execute(run: Run, spec: Spec, msgs: Sequence[Message], endpoint: Endpoint, events: Events | None,
+             continuing: bool = False, lease: Lease | None = None) -> Result:
     assert spec.pattern is Pattern.REACT
     try:
         transcript = Tail(msgs, msgs.start) if isinstance(msgs, Tail) else list(msgs)

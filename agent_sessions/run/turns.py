@@ -1,37 +1,35 @@
-"""A turn that is safe to repeat: what a worker runs for "answer this message of this session".
-
-A task queue delivers a task at least once: a Celery task with ``acks_late`` is delivered again when its
-worker dies, or when it finished but its ack was lost. Run naively, the repeat appends the user's message a
-second time and asks the model again. ``Runner.turn`` keys the message instead: the key is stored with it,
-so the repeat finds it and either continues the turn where a dead worker left it or, when the turn is
-over, says how it ended without a model request: its answer; ``max_steps`` once the turn has made that
-many requests (a turn's budget is for all its deliveries); ``cancelled`` for a cancelled turn (its lease
-hands the cancel to the run continuing it: ``approvals.cancel``); ``superseded`` when another turn's
-message followed it before it was answered (that turn takes it up: the model reads both).
-
-Two deliveries running at once cannot both append: a leased run's first write is a compare-and-swap
-against the transcript it read, so the later one gets ``TranscriptConflict``, reads again, finds the key,
-and waits for (or returns) the other's turn. That is why a turn needs a session over a RunStore.
+"""A turn that is safe to repeat (``Runner.turn``: a task queue delivers at least once): its message is
+stored with its key, so a repeat finds it and goes on with the turn where a dead worker left it, or says how
+it ended, with no request (docs/lifecycle.md, "A turn that is safe to repeat"). Two deliveries at once
+cannot both append: a leased run's first write is a compare-and-swap, so the later one gets
+``TranscriptConflict``, reads again and finds the key. That is why a turn needs a session over a RunStore.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from ..contract import RunSession, is_run_session
 from ..endpoints import Endpoint
 from ..errors import ArgumentError, TranscriptConflict, TranscriptDeleted
 from ..events import Compacted, Event, Events, Failed, SteerApplied, StepStarted
 from ..journal import Journal
+from ..lease import Lease
 from ..messages import Message, Role
-from ..result import Result
+from ..result import Result, StopReason
 from ..spec import Spec
 
-Run = Callable[[Spec, list[Message], Endpoint, Events | None, bool], Result]
-"""How a turn runs its messages: ``Runner.run``, told whether it goes on with the turn (``True``) or begins it:
-a cancel handed with the lease stops a run going on with its turn, whatever input waits (``persistence``)."""
+
+class Run(Protocol):
+    """How a turn runs its messages (``Runner._turn_run``): told whether it goes on with its turn (a cancel
+    handed with the lease stops a run going on with it), and handed the lease it runs under (taken by the
+    caller, released by the run), or ``None`` to take its own."""
+
+    def __call__(self, spec: Spec, msgs: list[Message], endpoint: Endpoint, events: Events | None,
+                 continuing: bool, lease: Lease | None = None) -> Result: ...
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +41,8 @@ def run_session(spec: Spec, key: object) -> RunSession:
     """The session a turn runs in, once its arguments are checked: ``Spec.session`` over a RunStore."""
     session = spec.session
     if session is None or not is_run_session(session):
-        raise ArgumentError(
-            "Runner.turn needs Spec.session over a RunStore: only a leased, fenced run can tell a repeated "
-            "delivery from a new turn"
-        )
+        raise ArgumentError("Runner.turn needs Spec.session over a RunStore: only a leased, fenced run can tell a "
+                            "repeated delivery from a new turn")
     if not isinstance(key, str) or not key:
         raise ArgumentError(f"Runner.turn(key=) must be a non-empty str, got {key!r}")
     return session
@@ -87,34 +83,27 @@ def turn(run: Run, spec: Spec, text: str, key: str, endpoint: Endpoint, events: 
 
 def plan(session: RunSession, spec: Spec, stored: list[Message], message: Message, at: int
          ) -> Result | tuple[Spec, list[Message]]:
-    """What a turn whose message is stored at ``at`` does: the Result to return as it is (answered already,
-    taken up by a later turn, out of budget), or the spec (with what is left of the turn's budget) and the
-    transcript to go on with."""
+    """What a turn whose message is stored at ``at`` does: the Result to return as it is, or the spec (with
+    what is left of the turn's budget) and the transcript to go on with."""
     key = message.key
     if stored[at] != message:
-        raise ArgumentError(
-            f"session {session.id!r}: the turn key {key!r} is already used by message {at}, whose text "
-            f"differs from this one; a key names one message"
-        )
+        raise ArgumentError(f"session {session.id!r}: the turn key {key!r} is already used by message {at}, whose text "
+                            f"differs from this one; a key names one message")
     answer = answered(stored, at, spec.max_steps)
     if answer is not None:
         log.info("session %r: turn %r was answered already; returning its answer", session.id, key)
-        return Result(messages=stored, text=answer.text, steps=0, stop_reason="answered",
-                      unapplied_steers=[], usage={})
+        return ended(stored, "answered", answer.text)
     later = _later_turn(stored, at)
     if later is not None and replies(stored[:later], at) >= spec.max_steps:
         # It stopped at its budget before the later turn came: that is how it ended.
         log.info("session %r: turn %r stopped at max_steps before a later turn came", session.id, key)
-        return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
-                      usage={})
+        return ended(stored, "max_steps")
     if later is not None:
-        # Another turn's message followed this one's before it was answered (its worker died, and the
-        # next message came): the model takes both up in that turn, whose budget and outcome are its
-        # own. Going on here would run that turn's work under this turn's budget.
+        # Another turn's message followed this one's before it was answered: that turn takes both up,
+        # with its own budget and outcome.
         log.info("session %r: turn %r was taken up by the later turn %r before it was answered", session.id,
                  key, stored[later].key)
-        return Result(messages=stored, text="", steps=0, stop_reason="superseded", unapplied_steers=[],
-                      usage={})
+        return ended(stored, "superseded")
     waiting = _reply_waiting(session, stored)
     # A keyed steer that joined a turn in progress is that turn's: its budget was spent from where that turn
     # began, not from the steer (counted from the steer, a repeat would go on with a turn that had ended).
@@ -122,25 +111,38 @@ def plan(session: RunSession, spec: Spec, stored: list[Message], message: Messag
     made = replies(stored, at if begins(stored, at, budget) else turn_start(stored[:at + 1], budget)) + waiting
     if made >= spec.max_steps and not waiting:
         log.info("session %r: turn %r stopped at max_steps (%d requests) already", session.id, key, made)
-        return Result(messages=stored, text="", steps=0, stop_reason="max_steps", unapplied_steers=[],
-                      usage={})
+        return ended(stored, "max_steps")
     log.info("session %r: turn %r is unfinished; continuing it", session.id, key)
     # What is left of the turn's budget: a turn makes max_steps requests in all, however often it is
     # delivered. A turn that was cancelled stops at once: its lease hands the cancel on.
     return replace(spec, max_steps=max(0, spec.max_steps - made)), stored  # 0: only finish the waiting reply
 
 
-class _Attempt:
-    """The events of one attempt of a turn. An attempt another delivery's save refuses is refused at its
-    first write, which the turn absorbs (it reads again): its listener must never hear of it, neither that
-    it began nor that it failed. So what comes before that write (``StepStarted``, a compaction, the run's
-    own steers) and a ``Failed`` are held back until the write is past (the first other event: ``Saved``, a tool's,
-    ...) or the turn gives up (``report``); everything else is passed on as it comes."""
+def ended(stored: list[Message], reason: StopReason, text: str = "") -> Result:
+    """The Result of a turn that ended before this delivery: as it stands, no request made."""
+    return Result(messages=stored, text=text, steps=0, stop_reason=reason, unapplied_steers=[])
+
+
+class Held:
+    """Events held back from a turn's listener (``held``) until they are known to be its turn's: ``report``
+    hands them on, and everything after."""
 
     def __init__(self, events: Events | None) -> None:
         self.events = events
         self.held: list[Event] | None = []
-        """What came before the first write; ``None`` once it is past."""
+        """What came before it was known; ``None`` once it is."""
+
+    def report(self) -> None:
+        held, self.held = self.held or [], None
+        if self.events is not None:
+            for event in held:
+                self.events(event)
+
+
+class _Attempt(Held):
+    """The events of one attempt of a turn. An attempt refused at its first write (another delivery saved)
+    is absorbed by the turn, which reads again: its listener must never hear of it. So what comes before that
+    write, and a ``Failed``, are held back until the write is past or the turn gives up (``report``)."""
 
     def __call__(self, event: Event) -> None:
         if self.events is None:
@@ -157,13 +159,6 @@ class _Attempt:
             return
         self.events(event)
 
-    def report(self) -> None:
-        """The turn gives up (or fails otherwise): what was held back is the listener's after all."""
-        held, self.held = self.held or [], None
-        if self.events is not None:
-            for event in held:
-                self.events(event)
-
 
 def keyed(msgs: Sequence[Message], key: str) -> int | None:
     """The index of the message keyed ``key``, searched from the end (a turn is usually the latest)."""
@@ -174,18 +169,15 @@ def keyed(msgs: Sequence[Message], key: str) -> int | None:
 
 
 def _reply_waiting(session: RunSession, stored: Sequence[Message]) -> int:
-    """1 when a reply of the turn waits in the journal (for decisions, or a dead worker's tools) to follow
-    ``stored``: a request the turn made that the transcript does not hold yet."""
-    text = session.store.journal(session.id)
-    if text is None:
-        return 0
-    return int(Journal.from_json(text, f"session {session.id!r}").answers(stored))
+    """1 when a reply of the turn waits in the journal to follow ``stored``: a request the transcript does not
+    hold yet."""
+    journal = Journal.of(session.store.journal(session.id), session.id)
+    return int(journal is not None and journal.answers(stored))
 
 
 def _later_turn(msgs: Sequence[Message], at: int) -> int | None:
     """The index of the first message after ``at`` that begins another turn (a user message with text that came
-    as no steer: another turn's keyed message, or a plain run's, which made requests of its own), or ``None``.
-    A steer, keyed or not, joins the turn it lands in."""
+    as no steer: a steer joins the turn it lands in), or ``None``."""
     for i in range(at + 1, len(msgs)):
         if msgs[i].role is Role.USER and msgs[i].text and not msgs[i].steer:  # no tool result, no record
             return i
@@ -203,9 +195,8 @@ def begins(msgs: Sequence[Message], i: int, budget: int | None = None) -> bool:
 
 
 def _beginnings(msgs: Sequence[Message], budget: int | None) -> Iterator[tuple[int, bool]]:
-    """Each user message's index and whether it begins a turn (``begins``), in one pass from the first: where
-    a turn began, and the replies made since, are carried along (worked out again for each steer, they cost
-    time exponential in the steers of one long turn)."""
+    """Each user message's index and whether it begins a turn (``begins``), in one pass: worked out again for
+    each steer, they would cost time exponential in the steers of one long turn."""
     before: Message | None = None  # the last message that came as no steer
     made = 0  # the replies since the last user message with text that began a turn
     for i, message in enumerate(msgs):

@@ -87,8 +87,7 @@ class Writes:
     def save(self, msgs: Sequence[Message], take_steers: bool, replace: bool | None = None,
              closes: bool = False) -> Saved:
         """``replace``: by default, the spec's, for the run's first write only. The events buffered so far ride
-        in it, pointing at the messages it writes (``Publisher.render``). ``closes``: it closes the cancelled
-        turn the run was handed, which spends the cancel (``BackedStore.save_fenced``)."""
+        in it. ``closes``: it closes the cancelled turn the run was handed (``BackedStore.save_fenced``)."""
         if replace is None:
             replace = self.replace and self.written < 0
         since = self._listening()
@@ -115,8 +114,7 @@ class Writes:
 
     def is_stored(self, msgs: Sequence[Message]) -> bool:
         """The compare-and-swap of a run that finishes a journalled reply: ``msgs`` must be exactly what is
-        stored, so nothing is written and the journal stays until the results are saved. ``False`` when it is
-        not but the run replaces the history on purpose (its first save then drops the journal)."""
+        stored, so nothing is written; ``False`` when it is not but the run replaces the history on purpose."""
         try:
             self.save(msgs, take_steers=False, replace=False)
         except TranscriptConflict:
@@ -141,11 +139,8 @@ class Writes:
 
     def _journalled(self, text: str, exc: OutcomeUnknown, unless_cancelled: bool) -> bool:
         """A journal write that went unanswered: read the journal back, then the lease, and answer as the
-        write would have. Landed (``written``): the run goes on, so a call it
-        marked started runs now (once: nobody else can have run it) and the calls it asked approval for are
-        announced (``approval_requested``), where failing would leave a resume to call the one's outcome
-        unknown and never announce the others. Not landed and the run cancelled, for a write that would not
-        land once it was: not written, cancelled. Otherwise, or when a read fails too, ``exc``."""
+        write would have. Landed: the run goes on (a call it marked started runs now, once). Not landed and
+        the run cancelled, for a write that would not land once it was: cancelled. Otherwise ``exc``."""
         def read() -> tuple[bool, bool]:
             return written(self.store.journal(self.session), text), self.store.check(self.session, self.lease.holder)
 
@@ -188,9 +183,8 @@ class Writes:
                         self.session, len(records), exc)
 
     def _logged(self, events: EventStore, records: list[str]) -> bool:
-        """After an append of ``records`` went unanswered: are they the log's last events? (Read from the last
-        number the run was given on, so at most the log's ``events_kept``; ``False`` when the read fails too,
-        and the caller writes them again rather than lose them.)"""
+        """After an append of ``records`` went unanswered: are they the log's last events? ``False`` when the read
+        fails too, and the caller writes them again rather than lose them."""
         tail: list[StoredEvent] = []
         after = self.seq_floor
         try:
