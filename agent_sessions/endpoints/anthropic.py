@@ -19,15 +19,10 @@ API_VERSION = "2023-06-01"
 
 
 class AnthropicMessages:
-    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added.
-    ``extra`` is merged into every request body; ``headers`` win over the endpoint's own; ``session``: your
-    own ``requests.Session``, used by every thread (see HTTPClient).
-
-    ``stream=True`` asks for server-sent events and hands each piece of text to ``complete``'s ``on_text``.
-    The reply is the Message the same content gives without streaming, but that a tool call's arguments
-    are its ``input_json_delta`` pieces joined, byte for byte, where without streaming the API's ``input``
-    object is written as compact JSON (the same JSON value, spaced otherwise). A stream that breaks off or
-    reports an error is an EndpointError, not retried once begun."""
+    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; ``extra``, ``headers``, ``session`` and
+    ``stream`` as ``OpenAIChat``'s. Streamed, a tool call's arguments are its ``input_json_delta`` pieces
+    joined, byte for byte, where without streaming the API's ``input`` object is written as compact JSON
+    (the same JSON value, spaced otherwise)."""
 
     def __init__(
         self,
@@ -65,8 +60,6 @@ class AnthropicMessages:
         *,
         on_text: Callable[[str], None] | None = None,
     ) -> Message:
-        """The reply to ``messages``. Streaming, ``on_text`` is given each piece of its text as it
-        arrives, on this thread (a callback that raises ends the request with its exception)."""
         if not self.streams:
             return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
         reply = _Stream(on_text)
@@ -142,7 +135,6 @@ def _is_json_object(text: str) -> bool:
 
 
 def _named(block: dict[str, Any]) -> bool:
-    """A tool_use block has a non-empty string id and name (a Content would refuse it otherwise)."""
     call_id, name = block.get("id"), block.get("name")
     return isinstance(call_id, str) and isinstance(name, str) and bool(call_id and name)
 
@@ -173,10 +165,8 @@ def parse_response(data: dict[str, Any]) -> Message:
 
 
 class _Stream:
-    """A reply assembled from the Messages API's events: each content block started by
-    ``content_block_start`` (at its ``index``) and grown by its ``content_block_delta``s, the usage of
-    ``message_start`` updated by ``message_delta``'s (which holds the final counts), ended by
-    ``message_stop``. Thinking blocks are left out, as without streaming."""
+    """A reply assembled from the Messages API's events: the usage of ``message_start`` updated by
+    ``message_delta``'s (which holds the final counts); thinking blocks left out, as without streaming."""
 
     __slots__ = ("blocks", "on_text", "usage")
 

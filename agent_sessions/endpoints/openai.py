@@ -17,12 +17,9 @@ from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed,
 class OpenAIChat:
     """``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1``. ``extra`` is merged into
     every request body (temperature, seed, ...); ``headers`` win over the endpoint's own; ``session``: your
-    own ``requests.Session``, used by every thread (see HTTPClient).
-
-    ``stream=True`` asks for server-sent events (with the usage: ``stream_options``) and hands each piece of
-    text to ``complete``'s ``on_text``. The reply is the Message the same content gives without streaming:
-    a tool call's arguments are its deltas joined, byte for byte. A stream that breaks off or reports an
-    error is an EndpointError, not retried once begun."""
+    own ``requests.Session``, used by every thread. ``stream=True`` asks for server-sent events and hands
+    each piece of text to ``complete``'s ``on_text``; the reply is the Message the same content gives
+    without streaming (a tool call's arguments are its deltas joined, byte for byte)."""
 
     def __init__(
         self,
@@ -56,8 +53,6 @@ class OpenAIChat:
         *,
         on_text: Callable[[str], None] | None = None,
     ) -> Message:
-        """The reply to ``messages``. Streaming, ``on_text`` is given each piece of its text as it
-        arrives, on this thread (a callback that raises ends the request with its exception)."""
         body = self.body(system, messages, tools)
         if not self.streams:
             return parse_response(self.http.post("/chat/completions", json.dumps(body)))
@@ -147,9 +142,8 @@ def parse_response(data: dict[str, Any]) -> Message:
 
 
 class _Stream:
-    """A reply assembled from ``chat.completion.chunk`` events: the text deltas of choice 0 joined, each
-    tool call's pieces gathered by its ``index`` (its id and name from the first delta that has them,
-    its arguments every delta's joined), and the usage of the chunk that carries it, the last."""
+    """A reply assembled from ``chat.completion.chunk`` events: each tool call's pieces are gathered by its
+    ``index``, its id and name from the first delta that has them."""
 
     __slots__ = ("calls", "on_text", "text", "usage")
 
