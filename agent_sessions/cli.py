@@ -84,7 +84,7 @@ class Outcome:
     note: str = ""
 
 
-# -- store URLs: stores.urls opens them; the CLI maps what it raises to exit codes ------------------------------
+# -- store URLs: stores.urls opens them; what it raises is an exit code (classify) ------------------------------
 
 
 def _urls() -> Any:
@@ -92,11 +92,9 @@ def _urls() -> Any:
     extra: say what was found instead)."""
     from .shadowing import check_stores
 
-    try:
-        check_stores()
-        import stores.urls
-    except ImportError as exc:
-        raise Exit(MISSING_DRIVER, str(exc)) from exc
+    check_stores()
+    import stores.urls
+
     return stores.urls
 
 
@@ -116,14 +114,7 @@ def open_store(url: str) -> Any:
     creates no SQLite file: the tables are the application's (``schema`` prints them)."""
     urls = _urls()
     options = urls.Options(connect_timeout=CONNECT_TIMEOUT, application_name=f"{APPLICATION_NAME} cli", pool_size=1)
-    try:
-        return urls.open_url(url, options)
-    except ArgumentError as exc:
-        raise Exit(USAGE, str(exc)) from exc
-    except ImportError as exc:
-        raise Exit(MISSING_DRIVER, str(exc)) from exc
-    except StoreError as exc:
-        raise Exit(STORE_FAILED, str(exc)) from exc
+    return urls.open_url(url, options)
 
 
 # -- parsing arguments ----------------------------------------------------------------------------------------
@@ -608,10 +599,7 @@ def resolver(text: str) -> Resolve:
 
 def cmd_schema(args: argparse.Namespace, kind: Any) -> Outcome:
     """The DDL that creates the store's tables, as ``kind`` (``stores.urls.Kind``) exports it: the CLI runs none."""
-    try:
-        ddl = str(kind.schema())
-    except ImportError as exc:
-        raise Exit(MISSING_DRIVER, str(exc)) from exc
+    ddl = str(kind.schema())
     if not ddl:
         return Outcome({"store": kind.name, "ddl": ""}, code=NOTHING,
                        note=f"the {kind.name} store creates what it needs itself: there is no DDL to run")
@@ -854,10 +842,7 @@ def _run(args: argparse.Namespace, given: Store | None) -> Outcome:
     if not args.store:
         raise Exit(USAGE, f"no store: pass --store URL or set ${ENV_STORE}")
     urls = _urls()
-    try:
-        kind, where = urls.kind_of(args.store), urls.shown(args.store)  # read without connecting
-    except ArgumentError as exc:
-        raise Exit(USAGE, str(exc)) from exc
+    kind, where = urls.kind_of(args.store), urls.shown(args.store)  # read without connecting
     if args.command == "schema":
         return cmd_schema(args, kind)
     opened = open_store(args.store)

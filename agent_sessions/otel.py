@@ -98,13 +98,10 @@ class _Open:
 
 
 class Tracing:
-    """An ``events`` callback that makes OpenTelemetry spans of a run; ``also`` (another callback) is told
-    every event after it. What tracing raises is logged and never reaches the run (telemetry must not stop
-    an agent); what ``also`` raises is the run's.
-
-    A Tracing follows one run at a time (a second thread's events are ignored, with one warning); once a
-    run has ended the same Tracing may trace the next. The run's span is a child of the span current where
-    the Tracing was made, so a run started inside a request's span is part of its trace."""
+    """An ``events`` callback that makes OpenTelemetry spans of a run, one run at a time; ``also`` (another
+    callback) is told every event after it. What tracing raises is logged and never reaches the run
+    (telemetry must not stop an agent). The run's span is a child of the span current where the Tracing was
+    made, so a run started inside a request's span is part of its trace."""
 
     def __init__(self, *, session_id: str | None = None, model: str | None = None, provider: str = OTHER_PROVIDER,
                  agent_name: str | None = None, tracer_provider: trace.TracerProvider | None = None,

@@ -44,7 +44,6 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class Setup:
-
     store: Callable[[], agent.Store]
     resolve: Callable[[], Resolve | None]
     sweep_seconds: Callable[[], float]

@@ -136,18 +136,11 @@ class HTTPClient:
 
 
 class _Retry(Retry):
-    """urllib3's Retry, and what an LLM endpoint needs beside it:
-
-    - a read timeout is not retried (the server may still be working on the request, and a hung one
-      should fail within the timeout); a connection it broke is, as a refused one is;
-    - a response about to be retried is closed, not drained: urllib3 would read a trickling body to its end;
-    - the first retry waits too (urllib3 retries at once), with jitter, so that clients an overloaded
-      provider turned away do not all come back in step;
-    - ``Retry-After`` may be fractional; one that cannot be read means the usual backoff (urllib3 would
-      raise InvalidHeader from inside requests); no wait is longer than ``backoff_max``;
-    - each retry is logged, WARNING, with its cause, its number and its wait;
-    - the time the next attempt began is kept, for the deadline on the whole response.
-    """
+    """urllib3's Retry, but: a read timeout is not retried (the server may still be working on the request,
+    and a hung one should fail within the timeout); a response about to be retried is closed, not drained
+    (urllib3 would read a trickling body to its end); the first retry waits too, with jitter, so that clients
+    an overloaded provider turned away do not all come back in step; a ``Retry-After`` that cannot be read
+    means the usual backoff (urllib3 would raise InvalidHeader from inside requests)."""
 
     RETRY_AFTER_STATUS_CODES = RETRY_STATUSES  # urllib3 would also retry a 413 that sends Retry-After
     wait = 0.0
@@ -424,8 +417,6 @@ def stream_error(data: dict[str, Any], text: str) -> EndpointError:
     error = data.get("error")
     kind = error.get("type") if isinstance(error, dict) else None
     what = _provider_message(data) or text[:300]
-    found = overflow(data, what, status=200, body=text)
-    if found is not None:
-        return found
-    return EndpointError(f"the stream reported an error: {what}" + (f" ({kind})" if isinstance(kind, str) else ""),
-                         status=200, body=text)
+    return overflow(data, what, status=200, body=text) or EndpointError(
+        f"the stream reported an error: {what}" + (f" ({kind})" if isinstance(kind, str) else ""),
+        status=200, body=text)
