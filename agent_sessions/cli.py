@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -522,11 +522,10 @@ def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
     def resolving(info: SessionInfo) -> tuple[Spec, Endpoint] | None:  # once stopping, the rest of the page waits
         return None if stop.is_set() else resolve(info)
 
-    restore = _stop_on_signals(stop)
     ends = math.inf if args.run_for is None else time.monotonic() + args.run_for
     counts: dict[str, int] = {}
     log.info("work: looking for stranded turns every %s (grace %s)", span(args.every), span(args.grace))
-    try:
+    with _stopping_on_signals(stop):
         while not stop.is_set() and time.monotonic() < ends:
             started = time.monotonic()
             try:
@@ -544,17 +543,17 @@ def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
                     _say(out, f"{_time(datetime.now(UTC))} {safe(r.session):<30} {r.outcome}{_recovered_detail(r)}")
                 out.flush()
             stop.wait(max(0.0, min(args.every - (time.monotonic() - started), ends - time.monotonic())))
-    finally:
-        restore()
     summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "nothing to do"
     return Outcome({"stopped": counts}, [], note=f"work stopped: {summary}")
 
 
-def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
+@contextlib.contextmanager
+def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGTERM and SIGINT set ``stop`` (the turn in progress ends first); a second one interrupts at once.
     Signals are the main thread's: elsewhere (``call_command`` on a thread) only ``--for`` stops it."""
     if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+        yield
+        return
 
     def handler(signum: int, frame: Any) -> None:
         if stop.is_set():
@@ -563,12 +562,11 @@ def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
         stop.set()
 
     before = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
+    try:
+        yield
+    finally:
         for sig, old in before.items():
             signal.signal(sig, old)
-
-    return restore
 
 
 def _recovered_doc(r: Recovered) -> dict[str, Any]:

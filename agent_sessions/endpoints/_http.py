@@ -25,7 +25,7 @@ from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 from ..errors import ArgumentError, ContextOverflow, EndpointError
-from ..messages import Message
+from ..messages import Content, Message, Role
 
 log = logging.getLogger(__name__)
 
@@ -386,6 +386,11 @@ def unstreamed(message: Message, on_text: Callable[[str], None] | None) -> Messa
     if on_text is not None and message.text:
         on_text(message.text)
     return message
+
+
+def reply(content: list[Content], usage: dict[str, int] | None) -> Message:
+    """The assistant's reply; an empty text when the model said nothing."""
+    return Message(Role.ASSISTANT, content or [Content.from_text("")], usage=usage)
 
 
 def malformed(what: str, body: object) -> EndpointError:

@@ -11,9 +11,9 @@ from typing import Any
 
 import requests
 
-from ..messages import Content, ContentType, Message, Role, summary_text
+from ..messages import Content, ContentType, Message, summary_text
 from ..tools import Tool, _not_json
-from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
+from ._http import HTTPClient, malformed, reply, stream_error, stream_json, unstreamed, usage_of
 
 API_VERSION = "2023-06-01"
 
@@ -62,9 +62,9 @@ class AnthropicMessages:
     ) -> Message:
         if not self.streams:
             return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
-        reply = _Stream(on_text)
-        data = self.http.stream("/v1/messages", self.body(system, messages, tools, stream=True), reply.handle)
-        return reply.message() if data is None else unstreamed(parse_response(data), on_text)
+        reader = _Stream(on_text)
+        data = self.http.stream("/v1/messages", self.body(system, messages, tools, stream=True), reader.handle)
+        return reader.message() if data is None else unstreamed(parse_response(data), on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool], *, stream: bool = False) -> str:
         """The request as JSON text. Tool-use ``input`` must be the stored arguments text itself, so that
@@ -159,9 +159,7 @@ def parse_response(data: dict[str, Any]) -> Message:
             continue
         else:
             raise malformed(f"content[{i}] is not a text or tool_use block", data)
-    if not content:
-        content.append(Content.from_text(""))
-    return Message(Role.ASSISTANT, content, usage=usage_of(data))
+    return reply(content, usage_of(data))
 
 
 class _Stream:
@@ -244,9 +242,7 @@ class _Stream:
                 content.append(Content.from_text("".join(pieces)))
             elif kind == "tool_use":
                 content.append(Content.tool_call(call_id, name, _arguments("".join(pieces), start)))
-        if not content:
-            content.append(Content.from_text(""))
-        return Message(Role.ASSISTANT, content, usage=usage_of({"usage": self.usage}))
+        return reply(content, usage_of({"usage": self.usage}))
 
 
 def _arguments(joined: str, start: object) -> str:

@@ -11,7 +11,7 @@ import requests
 from ..errors import EndpointError
 from ..messages import Content, ContentType, Message, Role, made_up_call_id, summary_text
 from ..tools import Tool
-from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
+from ._http import HTTPClient, malformed, reply, stream_error, stream_json, unstreamed, usage_of
 
 
 class OpenAIChat:
@@ -57,9 +57,9 @@ class OpenAIChat:
         if not self.streams:
             return parse_response(self.http.post("/chat/completions", json.dumps(body)))
         body = {"stream": True, "stream_options": {"include_usage": True}, **body}
-        reply = _Stream(on_text)
-        data = self.http.stream("/chat/completions", json.dumps(body), reply.handle)
-        return reply.message() if data is None else unstreamed(parse_response(data), on_text)
+        reader = _Stream(on_text)
+        data = self.http.stream("/chat/completions", json.dumps(body), reader.handle)
+        return reader.message() if data is None else unstreamed(parse_response(data), on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> dict[str, Any]:
         wire: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
@@ -136,9 +136,7 @@ def parse_response(data: dict[str, Any]) -> Message:
         if not isinstance(call_id, str):
             raise malformed(f"tool_calls[{i}].id is not a string", data)
         content.append(Content.tool_call(call_id, function["name"], arguments))
-    if not content:
-        content.append(Content.from_text(""))
-    return Message(Role.ASSISTANT, content, usage=usage_of(data))
+    return reply(content, usage_of(data))
 
 
 class _Stream:
@@ -222,6 +220,4 @@ class _Stream:
             if not name:
                 raise EndpointError(f"malformed stream: tool call {index} has no function name", status=200)
             content.append(Content.tool_call(call_id or made_up_call_id(i), name, "".join(pieces)))
-        if not content:
-            content.append(Content.from_text(""))
-        return Message(Role.ASSISTANT, content, usage=self.usage)
+        return reply(content, self.usage)
