@@ -198,7 +198,6 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
 
     def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "", *args: str,
                 **defaults: Any) -> argparse.ArgumentParser:
-        """A subcommand taking the positionals ``args`` (``SID``: the session)."""
         sub = commands.add_parser(name, parents=[_common(store_option)], help=help, description=help,
                                   epilog=(epilog + "\n\n" if epilog else "") + exit_codes(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -819,7 +818,6 @@ def _say(stream: TextIO, text: str) -> None:
 
 
 def classify(exc: Exception) -> tuple[int, str]:
-    """The exit code and the message for an error a command raised."""
     if isinstance(exc, Exit):
         return exc.code, str(exc)
     if isinstance(exc, ImportError):  # StoresShadowed, or a driver missing where the application builds the store

@@ -217,7 +217,6 @@ def completion(message: dict[str, Any], stream: bool = False) -> Reply:
 
 
 def context_length_exceeded(tokens: int, limit: int) -> Reply:
-    """OpenAI's answer to a request longer than the model's context."""
     return Reply({"error": {
         "message": f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
                    f"{tokens} tokens. Please reduce the length of the messages.",
@@ -225,7 +224,6 @@ def context_length_exceeded(tokens: int, limit: int) -> Reply:
 
 
 def prompt_too_long(tokens: int, limit: int) -> Reply:
-    """Anthropic's answer to a prompt longer than the model's context."""
     return Reply({"type": "error", "error": {"type": "invalid_request_error",
                                              "message": f"prompt is too long: {tokens} tokens > {limit} maximum"}},
                  status=400)

@@ -71,7 +71,6 @@ def reset() -> None:
 
 
 def options() -> dict[str, Any]:
-    """``settings.AGENT_SESSIONS``, checked, with its defaults."""
     conf = getattr(settings, "AGENT_SESSIONS", {})
     if not isinstance(conf, Mapping):
         raise ImproperlyConfigured(f"settings.AGENT_SESSIONS must be a dict, got {type(conf).__name__}")

@@ -23,7 +23,6 @@ class Refused(Exception):
 
 
 def record(user: Any, session: str, message: str, flag: int = CHANGE) -> None:
-    """One entry of the admin's log: ``user`` did ``message`` to ``session`` (the entry's object), now."""
     kind = ContentType.objects.get_for_model(Session, for_concrete_model=False)
     LogEntry.objects.create(user_id=user.pk, content_type_id=kind.pk, object_id=session, object_repr=session[:200],
                             action_flag=flag, change_message=message)

@@ -346,7 +346,6 @@ def _fold(shown: list[Shown]) -> None:
 
 
 def pretty(arguments: str) -> str:
-    """A call's arguments indented, when they are a JSON object or array; else as the model wrote them."""
     try:
         parsed = json.loads(arguments)
     except ValueError:

@@ -51,7 +51,6 @@ def _session_id(object_id: str) -> str:
 
 
 def _url(model_admin: Any, name: str, *args: Any, model: str = "session") -> str:
-    """The URL of the console's page ``name`` on the site ``model_admin`` is registered with."""
     return str(reverse(f"admin:agent_sessions_{model}_{name}", args=args, current_app=model_admin.admin_site.name))
 
 
