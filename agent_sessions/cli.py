@@ -606,11 +606,10 @@ def cmd_schema(args: argparse.Namespace, kind: Any) -> Outcome:
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-def format_message(message: Message, number: int | None = None) -> list[str]:
-    """A message for a terminal: its role (and key), then one indented line or more per block; tool
+def format_message(message: Message, number: int) -> list[str]:
+    """A message for a terminal: its number, role (and key), then one indented line or more per block; tool
     arguments exactly as the model wrote them. Control characters are shown escaped, never sent."""
-    head = f"#{number} " if number is not None else ""
-    lines = [f"{head}{message.role.value}" + (f" (key {safe(message.key)})" if message.key else "") + ":"]
+    lines = [f"#{number} {message.role.value}" + (f" (key {safe(message.key)})" if message.key else "") + ":"]
     for block in message.content:
         if block.type is ContentType.TEXT:
             text = block.text
