@@ -1,10 +1,9 @@
 """``python -m agent_sessions --store URL <command>``: look at and manage the sessions of a store from a shell.
 
-An application on top of the library, not part of its core: it is the one module of ``agent_sessions``
-allowed to import ``stores`` (the import-linter contract in setup.cfg says so), and it imports a store,
-and so its driver, only once a command needs it, so ``import agent_sessions`` still loads no driver.
-Every command is one or two calls of ``StoreSession`` or the store's ``LifecycleStore`` methods: what the
-CLI adds is opening a store from a URL, printing, and exit codes a script can branch on (``EXIT_CODES``).
+An application on top of the library: the one module of ``agent_sessions`` allowed to import ``stores``
+(setup.cfg), which it does only once a command needs a store, so ``import agent_sessions`` loads no driver.
+Each command is a call or two of ``StoreSession`` or ``LifecycleStore``; the CLI adds opening a store from
+a URL, printing, and exit codes a script can branch on (``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -85,26 +84,7 @@ class Outcome:
     note: str = ""
 
 
-# -- store URLs: stores.urls opens them; the CLI maps what it raises to exit codes ------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a store URL points: ``kind`` names its store (sqlite, postgres, mysql, mongodb, redis, or another
-    package's); ``where`` is the URL as messages show it (without its password)."""
-
-    kind: str
-    url: str
-    where: str
-
-
-def parse_target(url: str) -> Target:
-    """Read a store URL without connecting; ``Exit(2)`` for one no store serves."""
-    urls = _urls()
-    try:
-        return Target(urls.kind_of(url).name, url, urls.shown(url))
-    except ArgumentError as exc:
-        raise Exit(USAGE, str(exc)) from exc
+# -- store URLs: stores.urls opens them; what it raises is an exit code (classify) ------------------------------
 
 
 def _urls() -> Any:
@@ -112,17 +92,14 @@ def _urls() -> Any:
     extra: say what was found instead)."""
     from .shadowing import check_stores
 
-    try:
-        check_stores()
-        import stores.urls
-    except ImportError as exc:
-        raise Exit(MISSING_DRIVER, str(exc)) from exc
+    check_stores()
+    import stores.urls
+
     return stores.urls
 
 
 def scrub(text: str, url: str | None) -> str:
-    """``text`` without the credentials of ``url`` (``stores.urls.scrub``): the last line of defence for a
-    message quoting what a driver or URL parser said."""
+    """``text`` without the credentials of ``url``, when ``stores.urls`` can be imported to say which."""
     if not url:
         return text
     try:
@@ -132,28 +109,12 @@ def scrub(text: str, url: str | None) -> str:
     return scrubbed(text, url)
 
 
-def open_store(target: Target) -> Any:
-    """Open the store ``target`` names (``stores.urls.Opened``). The CLI runs no DDL on a database server and
+def open_store(url: str) -> Any:
+    """Open the store ``url`` names (``stores.urls.Opened``). The CLI runs no DDL on a database server and
     creates no SQLite file: the tables are the application's (``schema`` prints them)."""
     urls = _urls()
     options = urls.Options(connect_timeout=CONNECT_TIMEOUT, application_name=f"{APPLICATION_NAME} cli", pool_size=1)
-    try:
-        return urls.open_url(target.url, options)
-    except ArgumentError as exc:
-        raise Exit(USAGE, str(exc)) from exc
-    except ImportError as exc:
-        raise Exit(MISSING_DRIVER, str(exc)) from exc
-    except StoreError as exc:
-        raise Exit(STORE_FAILED, str(exc)) from exc
-
-
-def schema(target: Target) -> str:
-    """The DDL that creates the store's tables (or indexes), as the store exports it, for the operator's
-    migration or shell, since the CLI runs none; "" when the store needs nothing made beforehand."""
-    try:
-        return str(_urls().kind_of(target.url).schema())
-    except ImportError as exc:
-        raise Exit(MISSING_DRIVER, str(exc)) from exc
+    return urls.open_url(url, options)
 
 
 # -- parsing arguments ----------------------------------------------------------------------------------------
@@ -237,7 +198,6 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
 
     def command(name: str, run: Callable[..., Outcome], help: str, epilog: str = "", *args: str,
                 **defaults: Any) -> argparse.ArgumentParser:
-        """A subcommand taking the positionals ``args`` (``SID``: the session)."""
         sub = commands.add_parser(name, parents=[_common(store_option)], help=help, description=help,
                                   epilog=(epilog + "\n\n" if epilog else "") + exit_codes(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -354,7 +314,8 @@ def build_parser(prog: str = PROG, store_option: bool = True) -> argparse.Argume
 
 
 # -- the commands --------------------------------------------------------------------------------------------
-# Each takes the parsed arguments and the store, and returns an Outcome or raises.
+# Each takes the parsed arguments and the store (the session, for a command taking SID), and returns an
+# Outcome or raises.
 
 
 def cmd_list(args: argparse.Namespace, store: Store) -> Outcome:
@@ -365,8 +326,6 @@ def cmd_list(args: argparse.Namespace, store: Store) -> Outcome:
 
 def _page(page: SessionPage, columns: tuple[str, str], empty: str, doc: Callable[[SessionInfo], dict[str, Any]],
           row: Callable[[SessionInfo], tuple[datetime, str]]) -> Outcome:
-    """A page of sessions: a table of id, a time, the length and a text (``columns`` names the time and the
-    text, ``row`` gives them), then the next page's cursor."""
     lines = [f"{'ID':<30} {columns[0]:<19}  {'MESSAGES':>8}  {columns[1]}"] if page.sessions else [empty]
     lines += [f"{safe(i.id):<30} {_time(row(i)[0])}  {i.messages:>8}  {safe(row(i)[1])}" for i in page.sessions]
     if page.next:
@@ -374,10 +333,9 @@ def _page(page: SessionPage, columns: tuple[str, str], empty: str, doc: Callable
     return Outcome({"sessions": [doc(i) for i in page.sessions], "next": page.next}, lines)
 
 
-def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
-    session = open_session(args.session, store)
+def cmd_show(args: argparse.Namespace, session: StoreSession) -> Outcome:
     info: SessionInfo | None = None
-    if isinstance(store, RunStore):  # the tail alone is read, and the length counted
+    if isinstance(session.store, RunStore):  # the tail alone is read, and the length counted
         info = session.info()
         if info is None:
             return _absent(session, {"id": session.id, "messages": []})
@@ -388,7 +346,7 @@ def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
         total = len(every)
         msgs = every if args.all else every[total - lifecycle.last_count(args.last):]
     holder = session.holder() if info is not None else None
-    waits = _waits(session)
+    waits = waits_on(session)
     first = total - len(msgs)
     head = f"session {safe(session.id)}: {total} message{'' if total == 1 else 's'}"
     if info is not None:
@@ -408,13 +366,12 @@ def cmd_show(args: argparse.Namespace, store: Store) -> Outcome:
                     "messages": [m.to_dict() for m in msgs]}, lines)
 
 
-def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
-    session = open_session(args.session, store)
+def cmd_info(args: argparse.Namespace, session: StoreSession) -> Outcome:
     info = session.info()
     if info is None:
         return _absent(session, None)
     holder = session.holder()
-    waits = _waits(session)
+    waits = waits_on(session)
     lines = [f"id:        {safe(info.id)}", f"created:   {_time(info.created)} UTC",
              f"updated:   {_time(info.updated)} UTC", f"messages:  {info.messages}",
              f"metadata:  {safe(lifecycle.encode_metadata(info.metadata))}",
@@ -422,15 +379,12 @@ def cmd_info(args: argparse.Namespace, store: Store) -> Outcome:
     return Outcome({**info_doc(info), "holder": holder_doc(holder), **waits.doc()}, lines)
 
 
-def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
-    """With ``--key``, running the command again (after it failed with its outcome unknown) stores nothing
-    twice: the line says the steer was left already, and the exit is 0 as for one stored now."""
-    session = open_session(args.session, store)
+def cmd_steer(args: argparse.Namespace, session: StoreSession) -> Outcome:
     if not session.steer(args.text, key=args.key):
         return Outcome({"id": session.id, "steered": False},
                        [f"a steer with key {safe(args.key)} was left for session {safe(session.id)} already; "
                         "not stored again"])
-    running = session.holder() is not None if isinstance(store, RunStore) else None
+    running = session.holder() is not None if isinstance(session.store, RunStore) else None
     if running:
         later = ": its run takes it before its next model request"
     elif args.key is not None:
@@ -438,17 +392,15 @@ def cmd_steer(args: argparse.Namespace, store: Store) -> Outcome:
         # run to take it, it opens the session's turn, and the sweep answers it with a run of its own.
         later = ("; no run holds the session, so a keyed steer waits as a message of its own: the sweep "
                  "(recover: work, the Celery workers) runs the session to answer it")
-    elif _exists(session) is False:
+    elif running is False and session.info() is None:
         later = " (it does not exist yet: the steer waits for its first run)"
     else:
         later = "; no run holds the session now: its next run takes it" if running is False else ""
     return Outcome({"id": session.id, "steered": True}, [f"steer left for session {safe(session.id)}{later}"])
 
 
-def cmd_cancel(args: argparse.Namespace, store: Store) -> Outcome:
-    """What was cancelled is looked at first, so the line says which: a run asked to stop, or a turn
-    waiting for approval closed (a run that starts between the look and the cancel is still cancelled)."""
-    session = open_session(args.session, store)
+def cmd_cancel(args: argparse.Namespace, session: StoreSession) -> Outcome:
+    """What was cancelled is looked at first, so the line says which (a run, or a turn waiting for approval)."""
     running = session.holder() is not None
     waiting = 0 if running else len(session.pending_approvals())
     if not session.cancel():
@@ -464,8 +416,7 @@ def cmd_cancel(args: argparse.Namespace, store: Store) -> Outcome:
     return Outcome({"id": session.id, "cancelled": True, "closed": bool(waiting) and not running}, [line])
 
 
-def cmd_approvals(args: argparse.Namespace, store: Store) -> Outcome:
-    session = open_session(args.session, store)
+def cmd_approvals(args: argparse.Namespace, session: StoreSession) -> Outcome:
     waiting = session.pending_approvals()
     doc = {"id": session.id, "pending_approvals": [approval_doc(p) for p in waiting]}
     if not waiting:
@@ -473,8 +424,7 @@ def cmd_approvals(args: argparse.Namespace, store: Store) -> Outcome:
     return Outcome(doc, [approval_line(p) for p in waiting])
 
 
-def cmd_decide(args: argparse.Namespace, store: Store) -> Outcome:
-    session = open_session(args.session, store)
+def cmd_decide(args: argparse.Namespace, session: StoreSession) -> Outcome:
     doc = {"id": session.id, "call_id": args.call_id, "decided": False}
     try:
         decision = session.approve(args.call_id) if args.approved else session.deny(args.call_id, args.reason)
@@ -487,8 +437,7 @@ def cmd_decide(args: argparse.Namespace, store: Store) -> Outcome:
                     "session's next run or the sweep's (recover: work, the Celery workers)"])
 
 
-def cmd_holder(args: argparse.Namespace, store: Store) -> Outcome:
-    session = open_session(args.session, store)
+def cmd_holder(args: argparse.Namespace, session: StoreSession) -> Outcome:
     holder = session.holder()
     if holder is None:
         return Outcome({"id": session.id, "holder": None}, code=NOTHING,
@@ -496,8 +445,7 @@ def cmd_holder(args: argparse.Namespace, store: Store) -> Outcome:
     return Outcome({"id": session.id, "holder": holder_doc(holder)}, [safe(holder.describe())])
 
 
-def cmd_fork(args: argparse.Namespace, store: Store) -> Outcome:
-    session = open_session(args.session, store)
+def cmd_fork(args: argparse.Namespace, session: StoreSession) -> Outcome:
     if not session.messages(last=1):
         return Outcome({"id": args.new_id, "source": session.id, "forked": False}, code=NOTHING,
                        note=f"session {session.id!r} has no transcript to fork")
@@ -507,8 +455,7 @@ def cmd_fork(args: argparse.Namespace, store: Store) -> Outcome:
                    [f"forked session {safe(session.id)} into {safe(args.new_id)} with {kept}"])
 
 
-def cmd_delete(args: argparse.Namespace, store: Store) -> Outcome:
-    session = open_session(args.session, store)
+def cmd_delete(args: argparse.Namespace, session: StoreSession) -> Outcome:
     if not args.yes and not _confirm(f"delete session {session.id!r} and everything kept for it?"):
         return Outcome({"id": session.id, "deleted": False}, code=NOTHING, note="not deleted")
     try:
@@ -527,8 +474,7 @@ def cmd_prune(args: argparse.Namespace, store: Store) -> Outcome:
                    [f"deleted {deleted} session{'' if deleted == 1 else 's'} not updated for {span(args.idle_for)}"])
 
 
-def cmd_metadata(args: argparse.Namespace, store: Store) -> Outcome:
-    session = open_session(args.session, store)
+def cmd_metadata(args: argparse.Namespace, session: StoreSession) -> Outcome:
     if args.changes:
         metadata: Mapping[str, Scalar] = session.set_metadata(dict(args.changes))
     else:
@@ -548,7 +494,6 @@ def cmd_stranded(args: argparse.Namespace, store: Store) -> Outcome:
 
 
 def _resolve(args: argparse.Namespace) -> Resolve:
-    """``--resolve``, or what the front door gives (Django: ``AGENT_SESSIONS['RESOLVE']``)."""
     chosen: Resolve | None = getattr(args, "resolve", None) or args.default_resolve
     if chosen is None:
         raise Exit(USAGE, f"{args.command} needs --resolve MODULE:FUNCTION (the function choosing the spec and "
@@ -576,11 +521,10 @@ def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
     def resolving(info: SessionInfo) -> tuple[Spec, Endpoint] | None:  # once stopping, the rest of the page waits
         return None if stop.is_set() else resolve(info)
 
-    restore = _stop_on_signals(stop)
     ends = math.inf if args.run_for is None else time.monotonic() + args.run_for
     counts: dict[str, int] = {}
     log.info("work: looking for stranded turns every %s (grace %s)", span(args.every), span(args.grace))
-    try:
+    with _stopping_on_signals(stop):
         while not stop.is_set() and time.monotonic() < ends:
             started = time.monotonic()
             try:
@@ -598,17 +542,17 @@ def cmd_work(args: argparse.Namespace, store: Store) -> Outcome:
                     _say(out, f"{_time(datetime.now(UTC))} {safe(r.session):<30} {r.outcome}{_recovered_detail(r)}")
                 out.flush()
             stop.wait(max(0.0, min(args.every - (time.monotonic() - started), ends - time.monotonic())))
-    finally:
-        restore()
     summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "nothing to do"
     return Outcome({"stopped": counts}, [], note=f"work stopped: {summary}")
 
 
-def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
+@contextlib.contextmanager
+def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGTERM and SIGINT set ``stop`` (the turn in progress ends first); a second one interrupts at once.
     Signals are the main thread's: elsewhere (``call_command`` on a thread) only ``--for`` stops it."""
     if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+        yield
+        return
 
     def handler(signum: int, frame: Any) -> None:
         if stop.is_set():
@@ -617,12 +561,11 @@ def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
         stop.set()
 
     before = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
+    try:
+        yield
+    finally:
         for sig, old in before.items():
             signal.signal(sig, old)
-
-    return restore
 
 
 def _recovered_doc(r: Recovered) -> dict[str, Any]:
@@ -651,22 +594,22 @@ def resolver(text: str) -> Resolve:
     return found  # type: ignore[no-any-return]
 
 
-def cmd_schema(args: argparse.Namespace, target: Target) -> Outcome:
-    ddl = schema(target)
+def cmd_schema(args: argparse.Namespace, kind: Any) -> Outcome:
+    """The DDL that creates the store's tables, as ``kind`` (``stores.urls.Kind``) exports it: the CLI runs none."""
+    ddl = str(kind.schema())
     if not ddl:
-        return Outcome({"store": target.kind, "ddl": ""}, code=NOTHING,
-                       note=f"the {target.kind} store creates what it needs itself: there is no DDL to run")
-    return Outcome({"store": target.kind, "ddl": ddl}, [ddl.rstrip("\n")])
+        return Outcome({"store": kind.name, "ddl": ""}, code=NOTHING,
+                       note=f"the {kind.name} store creates what it needs itself: there is no DDL to run")
+    return Outcome({"store": kind.name, "ddl": ddl}, [ddl.rstrip("\n")])
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-def format_message(message: Message, number: int | None = None) -> list[str]:
-    """A message for a terminal: its role (and key), then one indented line or more per block; tool
+def format_message(message: Message, number: int) -> list[str]:
+    """A message for a terminal: its number, role (and key), then one indented line or more per block; tool
     arguments exactly as the model wrote them. Control characters are shown escaped, never sent."""
-    head = f"#{number} " if number is not None else ""
-    lines = [f"{head}{message.role.value}" + (f" (key {safe(message.key)})" if message.key else "") + ":"]
+    lines = [f"#{number} {message.role.value}" + (f" (key {safe(message.key)})" if message.key else "") + ":"]
     for block in message.content:
         if block.type is ContentType.TEXT:
             text = block.text
@@ -683,15 +626,14 @@ def format_message(message: Message, number: int | None = None) -> list[str]:
 
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
                      "\ud800-\udfff]")
-"""What ``safe`` escapes: C0 controls (line feed, carriage return and tab too), DEL and C1 controls
-(U+0085, a line end to some), U+2028/U+2029 (line and paragraph separators), the bidirectional marks,
-embeddings, overrides and isolates, and surrogates (a lone one cannot even be written as UTF-8)."""
+"""C0 controls (line feed, carriage return and tab too), DEL and C1 controls (U+0085, a line end to some),
+U+2028/U+2029 (line and paragraph separators), the bidirectional marks, embeddings, overrides and
+isolates, and surrogates (a lone one cannot even be written as UTF-8)."""
 
 
 def safe(text: str) -> str:
     """Text from the store is untrusted: it must print as one field on one line, never drive the terminal,
-    start a line of its own (forging a row) or reorder what follows it (a bidi override). So each character
-    of ``_UNSAFE`` is printed as ``\\xNN`` (up to U+001F) or ``\\uNNNN``; a backslash stays as it is."""
+    start a line of its own (forging a row) or reorder what follows it (a bidi override)."""
     return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) <= 0x1f else f"\\u{ord(m.group()):04x}",
                        text)
 
@@ -725,17 +667,20 @@ def approval_doc(pending: PendingApproval) -> dict[str, Any]:
 
 
 def approval_line(pending: PendingApproval) -> str:
-    """One waiting call on one line: its id (what ``approve`` takes), the tool and its arguments as the
-    model wrote them (escaped: a line feed in them cannot forge a row), when it was asked."""
     deadline = "" if pending.deadline is None else f", deadline {_time(pending.deadline)} UTC"
     return (f"{safe(pending.call_id)}  {safe(pending.tool)}({safe(pending.arguments)})  "
             f"asked {_time(pending.asked)} UTC{deadline}")
 
 
+_STATES = {"running": "started, no result yet (if its run died: outcome unknown, not run again unless idempotent)",
+           "waiting": "waits for a decision", "expired": "waits for a decision", "not started": "not started"}
+"""How ``show`` and ``info`` say where a call stands (``Journal.stages``); one past its approval deadline
+still waits, for the next run to deny it."""
+
+
 @dataclass
 class Waits:
-    """Everything that waits on a session, as ``show`` and ``info`` print it: steers, queued messages, the
-    reply whose tool calls are in flight (the journal's), the calls waiting for a decision."""
+    """Everything that waits on a session, as ``show`` and ``info`` print it."""
 
     steers: list[str] = field(default_factory=list)
     queued: list[str] = field(default_factory=list)
@@ -747,20 +692,14 @@ class Waits:
         if self.journal is None:
             return []
         found = []
-        for call in self.journal.reply.tool_calls:
-            approval = self.journal.approvals.get(call.id)
-            if call.id in self.journal.results:
-                state = "result kept" + (" (error)" if self.journal.results[call.id].is_error else "")
-            elif call.id in self.journal.started:
-                state = "started, no result yet (if its run died: outcome unknown, not run again unless idempotent)"
-            elif approval is not None and approval.decision is None:
-                state = "waits for a decision"
-            elif approval is not None and approval.decision is not None:
-                verdict = "approved" if approval.decision.approved else "denied"
-                state = f"{verdict} ({approval.decision.by}), not run yet"
+        for stage in self.journal.stages(time.time()):
+            if stage.result is not None:
+                state = "result kept" + (" (error)" if stage.result.is_error else "")
+            elif stage.decision is not None:
+                state = f"{stage.name} ({stage.decision.by}), not run yet"
             else:
-                state = "not started"
-            found.append((call.id, call.name, state))
+                state = _STATES[stage.name]
+            found.append((stage.call.id, stage.call.name, state))
         return found
 
     def lines(self, every: bool = False) -> list[str]:
@@ -793,15 +732,15 @@ class Waits:
                 "pending_approvals": [approval_doc(p) for p in self.approvals]}
 
 
-def _waits(session: StoreSession) -> Waits:
+def waits_on(session: StoreSession) -> Waits:
     """What waits on ``session``, as far as its store can tell (a capability it lacks waits on nothing)."""
     store = session.store
     if not isinstance(store, RunStore):
         return Waits()
     text = store.journal(session.id)
-    return Waits(session.pending_steers(), session.queued(),
-                 None if text is None else Journal.from_json(text, f"session {session.id!r}"),
-                 session.pending_approvals())
+    journal = None if text is None else Journal.from_json(text, f"session {session.id!r}")
+    pending = session.pending_approvals() if journal is not None and journal.approvals else []
+    return Waits(session.pending_steers(), session.queued(), journal, pending)
 
 
 def span(seconds: float) -> str:
@@ -822,11 +761,6 @@ def _lifecycle(store: Store, command: str) -> RunStore:
     if not isinstance(store, RunStore):
         raise Unsupported(f"{command} needs a store implementing agent_sessions.LifecycleStore; {store!r} does not")
     return store
-
-
-def _exists(session: StoreSession) -> bool | None:
-    """Whether the session exists, or ``None`` when the store cannot say (it lacks LifecycleStore)."""
-    return session.info() is not None if isinstance(session.store, RunStore) else None
 
 
 def _absent(session: StoreSession, doc: Any) -> Outcome:
@@ -883,7 +817,6 @@ def _say(stream: TextIO, text: str) -> None:
 
 
 def classify(exc: Exception) -> tuple[int, str]:
-    """The exit code and the message for an error a command raised."""
     if isinstance(exc, Exit):
         return exc.code, str(exc)
     if isinstance(exc, ImportError):  # StoresShadowed, or a driver missing where the application builds the store
@@ -900,22 +833,28 @@ def classify(exc: Exception) -> tuple[int, str]:
 
 def _run(args: argparse.Namespace, given: Store | None) -> Outcome:
     if given is not None and args.command != "schema":
-        return args.run(args, given)  # type: ignore[no-any-return]
+        return _call(args, given)
     if not args.store:
         raise Exit(USAGE, f"no store: pass --store URL or set ${ENV_STORE}")
-    target = parse_target(args.store)
+    urls = _urls()
+    kind, where = urls.kind_of(args.store), urls.shown(args.store)  # read without connecting
     if args.command == "schema":
-        return cmd_schema(args, target)
-    opened = open_store(target)
+        return cmd_schema(args, kind)
+    opened = open_store(args.store)
     args.failures = opened.failures
     try:
-        return args.run(args, opened.store)  # type: ignore[no-any-return]
+        return _call(args, opened.store)
     except StoreError as exc:
-        raise Exit(STORE_FAILED, f"store {target.where}: {exc}") from exc
+        raise Exit(STORE_FAILED, f"store {where}: {exc}") from exc
     except opened.failures as exc:
-        raise Exit(STORE_FAILED, f"store {target.where}: {type(exc).__name__}: {exc}") from exc
+        raise Exit(STORE_FAILED, f"store {where}: {type(exc).__name__}: {exc}") from exc
     finally:
         opened.close()
+
+
+def _call(args: argparse.Namespace, store: Store) -> Outcome:
+    given = open_session(args.session, store) if "session" in args else store
+    return args.run(args, given)  # type: ignore[no-any-return]
 
 
 def _emit(outcome: Outcome, as_json: bool, prog: str, out: TextIO, err: TextIO) -> int:

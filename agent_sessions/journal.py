@@ -63,6 +63,19 @@ class Approval:
                    None if decision is None else Decision.from_dict(decision))
 
 
+@dataclass(frozen=True)
+class Stage:
+    """Where a call of the journal's reply stands (``Journal.stages``): ``done`` (with its ``result``),
+    ``running`` (its tool entered, no result yet), ``waiting`` for a person's decision, ``expired``
+    (undecided past its deadline: the next run denies it), ``approved`` or ``denied`` (with the
+    ``decision``; not run yet), ``not started``."""
+
+    call: Content
+    name: str
+    result: Content | None = None
+    decision: Decision | None = None
+
+
 @dataclass
 class Journal:
     at: int
@@ -80,6 +93,26 @@ class Journal:
         """Does the reply answer ``transcript`` (the stored one from index ``start`` on: it must hold the
         ``TAIL`` messages before the reply)?"""
         return start + len(transcript) == self.at and fingerprint(transcript) == self.digest
+
+    def stages(self, now: float) -> list[Stage]:
+        """Where each call of the reply stands, in the order the model made them."""
+        found = []
+        for call in self.reply.tool_calls:
+            approval = self.approvals.get(call.id)
+            if call.id in self.results:
+                found.append(Stage(call, "done", result=self.results[call.id]))
+            elif call.id in self.started:
+                found.append(Stage(call, "running"))
+            elif approval is None:
+                found.append(Stage(call, "not started"))
+            elif approval.decision is not None:
+                stage = "approved" if approval.decision.approved else "denied"
+                found.append(Stage(call, stage, decision=approval.decision))
+            elif approval.deadline is not None and now >= approval.deadline:
+                found.append(Stage(call, "expired"))
+            else:
+                found.append(Stage(call, "waiting"))
+        return found
 
     def to_json(self) -> str:
         data: dict[str, Any] = {

@@ -1,14 +1,8 @@
 """OpenTelemetry tracing for runs (the ``otel`` extra; docs/tracing.md): an ``events`` callback that turns
-what a run reports into spans named and attributed after the GenAI semantic conventions.
-
-    events=Tracing.for_run(spec, endpoint)
-
-One trace per run: ``invoke_agent`` (the run), a ``step`` per model request, and in each ``chat {model}``
-(the request: model, provider, token usage) and ``execute_tool {name}`` per call; each carries
-``gen_ai.conversation.id``. Built from events rather than by wrapping the loop, so the core imports no
-optional package and a run without ``events`` pays nothing. Only the OpenTelemetry API is imported: without
-an SDK every span is a no-op. The attribute names are written out here, since the conventions' GenAI names
-are still in development (as of semconv 1.37: ``gen_ai.provider.name``, not ``gen_ai.system``).
+what a run reports into spans after the GenAI semantic conventions: ``invoke_agent`` (the run), a ``step``
+per model request, in each ``chat {model}`` and an ``execute_tool {name}`` per call. Built from events
+rather than by wrapping the loop, so the core imports no optional package and a run without ``events``
+pays nothing; only the OpenTelemetry API is imported (without an SDK every span is a no-op).
 """
 
 from __future__ import annotations
@@ -58,7 +52,8 @@ log = logging.getLogger(__name__)
 SCOPE = "agent_sessions"
 """The instrumentation scope (tracer name) of every span made here."""
 
-# GenAI semantic-convention attributes (development status: names as of semconv 1.37 and later).
+# GenAI semantic-convention attributes, written out since the conventions are still in development (as of
+# semconv 1.37: gen_ai.provider.name, not gen_ai.system).
 OPERATION = "gen_ai.operation.name"
 PROVIDER = "gen_ai.provider.name"
 CONVERSATION = "gen_ai.conversation.id"
@@ -103,24 +98,14 @@ class _Open:
 
 
 class Tracing:
-    """An ``events`` callback that makes OpenTelemetry spans of a run; ``also`` (another callback) is told
-    every event after it. What tracing raises is logged and never reaches the run (telemetry must not stop
-    an agent); what ``also`` raises is the run's.
+    """An ``events`` callback that makes OpenTelemetry spans of a run, one run at a time; ``also`` (another
+    callback) is told every event after it. What tracing raises is logged and never reaches the run
+    (telemetry must not stop an agent). The run's span is a child of the span current where the Tracing was
+    made, so a run started inside a request's span is part of its trace."""
 
-    A Tracing follows one run at a time (a second thread's events are ignored, with one warning); once a
-    run has ended the same Tracing may trace the next. The run's span is a child of the span current where
-    the Tracing was made, so a run started inside a request's span is part of its trace."""
-
-    def __init__(
-        self,
-        *,
-        session_id: str | None = None,
-        model: str | None = None,
-        provider: str = OTHER_PROVIDER,
-        agent_name: str | None = None,
-        tracer_provider: trace.TracerProvider | None = None,
-        also: Events | None = None,
-    ) -> None:
+    def __init__(self, *, session_id: str | None = None, model: str | None = None, provider: str = OTHER_PROVIDER,
+                 agent_name: str | None = None, tracer_provider: trace.TracerProvider | None = None,
+                 also: Events | None = None) -> None:
         self.session_id = session_id
         self.model = model
         self.provider = provider
@@ -136,27 +121,16 @@ class Tracing:
         self._usage: dict[str, int] = {}
 
     @classmethod
-    def for_run(
-        cls,
-        spec: Spec,
-        endpoint: Endpoint,
-        *,
-        agent_name: str | None = None,
-        tracer_provider: trace.TracerProvider | None = None,
-        also: Events | None = None,
-    ) -> Tracing:
+    def for_run(cls, spec: Spec, endpoint: Endpoint, *, agent_name: str | None = None,
+                tracer_provider: trace.TracerProvider | None = None, also: Events | None = None) -> Tracing:
         """A Tracing with the session id of ``spec.session`` and the endpoint's model and provider (an
         ``OpenAIChat`` is ``openai`` whatever server it talks to, as the conventions ask)."""
         session_id = getattr(spec.session, "id", None)  # a Session need not have one; the library's do
         model = getattr(endpoint, "model", None)
-        return cls(
-            session_id=session_id if isinstance(session_id, str) else None,
-            model=model if isinstance(model, str) else None,
-            provider=next((name for kind, name in _PROVIDERS if isinstance(endpoint, kind)), OTHER_PROVIDER),
-            agent_name=agent_name,
-            tracer_provider=tracer_provider,
-            also=also,
-        )
+        return cls(session_id=session_id if isinstance(session_id, str) else None,
+                   model=model if isinstance(model, str) else None,
+                   provider=next((name for kind, name in _PROVIDERS if isinstance(endpoint, kind)), OTHER_PROVIDER),
+                   agent_name=agent_name, tracer_provider=tracer_provider, also=also)
 
     def __call__(self, event: Event) -> None:
         try:
@@ -186,7 +160,8 @@ class Tracing:
 
     def _dispatch(self, event: Event) -> None:
         if isinstance(event, StepStarted):
-            self._end_above("run")
+            while self._open[-1].kind != "run":  # a step still open when the next begins
+                self._pop()
             self._start("step", "step", SpanKind.INTERNAL, {STEP: event.step})
         elif isinstance(event, ModelRequest):
             self._start("chat", f"chat {self.model}" if self.model else "chat", SpanKind.CLIENT, {
@@ -252,19 +227,14 @@ class Tracing:
     def _find(self, kind: Kind) -> _Open | None:
         return next((o for o in reversed(self._open) if o.kind == kind), None)
 
-    def _end_above(self, kind: Kind) -> None:
-        """End the spans inside the innermost open ``kind`` (a step still open when the next begins)."""
-        while self._open and self._open[-1].kind != kind:
-            self._pop()
-
     def _end_through(self, entry: _Open) -> None:
         while self._open:
             if self._pop() is entry:
                 return
 
     def _pop(self) -> _Open:
-        """End the innermost span and make its parent current again (tokens are detached in the reverse
-        of the order they were attached, as contextvars require)."""
+        """End the innermost span: tokens are detached in the reverse of the order they were attached, as
+        contextvars require."""
         entry = self._open.pop()
         entry.span.end()
         otel_context.detach(entry.token)
@@ -272,8 +242,7 @@ class Tracing:
 
     def _end_run(self) -> None:
         self._open[0].span.set_attributes(usage_attributes(self._usage))
-        while self._open:
-            self._pop()
+        self._end_through(self._open[0])
 
     def _fail(self, error: BaseException) -> None:
         """Every open span ends with the error: it escaped each of them, innermost first."""

@@ -1,17 +1,11 @@
-"""agent-sessions on Celery: the crash-safe turn task, the sweep, and each worker's watch for a turn nobody
-answers, so that every message handed to ``turn`` is answered and every approved call runs, with nothing
-to schedule by hand (docs/integrations.md and docs/django.md say how, and within what time).
-
-    from agent_sessions.contrib.celery import turn
+"""agent-sessions on Celery (docs/integrations.md, docs/django.md): the crash-safe turn task, the sweep,
+and each worker's watch for a turn nobody answers, so that every message handed to ``turn`` is answered
+and every approved call runs, with nothing to schedule by hand.
 
     turn.delay(session_id, text, message_id)     # stored before it is sent; the task answers it
 
-In a Django project with the app installed, ``autodiscover_tasks()`` registers these tasks and the app
-gives the store and ``AGENT_SESSIONS["RESOLVE"]``; elsewhere call ``configure(store=..., resolve=...)``.
-The message is in the session's queue before the task is sent, the task is ``acks_late`` and
-``reject_on_worker_lost`` (``Runner.turn`` goes on with a turn a dead process left), and each worker's
-``Watch`` sends the ``sweep`` task when a session is stranded (a whole worker killed, a caller that gave
-up, a decision taken elsewhere); or beat runs it (``BEAT_SCHEDULE``, with ``SWEEP_SECONDS`` 0).
+In a Django project with the app installed, the app gives the store and ``AGENT_SESSIONS["RESOLVE"]``;
+elsewhere call ``configure(store=..., resolve=...)``.
 """
 
 from __future__ import annotations
@@ -50,8 +44,6 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class Setup:
-    """Where the tasks find the store, the spec of a session, and how often a worker looks."""
-
     store: Callable[[], agent.Store]
     resolve: Callable[[], Resolve | None]
     sweep_seconds: Callable[[], float]
@@ -128,8 +120,8 @@ class TurnTask(Task):  # type: ignore[misc]
 def turn(session_id: str, text: str, key: str, spec: str | None = None) -> dict[str, Any]:
     """Answer the message ``text`` of ``session_id`` (``key``: the client's id for it), safe to deliver
     again: ``Runner.turn`` keyed by ``key``. ``spec``: the spec name ``resolve`` is given for a session no
-    run has recorded one for yet. Returns ``_outcome``'s JSON; ``stop_reason`` "queued" when the wait for
-    the session ran out (the message is stored, and answered by whoever holds the session next)."""
+    run has recorded one for yet. ``stop_reason`` "queued": the wait for the session ran out (the message
+    is stored, and answered by whoever holds the session next)."""
     made = setup()
     store = made.store()
     resolve = made.resolve()

@@ -32,7 +32,8 @@ class StreamingEndpoint(Endpoint, Protocol):
         *,
         on_text: Callable[[str], None] | None = None,
     ) -> Message:
-        """The reply, as ``Endpoint.complete``; ``on_text`` is given its text piece by piece."""
+        """The reply, as ``Endpoint.complete``; ``on_text`` is given its text piece by piece as it arrives, on
+        this thread (a callback that raises ends the request with its exception)."""
 
 
 def streaming(endpoint: Endpoint) -> StreamingEndpoint | None:

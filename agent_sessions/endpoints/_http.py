@@ -25,7 +25,7 @@ from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 from ..errors import ArgumentError, ContextOverflow, EndpointError
-from ..messages import Message
+from ..messages import Content, Message, Role
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +33,11 @@ RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
 class HTTPClient:
-    """POSTs JSON and returns the decoded object.
-
-    Each thread gets its own ``requests.Session``, since requests does not promise that one is safe to share
-    and an endpoint often is shared. Given ``session``, every thread uses that one (its thread safety is the
-    caller's), with the retrying adapter mounted for ``base_url`` only; ``close`` leaves it open.
-
-    Retries (``_Retry``): connection failures and 408/409/429/5xx/529, up to ``max_retries`` times, with
-    backoff and jitter or what ``Retry-After`` asks, never longer than ``max_backoff``. A read timeout is not
-    retried, so a hung endpoint fails within ``timeout``, which also bounds the whole response (a body
-    trickled a byte at a time is cut off) from the start of the attempt that answered.
-    """
+    """POSTs JSON and returns the decoded object. Each thread gets its own ``requests.Session``, since
+    requests does not promise that one is safe to share and an endpoint often is shared; a caller's
+    ``session`` is used by every thread instead, with the retrying adapter mounted for ``base_url`` only.
+    ``timeout`` bounds the whole response (a body trickled a byte at a time is cut off) from the start of
+    the attempt that answered; ``_Retry`` says what is retried."""
 
     def __init__(
         self,
@@ -93,12 +87,9 @@ class HTTPClient:
 
     def stream(self, path: str, body: str, handle: Callable[[str, str], bool]) -> dict[str, Any] | None:
         """POSTs JSON that asks for server-sent events and hands each to ``handle(event, data)`` as it
-        arrives; ``handle`` returns True for the one that ends the stream (a body that ends before it, or
-        breaks off, is an EndpointError). Returns None once the stream has ended, or the decoded object of
-        a server that answered with plain JSON instead.
-
-        Retries are ``post``'s, before any byte of the body is read. Once it has begun nothing is retried:
-        the deltas handed on cannot be taken back, and a second request would not write the same text."""
+        arrives; ``handle`` returns True for the one that ends the stream. Returns None once it has ended,
+        or the decoded object of a server that answered with plain JSON instead. Nothing is retried once
+        the body has begun: the deltas handed on cannot be taken back."""
         url, response, deadline = self._send(path, body, {**self.headers, "accept": "text/event-stream"})
         kind = response.headers.get("content-type", "")
         if response.status_code >= 400 or not kind.lower().startswith("text/event-stream"):
@@ -137,7 +128,7 @@ class HTTPClient:
         return session
 
     def close(self) -> None:
-        """Closes the sessions this client made, every thread's; a caller's own session is theirs to close."""
+        """Closes the sessions this client made, every thread's (not a caller's own)."""
         with self._lock:
             made = list(self._made)
         for session in made:
@@ -145,18 +136,11 @@ class HTTPClient:
 
 
 class _Retry(Retry):
-    """urllib3's Retry, and what an LLM endpoint needs beside it:
-
-    - a read timeout is not retried (the server may still be working on the request, and a hung one
-      should fail within the timeout); a connection it broke is, as a refused one is;
-    - a response about to be retried is closed, not drained: urllib3 would read a trickling body to its end;
-    - the first retry waits too (urllib3 retries at once), with jitter, so that clients an overloaded
-      provider turned away do not all come back in step;
-    - ``Retry-After`` may be fractional; one that cannot be read means the usual backoff (urllib3 would
-      raise InvalidHeader from inside requests); no wait is longer than ``backoff_max``;
-    - each retry is logged, WARNING, with its cause, its number and its wait;
-    - the time the next attempt began is kept, for the deadline on the whole response.
-    """
+    """urllib3's Retry, but: a read timeout is not retried (the server may still be working on the request,
+    and a hung one should fail within the timeout); a response about to be retried is closed, not drained
+    (urllib3 would read a trickling body to its end); the first retry waits too, with jitter, so that clients
+    an overloaded provider turned away do not all come back in step; a ``Retry-After`` that cannot be read
+    means the usual backoff (urllib3 would raise InvalidHeader from inside requests)."""
 
     RETRY_AFTER_STATUS_CODES = RETRY_STATUSES  # urllib3 would also retry a 413 that sends Retry-After
     wait = 0.0
@@ -216,7 +200,6 @@ def _retry_after_seconds(value: str | None) -> float | None:
 
 
 def _read(url: str, response: requests.Response, deadline: float, timeout: float) -> str:
-    """The body, with the deadline checked between reads (``_chunks``)."""
     chunks: list[bytes] = []
     try:
         for chunk in _chunks(url, response, "response"):
@@ -231,8 +214,7 @@ def _read(url: str, response: requests.Response, deadline: float, timeout: float
 
 def _chunks(url: str, response: requests.Response, what: str = "stream") -> Iterator[bytes]:
     """The body as it arrives: ``read1`` gives whatever one socket read has, so that a caller checks its
-    deadline between reads even when a server sends a byte at a time (urllib3 1.x: whole chunks). A read
-    that fails is an EndpointError; what the caller does with a chunk raises as it raises."""
+    deadline between reads even when a server sends a byte at a time (urllib3 1.x: whole chunks)."""
     raw: Any = response.raw
     pieces: Iterator[bytes] = (
         iter(lambda: raw.read1(65536, decode_content=True), b"") if hasattr(raw, "read1")
@@ -255,10 +237,9 @@ def _chunks(url: str, response: requests.Response, what: str = "stream") -> Iter
 def _read_events(
     url: str, response: requests.Response, deadline: float, timeout: float, handle: Callable[[str, str], bool]
 ) -> None:
-    """Server-sent events (the WHATWG format), handed to ``handle`` as each one completes; the end event ends
-    the reply, whether or not the server has ended the body (``_rest_of_body``). Lines are split here, on
-    bytes, not by requests' ``iter_lines``, which reads a CRLF split between two reads as a blank line: an
-    event dispatched too early."""
+    """Server-sent events (the WHATWG format), handed to ``handle`` as each one completes. Lines are split
+    here, on bytes, not by requests' ``iter_lines``, which reads a CRLF split between two reads as a blank
+    line: an event dispatched too early."""
     events = _Events(handle)
     received = 0
     chunks = _chunks(url, response)
@@ -289,14 +270,12 @@ def _read_events(
 
 
 END_READ = 0.05
-"""Seconds the rest of a stream's body is waited for after its end event, so that its connection goes back
-to the pool for the next request."""
 
 
 def _rest_of_body(chunks: Iterator[bytes], response: requests.Response) -> None:
-    """What follows the end event (normally the chunked encoding's last chunk), read for ``END_READ`` at
-    most: a server that holds the body open then costs its connection, not the caller's time, and nothing
-    here can fail the reply, which is complete."""
+    """What follows the end event (normally the chunked encoding's last chunk), read for ``END_READ``
+    seconds at most, so that the connection goes back to the pool: a server that holds the body open then
+    costs its connection, not the caller's time."""
     connection = getattr(response.raw, "connection", None)  # urllib3 2; 1.x: no wait, the connection dropped
     sock = getattr(connection, "sock", None)
     if sock is None:
@@ -314,8 +293,6 @@ def _rest_of_body(chunks: Iterator[bytes], response: requests.Response) -> None:
 
 
 class _Events:
-    """The SSE line and event state between reads."""
-
     __slots__ = ("data", "done", "event", "handle", "pending")
 
     def __init__(self, handle: Callable[[str, str], bool]) -> None:
@@ -326,7 +303,7 @@ class _Events:
         self.done = False
 
     def feed(self, chunk: bytes, *, end: bool = False) -> bool:
-        """True once the end event has been handled."""
+        """True once the end event has been handled (the SSE line and event state are kept between reads)."""
         lines = (self.pending + chunk).splitlines(keepends=True)
         # The last line is incomplete without its end, and one ending in CR may be half of a CRLF.
         self.pending = lines.pop() if lines and not end and not lines[-1].endswith(b"\n") else b""
@@ -405,10 +382,15 @@ def overflow(data: object, message: str, *, status: int | None, body: str) -> Co
 
 def unstreamed(message: Message, on_text: Callable[[str], None] | None) -> Message:
     """The reply of a server that answered a stream request with plain JSON: its text goes to ``on_text``
-    in one piece, so that the pieces handed on still join to the reply's text."""
+    in one piece."""
     if on_text is not None and message.text:
         on_text(message.text)
     return message
+
+
+def reply(content: list[Content], usage: dict[str, int] | None) -> Message:
+    """The assistant's reply; an empty text when the model said nothing."""
+    return Message(Role.ASSISTANT, content or [Content.from_text("")], usage=usage)
 
 
 def malformed(what: str, body: object) -> EndpointError:
@@ -425,7 +407,6 @@ def usage_of(data: dict[str, Any]) -> dict[str, int] | None:
 
 
 def stream_json(data: str) -> dict[str, Any]:
-    """One event's data, which must be a JSON object."""
     try:
         value = json.loads(data)
     except ValueError:
@@ -441,8 +422,6 @@ def stream_error(data: dict[str, Any], text: str) -> EndpointError:
     error = data.get("error")
     kind = error.get("type") if isinstance(error, dict) else None
     what = _provider_message(data) or text[:300]
-    found = overflow(data, what, status=200, body=text)
-    if found is not None:
-        return found
-    return EndpointError(f"the stream reported an error: {what}" + (f" ({kind})" if isinstance(kind, str) else ""),
-                         status=200, body=text)
+    return overflow(data, what, status=200, body=text) or EndpointError(
+        f"the stream reported an error: {what}" + (f" ({kind})" if isinstance(kind, str) else ""),
+        status=200, body=text)

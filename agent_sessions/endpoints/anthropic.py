@@ -11,23 +11,18 @@ from typing import Any
 
 import requests
 
-from ..messages import Content, ContentType, Message, Role, summary_text
+from ..messages import Content, ContentType, Message, summary_text
 from ..tools import Tool, _not_json
-from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
+from ._http import HTTPClient, malformed, reply, stream_error, stream_json, unstreamed, usage_of
 
 API_VERSION = "2023-06-01"
 
 
 class AnthropicMessages:
-    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; the path ``/v1/messages`` is added.
-    ``extra`` is merged into every request body; ``headers`` win over the endpoint's own; ``session``: your
-    own ``requests.Session``, used by every thread (see HTTPClient).
-
-    ``stream=True`` asks for server-sent events and hands each piece of text to ``complete``'s ``on_text``.
-    The reply is the Message the same content gives without streaming, but that a tool call's arguments
-    are its ``input_json_delta`` pieces joined, byte for byte, where without streaming the API's ``input``
-    object is written as compact JSON (the same JSON value, spaced otherwise). A stream that breaks off or
-    reports an error is an EndpointError, not retried once begun."""
+    """``base_url`` is the host, e.g. ``https://api.anthropic.com``; ``extra``, ``headers``, ``session`` and
+    ``stream`` as ``OpenAIChat``'s. Streamed, a tool call's arguments are its ``input_json_delta`` pieces
+    joined, byte for byte, where without streaming the API's ``input`` object is written as compact JSON
+    (the same JSON value, spaced otherwise)."""
 
     def __init__(
         self,
@@ -65,13 +60,11 @@ class AnthropicMessages:
         *,
         on_text: Callable[[str], None] | None = None,
     ) -> Message:
-        """The reply to ``messages``. Streaming, ``on_text`` is given each piece of its text as it
-        arrives, on this thread (a callback that raises ends the request with its exception)."""
         if not self.streams:
             return parse_response(self.http.post("/v1/messages", self.body(system, messages, tools)))
-        reply = _Stream(on_text)
-        data = self.http.stream("/v1/messages", self.body(system, messages, tools, stream=True), reply.handle)
-        return reply.message() if data is None else unstreamed(parse_response(data), on_text)
+        reader = _Stream(on_text)
+        data = self.http.stream("/v1/messages", self.body(system, messages, tools, stream=True), reader.handle)
+        return reader.message() if data is None else unstreamed(parse_response(data), on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool], *, stream: bool = False) -> str:
         """The request as JSON text. Tool-use ``input`` must be the stored arguments text itself, so that
@@ -142,7 +135,6 @@ def _is_json_object(text: str) -> bool:
 
 
 def _named(block: dict[str, Any]) -> bool:
-    """A tool_use block has a non-empty string id and name (a Content would refuse it otherwise)."""
     call_id, name = block.get("id"), block.get("name")
     return isinstance(call_id, str) and isinstance(name, str) and bool(call_id and name)
 
@@ -167,16 +159,12 @@ def parse_response(data: dict[str, Any]) -> Message:
             continue
         else:
             raise malformed(f"content[{i}] is not a text or tool_use block", data)
-    if not content:
-        content.append(Content.from_text(""))
-    return Message(Role.ASSISTANT, content, usage=usage_of(data))
+    return reply(content, usage_of(data))
 
 
 class _Stream:
-    """A reply assembled from the Messages API's events: each content block started by
-    ``content_block_start`` (at its ``index``) and grown by its ``content_block_delta``s, the usage of
-    ``message_start`` updated by ``message_delta``'s (which holds the final counts), ended by
-    ``message_stop``. Thinking blocks are left out, as without streaming."""
+    """A reply assembled from the Messages API's events: the usage of ``message_start`` updated by
+    ``message_delta``'s (which holds the final counts); thinking blocks left out, as without streaming."""
 
     __slots__ = ("blocks", "on_text", "usage")
 
@@ -254,9 +242,7 @@ class _Stream:
                 content.append(Content.from_text("".join(pieces)))
             elif kind == "tool_use":
                 content.append(Content.tool_call(call_id, name, _arguments("".join(pieces), start)))
-        if not content:
-            content.append(Content.from_text(""))
-        return Message(Role.ASSISTANT, content, usage=usage_of({"usage": self.usage}))
+        return reply(content, usage_of({"usage": self.usage}))
 
 
 def _arguments(joined: str, start: object) -> str:

@@ -11,18 +11,15 @@ import requests
 from ..errors import EndpointError
 from ..messages import Content, ContentType, Message, Role, made_up_call_id, summary_text
 from ..tools import Tool
-from ._http import HTTPClient, malformed, stream_error, stream_json, unstreamed, usage_of
+from ._http import HTTPClient, malformed, reply, stream_error, stream_json, unstreamed, usage_of
 
 
 class OpenAIChat:
     """``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1``. ``extra`` is merged into
     every request body (temperature, seed, ...); ``headers`` win over the endpoint's own; ``session``: your
-    own ``requests.Session``, used by every thread (see HTTPClient).
-
-    ``stream=True`` asks for server-sent events (with the usage: ``stream_options``) and hands each piece of
-    text to ``complete``'s ``on_text``. The reply is the Message the same content gives without streaming:
-    a tool call's arguments are its deltas joined, byte for byte. A stream that breaks off or reports an
-    error is an EndpointError, not retried once begun."""
+    own ``requests.Session``, used by every thread. ``stream=True`` asks for server-sent events and hands
+    each piece of text to ``complete``'s ``on_text``; the reply is the Message the same content gives
+    without streaming (a tool call's arguments are its deltas joined, byte for byte)."""
 
     def __init__(
         self,
@@ -56,15 +53,13 @@ class OpenAIChat:
         *,
         on_text: Callable[[str], None] | None = None,
     ) -> Message:
-        """The reply to ``messages``. Streaming, ``on_text`` is given each piece of its text as it
-        arrives, on this thread (a callback that raises ends the request with its exception)."""
         body = self.body(system, messages, tools)
         if not self.streams:
             return parse_response(self.http.post("/chat/completions", json.dumps(body)))
         body = {"stream": True, "stream_options": {"include_usage": True}, **body}
-        reply = _Stream(on_text)
-        data = self.http.stream("/chat/completions", json.dumps(body), reply.handle)
-        return reply.message() if data is None else unstreamed(parse_response(data), on_text)
+        reader = _Stream(on_text)
+        data = self.http.stream("/chat/completions", json.dumps(body), reader.handle)
+        return reader.message() if data is None else unstreamed(parse_response(data), on_text)
 
     def body(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> dict[str, Any]:
         wire: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
@@ -141,15 +136,12 @@ def parse_response(data: dict[str, Any]) -> Message:
         if not isinstance(call_id, str):
             raise malformed(f"tool_calls[{i}].id is not a string", data)
         content.append(Content.tool_call(call_id, function["name"], arguments))
-    if not content:
-        content.append(Content.from_text(""))
-    return Message(Role.ASSISTANT, content, usage=usage_of(data))
+    return reply(content, usage_of(data))
 
 
 class _Stream:
-    """A reply assembled from ``chat.completion.chunk`` events: the text deltas of choice 0 joined, each
-    tool call's pieces gathered by its ``index`` (its id and name from the first delta that has them,
-    its arguments every delta's joined), and the usage of the chunk that carries it, the last."""
+    """A reply assembled from ``chat.completion.chunk`` events: each tool call's pieces are gathered by its
+    ``index``, its id and name from the first delta that has them."""
 
     __slots__ = ("calls", "on_text", "text", "usage")
 
@@ -228,6 +220,4 @@ class _Stream:
             if not name:
                 raise EndpointError(f"malformed stream: tool call {index} has no function name", status=200)
             content.append(Content.tool_call(call_id or made_up_call_id(i), name, "".join(pieces)))
-        if not content:
-            content.append(Content.from_text(""))
-        return Message(Role.ASSISTANT, content, usage=self.usage)
+        return reply(content, self.usage)

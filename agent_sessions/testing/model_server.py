@@ -1,10 +1,7 @@
-"""A scripted model server: OpenAI's ``/v1/chat/completions`` (and any path, for a test's script) over real
-HTTP on 127.0.0.1, answering from a script rather than a language model. Standard library only.
-
-    python -m agent_sessions.testing.model_server [--port 8080]     prints "listening on http://127.0.0.1:8080/v1"
-
-So started it answers as ``scripted`` does, deterministically. In code, ``ModelServer(respond)`` serves
-any ``respond(request) -> Reply``, recording every request body byte for byte.
+"""A scripted model server over real HTTP on 127.0.0.1, answering from a script rather than a language
+model; standard library only. ``python -m agent_sessions.testing.model_server [--port 8080]`` answers
+OpenAI's ``/v1/chat/completions`` as ``scripted`` does; in code, ``ModelServer(respond)`` serves any
+``respond(request) -> Reply``, recording every request body byte for byte.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-PORT = 8080
-"""The port ``python -m agent_sessions.testing.model_server`` listens on by default: the quick start's."""
+PORT = 8080  # the quick start's
 
 
 @dataclass
@@ -56,9 +52,8 @@ Script = Reply | Callable[[Request], Reply]
 
 
 class ModelServer:
-    """A threading HTTP server on 127.0.0.1 (``port`` 0: a free one; ``url`` says which) answering each
-    POST with ``respond(request)``, on a daemon thread until ``close``. ``requests`` are what it received,
-    in order."""
+    """A threading HTTP server on 127.0.0.1 (``port`` 0: a free one) answering each POST with
+    ``respond(request)``, on a daemon thread until ``close``."""
 
     def __init__(self, respond: Callable[[Request], Reply], port: int = 0) -> None:
         self.requests: list[Request] = []
@@ -112,27 +107,22 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 server.requests.append(request)
                 step = server.take(request)
             reply = step(request) if callable(step) else step
-            if reply.pieces is not None:
-                self.send_pieces(reply)
+            self.send_response(reply.status)
+            if reply.pieces is None:
+                payload = (reply.body if reply.raw else json.dumps(reply.body)).encode()
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+            else:
+                self.send_header("content-type", "text/event-stream; charset=utf-8")
+                self.send_header("transfer-encoding", "chunked")
+            for k, v in reply.headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if reply.pieces is None:
+                self.wfile.write(payload)
                 return
-            payload = (reply.body if reply.raw else json.dumps(reply.body)).encode()
-            self.send_response(reply.status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            for k, v in reply.headers.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def send_pieces(self, reply: Reply) -> None:
-            self.send_response(reply.status)
-            self.send_header("content-type", "text/event-stream; charset=utf-8")
-            self.send_header("transfer-encoding", "chunked")
-            for k, v in reply.headers.items():
-                self.send_header(k, v)
-            self.end_headers()
             try:
-                for piece in reply.pieces or ():
+                for piece in reply.pieces:
                     if callable(piece):
                         piece()
                     elif piece:
@@ -227,7 +217,6 @@ def completion(message: dict[str, Any], stream: bool = False) -> Reply:
 
 
 def context_length_exceeded(tokens: int, limit: int) -> Reply:
-    """OpenAI's answer to a request longer than the model's context: HTTP 400, its body as OpenAI sends it."""
     return Reply({"error": {
         "message": f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
                    f"{tokens} tokens. Please reduce the length of the messages.",
@@ -235,7 +224,6 @@ def context_length_exceeded(tokens: int, limit: int) -> Reply:
 
 
 def prompt_too_long(tokens: int, limit: int) -> Reply:
-    """Anthropic's answer to a prompt longer than the model's context: HTTP 400, its body as Anthropic sends it."""
     return Reply({"type": "error", "error": {"type": "invalid_request_error",
                                              "message": f"prompt is too long: {tokens} tokens > {limit} maximum"}},
                  status=400)
@@ -251,10 +239,8 @@ def request_tokens(body: dict[str, Any]) -> int:
 def windowed(respond: Callable[[Request], Reply], tokens: int,
              count: Callable[[dict[str, Any]], int] = request_tokens) -> Callable[[Request], Reply]:
     """``respond`` behind a model's context of ``tokens``: a request that ``count`` makes longer gets the
-    provider's context-length error in the wire format of its path (``/messages``: Anthropic's, else
-    OpenAI's), before ``respond`` sees it; the others are answered by ``respond``, and a JSON reply that
-    reports no usage gets the count as its prompt's (``prompt_tokens``, ``input_tokens``), as a provider
-    reports what it counted."""
+    provider's context-length error (``/messages``: Anthropic's, else OpenAI's); a JSON reply that reports
+    no usage gets the count as its prompt's, as a provider reports what it counted."""
     def answer(request: Request) -> Reply:
         anthropic_wire = request.path.rstrip("/").endswith("/messages")
         try:
@@ -275,7 +261,7 @@ def windowed(respond: Callable[[Request], Reply], tokens: int,
 
 
 def scripted(request: Request) -> Reply:
-    """The default script (module docstring): OpenAI's chat completions only; anything else is a 404."""
+    """The default script: OpenAI's chat completions only; anything else is a 404."""
     if not request.path.rstrip("/").endswith("/chat/completions"):
         return Reply({"error": {"message": f"the scripted model server answers POST /v1/chat/completions, "
                                            f"not {request.path}"}}, status=404)
@@ -288,7 +274,6 @@ def scripted(request: Request) -> Reply:
 
 
 def answer(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The script's assistant message for ``messages``, offered ``tools``."""
     last = messages[-1] if messages else {"role": "user", "content": ""}
     if last.get("role") == "tool":
         results = [m for m in _since_assistant(messages) if m.get("role") == "tool"]

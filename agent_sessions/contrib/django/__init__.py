@@ -2,9 +2,6 @@
 from ``DATABASES``, ``manage.py agent_sessions`` (the command line on that store), the event log as
 server-sent events (``urls``), the operator's console in the admin.
 
-    INSTALLED_APPS = [..., "agent_sessions.contrib.django"]
-    AGENT_SESSIONS = {"DATABASE": "default"}     # the DATABASES alias that holds the tables (the default)
-
 Why not hand the store Django's connection? Django keeps one connection per thread, opened and closed
 around requests, with its own transaction bookkeeping; the store needs connections it can use from any
 thread (a run's lease heartbeat) and transactions of its own. So it gets an SQLAlchemy engine over the
@@ -42,8 +39,8 @@ MIGRATE_HINT = "run `python manage.py migrate` (the app agent_sessions' migratio
 _lock = threading.Lock()
 _store: agent.Store | None = None
 _close: Callable[[], None] | None = None
-"""Gives back the connections the app opened for ``_store`` (``stores.urls.Opened.close``: a SQL store's
-``close`` leaves its engine open, since it is usually the caller's); ``None`` for a store of ``STORE``."""
+"""Gives back the connections the app opened for ``_store`` (a SQL store's ``close`` leaves its engine
+open, since it is usually the caller's); ``None`` for a store of ``STORE``."""
 
 
 def store() -> agent.Store:
@@ -74,7 +71,6 @@ def reset() -> None:
 
 
 def options() -> dict[str, Any]:
-    """``settings.AGENT_SESSIONS``, checked, with its defaults."""
     conf = getattr(settings, "AGENT_SESSIONS", {})
     if not isinstance(conf, Mapping):
         raise ImproperlyConfigured(f"settings.AGENT_SESSIONS must be a dict, got {type(conf).__name__}")
@@ -124,12 +120,10 @@ def function(key: str) -> Callable[..., Any] | None:
 
 
 def resolve() -> Resolve | None:
-    """The project's resolve function (``AGENT_SESSIONS["RESOLVE"]``), imported; ``None`` when not set."""
     return function("RESOLVE")
 
 
 def _build() -> tuple[agent.Store, Callable[[], None] | None]:
-    """The store, and what gives back the connections the app opened for it (``None``: not the app's)."""
     conf = options()
     if conf["STORE"] is not None:
         made = import_string(conf["STORE"])()
@@ -198,16 +192,10 @@ def _from_database(alias: str, vendor: str, db: Mapping[str, Any]) -> tuple[agen
         connect_args["charset"] = "utf8mb4"  # the store's text is utf8mb4, whatever Django's connections use
     url = URL.create(vendor, db.get("USER") or None, db.get("PASSWORD") or None, host, port, db.get("NAME") or None)
     opened = open_url(url.render_as_string(hide_password=False), Options(connect_args=connect_args))
-    return _speaking_django(opened.store), opened.close
-
-
-def _speaking_django(made: agent.Store) -> agent.Store:
-    """A missing table is the project's unapplied migration: the store's error says ``manage.py migrate``
-    rather than the SQL to run, which the migration runs."""
-    backend = getattr(made, "backend", None)
-    if isinstance(getattr(backend, "hint", None), str):
+    backend = getattr(opened.store, "backend", None)
+    if isinstance(getattr(backend, "hint", None), str):  # a missing table is an unapplied migration: say so
         backend.hint = MIGRATE_HINT  # type: ignore[union-attr]
-    return made
+    return opened.store, opened.close
 
 
 __all__ = ["SETTINGS", "options", "reset", "resolve", "store"]

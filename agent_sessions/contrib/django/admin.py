@@ -1,9 +1,6 @@
-"""The operator's console on the Django admin: "Sessions" and "Approvals waiting" on the admin index.
-
-Django's admin finds this module itself (``autodiscover``) when ``django.contrib.admin`` is installed, and
-registers the console on the default site; for a site of your own, call ``register(site)``. The sessions
-are the store's, not ORM rows, so each ModelAdmin replaces every URL the admin would give its model with
-the console's pages (``get_urls``, each view wrapped in ``admin_site.admin_view``: login, staff status and
+"""The operator's console on the Django admin, registered on the default site (``register(site)`` for
+another). The sessions are the store's, not ORM rows, so each ModelAdmin replaces every URL the admin would
+give its model with the console's pages, each wrapped in ``admin_site.admin_view`` (login, staff status and
 CSRF as the admin has them), and nothing ever queries the models' (absent) tables.
 """
 
@@ -19,9 +16,8 @@ from .models import Approval, Session
 
 
 class SessionAdmin(admin.ModelAdmin):  # type: ignore[misc]
-    """The sessions list, one session's page, its event stream and the actions, under
-    ``admin/agent_sessions/session/``. URL names follow the admin's (``admin:agent_sessions_session_change``
-    is a session's page), so the admin's "Recent actions" link to the session each entry is about."""
+    """URL names follow the admin's (``admin:agent_sessions_session_change`` is a session's page), so the
+    admin's "Recent actions" link to the session each entry is about."""
 
     def get_urls(self) -> list[Any]:
         def wrap(view: Any) -> Any:

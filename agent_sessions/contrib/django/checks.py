@@ -1,8 +1,5 @@
-"""The app's system checks (``manage.py check``, and before ``runserver``, ``migrate`` and ``test``): a
-project whose own package is named ``stores`` hides the library's stores, and every command that builds
-the store would fail with a bare ImportError; ``settings.AGENT_SESSIONS`` with a key misspelt, an alias
-``DATABASES`` lacks or a function that does not import would fail at the store's first use. The checks say
-so before, with what to do."""
+"""The app's system checks: what would otherwise fail at the store's first use (a project's own package
+named ``stores`` hiding the library's, ``settings.AGENT_SESSIONS`` wrong) is said before, with what to do."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The console's models: no table, only what Django's permissions, admin log and admin index hang on.
-
-The store's sessions are not ORM rows, yet the console needs what Django gives a model: a content type,
-permissions to grant, ``LogEntry`` entries, a place on the admin index. So ``Session`` (one permission per
-thing an operator may do) and ``Approval`` (the approvals inbox) are ``managed = False`` and never queried;
-their migration creates nothing but the permissions.
+"""The console's models: no table (``managed = False``, never queried), only what Django's permissions,
+admin log (``LogEntry``) and admin index hang on, since the store's sessions are not ORM rows.
 """
 
 from __future__ import annotations
@@ -18,9 +14,8 @@ PERMISSIONS = (
     ("recover_session", "Can recover a stranded session"),
     ("delete_session", "Can delete a session"),
 )
-"""The console's permissions, one per action, each checked on the server for every request that acts
-(``agent_sessions.<codename>``). ``view_session`` is also the admin's own view permission of the model,
-and ``delete_session`` its delete permission."""
+"""One per action, each checked on the server for every request that acts; ``view_session`` and
+``delete_session`` are also the admin's own view and delete permissions of the model."""
 
 
 class Session(models.Model):  # type: ignore[misc]
@@ -40,8 +35,7 @@ class Session(models.Model):  # type: ignore[misc]
 
 
 class Approval(models.Model):  # type: ignore[misc]
-    """The approvals inbox on the admin index: every call waiting for a decision. No table, no permission
-    of its own: seeing it takes ``view_session``, deciding ``decide_session``."""
+    """The approvals inbox on the admin index; seeing it takes ``view_session``, deciding ``decide_session``."""
 
     id = models.CharField(primary_key=True, max_length=255)
 

@@ -1,16 +1,11 @@
-"""The store's tables in Django's migrations: what a migration runs, and the generator that freezes the
-stores' exported DDL into one.
-
-A migration must do tomorrow what it did the day it was written, so the app's migrations run DDL frozen
-in a file beside them (``0001_initial.json``: the statements per vendor), rather than reading
-``stores.postgres.SCHEMA`` when they run (which changes with the library). The file is generated from the
-stores, never written by hand:
+"""The store's tables in Django's migrations. A migration must do tomorrow what it did the day it was
+written, so the app's migrations run DDL frozen in a file beside them (``0001_initial.json``), rather than
+the stores' DDL of the day, generated from the stores, never written by hand:
 
     python -m agent_sessions.contrib.django.schema > agent_sessions/contrib/django/migrations/0001_initial.json
 
 tests/test_django_app.py fails when the stores' DDL differs from the frozen one: a schema change then
-needs the migration regenerated (before the app's first release) or, once released, a new migration
-running the schema's exported upgrade statements.
+needs the migration regenerated or, once released, a new migration running the upgrade statements.
 """
 
 from __future__ import annotations
@@ -23,13 +18,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agent_sessions.errors import StoreError
+
 log = logging.getLogger(__name__)
 
 VENDORS = ("postgresql", "mysql", "sqlite")
 _CREATE = re.compile(r"CREATE (?:UNIQUE )?(TABLE|INDEX) (?:IF NOT EXISTS )?(\w+)(?: ON (\w+))?")
 
-Operation = Callable[[Any, Any], None]
-"""What ``migrations.RunPython`` calls: ``(apps, schema_editor)``."""
+Operation = Callable[[Any, Any], None]  # what migrations.RunPython calls: (apps, schema_editor)
 
 
 def create(statements: Mapping[str, Sequence[str]]) -> Operation:
@@ -40,14 +36,14 @@ def create(statements: Mapping[str, Sequence[str]]) -> Operation:
 
     def forward(apps: Any, schema_editor: Any) -> None:
         connection = schema_editor.connection
-        if not _ours(connection):
+        if not _ours(connection, statements):
             return
-        if connection.vendor not in statements:
-            raise _unsupported(connection)
         with connection.cursor() as cursor:
             tables = set(connection.introspection.table_names(cursor))
             if "agent_sessions" in tables and "agent_store" not in tables:
-                raise _old_schema(connection)
+                raise StoreError(f"DATABASES[{connection.alias!r}] has tables of an earlier development schema of "
+                                 "agent-sessions (agent_sessions without agent_store), which this version does not "
+                                 "read: drop them (or point AGENT_SESSIONS at a new database), then migrate again")
             created = False
             for statement in statements[connection.vendor]:
                 found = _CREATE.match(statement)
@@ -70,44 +66,27 @@ def drop(statements: Mapping[str, Sequence[str]]) -> Operation:
     """The reverse operation: drop the tables (and with them every transcript they hold)."""
 
     def backward(apps: Any, schema_editor: Any) -> None:
-        connection = schema_editor.connection
-        if not _ours(connection):
-            return
-        if connection.vendor not in statements:
-            raise _unsupported(connection)
-        for statement in statements[connection.vendor]:
-            schema_editor.execute(statement, params=None)
+        if _ours(schema_editor.connection, statements):
+            for statement in statements[schema_editor.connection.vendor]:
+                schema_editor.execute(statement, params=None)
 
     return backward
 
 
-def _ours(connection: Any) -> bool:
+def _ours(connection: Any, statements: Mapping[str, Sequence[str]]) -> bool:
     """Whether the tables belong in this database: the AGENT_SESSIONS alias, unless a STORE function or a URL
-    makes the store (then no table is created anywhere)."""
+    makes the store (then no table is created anywhere); ``ImproperlyConfigured`` for a vendor without them."""
+    from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
+
     from . import options
 
     conf = options()
-    return conf["STORE"] is None and conf["URL"] is None and connection.alias == conf["DATABASE"]
-
-
-def _unsupported(connection: Any) -> Exception:
-    from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
-
-    error: Exception = ImproperlyConfigured(
-        f"agent-sessions has no tables for a {connection.vendor!r} database (DATABASES[{connection.alias!r}]); "
-        f"it supports {', '.join(VENDORS)}"
-    )
-    return error
-
-
-def _old_schema(connection: Any) -> Exception:
-    from agent_sessions import StoreError
-
-    return StoreError(
-        f"DATABASES[{connection.alias!r}] has tables of an earlier development schema of agent-sessions "
-        "(agent_sessions without agent_store), which this version does not read: drop them (or point "
-        "AGENT_SESSIONS at a new database), then migrate again"
-    )
+    if conf["STORE"] is not None or conf["URL"] is not None or connection.alias != conf["DATABASE"]:
+        return False
+    if connection.vendor not in statements:
+        raise ImproperlyConfigured(f"agent-sessions has no tables for a {connection.vendor!r} database "
+                                   f"(DATABASES[{connection.alias!r}]); it supports {', '.join(VENDORS)}")
+    return True
 
 
 # -- the generator ------------------------------------------------------------------------------------------
@@ -161,10 +140,5 @@ def thawed(path: Path) -> tuple[int, dict[str, list[str]], dict[str, list[str]]]
     return document["schema_version"], statements("create"), statements("drop")
 
 
-def main() -> None:
-    version, statements = current()
-    sys.stdout.write(frozen(version, statements))
-
-
 if __name__ == "__main__":
-    main()
+    sys.stdout.write(frozen(*current()))

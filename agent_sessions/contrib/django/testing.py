@@ -1,11 +1,8 @@
 """Django tests that use the store (docs/django.md): each test starts from an empty store, and the test
-database can be dropped at the end. ``manage.py test`` (the app's ``test`` command wraps ``TEST_RUNNER`` in
-``StoreRunner``) does both; another runner (pytest-django, unittest) gets it per class from
-``StoreTestMixin``.
-
-Why: the store writes through an engine of its own and its tables are not models, so neither
-``TestCase``'s rollback nor ``TransactionTestCase``'s flush reaches its rows; and the engine's pool keeps
-connections to the test database, which PostgreSQL then refuses to drop.
+database can be dropped at the end; ``manage.py test`` does both, another runner gets it from
+``StoreTestMixin``. The store writes through an engine of its own and its tables are not models, so
+neither ``TestCase``'s rollback nor ``TransactionTestCase``'s flush reaches its rows; and the engine's
+pool keeps connections to the test database, which PostgreSQL then refuses to drop.
 """
 
 from __future__ import annotations
@@ -73,16 +70,11 @@ def _refuse_unless_test_database(name: str | None) -> None:
             + ("" if under_test else ", with no test run set up"))
 
 
-def store_used() -> bool:
-    """Has this process built the app's store (so there may be rows to empty, and connections to close)?"""
+def empty_if_used() -> None:
+    """``empty_store()``, when this process built the app's store: what ``StoreRunner`` does after each test."""
     from . import _store
 
-    return _store is not None
-
-
-def empty_if_used() -> None:
-    """``empty_store()``, when a test used the store: what ``StoreRunner`` does after each test."""
-    if store_used():
+    if _store is not None:
         empty_store()
 
 
@@ -151,5 +143,4 @@ ConfiguredRunner: type | None = None
 """The project's runner with ``StoreRunner`` before it, once ``runner_for`` made it."""
 
 
-__all__ = ["DiscoverRunner", "StoreRunner", "StoreTestMixin", "empty_if_used", "empty_store", "runner_for",
-           "store_used"]
+__all__ = ["DiscoverRunner", "StoreRunner", "StoreTestMixin", "empty_if_used", "empty_store", "runner_for"]

@@ -1,8 +1,5 @@
-"""The app's views: ``events``, a session's event log as server-sent events (``text/event-stream``).
-
-The app serves nothing by itself: a project that wants the view ``include``s
-``agent_sessions.contrib.django.urls``, or routes to the view through its own authorization (whose
-sessions a user may watch is the project's to say; docs/django.md shows both).
+"""The app's view: ``events``, a session's event log as server-sent events. The app serves nothing by
+itself: a project ``include``s ``urls``, or routes to the view through its own authorization (docs/django.md).
 """
 
 from __future__ import annotations
@@ -23,12 +20,10 @@ log = logging.getLogger(__name__)
 
 @csrf_exempt  # type: ignore[untyped-decorator]  # a GET changes nothing; any other method is refused (405) before anything is read
 def events(request: HttpRequest, session_id: str) -> HttpResponse:
-    """``GET``: the session's events after ``Last-Event-ID`` or ``?after=<seq>``, as they arrive
-    (``eventlog.sse_stream``). The response ends after a ``finished`` or ``failed`` event, or after
-    ``SSE_SECONDS``, so a browser that left holds a worker that long at most; it reconnects with its last
-    id. Everything is checked before the stream starts: bad input is a JSON 400, a store without an event
-    log 501, any method but GET 405 (the view is exempt from CSRF, which would answer a POST with an HTML
-    403 first: it writes nothing)."""
+    """``GET``: the session's events after ``Last-Event-ID`` or ``?after=<seq>``, as they arrive. The response
+    ends after a ``finished`` or ``failed`` event, or after ``SSE_SECONDS``, so a browser that left holds a
+    worker that long at most (it reconnects with its last id). Bad input is a JSON 400, a store without an
+    event log 501."""
     if request.method != "GET":
         refused = JsonResponse({"error": f"{request.method} is not allowed here; use GET"}, status=405)
         refused["Allow"] = "GET"

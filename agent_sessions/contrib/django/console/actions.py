@@ -1,9 +1,6 @@
-"""What an operator does to a session from the console, each through the library's public API and each
-recorded in the admin's log (``LogEntry``: who, which session, what, with which call and reason).
-
-Each function returns the sentence the page shows when the action took, or raises ``Refused`` with the
-one it shows when it did not (nothing was written then, and nothing is logged). Permissions are the
-views' to check, before any of these runs.
+"""What an operator does to a session from the console, through the library's public API. Each returns
+the sentence the page shows when the action took, or raises ``Refused`` with the one it shows when it did
+not (nothing was written then, and nothing is logged). Permissions are the views' to check.
 """
 
 from __future__ import annotations
@@ -22,18 +19,16 @@ from ..models import Session
 
 
 class Refused(Exception):
-    """The action did not take: the message says why, for the page."""
+    """The action did not take: the message says why."""
 
 
 def record(user: Any, session: str, message: str, flag: int = CHANGE) -> None:
-    """One entry of the admin's log: ``user`` did ``message`` to ``session`` (the entry's object), now."""
     kind = ContentType.objects.get_for_model(Session, for_concrete_model=False)
     LogEntry.objects.create(user_id=user.pk, content_type_id=kind.pk, object_id=session, object_repr=session[:200],
                             action_flag=flag, change_message=message)
 
 
 def steer(store: agent.Store, session: str, text: str) -> str:
-    """Leave ``text`` for the session's next model request, whichever process makes it."""
     try:
         agent.open(session, store).steer(text)
     except agent.ArgumentError as exc:
@@ -42,7 +37,6 @@ def steer(store: agent.Store, session: str, text: str) -> str:
 
 
 def cancel(store: agent.Store, session: str) -> str:
-    """Cancel the session's turn: its run stops, or the turn waiting for approval is closed."""
     opened = agent.open(session, store)
     if not isinstance(store, agent.RunStore):
         raise Refused("this store cannot cancel a run (it is not an agent_sessions.RunStore)")
@@ -56,7 +50,6 @@ def cancel(store: agent.Store, session: str) -> str:
 
 
 def decide(store: agent.Store, session: str, call_id: str, approved: bool, reason: str) -> str:
-    """Approve or deny the waiting call ``call_id``, with ``reason``: a session's run acts on it next."""
     if not isinstance(store, agent.ApprovalStore):
         raise Refused("this store keeps no approvals (it is not an agent_sessions.ApprovalStore)")
     tool = next((p.tool for p in agent.open(session, store).pending_approvals() if p.call_id == call_id), "")
@@ -100,7 +93,6 @@ def recover(store: agent.Store, session: str) -> str:
 
 
 def delete(store: agent.Store, session: str, force: bool) -> str:
-    """Delete the session and everything kept for it; with ``force`` even while a live run holds it."""
     try:
         deleted = agent.open(session, store).delete(force=force)
     except agent.SessionBusy as exc:

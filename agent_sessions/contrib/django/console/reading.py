@@ -1,7 +1,6 @@
-"""What the console shows, read through the library's public API, as plain data for the templates (which
-escape it: nothing read from the store is ever markup). Nothing here reads in proportion to the store: a
-list page is one page of ``list_sessions``, a filter no store indexes reads at most ``SCAN`` sessions, a
-transcript page is one ``read_back``, the newest events a few one-row reads of the log.
+"""What the console shows, as plain data for the templates (which escape it). Nothing here reads in
+proportion to the store: a list page is one page of ``list_sessions``, a filter no store indexes reads at
+most ``SCAN`` sessions, a transcript page is one ``read_back``, the newest events a few one-row reads.
 """
 
 from __future__ import annotations
@@ -9,23 +8,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 import agent_sessions as agent
 from agent_sessions import lifecycle
-from agent_sessions.cli import value
+from agent_sessions.cli import value, waits_on
 from agent_sessions.contract import EventStore, LifecycleStore, RunStore, TailStore
 from agent_sessions.journal import Journal
 from agent_sessions.messages import ContentType
 
-PAGE = 50
-"""Sessions a list page shows."""
-MESSAGES = 50
-"""Messages a transcript page shows."""
-EVENTS = 30
-"""Events of the log a session page shows before it follows the log live."""
+PAGE = 50  # sessions a list page shows
+MESSAGES = 50  # messages a transcript page shows
+EVENTS = 30  # events of the log a session page shows before it follows the log live
 SCAN = 500
 """Sessions a request reads at most to fill a page of a filter no store indexes (a state other than
 stranded, a spec) or the approvals inbox; the page then offers to go on from where it stopped."""
@@ -93,18 +89,11 @@ class Look:
 
 
 def look(store: agent.Store, info: agent.SessionInfo, stranded: Stranded | None = None) -> Look:
-    """``info``'s session with what waits on it and its state."""
     holder = store.holder(info.id) if isinstance(store, RunStore) else None
-    steers = store.pending_steers(info.id) if isinstance(store, RunStore) else []
-    queued = store.queued(info.id) if isinstance(store, RunStore) else []
-    text = store.journal(info.id) if isinstance(store, RunStore) else None
-    journal = None if text is None else Journal.from_json(text, f"session {info.id!r}")
-    pending: list[agent.PendingApproval] = []
-    if journal is not None and journal.approvals:
-        pending = agent.open(info.id, store).pending_approvals()
-    calls = [] if journal is None else in_flight(journal, {p.call_id for p in pending})
-    state = state_of(info, holder, queued, journal, pending, stranded or Stranded.of(store, info))
-    return Look(info, state, holder, steers, queued, calls, pending)
+    waits = waits_on(agent.open(info.id, store))
+    state = state_of(info, holder, waits.queued, waits.journal, waits.approvals, stranded or Stranded.of(store, info))
+    calls = [] if waits.journal is None else in_flight(waits.journal)
+    return Look(info, state, holder, waits.steers, waits.queued, calls, waits.approvals)
 
 
 def state_of(info: agent.SessionInfo, holder: agent.Holder | None, queued: Sequence[str], journal: Journal | None,
@@ -146,24 +135,20 @@ class Stranded:
         return cls(frozenset(i.id for i in page), page.next is None)
 
 
-def in_flight(journal: Journal, pending: set[str]) -> list[Call]:
-    """The journal's reply, call by call: waiting for a decision, decided, started, finished."""
+def in_flight(journal: Journal) -> list[Call]:
+    """The journal's reply, call by call (``Journal.stages``); a call past its approval deadline can no
+    longer be decided, and is shown as not started."""
     calls = []
-    for call in journal.reply.tool_calls:
-        approval = journal.approvals.get(call.id)
-        result = journal.results.get(call.id)
-        if result is not None:
-            calls.append(Call(call.id, call.name, call.arguments, "done", result.text, result.is_error))
-        elif call.id in journal.started:
-            calls.append(Call(call.id, call.name, call.arguments, "running"))
-        elif call.id in pending:
-            calls.append(Call(call.id, call.name, call.arguments, "waiting"))
-        elif approval is not None and approval.decision is not None:
-            decision = approval.decision
+    for stage in journal.stages(time.time()):
+        call, decision = stage.call, stage.decision
+        if stage.result is not None:
+            calls.append(Call(call.id, call.name, call.arguments, "done", stage.result.text, stage.result.is_error))
+        elif decision is not None:
             why = f"by {decision.by}" + (f": {decision.reason}" if decision.reason else "")
-            calls.append(Call(call.id, call.name, call.arguments, "approved" if decision.approved else "denied", why))
+            calls.append(Call(call.id, call.name, call.arguments, stage.name, why))
         else:
-            calls.append(Call(call.id, call.name, call.arguments, "not started"))
+            calls.append(Call(call.id, call.name, call.arguments,
+                              "not started" if stage.name == "expired" else stage.name))
     return calls
 
 
@@ -206,7 +191,6 @@ def parse_search(text: str) -> tuple[str, dict[str, agent.contract.Scalar]]:
 
 
 def listing(store: LifecycleStore, query: Query, after: str | None) -> Listing:
-    """The page of the list ``query`` asks for, after the cursor ``after``."""
     if query.state == "stranded":
         return _stranded_page(store, query, after)
     if not query.state and not query.spec:
@@ -243,8 +227,6 @@ def _stranded_page(store: LifecycleStore, query: Query, after: str | None) -> Li
 
 @dataclass(frozen=True)
 class Block:
-    """One block of a message as the page shows it."""
-
     kind: str
     """``text``, ``call``, ``result`` or ``summary``."""
     text: str = ""
@@ -360,11 +342,10 @@ def _fold(shown: list[Shown]) -> None:
                     covered.setdefault(number, m.number)
     for i, m in enumerate(shown):
         if m.number in covered:
-            shown[i] = Shown(m.number, m.role, m.blocks, m.key, m.steer, m.results_of, covered[m.number])
+            shown[i] = replace(m, summarised_by=covered[m.number])
 
 
 def pretty(arguments: str) -> str:
-    """A call's arguments indented, when they are JSON; else exactly as the model wrote them."""
     try:
         parsed = json.loads(arguments)
     except ValueError:

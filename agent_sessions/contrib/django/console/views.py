@@ -1,10 +1,7 @@
-"""The console's pages and actions. Each is called by ``admin.SessionAdmin`` (or ``ApprovalAdmin``) with
-the ModelAdmin and the request, inside ``admin_site.admin_view`` (a staff user, logged in; CSRF checked on
-every POST); each checks its own permission here, on the server, before it reads or writes anything.
-
-Session ids travel in URLs quoted as the admin quotes primary keys (``django.contrib.admin.utils.quote``),
-so any id the library accepts has a page. Every page renders through templates that extend
-``admin/base_site.html`` with Django's autoescaping: nothing read from the store is marked safe.
+"""The console's pages and actions, called by ``admin.SessionAdmin`` (or ``ApprovalAdmin``) inside
+``admin_site.admin_view`` (a staff user, logged in; CSRF checked on every POST); each checks its own
+permission before it reads or writes anything. Session ids travel in URLs quoted as the admin quotes
+primary keys, so any id the library accepts has a page; templates autoescape all that the store holds.
 """
 
 from __future__ import annotations
@@ -30,13 +27,10 @@ from .. import views as app_views
 from ..models import Session
 from . import actions, reading
 
-LOG_PAGE = 100
-"""Entries a page of the console's log shows."""
+LOG_PAGE = 100  # entries a page of the console's log shows
 
 
 def _allowed(request: Any, action: str) -> None:
-    """The permission for ``action`` (``view``, ``steer``, ``cancel``, ``decide``, ``recover``, ``delete``),
-    or 403."""
     if not request.user.has_perm(f"agent_sessions.{action}_session"):
         raise PermissionDenied(f"you may not {action} sessions")
 
@@ -57,8 +51,6 @@ def _session_id(object_id: str) -> str:
 
 
 def _url(model_admin: Any, name: str, *args: Any, model: str = "session") -> str:
-    """The URL of the console's page ``name`` (a session's, with its quoted id as ``args``), on the site
-    ``model_admin`` is registered with."""
     return str(reverse(f"admin:agent_sessions_{model}_{name}", args=args, current_app=model_admin.admin_site.name))
 
 
@@ -79,8 +71,7 @@ def _context(model_admin: Any, request: Any, title: str, **more: Any) -> dict[st
 
 
 def sessions(model_admin: Any, request: Any) -> Any:
-    """Every session, newest activity first, a page of the store's listing at a time; filtered by state and
-    spec, searched by id prefix and metadata."""
+    """Every session, newest activity first; filtered by state and spec, searched by id prefix and metadata."""
     _allowed(request, "view")
     found = reading.Listing([], None)
     search = request.GET.get("q", "")
@@ -100,8 +91,6 @@ def sessions(model_admin: Any, request: Any) -> Any:
 
 
 def session(model_admin: Any, request: Any, object_id: str) -> Any:
-    """One session: its state, its run's lease, what waits on it, the actions the user may take, its event
-    log (following live), its transcript newest first a page at a time, and who did what to it."""
     _allowed(request, "view")
     sid = _session_id(object_id)
     made = _lifecycle()
@@ -133,15 +122,12 @@ def to_session(model_admin: Any, request: Any, object_id: str) -> Any:
 
 
 def events(model_admin: Any, request: Any, object_id: str) -> Any:
-    """The session's event log as server-sent events: the app's ``views.events``, behind the admin's login
-    and the view permission. The session page's script follows it, and reconnects with its last id."""
+    """The session's event log as server-sent events (the app's ``views.events``) behind the admin's login."""
     _allowed(request, "view")
     return app_views.events(request, _session_id(object_id))
 
 
 def inbox(model_admin: Any, request: Any) -> Any:
-    """Every call waiting for a decision across sessions, oldest asked first, with the conversation that
-    led to it and, for a user who may decide, approve and deny."""
     _allowed(request, "view")
     found = reading.inbox(_lifecycle(), request.GET.get("after") or None)
     return TemplateResponse(request, "agent_sessions/console/approvals.html", _context(
@@ -151,8 +137,7 @@ def inbox(model_admin: Any, request: Any) -> Any:
 
 
 def log(model_admin: Any, request: Any) -> Any:
-    """What operators did to sessions from the console, newest first: the admin's log of the console's
-    entries (``before=<entry id>`` pages back)."""
+    """What operators did to sessions from the console, newest first (``before=<entry id>`` pages back)."""
     _allowed(request, "view")
     kind = ContentType.objects.get_for_model(Session, for_concrete_model=False)
     entries = LogEntry.objects.filter(content_type=kind).select_related("user").order_by("-pk")
@@ -172,8 +157,7 @@ def log(model_admin: Any, request: Any) -> Any:
 def _act(permission: str, act: Callable[[Any, agent.Store, str], str], flag: int = CHANGE,
          ) -> Callable[..., Any]:
     """A view doing ``act`` (the request's POST, the store, the session id -> what the page says): POST
-    only, ``permission`` checked first, the outcome shown as a message on the page it goes back to, a
-    success recorded in the admin's log."""
+    only, ``permission`` checked first, a success recorded in the admin's log."""
     def view(model_admin: Any, request: Any, object_id: str) -> Any:
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
