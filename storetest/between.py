@@ -20,17 +20,10 @@ from agent_sessions.backend import CANCEL, Acquire, Backend, Change, Guard, Idle
 
 from .capabilities import Capability
 from .crossprocess import wait_for
+from .mixin import ContractMixin, new_holder, new_id
 
 QUESTION = Message.user("what expires?")
 ANSWER = Message.assistant("the lease")
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-between-{tag}-{uuid.uuid4().hex}"
-
-
-def _claimant(tag: str = "") -> Holder:
-    return Holder("storetest", 4321, f"{tag}{uuid.uuid4().hex}", 0.0)
 
 
 class _Between:
@@ -59,15 +52,7 @@ def _stand(store: Any, backend: Any) -> None:
     store.backend = backend
 
 
-class BetweenContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
+class BetweenContract(ContractMixin):
     def _backed(self, *needs: Capability) -> Any:
         for capability in needs:
             self.requires(capability)
@@ -82,7 +67,7 @@ class BetweenContract:
         library counts on and the store silently drops (a queue's head, an incarnation)."""
         store = self._backed()
         backend: Backend = store.backend
-        sid = _sid("guard")
+        sid = new_id("between-guard")
         probe = Change(drop_key="storetest:never-accepted")  # changes nothing but the version
 
         def version() -> int:
@@ -151,15 +136,15 @@ class BetweenContract:
         backend = store.backend
         assert isinstance(store, QueueStore) and isinstance(store, RunStore)
         for append in (True, False):
-            sid = _sid(f"pop-{append}")
+            sid = new_id(f"between-pop-{append}")
             store.save(sid, [QUESTION, ANSWER])
             store.enqueue(sid, "k1", "first")
-            stale = store.acquire(sid, _claimant("stale-"), 0.3)
+            stale = store.acquire(sid, new_holder(), 0.3)
             taken: list[Holder] = []
 
             def take_over(sid: str = sid, taken: list[Holder] = taken) -> None:
                 wait_for(lambda: store.holder(sid) is None, "the stale holder's lease to lapse")
-                taken.append(store.acquire(sid, _claimant("new-"), 60))
+                taken.append(store.acquire(sid, new_holder(), 60))
 
             _stand(store, _Between(backend, "read", lambda want: bool(want.queue), take_over))
             try:
@@ -182,13 +167,13 @@ class BetweenContract:
         store = self._backed(Capability.QUEUE)
         backend = store.backend
         assert isinstance(store, QueueStore) and isinstance(store, RunStore)
-        sid = _sid(f"withdraw-{between}")
+        sid = new_id(f"between-withdraw-{between}")
         store.save(sid, [QUESTION, ANSWER])
         store.enqueue(sid, "k1", "first")
 
         def lands() -> None:
             if between == "taken":
-                holder = store.acquire(sid, _claimant(), 60)
+                holder = store.acquire(sid, new_holder(), 60)
                 assert store.take_queued(sid, holder) == Message.user("first", key="k1")
                 store.release(sid, holder)
             else:
@@ -216,7 +201,7 @@ class BetweenContract:
         store = self._backed(Capability.LIFECYCLE)
         backend = store.backend
         assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
-        sid = _sid(f"prune-{between}")
+        sid = new_id(f"between-prune-{between}")
         store.save(sid, [QUESTION])
         held: list[Holder] = []
 
@@ -224,7 +209,7 @@ class BetweenContract:
             if between == "saved":
                 store.save(sid, [QUESTION, ANSWER])
             elif between == "leased":
-                held.append(store.acquire(sid, _claimant(), 60))
+                held.append(store.acquire(sid, new_holder(), 60))
             else:
                 store.add_steer(sid, "one more thing")
 
@@ -251,13 +236,13 @@ class BetweenContract:
         assert isinstance(store, RunStore) and isinstance(store, LifecycleStore), \
             f"the store declares Capability.RUN_STORE and LIFECYCLE, but {type(store).__name__} is no RunStore and " \
             "LifecycleStore"
-        sid = _sid("anew")
+        sid = new_id("between-anew")
         store.save(sid, [Message.user("the erased question")])
         stale = store.messages(sid)
         assert store.delete(sid)
         anew = [Message.user("a new conversation")]
         store.save(sid, anew)
-        holder = store.acquire(sid, _claimant(), 60)
+        holder = store.acquire(sid, new_holder(), 60)
         try:
             with pytest.raises(TranscriptDeleted):
                 store.save_fenced(sid, holder, [*stale, ANSWER], take_steers=False)

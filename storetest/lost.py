@@ -14,6 +14,7 @@ import pytest
 from agent_sessions import Holder, Message, OutcomeUnknown, RunStore, Saved
 
 from .capabilities import Capability
+from .mixin import ContractMixin, new_holder, new_id
 
 
 class _Losing:
@@ -35,15 +36,7 @@ class _Losing:
         return getattr(self.backend, name)
 
 
-class LostAnswersContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
+class LostAnswersContract(ContractMixin):
     def _held(self) -> tuple[Any, Any, str, Holder]:
         """A store with a backend to stand in for, a session saved with one question, and its lease."""
         self.requires(Capability.EVENTS)
@@ -52,9 +45,9 @@ class LostAnswersContract:
         if backend is None:
             pytest.skip("not a BackedStore: no backend to lose an answer of")
         assert isinstance(store, RunStore)
-        sid = f"storetest-lost-{uuid.uuid4().hex}"
+        sid = new_id("lost")
         store.save(sid, [Message.user("question")])
-        return store, backend, sid, store.acquire(sid, Holder("storetest", 1, uuid.uuid4().hex, 0.0), 60)
+        return store, backend, sid, store.acquire(sid, new_holder(), 60)
 
     @staticmethod
     def _save_losing(store: Any, backend: Any, landed: bool, sid: str, holder: Holder, msgs: list[Message],

@@ -84,6 +84,20 @@ def transcript(n: int, tag: str = "") -> list[Message]:
     return out
 
 
+def refund(ran: list[str], crash_on: str = "", **options: Any) -> agent.Tool:
+    """A non-idempotent refund (``options`` go to ``agent.tool``); ``ran`` gets each order it is run for. It
+    dies (after its effect) the first time it runs for ``crash_on``."""
+
+    def refund(order: str) -> str:
+        """Refund 60 on an order."""
+        ran.append(order)
+        if order == crash_on and ran.count(order) == 1:
+            raise Crash
+        return f"refunded 60 on {order}"
+
+    return agent.tool(name="refund", idempotent=False, **options)(refund)
+
+
 def no_orphans(msgs: list[Message]) -> list[Message]:
     orphans = agent.orphaned_tool_calls(msgs)
     assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"

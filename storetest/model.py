@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from agent_sessions import RunStore, Store
+from agent_sessions import RunStore
 
 from .capabilities import Capability
+from .mixin import ContractMixin
 from .model_ops import FILTERS, KNOWN, Report, run_program
 
 IN_PROCESS, PROCESSES = "in-process", "processes"
@@ -89,12 +90,7 @@ wins inside a round, so before the fixes a replay failed most times, not always:
 ``model_replays`` times (issue 42's failed every time)."""
 
 
-class ModelContract:
-    """Mixed into StoreContract; ``make_store``, ``requires``, ``capabilities`` and ``process_factory``
-    come from there."""
-
-    capabilities: frozenset[Capability]
-
+class ModelContract(ContractMixin):
     model_programs: int = 3
     """Programs per run of the suite (each of fresh random seeds, printed)."""
     model_ops: int = 12
@@ -105,22 +101,13 @@ class ModelContract:
     """Operation mixes left out (names of ``storetest.model_ops.KNOWN``, each saying the open bug it meets, or
     the check it relaxes); a store with a known bug of its own may leave its mix out, saying why."""
 
-    def make_store(self) -> Store:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def process_factory(self) -> Any:
-        raise NotImplementedError
-
     def _model(self, seeds: list[int], ops: int, skip: frozenset[str], workdir: Path, first: bool = False,
                replay: bool = False) -> Report:
         """Run a program per seed (``first``: stop at the first that fails) and fail saying how to replay."""
         self.requires(Capability.RUN_STORE)
         if not isinstance(self.make_store(), RunStore):
             pytest.fail(f"the store declares Capability.RUN_STORE, but {type(self).__name__}'s store is no RunStore")
-        factory = self.process_factory() if Capability.PROCESSES in self.capabilities else None
+        factory = self.factory() if Capability.PROCESSES in self.capabilities else None
         total = Report()
         logs: dict[int, list[str]] = {}
         for seed in seeds:

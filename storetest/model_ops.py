@@ -1,22 +1,8 @@
 """The model-based concurrency machine's parts: the operations it issues (all public API), the reference
 model of what may have happened, and the invariants checked against it (``storetest.model`` runs it per
-store; ``tests/soak.py`` loops it for hours).
-
-A *program* is drawn from ``random.Random(seed)`` one *round* at a time: 1 to 3 operations on 2 to 5
-sessions, each on its own worker thread with its own store object (for a durable store), started
-together. The first operation of a round may be *held* at a chosen point (inside the model request, or
-inside its first tool), so the others land "while the run waits for the model" or "inside the tool";
-it is let go once each other operation has ended or is waiting for the lease. A round ends when all its
-operations have ended (every wait is bounded); then every invariant is checked against the store, so a
-round is one step. Rounds are drawn from the seed and what the store showed at the round's start, so a
-seed replays the same program as long as the store answers the same (threads make the interleaving
-within a round likely, not certain: a held operation makes the interesting one near certain).
-
-What a run did is seen from outside the library: the scripted model and the tools append to a *ledger*
-file (one ``os.write`` per line, so threads and child processes can share it), a thin proxy around the
-store notes on each thread when the run last asked whether it was cancelled, and each operation's events
-are collected from its ``events`` callable. Texts are unique per operation, so a text showing up where it
-must not (a deleted session's message coming back, a steer twice) is seen.
+store; ``tests/soak.py`` loops it for hours). docs/reliability.md, "The model-based concurrency test", says
+how a program is drawn in rounds, what is watched (the ledger, the store's proxy, the events) and each
+invariant.
 """
 
 from __future__ import annotations
@@ -43,6 +29,7 @@ from agent_sessions.journal import Journal
 
 from . import processes
 from .capabilities import Capability
+from .mixin import Crash
 
 HOLD = 20.0
 """Seconds a held operation waits to be let go, and the scheduler waits for it to reach its point."""
@@ -100,10 +87,6 @@ ENDS = ("answered", "max_steps", "cancelled", "superseded")
 INVARIANTS = ("pay_at_most_once", "approved_before_paid", "one_result_per_call", "steer_once",
               "no_reappearance", "cancel_stops_turn", "events_end_once", "typed_errors", "usable", "bounded",
               "turn_ends_once", "own_answer", "answered_or_waits", "within_budget", "compaction_in_range")
-
-
-class Crash(BaseException):
-    """Stands in for a worker dying inside the model request or a tool: nothing in the loop catches it."""
 
 
 # -- the ledger: what the model and the tools did, from any thread or process ------------------------------
@@ -181,24 +164,6 @@ class _Watched:
                 hold.released = now()
         self._store.release(session, holder)  # type: ignore[attr-defined]
 
-    def check(self, session: str, holder: agent.Holder) -> bool:
-        self._local.checked = now()
-        return bool(self._store.check(session, holder))  # type: ignore[attr-defined]
-
-    def put_journal(self, session: str, holder: agent.Holder, journal: str, *, unless_cancelled: bool = False
-                    ) -> bool:
-        self._local.checked = now()
-        return bool(self._store.put_journal(session, holder, journal,  # type: ignore[attr-defined]
-                                            unless_cancelled=unless_cancelled))
-
-    def save_fenced(self, session: str, holder: agent.Holder, msgs: Any, **options: Any) -> Any:
-        self._local.checked = now()
-        return self._store.save_fenced(session, holder, msgs, **options)  # type: ignore[attr-defined]
-
-    def save_fenced_events(self, session: str, holder: agent.Holder, msgs: Any, **options: Any) -> Any:
-        self._local.checked = now()
-        return self._store.save_fenced_events(session, holder, msgs, **options)  # type: ignore[attr-defined]
-
     def watch_cancel(self, session: str, holder: agent.Holder) -> Any:
         return _Heeded(self, self._store.watch_cancel(session, holder))  # type: ignore[attr-defined]
 
@@ -232,8 +197,14 @@ class _Heeded:
         self._watch.close()
 
 
+_CHECKING = {"check", "put_journal", "save_fenced", "save_fenced_events"}
+"""The calls that answer whether the run was cancelled: each notes when it was made."""
+
+
 def _passing(name: str) -> Callable[..., Any]:
     def method(self: _Watched, *args: Any, **kwargs: Any) -> Any:
+        if name in _CHECKING:
+            self._local.checked = now()
         return getattr(self._store, name)(*args, **kwargs)
 
     method.__name__ = name
@@ -243,7 +214,7 @@ def _passing(name: str) -> Callable[..., Any]:
 def watched(store: Store, holds: list[Hold] | None = None) -> _Watched:
     """``store`` behind a ``_Watched`` offering exactly the protocol methods ``store`` has (so the library's
     isinstance checks answer as they would for the store itself)."""
-    own = {"acquire", "check", "put_journal", "release", "save_fenced", "save_fenced_events", "watch_cancel"}
+    own = {"acquire", "release", "watch_cancel"}
     names = [n for n in _METHODS if callable(getattr(store, n, None))]
     cls = type("Watched", (_Watched,), {n: _passing(n) for n in names if n not in own})
     for name in own - set(names):
@@ -496,12 +467,6 @@ def child_run(factory: Callable[[], Store], sid: str, workdir: str, n: int, kind
 
 
 @dataclass
-class Violation:
-    invariant: str
-    detail: str
-
-
-@dataclass
 class Report:
     """What programs tried and checked; ``merge`` adds another's."""
 
@@ -529,15 +494,9 @@ _EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     # Conflict: SessionBusy, LeaseLost, TranscriptConflict, AwaitingApproval: each says why the run did not go on.
     **{k: (agent.Conflict,) for k in ("run", "turn", "redeliver", "resume", "kill", "freeze")},
     "crash": (agent.Conflict, Crash),
-    "steer": (),
-    "steer_again": (),
-    "recover": (),
-    "cancel": (),
-    "approve": (agent.AlreadyDecided, agent.UnknownApproval),
-    "deny": (agent.AlreadyDecided, agent.UnknownApproval),
+    **{k: () for k in ("steer", "steer_again", "recover", "cancel", "delete_force", "prune")},
+    **{k: (agent.AlreadyDecided, agent.UnknownApproval) for k in ("approve", "deny")},
     "delete": (agent.SessionBusy,),
-    "delete_force": (),
-    "prune": (),
     "fork": (agent.ArgumentError, agent.SessionExists),  # the source was deleted meanwhile
 }
 
@@ -718,19 +677,14 @@ class Machine:
     def _mix(self, ops: list[Op], journals: dict[str, bool], empty: dict[str, bool]) -> str | None:
         """The known mix (in ``self.skip``) this round would meet, or None."""
         runs = [o for o in ops if o.kind in RUNS]
-        if "delete_near_run" in self.skip:
-            if any(o.kind == "prune" for o in ops) and runs:
-                return "delete_near_run"
-            if any(o.kind in ("delete", "delete_force") and any(r.sid == o.sid for r in runs) for o in ops):
-                return "delete_near_run"
-        if "delete_near_cancel" in self.skip:
-            cancels = [o for o in ops if o.kind == "cancel"]
-            if any(o.kind == "prune" for o in ops) and cancels:
-                return "delete_near_cancel"
-            if any(o.kind in ("delete", "delete_force") and any(c.sid == o.sid for c in cancels) for o in ops):
-                return "delete_near_cancel"
+        cancels = [o for o in ops if o.kind == "cancel"]
+        pruned = any(o.kind == "prune" for o in ops)
+        deleted = {o.sid for o in ops if o.kind in ("delete", "delete_force")}
+        for mix, near in (("delete_near_run", runs), ("delete_near_cancel", cancels)):
+            if mix in self.skip and near and (pruned or any(o.sid in deleted for o in near)):
+                return mix
         if "cancel_near_approval" in self.skip:
-            for c in (o for o in ops if o.kind == "cancel"):
+            for c in cancels:
                 near = [r for r in runs if r.sid == c.sid]
                 if near and (journals.get(c.sid) or any(r.script == "approve_pay" for r in near)):
                     return "cancel_near_approval"
@@ -867,8 +821,7 @@ class Machine:
 
     def _perform(self, op: Op, store: _Watched, session: agent.StoreSession) -> str:
         events: Callable[[object], None] = lambda e: op.events.append(_summary(e))  # noqa: E731
-        endpoint = Scripted(op, self.ledger, op.sid, op.n, op.script, op.crash)
-        endpoint.kind = op.kind
+        endpoint = Scripted(op, self.ledger, op.sid, op.n, op.script, op.crash, op.kind)
         if op.kind == "run":
             result = agent.Runner().run(self._spec(op, store), [*session.messages(), Message.user(op.text)],
                                         endpoint, events)

@@ -17,9 +17,11 @@ class ToolsThenAnswer:
     been made, then answers with what the last results said. Picklable, for child processes."""
 
     def __init__(self, calls: Sequence[str], rounds: int = 1, log: str | None = None,
-                 before: Callable[[Sequence[Message]], object] | None = None) -> None:
+                 before: Callable[[Sequence[Message]], object] | None = None, arguments: str | None = None) -> None:
         self.calls = list(calls)
         self.rounds = rounds
+        self.arguments = arguments
+        """Every call's arguments (by default ``{"n": <its place in the reply>}``)."""
         self.log = log
         """A file to which every request appends a line: how a parent process counts requests."""
         self.before = before
@@ -40,7 +42,8 @@ class ToolsThenAnswer:
             return Message.assistant("done: " + json.dumps(results))
         return Message(
             Role.ASSISTANT,
-            [Content.tool_call(f"call_{made}_{i}", name, json.dumps({"n": i})) for i, name in enumerate(self.calls)],
+            [Content.tool_call(f"call_{made}_{i}", name, self.arguments or json.dumps({"n": i}))
+             for i, name in enumerate(self.calls)],
         )
 
 

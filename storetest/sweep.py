@@ -78,7 +78,7 @@ class SweepContract(ContractMixin):
 
     def test_a_run_stopped_at_max_steps_is_not_stranded_and_no_sweep_runs_it_again(self) -> None:
         store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-spent-{uuid.uuid4().hex}"
+        sid = new_id("sweep-spent")
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
         result = agent.Runner().run(spec, [Message.user("charge me")], model)
@@ -90,15 +90,11 @@ class SweepContract(ContractMixin):
 
     def test_the_sweep_gives_a_plain_turn_only_what_is_left_of_its_budget(self) -> None:
         store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-left-{uuid.uuid4().hex}"
+        sid = new_id("sweep-left")
         model = Charges(die_at=1)  # the worker dies inside the first request's charge
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
-        try:
+        with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge me")], model)
-        except Crash:
-            pass
-        else:  # pragma: no cover
-            raise AssertionError("the run did not die in its tool")
         assert sid in stranded_ids(store)
         (swept,) = self._sweep(store, sid, spec, model)
         assert swept.outcome == "recovered" and swept.result is not None
@@ -109,15 +105,11 @@ class SweepContract(ContractMixin):
 
     def test_the_sweep_runs_nothing_of_a_plain_turn_that_spent_its_budget_before_it_died(self) -> None:
         store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-died-{uuid.uuid4().hex}"
+        sid = new_id("sweep-died")
         model = Charges(die_at=2)  # dies inside the charge of its last allowed request
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
-        try:
+        with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge me")], model)
-        except Crash:
-            pass
-        else:  # pragma: no cover
-            raise AssertionError("the run did not die in its tool")
         (swept,) = self._sweep(store, sid, spec, model)
         assert swept.outcome == "recovered" and swept.result is not None
         assert (model.requests, model.charges) == (2, 2), "the sweep asked again past the turn's budget"
@@ -171,18 +163,14 @@ class SweepContract(ContractMixin):
         ``max_steps`` and touches nothing of the later turn (it finished that turn's reply under k's name and
         cleared the session's mark, so no sweep ever answered the new message)."""
         store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-later-plain-{uuid.uuid4().hex}"
+        sid = new_id("sweep-later-plain")
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1, lease_ttl=5.0)
         assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
         dying = Charges(die_at=1)
-        try:
+        with pytest.raises(Crash):
             agent.Runner().run(replace(spec, tools=[dying.tool()]), [*store.messages(sid), Message.user("again")],
                                dying)
-        except Crash:
-            pass
-        else:  # pragma: no cover
-            raise AssertionError("the run did not die in its tool")
         assert sid in stranded_ids(store)
         again = agent.Runner().turn(spec, "charge me", "k-1", model)
         assert (again.stop_reason, again.steps, model.requests, model.charges) == ("max_steps", 0, 1, 1), again
@@ -191,7 +179,7 @@ class SweepContract(ContractMixin):
     def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
         store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
-        sid = f"storetest-sweep-asks-{uuid.uuid4().hex}"
+        sid = new_id("sweep-asks")
         refunds: list[str] = []
         spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
         result = agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer())
@@ -208,7 +196,7 @@ class SweepContract(ContractMixin):
         """Turn k stops at its ``max_steps``; a later run answers newer input; k delivered again must say how
         k ended (``max_steps``), not return that later answer as its own."""
         store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-later-{uuid.uuid4().hex}"
+        sid = new_id("sweep-later")
         model = Charges()
         spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
         first = agent.Runner().turn(spec, "charge me", "k-1", model)
@@ -225,13 +213,13 @@ class SweepContract(ContractMixin):
         (the approved refund does not run: the turn was cancelled) and answers the queued message."""
         store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
-        sid = f"storetest-sweep-decided-{uuid.uuid4().hex}"
+        sid = new_id("sweep-decided")
         refunds: list[str] = []
         spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
         assert agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer()).stop_reason == (
             "awaiting_approval")
         agent.open(sid, store).approve("r1")
-        holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         assert agent.open(sid, store).cancel() is True  # a run held it: that run was to stop
         store.release(sid, holder)
         assert store.enqueue(sid, "q-1", "what next?") == 1
