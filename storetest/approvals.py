@@ -24,49 +24,34 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from . import processes
 from .capabilities import Capability
-from .crossprocess import in_processes, lines, wait_for
+from .crossprocess import counted, in_processes, lines, wait_for
 from .meeting import Landing
 from .mixin import ContractMixin, new_id, no_orphans, together
-
-
-def _counted(path: str, hang: bool = False) -> Callable[..., str]:
-    def tool(amount: int = 0) -> str:
-        """A tool that notes each run in a file (fsynced: a parent process counts them)."""
-        with open(path, "a") as f:
-            f.write("ran\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if hang:
-            time.sleep(600)  # killed here
-        return f"done {amount}"
-
-    return tool
 
 
 def refund_tool(workdir: str, hang: bool = False, **options: Any) -> Tool:
     """A non-idempotent tool a person must approve; each run appends a line to ``workdir/refunds``."""
     return agent.tool(name="refund", idempotent=False, needs_approval=True, **options)(
-        _counted(str(Path(workdir) / "refunds"), hang))
+        counted(str(Path(workdir) / "refunds"), 600 if hang else 0))  # killed in the sleep
 
 
 def lookup_tool(workdir: str) -> Tool:
-    return agent.tool(name="lookup")(_counted(str(Path(workdir) / "lookups")))
+    return agent.tool(name="lookup")(counted(str(Path(workdir) / "lookups")))
 
 
 class RefundThenAnswer:
-    """Replies with ``calls`` once (look the order up, refund it), then answers with the results it read.
-    Counts its requests in ``log`` (a file): how a parent process sees that no request was made."""
+    """Looks the order up and refunds it in one reply, then answers with the results it read. Counts its
+    requests in ``log`` (a file): how a parent process sees that no request was made."""
 
-    def __init__(self, log: str, calls: Sequence[tuple[str, str]] = (("lookup", "{}"), ("refund", '{"amount": 5}'))
-                 ) -> None:
+    def __init__(self, log: str) -> None:
         self.log = log
-        self.calls = list(calls)
 
     def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
         with open(self.log, "a") as f:
             f.write("request\n")
         if not any(m.tool_calls for m in messages if m.role is Role.ASSISTANT):
-            return Message(Role.ASSISTANT, [Content.tool_call(f"call_{name}", name, args) for name, args in self.calls])
+            return Message(Role.ASSISTANT, [Content.tool_call("call_lookup", "lookup", "{}"),
+                                            Content.tool_call("call_refund", "refund", '{"n": 5}')])
         return Message.assistant("done: " + " | ".join(c.text for c in messages[-1].content))
 
 
@@ -106,7 +91,7 @@ class ApprovalContract(ContractMixin):
         sid, result, spec = self._stopped(store, tmp_path)
         assert result.stop_reason == "awaiting_approval" and result.text == ""
         assert [(p.call_id, p.tool, p.arguments) for p in result.pending_approvals] == [
-            ("call_refund", "refund", '{"amount": 5}')]
+            ("call_refund", "refund", '{"n": 5}')]
         assert no_orphans(store.messages(sid)) == [Message.user("refund order 7")]  # the reply waits in the journal
         assert store.holder(sid) is None  # the lease is released
         session = agent.open(sid, store)

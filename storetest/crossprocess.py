@@ -143,6 +143,22 @@ def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, pe
 # -- a run in one process, cancelled from another -------------------------------------------
 
 
+def counted(path: str, sleep: float = 0.0) -> Callable[..., str]:
+    """A tool's function that notes each run in a file (fsynced: a parent process counts them), then sleeps
+    ``sleep`` seconds (where a test stops or kills its process)."""
+
+    def tool(n: int = 0) -> str:
+        """Count this run."""
+        with open(path, "a") as f:
+            f.write("ran\n")
+            f.flush()
+            os.fsync(f.fileno())
+        time.sleep(sleep)
+        return f"done {n}"
+
+    return tool
+
+
 def lines(path: Path) -> list[str]:
     """The lines a child process has appended to ``path`` so far (none before it exists)."""
     try:
@@ -199,15 +215,6 @@ def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir:
         _stop(child)
 
 
-def _charge(path: str) -> Callable[[int], str]:
-    def charge(n: int) -> str:
-        with open(path, "a") as f:
-            f.write("charged\n")
-        return "charged"
-
-    return charge
-
-
 def _stop(process: Any) -> None:
     process.join(timeout=5)
     if process.is_alive():
@@ -218,20 +225,10 @@ def _stop(process: Any) -> None:
 # -- a run stopped with SIGSTOP past its lease, taken over, then continued ----------------------------------
 
 
-def _stall_in_tool(path: str) -> Callable[[int], str]:
-    def step(n: int) -> str:
-        with open(path, "a") as f:
-            f.write("entered\n")
-        time.sleep(1.0)  # stopped in here
-        return "stepped"
-
-    return step
-
-
 def _run_then_stall(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
     try:
-        spec = Spec(session=open_session(sid, factory()), tools=[tool(name="step")(_stall_in_tool(
-            str(Path(workdir) / "entered")))], lease_ttl=1.0, max_steps=5)
+        spec = Spec(session=open_session(sid, factory()), tools=[tool(name="step")(counted(
+            str(Path(workdir) / "entered"), 1.0))], lease_ttl=1.0, max_steps=5)
         result = Runner().run(spec, [Message.user("step until stopped")], ToolsThenAnswer(["step"], rounds=3))
         out.put(("stale", f"finished: {result.stop_reason}"))
     except LeaseLost:
@@ -243,7 +240,7 @@ def _run_then_stall(factory: Callable[[], Store], sid: str, workdir: str, out: A
 def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
     try:
         session = open_session(sid, factory())
-        charge = tool(name="charge", idempotent=False)(_charge(str(Path(workdir) / "charges")))
+        charge = tool(name="charge", idempotent=False)(counted(str(Path(workdir) / "charges")))
         spec = Spec(session=session, tools=[charge], lease_ttl=30.0, lease_wait=30.0)
         msgs = [*session.messages(), Message.user("charge the card instead")]
         result = Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))

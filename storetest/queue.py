@@ -8,7 +8,6 @@ lifecycle's).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -25,6 +24,7 @@ from agent_sessions import (
 from . import strategies
 from .capabilities import Capability
 from .crossprocess import in_processes
+from .meeting import Landing
 from .mixin import ContractMixin, Crash, new_holder, new_id, together
 from .scripted import Held
 from .steer_keys import KEYS
@@ -74,17 +74,12 @@ class QueueContract(ContractMixin):
         running = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), [Message.user("first")], first)
         assert first.entered.wait(20)
 
-        class DiesBeforeQueueing:
-            def __getattr__(self, name: str) -> Any:
-                if name == "enqueue":
-                    def dies(*args: object, **kwargs: object) -> int:
-                        raise Crash()
-                    return dies
-                return getattr(store, name)
+        def dies() -> None:
+            raise Crash()
 
-        with pytest.raises(Crash):
-            agent.Runner().turn(agent.Spec(session=agent.open(sid, DiesBeforeQueueing()), lease_wait=0.0),
-                                "stop that", "k-interrupt", Held("never"), if_busy="interrupt")
+        dying = agent.Spec(session=agent.open(sid, Landing(store, before={"enqueue": dies})), lease_wait=0.0)
+        with pytest.raises(Crash):  # before it queues its message
+            agent.Runner().turn(dying, "stop that", "k-interrupt", Held("never"), if_busy="interrupt")
         first.go.set()
         running.wait(20)  # answered: the cancel came while it waited on its model, which answered
         other = Held("the other answer", calls=True)
