@@ -406,31 +406,27 @@ def tools_of(store: _Watched, ledger: Ledger, op: Op | None, n: int, kind: str, 
     """``pay`` (not idempotent; needs approval when its call says ``ask``) and ``lookup`` (idempotent):
     each start goes to the ledger with the time the run last checked for a cancel before it."""
 
-    def started(tool: str, sid: str, turn: str, order: str, ask: bool) -> None:
-        ledger.write(t="start", tool=tool, sid=sid, call=order, turn=turn, ask=ask, op=n, kind=kind,
-                     checked=store.checked(), at=now())
-        if op is not None:
-            op.pause("tool")
-        if crash == "tool":
-            raise Crash("killed inside a tool")
-        if hang == "kill":
-            time.sleep(CHILD)  # SIGKILLed in here
-        elif hang == "freeze":
-            go = Path(workdir) / f"go-{n}"
-            deadline = time.monotonic() + CHILD
-            while not go.exists() and time.monotonic() < deadline:  # SIGSTOPped in here, then let go
-                time.sleep(0.01)
+    def effect(tool: str, done: str) -> Callable[..., str]:
+        def run(sid: str, turn: str, order: str, ask: bool = False) -> str:
+            ledger.write(t="start", tool=tool, sid=sid, call=order, turn=turn, ask=ask, op=n, kind=kind,
+                         checked=store.checked(), at=now())
+            if op is not None:
+                op.pause("tool")
+            if crash == "tool":
+                raise Crash("killed inside a tool")
+            if hang == "kill":
+                time.sleep(CHILD)  # SIGKILLed in here
+            elif hang == "freeze":
+                go = Path(workdir) / f"go-{n}"
+                deadline = time.monotonic() + CHILD
+                while not go.exists() and time.monotonic() < deadline:  # SIGSTOPped in here, then let go
+                    time.sleep(0.01)
+            return f"{done} {order}"
 
-    def pay(sid: str, turn: str, order: str, ask: bool = False) -> str:
-        started("pay", sid, turn, order, ask)
-        return f"paid {order}"
+        return run
 
-    def lookup(sid: str, turn: str, order: str, ask: bool = False) -> str:
-        started("lookup", sid, turn, order, ask)
-        return f"found {order}"
-
-    return [agent.tool(name="pay", idempotent=False, needs_approval=lambda a: bool(a.get("ask")))(pay),
-            agent.tool(name="lookup")(lookup)]
+    pay = agent.tool(name="pay", idempotent=False, needs_approval=lambda a: bool(a.get("ask")))
+    return [pay(effect("pay", "paid")), agent.tool(name="lookup")(effect("lookup", "found"))]
 
 
 def _summary(event: object) -> tuple[str, str]:
@@ -516,7 +512,6 @@ class Machine:
         failed, with the same draws: the same seed is then the same program."""
         self.seed = seed
         self.rng = random.Random(seed)
-        self.caps = capabilities
         self.factory = process_factory if Capability.PROCESSES in capabilities else None
         self.workdir = workdir
         self.ops = ops
@@ -540,8 +535,9 @@ class Machine:
         application's one spec for the conversation, so a turn's budget is the same whoever runs it."""
         self.compact: dict[str, bool] = {}
         """Per session: its specs compact (``Compaction`` with a summary model of its own)."""
-        for sid in self.sessions:
-            self._configure(sid)
+        for sid in self.sessions if self.new else ():
+            self.budget[sid] = self.rng.choice([1, 2, 3, 4, 4])
+            self.compact[sid] = self.rng.random() < 0.35
         self.report = Report(programs=1)
         self.log: list[str] = []
         self.count = 0
@@ -549,7 +545,6 @@ class Machine:
         self.steers: dict[str, list[tuple[str, int]]] = {}
         self.steers_gone: dict[str, int] = {}
         """When each session was last deleted (or may have been pruned): steers posted before may be gone."""
-        self.turn_began: dict[tuple[str, str], int] = {}
         self.keys: dict[str, list[Op]] = {}
         self.cancels: list[tuple[str, int, int, frozenset[str]]] = []
         """cancel() calls that returned True: session, called, returned, the calls of a turn waiting for
@@ -575,16 +570,10 @@ class Machine:
         self.began_of: dict[int, int] = {}
         self.interrupts: dict[str, int] = {}
         """Per session: how many cancels (a cancel() that said True, an "interrupt") it has had."""
-        self.done: list[Op] = []
         self.stopped = False
         self.seen: set[tuple[str, object]] = set()
 
     # -- drawing ---------------------------------------------------------------------------------------
-
-    def _configure(self, sid: str) -> None:
-        if self.new:
-            self.budget[sid] = self.rng.choice([1, 2, 3, 4, 4])
-            self.compact[sid] = self.rng.random() < 0.35
 
     def _kinds(self) -> list[tuple[str, float]]:
         if self.new:
@@ -648,7 +637,7 @@ class Machine:
                 self.compact[op.target] = self.compact.get(sid, False)
         return op
 
-    def _pick_redelivery(self, op: Op, round_ops: list[Op], index: int) -> bool:
+    def _pick_redelivery(self, op: Op, round_ops: list[Op]) -> bool:
         """Point a redelivery at an earlier turn of its session (drawn at the round's start); False when
         there is none it may use."""
         turns = self.keys.get(op.sid, [])
@@ -703,7 +692,7 @@ class Machine:
             for _ in range(20):
                 op = self._draw_op(worker, ops[0].sid if ops else None)
                 candidate = [*ops, op]
-                if op.kind == "redeliver" and not self._pick_redelivery(op, candidate, worker):
+                if op.kind == "redeliver" and not self._pick_redelivery(op, candidate):
                     self.report.left_out["redeliver: no turn to redeliver"] += 1
                     continue
                 if op.kind == "steer_again" and not self._pick_steer(op):
@@ -723,8 +712,7 @@ class Machine:
             # sweeps from several workers at once, as every replica of a deployment runs one
             self.count += 1
             ops.append(Op(self.count, "recover", ops[0].sid, len(ops)))
-        holdable = ("run", "turn", "redeliver", "resume", "recover") if self.new else ("run", "turn", "redeliver",
-                                                                                        "resume")
+        holdable = ("run", "turn", "redeliver", "resume", *(("recover",) if self.new else ()))
         if len(ops) > 1 and ops[0].kind in holdable and self.rng.random() < 0.7:
             ops[0].hold = self.rng.choice(["acquire", "model", "tool"])
         return ops
@@ -981,14 +969,11 @@ class Machine:
     def _absorb(self, op: Op) -> None:
         """Fold what the finished op did into the reference model, and judge its own outcome."""
         self.began_of[op.n] = op.began
-        if op.kind in ("run", "turn", "redeliver", "crash", "kill", "freeze") and op.text:
-            tag = op.text.split()[0]
-            self.turn_began.setdefault((op.sid, tag), op.began)
+        # a steer sent again after a delete is stored again: new input, as a delivery's message is
+        if op.kind in ("run", "turn", "redeliver", "crash", "kill", "freeze", "steer_again") and op.text:
             self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind in ("turn", "crash"):
             self.keys.setdefault(op.sid, []).append(op)
-        if op.kind == "steer_again":  # a keyed steer sent again after a delete is stored again: it is new input
-            self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind == "redeliver":
             for t in self.keys.get(op.sid, []):
                 if t.key == op.key and op.stop_reason:
@@ -1009,17 +994,15 @@ class Machine:
             self._accept(op)
         if op.answer is not None:
             self._check_own_answer(op)
-        if op.kind == "fork" and op.error is None:
-            self.turn_began.update({(op.target, tag): t for (s, tag), t in list(self.turn_began.items())
-                                    if s == op.sid})
-            if op.at is None:  # the whole transcript: the turns that had ended before it ended there too
-                for (s, on), ends in list(self.ended.items()):
-                    if s == op.sid and any(at < op.began for at, _, _, _ in ends):
-                        # a cancel is the source's: the fork's copy of that turn is open, to go on with
-                        # and not one whose source was erased since it began (a delivery began anew)
-                        self.ended.setdefault((op.target, on), []).extend(
-                            e for e in ends if e[0] < op.began and e[2] != "cancelled"
-                            and not self._erased(op.sid, e[3], op.began))
+        if op.kind == "fork" and op.error is None and op.at is None:
+            # the whole transcript: the turns that had ended before it ended there too
+            for (s, on), ends in list(self.ended.items()):
+                if s == op.sid and any(at < op.began for at, _, _, _ in ends):
+                    # a cancel is the source's: the fork's copy of that turn is open, to go on with
+                    # and not one whose source was erased since it began (a delivery began anew)
+                    self.ended.setdefault((op.target, on), []).extend(
+                        e for e in ends if e[0] < op.began and e[2] != "cancelled"
+                        and not self._erased(op.sid, e[3], op.began))
         self.report.checks["typed_errors"] += 1
         if op.error is not None and not isinstance(op.error, _EXPECTED[op.kind]):
             self.violate("typed_errors", f"{op.describe()}")
