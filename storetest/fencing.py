@@ -1,12 +1,6 @@
 """Fenced runs: a run that lost its lease never writes again, and a run writes only over the transcript
-it started from.
-
-The store-level tests check the fencing rule of ``agent_sessions.RunStore`` directly. The scenario tests
-(``test_1_`` ... ``test_6_``; the third, a run that waited for the lease, is the fourth's loser) drive whole
-runs through the six ways a stale run used to overwrite a newer one; each ends with the newer run's
-transcript and journal intact, the stale run refused, every non-idempotent tool run at most once, and no
-stored tool call without its result. A stall is simulated in process (``stalls.Stalled``); ``crossprocess``
-stops a real process with SIGSTOP."""
+it started from. The scenario tests (``test_1_`` ... ``test_6_``; the third, a run that waited for the
+lease, is the fourth's loser) drive whole runs through the ways a stale run used to overwrite a newer one."""
 
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.run.react import CANCELLED
 
 from .crossprocess import wait_for
-from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans, together
+from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans, noting, together
 from .scripted import Answer, ToolsThenAnswer
 from .stalls import Stalled
 
@@ -115,9 +109,8 @@ class FencingContract(ContractMixin):
             assert [e.data["by"] for e in log] == ["a", "b"] and log[1].seq == log[0].seq + 1
 
     def test_a_save_whose_flags_are_not_bools_is_an_argument_error_and_writes_nothing(self) -> None:
-        """``take_steers`` and ``replace`` each decide what a save does (take the steers, replace the
-        transcript): a value that is not a bool (a truthy string, ``None``, 1) is refused before anything is
-        read or written, by the save with events too, whatever the store's usual step would have made of it."""
+        """Each decides what a save does: a value that is no bool is refused before anything is read or
+        written, whatever the store's usual step would have made of it."""
         store = self.run_store()
         sid = new_id("flags")
         held = store.acquire(sid, new_holder(), 30)
@@ -198,9 +191,8 @@ class FencingContract(ContractMixin):
         assert self.another(store).messages(sid) == msgs and store.messages(sid) == msgs
 
     def test_threads_stepping_one_session_on_one_store_object_never_lose_a_step(self) -> None:
-        """Each round two threads step the session from the same transcript: one is saved, the other
-        refused (its transcript no longer extends the stored one), and what the store object knows stays
-        what is stored, so the next round steps from the winner's."""
+        """Of two threads stepping from the same transcript one is saved; what the store object knows stays what
+        is stored, so the next round steps from the winner's."""
         store, sid, held, msgs = self._stepped("step-threads-")
         for round in range(8):
             lists = [[*msgs, Message.assistant(f"round {round} by {t}")] for t in range(2)]
@@ -237,12 +229,7 @@ class FencingContract(ContractMixin):
         charged: list[str] = []
         newer: dict[str, Any] = {}
         taken_over = self._taken_over
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Not idempotent."""
-            charged.append(sid)
-            return "charged"
+        charge = noting(charged, "charge", "charged", idempotent=False)
 
         class StallsThenCalls(ToolsThenAnswer):
             def complete(self, system: str, messages: Any, tools: Any) -> Message:
@@ -352,27 +339,9 @@ class FencingContract(ContractMixin):
     def test_6_a_cancelled_resume_keeps_what_ran_and_skips_only_what_never_started(self) -> None:
         store = self.run_store()
         sid = new_id("s6")
-        ran: list[str] = []
-
-        @agent.tool
-        def lookup(n: int) -> str:
-            """Idempotent; finishes before the crash."""
-            ran.append("lookup")
-            return "looked up"
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Dies after its effect."""
-            ran.append("charge")
-            raise Crash
-
-        @agent.tool
-        def notify(n: int) -> str:
-            """Never started."""
-            ran.append("notify")
-            return "notified"
-
-        tools = [lookup, charge, notify]
+        ran: list[str] = []  # lookup finishes, charge dies after its effect, notify never starts
+        tools = [noting(ran, "lookup", "looked up"), noting(ran, "charge", "charged", False, {"charge"}),
+                 noting(ran, "notify", "notified")]
         with pytest.raises(Crash):
             agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=tools), [Message.user("go")],
                                ToolsThenAnswer(["lookup", "charge", "notify"]))

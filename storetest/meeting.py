@@ -1,9 +1,6 @@
-"""Where operations meet: each promise of the library, kept when another public operation lands beside it.
-
-Each capability has its own tests elsewhere; these put two side by side (a delete beside a run waiting
-for the lease, a cancel beside a resume, a redelivered turn beside a cancel) and are named after the
-scenario of issue 29 they pin down (``test_29_1_`` ...), so a third-party store is checked for the same.
-"""
+"""Where operations meet: each promise of the library, kept when another public operation lands beside it
+(a delete beside a run waiting for the lease, a cancel beside a resume, a redelivered turn beside a cancel).
+Each test is named after the scenario it pins down (``test_29_1_`` ...)."""
 
 from __future__ import annotations
 
@@ -39,10 +36,8 @@ class MeetingContract(ContractMixin):
     # -- 1. a deleted conversation never comes back --------------------------------------------------
 
     def test_29_1_a_run_waiting_for_the_lease_through_a_delete_never_writes_the_erased_transcript(self) -> None:
-        """The run read the transcript, then waited for the lease while another run held it; meanwhile the
-        user deleted the conversation (forced, so the holder is fenced out). When the waiting run gets the
-        lease the store is empty, a prefix of anything: the run must see that its messages were read
-        before the delete and write nothing."""
+        """When the waiting run gets the lease the store is empty, a prefix of anything: the run must see that
+        its messages were read before the (forced) delete and write nothing."""
         store = self.run_lifecycle_store()
         sid = new_id("waiting")
         self._conversation(store, sid)
@@ -108,9 +103,8 @@ class MeetingContract(ContractMixin):
         assert [m.text for m in store.messages(sid)] == ["hello again", "hi"] and not _holds_secret(reader, sid)
 
     def test_29_1_a_redelivered_turn_whose_read_preceded_a_delete_writes_nothing(self) -> None:
-        """``Runner.turn`` reads the session itself; a delete landing between that read and its run's first
-        write is refused like any other, and the turn does not read again and answer the erased
-        conversation anew: it raises ``TranscriptDeleted``."""
+        """``Runner.turn`` reads the session itself; after a delete between that read and its run's first write
+        it does not read again and answer the erased conversation anew."""
         store = self.run_lifecycle_store()
         sid = new_id("turn")
         self._conversation(store, sid)
@@ -122,9 +116,8 @@ class MeetingContract(ContractMixin):
         assert store.messages(sid) == [] and not _holds_secret(store, sid)
 
     def test_29_1_a_read_marks_messages_with_the_incarnation_and_a_session_begun_anew_has_another(self) -> None:
-        """A store author's check: what ``messages()`` and ``tail()`` return is marked
-        (``agent_sessions.messages.read_from``) with the session's incarnation, and a session deleted and
-        begun anew at once (within one tick of any clock) has another."""
+        """A store author's check (``agent_sessions.messages.read_from``): a session deleted and begun anew at
+        once (within one tick of any clock) has another incarnation."""
         from agent_sessions.messages import incarnations_read
 
         store = self.run_lifecycle_store()
@@ -230,11 +223,9 @@ class CancelMeetsContract(ContractMixin):
     @pytest.mark.parametrize("steered", [False, True])
     @pytest.mark.parametrize("how", ["returned", "died"])
     def test_29_2_a_redelivered_turn_that_was_cancelled_stays_cancelled(self, how: str, steered: bool) -> None:
-        """The user cancels the turn while it waits on the model (the email the next reply calls must not
-        go). The worker either returns, cancelled, or dies before it sees the cancel; either way the task is
-        delivered again, and the repeat reports the cancel without a model request or a tool. ``steered``:
-        a steer waits by then; it is not new input for the cancelled turn's repeat, which stops all the
-        same; it waits for the next turn, which takes it. (Found by the soak: seed 2713294601 on MariaDB.)"""
+        """The worker returns, cancelled, or dies before it sees the cancel; either way the repeat reports the
+        cancel without a model request or a tool. A steer waiting by then (``steered``) is no new input for
+        the cancelled turn: it waits for the next turn."""
         store, sid, spec, other, sent = self._cancelled_turn("turn-cancel", died=how == "died")
         if steered:
             other.steer("and cc the team")
@@ -252,12 +243,9 @@ class CancelMeetsContract(ContractMixin):
 
     @pytest.mark.parametrize("fails", ["stale transcript", "events callback"])
     def test_29_2_a_cancelled_turn_stays_cancelled_when_the_next_run_fails_before_closing_it(self, fails: str) -> None:
-        """The turn is cancelled and returns. The next run to take the lease gets the cancel with it and brings
-        new input, so it is to close the turn in the save before its first request; it fails before that save
-        lands (a transcript read before the turn wrote its work: ``TranscriptConflict``; an events callback
-        raising on the step's first event). The turn is still open: its redelivery must stop, cancelled, with
-        no model request and no tool, as if that run had never taken the lease; a new turn after it is
-        answered. (Found by the model of concurrent operations: seed 1956223834, on SQLite and then memory.)"""
+        """The next run takes the cancel with the lease and brings new input, so it is to close the turn in
+        the save before its first request; it fails before that save lands. The turn is still open: its
+        redelivery must stop, cancelled, as if that run had never taken the lease."""
         store, sid, spec, _, sent = self._cancelled_turn("turn-cancel-handed")
         stale = [Message.user("read before the turn wrote")]
         failing = _emails("c@example.com")
@@ -279,10 +267,8 @@ class CancelMeetsContract(ContractMixin):
         assert not agent.orphaned_tool_calls(store.messages(sid))
 
     def test_a_new_turn_that_closes_a_cancelled_one_spends_its_cancel(self) -> None:
-        """The turn is cancelled and returns; the next run brings new input, so it closes that turn in the save
-        before its first request, which spends the cancel it was handed with the lease. Answered, the session is
-        not cancelled any more: the next holder is handed nothing (else a later turn's redelivery, after its
-        worker died, would stop as cancelled, and the sweep would never list that turn)."""
+        """Else a later turn's redelivery, after its worker died, would stop as cancelled, and the sweep would
+        never list that turn."""
         store, sid, spec, _, sent = self._cancelled_turn("turn-cancel-spent")
         later = agent.Runner().run(spec, [*store.messages(sid), Message.user("a new question")], Answer("an answer"))
         assert later.stop_reason == "answered" and sent == ["a@example.com"]
@@ -311,11 +297,8 @@ class CancelMeetsContract(ContractMixin):
         assert (repeat.stop_reason, again.requests) == ("max_steps", 2), "3 requests in all, not 1 + 3"
 
     def test_29_2_a_redelivered_turn_that_a_later_turn_took_up_runs_nothing(self) -> None:
-        """Turn msg-1's worker dies waiting on the model, its message stored; the next message (turn msg-2,
-        max_steps=1) comes, the model reads both, calls a tool, and msg-2 stops at max_steps. msg-1 is
-        redelivered: it must not go on with msg-2's work under its own budget (a request, a second email). It
-        says it was superseded; once msg-2 is answered, a repeat returns that answer. (Found by the soak:
-        seed 3494613216 on SQLite.)"""
+        """msg-1's worker dies waiting on the model; msg-2 reads both messages and stops at max_steps. msg-1
+        redelivered must not go on with msg-2's work under its own budget: it says it was superseded."""
         store = self.run_store()
         sid = new_id("turn-superseded")
         sent: list[str] = []
@@ -346,10 +329,9 @@ class CancelMeetsContract(ContractMixin):
     def test_29_3_a_cancel_landing_anywhere_in_a_resume_stops_every_call_of_the_turn(
         self, point: tuple[str, str], decided: bool
     ) -> None:
-        """The turn waits for a person's approval of a refund (``decided``: approved already, the resume
-        about to run it). A resume holds the session when the cancel lands, at ``point`` of it. The cancel
-        returns True, so no call of that turn may start afterwards: neither in this resume, nor in one after
-        a decision that comes later (which is refused), nor in a redelivery."""
+        """The refund waits for a person (``decided``: approved already). Once the cancel returned True no call
+        of that turn may start: neither in this resume, nor in one after a later decision, nor in a
+        redelivery."""
         store, sid, ran, spec, endpoint = self._waiting_refund("waiting-cancel")
         other = agent.open(sid, self.another(store))
         if decided:
@@ -373,12 +355,8 @@ class CancelMeetsContract(ContractMixin):
         assert agent.open(sid, store).pending_approvals() == []
 
     def test_29_3_a_cancel_closing_a_waiting_turn_beside_a_forced_delete_is_true_and_writes_nothing(self) -> None:
-        """A cancel closes a turn waiting for approval: it takes the session's lease, decides the waiting
-        call "cancel" and saves the turn closed. A ``delete(force=True)`` lands just before that save: the save is
-        refused, as every write after a forced delete is.
-        The cancel still says True (nothing of the turn is left to start) rather than raise ``LeaseLost``,
-        and writes nothing: the session stays deleted. (Found by the model-based test's soak: seed
-        2806997264 on SQLite.)"""
+        """The delete lands just before the cancel's save that closes the turn: that save is refused, and the
+        cancel still says True (nothing of the turn is left to start) rather than raise ``LeaseLost``."""
         self.requires(Capability.LIFECYCLE)
         store, sid, ran, spec, _ = self._waiting_refund("cancel-delete")
         assert isinstance(store, LifecycleStore)
@@ -395,10 +373,8 @@ class CancelMeetsContract(ContractMixin):
     # -- 7. a repeat that was absorbed reports no failure ----------------------------------------------
 
     def test_29_7_a_redelivery_absorbed_by_runner_turn_writes_no_failed_event(self) -> None:
-        """Two deliveries of one turn: the first asks the model; the second read the session meanwhile,
-        waits for the lease, is refused at its first write (the answer was saved) and returns that answer,
-        the model asked once. The log ends with the first's ``finished``: a follower is never told the turn
-        failed."""
+        """The second delivery read the session while the first ran, is refused at its first write and returns
+        the saved answer: a follower is never told the turn failed."""
         store = self.run_store()
         publish = Capability.EVENTS in self.capabilities
         sid = new_id("absorbed")
@@ -427,9 +403,8 @@ class CancelMeetsContract(ContractMixin):
 
     @pytest.mark.parametrize("point", [("after", "swap_journal"), ("after", "release")])
     def test_29_12_a_decision_just_after_a_deadline_denial_is_already_decided(self, point: tuple[str, str]) -> None:
-        """A resume finds the refund undecided past its deadline and denies it (a swap of the journal), then
-        closes the turn. A person deciding just after, whether the journal still holds the denial or the
-        turn's results do, is told it was decided at its deadline: not that the call is unknown."""
+        """Whether the journal still holds the resume's denial or the turn's results do, a person deciding just
+        after is told it was decided at its deadline, not that the call is unknown."""
         store, sid, ran, spec, endpoint = self._waiting_refund("deadline", approval_deadline=0.05)
         wait_for(lambda: not agent.open(sid, store).pending_approvals(), "the approval deadline to pass", 10)
         other = agent.open(sid, self.another(store))

@@ -98,6 +98,22 @@ def refund(ran: list[str], crash_on: str = "", **options: Any) -> agent.Tool:
     return agent.tool(name="refund", idempotent=False, **options)(refund)
 
 
+def noting(ran: list[str], name: str, text: str, idempotent: bool = True, dies: set[str] | None = None
+           ) -> agent.Tool:
+    """A tool ``name`` that notes its name in ``ran`` and returns ``text``; the first time it runs while its
+    name is in ``dies`` it takes it out and dies (after its effect)."""
+
+    def run(n: int) -> str:
+        """A tool that may take its worker with it."""
+        ran.append(name)
+        if dies is not None and name in dies:
+            dies.discard(name)
+            raise Crash
+        return text
+
+    return agent.tool(name=name, idempotent=idempotent)(run)
+
+
 def no_orphans(msgs: list[Message]) -> list[Message]:
     orphans = agent.orphaned_tool_calls(msgs)
     assert not orphans, f"tool calls stored without a result: {[c.id for c in orphans]}"
