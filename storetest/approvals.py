@@ -1,6 +1,5 @@
 """The ApprovalStore contract: a run stops before a call that needs a person's decision; the decision is
-taken from any process, exactly once; the next run executes it at most once. Every stored transcript of
-these tests is checked for tool calls without results."""
+taken from any process, exactly once; the next run executes it at most once."""
 
 from __future__ import annotations
 
@@ -113,10 +112,8 @@ class ApprovalContract(ContractMixin):
 
     def test_a_decision_landing_before_an_unanswered_journal_write_is_read_back_keeps_the_request(
             self, tmp_path: Path) -> None:
-        """The journal write naming the calls that wait for a decision lands, but its answer is lost
-        (``OutcomeUnknown``); before the run reads it back, a person approves the call. The read-back finds
-        the journal with that decision: it landed, so the run announces the request (``approval_requested``)
-        and does not fail; the approved call runs once, when the turn goes on."""
+        """The read-back finds the journal with the decision: it landed, so the run announces the request and
+        does not fail; the approved call runs once, when the turn goes on."""
         store = self.approval_store()
         sid = new_id("approval")
         other: Any = self.another(store)
@@ -184,10 +181,8 @@ class ApprovalContract(ContractMixin):
                 assert denied.value.decision.reason == "over the limit"
 
     def test_of_concurrent_decisions_exactly_one_wins_and_an_unknown_call_is_refused(self, tmp_path: Path) -> None:
-        """Every decider's first read of the journal waits until all have read, so all eight swaps race on
-        the same expected text (threads alone seldom interleave between a read and its swap): only the
-        compare-and-swap (``swap_journal`` refusing a text that is no longer stored) can refuse the others,
-        each told the decision that won."""
+        """Every decider's first read waits until all have read (threads alone seldom interleave between a read
+        and its swap): only the compare-and-swap can refuse the others, each told the decision that won."""
         store = self.approval_store()
         sid, _, _ = self._stopped(store, tmp_path)
         session = agent.open(sid, store)
@@ -227,8 +222,8 @@ class ApprovalContract(ContractMixin):
 
     @pytest.mark.parametrize("set_on", ["tool", "spec"])
     def test_a_call_undecided_past_its_deadline_counts_as_denied(self, tmp_path: Path, set_on: str) -> None:
-        """The deadline given with the tool or the run's ``Spec``: past it, nothing waits, a person's decision
-        is refused (decided at its deadline, not unknown: issue 29), and the next run denies the call itself."""
+        """Past it a person's decision is refused (decided at its deadline, not unknown), and the next run
+        denies the call itself."""
         store = self.approval_store()
         if set_on == "tool":
             sid, result, spec = self._stopped(store, tmp_path, approval_deadline=0.5)
@@ -251,9 +246,8 @@ class ApprovalContract(ContractMixin):
     # -- across processes ------------------------------------------------------------------------------
 
     def test_stop_approve_resume_and_a_kill_inside_the_approved_tool_across_processes(self, tmp_path: Path) -> None:
-        """A stops; B approves; C resumes, runs the lookup and is killed (SIGKILL) inside the approved
-        non-idempotent tool; D resumes and runs neither again: the lookup's result is replayed from the
-        journal, the refund's outcome is unknown."""
+        """A stops; B approves; C resumes and is killed inside the approved refund; D resumes and runs neither
+        tool again."""
         factory = self.factory()
         store = self.approval_store()
         sid = new_id("approval")

@@ -1,10 +1,6 @@
-"""What lands between a store's read and its write: each operation the library says as a read and then a
-guarded write must hold exactly what the read decided on, so a change another process makes between the
-two refuses the write (``agent_sessions.backed``).
-
-These drive that interleaving deterministically, by standing between the store and its ``Backend`` (a store
-without one keeps its own rules: skipped, said so), and check the backend's own half: every ``Guard`` field
-is evaluated. Each kills a mutant a store could ship (tests/mutants.py; docs/reliability.md, "Mutants").
+"""What lands between a store's read and its guarded write (``agent_sessions.backed``) must refuse the
+write. These stand between the store and its ``Backend`` to drive that interleaving deterministically, and
+check the backend's own half: every ``Guard`` field is evaluated (docs/reliability.md, "Mutants").
 """
 
 from __future__ import annotations
@@ -62,9 +58,8 @@ class BetweenContract(ContractMixin):
         return store
 
     def test_every_guard_field_is_evaluated(self) -> None:
-        """Each field of ``Guard`` refuses the write when the row says otherwise (nothing written: the version
-        stays), and lets it through when the row agrees. A field a backend leaves unevaluated is a guarantee the
-        library counts on and the store silently drops (a queue's head, an incarnation)."""
+        """A field a backend leaves unevaluated is a guarantee the library counts on and the store silently
+        drops (a queue's head, an incarnation)."""
         store = self._backed()
         backend: Backend = store.backend
         sid = new_id("between-guard")
@@ -128,9 +123,8 @@ class BetweenContract(ContractMixin):
         holds(Guard(lease_free=True, no_queue=True))
 
     def test_a_queue_pop_whose_lease_was_taken_over_after_its_read_writes_nothing(self) -> None:
-        """``take_queued`` reads the queue's head, then pops it (into the transcript, or dropped) in a write
-        fenced by the lease and guarded by that head. The lease lapses and another run takes it in between: the
-        stale holder's pop is refused (``LeaseLost``), and the message waits for the new holder."""
+        """``take_queued`` reads the queue's head, then pops it in a write fenced by the lease: another run's
+        takeover in between refuses the pop, and the message waits for the new holder."""
         self.requires(Capability.RUN_STORE)
         store = self._backed(Capability.QUEUE)
         backend = store.backend
@@ -160,9 +154,8 @@ class BetweenContract(ContractMixin):
 
     @pytest.mark.parametrize("between", ["taken", "queued"])
     def test_a_withdrawal_removes_only_the_message_it_found_whatever_lands_after_its_read(self, between: str) -> None:
-        """``withdraw`` reads the queue, then removes its key's item in a write guarded by the version it read.
-        A run takes that item in between: the withdrawal removes nothing (the transcript answers it, once). Another
-        message is queued in between: the withdrawal still removes its own, and the other waits."""
+        """A run takes the item in between: the withdrawal removes nothing (the transcript answers it, once).
+        Another message queued in between: the withdrawal still removes its own."""
         self.requires(Capability.RUN_STORE)
         store = self._backed(Capability.QUEUE)
         backend = store.backend
@@ -195,8 +188,7 @@ class BetweenContract(ContractMixin):
 
     @pytest.mark.parametrize("between", ["saved", "leased", "steered"])
     def test_prune_spares_a_session_that_came_alive_between_its_listing_and_its_delete(self, between: str) -> None:
-        """``prune`` lists idle sessions, then deletes each. One saved, leased or steered after the listing is
-        no longer idle: its delete must be refused (the listing's version, and a free lease, guard it)."""
+        """The listing's version, and a free lease, guard each delete."""
         self.requires(Capability.RUN_STORE)
         store = self._backed(Capability.LIFECYCLE)
         backend = store.backend
@@ -226,9 +218,7 @@ class BetweenContract(ContractMixin):
 
     def test_a_first_save_from_a_read_before_a_delete_is_refused_though_the_session_begun_anew_matches_it(
             self) -> None:
-        """A run's first save goes where the read its messages came from ended, guarded by that read's length
-        and edit count, and by its incarnation: a session deleted and begun anew to the same length, by the
-        same number of writes, matches the first two, and only the incarnation tells the erased
+        """The new session has the read's length and edit count: only the incarnation tells the erased
         conversation from the new one."""
         self.requires(Capability.RUN_STORE)
         self.requires(Capability.LIFECYCLE)

@@ -1,10 +1,5 @@
-"""Where operations meet: concurrent first saves of a new session, and the cancel flag every fenced save
-returns.
-
-Each test here was added because a plausible bug passed the rest of the suite: first saves that both
-append from the start (PostgreSQL locked a row that did not exist yet), and a fenced append that ignored
-the cancel flag. (A run that journalled a non-idempotent result only when its call was the reply's last:
-``test_a_resumed_run_replays_*``, non-idempotent-first.)
+"""Where operations meet: concurrent first saves of a new session (PostgreSQL locked a row that did not
+exist yet, and both appended), and the cancel flag every fenced save returns.
 """
 
 from __future__ import annotations
@@ -63,9 +58,8 @@ class GapsContract(ContractMixin):
             assert stored in [_transcript(i, r) for i in range(WRITERS)], f"round {r}: stored {stored}"
 
     def test_first_fenced_saves_of_successive_holders_leave_one_of_them(self) -> None:
-        """Each writer takes the lease over once the previous one's lapsed (a short ttl), so their first
-        fenced saves (replacing: none knows what is stored) overlap: a superseded one is LeaseLost, every
-        other succeeds, and what is stored is one whole transcript of a save that succeeded."""
+        """Each writer takes the lease over once the previous one's lapsed (a short ttl), so their first fenced
+        saves overlap: a superseded one is LeaseLost, and one whole transcript that succeeded is stored."""
         store = self.run_store()
         writers = [self.another(store) for _ in range(WRITERS)]
         for r in range(ROUNDS // 4):

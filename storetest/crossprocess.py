@@ -1,6 +1,5 @@
-"""Across OS processes: separate interpreters (from the fork server, never forked from the test, so no
-connection is shared: storetest/processes.py) racing on one session (``in_processes``; steers added and
-taken exactly once), and a run in one process cancelled, killed or stopped from another."""
+"""Across OS processes (storetest/processes.py): processes racing on one session (``in_processes``), and a
+run in one process cancelled or stopped from another."""
 
 from __future__ import annotations
 
@@ -250,10 +249,8 @@ def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -
 
 
 def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, workdir: str) -> None:
-    """A child runs with a 1 s lease and is stopped with SIGSTOP inside a tool; once its lease has expired on
-    the store's clock a second child takes the session over and finishes a turn (with a non-idempotent
-    tool, run once); then the first is continued with SIGCONT and must end with LeaseLost, having written
-    nothing: the store holds exactly the second run's transcript."""
+    """A child is stopped with SIGSTOP inside a tool; once its 1 s lease has expired a second child takes the
+    session over and finishes a turn; continued, the first must end with LeaseLost, having written nothing."""
     ctx = process_context(factory)
     out = ctx.Queue()
     entered = Path(workdir) / "entered"

@@ -1,7 +1,5 @@
 """The EdgeContract: hostile numbers at a store's edges. An event log's ``after`` is a seq, which every store
-keeps as a signed 64-bit integer: ``0 .. 2**63 - 1`` reads (the top of it finds nothing, it does not
-overflow a driver), anything above is an ``ArgumentError`` before any query, however many digits it has.
-A metadata value too large for its JSON form is an ``ArgumentError`` naming its key, and changes nothing.
+keeps as a signed 64-bit integer: anything above is an ``ArgumentError`` before any query.
 """
 
 from __future__ import annotations

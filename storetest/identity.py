@@ -1,14 +1,6 @@
-"""Where operations meet: a call's identity, one encoding for everything stored, and an events callback
-that raises.
-
-- Two tool calls of one reply with one id (some servers send them) each run once and get their own result
-  and their own approval: the loop gives the second a made-up id as the reply arrives, and that reply is the
-  one stored, journalled and sent back.
-- A str a tool returns or a person writes (a deny reason) may hold a lone surrogate (an ``os.listdir`` name):
-  a run publishing its events stores it, as an escape, and the session goes on working. Where a surrogate
-  cannot be kept (a steer, a metadata value, a session id) it is refused with an ``ArgumentError``.
-- An events callback that raises after a tool ran fails the run with its exception, and what ran is kept:
-  a resume replays the result instead of calling its outcome unknown.
+"""Where operations meet: two tool calls of one reply with one id (some servers send them; the loop gives
+the second an id of its own), a lone surrogate (an ``os.listdir`` name) in what a run publishes, and an
+events callback that raises after a tool ran.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The LifecycleStore contract: listing, inspecting, labelling, deleting and retaining sessions, and the
-turn that is safe to repeat (``Runner.turn``), which rests on the fenced first write.
-
-Stores share databases with other tests, so every test works under a prefix of its own, and ``prune``
-(which is global) is only asked about sessions these tests made.
+turn that is safe to repeat (``Runner.turn``). Stores share databases with other tests, so every test
+works under a prefix of its own, and ``prune`` (global) is only asked about sessions these tests made.
 """
 
 from __future__ import annotations
@@ -167,8 +165,6 @@ class LifecycleContract(ContractMixin):
             store.list_sessions(**kwargs)
 
     def test_property_filtered_pages_are_the_filter_of_all_sessions(self) -> None:
-        """Paging by a common value, a rare one, two keys, a prefix, a value of only the oldest sessions,
-        or one nobody has, gives exactly the whole listing filtered, in its order, once each."""
         store = self.lifecycle_store()
         prefix = _prefix()
         for i in range(LISTED):

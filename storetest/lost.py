@@ -1,6 +1,5 @@
-"""A write whose answer was lost: the library reads the session back and settles it (landed, or written again,
-never twice), whatever the write carried. Run on the store under test by standing a backend in front of its
-own that loses one answer: after the write (the answer lost on the way back) or before it (the line cut).
+"""A write whose answer was lost (after the write, or the line cut before it): the library reads the session
+back and settles it, landed or written again, never twice.
 """
 
 from __future__ import annotations
@@ -64,10 +63,8 @@ class LostAnswersContract(ContractMixin):
 
     @pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "cut-before"])
     def test_a_save_with_events_whose_answer_was_lost_takes_a_waiting_steer_once(self, landed: bool) -> None:
-        """An events-only save guarded by "no steer waits" meets a steer: refused, its answer lost or its line
-        cut. Read back, it did not land: the library writes again, takes the steer, and the events are in
-        the log once. (A read-back that judged by the transcript alone, which already held the messages,
-        would call it landed and leave the steer behind at the turn's end.)"""
+        """An events-only save guarded by "no steer waits" is refused: a read-back judging by the transcript
+        alone, which already held the messages, would call it landed and leave the steer behind."""
         store, backend, sid, holder = self._held()
         msgs = store.messages(sid)
         store.add_steer(sid, "late steer")
@@ -80,8 +77,6 @@ class LostAnswersContract(ContractMixin):
 
     @pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "cut-before"])
     def test_a_step_with_events_whose_answer_was_lost_is_stored_once(self, landed: bool) -> None:
-        """A step's save (new messages and their events) loses its answer: landed, the run goes on; cut
-        before, it is written again. Either way its messages and events are stored once."""
         store, backend, sid, holder = self._held()
         msgs = [*store.messages(sid), Message.assistant("answer")]
         events = [json.dumps({"kind": "storetest", "n": n, "at": uuid.uuid4().hex}) for n in range(2)]

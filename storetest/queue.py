@@ -1,8 +1,6 @@
 """The QueueStore contract: messages queued for a busy session (``Runner.turn(if_busy="queue")``), each key
-accepted once per session however often it is sent and by however many threads or processes at once, kept
-in the order accepted, and taken into the transcript one at a time by the lease's holder, fenced. A queued
-message is not a steer. ``delete`` and ``prune`` remove the queue with the session (checked with the
-lifecycle's).
+accepted once per session, kept in the order accepted, taken into the transcript one at a time by the
+lease's holder, fenced. ``delete`` and ``prune`` remove the queue with the session (lifecycle's tests).
 """
 
 from __future__ import annotations
@@ -64,9 +62,8 @@ class QueueContract(ContractMixin):
         return store
 
     def test_an_interrupt_delivered_again_cancels_nothing_more(self) -> None:
-        """``Runner.turn(if_busy="interrupt")`` cancels the run in progress, then queues its message. Its first
-        delivery dies between the two; another caller's turn takes the session; the interrupt is delivered
-        again. That second delivery must not stop the other caller's turn: the interrupt was sent once."""
+        """An interrupt cancels the run in progress, then queues its message; its first delivery dies between
+        the two. Delivered again, it must not stop another caller's turn: the interrupt was sent once."""
         self.requires(Capability.RUN_STORE)
         store = self.queue_store()
         sid = new_id("interrupt")
@@ -137,8 +134,7 @@ class QueueContract(ContractMixin):
 
     def test_a_message_sent_again_after_its_turn_is_answered_once_and_leaves_no_key(self) -> None:
         """A key's row goes with its message into the transcript, so what a session keeps of its queue is
-        bounded by what waits; a message sent again after its turn (a redelivered task) is dropped by whoever
-        meets it, never answered twice."""
+        bounded by what waits."""
         store = self.queue_store()
         self.requires(Capability.LIFECYCLE)
         sid = new_id("again")

@@ -1,6 +1,4 @@
-"""A stand-in model for the conformance suite. storetest checks stores, not endpoints, so it needs no
-HTTP server: a script maps the transcript to the next reply. (The library's own tests drive the loop
-over real HTTP; this only decides what the loop does next.)"""
+"""Stand-in models: storetest checks stores, not endpoints, so a script maps the transcript to the next reply."""
 
 from __future__ import annotations
 

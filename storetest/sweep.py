@@ -1,8 +1,6 @@
-"""A turn ends once: a run that returned, however it ended, is no stranded run, and the sweep
-(``agent.recover``) gives a turn a worker left open only what is left of its budget. Run through the real
-loop on the store under test, so a store whose marks or fences differ from the contract fails here.
-
-Other tests share the database, so the sweep's ``resolve`` takes only this test's session and skips the rest.
+"""A turn ends once: a run that returned is no stranded run, and the sweep (``agent.recover``) gives a turn
+a worker left open only what is left of its budget. Other tests share the database, so the sweep's
+``resolve`` takes only this test's session.
 """
 
 from __future__ import annotations
@@ -120,11 +118,8 @@ class SweepContract(ContractMixin):
     @pytest.mark.parametrize("comes", ["queued", "plain", "keyed steer"])
     def test_input_behind_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep_and_that_turn_not_run_again(
             self, comes: str) -> None:
-        """A turn stops at its ``max_steps`` (its turn ends there): a plain run's, behind which a message is
-        ``queued`` (its caller gone); or a keyed turn, after which a ``plain`` run's worker saves its message
-        and dies before its first request, or a ``keyed steer`` comes with nobody running the session. That
-        input is a turn of its own, open: the sweep answers it, once, and runs nothing more of the ended
-        turn (no request, no charge)."""
+        """The input that ``comes`` behind the stopped turn (its caller or worker gone) is a turn of its own,
+        open: the sweep answers it, once, and runs nothing more of the ended turn."""
         store = self.run_lifecycle_store()
         sid = new_id("sweep-" + comes.replace(" ", "-"))
         model, answering = Charges(), Answer("the refund is on its way")
@@ -158,10 +153,8 @@ class SweepContract(ContractMixin):
         assert comes != "queued" or agent.open(sid, store).answer("q-1") is not None
 
     def test_a_turn_sent_again_after_it_stopped_leaves_a_later_plain_runs_turn_to_the_sweep(self) -> None:
-        """Turn k stops at its ``max_steps``; a plain run then asks the model about a new message and dies inside
-        the tool its reply called (the reply waits in the journal). k sent again has ended: it says
-        ``max_steps`` and touches nothing of the later turn (it finished that turn's reply under k's name and
-        cleared the session's mark, so no sweep ever answered the new message)."""
+        """A plain run dies inside the tool its reply called after turn k stopped: k sent again must not finish
+        that reply under its name and clear the session's mark (no sweep would answer the new message)."""
         store = self.run_lifecycle_store()
         sid = new_id("sweep-later-plain")
         model = Charges()
@@ -193,8 +186,6 @@ class SweepContract(ContractMixin):
         assert sid not in stranded_ids(store)
 
     def test_a_redelivered_turn_that_stopped_at_max_steps_never_takes_a_later_answer(self) -> None:
-        """Turn k stops at its ``max_steps``; a later run answers newer input; k delivered again must say how
-        k ended (``max_steps``), not return that later answer as its own."""
         store = self.run_lifecycle_store()
         sid = new_id("sweep-later")
         model = Charges()
@@ -208,9 +199,7 @@ class SweepContract(ContractMixin):
         assert model.charges == 1
 
     def test_a_cancelled_turn_whose_calls_were_decided_lets_the_queue_behind_it_be_answered(self) -> None:
-        """A turn waits for a decision on a refund; it is approved; a run holding the session is cancelled
-        (``cancel()`` is True) and lets go; a message is queued behind. The sweep closes the cancelled turn
-        (the approved refund does not run: the turn was cancelled) and answers the queued message."""
+        """The sweep closes the cancelled turn (its approved refund does not run) and answers the message."""
         store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
         sid = new_id("sweep-decided")
