@@ -16,7 +16,7 @@ from agent_sessions.backend import CANCEL, Acquire, Backend, Change, Guard, Idle
 
 from .capabilities import Capability
 from .crossprocess import wait_for
-from .mixin import ContractMixin, new_holder, new_id
+from .mixin import ContractMixin, new_holder, new_id, standing_in
 
 QUESTION = Message.user("what expires?")
 ANSWER = Message.assistant("the lease")
@@ -41,11 +41,6 @@ class _Between:
                 self.then()
             return answer
         return call
-
-
-def _stand(store: Any, backend: Any) -> None:
-    """``backend`` (the store's own, or one standing between it and the store) is the one the store asks."""
-    store.backend = backend
 
 
 class BetweenContract(ContractMixin):
@@ -140,12 +135,9 @@ class BetweenContract(ContractMixin):
                 wait_for(lambda: store.holder(sid) is None, "the stale holder's lease to lapse")
                 taken.append(store.acquire(sid, new_holder(), 60))
 
-            _stand(store, _Between(backend, "read", lambda want: bool(want.queue), take_over))
-            try:
-                with pytest.raises(LeaseLost):
-                    store.take_queued(sid, stale, append=append)
-            finally:
-                _stand(store, backend)
+            with standing_in(store, _Between(backend, "read", lambda want: bool(want.queue), take_over)), \
+                    pytest.raises(LeaseLost):
+                store.take_queued(sid, stale, append=append)
             assert taken, "the queue was never read"
             assert store.queued(sid) == ["k1"] and store.messages(sid) == [QUESTION, ANSWER], \
                 f"a holder whose lease was taken over popped the queue (append={append})"
@@ -172,11 +164,8 @@ class BetweenContract(ContractMixin):
             else:
                 store.enqueue(sid, "k2", "second")
 
-        _stand(store, _Between(backend, "read", lambda want: bool(want.queue), lands))
-        try:
+        with standing_in(store, _Between(backend, "read", lambda want: bool(want.queue), lands)):
             withdrawn = store.withdraw(sid, "k1")
-        finally:
-            _stand(store, backend)
         if between == "taken":
             assert not withdrawn, "withdraw reported removing a message a run had taken after its read"
             assert store.queued(sid) == [] and store.messages(sid) == [QUESTION, ANSWER, Message.user("first",
@@ -206,11 +195,8 @@ class BetweenContract(ContractMixin):
                 store.add_steer(sid, "one more thing")
 
         wait_for(lambda: sid in [r.session for r in backend.sessions(Idle(0.0, 1000))], "the session to be idle")
-        _stand(store, _Between(backend, "sessions", lambda query: isinstance(query, Idle), comes_alive))
-        try:
+        with standing_in(store, _Between(backend, "sessions", lambda query: isinstance(query, Idle), comes_alive)):
             store.prune(idle_for=0)
-        finally:
-            _stand(store, backend)
         assert store.info(sid) is not None, f"prune deleted a session {between} after its listing"
         assert store.messages(sid) == ([QUESTION, ANSWER] if between == "saved" else [QUESTION])
         if held:

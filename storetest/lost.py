@@ -13,7 +13,7 @@ import pytest
 from agent_sessions import Holder, Message, OutcomeUnknown, RunStore, Saved
 
 from .capabilities import Capability
-from .mixin import ContractMixin, new_holder, new_id
+from .mixin import ContractMixin, new_holder, new_id, standing_in
 
 
 class _Losing:
@@ -53,11 +53,8 @@ class LostAnswersContract(ContractMixin):
                      events: list[str]) -> Saved:
         """``save_fenced_events`` through a backend that loses the answer of its first write with events."""
         losing = _Losing(backend, landed)
-        setattr(store, "backend", losing)  # noqa: B010 - the store's own attribute, stood in for
-        try:
+        with standing_in(store, losing):
             saved: Saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=events, keep=100)
-        finally:
-            setattr(store, "backend", backend)  # noqa: B010
         assert losing.lost == 1
         return saved
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import pytest
@@ -22,6 +23,16 @@ T = TypeVar("T")
 
 class Crash(BaseException):
     """Stands in for a worker dying inside a tool or a request: nothing in the loop catches it."""
+
+
+@contextmanager
+def standing_in(store: Any, backend: Any) -> Iterator[None]:
+    """``backend`` stands in for the store's own (``BackedStore.backend``) within the block."""
+    own, store.backend = store.backend, backend
+    try:
+        yield
+    finally:
+        store.backend = own
 
 
 def new_id(tag: str = "") -> str:

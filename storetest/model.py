@@ -1,8 +1,5 @@
-"""The model-based concurrency test: seeded programs of public operations, issued by several workers at
-once, checked after every round against a reference model of what may have happened (see
-``storetest.model_ops`` for the operations, the model and the invariants, and docs/reliability.md).
-
-A failure prints its seed; replay it with ``AGENT_SESSIONS_MODEL_SEED=<seed> pytest -k model_random_programs``
+"""The model-based concurrency test (``storetest.model_ops``, docs/reliability.md). A failure prints its
+seed; replay it with ``AGENT_SESSIONS_MODEL_SEED=<seed> pytest -k model_random_programs``
 (``AGENT_SESSIONS_MODEL_SKIP=none`` lets in the mixes the class leaves out, ``AGENT_SESSIONS_MODEL_OPS``
 sets the program's length).
 """

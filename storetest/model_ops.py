@@ -1,8 +1,7 @@
 """The model-based concurrency machine's parts: the operations it issues (all public API), the reference
 model of what may have happened, and the invariants checked against it (``storetest.model`` runs it per
 store; ``tests/soak.py`` loops it for hours). docs/reliability.md, "The model-based concurrency test", says
-how a program is drawn in rounds, what is watched (the ledger, the store's proxy, the events) and each
-invariant.
+how a program is drawn, what is watched and each invariant.
 """
 
 from __future__ import annotations
@@ -129,10 +128,8 @@ _METHODS = sorted({n for p in _PROTOCOLS for n, v in vars(p).items() if callable
 
 class _Watched:
     """Every call goes to the store under test. Noted on the calling thread: when the run last asked the
-    store whether it was cancelled (``check``, ``put_journal`` and the fenced saves, which return the flag:
-    a tool starts after one of them; where the store pushes cancels, ``CancelWatcher``, after the last one
-    with nothing pushed since), and whether the current operation was refused the lease (it waits for it,
-    or fails with SessionBusy)."""
+    store whether it was cancelled (``_CHECKING``; where the store pushes cancels, ``_Heeded``), and whether
+    the current operation was refused the lease (it waits for it, or fails with SessionBusy)."""
 
     def __init__(self, store: Store, holds: list[Hold] | None = None) -> None:
         self._store = store
@@ -1090,11 +1087,7 @@ class Machine:
             self._check_waiting(transcripts)
 
     def _check_turns(self, ledger: list[dict[str, Any]]) -> None:
-        """``turn_ends_once``: no model request and no tool start for an input after a run returned having
-        ended on it (by any path but a resume: a sweep, a redelivery, a queue's holder, a steer's caller).
-        ``within_budget``: the model requests for one input, by all the runs that went on with it (a resume
-        aside), and by any one run, are at most the session's ``max_steps`` (and one more per request a
-        crash lost)."""
+        """``turn_ends_once`` and ``within_budget`` (docs/reliability.md, "The invariants")."""
         # a tool start is of the input its reply answered; a reply a resume made is the resume's to go on with
         inputs = {(r["sid"], r["call"]): None if r.get("kind") in EXEMPT else r.get("input")
                   for r in ledger if r["t"] == "reply"}
@@ -1134,10 +1127,7 @@ class Machine:
                              (sid, tag, n))
 
     def _check_waiting(self, transcripts: dict[str, list[Message]]) -> None:
-        """``answered_or_waits``: every message the store took is in the session exactly once (its transcript,
-        its queue, its steers waiting), and a session whose last turn is neither answered nor ended, or whose
-        queue holds messages, shows it (``open_since``: the sweep lists it) unless a run holds it or the turn
-        waits for a person."""
+        """``answered_or_waits`` (docs/reliability.md, "The invariants")."""
         queues = {s: self.checker.queued(s) for s in transcripts}
         pendings = {s: self.checker.pending_steers(s) for s in transcripts}
         for (sid, key), (text, began) in self.accepted.items():
@@ -1300,8 +1290,7 @@ def run_program(seed: int, make_store: Callable[[], Store], capabilities: frozen
                 process_factory: Callable[[], Store] | None, workdir: Path, ops: int,
                 skip: frozenset[str], replay: bool = False) -> tuple[Report, list[str]]:
     """Run one program; its Report and its op log (what to read when it failed). ``replay``: draw it as the
-    machine did before it knew the busy policies, the sweep, budgets, keyed steers and compaction (a
-    regression seed's program)."""
+    machine drew a regression seed's program (``Machine.new``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     machine = Machine(seed, make_store, capabilities, process_factory, workdir, ops, skip, replay)
     report = machine.run()

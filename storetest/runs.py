@@ -22,7 +22,7 @@ from agent_sessions.run.react import CANCELLED
 from . import crossprocess
 from .capabilities import Capability
 from .crossprocess import wait_for
-from .mixin import ContractMixin, Crash, call, join, new_holder, new_id, no_orphans, noting, together
+from .mixin import ContractMixin, Crash, call, join, new_holder, new_id, no_orphans, noting, standing_in, together
 from .scripted import ToolsThenAnswer
 
 assert_no_orphans = no_orphans
@@ -247,18 +247,15 @@ class RunStoreContract(ContractMixin):
                     raise agent.OutcomeUnknown("the answer of a refused write was lost (test)")
                 return written
 
-        store.backend = LosesARefusal()
-        try:
-            seen: list[list[str]] = []
+        seen: list[list[str]] = []
 
-            class Notes:
-                def complete(self, system: str, messages: Any, tools: Any) -> Message:
-                    seen.append([m.text for m in messages])
-                    return Message.assistant("noted")
+        class Notes:
+            def complete(self, system: str, messages: Any, tools: Any) -> Message:
+                seen.append([m.text for m in messages])
+                return Message.assistant("noted")
 
+        with standing_in(store, LosesARefusal()):
             agent.Runner().run(agent.Spec(session=agent.open(sid, store)), store.messages(sid), Notes())
-        finally:
-            store.backend = backend
         assert lost == [True]
         assert seen == [["the question", "and mind the expiry"]]
         assert store.pending_steers(sid) == []
