@@ -27,55 +27,34 @@ memory store reaches no other process (no kill or freeze), the other four do."""
 REGRESSION_SEEDS: list[Any] = [
     # (stores, the one mix let in, seed, operations); each failed on main while the machine was built
     pytest.param(IN_PROCESS, "duplicate_call_ids", 2798570523, 20, id="4-duplicate-call-ids"),
-    pytest.param(IN_PROCESS, "redeliver_after_cancel", 3589583794, 20,
-                 id="2-redelivery-continues-a-max-steps-turn"),
-    pytest.param(IN_PROCESS, "cancel_near_approval", 1479284937, 20,
-                 id="3-cancel-lost-beside-a-run-of-a-waiting-turn"),
-    pytest.param(IN_PROCESS, "absorbed_conflict", 3387541014, 20,
-                 id="7-turn-reports-failed-then-finished"),
-    pytest.param(PROCESSES, "delete_near_run", 3871601465, 20,
-                 id="1-resume-saves-a-deleted-transcript-back"),
-    pytest.param(PROCESSES, "redeliver_after_cancel", 731644238, 20,
-                 id="2-redelivery-continues-a-max-steps-turn-p"),
+    pytest.param(IN_PROCESS, "redeliver_after_cancel", 3589583794, 20, id="2-redelivery-continues-a-max-steps-turn"),
+    pytest.param(IN_PROCESS, "cancel_near_approval", 1479284937, 20, id="3-cancel-lost-beside-a-run-of-a-waiting-turn"),
+    pytest.param(IN_PROCESS, "absorbed_conflict", 3387541014, 20, id="7-turn-reports-failed-then-finished"),
+    pytest.param(PROCESSES, "delete_near_run", 3871601465, 20, id="1-resume-saves-a-deleted-transcript-back"),
+    pytest.param(PROCESSES, "redeliver_after_cancel", 731644238, 20, id="2-redelivery-continues-a-max-steps-turn-p"),
     pytest.param(PROCESSES, "duplicate_call_ids", 3280387012, 20, id="4-duplicate-call-ids-p"),
-    pytest.param(PROCESSES, "surrogate_events", 3343385571, 20,
-                 id="5-a-lone-surrogate-in-a-published-reply"),
-    pytest.param(PROCESSES, "absorbed_conflict", 1095513148, 20,
-                 id="7-turn-reports-failed-then-finished-p"),
-    pytest.param(PROCESSES, "delete_near_cancel", 2179419893, 30,
-                 id="new-sql-acquire-asserts-a-deleted-row"),
-    # found by the first soak, every mix in ("all"): a redelivery absorbed by Runner.turn told its
-    # listener the refused attempt's StepStarted, and then nothing
+    pytest.param(PROCESSES, "surrogate_events", 3343385571, 20, id="5-a-lone-surrogate-in-a-published-reply"),
+    pytest.param(PROCESSES, "absorbed_conflict", 1095513148, 20, id="7-turn-reports-failed-then-finished-p"),
+    pytest.param(PROCESSES, "delete_near_cancel", 2179419893, 30, id="new-sql-acquire-asserts-a-deleted-row"),
+    # found by the soaks ("all": every mix in) and the suite's random programs: a redelivery absorbed by
+    # Runner.turn told its listener the refused attempt's StepStarted, and then nothing
     pytest.param(IN_PROCESS, "all", 3323551233, 20, id="soak-a-listener-heard-an-absorbed-attempt"),
     pytest.param(PROCESSES, "all", 1794979959, 20, id="soak-a-listener-heard-an-absorbed-attempt-p"),
-    # found by the hour's soak after the fixes: a redelivery of a turn a later turn had taken up went on with
-    # that turn's work (a request, a tool) under its own budget, after the later turn stopped at max_steps
     pytest.param(PROCESSES, "all", 3494613216, 20, id="soak-a-redelivery-goes-on-with-a-later-turn-p"),
-    # found by the suite's random programs (2026-12-07, SQLite): a run that took a turn's cancel with the lease,
-    # to close that turn before its new input, failed first (TranscriptConflict) and the cancel went with it;
-    # the turn's redelivery then went on with it and paid
+    # a run that took a turn's cancel with the lease, to close that turn before its new input, failed first
+    # and the cancel went with it; the turn's redelivery then went on with it and paid
     pytest.param(PROCESSES, "all", 1956223834, 14, id="model-a-run-failing-before-it-closed-a-turn-lost-its-cancel-p"),
-    # Issue 42's stage: programs of every operation (mix "every": the machine's whole drawing, KNOWN left out),
-    # each failing before its fix. The sweep, beside a message queued behind a plain run stopped at max_steps,
-    # went on with that run's turn on a fresh budget:
+    # programs of every operation (mix "every": the machine's whole drawing, KNOWN left out), each failing
+    # before its fix
     pytest.param(IN_PROCESS, "every", 1284742981, 20, id="42-the-sweep-goes-on-with-a-run-stopped-at-max-steps"),
-    # a queued turn finished a plain run's waiting reply, and went on with it on a fresh budget:
     pytest.param(IN_PROCESS, "every", 2124873841, 20, id="42-a-queued-turn-passes-a-plain-runs-budget"),
-    # a steered turn beside a turn waiting for decisions ran the session again and again:
     pytest.param(IN_PROCESS, "every", 1656296274, 20, id="42-a-steer-beside-a-waiting-decision-runs-again"),
-    # a steered turn whose own run stopped at max_steps said StillQueued, promising an answer:
     pytest.param(IN_PROCESS, "every", 29128304, 20, id="42-a-steer-whose-run-stopped-says-still-queued"),
-    # KNOWN's, fixed since. A steered turn whose own run went on with the session's turn first and was cancelled
-    # (or stopped at its decisions) before it took the steer told its listener that run's Finished, then ran
-    # again (a second Finished) or raised StillQueued; its runs without the steer are not its listener's now, and
-    # a cancelled one is followed by a run of the steer:
     pytest.param(IN_PROCESS, "every", 2097562654, 20, id="known-a-steer-whose-run-was-cancelled-before-it-took-it"),
     pytest.param(IN_PROCESS, "every", 3858565773, 20, id="known-a-steer-whose-run-stopped-at-a-decision-first"),
-    # a cancel() beside an interrupt: the model's own error (an op's lease held over the cancel, and its tool
-    # started under a later lease of the op, the interrupt's new turn), fixed in the model; kept as a replay:
+    # the model's own error (an op's lease held over the cancel, its tool started under a later lease of the
+    # op, the interrupt's new turn), fixed in the model; kept as a replay
     pytest.param(IN_PROCESS, "every", 18343348, 20, id="known-a-cancel-beside-an-interrupt"),
-    # found by the soaks of that fix: a steer its caller ran after a turn stopped at max_steps was counted in
-    # that turn (the sweep of a fork marked it finished, unanswered; a repeat said max_steps while it ran)
     pytest.param(IN_PROCESS, "every", 258149844, 20, id="soak-a-steer-after-max-steps-counted-in-the-ended-turn"),
     pytest.param(IN_PROCESS, "every", 1702236041, 20, id="soak-a-steer-after-max-steps-repeat-says-max-steps"),
 ]
