@@ -22,7 +22,7 @@ from agent_sessions.run.react import CANCELLED
 from . import crossprocess
 from .capabilities import Capability
 from .crossprocess import wait_for
-from .mixin import ContractMixin, Crash, call, join, new_holder, new_id, no_orphans, noting, standing_in, together
+from .mixin import ContractMixin, Crash, call, new_holder, new_id, no_orphans, noting, standing_in, together
 from .scripted import ToolsThenAnswer
 
 assert_no_orphans = no_orphans
@@ -82,42 +82,34 @@ class RunStoreContract(ContractMixin):
         sid = new_id()
         held = store.acquire(sid, new_holder(), 60)
         adders, per_adder = 4, 25
-        done = threading.Event()
+        adding = [adders]
+        lock = threading.Lock()
         saved: list[Message] = [Message.user("start")]
-        by_saver: list[str] = []
-        by_taker: list[str] = []
-        errors: list[BaseException] = []
 
-        def add(i: int) -> None:
+        def work(i: int) -> list[str]:
+            """Adders, then the holder saving (it takes the steers with each save), then a taker."""
             own = self.another(store)
-            for j in range(per_adder):
-                own.add_steer(sid, f"s{i}-{j:04d}")
+            if i < adders:
+                try:
+                    for j in range(per_adder):
+                        own.add_steer(sid, f"s{i}-{j:04d}")
+                finally:
+                    with lock:
+                        adding[0] -= 1
+                return []
+            taken: list[str] = []
+            while True:
+                finished = adding[0] == 0
+                if i == adders:
+                    got = store.save_fenced(sid, held, saved, take_steers=True).steers
+                    saved.extend(Message.user(t) for t in got)
+                else:
+                    got = own.take_steers(sid)
+                taken.extend(got)
+                if finished and (not got or i > adders):
+                    return taken
 
-        def save() -> None:
-            try:
-                while True:
-                    finished = done.is_set()
-                    taken = store.save_fenced(sid, held, saved, take_steers=True).steers
-                    saved.extend(Message.user(t) for t in taken)
-                    by_saver.extend(taken)
-                    if finished and not taken:
-                        return
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-
-        def take() -> None:
-            own = self.another(store)
-            while not done.is_set():
-                by_taker.extend(own.take_steers(sid))
-
-        threads = [threading.Thread(target=add, args=(i,)) for i in range(adders)]
-        others = [threading.Thread(target=save), threading.Thread(target=take)]
-        for t in threads + others:
-            t.start()
-        join(threads)
-        done.set()
-        join(others)
-        assert not errors, errors
+        *_, by_saver, by_taker = together(adders + 2, work)
         assert sorted(by_saver + by_taker) == sorted(f"s{i}-{j:04d}" for i in range(adders) for j in range(per_adder))
         stored = store.messages(sid)
         assert stored == saved
