@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import agent_sessions as agent
-from agent_sessions import EventStore, Holder, Message, RunStore, Saved, Store
+from agent_sessions import EventStore, Holder, Message, Saved, Store
 from agent_sessions.eventlog import encode
 
 from .capabilities import Capability
@@ -35,10 +34,6 @@ def _first_saver(store: Store, i: int, barrier: Any, sids: list[str]) -> None:
     for r, sid in enumerate(sids):
         barrier.wait(120)
         store.save(sid, _transcript(i, r))
-
-
-_Save = Callable[[RunStore, str, Holder, list[Message], bool], Saved]
-"""A fenced save of ``(store, session, holder, transcript, take_steers)``."""
 
 
 class GapsContract(ContractMixin):
@@ -83,23 +78,18 @@ class GapsContract(ContractMixin):
 
     # -- the cancel flag a fenced save returns ---------------------------------------------------------
 
-    def _saves(self, store: RunStore) -> list[tuple[str, _Save]]:
-        def plain(s: RunStore, sid: str, held: Holder, msgs: list[Message], take: bool) -> Saved:
-            return s.save_fenced(sid, held, msgs, take_steers=take)
-
-        def with_events(s: RunStore, sid: str, held: Holder, msgs: list[Message], take: bool) -> Saved:
-            assert isinstance(s, EventStore)
-            return s.save_fenced_events(sid, held, msgs, take_steers=take, events=[encode("note", {"n": len(msgs)})],
-                                        keep=100)
-
-        saves: list[tuple[str, _Save]] = [("save_fenced", plain)]
-        if Capability.EVENTS in self.capabilities and isinstance(store, EventStore):
-            saves.append(("save_fenced_events", with_events))
-        return saves
-
     def test_every_fenced_save_reports_a_cancel_and_a_takeover_starts_without(self) -> None:
         store = self.run_store()
-        for name, save in self._saves(store):
+        saves: list[tuple[str, dict[str, Any]]] = [("save_fenced", {})]
+        if Capability.EVENTS in self.capabilities and isinstance(store, EventStore):
+            saves.append(("save_fenced_events", {"events": [encode("note", {})], "keep": 100}))
+        for name, extra in saves:
+
+            def save(s: Any, sid: str, held: Holder, msgs: list[Message], take: bool,
+                     name: str = name, extra: dict[str, Any] = extra) -> Saved:
+                saved: Saved = getattr(s, name)(sid, held, msgs, take_steers=take, **extra)
+                return saved
+
             for take in (True, False):
                 how = f"{name}(take_steers={take})"
                 sid = new_id("cancel")
