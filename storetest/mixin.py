@@ -114,7 +114,7 @@ def noting(ran: list[str], name: str, text: str, idempotent: bool = True, dies: 
     """A tool ``name`` that notes its name in ``ran`` and returns ``text``; the first time it runs while its
     name is in ``dies`` it takes it out and dies (after its effect)."""
 
-    def run(n: int) -> str:
+    def run(n: int = 0) -> str:
         """A tool that may take its worker with it."""
         ran.append(name)
         if dies is not None and name in dies:

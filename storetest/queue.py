@@ -23,7 +23,7 @@ from . import strategies
 from .capabilities import Capability
 from .crossprocess import in_processes
 from .meeting import Landing
-from .mixin import ContractMixin, Crash, new_holder, new_id, together
+from .mixin import ContractMixin, Crash, new_holder, new_id, noting, together
 from .scripted import Held
 from .steer_keys import KEYS
 
@@ -37,12 +37,6 @@ class _Counting:
     def complete(self, system: str, messages: Sequence[Message], tools: object) -> Message:
         self.requests += 1
         return Message.assistant(f"answer {self.requests}")
-
-
-@agent.tool(name="lookup")
-def _lookup() -> str:
-    """Look something up (idempotent)."""
-    return "found"
 
 
 def _enqueuer(store: QueueStore, i: int, barrier: object, sid: str, n: int) -> list[int]:
@@ -80,7 +74,7 @@ class QueueContract(ContractMixin):
         first.go.set()
         running.wait(20)  # answered: the cancel came while it waited on its model, which answered
         other = Held("the other answer", calls=True)
-        theirs = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[_lookup]),
+        theirs = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[noting([], "lookup", "found")]),
                                       [*store.messages(sid), Message.user("another caller's question")], other)
         assert other.entered.wait(20)
         try:

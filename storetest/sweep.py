@@ -17,7 +17,7 @@ from agent_sessions import Content, Message, Role, Tool
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
-from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans
+from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans, refund
 from .scripted import Answer
 from .stranded import stranded_ids
 
@@ -47,21 +47,12 @@ class Charges:
         return agent.tool(name="charge", idempotent=False)(charge)
 
 
-def _refund(refunds: list[str]) -> Tool:
-    def refund() -> str:
-        """Refund (a person approves it first)."""
-        refunds.append("refund")
-        return "refunded"
-
-    return agent.tool(name="refund", idempotent=False, needs_approval=True)(refund)
-
-
 class _RefundThenAnswer:
     """Calls ``refund`` for "refund order 7", and answers anything else."""
 
     def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
         if messages[-1].role is Role.USER and messages[-1].text == "refund order 7":
-            return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
+            return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", '{"order": "7"}')])
         return Message.assistant(f"re: {messages[-1].text}")
 
 
@@ -174,7 +165,7 @@ class SweepContract(ContractMixin):
         self.requires(Capability.APPROVALS)
         sid = new_id("sweep-asks")
         refunds: list[str] = []
-        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
+        spec = agent.Spec(session=agent.open(sid, store), tools=[refund(refunds, needs_approval=True)])
         result = agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer())
         assert result.stop_reason == "awaiting_approval"
         assert sid not in stranded_ids(store), "a run waiting for a person left its turn listed as stranded"
@@ -182,7 +173,7 @@ class SweepContract(ContractMixin):
         assert sid in stranded_ids(store), "a decision must open the turn for the sweep"
 
         (swept,) = self._sweep(store, sid, spec, _RefundThenAnswer())
-        assert swept.outcome == "recovered" and swept.result is not None and refunds == ["refund"]
+        assert swept.outcome == "recovered" and swept.result is not None and refunds == ["7"]
         assert sid not in stranded_ids(store)
 
     def test_a_redelivered_turn_that_stopped_at_max_steps_never_takes_a_later_answer(self) -> None:
@@ -204,7 +195,7 @@ class SweepContract(ContractMixin):
         self.requires(Capability.APPROVALS)
         sid = new_id("sweep-decided")
         refunds: list[str] = []
-        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
+        spec = agent.Spec(session=agent.open(sid, store), tools=[refund(refunds, needs_approval=True)])
         assert agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer()).stop_reason == (
             "awaiting_approval")
         agent.open(sid, store).approve("r1")
