@@ -31,7 +31,7 @@ from .fencing import FencingContract
 from .identity import IdentityContract
 from .lifecycle import LifecycleContract
 from .lost import LostAnswersContract
-from .meeting import CancelMeetsContract, MeetingContract
+from .meeting import MeetingContract
 from .mixin import call, new_id, together, transcript
 from .model import ModelContract
 from .queue import QueueContract
@@ -50,9 +50,8 @@ settings.register_profile(
 SETTINGS = settings.get_profile("storetest")
 
 
-
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
-                    IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
+                    IdentityContract, MeetingContract, GapsContract, EdgeContract,
                     ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract,
                     SweepContract, LostAnswersContract, BetweenContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the

@@ -174,14 +174,10 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 60, pause: f
         time.sleep(pause)
 
 
-def _slow_step(n: int) -> str:
-    time.sleep(0.05)
-    return "ok"
-
-
 def _run_until_cancelled(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
     try:
-        spec = Spec(session=open_session(sid, factory()), tools=[tool(name="step")(_slow_step)], max_steps=10_000)
+        spec = Spec(session=open_session(sid, factory()), max_steps=10_000,
+                    tools=[tool(name="step")(counted(str(Path(workdir) / "steps"), 0.05))])
         model = ToolsThenAnswer(["step"], rounds=10**9, log=str(Path(workdir) / "requests"))
         result = Runner().run(spec, [Message.user("work until told to stop")], model)
         out.put(("result", result.stop_reason))

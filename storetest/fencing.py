@@ -248,16 +248,8 @@ class FencingContract(ContractMixin):
     def test_4_of_two_concurrent_resumes_of_a_crashed_run_one_finishes_and_the_tool_runs_once(self) -> None:
         store = self.run_store()
         sid = new_id("s4")
-        charges: list[int] = []
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Dies the first time, after its effect."""
-            charges.append(n)
-            if len(charges) == 1:
-                raise Crash
-            return "charged"
-
+        charges: list[str] = []
+        charge = noting(charges, "charge", "charged", False, {"charge"})  # dies the first time, after its effect
         spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
         with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge the card")], ToolsThenAnswer(["charge"]))
@@ -276,7 +268,7 @@ class FencingContract(ContractMixin):
         assert len(finished) == 1 and len(outcomes) == 2, outcomes
         # the one that waited for the lease refused to write its stale history, before asking its model
         assert [m.requests for m in models] == [int(isinstance(o, agent.Result)) for o in outcomes]
-        assert charges == [0] and store.holder(sid) is None
+        assert charges == ["charge"] and store.holder(sid) is None
         stored = store.messages(sid)
         assert stored == finished[0].messages
         assert _results(stored, 2)["call_0_0"].text == UNKNOWN_OUTCOME

@@ -28,6 +28,52 @@ def _holds_secret(store: RunStore, sid: str) -> bool:
     return any(SECRET in m.text for m in store.messages(sid))
 
 
+class Landing:
+    """A store through which a run works, landing another operation at a chosen point of it: ``before`` maps
+    a method name to what runs (once) just before the run's call of it, ``after`` to what runs just after.
+    Everything passes through to ``store``, which does all the work."""
+
+    def __init__(self, store: Any, before: dict[str, Callable[[], object]] | None = None,
+                 after: dict[str, Callable[[], object]] | None = None) -> None:
+        self._store = store
+        self._before = dict(before or {})
+        self._after = dict(after or {})
+        self._lock = threading.Lock()
+
+    def _once(self, hooks: dict[str, Callable[[], object]], name: str) -> None:
+        with self._lock:
+            hook = hooks.pop(name, None)
+        if hook is not None:
+            hook()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if (name not in self._before and name not in self._after) or not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._once(self._before, name)
+            out = attr(*args, **kwargs)
+            self._once(self._after, name)
+            return out
+
+        return call
+
+
+def _email(sent: list[str]) -> agent.Tool:
+    @agent.tool(name="email", idempotent=False)
+    def email(to: str) -> str:
+        """Send an email: not idempotent."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    return email
+
+
+def _emails(to: str, rounds: int = 3, before: Callable[[object], object] | None = None) -> ToolsThenAnswer:
+    return ToolsThenAnswer(["email"], rounds, before=before, arguments=json.dumps({"to": to}))
+
+
 class MeetingContract(ContractMixin):
     def _conversation(self, store: RunStore, sid: str) -> None:
         spec = agent.Spec(session=agent.open(sid, store))
@@ -130,55 +176,6 @@ class MeetingContract(ContractMixin):
         again = incarnations_read(store.messages(sid), sid)
         assert len(again) == 1 and again != first
 
-
-class Landing:
-    """A store through which a run works, landing another operation at a chosen point of it: ``before`` maps
-    a method name to what runs (once) just before the run's call of it, ``after`` to what runs just after.
-    Everything passes through to ``store``, which does all the work."""
-
-    def __init__(self, store: Any, before: dict[str, Callable[[], object]] | None = None,
-                 after: dict[str, Callable[[], object]] | None = None) -> None:
-        self._store = store
-        self._before = dict(before or {})
-        self._after = dict(after or {})
-        self._lock = threading.Lock()
-
-    def _once(self, hooks: dict[str, Callable[[], object]], name: str) -> None:
-        with self._lock:
-            hook = hooks.pop(name, None)
-        if hook is not None:
-            hook()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if (name not in self._before and name not in self._after) or not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self._once(self._before, name)
-            out = attr(*args, **kwargs)
-            self._once(self._after, name)
-            return out
-
-        return call
-
-
-def _email(sent: list[str]) -> agent.Tool:
-    @agent.tool(name="email", idempotent=False)
-    def email(to: str) -> str:
-        """Send an email: not idempotent."""
-        sent.append(to)
-        return f"sent to {to}"
-
-    return email
-
-
-def _emails(to: str, rounds: int = 3, before: Callable[[object], object] | None = None) -> ToolsThenAnswer:
-    return ToolsThenAnswer(["email"], rounds, before=before, arguments=json.dumps({"to": to}))
-
-
-class CancelMeetsContract(ContractMixin):
-    """Scenarios 2 and 3 of issue 29, a cancel beside a redelivered turn and beside a resume."""
 
     def _cancelled_turn(self, tag: str, died: bool = False) -> tuple[RunStore, str, agent.Spec, Any, list[str]]:
         """A turn ("msg-1") that sends one email and is cancelled from another store object (``other``) while

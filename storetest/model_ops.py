@@ -76,9 +76,8 @@ FILTERS: dict[str, str] = {
     "concurrent_first_save": "issue 29 #11: two operations writing a session that does not exist yet, in one "
                              "round (PostgreSQL: duplicate-key StoreError)",
 }
-"""The mixes the machine left out while the bugs they met were open (each with its issue's bug number), all
-fixed now. Kept so that a regression seed (``storetest.model.REGRESSION_SEEDS``) replays the very program it
-failed: a program is drawn round by round, and a mix left out makes the round drawn again."""
+"""The mixes the machine left out while the bugs they met were open, all fixed now: kept so that a regression
+seed replays the very program it failed (a mix left out makes its round drawn again)."""
 
 ENDS = ("answered", "max_steps", "cancelled", "superseded")
 """The stop reasons that end a turn (``awaiting_approval`` does not: the turn goes on once decided)."""
@@ -169,10 +168,9 @@ class _Watched:
 
 
 class _Heeded:
-    """A run's cancel watch, through ``_Watched``: where the watch's ``False`` is exact (``exact``: nothing
-    at all was committed since the run's last read, SQLite), it counts as a check made as it was asked, so
-    a cancel that returned before then must stop the tool. A pushed ``False`` (PostgreSQL) only says no
-    notification was heard: the last read stays the check (the documented bound)."""
+    """A run's cancel watch, through ``_Watched``: an exact ``False`` (nothing was committed since the run's
+    last read, SQLite) counts as a check made as it was asked; a pushed one (PostgreSQL) only says no
+    notification was heard, so the last read stays the check (the documented bound)."""
 
     def __init__(self, proxy: _Watched, watch: Any) -> None:
         self._proxy = proxy
@@ -883,9 +881,8 @@ class Machine:
         return f"{result.stop_reason} after {result.steps} steps"
 
     def _sweep(self, op: Op, store: _Watched) -> str:
-        """``agent.recover``, as a replica's sweep does (``grace=0``): it lists every stranded session of the
-        store, and finishes this program's (``resolve`` leaves the others: a store the suite shares holds other
-        tests' sessions; a program deletes its own when it ends, so the soak's stores do not fill up)."""
+        """``agent.recover``, as a replica's sweep does (``grace=0``), finishing this program's sessions only (a
+        store the suite shares holds other tests' sessions)."""
         def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, Scripted] | None:
             if info.id not in self.sessions:
                 return None
@@ -1032,8 +1029,7 @@ class Machine:
             self.violate("answered_or_waits", f"{op.describe()}: refused, and its message was stored")
 
     def _check_own_answer(self, op: Op) -> None:
-        """A caller's answer is the one that answers its own message: the first reply without tool calls after
-        it in the stored transcript (for a steer, the answer that covers it)."""
+        """``own_answer`` (docs/reliability.md, "The invariants")."""
         if op.kind not in ("run", "turn", "redeliver", "crash") or not op.text or "\ud800" in op.text:
             return
         if self._erased(op.sid, op.began):
@@ -1240,8 +1236,7 @@ class Machine:
                              "came back", (sid, at))
 
     def check_usable(self) -> None:
-        """Every session takes a new run: at once, or after what its typed error asks for (decide the
-        waiting calls, then resume the waiting turn)."""
+        """``usable`` (docs/reliability.md, "The invariants")."""
         for sid in list(self.sessions):
             self.count += 1
             op = Op(self.count, "run", sid, 0, lease_wait=10.0, text=f"u-{self.tag}-{self.count} last")
