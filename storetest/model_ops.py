@@ -54,27 +54,15 @@ KNOWN: dict[str, str] = {}
 """The operation mixes that meet a bug still open on this branch, by name, each saying what it meets: what
 ``ModelContract.model_skip`` and ``scripts/soak --skip known`` leave out (or the check they relax)."""
 
-FILTERS: dict[str, str] = {
-    "delete_near_run": "issue 29 #1: a delete (forced or not) or a prune in a round with a run of the same session "
-                       "(any session, for prune): a run that read or waited for the lease before it saves the "
-                       "pre-delete transcript back. The same rounds meet two NEW bugs: the SQL stores' acquire "
-                       "AssertionError (see delete_near_cancel), and MongoDB's delete(force=True) raising "
-                       "SessionBusy when a run takes the lease of a session that did not exist a moment before",
-    "redeliver_after_cancel": "issue 29 #2: a redelivery (Runner.turn, same key) of a turn that was cancelled, "
-                              "stopped at max_steps, or shares a round with a cancel: it continues that turn",
-    "cancel_near_approval": "issue 29 #3: a cancel in a round with a run of a session whose turn waits for approval "
-                            "(or that asks for one): cancel() returns True and is lost with the lease",
+FILTERS: dict[str, str] = {  # the operations of each mix: docs/reliability.md, "Mixes left out"
+    "delete_near_run": "issue 29 #1: a delete or a prune in a round with a run of the session (any, for prune)",
+    "redeliver_after_cancel": "issue 29 #2: a redelivery of a turn a cancel or max_steps stopped",
+    "cancel_near_approval": "issue 29 #3: a cancel beside a run of a session whose turn waits for approval",
     "duplicate_call_ids": "issue 29 #4: a reply with two tool calls of one id: the second never runs",
     "surrogate_events": "issue 29 #5: a lone surrogate in a message of a run with publish_events",
-    "absorbed_conflict": "issue 29 #7: a Runner.turn that meets another run's save reports `failed` and then "
-                         "`finished`: the check accepts failed(TranscriptConflict) events before the last one",
-    "delete_near_cancel": "NEW (found by this machine): a delete or prune in a round with a cancel() of the same "
-                          "session (any, for prune): on the SQL stores, acquire makes the session's row in one "
-                          "transaction and asserts it in the next; a delete between them is an AssertionError "
-                          "(stores/_sql/store.py, acquire), not a typed error. cancel() takes the lease to close a "
-                          "turn waiting for approval (a run does too: those rounds are delete_near_run's)",
-    "concurrent_first_save": "issue 29 #11: two operations writing a session that does not exist yet, in one "
-                             "round (PostgreSQL: duplicate-key StoreError)",
+    "absorbed_conflict": "issue 29 #7: a Runner.turn meeting another run's save reports failed, then finished",
+    "delete_near_cancel": "NEW: a delete or a prune beside a cancel(): the SQL stores' acquire asserted the row",
+    "concurrent_first_save": "issue 29 #11: two writers of a session that does not exist yet, in one round",
 }
 """The mixes the machine left out while the bugs they met were open, all fixed now: kept so that a regression
 seed replays the very program it failed (a mix left out makes its round drawn again)."""
@@ -776,9 +764,7 @@ class Machine:
         elif not op.max_steps:
             # a turn stopped at max_steps, which its redelivery (the same task: the same spec) must not go on with
             op.max_steps = 1 if op.kind == "turn" and op.script != "answer" and op.n % 4 == 1 else 4
-        context = None
-        if self.compact.get(sid):
-            context = Compaction(COMPACT_AT, endpoint=Summariser(self.ledger, sid, op.n))
+        context = Compaction(COMPACT_AT, endpoint=Summariser(self.ledger, sid, op.n)) if self.compact.get(sid) else None
         return agent.Spec(session=agent.open(sid, store),  # type: ignore[arg-type]
                           tools=tools_of(store, self.ledger, op, op.n, op.kind, op.crash),
                           max_steps=op.max_steps, lease_ttl=5.0, lease_wait=op.lease_wait, publish_events=op.publish,
@@ -1030,18 +1016,15 @@ class Machine:
 
     def _check_own_answer(self, op: Op) -> None:
         """``own_answer`` (docs/reliability.md, "The invariants")."""
-        if op.kind not in ("run", "turn", "redeliver", "crash") or not op.text or "\ud800" in op.text:
-            return
-        if self._erased(op.sid, op.began):
+        if (op.kind not in ("run", "turn", "redeliver", "crash") or not op.text or "\ud800" in op.text
+                or self._erased(op.sid, op.began)):
             return
         self.report.checks["own_answer"] += 1
         msgs = self.checker.messages(op.sid)
         mine = [i for i, m in enumerate(msgs)
                 if m.role is Role.USER and ((op.key and m.key == op.key) or m.text == op.text)]
-        answer = None
-        if mine:
-            answer = next((m.text for m in msgs[mine[0] + 1:] if m.role is Role.ASSISTANT and not m.tool_calls),
-                          None)
+        after = msgs[mine[0] + 1:] if mine else []
+        answer = next((m.text for m in after if m.role is Role.ASSISTANT and not m.tool_calls), None)
         if answer != op.answer:
             self.violate("own_answer", f"{op.describe()}: returned the answer {op.answer!r}; its message "
                          f"{'is not in the transcript' if not mine else f'(at {mine[0]}) is answered by {answer!r}'}",
@@ -1217,9 +1200,7 @@ class Machine:
             self.violate("one_result_per_call", f"session {sid}: calls {calls}, results {results}, "
                          f"orphans {[c.id for c in orphans]}", (sid, twice, tuple(c.id for c in orphans)))
         have = Counter(m.text for m in msgs if m.role is Role.USER)
-        pending: list[str] | None = None
-        if self.lifecycle:
-            pending = self.checker.pending_steers(sid)
+        pending: list[str] | None = self.checker.pending_steers(sid) if self.lifecycle else None
         self.report.checks["steer_once"] += 1
         gone = self.steers_gone.get(sid, -1)
         for text, posted in self.steers.get(sid, []):
