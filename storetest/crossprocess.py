@@ -42,8 +42,7 @@ def _take(store: Store, i: int, barrier: Any, sid: str, adders_done: Any) -> lis
 def exactly_once_across_processes(
     factory: Callable[[], Store], sid: str, *, adders: int, takers: int, per_adder: int, timeout: float = 180
 ) -> float:
-    """Run the processes, assert every steer was taken exactly once, and return the seconds from all of
-    them being ready to the last steer taken (the benchmark's steer throughput)."""
+    """Assert every steer was taken exactly once; the seconds from all being ready to the last steer taken."""
     ctx = process_context(factory)
     barrier = ctx.Barrier(adders + takers + 1)  # and this process, to start the clock
     adders_done, out = ctx.Event(), ctx.Queue()
@@ -90,10 +89,8 @@ def _child(work: Callable[..., Any], factory: Callable[[], Any], i: int, barrier
 
 def in_processes(factory: Callable[[], Any], processes: int, work: Callable[..., Any], *args: Any,
                  timeout: float = 180) -> list[Any]:
-    """``processes`` processes (``processes.context``, for the store of ``factory``), each building the store
-    and calling ``work(store, i, barrier, *args)`` once all are ready (``work`` is a module's function, for
-    pickling; ``barrier`` lets it wait for the others again): what each returned, by i. A process that
-    failed fails the test with its traceback."""
+    """``work(store, i, barrier, *args)`` (a module's function, for pickling) in ``processes`` processes, each
+    with a store of its own, once all are ready: what each returned, by i (one that raised fails the test)."""
     ctx = process_context(factory)
     barrier, out = ctx.Barrier(processes), ctx.Queue()
     procs = [ctx.Process(target=_child, args=(work, factory, i, barrier, out, args)) for i in range(processes)]
@@ -143,8 +140,7 @@ def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, pe
 
 
 def counted(path: str, sleep: float = 0.0) -> Callable[..., str]:
-    """A tool's function that notes each run in a file (fsynced: a parent process counts them), then sleeps
-    ``sleep`` seconds (where a test stops or kills its process)."""
+    """A tool's function noting each run in the file at ``path`` (fsynced, for a parent process), then sleeping."""
 
     def tool(n: int = 0) -> str:
         """Count this run."""

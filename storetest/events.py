@@ -37,9 +37,8 @@ def _consecutive(events: Sequence[StoredEvent]) -> None:
 
 
 def _each_batch_whole(store: EventStore, sid: str, workers: int, batches: int, returned: list[int]) -> None:
-    """The log ``workers`` writers left, each of ``batches`` batches (batch b: ``1 + b % 3`` events tagged
-    "<worker>-<b>"): consecutive numbers, each batch one run of them in its order, and the numbers the
-    appends returned all among them, none twice."""
+    """The log ``workers`` writers of ``batches`` batches each left (batch b: ``1 + b % 3`` events tagged
+    "<worker>-<b>"): each batch one run of numbers, in its order, and the numbers ``returned`` among them."""
     every = store.events(sid, 0, 1000)
     _consecutive(every)
     assert len(every) == workers * sum(1 + b % 3 for b in range(batches))
@@ -129,9 +128,8 @@ PROCESS_BATCHES = 16
 
 
 def _publisher_process(store: Any, worker: int, barrier: Any, sid: str, holder: Holder) -> list[int]:
-    """A process writing ``sid``'s log: odd batches appended on their own (their last numbers are returned),
-    even ones riding in a save of a message of this worker's, read afresh and retried while the other
-    process's save comes first (a conflicting save writes neither)."""
+    """Odd batches appended on their own (their last numbers are returned), even ones riding in a save, retried
+    while the other process's save comes first."""
     returned: list[int] = []
     for batch in range(PROCESS_BATCHES):
         events = _texts(1 + batch % 3, f"{worker}-{batch}")

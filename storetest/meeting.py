@@ -29,9 +29,8 @@ def _holds_secret(store: RunStore, sid: str) -> bool:
 
 
 class Landing:
-    """A store through which a run works, landing another operation at a chosen point of it: ``before`` maps
-    a method name to what runs (once) just before the run's call of it, ``after`` to what runs just after.
-    Everything passes through to ``store``, which does all the work."""
+    """``store``, landing another operation at a chosen point of a run: ``before`` maps a method name to what
+    runs (once) just before the run's call of it, ``after`` to what runs just after."""
 
     def __init__(self, store: Any, before: dict[str, Callable[[], object]] | None = None,
                  after: dict[str, Callable[[], object]] | None = None) -> None:
@@ -98,25 +97,15 @@ class MeetingContract(ContractMixin):
                                        [*msgs[:-1], Message.user("held")], Answer("held", before=hold))
         try:
             assert asking.wait(10), "the first run never asked its model"
-            waiter: list[BaseException | agent.Result] = []
             spec = agent.Spec(session=agent.open(sid, self.another(store)), lease_wait=20)
-
-            def wait_then_run() -> None:
-                try:
-                    waiter.append(agent.Runner().run(spec, msgs, Answer("must never be written")))
-                except BaseException as exc:  # noqa: BLE001 - the outcome is asserted below
-                    waiter.append(exc)
-
-            thread = threading.Thread(target=wait_then_run, daemon=True)
-            thread.start()
+            waiting = agent.Runner().start(spec, msgs, Answer("must never be written"))
             assert store.delete(sid, force=True)
         finally:
             gate.set()
         with pytest.raises(agent.LeaseLost):
             holding.wait(timeout=20)
-        thread.join(20)
-        assert not thread.is_alive(), "the waiting run did not return"
-        assert len(waiter) == 1 and isinstance(waiter[0], agent.TranscriptDeleted), waiter
+        with pytest.raises(agent.TranscriptDeleted):
+            waiting.wait(timeout=20)
         assert not _holds_secret(store, sid), "the deleted conversation came back"
         info = store.info(sid)
         assert info is None or info.messages == 0
@@ -176,11 +165,9 @@ class MeetingContract(ContractMixin):
         again = incarnations_read(store.messages(sid), sid)
         assert len(again) == 1 and again != first
 
-
     def _cancelled_turn(self, tag: str, died: bool = False) -> tuple[RunStore, str, agent.Spec, Any, list[str]]:
-        """A turn ("msg-1") that sends one email and is cancelled from another store object (``other``) while
-        it waits on its second request: it returns cancelled, or (``died``) its worker dies there and its
-        lease lapses. The store, the session's id, the turn's spec, ``other`` and the emails sent."""
+        """A turn ("msg-1") that sends one email and is cancelled from ``other`` on its second request: it
+        returns, or (``died``) its worker dies there. The store, the session, the spec, ``other``, the emails."""
         store = self.run_store()
         sid = new_id(tag)
         sent: list[str] = []

@@ -46,13 +46,6 @@ def new_holder(tag: str = "", spec: str | None = None) -> Holder:
     return Holder("host-" + token[:8], 1234, token, 0.0, spec=spec)
 
 
-def join(threads: list[threading.Thread], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-        assert not t.is_alive(), f"thread {t.name} did not finish within {timeout} s"
-
-
 def together(n: int, work: Callable[[int], T], timeout: float = 120) -> list[T]:
     """``work(0)`` ... ``work(n - 1)``, each in a thread of its own, released at once by a barrier: what each
     returned, in order. The first exception a thread raised is raised here."""
@@ -71,7 +64,10 @@ def together(n: int, work: Callable[[int], T], timeout: float = 120) -> list[T]:
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    join(threads, timeout)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        assert not t.is_alive(), f"thread {t.name} did not finish within {timeout} s"
     if errors:
         raise errors[0]
     return [results[i] for i in range(n)]

@@ -34,9 +34,8 @@ def factory_module(factory: Callable[..., Any]) -> str | None:
 
 def context(factory: Callable[..., Any] | None = None, preload: Sequence[str] = ()) -> Context:
     """The multiprocessing context to start a test's processes with. The first call decides what the fork
-    server preloads: the library, ``factory``'s module and the modules named in ``preload`` (a module it
-    did not preload, each child imports, as a spawned one would). A test suite that starts processes for
-    several stores names all their modules in one call before its first test (tests/conftest.py does)."""
+    server preloads: the library, ``factory``'s module and ``preload`` (a suite of several stores names all
+    their modules in one call before its first test, as tests/conftest.py does)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     global _preloaded

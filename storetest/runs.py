@@ -31,10 +31,8 @@ assert_no_orphans = no_orphans
 
 @contextmanager
 def _hearing(store: RunStore, sid: str) -> Iterator[None]:
-    """Around a cancel of ``sid``'s run made from elsewhere: where ``store`` pushes cancels to this process
-    (``CancelWatcher``) and listens, wait (bounded) until the cancel has been heard here, which is when the
-    check before an idempotent tool is promised to see it (docs/runs/leases.md). A store that does not
-    listen yet leaves the run to read its flag: nothing to wait for."""
+    """Around a cancel of ``sid``'s run made from elsewhere: where ``store`` pushes cancels (``CancelWatcher``),
+    wait until it was heard here, when the check before an idempotent tool is promised to see it."""
     holder = store.holder(sid) if isinstance(store, CancelWatcher) else None
     if holder is None:
         yield

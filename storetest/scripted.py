@@ -62,9 +62,8 @@ class Answer:
 
 
 class Replies:
-    """Replies with ``replies`` in turn, then answers with what the last results said. Which reply comes
-    next is read off the transcript (the tool-calling replies it holds), so a resumed run gets the one its
-    transcript is at. ``requests`` keeps each request's transcript: what the loop would send a provider."""
+    """Replies with ``replies`` in turn (read off the transcript, so a resumed run gets the one it is at), then
+    answers with what the last results said. ``requests`` keeps each request's transcript."""
 
     def __init__(self, *replies: Message) -> None:
         self.replies = list(replies)
@@ -79,9 +78,8 @@ class Replies:
 
 
 class Held:
-    """Answers ``text`` once let go (``go``), saying when it was asked (``entered``): a run that holds its
-    session while the test does something beside it. With ``calls``, its first reply calls ``lookup``
-    (so a cancel that came meanwhile stops the run before the tool)."""
+    """Answers ``text`` once let go (``go``), saying when it was asked (``entered``); with ``calls``, its first
+    reply calls ``lookup`` (so a cancel that came meanwhile stops the run before the tool)."""
 
     def __init__(self, text: str, calls: bool = False) -> None:
         self.text, self.calls, self.entered, self.go = text, calls, threading.Event(), threading.Event()

@@ -23,9 +23,8 @@ from .stranded import stranded_ids
 
 
 class Charges:
-    """A model that calls the non-idempotent ``charge`` on every request (a run only ends by its budget), and
-    the tool itself: counts the requests and the charges; ``die_at`` (a charge's number) raises ``Crash``
-    inside that charge, after it was made."""
+    """A model calling the non-idempotent ``charge`` on every request (a run only ends by its budget), and the
+    tool, which dies (after its effect) in its charge number ``die_at``."""
 
     def __init__(self, die_at: int = 0) -> None:
         self.requests = 0
