@@ -16,7 +16,7 @@ from agent_sessions.backend import CANCEL, Acquire, Backend, Change, Guard, Idle
 
 from .capabilities import Capability
 from .crossprocess import wait_for
-from .mixin import ContractMixin, new_holder, new_id, standing_in
+from .mixin import ContractMixin, new_holder, new_id, stand_in
 
 QUESTION = Message.user("what expires?")
 ANSWER = Message.assistant("the lease")
@@ -135,7 +135,7 @@ class BetweenContract(ContractMixin):
                 wait_for(lambda: store.holder(sid) is None, "the stale holder's lease to lapse")
                 taken.append(store.acquire(sid, new_holder(), 60))
 
-            with standing_in(store, _Between(backend, "read", lambda want: bool(want.queue), take_over)), \
+            with stand_in(store, _Between(backend, "read", lambda want: bool(want.queue), take_over)), \
                     pytest.raises(LeaseLost):
                 store.take_queued(sid, stale, append=append)
             assert taken, "the queue was never read"
@@ -164,7 +164,7 @@ class BetweenContract(ContractMixin):
             else:
                 store.enqueue(sid, "k2", "second")
 
-        with standing_in(store, _Between(backend, "read", lambda want: bool(want.queue), lands)):
+        with stand_in(store, _Between(backend, "read", lambda want: bool(want.queue), lands)):
             withdrawn = store.withdraw(sid, "k1")
         if between == "taken":
             assert not withdrawn, "withdraw reported removing a message a run had taken after its read"
@@ -195,7 +195,7 @@ class BetweenContract(ContractMixin):
                 store.add_steer(sid, "one more thing")
 
         wait_for(lambda: sid in [r.session for r in backend.sessions(Idle(0.0, 1000))], "the session to be idle")
-        with standing_in(store, _Between(backend, "sessions", lambda query: isinstance(query, Idle), comes_alive)):
+        with stand_in(store, _Between(backend, "sessions", lambda query: isinstance(query, Idle), comes_alive)):
             store.prune(idle_for=0)
         assert store.info(sid) is not None, f"prune deleted a session {between} after its listing"
         assert store.messages(sid) == ([QUESTION, ANSWER] if between == "saved" else [QUESTION])

@@ -13,7 +13,7 @@ import pytest
 from agent_sessions import Holder, Message, OutcomeUnknown, RunStore, Saved
 
 from .capabilities import Capability
-from .mixin import ContractMixin, new_holder, new_id, standing_in
+from .mixin import ContractMixin, new_holder, new_id, stand_in
 
 
 class _Losing:
@@ -53,7 +53,7 @@ class LostAnswersContract(ContractMixin):
                      events: list[str]) -> Saved:
         """``save_fenced_events`` through a backend that loses the answer of its first write with events."""
         losing = _Losing(backend, landed)
-        with standing_in(store, losing):
+        with stand_in(store, losing):
             saved: Saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=events, keep=100)
         assert losing.lost == 1
         return saved

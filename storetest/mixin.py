@@ -26,7 +26,7 @@ class Crash(BaseException):
 
 
 @contextmanager
-def standing_in(store: Any, backend: Any) -> Iterator[None]:
+def stand_in(store: Any, backend: Any) -> Iterator[None]:
     """``backend`` stands in for the store's own (``BackedStore.backend``) within the block."""
     own, store.backend = store.backend, backend
     try:
@@ -71,6 +71,35 @@ def together(n: int, work: Callable[[int], T], timeout: float = 120) -> list[T]:
     if errors:
         raise errors[0]
     return [results[i] for i in range(n)]
+
+
+def add_and_take(sid: str, adders: list[Callable[[str, str], object]], takers: list[Callable[[str], list[str]]],
+                 per_adder: int, timeout: float = 300) -> list[list[str]]:
+    """Adder i adds the steers ``f"s{i}-{j:04d}"`` (``adders[i](sid, text)``) while each taker takes
+    (``takers[t](sid)``) until the adders are done and it finds nothing more, all at once: what each took."""
+    adding = [len(adders)]
+    lock = threading.Lock()
+    deadline = time.monotonic() + timeout
+
+    def work(i: int) -> list[str]:
+        if i < len(adders):
+            try:
+                for j in range(per_adder):
+                    adders[i](sid, f"s{i}-{j:04d}")
+            finally:
+                with lock:
+                    adding[0] -= 1
+            return []
+        taken: list[str] = []
+        while time.monotonic() < deadline:
+            finished = adding[0] == 0
+            batch = takers[i - len(adders)](sid)
+            taken.extend(batch)
+            if not batch and finished:
+                return taken
+        raise AssertionError(f"the takers did not finish within {timeout} s")
+
+    return together(len(adders) + len(takers), work, timeout + 10)[len(adders):]
 
 
 def call(id: str, arguments: str = '{"z":1,"a":[1, 2],"z":3}') -> Message:

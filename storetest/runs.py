@@ -22,7 +22,7 @@ from agent_sessions.run.react import CANCELLED
 from . import crossprocess
 from .capabilities import Capability
 from .crossprocess import wait_for
-from .mixin import ContractMixin, Crash, call, new_holder, new_id, no_orphans, noting, standing_in, together
+from .mixin import ContractMixin, Crash, add_and_take, call, new_holder, new_id, no_orphans, noting, stand_in, together
 from .scripted import ToolsThenAnswer
 
 assert_no_orphans = no_orphans
@@ -80,34 +80,16 @@ class RunStoreContract(ContractMixin):
         sid = new_id()
         held = store.acquire(sid, new_holder(), 60)
         adders, per_adder = 4, 25
-        adding = [adders]
-        lock = threading.Lock()
         saved: list[Message] = [Message.user("start")]
 
-        def work(i: int) -> list[str]:
-            """Adders, then the holder saving (it takes the steers with each save), then a taker."""
-            own = self.another(store)
-            if i < adders:
-                try:
-                    for j in range(per_adder):
-                        own.add_steer(sid, f"s{i}-{j:04d}")
-                finally:
-                    with lock:
-                        adding[0] -= 1
-                return []
-            taken: list[str] = []
-            while True:
-                finished = adding[0] == 0
-                if i == adders:
-                    got = store.save_fenced(sid, held, saved, take_steers=True).steers
-                    saved.extend(Message.user(t) for t in got)
-                else:
-                    got = own.take_steers(sid)
-                taken.extend(got)
-                if finished and (not got or i > adders):
-                    return taken
+        def save(sid: str) -> list[str]:
+            """The holder's fenced save, taking the steers."""
+            got = store.save_fenced(sid, held, saved, take_steers=True).steers
+            saved.extend(Message.user(t) for t in got)
+            return got
 
-        *_, by_saver, by_taker = together(adders + 2, work)
+        by_saver, by_taker = add_and_take(sid, [self.another(store).add_steer for _ in range(adders)],
+                                          [save, self.another(store).take_steers], per_adder)
         assert sorted(by_saver + by_taker) == sorted(f"s{i}-{j:04d}" for i in range(adders) for j in range(per_adder))
         stored = store.messages(sid)
         assert stored == saved
@@ -244,7 +226,7 @@ class RunStoreContract(ContractMixin):
                 seen.append([m.text for m in messages])
                 return Message.assistant("noted")
 
-        with standing_in(store, LosesARefusal()):
+        with stand_in(store, LosesARefusal()):
             agent.Runner().run(agent.Spec(session=agent.open(sid, store)), store.messages(sid), Notes())
         assert lost == [True]
         assert seen == [["the question", "and mind the expiry"]]
