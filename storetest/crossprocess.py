@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -21,58 +20,35 @@ from .processes import context as process_context
 from .scripted import ToolsThenAnswer
 
 
-def _add(store: Store, i: int, barrier: Any, sid: str, n: int) -> list[str]:
-    for j in range(n):
-        store.add_steer(sid, f"p{i}-{j:04d}")
-    return []
-
-
-def _take(store: Store, i: int, barrier: Any, sid: str, adders_done: Any) -> list[str]:
+def _add_or_take(store: Store, i: int, barrier: Any, sid: str, adders: int, per_adder: int, adding: Any
+                 ) -> tuple[float, float, list[str]]:
+    """Process i < ``adders`` adds its steers; the others take until the adders are done and nothing is left:
+    when it began and ended (one clock for the host's processes), and what it took."""
+    began = time.monotonic()
     taken: list[str] = []
-    deadline = time.monotonic() + 600  # an orphan (its parent gone) does not spin forever
-    while time.monotonic() < deadline:
-        finished = adders_done.is_set()
+    if i < adders:
+        for j in range(per_adder):
+            store.add_steer(sid, f"p{i}-{j:04d}")
+        with adding.get_lock():
+            adding.value -= 1
+        return began, time.monotonic(), taken
+    while time.monotonic() < began + 600:  # an orphan (its parent gone) does not spin forever
+        finished = adding.value == 0
         batch = store.take_steers(sid)
         taken.extend(batch)
         if not batch and finished:
             break
-    return taken
+    return began, time.monotonic(), taken
 
 
 def exactly_once_across_processes(
     factory: Callable[[], Store], sid: str, *, adders: int, takers: int, per_adder: int, timeout: float = 180
 ) -> float:
     """Assert every steer was taken exactly once; the seconds from all being ready to the last steer taken."""
-    ctx = process_context(factory)
-    barrier = ctx.Barrier(adders + takers + 1)  # and this process, to start the clock
-    adders_done, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(_add, factory, i, barrier, out, (sid, per_adder)))
-             for i in range(adders)]
-    procs += [ctx.Process(target=_child, args=(_take, factory, adders + i, barrier, out, (sid, adders_done)))
-              for i in range(takers)]
-    for p in procs:
-        p.start()
-    done: dict[int, list[str]] = {}
-    try:
-        try:
-            barrier.wait(timeout)
-        except threading.BrokenBarrierError:
-            why = _failures(out, procs)
-            raise AssertionError(f"the processes were not all ready within {timeout} s{why}") from None
-        started = time.monotonic()
-        while len(done) < adders + takers:
-            if sum(1 for i in done if i < adders) == adders:
-                adders_done.set()
-            kind, i, detail = out.get(timeout=timeout)
-            assert kind == "done", detail[0]
-            done[i] = detail
-        seconds = time.monotonic() - started
-    except queue.Empty:
-        raise AssertionError(f"processes did not report within {timeout} s") from None
-    finally:
-        for p in procs:
-            _stop(p)
-    assert_each_taken_once([done[adders + i] for i in range(takers)], "p", adders, per_adder)
+    adding = process_context(factory).Value("i", adders)
+    reports = in_processes(factory, adders + takers, _add_or_take, sid, adders, per_adder, adding, timeout=timeout)
+    assert_each_taken_once([taken for _, _, taken in reports[adders:]], "p", adders, per_adder)
+    seconds: float = max(ended for _, ended, _ in reports) - min(began for began, _, _ in reports)
     return seconds
 
 
