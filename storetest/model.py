@@ -78,7 +78,7 @@ class ModelContract(ContractMixin):
     the check it relaxes); a store with a known bug of its own may leave its mix out, saying why."""
 
     def _model(self, seeds: list[int], ops: int, skip: frozenset[str], workdir: Path, first: bool = False,
-               replay: bool = False) -> Report:
+               replay: bool = False) -> None:
         """Run a program per seed (``first``: stop at the first that fails) and fail saying how to replay."""
         self.requires(Capability.RUN_STORE)
         if not isinstance(self.make_store(), RunStore):
@@ -105,7 +105,6 @@ class ModelContract(ContractMixin):
             pytest.fail(f"{len(total.violations)} invariant violations; replay one with AGENT_SESSIONS_MODEL_SEED="
                         f"{next(iter(logs))}{skipping} AGENT_SESSIONS_MODEL_OPS={ops} pytest -k model_random_programs\n"
                         + "\n".join(lines), pytrace=False)
-        return total
 
     def test_model_random_programs(self, tmp_path: Path) -> None:
         seed = os.environ.get("AGENT_SESSIONS_MODEL_SEED")
@@ -119,9 +118,8 @@ class ModelContract(ContractMixin):
     def test_model_regression_seed(self, stores: str, mix: str, seed: int, ops: int, tmp_path: Path) -> None:
         if (Capability.PROCESSES in self.capabilities) != (stores == PROCESSES):
             pytest.skip(f"seed {seed} replays its program on {stores} stores")
-        # threads decide who wins inside a round: a replay meets its interleaving most times, so it gets three
         if mix == "every":
-            self._model([seed] * self.model_replays, ops, frozenset(KNOWN), tmp_path, first=True)
-            return
-        left_out = frozenset() if mix == "all" else frozenset(FILTERS) - {mix}
-        self._model([seed] * self.model_replays, ops, left_out, tmp_path, first=True, replay=True)
+            left_out = frozenset(KNOWN)
+        else:
+            left_out = frozenset() if mix == "all" else frozenset(FILTERS) - {mix}
+        self._model([seed] * self.model_replays, ops, left_out, tmp_path, first=True, replay=mix != "every")

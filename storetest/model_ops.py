@@ -510,9 +510,8 @@ class Machine:
         self.lifecycle = Capability.LIFECYCLE in capabilities and isinstance(first, LifecycleStore)
         self.approvals = Capability.APPROVALS in capabilities and isinstance(first, ApprovalStore)
         self.events = Capability.EVENTS in capabilities and isinstance(first, EventStore)
-        tag = uuid.uuid4().hex[:8]
-        self.tag = tag
-        self.sessions = [f"model-{tag}-{i}" for i in range(self.rng.choice([2, 2, 3]))]
+        self.tag = uuid.uuid4().hex[:8]
+        self.sessions = [f"model-{self.tag}-{i}" for i in range(self.rng.choice([2, 2, 3]))]
         self.budget: dict[str, int] = {}
         """Per session, the ``max_steps`` of every spec that runs it (a run's, a turn's, the sweep's): the
         application's one spec for the conversation, so a turn's budget is the same whoever runs it."""
