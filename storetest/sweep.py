@@ -64,11 +64,17 @@ class SweepContract(ContractMixin):
 
         return [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
 
-    def test_a_run_stopped_at_max_steps_is_not_stranded_and_no_sweep_runs_it_again(self) -> None:
+    def _charging(self, tag: str, max_steps: int, die_at: int = 0, **options: Any
+                  ) -> tuple[Any, str, Charges, agent.Spec]:
+        """The store, a new session, a ``Charges`` model and the spec of its runs."""
         store = self.run_lifecycle_store()
-        sid = new_id("sweep-spent")
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
+        sid = new_id(tag)
+        model = Charges(die_at)
+        return store, sid, model, agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=max_steps,
+                                             **options)
+
+    def test_a_run_stopped_at_max_steps_is_not_stranded_and_no_sweep_runs_it_again(self) -> None:
+        store, sid, model, spec = self._charging("sweep-spent", 2)
         result = agent.Runner().run(spec, [Message.user("charge me")], model)
         assert (result.stop_reason, model.requests, model.charges) == ("max_steps", 2, 2)
         no_orphans(store.messages(sid))  # its last reply's calls answered
@@ -77,10 +83,8 @@ class SweepContract(ContractMixin):
         assert (model.requests, model.charges) == (2, 2), "the sweep ran a turn that had ended at max_steps"
 
     def test_the_sweep_gives_a_plain_turn_only_what_is_left_of_its_budget(self) -> None:
-        store = self.run_lifecycle_store()
-        sid = new_id("sweep-left")
-        model = Charges(die_at=1)  # the worker dies inside the first request's charge
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
+        # the worker dies inside the first request's charge
+        store, sid, model, spec = self._charging("sweep-left", 2, die_at=1, lease_ttl=5.0)
         with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge me")], model)
         assert sid in stranded_ids(store)
@@ -92,10 +96,8 @@ class SweepContract(ContractMixin):
         assert sid not in stranded_ids(store)
 
     def test_the_sweep_runs_nothing_of_a_plain_turn_that_spent_its_budget_before_it_died(self) -> None:
-        store = self.run_lifecycle_store()
-        sid = new_id("sweep-died")
-        model = Charges(die_at=2)  # dies inside the charge of its last allowed request
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
+        # dies inside the charge of its last allowed request
+        store, sid, model, spec = self._charging("sweep-died", 2, die_at=2, lease_ttl=5.0)
         with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge me")], model)
         (swept,) = self._sweep(store, sid, spec, model)
@@ -110,10 +112,8 @@ class SweepContract(ContractMixin):
             self, comes: str) -> None:
         """The input that ``comes`` behind the stopped turn (its caller or worker gone) is a turn of its own,
         open: the sweep answers it, once, and runs nothing more of the ended turn."""
-        store = self.run_lifecycle_store()
-        sid = new_id("sweep-" + comes.replace(" ", "-"))
-        model, answering = Charges(), Answer("the refund is on its way")
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
+        store, sid, model, spec = self._charging("sweep-" + comes.replace(" ", "-"), 2)
+        answering = Answer("the refund is on its way")
         if comes == "queued":
             assert agent.Runner().run(spec, [Message.user("charge me")], model).stop_reason == "max_steps"
             agent.open(sid, store).enqueue("and the refund?", "q-1")
@@ -145,10 +145,7 @@ class SweepContract(ContractMixin):
     def test_a_turn_sent_again_after_it_stopped_leaves_a_later_plain_runs_turn_to_the_sweep(self) -> None:
         """A plain run dies inside the tool its reply called after turn k stopped: k sent again must not finish
         that reply under its name and clear the session's mark (no sweep would answer the new message)."""
-        store = self.run_lifecycle_store()
-        sid = new_id("sweep-later-plain")
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1, lease_ttl=5.0)
+        store, sid, model, spec = self._charging("sweep-later-plain", 1, lease_ttl=5.0)
         assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
         dying = Charges(die_at=1)
         with pytest.raises(Crash):
@@ -176,10 +173,7 @@ class SweepContract(ContractMixin):
         assert sid not in stranded_ids(store)
 
     def test_a_redelivered_turn_that_stopped_at_max_steps_never_takes_a_later_answer(self) -> None:
-        store = self.run_lifecycle_store()
-        sid = new_id("sweep-later")
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
+        store, sid, model, spec = self._charging("sweep-later", 1)
         first = agent.Runner().turn(spec, "charge me", "k-1", model)
         assert first.stop_reason == "max_steps"
         later = agent.Runner().run(spec, [*store.messages(sid), Message.user("and now?")], Answer("the later answer"))
