@@ -28,7 +28,6 @@ from .events import EventContract
 from .fencing import FencingContract
 from .identity import IdentityContract
 from .lifecycle import LifecycleContract
-from .lost import LostAnswersContract
 from .meeting import MeetingContract
 from .mixin import add_and_take, call, new_id, transcript
 from .model import ModelContract
@@ -51,7 +50,7 @@ SETTINGS = settings.get_profile("storetest")
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
                     IdentityContract, MeetingContract, GapsContract, EdgeContract,
                     ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract,
-                    SweepContract, LostAnswersContract, BetweenContract):
+                    SweepContract, BetweenContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 
