@@ -21,7 +21,6 @@ from . import strategies
 from .approvals import ApprovalContract
 from .between import BetweenContract
 from .capabilities import Capability
-from .conformance_gaps import GapsContract
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
 from .edges import EdgeContract
 from .events import EventContract
@@ -48,9 +47,8 @@ SETTINGS = settings.get_profile("storetest")
 
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
-                    IdentityContract, MeetingContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract,
-                    SweepContract, BetweenContract):
+                    IdentityContract, MeetingContract, EdgeContract, ModelContract, SteerKeyContract, TailContract,
+                    StrandedContract, QueueContract, SweepContract, BetweenContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 
