@@ -22,7 +22,6 @@ from .approvals import ApprovalContract
 from .between import BetweenContract
 from .capabilities import Capability
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
-from .edges import EdgeContract
 from .events import EventContract
 from .fencing import FencingContract
 from .identity import IdentityContract
@@ -47,7 +46,7 @@ SETTINGS = settings.get_profile("storetest")
 
 
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
-                    IdentityContract, MeetingContract, EdgeContract, ModelContract, SteerKeyContract, TailContract,
+                    IdentityContract, MeetingContract, ModelContract, SteerKeyContract, TailContract,
                     StrandedContract, QueueContract, SweepContract, BetweenContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""

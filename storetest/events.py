@@ -18,12 +18,12 @@ import pytest
 
 import agent_sessions as agent
 from agent_sessions import Content, EventStore, Holder, Message, Role, StoredEvent
-from agent_sessions.eventlog import GONE, POINTING, REPLACED, decode, encode, part, resolve
+from agent_sessions.eventlog import GONE, MAX_SEQ, POINTING, REPLACED, decode, encode, part, resolve
 from agent_sessions.run import publisher
 
 from .capabilities import Capability
 from .crossprocess import in_processes, wait_for
-from .mixin import ContractMixin, new_holder, new_id, together
+from .mixin import HUGE, ContractMixin, new_holder, new_id, together
 from .scripted import Answer, ToolsThenAnswer
 
 
@@ -325,6 +325,38 @@ class EventContract(ContractMixin):
         _each_batch_whole(store, sid, 2, PROCESS_BATCHES, [seq for seqs in reports for seq in seqs])
         saved = [m.text for m in store.messages(sid)[1:]]
         assert sorted(saved) == sorted(f"{w}-{b}" for w in range(2) for b in range(0, PROCESS_BATCHES, 2))
+
+    # -- hostile numbers: an ``after`` is a seq, a signed 64-bit integer to every store --------------------
+
+    def _events_with_a_log(self) -> tuple[EventStore, str]:
+        store = self.event_store()
+        sid = new_id("after")
+        holder = store.acquire(sid, new_holder(), 30)
+        store.append_events(sid, holder, [encode("note", {"n": 1})], keep=10)
+        return store, sid
+
+    def test_the_largest_seq_reads_nothing_rather_than_overflowing(self) -> None:
+        store, sid = self._events_with_a_log()
+        assert MAX_SEQ == 2**63 - 1
+        assert store.events(sid, MAX_SEQ, 10) == []
+        assert store.events(new_id("none"), MAX_SEQ, 10) == []
+        session = agent.open(sid, store)
+        assert session.events(after=MAX_SEQ) == []
+        assert list(session.follow(after=MAX_SEQ, timeout=0)) == []
+        assert [e.data for e in session.events(after=0)] == [{"n": 1}]
+
+    @pytest.mark.parametrize("after", [2**63, 2**64, 10**30, HUGE, -HUGE], ids=["2**63", "2**64", "1e30", "huge",
+                                                                               "-huge"])
+    def test_an_after_beyond_a_seq_is_refused_before_any_query(self, after: int) -> None:
+        store, sid = self._events_with_a_log()
+        session = agent.open(sid, store)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            store.events(sid, after, 10)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            session.events(after=after)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            session.follow(after=after, timeout=0)
+        assert [e.data for e in session.events(after=0)] == [{"n": 1}]  # the store still answers
 
     # -- runs that publish -----------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from agent_sessions import (
 from agent_sessions.contract import Scalar
 
 from .capabilities import Capability
-from .mixin import ContractMixin, new_holder, transcript
+from .mixin import HUGE, ContractMixin, new_holder, transcript
 from .scripted import Answer
 
 
@@ -127,6 +127,18 @@ class LifecycleContract(ContractMixin):
         store.set_metadata(sid, {"keep": "me"})
         with pytest.raises(ArgumentError):
             store.set_metadata(sid, changes)
+        info = store.info(sid)
+        assert info is not None and dict(info.metadata) == {"keep": "me"}
+
+    @pytest.mark.parametrize("value", [HUGE, -HUGE, 10**300], ids=["huge", "-huge", "1e300"])
+    def test_a_metadata_int_too_long_for_json_is_refused_naming_its_key(self, value: int) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "huge"
+        store.set_metadata(sid, {"keep": "me"})
+        with pytest.raises(ArgumentError, match="'count'"):
+            store.set_metadata(sid, {"ok": 1, "count": value})
+        with pytest.raises(ArgumentError, match="'count'"):
+            store.list_sessions(where={"count": value})
         info = store.info(sid)
         assert info is not None and dict(info.metadata) == {"keep": "me"}
 

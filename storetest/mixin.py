@@ -20,6 +20,9 @@ from .capabilities import Capability
 
 T = TypeVar("T")
 
+HUGE = 10**5000
+"""More digits than ``int()`` and ``str()`` accept by default (4,300): its repr alone raises ValueError."""
+
 
 class Crash(BaseException):
     """Stands in for a worker dying inside a tool or a request: nothing in the loop catches it."""
