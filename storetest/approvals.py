@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from . import processes
 from .capabilities import Capability
 from .crossprocess import counted, in_processes, lines, wait_for
 from .meeting import Landing
-from .mixin import ContractMixin, new_id, no_orphans, together
+from .mixin import ContractMixin, new_holder, new_id, no_orphans, together
 
 
 def refund_tool(workdir: str, hang: bool = False, **options: Any) -> Tool:
@@ -73,7 +72,7 @@ class ApprovalContract(ContractMixin):
         store = self.approval_store()
         sid = new_id("approval")
         assert store.swap_journal(sid, "{}", '{"a":1}') is False  # no journal: nothing to swap
-        holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         store.put_journal(sid, holder, '{"v":1}')
         store.release(sid, holder)
         assert store.swap_journal(sid, '{"v":2}', '{"v":3}') is False

@@ -275,7 +275,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
 
         check()
 
-
     def test_property_any_session_id_and_steer_round_trip(self) -> None:
         store = self.make_store()
         prefix = uuid.uuid4().hex[:8]

@@ -57,12 +57,6 @@ def _grep(n: int) -> str:
 
 GREP = agent.tool(name="grep")(_grep)
 
-RUN_KINDS = [
-    "step_started", "steer_applied", "model_response", "tool_called", "tool_finished", "tool_called",
-    "tool_finished", "step_started", "model_response", "finished",
-]
-"""A run with a waiting steer and a reply calling two tools, then an answer (ToolsThenAnswer)."""
-
 
 def _shapes(events: Sequence[StoredEvent]) -> list[str]:
     """How each pointing event is stored: ``ref`` (a pointer) or ``whole``."""
@@ -110,12 +104,6 @@ def _riding(spec: agent.Spec, msgs: list[Message], model: Any, *listener: Any) -
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(publisher, "FLUSH_SECONDS", 60.0)
         return agent.Runner().run(spec, msgs, model, *listener)
-
-
-def _plain_store() -> Any:
-    """A Store with only the four methods."""
-    return SimpleNamespace(save=lambda session, msgs: None, messages=lambda session: [],
-                           add_steer=lambda session, text: None, take_steers=lambda session: [])
 
 
 def _old_shape(kind: str, data: dict[str, Any]) -> str:
@@ -369,7 +357,9 @@ class EventContract(ContractMixin):
         result = _riding(spec, [Message.user("q")], ToolsThenAnswer(["grep", "grep"]), seen.append)
         events = session.events()
         _consecutive(events)
-        assert [e.kind for e in events] == RUN_KINDS
+        assert [e.kind for e in events] == [  # a waiting steer, a reply calling two tools, then an answer
+            "step_started", "steer_applied", "model_response", "tool_called", "tool_finished", "tool_called",
+            "tool_finished", "step_started", "model_response", "finished"]
         assert [e.data.get("step") for e in events[:-1]] == [1, 1, 1, 1, 1, 1, 1, 2, 2]
         assert events[1].data == {"step": 1, "text": "be brief", "index": 1, "source": "session"}
         assert Message.from_dict(events[2].data["message"]) == result.messages[2]
@@ -413,8 +403,10 @@ class EventContract(ContractMixin):
 
     def test_publish_events_needs_an_event_store_and_a_tool_needing_approval_an_approval_store(self) -> None:
         model = Answer("never asked")
+        plain: Any = SimpleNamespace(save=lambda session, msgs: None, messages=lambda session: [],  # a Store only
+                                     add_steer=lambda session, text: None, take_steers=lambda session: [])
         for spec in (agent.Spec(publish_events=True),
-                     agent.Spec(session=agent.open(new_id(), _plain_store()), publish_events=True)):
+                     agent.Spec(session=agent.open(new_id(), plain), publish_events=True)):
             with pytest.raises(agent.ArgumentError, match="EventStore"):
                 agent.Runner().run(spec, [Message.user("q")], model)
         with pytest.raises(agent.ArgumentError, match="needs approval"):

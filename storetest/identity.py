@@ -57,9 +57,6 @@ def _answered(msgs: Sequence[Message]) -> list[tuple[str, str]]:
     return [(json.loads(c.arguments)["order"], by_id[c.id]) for c in calls]
 
 
-BOTH = [("A", "refunded 60 on A"), ("B", "refunded 60 on B")]
-
-
 class IdentityContract(ContractMixin):
     # -- two calls with one id -------------------------------------------------------------------------
 
@@ -111,7 +108,7 @@ class IdentityContract(ContractMixin):
         session.approve(waiting[1])
         third = agent.Runner().run(spec, session.messages(), model)
         assert third.stop_reason == "answered" and ran == ["A", "B"]
-        assert _answered(store.messages(sid)) == BOTH
+        assert _answered(store.messages(sid)) == [("A", "refunded 60 on A"), ("B", "refunded 60 on B")]
         assert store.journal(sid) is None and session.pending_approvals() == []
 
     # -- one encoding: a lone surrogate ----------------------------------------------------------------

@@ -95,7 +95,6 @@ class SteerKeyContract(ContractMixin):
 
         check()
 
-
     def test_a_keyed_steer_joins_the_turn_it_lands_in_and_its_redelivery_is_answered(self) -> None:
         """The run that took the steer with the turn's own message fails: taking the steer for a later turn
         would leave it ``superseded`` and unanswered."""
