@@ -1,6 +1,5 @@
 """The ApprovalStore contract: a run stops before a call that needs a person's decision; the decision is
-taken from any process, exactly once; the next run executes it at most once. Every stored transcript of
-these tests is checked for tool calls without results."""
+taken from any process, exactly once; the next run executes it at most once."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import signal
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,49 +22,34 @@ from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from . import processes
 from .capabilities import Capability
-from .crossprocess import in_processes, lines, wait_for
+from .crossprocess import counted, in_processes, lines, wait_for
 from .meeting import Landing
-from .mixin import ContractMixin, new_id, no_orphans, together
-
-
-def _counted(path: str, hang: bool = False) -> Callable[..., str]:
-    def tool(amount: int = 0) -> str:
-        """A tool that notes each run in a file (fsynced: a parent process counts them)."""
-        with open(path, "a") as f:
-            f.write("ran\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if hang:
-            time.sleep(600)  # killed here
-        return f"done {amount}"
-
-    return tool
+from .mixin import ContractMixin, new_holder, new_id, no_orphans, together
 
 
 def refund_tool(workdir: str, hang: bool = False, **options: Any) -> Tool:
     """A non-idempotent tool a person must approve; each run appends a line to ``workdir/refunds``."""
     return agent.tool(name="refund", idempotent=False, needs_approval=True, **options)(
-        _counted(str(Path(workdir) / "refunds"), hang))
+        counted(str(Path(workdir) / "refunds"), 600 if hang else 0))  # killed in the sleep
 
 
 def lookup_tool(workdir: str) -> Tool:
-    return agent.tool(name="lookup")(_counted(str(Path(workdir) / "lookups")))
+    return agent.tool(name="lookup")(counted(str(Path(workdir) / "lookups")))
 
 
 class RefundThenAnswer:
-    """Replies with ``calls`` once (look the order up, refund it), then answers with the results it read.
-    Counts its requests in ``log`` (a file): how a parent process sees that no request was made."""
+    """Looks the order up and refunds it in one reply, then answers with the results it read. Counts its
+    requests in ``log`` (a file): how a parent process sees that no request was made."""
 
-    def __init__(self, log: str, calls: Sequence[tuple[str, str]] = (("lookup", "{}"), ("refund", '{"amount": 5}'))
-                 ) -> None:
+    def __init__(self, log: str) -> None:
         self.log = log
-        self.calls = list(calls)
 
     def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
         with open(self.log, "a") as f:
             f.write("request\n")
         if not any(m.tool_calls for m in messages if m.role is Role.ASSISTANT):
-            return Message(Role.ASSISTANT, [Content.tool_call(f"call_{name}", name, args) for name, args in self.calls])
+            return Message(Role.ASSISTANT, [Content.tool_call("call_lookup", "lookup", "{}"),
+                                            Content.tool_call("call_refund", "refund", '{"n": 5}')])
         return Message.assistant("done: " + " | ".join(c.text for c in messages[-1].content))
 
 
@@ -89,7 +72,7 @@ class ApprovalContract(ContractMixin):
         store = self.approval_store()
         sid = new_id("approval")
         assert store.swap_journal(sid, "{}", '{"a":1}') is False  # no journal: nothing to swap
-        holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         store.put_journal(sid, holder, '{"v":1}')
         store.release(sid, holder)
         assert store.swap_journal(sid, '{"v":2}', '{"v":3}') is False
@@ -106,7 +89,7 @@ class ApprovalContract(ContractMixin):
         sid, result, spec = self._stopped(store, tmp_path)
         assert result.stop_reason == "awaiting_approval" and result.text == ""
         assert [(p.call_id, p.tool, p.arguments) for p in result.pending_approvals] == [
-            ("call_refund", "refund", '{"amount": 5}')]
+            ("call_refund", "refund", '{"n": 5}')]
         assert no_orphans(store.messages(sid)) == [Message.user("refund order 7")]  # the reply waits in the journal
         assert store.holder(sid) is None  # the lease is released
         session = agent.open(sid, store)
@@ -128,10 +111,8 @@ class ApprovalContract(ContractMixin):
 
     def test_a_decision_landing_before_an_unanswered_journal_write_is_read_back_keeps_the_request(
             self, tmp_path: Path) -> None:
-        """The journal write naming the calls that wait for a decision lands, but its answer is lost
-        (``OutcomeUnknown``); before the run reads it back, a person approves the call. The read-back finds
-        the journal with that decision: it landed, so the run announces the request (``approval_requested``)
-        and does not fail; the approved call runs once, when the turn goes on."""
+        """The read-back finds the journal with the decision: it landed, so the run announces the request and
+        does not fail; the approved call runs once, when the turn goes on."""
         store = self.approval_store()
         sid = new_id("approval")
         other: Any = self.another(store)
@@ -199,10 +180,8 @@ class ApprovalContract(ContractMixin):
                 assert denied.value.decision.reason == "over the limit"
 
     def test_of_concurrent_decisions_exactly_one_wins_and_an_unknown_call_is_refused(self, tmp_path: Path) -> None:
-        """Every decider's first read of the journal waits until all have read, so all eight swaps race on
-        the same expected text (threads alone seldom interleave between a read and its swap): only the
-        compare-and-swap (``swap_journal`` refusing a text that is no longer stored) can refuse the others,
-        each told the decision that won."""
+        """Every decider's first read waits until all have read (threads alone seldom interleave between a read
+        and its swap): only the compare-and-swap can refuse the others, each told the decision that won."""
         store = self.approval_store()
         sid, _, _ = self._stopped(store, tmp_path)
         session = agent.open(sid, store)
@@ -242,8 +221,8 @@ class ApprovalContract(ContractMixin):
 
     @pytest.mark.parametrize("set_on", ["tool", "spec"])
     def test_a_call_undecided_past_its_deadline_counts_as_denied(self, tmp_path: Path, set_on: str) -> None:
-        """The deadline given with the tool or the run's ``Spec``: past it, nothing waits, a person's decision
-        is refused (decided at its deadline, not unknown: issue 29), and the next run denies the call itself."""
+        """Past it a person's decision is refused (decided at its deadline, not unknown), and the next run
+        denies the call itself."""
         store = self.approval_store()
         if set_on == "tool":
             sid, result, spec = self._stopped(store, tmp_path, approval_deadline=0.5)
@@ -266,9 +245,8 @@ class ApprovalContract(ContractMixin):
     # -- across processes ------------------------------------------------------------------------------
 
     def test_stop_approve_resume_and_a_kill_inside_the_approved_tool_across_processes(self, tmp_path: Path) -> None:
-        """A stops; B approves; C resumes, runs the lookup and is killed (SIGKILL) inside the approved
-        non-idempotent tool; D resumes and runs neither again: the lookup's result is replayed from the
-        journal, the refund's outcome is unknown."""
+        """A stops; B approves; C resumes and is killed inside the approved refund; D resumes and runs neither
+        tool again."""
         factory = self.factory()
         store = self.approval_store()
         sid = new_id("approval")

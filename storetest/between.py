@@ -1,36 +1,29 @@
-"""What lands between a store's read and its write: each operation the library says as a read and then a
-guarded write must hold exactly what the read decided on, so a change another process makes between the
-two refuses the write (``agent_sessions.backed``).
-
-These drive that interleaving deterministically, by standing between the store and its ``Backend`` (a store
-without one keeps its own rules: skipped, said so), and check the backend's own half: every ``Guard`` field
-is evaluated. Each kills a mutant a store could ship (tests/mutants.py; docs/reliability.md, "Mutants").
+"""What lands between a store's read and its guarded write (``agent_sessions.backed``) must refuse the
+write. These stand between the store and its ``Backend`` to drive that interleaving deterministically, and
+check the backend's own half: every ``Guard`` field is evaluated (docs/reliability.md, "Mutants"). And a
+write whose answer was lost (after the write, or the line cut before it): the library reads the session
+back and settles it, landed or written again, never twice.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+import agent_sessions as agent
 from agent_sessions import Holder, LeaseLost, LifecycleStore, Message, QueueStore, RunStore, TranscriptDeleted
 from agent_sessions.backend import CANCEL, Acquire, Backend, Change, Guard, Idle, Release, Want
 
 from .capabilities import Capability
 from .crossprocess import wait_for
+from .mixin import ContractMixin, new_holder, new_id, stand_in
 
 QUESTION = Message.user("what expires?")
 ANSWER = Message.assistant("the lease")
-
-
-def _sid(tag: str) -> str:
-    return f"storetest-between-{tag}-{uuid.uuid4().hex}"
-
-
-def _claimant(tag: str = "") -> Holder:
-    return Holder("storetest", 4321, f"{tag}{uuid.uuid4().hex}", 0.0)
 
 
 class _Between:
@@ -54,20 +47,26 @@ class _Between:
         return call
 
 
-def _stand(store: Any, backend: Any) -> None:
-    """``backend`` (the store's own, or one standing between it and the store) is the one the store asks."""
-    store.backend = backend
+class _Losing:
+    """``backend``, but the next write carrying events loses its answer: ``landed`` says whether it was made
+    first (its answer lost) or not (cut before the server had it)."""
+
+    def __init__(self, backend: Any, landed: bool) -> None:
+        self.backend, self.landed, self.lost = backend, landed, 0
+
+    def write(self, session: str, guard: Any, change: Any) -> Any:
+        if change.events and not self.lost:
+            self.lost += 1
+            if self.landed:
+                self.backend.write(session, guard, change)
+            raise agent.OutcomeUnknown("storetest: the answer was lost")
+        return self.backend.write(session, guard, change)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
 
 
-class BetweenContract:
-    """Mixed into StoreContract; ``make_store`` and ``requires`` come from there."""
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
+class BetweenContract(ContractMixin):
     def _backed(self, *needs: Capability) -> Any:
         for capability in needs:
             self.requires(capability)
@@ -77,12 +76,11 @@ class BetweenContract:
         return store
 
     def test_every_guard_field_is_evaluated(self) -> None:
-        """Each field of ``Guard`` refuses the write when the row says otherwise (nothing written: the version
-        stays), and lets it through when the row agrees. A field a backend leaves unevaluated is a guarantee the
-        library counts on and the store silently drops (a queue's head, an incarnation)."""
+        """A field a backend leaves unevaluated is a guarantee the library counts on and the store silently
+        drops (a queue's head, an incarnation)."""
         store = self._backed()
         backend: Backend = store.backend
-        sid = _sid("guard")
+        sid = new_id("between-guard")
         probe = Change(drop_key="storetest:never-accepted")  # changes nothing but the version
 
         def version() -> int:
@@ -143,30 +141,26 @@ class BetweenContract:
         holds(Guard(lease_free=True, no_queue=True))
 
     def test_a_queue_pop_whose_lease_was_taken_over_after_its_read_writes_nothing(self) -> None:
-        """``take_queued`` reads the queue's head, then pops it (into the transcript, or dropped) in a write
-        fenced by the lease and guarded by that head. The lease lapses and another run takes it in between: the
-        stale holder's pop is refused (``LeaseLost``), and the message waits for the new holder."""
+        """``take_queued`` reads the queue's head, then pops it in a write fenced by the lease: another run's
+        takeover in between refuses the pop, and the message waits for the new holder."""
         self.requires(Capability.RUN_STORE)
         store = self._backed(Capability.QUEUE)
         backend = store.backend
         assert isinstance(store, QueueStore) and isinstance(store, RunStore)
         for append in (True, False):
-            sid = _sid(f"pop-{append}")
+            sid = new_id(f"between-pop-{append}")
             store.save(sid, [QUESTION, ANSWER])
             store.enqueue(sid, "k1", "first")
-            stale = store.acquire(sid, _claimant("stale-"), 0.3)
+            stale = store.acquire(sid, new_holder(), 0.3)
             taken: list[Holder] = []
 
             def take_over(sid: str = sid, taken: list[Holder] = taken) -> None:
                 wait_for(lambda: store.holder(sid) is None, "the stale holder's lease to lapse")
-                taken.append(store.acquire(sid, _claimant("new-"), 60))
+                taken.append(store.acquire(sid, new_holder(), 60))
 
-            _stand(store, _Between(backend, "read", lambda want: bool(want.queue), take_over))
-            try:
-                with pytest.raises(LeaseLost):
-                    store.take_queued(sid, stale, append=append)
-            finally:
-                _stand(store, backend)
+            with stand_in(store, _Between(backend, "read", lambda want: bool(want.queue), take_over)), \
+                    pytest.raises(LeaseLost):
+                store.take_queued(sid, stale, append=append)
             assert taken, "the queue was never read"
             assert store.queued(sid) == ["k1"] and store.messages(sid) == [QUESTION, ANSWER], \
                 f"a holder whose lease was taken over popped the queue (append={append})"
@@ -175,30 +169,26 @@ class BetweenContract:
 
     @pytest.mark.parametrize("between", ["taken", "queued"])
     def test_a_withdrawal_removes_only_the_message_it_found_whatever_lands_after_its_read(self, between: str) -> None:
-        """``withdraw`` reads the queue, then removes its key's item in a write guarded by the version it read.
-        A run takes that item in between: the withdrawal removes nothing (the transcript answers it, once). Another
-        message is queued in between: the withdrawal still removes its own, and the other waits."""
+        """A run takes the item in between: the withdrawal removes nothing (the transcript answers it, once).
+        Another message queued in between: the withdrawal still removes its own."""
         self.requires(Capability.RUN_STORE)
         store = self._backed(Capability.QUEUE)
         backend = store.backend
         assert isinstance(store, QueueStore) and isinstance(store, RunStore)
-        sid = _sid(f"withdraw-{between}")
+        sid = new_id(f"between-withdraw-{between}")
         store.save(sid, [QUESTION, ANSWER])
         store.enqueue(sid, "k1", "first")
 
         def lands() -> None:
             if between == "taken":
-                holder = store.acquire(sid, _claimant(), 60)
+                holder = store.acquire(sid, new_holder(), 60)
                 assert store.take_queued(sid, holder) == Message.user("first", key="k1")
                 store.release(sid, holder)
             else:
                 store.enqueue(sid, "k2", "second")
 
-        _stand(store, _Between(backend, "read", lambda want: bool(want.queue), lands))
-        try:
+        with stand_in(store, _Between(backend, "read", lambda want: bool(want.queue), lands)):
             withdrawn = store.withdraw(sid, "k1")
-        finally:
-            _stand(store, backend)
         if between == "taken":
             assert not withdrawn, "withdraw reported removing a message a run had taken after its read"
             assert store.queued(sid) == [] and store.messages(sid) == [QUESTION, ANSWER, Message.user("first",
@@ -210,13 +200,12 @@ class BetweenContract:
 
     @pytest.mark.parametrize("between", ["saved", "leased", "steered"])
     def test_prune_spares_a_session_that_came_alive_between_its_listing_and_its_delete(self, between: str) -> None:
-        """``prune`` lists idle sessions, then deletes each. One saved, leased or steered after the listing is
-        no longer idle: its delete must be refused (the listing's version, and a free lease, guard it)."""
+        """The listing's version, and a free lease, guard each delete."""
         self.requires(Capability.RUN_STORE)
         store = self._backed(Capability.LIFECYCLE)
         backend = store.backend
         assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
-        sid = _sid(f"prune-{between}")
+        sid = new_id(f"between-prune-{between}")
         store.save(sid, [QUESTION])
         held: list[Holder] = []
 
@@ -224,16 +213,13 @@ class BetweenContract:
             if between == "saved":
                 store.save(sid, [QUESTION, ANSWER])
             elif between == "leased":
-                held.append(store.acquire(sid, _claimant(), 60))
+                held.append(store.acquire(sid, new_holder(), 60))
             else:
                 store.add_steer(sid, "one more thing")
 
         wait_for(lambda: sid in [r.session for r in backend.sessions(Idle(0.0, 1000))], "the session to be idle")
-        _stand(store, _Between(backend, "sessions", lambda query: isinstance(query, Idle), comes_alive))
-        try:
+        with stand_in(store, _Between(backend, "sessions", lambda query: isinstance(query, Idle), comes_alive)):
             store.prune(idle_for=0)
-        finally:
-            _stand(store, backend)
         assert store.info(sid) is not None, f"prune deleted a session {between} after its listing"
         assert store.messages(sid) == ([QUESTION, ANSWER] if between == "saved" else [QUESTION])
         if held:
@@ -241,9 +227,7 @@ class BetweenContract:
 
     def test_a_first_save_from_a_read_before_a_delete_is_refused_though_the_session_begun_anew_matches_it(
             self) -> None:
-        """A run's first save goes where the read its messages came from ended, guarded by that read's length
-        and edit count, and by its incarnation: a session deleted and begun anew to the same length, by the
-        same number of writes, matches the first two, and only the incarnation tells the erased
+        """The new session has the read's length and edit count: only the incarnation tells the erased
         conversation from the new one."""
         self.requires(Capability.RUN_STORE)
         self.requires(Capability.LIFECYCLE)
@@ -251,16 +235,60 @@ class BetweenContract:
         assert isinstance(store, RunStore) and isinstance(store, LifecycleStore), \
             f"the store declares Capability.RUN_STORE and LIFECYCLE, but {type(store).__name__} is no RunStore and " \
             "LifecycleStore"
-        sid = _sid("anew")
+        sid = new_id("between-anew")
         store.save(sid, [Message.user("the erased question")])
         stale = store.messages(sid)
         assert store.delete(sid)
         anew = [Message.user("a new conversation")]
         store.save(sid, anew)
-        holder = store.acquire(sid, _claimant(), 60)
+        holder = store.acquire(sid, new_holder(), 60)
         try:
             with pytest.raises(TranscriptDeleted):
                 store.save_fenced(sid, holder, [*stale, ANSWER], take_steers=False)
             assert store.messages(sid) == anew, "a save of messages read before a delete wrote over a new session"
         finally:
             store.release(sid, holder)
+
+    # -- a write whose answer was lost ----------------------------------------------------------------
+
+    def _held(self) -> tuple[Any, Any, str, Holder]:
+        """A store with a backend to stand in for, a session saved with one question, and its lease."""
+        store = self._backed(Capability.EVENTS)
+        sid = new_id("lost")
+        store.save(sid, [Message.user("question")])
+        return store, store.backend, sid, store.acquire(sid, new_holder(), 60)
+
+    @staticmethod
+    def _save_losing(store: Any, backend: Any, landed: bool, sid: str, holder: Holder, msgs: list[Message],
+                     events: list[str]) -> agent.Saved:
+        """``save_fenced_events`` through a backend that loses the answer of its first write with events."""
+        losing = _Losing(backend, landed)
+        with stand_in(store, losing):
+            saved: agent.Saved = store.save_fenced_events(sid, holder, msgs, take_steers=True, events=events, keep=100)
+        assert losing.lost == 1
+        return saved
+
+    @pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "cut-before"])
+    def test_a_save_with_events_whose_answer_was_lost_takes_a_waiting_steer_once(self, landed: bool) -> None:
+        """An events-only save guarded by "no steer waits" is refused: a read-back judging by the transcript
+        alone, which already held the messages, would call it landed and leave the steer behind."""
+        store, backend, sid, holder = self._held()
+        msgs = store.messages(sid)
+        store.add_steer(sid, "late steer")
+        events = [json.dumps({"kind": "storetest", "n": n, "at": uuid.uuid4().hex}) for n in range(3)]
+        saved = self._save_losing(store, backend, landed, sid, holder, msgs, events)
+        assert saved.steers == ["late steer"] and store.pending_steers(sid) == []
+        assert [m.text for m in store.messages(sid)] == ["question", "late steer"]
+        assert [text for _, text in backend.events(sid, 0, 100)] == events
+        store.release(sid, holder)
+
+    @pytest.mark.parametrize("landed", [True, False], ids=["answer-lost", "cut-before"])
+    def test_a_step_with_events_whose_answer_was_lost_is_stored_once(self, landed: bool) -> None:
+        store, backend, sid, holder = self._held()
+        msgs = [*store.messages(sid), Message.assistant("answer")]
+        events = [json.dumps({"kind": "storetest", "n": n, "at": uuid.uuid4().hex}) for n in range(2)]
+        saved = self._save_losing(store, backend, landed, sid, holder, msgs, events)
+        assert saved.steers == []
+        assert store.messages(sid) == msgs
+        assert [text for _, text in backend.events(sid, 0, 100)] == events
+        store.release(sid, holder)

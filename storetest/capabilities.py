@@ -2,9 +2,7 @@
 
 Everything is on by default (SQLAlchemy's ``testing/requirements.py`` style): a store's test class
 removes what it does not offer, e.g. ``capabilities = Capability.none_but(Capability.RUN_STORE)`` for a
-store living in one process. A declared capability the store does not deliver fails, never skips: a
-durable store whose second object sees nothing, or one that declares other processes and gives no
-``process_factory``, is a bug the suite must show.
+store living in one process.
 """
 
 from __future__ import annotations

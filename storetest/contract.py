@@ -6,8 +6,6 @@ Hypothesis examples never see each other's data even on a shared database.
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -23,16 +21,13 @@ from . import strategies
 from .approvals import ApprovalContract
 from .between import BetweenContract
 from .capabilities import Capability
-from .conformance_gaps import GapsContract
 from .crossprocess import assert_each_taken_once, exactly_once_across_processes
-from .edges import EdgeContract
 from .events import EventContract
 from .fencing import FencingContract
 from .identity import IdentityContract
 from .lifecycle import LifecycleContract
-from .lost import LostAnswersContract
-from .meeting import CancelMeetsContract, MeetingContract
-from .mixin import call, new_id, together, transcript
+from .meeting import MeetingContract
+from .mixin import add_and_take, call, new_id, transcript
 from .model import ModelContract
 from .queue import QueueContract
 from .runs import RunStoreContract
@@ -50,11 +45,9 @@ settings.register_profile(
 SETTINGS = settings.get_profile("storetest")
 
 
-
 class StoreContract(RunStoreContract, FencingContract, LifecycleContract, ApprovalContract, EventContract,
-                    IdentityContract, MeetingContract, CancelMeetsContract, GapsContract, EdgeContract,
-                    ModelContract, SteerKeyContract, TailContract, StrandedContract, QueueContract,
-                    SweepContract, LostAnswersContract, BetweenContract):
+                    IdentityContract, MeetingContract, ModelContract, SteerKeyContract, TailContract,
+                    StrandedContract, QueueContract, SweepContract, BetweenContract):
     """Subclass as ``Test...`` and implement ``make_store``. Override the class attributes to size the
     suite for a slow backend."""
 
@@ -204,30 +197,8 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
         store = self.make_store()
         sid = new_id()
         k, m = self.concurrency, self.steers_per_adder
-        adding = [k]
-        lock = threading.Lock()
-        deadline = time.monotonic() + 300
-
-        def work(i: int) -> list[str]:
-            if i < k:  # an adder
-                try:
-                    for j in range(m):
-                        store.add_steer(sid, f"a{i}-{j:04d}")
-                finally:
-                    with lock:
-                        adding[0] -= 1
-                return []
-            taken: list[str] = []
-            while time.monotonic() < deadline:
-                finished = adding[0] == 0
-                batch = store.take_steers(sid)
-                taken.extend(batch)
-                if not batch and finished:
-                    return taken
-            raise AssertionError("the takers did not finish within 300 s")
-
         # Each taker's whole sequence must keep every sender's order: stronger than each batch alone.
-        assert_each_taken_once(together(2 * k, work, 310)[k:], "a", k, m)
+        assert_each_taken_once(add_and_take(sid, [store.add_steer] * k, [store.take_steers] * k, m), "s", k, m)
 
     def test_each_steer_is_taken_exactly_once_by_concurrent_processes(self) -> None:
         exactly_once_across_processes(self.factory(), new_id(), adders=4, takers=4, per_adder=40)
@@ -303,7 +274,6 @@ class StoreContract(RunStoreContract, FencingContract, LifecycleContract, Approv
             assert store.take_steers(canary) == []
 
         check()
-
 
     def test_property_any_session_id_and_steer_round_trip(self) -> None:
         store = self.make_store()

@@ -1,13 +1,11 @@
-"""Across OS processes: separate interpreters (from the fork server, never forked from the test, so no
-connection is shared: storetest/processes.py) racing on one session (``in_processes``; steers added and
-taken exactly once), and a run in one process cancelled, killed or stopped from another."""
+"""Across OS processes (storetest/processes.py): processes racing on one session (``in_processes``), and a
+run in one process cancelled or stopped from another."""
 
 from __future__ import annotations
 
 import os
 import queue
 import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -22,59 +20,35 @@ from .processes import context as process_context
 from .scripted import ToolsThenAnswer
 
 
-def _add(store: Store, i: int, barrier: Any, sid: str, n: int) -> list[str]:
-    for j in range(n):
-        store.add_steer(sid, f"p{i}-{j:04d}")
-    return []
-
-
-def _take(store: Store, i: int, barrier: Any, sid: str, adders_done: Any) -> list[str]:
+def _add_or_take(store: Store, i: int, barrier: Any, sid: str, adders: int, per_adder: int, adding: Any
+                 ) -> tuple[float, float, list[str]]:
+    """Process i < ``adders`` adds its steers; the others take until the adders are done and nothing is left:
+    when it began and ended (one clock for the host's processes), and what it took."""
+    began = time.monotonic()
     taken: list[str] = []
-    deadline = time.monotonic() + 600  # an orphan (its parent gone) does not spin forever
-    while time.monotonic() < deadline:
-        finished = adders_done.is_set()
+    if i < adders:
+        for j in range(per_adder):
+            store.add_steer(sid, f"p{i}-{j:04d}")
+        with adding.get_lock():
+            adding.value -= 1
+        return began, time.monotonic(), taken
+    while time.monotonic() < began + 600:  # an orphan (its parent gone) does not spin forever
+        finished = adding.value == 0
         batch = store.take_steers(sid)
         taken.extend(batch)
         if not batch and finished:
             break
-    return taken
+    return began, time.monotonic(), taken
 
 
 def exactly_once_across_processes(
     factory: Callable[[], Store], sid: str, *, adders: int, takers: int, per_adder: int, timeout: float = 180
 ) -> float:
-    """Run the processes, assert every steer was taken exactly once, and return the seconds from all of
-    them being ready to the last steer taken (the benchmark's steer throughput)."""
-    ctx = process_context(factory)
-    barrier = ctx.Barrier(adders + takers + 1)  # and this process, to start the clock
-    adders_done, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(_add, factory, i, barrier, out, (sid, per_adder)))
-             for i in range(adders)]
-    procs += [ctx.Process(target=_child, args=(_take, factory, adders + i, barrier, out, (sid, adders_done)))
-              for i in range(takers)]
-    for p in procs:
-        p.start()
-    done: dict[int, list[str]] = {}
-    try:
-        try:
-            barrier.wait(timeout)
-        except threading.BrokenBarrierError:
-            why = _failures(out, procs)
-            raise AssertionError(f"the processes were not all ready within {timeout} s{why}") from None
-        started = time.monotonic()
-        while len(done) < adders + takers:
-            if sum(1 for i in done if i < adders) == adders:
-                adders_done.set()
-            kind, i, detail = out.get(timeout=timeout)
-            assert kind == "done", detail[0]
-            done[i] = detail
-        seconds = time.monotonic() - started
-    except queue.Empty:
-        raise AssertionError(f"processes did not report within {timeout} s") from None
-    finally:
-        for p in procs:
-            _stop(p)
-    assert_each_taken_once([done[adders + i] for i in range(takers)], "p", adders, per_adder)
+    """Assert every steer was taken exactly once; the seconds from all being ready to the last steer taken."""
+    adding = process_context(factory).Value("i", adders)
+    reports = in_processes(factory, adders + takers, _add_or_take, sid, adders, per_adder, adding, timeout=timeout)
+    assert_each_taken_once([taken for _, _, taken in reports[adders:]], "p", adders, per_adder)
+    seconds: float = max(ended for _, ended, _ in reports) - min(began for began, _, _ in reports)
     return seconds
 
 
@@ -91,10 +65,8 @@ def _child(work: Callable[..., Any], factory: Callable[[], Any], i: int, barrier
 
 def in_processes(factory: Callable[[], Any], processes: int, work: Callable[..., Any], *args: Any,
                  timeout: float = 180) -> list[Any]:
-    """``processes`` processes (``processes.context``, for the store of ``factory``), each building the store
-    and calling ``work(store, i, barrier, *args)`` once all are ready (``work`` is a module's function, for
-    pickling; ``barrier`` lets it wait for the others again): what each returned, by i. A process that
-    failed fails the test with its traceback."""
+    """``work(store, i, barrier, *args)`` (a module's function, for pickling) in ``processes`` processes, each
+    with a store of its own, once all are ready: what each returned, by i (one that raised fails the test)."""
     ctx = process_context(factory)
     barrier, out = ctx.Barrier(processes), ctx.Queue()
     procs = [ctx.Process(target=_child, args=(work, factory, i, barrier, out, args)) for i in range(processes)]
@@ -143,6 +115,21 @@ def assert_each_taken_once(taken: list[list[str]], prefix: str, senders: int, pe
 # -- a run in one process, cancelled from another -------------------------------------------
 
 
+def counted(path: str, sleep: float = 0.0) -> Callable[..., str]:
+    """A tool's function noting each run in the file at ``path`` (fsynced, for a parent process), then sleeping."""
+
+    def tool(n: int = 0) -> str:
+        """Count this run."""
+        with open(path, "a") as f:
+            f.write("ran\n")
+            f.flush()
+            os.fsync(f.fileno())
+        time.sleep(sleep)
+        return f"done {n}"
+
+    return tool
+
+
 def lines(path: Path) -> list[str]:
     """The lines a child process has appended to ``path`` so far (none before it exists)."""
     try:
@@ -159,14 +146,10 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 60, pause: f
         time.sleep(pause)
 
 
-def _slow_step(n: int) -> str:
-    time.sleep(0.05)
-    return "ok"
-
-
 def _run_until_cancelled(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
     try:
-        spec = Spec(session=open_session(sid, factory()), tools=[tool(name="step")(_slow_step)], max_steps=10_000)
+        spec = Spec(session=open_session(sid, factory()), max_steps=10_000,
+                    tools=[tool(name="step")(counted(str(Path(workdir) / "steps"), 0.05))])
         model = ToolsThenAnswer(["step"], rounds=10**9, log=str(Path(workdir) / "requests"))
         result = Runner().run(spec, [Message.user("work until told to stop")], model)
         out.put(("result", result.stop_reason))
@@ -199,15 +182,6 @@ def cancel_from_another_process(factory: Callable[[], Store], sid: str, workdir:
         _stop(child)
 
 
-def _charge(path: str) -> Callable[[int], str]:
-    def charge(n: int) -> str:
-        with open(path, "a") as f:
-            f.write("charged\n")
-        return "charged"
-
-    return charge
-
-
 def _stop(process: Any) -> None:
     process.join(timeout=5)
     if process.is_alive():
@@ -218,20 +192,10 @@ def _stop(process: Any) -> None:
 # -- a run stopped with SIGSTOP past its lease, taken over, then continued ----------------------------------
 
 
-def _stall_in_tool(path: str) -> Callable[[int], str]:
-    def step(n: int) -> str:
-        with open(path, "a") as f:
-            f.write("entered\n")
-        time.sleep(1.0)  # stopped in here
-        return "stepped"
-
-    return step
-
-
 def _run_then_stall(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
     try:
-        spec = Spec(session=open_session(sid, factory()), tools=[tool(name="step")(_stall_in_tool(
-            str(Path(workdir) / "entered")))], lease_ttl=1.0, max_steps=5)
+        spec = Spec(session=open_session(sid, factory()), tools=[tool(name="step")(counted(
+            str(Path(workdir) / "entered"), 1.0))], lease_ttl=1.0, max_steps=5)
         result = Runner().run(spec, [Message.user("step until stopped")], ToolsThenAnswer(["step"], rounds=3))
         out.put(("stale", f"finished: {result.stop_reason}"))
     except LeaseLost:
@@ -243,7 +207,7 @@ def _run_then_stall(factory: Callable[[], Store], sid: str, workdir: str, out: A
 def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -> None:
     try:
         session = open_session(sid, factory())
-        charge = tool(name="charge", idempotent=False)(_charge(str(Path(workdir) / "charges")))
+        charge = tool(name="charge", idempotent=False)(counted(str(Path(workdir) / "charges")))
         spec = Spec(session=session, tools=[charge], lease_ttl=30.0, lease_wait=30.0)
         msgs = [*session.messages(), Message.user("charge the card instead")]
         result = Runner().run(spec, msgs, ToolsThenAnswer(["charge"]))
@@ -253,10 +217,8 @@ def _take_over(factory: Callable[[], Store], sid: str, workdir: str, out: Any) -
 
 
 def stopped_past_ttl_then_taken_over(factory: Callable[[], Store], sid: str, workdir: str) -> None:
-    """A child runs with a 1 s lease and is stopped with SIGSTOP inside a tool; once its lease has expired on
-    the store's clock a second child takes the session over and finishes a turn (with a non-idempotent
-    tool, run once); then the first is continued with SIGCONT and must end with LeaseLost, having written
-    nothing: the store holds exactly the second run's transcript."""
+    """A child is stopped with SIGSTOP inside a tool; once its 1 s lease has expired a second child takes the
+    session over and finishes a turn; continued, the first must end with LeaseLost, having written nothing."""
     ctx = process_context(factory)
     out = ctx.Queue()
     entered = Path(workdir) / "entered"

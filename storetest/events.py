@@ -1,14 +1,8 @@
-"""The EventStore contract: a session's event log. Numbers are consecutive and only grow; every append is
-fenced by the run's lease; the cap keeps the newest; the log goes with its session; concurrent appends
-never share a number; a run with ``publish_events`` publishes the documented kinds in order, each once;
-and a follower in another thread sees a live run's events in order, and after reconnecting with the last
-number it saw misses nothing and sees nothing twice.
+"""The EventStore contract: a session's event log, and the runs that publish to it (``publish_events``).
 
 Events that point: a step's ``model_response`` and ``tool_finished`` ride in the save that writes their
-message and point at it (``ref``) rather than repeat it; a reader gets them whole. Here on every store: the
-pointers as stored, events stored whole (before pointers, or written before their message) reading as
-they did, and a pointer never joined to another message than its own, whatever happened to the transcript
-since (replaced, forked, deleted or pruned, the log capped).
+message and point at it (``ref``) rather than repeat it; a reader gets them whole, and a pointer is never
+joined to another message than its own, whatever happened to the transcript since.
 """
 
 from __future__ import annotations
@@ -24,12 +18,12 @@ import pytest
 
 import agent_sessions as agent
 from agent_sessions import Content, EventStore, Holder, Message, Role, StoredEvent
-from agent_sessions.eventlog import GONE, POINTING, REPLACED, decode, encode, part, resolve
+from agent_sessions.eventlog import GONE, MAX_SEQ, POINTING, REPLACED, decode, encode, part, resolve
 from agent_sessions.run import publisher
 
 from .capabilities import Capability
 from .crossprocess import in_processes, wait_for
-from .mixin import ContractMixin, new_holder, new_id, together
+from .mixin import HUGE, ContractMixin, new_holder, new_id, together
 from .scripted import Answer, ToolsThenAnswer
 
 
@@ -42,18 +36,26 @@ def _consecutive(events: Sequence[StoredEvent]) -> None:
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"not consecutive: {seqs}"
 
 
+def _each_batch_whole(store: EventStore, sid: str, workers: int, batches: int, returned: list[int]) -> None:
+    """The log ``workers`` writers of ``batches`` batches each left (batch b: ``1 + b % 3`` events tagged
+    "<worker>-<b>"): each batch one run of numbers, in its order, and the numbers ``returned`` among them."""
+    every = store.events(sid, 0, 1000)
+    _consecutive(every)
+    assert len(every) == workers * sum(1 + b % 3 for b in range(batches))
+    assert len(set(returned)) == len(returned) and set(returned) <= {e.seq for e in every}
+    for worker in range(workers):
+        for batch in range(batches):
+            mine = [e for e in every if e.data["tag"] == f"{worker}-{batch}"]
+            assert [e.data["n"] for e in mine] == list(range(1 + batch % 3)), (worker, batch, mine)
+            _consecutive(mine)
+
+
 def _grep(n: int) -> str:
     """Look something up."""
     return f"found {n}"
 
 
 GREP = agent.tool(name="grep")(_grep)
-
-RUN_KINDS = [
-    "step_started", "steer_applied", "model_response", "tool_called", "tool_finished", "tool_called",
-    "tool_finished", "step_started", "model_response", "finished",
-]
-"""A run with a waiting steer and a reply calling two tools, then an answer (ToolsThenAnswer)."""
 
 
 def _shapes(events: Sequence[StoredEvent]) -> list[str]:
@@ -104,12 +106,6 @@ def _riding(spec: agent.Spec, msgs: list[Message], model: Any, *listener: Any) -
         return agent.Runner().run(spec, msgs, model, *listener)
 
 
-def _plain_store() -> Any:
-    """A Store with only the four methods."""
-    return SimpleNamespace(save=lambda session, msgs: None, messages=lambda session: [],
-                           add_steer=lambda session, text: None, take_steers=lambda session: [])
-
-
 def _old_shape(kind: str, data: dict[str, Any]) -> str:
     """An event as the library stored it before events pointed: its message or result whole."""
     return json.dumps({"kind": kind, "at": 1_800_000_000.5, "data": data}, separators=(",", ":"))
@@ -120,9 +116,8 @@ PROCESS_BATCHES = 16
 
 
 def _publisher_process(store: Any, worker: int, barrier: Any, sid: str, holder: Holder) -> list[int]:
-    """A process writing ``sid``'s log: odd batches appended on their own (their last numbers are returned),
-    even ones riding in a save of a message of this worker's, read afresh and retried while the other
-    process's save comes first (a conflicting save writes neither)."""
+    """Odd batches appended on their own (their last numbers are returned), even ones riding in a save, retried
+    while the other process's save comes first."""
     returned: list[int] = []
     for batch in range(PROCESS_BATCHES):
         events = _texts(1 + batch % 3, f"{worker}-{batch}")
@@ -196,11 +191,9 @@ class EventContract(ContractMixin):
         assert [e.data["tag"] for e in every] == ["s", "s", "t"]
 
     def test_the_cap_holds_the_newest_keep_after_every_write_of_either_path(self) -> None:
-        """A store may skip the cap's drop while it knows the log has room (PostgreSQL's one-statement step):
-        so after each write, by a save's riding events or an append of its own, of one to three events, the
-        log holds exactly the newest ``keep`` (or all, while fewer). A second store object writing between
-        them may leave a few more until the first writes twice, never fewer than the newest ``keep``. A large
-        write (PostgreSQL's transaction path) and a small one after it keep the newest ``keep`` too."""
+        """A store may skip the cap's drop while it knows the log has room (PostgreSQL's one-statement step),
+        so the cap is checked after every write of either path; a second store object writing between them
+        may leave a few more until the first writes twice, never fewer than the newest ``keep``."""
         store = self.event_store()
         sid = new_id("cap-each")
         holder = store.acquire(sid, new_holder(), 30)
@@ -251,22 +244,11 @@ class EventContract(ContractMixin):
             return [others[worker].append_events(sid, holder, _texts(1 + batch % 3, f"{worker}-{batch}"), keep=10_000)
                     for batch in range(10)]
 
-        returned = [seq for seqs in together(6, append) for seq in seqs]
-        every = store.events(sid, 0, 1000)
-        _consecutive(every)
-        assert len(every) == 6 * sum(1 + b % 3 for b in range(10))
-        assert len(set(returned)) == len(returned) and set(returned) <= {e.seq for e in every}
-        for worker in range(6):  # each batch landed whole, in one run of numbers, its events in order
-            for batch in range(10):
-                mine = [e for e in every if e.data["tag"] == f"{worker}-{batch}"]
-                assert [e.data["n"] for e in mine] == list(range(1 + batch % 3))
-                _consecutive(mine)
+        _each_batch_whole(store, sid, 6, 10, [seq for seqs in together(6, append) for seq in seqs])
 
     def test_no_number_is_given_again_after_the_cap_dropped_it_or_the_session_was_deleted(self) -> None:
         """A follower resumes from the last number it saw (``Last-Event-ID``): a number given again would hand it
-        another event under a number it already passed. So the numbers go on across the cap's drops (here
-        ``keep=1``, so every write drops all but the newest) and across a delete and a new session of the same
-        id, whichever path writes them: an append of its own or a save's (the step's) riding events."""
+        another event under a number it already passed."""
         self.requires(Capability.LIFECYCLE)
         store = self.event_store()
         sid = new_id("again")
@@ -301,10 +283,8 @@ class EventContract(ContractMixin):
         assert store.events(sid, given[-1], 100) == log  # a follower that kept its number sees the new log whole
 
     def test_a_session_deleted_and_made_again_at_once_numbers_above_its_old_log(self) -> None:
-        """The delete and the new log's first write as close together as a program can make them, again and
-        again: a new log starts from the store's clock, which must have moved past every number the old log
-        gave (a clock read to the millisecond did not: within one, the new log began at the old one's first
-        number)."""
+        """A new log starts from the store's clock, which must have moved past every number the old log gave
+        (a clock read to the millisecond did not: within one, the new log began at the old one's first)."""
         self.requires(Capability.LIFECYCLE)
         store = self.event_store()
         assert isinstance(store, agent.LifecycleStore)
@@ -322,34 +302,53 @@ class EventContract(ContractMixin):
         assert not reused, f"a new log numbered from within its deleted one's numbers (old last, new first): {reused}"
 
     def test_two_processes_publishing_at_once_get_distinct_increasing_numbers(self) -> None:
-        """Two processes write one session's log at once, each appending batches of its own and saving a step
-        whose events ride in the save (retried when the other's save came first: a conflicting save writes no
-        event). Every event gets its own number, the log's numbers are consecutive, and each batch's events
-        are one run of numbers in their order."""
+        """Each appends batches of its own and saves steps whose events ride in the save, retried when the
+        other's save came first (a conflicting save writes no event)."""
         store = self.event_store()
         factory = self.factory()
         sid = new_id("processes")
         holder = store.acquire(sid, new_holder(), 120)
         store.save_fenced(sid, holder, [Message.user("q")], take_steers=False)
         reports = in_processes(factory, 2, _publisher_process, sid, holder, timeout=300)
-        every = store.events(sid, 0, 1000)
-        _consecutive(every)
-        assert len(every) == 2 * sum(1 + b % 3 for b in range(PROCESS_BATCHES))
-        returned = [seq for seqs in reports for seq in seqs]
-        assert len(set(returned)) == len(returned) and set(returned) <= {e.seq for e in every}
-        for worker in range(2):
-            for batch in range(PROCESS_BATCHES):
-                mine = [e for e in every if e.data["tag"] == f"{worker}-{batch}"]
-                assert [e.data["n"] for e in mine] == list(range(1 + batch % 3)), (worker, batch, mine)
-                _consecutive(mine)
+        _each_batch_whole(store, sid, 2, PROCESS_BATCHES, [seq for seqs in reports for seq in seqs])
         saved = [m.text for m in store.messages(sid)[1:]]
         assert sorted(saved) == sorted(f"{w}-{b}" for w in range(2) for b in range(0, PROCESS_BATCHES, 2))
+
+    # -- hostile numbers: an ``after`` is a seq, a signed 64-bit integer to every store --------------------
+
+    def _events_with_a_log(self) -> tuple[EventStore, str]:
+        store = self.event_store()
+        sid = new_id("after")
+        holder = store.acquire(sid, new_holder(), 30)
+        store.append_events(sid, holder, [encode("note", {"n": 1})], keep=10)
+        return store, sid
+
+    def test_the_largest_seq_reads_nothing_rather_than_overflowing(self) -> None:
+        store, sid = self._events_with_a_log()
+        assert MAX_SEQ == 2**63 - 1
+        assert store.events(sid, MAX_SEQ, 10) == []
+        assert store.events(new_id("none"), MAX_SEQ, 10) == []
+        session = agent.open(sid, store)
+        assert session.events(after=MAX_SEQ) == []
+        assert list(session.follow(after=MAX_SEQ, timeout=0)) == []
+        assert [e.data for e in session.events(after=0)] == [{"n": 1}]
+
+    @pytest.mark.parametrize("after", [2**63, 2**64, 10**30, HUGE, -HUGE], ids=["2**63", "2**64", "1e30", "huge",
+                                                                               "-huge"])
+    def test_an_after_beyond_a_seq_is_refused_before_any_query(self, after: int) -> None:
+        store, sid = self._events_with_a_log()
+        session = agent.open(sid, store)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            store.events(sid, after, 10)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            session.events(after=after)
+        with pytest.raises(agent.ArgumentError, match="after="):
+            session.follow(after=after, timeout=0)
+        assert [e.data for e in session.events(after=0)] == [{"n": 1}]  # the store still answers
 
     # -- runs that publish -----------------------------------------------------------------------------
 
     def test_a_run_publishes_each_kind_in_order_exactly_once_pointing_at_its_messages(self) -> None:
-        """A step's ``model_response`` and ``tool_finished`` ride in the save that writes their message and
-        point at it (``ref``) rather than repeat it; a reader gets them whole."""
         store = self.event_store()
         session = agent.open(new_id("run"), store)
         session.steer("be brief")
@@ -358,7 +357,9 @@ class EventContract(ContractMixin):
         result = _riding(spec, [Message.user("q")], ToolsThenAnswer(["grep", "grep"]), seen.append)
         events = session.events()
         _consecutive(events)
-        assert [e.kind for e in events] == RUN_KINDS
+        assert [e.kind for e in events] == [  # a waiting steer, a reply calling two tools, then an answer
+            "step_started", "steer_applied", "model_response", "tool_called", "tool_finished", "tool_called",
+            "tool_finished", "step_started", "model_response", "finished"]
         assert [e.data.get("step") for e in events[:-1]] == [1, 1, 1, 1, 1, 1, 1, 2, 2]
         assert events[1].data == {"step": 1, "text": "be brief", "index": 1, "source": "session"}
         assert Message.from_dict(events[2].data["message"]) == result.messages[2]
@@ -385,8 +386,7 @@ class EventContract(ContractMixin):
         _consecutive([*events, *more])
 
     def test_a_failed_run_publishes_failed(self) -> None:
-        """The error's message may hold a lone surrogate (a file name, as ``os.listdir`` gives it): stored as
-        an escape, and the session goes on."""
+        """Its message holds a lone surrogate (a file name, as ``os.listdir`` gives it): stored as an escape."""
         store = self.event_store()
         session = agent.open(new_id("fail"), store)
 
@@ -403,8 +403,10 @@ class EventContract(ContractMixin):
 
     def test_publish_events_needs_an_event_store_and_a_tool_needing_approval_an_approval_store(self) -> None:
         model = Answer("never asked")
+        plain: Any = SimpleNamespace(save=lambda session, msgs: None, messages=lambda session: [],  # a Store only
+                                     add_steer=lambda session, text: None, take_steers=lambda session: [])
         for spec in (agent.Spec(publish_events=True),
-                     agent.Spec(session=agent.open(new_id(), _plain_store()), publish_events=True)):
+                     agent.Spec(session=agent.open(new_id(), plain), publish_events=True)):
             with pytest.raises(agent.ArgumentError, match="EventStore"):
                 agent.Runner().run(spec, [Message.user("q")], model)
         with pytest.raises(agent.ArgumentError, match="needs approval"):
@@ -452,8 +454,7 @@ class EventContract(ContractMixin):
     # -- events that point at the messages their save wrote ----------------------------------------------
 
     def test_events_stored_whole_read_as_they_always_did(self) -> None:
-        """Events of the shape every event had before pointers (the message, the result inside), as a log
-        written by an earlier version holds them, beside a new run's pointers."""
+        """Events as an earlier version stored them (the message, the result inside), beside new pointers."""
         store = self.event_store()
         sid = new_id("old")
         reply = Message(Role.ASSISTANT, [Content.tool_call("c1", "grep", '{"n": 0}')])
@@ -517,8 +518,8 @@ class EventContract(ContractMixin):
 
     @pytest.mark.parametrize("erase", ["delete", "prune"])
     def test_pointers_read_after_their_session_was_erased_say_gone(self, erase: str) -> None:
-        """The log goes with its session; a reader that had read the events just before sees what it then
-        reads of the messages: nothing, and says so, never an error."""
+        """A reader that had read the events just before the erasure finds no messages: it says so, never
+        an error."""
         self.requires(Capability.LIFECYCLE)
         store = self.event_store()
         session = agent.open(new_id(erase + "-"), store)

@@ -1,34 +1,50 @@
 """Fenced runs: a run that lost its lease never writes again, and a run writes only over the transcript
-it started from.
-
-The store-level tests check the fencing rule of ``agent_sessions.RunStore`` directly. The scenario tests
-(``test_1_`` ... ``test_6_``; the third, a run that waited for the lease, is the fourth's loser) drive whole
-runs through the six ways a stale run used to overwrite a newer one; each ends with the newer run's
-transcript and journal intact, the stale run refused, every non-idempotent tool run at most once, and no
-stored tool call without its result. A stall is simulated in process (``stalls.Stalled``); ``crossprocess``
-stops a real process with SIGSTOP."""
+it started from. The scenario tests (``test_1_`` ... ``test_6_``; the third, a run that waited for the
+lease, is the fourth's loser) drive whole runs through the ways a stale run used to overwrite a newer one.
+And concurrent first saves of a new session (PostgreSQL locked a row that did not exist yet, and both
+appended), and the cancel flag every fenced save returns."""
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
 from typing import Any
 
 import pytest
 
 import agent_sessions as agent
-from agent_sessions import Content, Holder, Message, RunStore
+from agent_sessions import Content, EventStore, Holder, Message, RunStore, Saved, Store
 from agent_sessions.eventlog import encode
 from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.run.react import CANCELLED
 
-from .crossprocess import wait_for
-from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans, together
+from .capabilities import Capability
+from .crossprocess import in_processes, wait_for
+from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans, noting, together
 from .scripted import Answer, ToolsThenAnswer
 from .stalls import Stalled
 
 TTL = 0.6
 """The lease of a run that is about to stall: short, so the takeover comes soon."""
+
+
+ROUNDS = 20
+"""How many new sessions each race is run on: a lost race shows in most rounds, seldom in one."""
+WRITERS = 4
+
+
+def _transcript(writer: int, round: int) -> list[Message]:
+    """Writer ``writer``'s transcript in ``round``: its own from the first message on, several messages long,
+    so two writers' rows at the same positions would mix."""
+    return [Message.user(f"writer {writer} round {round} message {i}") for i in range(3 + writer % 2)]
+
+
+def _first_saver(store: Store, i: int, barrier: Any, sids: list[str]) -> None:
+    """One writer of the race: a first save of each round's session, all writers at once."""
+    for r, sid in enumerate(sids):
+        barrier.wait(120)
+        store.save(sid, _transcript(i, r))
 
 
 def _state(store: RunStore, sid: str) -> tuple[list[Message], str | None, Holder | None]:
@@ -115,9 +131,8 @@ class FencingContract(ContractMixin):
             assert [e.data["by"] for e in log] == ["a", "b"] and log[1].seq == log[0].seq + 1
 
     def test_a_save_whose_flags_are_not_bools_is_an_argument_error_and_writes_nothing(self) -> None:
-        """``take_steers`` and ``replace`` each decide what a save does (take the steers, replace the
-        transcript): a value that is not a bool (a truthy string, ``None``, 1) is refused before anything is
-        read or written, by the save with events too, whatever the store's usual step would have made of it."""
+        """Each decides what a save does: a value that is no bool is refused before anything is read or
+        written, whatever the store's usual step would have made of it."""
         store = self.run_store()
         sid = new_id("flags")
         held = store.acquire(sid, new_holder(), 30)
@@ -198,9 +213,8 @@ class FencingContract(ContractMixin):
         assert self.another(store).messages(sid) == msgs and store.messages(sid) == msgs
 
     def test_threads_stepping_one_session_on_one_store_object_never_lose_a_step(self) -> None:
-        """Each round two threads step the session from the same transcript: one is saved, the other
-        refused (its transcript no longer extends the stored one), and what the store object knows stays
-        what is stored, so the next round steps from the winner's."""
+        """Of two threads stepping from the same transcript one is saved; what the store object knows stays what
+        is stored, so the next round steps from the winner's."""
         store, sid, held, msgs = self._stepped("step-threads-")
         for round in range(8):
             lists = [[*msgs, Message.assistant(f"round {round} by {t}")] for t in range(2)]
@@ -237,12 +251,7 @@ class FencingContract(ContractMixin):
         charged: list[str] = []
         newer: dict[str, Any] = {}
         taken_over = self._taken_over
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Not idempotent."""
-            charged.append(sid)
-            return "charged"
+        charge = noting(charged, "charge", "charged", idempotent=False)
 
         class StallsThenCalls(ToolsThenAnswer):
             def complete(self, system: str, messages: Any, tools: Any) -> Message:
@@ -261,16 +270,8 @@ class FencingContract(ContractMixin):
     def test_4_of_two_concurrent_resumes_of_a_crashed_run_one_finishes_and_the_tool_runs_once(self) -> None:
         store = self.run_store()
         sid = new_id("s4")
-        charges: list[int] = []
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Dies the first time, after its effect."""
-            charges.append(n)
-            if len(charges) == 1:
-                raise Crash
-            return "charged"
-
+        charges: list[str] = []
+        charge = noting(charges, "charge", "charged", False, {"charge"})  # dies the first time, after its effect
         spec = agent.Spec(session=agent.open(sid, store), tools=[charge])
         with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge the card")], ToolsThenAnswer(["charge"]))
@@ -289,7 +290,7 @@ class FencingContract(ContractMixin):
         assert len(finished) == 1 and len(outcomes) == 2, outcomes
         # the one that waited for the lease refused to write its stale history, before asking its model
         assert [m.requests for m in models] == [int(isinstance(o, agent.Result)) for o in outcomes]
-        assert charges == [0] and store.holder(sid) is None
+        assert charges == ["charge"] and store.holder(sid) is None
         stored = store.messages(sid)
         assert stored == finished[0].messages
         assert _results(stored, 2)["call_0_0"].text == UNKNOWN_OUTCOME
@@ -352,27 +353,9 @@ class FencingContract(ContractMixin):
     def test_6_a_cancelled_resume_keeps_what_ran_and_skips_only_what_never_started(self) -> None:
         store = self.run_store()
         sid = new_id("s6")
-        ran: list[str] = []
-
-        @agent.tool
-        def lookup(n: int) -> str:
-            """Idempotent; finishes before the crash."""
-            ran.append("lookup")
-            return "looked up"
-
-        @agent.tool(idempotent=False)
-        def charge(n: int) -> str:
-            """Dies after its effect."""
-            ran.append("charge")
-            raise Crash
-
-        @agent.tool
-        def notify(n: int) -> str:
-            """Never started."""
-            ran.append("notify")
-            return "notified"
-
-        tools = [lookup, charge, notify]
+        ran: list[str] = []  # lookup finishes, charge dies after its effect, notify never starts
+        tools = [noting(ran, "lookup", "looked up"), noting(ran, "charge", "charged", False, {"charge"}),
+                 noting(ran, "notify", "notified")]
         with pytest.raises(Crash):
             agent.Runner().run(agent.Spec(session=agent.open(sid, store), tools=tools), [Message.user("go")],
                                ToolsThenAnswer(["lookup", "charge", "notify"]))
@@ -394,5 +377,80 @@ class FencingContract(ContractMixin):
         assert store.journal(sid) is None
         no_orphans(stored)
 
+    # -- concurrent first saves ------------------------------------------------------------------------
 
-__all__ = ["FencingContract"]
+    @pytest.mark.parametrize("apart", ["threads", "processes"])
+    def test_concurrent_first_saves_of_a_new_session_leave_exactly_one_of_them(self, apart: str) -> None:
+        store = self.make_store()
+        sids = [new_id("first") for _ in range(ROUNDS)]
+        if apart == "processes":
+            in_processes(self.factory(), WRITERS, _first_saver, sids, timeout=300)
+        else:
+            writers, barrier = [self.another(store) for _ in range(WRITERS)], threading.Barrier(WRITERS)
+            together(WRITERS, lambda i: _first_saver(writers[i], i, barrier, sids), 300)
+        for r, sid in enumerate(sids):
+            stored = store.messages(sid)
+            assert stored in [_transcript(i, r) for i in range(WRITERS)], f"round {r}: stored {stored}"
+
+    def test_first_fenced_saves_of_successive_holders_leave_one_of_them(self) -> None:
+        """Each writer takes the lease over once the previous one's lapsed (a short ttl), so their first fenced
+        saves overlap: a superseded one is LeaseLost, and one whole transcript that succeeded is stored."""
+        store = self.run_store()
+        writers = [self.another(store) for _ in range(WRITERS)]
+        for r in range(ROUNDS // 4):
+            sid = new_id("fenced")
+
+            def run(i: int, sid: str = sid, r: int = r) -> bool:
+                own, mine = writers[i], new_holder()
+                deadline = time.monotonic() + 60
+                while (held := own.acquire(sid, mine, 0.05)).token != mine.token:
+                    assert time.monotonic() < deadline, "the lease never came free"
+                    time.sleep(0.01)
+                try:
+                    own.save_fenced(sid, held, _transcript(i, r), take_steers=True, replace=True)
+                    return True
+                except agent.LeaseLost:
+                    return False  # taken over meanwhile: refused, which is right
+
+            saved = [i for i, ok in enumerate(together(WRITERS, run, 90)) if ok]
+            stored = store.messages(sid)
+            assert saved and stored in [_transcript(i, r) for i in saved], f"round {r}: stored {stored}, saved {saved}"
+
+    # -- the cancel flag a fenced save returns ---------------------------------------------------------
+
+    def test_every_fenced_save_reports_a_cancel_and_a_takeover_starts_without(self) -> None:
+        store = self.run_store()
+        saves: list[tuple[str, dict[str, Any]]] = [("save_fenced", {})]
+        if Capability.EVENTS in self.capabilities and isinstance(store, EventStore):
+            saves.append(("save_fenced_events", {"events": [encode("note", {})], "keep": 100}))
+        for name, extra in saves:
+
+            def save(s: Any, sid: str, held: Holder, msgs: list[Message], take: bool,
+                     name: str = name, extra: dict[str, Any] = extra) -> Saved:
+                saved: Saved = getattr(s, name)(sid, held, msgs, take_steers=take, **extra)
+                return saved
+
+            for take in (True, False):
+                how = f"{name}(take_steers={take})"
+                sid = new_id("cancel")
+                msgs = [Message.user(f"m{i}") for i in range(6)]
+                a = store.acquire(sid, new_holder(), 0.3)
+                assert save(store, sid, a, msgs[:1], take).cancelled is False, f"{how}: the first write"
+                assert save(store, sid, a, msgs[:2], take).cancelled is False, f"{how}: an append"
+                assert store.cancel(sid) is True
+                assert save(store, sid, a, msgs[:3], take).cancelled is True, f"{how}: an append after a cancel"
+                assert save(store, sid, a, msgs[:3], take).cancelled is True, f"{how}: nothing new after a cancel"
+                cold = self.another(store)  # knows nothing: its save is a first write
+                assert save(cold, sid, a, msgs[:4], take).cancelled is True, f"{how}: a first write after a cancel"
+                assert store.messages(sid) == msgs[:4], f"{how}: a cancelled run's saves are still stored"
+                wait_for(lambda: store.holder(sid) is None, "the lease to lapse on the store's clock")  # noqa: B023
+                b = store.acquire(sid, new_holder(), 30)  # handed the cancel; its own lease starts without
+                assert b.epoch > a.epoch and b.cancelled is True
+                assert save(store, sid, b, msgs[:5], take).cancelled is False, f"{how}: an append after a takeover"
+                assert save(store, sid, b, msgs[:5], take).cancelled is False, f"{how}: nothing new after a takeover"
+                cold = self.another(store)
+                assert save(cold, sid, b, msgs, take).cancelled is False, f"{how}: a first write after a takeover"
+                assert store.cancel(sid) is True
+                assert save(store, sid, b, [*msgs, Message.user("z")], take).cancelled is True, (
+                    f"{how}: the new holder's append after a cancel")
+                store.release(sid, b)

@@ -1,21 +1,12 @@
-"""Where operations meet: a call's identity, one encoding for everything stored, and an events callback
-that raises.
-
-- Two tool calls of one reply with one id (some servers send them) each run once and get their own result
-  and their own approval: the loop gives the second a made-up id as the reply arrives, and that reply is the
-  one stored, journalled and sent back.
-- A str a tool returns or a person writes (a deny reason) may hold a lone surrogate (an ``os.listdir`` name):
-  a run publishing its events stores it, as an escape, and the session goes on working. Where a surrogate
-  cannot be kept (a steer, a metadata value, a session id) it is refused with an ``ArgumentError``.
-- An events callback that raises after a tool ran fails the run with its exception, and what ran is kept:
-  a resume replays the result instead of calling its outcome unknown.
+"""Where operations meet: two tool calls of one reply with one id (some servers send them; the loop gives
+the second an id of its own), a lone surrogate (an ``os.listdir`` name) in what a run publishes, and an
+events callback that raises after a tool ran.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
@@ -27,7 +18,7 @@ from agent_sessions.events import Event, StepStarted, ToolFinished
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
-from .mixin import ContractMixin, Crash, new_id
+from .mixin import ContractMixin, Crash, new_id, refund
 from .scripted import Answer, Replies, ToolsThenAnswer
 from .strategies import VERBATIM_ARGUMENTS
 
@@ -43,20 +34,6 @@ TWO_WITH_ONE_ID = Message(Role.ASSISTANT, [
 
 class _Boom(Exception):
     """What an events callback raises."""
-
-
-def _refund(ran: list[str], crash_on: str = "", **options: Any) -> Tool:
-    """A non-idempotent refund; ``ran`` gets each order it is run for. It dies (after its effect) the first
-    time it runs for ``crash_on``."""
-
-    def refund(order: str) -> str:
-        """Refund 60 on an order."""
-        ran.append(order)
-        if order == crash_on and ran.count(order) == 1:
-            raise Crash
-        return f"refunded 60 on {order}"
-
-    return agent.tool(name="refund", idempotent=False, **options)(refund)
 
 
 def _charge(ran: list[int]) -> Tool:
@@ -80,22 +57,16 @@ def _answered(msgs: Sequence[Message]) -> list[tuple[str, str]]:
     return [(json.loads(c.arguments)["order"], by_id[c.id]) for c in calls]
 
 
-BOTH = [("A", "refunded 60 on A"), ("B", "refunded 60 on B")]
-
-
 class IdentityContract(ContractMixin):
-    def _store(self, *needs: Capability) -> Any:
-        return self.run_store(*needs)
-
     # -- two calls with one id -------------------------------------------------------------------------
 
     @pytest.mark.parametrize("crash_on", ["", "A", "B"], ids=["none", "killed-in-A", "killed-in-B"])
     def test_two_calls_with_one_id_each_run_once_and_get_their_own_result(self, crash_on: str) -> None:
         """Also when the worker is killed between or inside them: a resume gives each its own result."""
-        store = self._store()
+        store = self.run_store()
         sid = new_id(f"crash-{crash_on}")
         ran: list[str] = []
-        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(ran, crash_on=crash_on)])
+        spec = agent.Spec(session=agent.open(sid, store), tools=[refund(ran, crash_on=crash_on)])
         model = Replies(TWO_WITH_ONE_ID)
         if crash_on:
             with pytest.raises(Crash):
@@ -116,12 +87,12 @@ class IdentityContract(ContractMixin):
         assert store.journal(sid) is None
 
     def test_two_calls_with_one_id_wait_for_two_approvals(self) -> None:
-        store = self._store(Capability.APPROVALS)
+        store = self.run_store(Capability.APPROVALS)
         assert isinstance(store, ApprovalStore)
         sid = new_id("approve")
         session = agent.open(sid, store)
         ran: list[str] = []
-        spec = agent.Spec(session=session, tools=[_refund(ran, needs_approval=True)])
+        spec = agent.Spec(session=session, tools=[refund(ran, needs_approval=True)])
         model = Replies(TWO_WITH_ONE_ID)
         first = agent.Runner().run(spec, [Message.user("refund A and B")], model)
         assert first.stop_reason == "awaiting_approval"
@@ -137,14 +108,14 @@ class IdentityContract(ContractMixin):
         session.approve(waiting[1])
         third = agent.Runner().run(spec, session.messages(), model)
         assert third.stop_reason == "answered" and ran == ["A", "B"]
-        assert _answered(store.messages(sid)) == BOTH
+        assert _answered(store.messages(sid)) == [("A", "refunded 60 on A"), ("B", "refunded 60 on B")]
         assert store.journal(sid) is None and session.pending_approvals() == []
 
     # -- one encoding: a lone surrogate ----------------------------------------------------------------
 
     def test_a_lone_surrogate_in_a_message_or_a_tool_result_is_published_and_refused_where_it_cannot_be_kept(
             self) -> None:
-        store = self._store(Capability.EVENTS)
+        store = self.run_store(Capability.EVENTS)
         session = agent.open(new_id("lone"), store)
         name = f"report{LONE}.txt"
 
@@ -181,10 +152,10 @@ class IdentityContract(ContractMixin):
             agent.Runner().run(agent.Spec(session=odd, publish_events=True), [Message.user("q")], Answer("x"))
 
     def test_a_deny_reason_holding_a_lone_surrogate_is_published_and_the_session_goes_on(self) -> None:
-        store = self._store(Capability.EVENTS, Capability.APPROVALS)
+        store = self.run_store(Capability.EVENTS, Capability.APPROVALS)
         session = agent.open(new_id("lone-deny"), store)
         ran: list[str] = []
-        spec = agent.Spec(session=session, tools=[_refund(ran, needs_approval=True)], publish_events=True)
+        spec = agent.Spec(session=session, tools=[refund(ran, needs_approval=True)], publish_events=True)
         model = Replies(Message(Role.ASSISTANT, [Content.tool_call("c1", "refund", '{"order": "A"}')]))
         assert agent.Runner().run(spec, [Message.user("refund A")], model).stop_reason == "awaiting_approval"
         reason = f"the order file {LONE} is not ours"
@@ -198,7 +169,7 @@ class IdentityContract(ContractMixin):
         assert again.stop_reason == "answered" and session.events()[-1].kind == "finished"
 
     def test_published_tool_calls_keep_their_arguments_byte_for_byte(self) -> None:
-        store = self._store(Capability.EVENTS)
+        store = self.run_store(Capability.EVENTS)
         session = agent.open(new_id("verbatim"), store)
 
         @agent.tool(name="echo")
@@ -220,7 +191,7 @@ class IdentityContract(ContractMixin):
     # -- an events callback that raises ----------------------------------------------------------------
 
     def test_an_events_callback_raising_after_a_tool_ran_fails_the_run_and_keeps_what_ran(self) -> None:
-        store = self._store(Capability.EVENTS)
+        store = self.run_store(Capability.EVENTS)
         # Where the callback raises: on the ToolFinished of the reply's last call (its result rides with
         # the next save), of a call with one after it (journalled at once), or on the next step's start.
         cases = [("last call", ["charge"], "call_0_0", False), ("last call", ["charge"], "call_0_0", True),

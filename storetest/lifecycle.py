@@ -1,8 +1,6 @@
 """The LifecycleStore contract: listing, inspecting, labelling, deleting and retaining sessions, and the
-turn that is safe to repeat (``Runner.turn``), which rests on the fenced first write.
-
-Stores share databases with other tests, so every test works under a prefix of its own, and ``prune``
-(which is global) is only asked about sessions these tests made.
+turn that is safe to repeat (``Runner.turn``). Stores share databases with other tests, so every test
+works under a prefix of its own, and ``prune`` (global) is only asked about sessions these tests made.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from agent_sessions import (
 from agent_sessions.contract import Scalar
 
 from .capabilities import Capability
-from .mixin import ContractMixin, new_holder, transcript
+from .mixin import HUGE, ContractMixin, new_holder, transcript
 from .scripted import Answer
 
 
@@ -132,6 +130,18 @@ class LifecycleContract(ContractMixin):
         info = store.info(sid)
         assert info is not None and dict(info.metadata) == {"keep": "me"}
 
+    @pytest.mark.parametrize("value", [HUGE, -HUGE, 10**300], ids=["huge", "-huge", "1e300"])
+    def test_a_metadata_int_too_long_for_json_is_refused_naming_its_key(self, value: int) -> None:
+        store = self.lifecycle_store()
+        sid = _prefix() + "huge"
+        store.set_metadata(sid, {"keep": "me"})
+        with pytest.raises(ArgumentError, match="'count'"):
+            store.set_metadata(sid, {"ok": 1, "count": value})
+        with pytest.raises(ArgumentError, match="'count'"):
+            store.list_sessions(where={"count": value})
+        info = store.info(sid)
+        assert info is not None and dict(info.metadata) == {"keep": "me"}
+
     # -- listing ---------------------------------------------------------------------------------------
 
     def test_list_is_newest_first_filtered_by_prefix_and_metadata(self) -> None:
@@ -167,8 +177,6 @@ class LifecycleContract(ContractMixin):
             store.list_sessions(**kwargs)
 
     def test_property_filtered_pages_are_the_filter_of_all_sessions(self) -> None:
-        """Paging by a common value, a rare one, two keys, a prefix, a value of only the oldest sessions,
-        or one nobody has, gives exactly the whole listing filtered, in its order, once each."""
         store = self.lifecycle_store()
         prefix = _prefix()
         for i in range(LISTED):

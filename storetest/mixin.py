@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import pytest
@@ -19,9 +20,22 @@ from .capabilities import Capability
 
 T = TypeVar("T")
 
+HUGE = 10**5000
+"""More digits than ``int()`` and ``str()`` accept by default (4,300): its repr alone raises ValueError."""
+
 
 class Crash(BaseException):
     """Stands in for a worker dying inside a tool or a request: nothing in the loop catches it."""
+
+
+@contextmanager
+def stand_in(store: Any, backend: Any) -> Iterator[None]:
+    """``backend`` stands in for the store's own (``BackedStore.backend``) within the block."""
+    own, store.backend = store.backend, backend
+    try:
+        yield
+    finally:
+        store.backend = own
 
 
 def new_id(tag: str = "") -> str:
@@ -33,13 +47,6 @@ def new_holder(tag: str = "", spec: str | None = None) -> Holder:
     """A would-be holder; the store sets its expiry and epoch. Tagged ones get a recognisable token."""
     token = (tag * 32)[:32] if tag else uuid.uuid4().hex
     return Holder("host-" + token[:8], 1234, token, 0.0, spec=spec)
-
-
-def join(threads: list[threading.Thread], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-        assert not t.is_alive(), f"thread {t.name} did not finish within {timeout} s"
 
 
 def together(n: int, work: Callable[[int], T], timeout: float = 120) -> list[T]:
@@ -60,10 +67,42 @@ def together(n: int, work: Callable[[int], T], timeout: float = 120) -> list[T]:
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    join(threads, timeout)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        assert not t.is_alive(), f"thread {t.name} did not finish within {timeout} s"
     if errors:
         raise errors[0]
     return [results[i] for i in range(n)]
+
+
+def add_and_take(sid: str, adders: list[Callable[[str, str], object]], takers: list[Callable[[str], list[str]]],
+                 per_adder: int, timeout: float = 300) -> list[list[str]]:
+    """Adder i adds the steers ``f"s{i}-{j:04d}"`` (``adders[i](sid, text)``) while each taker takes
+    (``takers[t](sid)``) until the adders are done and it finds nothing more, all at once: what each took."""
+    adding = [len(adders)]
+    lock = threading.Lock()
+    deadline = time.monotonic() + timeout
+
+    def work(i: int) -> list[str]:
+        if i < len(adders):
+            try:
+                for j in range(per_adder):
+                    adders[i](sid, f"s{i}-{j:04d}")
+            finally:
+                with lock:
+                    adding[0] -= 1
+            return []
+        taken: list[str] = []
+        while time.monotonic() < deadline:
+            finished = adding[0] == 0
+            batch = takers[i - len(adders)](sid)
+            taken.extend(batch)
+            if not batch and finished:
+                return taken
+        raise AssertionError(f"the takers did not finish within {timeout} s")
+
+    return together(len(adders) + len(takers), work, timeout + 10)[len(adders):]
 
 
 def call(id: str, arguments: str = '{"z":1,"a":[1, 2],"z":3}') -> Message:
@@ -82,6 +121,36 @@ def transcript(n: int, tag: str = "") -> list[Message]:
         else:
             out.append(Message(agent.Role.USER, [agent.Content.tool_result(f"call_{i - 1}", f"{tag}contents {i}")]))
     return out
+
+
+def refund(ran: list[str], crash_on: str = "", **options: Any) -> agent.Tool:
+    """A non-idempotent refund (``options`` go to ``agent.tool``); ``ran`` gets each order it is run for. It
+    dies (after its effect) the first time it runs for ``crash_on``."""
+
+    def refund(order: str) -> str:
+        """Refund 60 on an order."""
+        ran.append(order)
+        if order == crash_on and ran.count(order) == 1:
+            raise Crash
+        return f"refunded 60 on {order}"
+
+    return agent.tool(name="refund", idempotent=False, **options)(refund)
+
+
+def noting(ran: list[str], name: str, text: str, idempotent: bool = True, dies: set[str] | None = None
+           ) -> agent.Tool:
+    """A tool ``name`` that notes its name in ``ran`` and returns ``text``; the first time it runs while its
+    name is in ``dies`` it takes it out and dies (after its effect)."""
+
+    def run(n: int = 0) -> str:
+        """A tool that may take its worker with it."""
+        ran.append(name)
+        if dies is not None and name in dies:
+            dies.discard(name)
+            raise Crash
+        return text
+
+    return agent.tool(name=name, idempotent=idempotent)(run)
 
 
 def no_orphans(msgs: list[Message]) -> list[Message]:

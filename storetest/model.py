@@ -1,8 +1,5 @@
-"""The model-based concurrency test: seeded programs of public operations, issued by several workers at
-once, checked after every round against a reference model of what may have happened (see
-``storetest.model_ops`` for the operations, the model and the invariants, and docs/reliability.md).
-
-A failure prints its seed; replay it with ``AGENT_SESSIONS_MODEL_SEED=<seed> pytest -k model_random_programs``
+"""The model-based concurrency test (``storetest.model_ops``, docs/reliability.md). A failure prints its
+seed; replay it with ``AGENT_SESSIONS_MODEL_SEED=<seed> pytest -k model_random_programs``
 (``AGENT_SESSIONS_MODEL_SKIP=none`` lets in the mixes the class leaves out, ``AGENT_SESSIONS_MODEL_OPS``
 sets the program's length).
 """
@@ -17,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from agent_sessions import RunStore, Store
+from agent_sessions import RunStore
 
 from .capabilities import Capability
+from .mixin import ContractMixin
 from .model_ops import FILTERS, KNOWN, Report, run_program
 
 IN_PROCESS, PROCESSES = "in-process", "processes"
@@ -29,55 +27,34 @@ memory store reaches no other process (no kill or freeze), the other four do."""
 REGRESSION_SEEDS: list[Any] = [
     # (stores, the one mix let in, seed, operations); each failed on main while the machine was built
     pytest.param(IN_PROCESS, "duplicate_call_ids", 2798570523, 20, id="4-duplicate-call-ids"),
-    pytest.param(IN_PROCESS, "redeliver_after_cancel", 3589583794, 20,
-                 id="2-redelivery-continues-a-max-steps-turn"),
-    pytest.param(IN_PROCESS, "cancel_near_approval", 1479284937, 20,
-                 id="3-cancel-lost-beside-a-run-of-a-waiting-turn"),
-    pytest.param(IN_PROCESS, "absorbed_conflict", 3387541014, 20,
-                 id="7-turn-reports-failed-then-finished"),
-    pytest.param(PROCESSES, "delete_near_run", 3871601465, 20,
-                 id="1-resume-saves-a-deleted-transcript-back"),
-    pytest.param(PROCESSES, "redeliver_after_cancel", 731644238, 20,
-                 id="2-redelivery-continues-a-max-steps-turn-p"),
+    pytest.param(IN_PROCESS, "redeliver_after_cancel", 3589583794, 20, id="2-redelivery-continues-a-max-steps-turn"),
+    pytest.param(IN_PROCESS, "cancel_near_approval", 1479284937, 20, id="3-cancel-lost-beside-a-run-of-a-waiting-turn"),
+    pytest.param(IN_PROCESS, "absorbed_conflict", 3387541014, 20, id="7-turn-reports-failed-then-finished"),
+    pytest.param(PROCESSES, "delete_near_run", 3871601465, 20, id="1-resume-saves-a-deleted-transcript-back"),
+    pytest.param(PROCESSES, "redeliver_after_cancel", 731644238, 20, id="2-redelivery-continues-a-max-steps-turn-p"),
     pytest.param(PROCESSES, "duplicate_call_ids", 3280387012, 20, id="4-duplicate-call-ids-p"),
-    pytest.param(PROCESSES, "surrogate_events", 3343385571, 20,
-                 id="5-a-lone-surrogate-in-a-published-reply"),
-    pytest.param(PROCESSES, "absorbed_conflict", 1095513148, 20,
-                 id="7-turn-reports-failed-then-finished-p"),
-    pytest.param(PROCESSES, "delete_near_cancel", 2179419893, 30,
-                 id="new-sql-acquire-asserts-a-deleted-row"),
-    # found by the first soak, every mix in ("all"): a redelivery absorbed by Runner.turn told its
-    # listener the refused attempt's StepStarted, and then nothing
+    pytest.param(PROCESSES, "surrogate_events", 3343385571, 20, id="5-a-lone-surrogate-in-a-published-reply"),
+    pytest.param(PROCESSES, "absorbed_conflict", 1095513148, 20, id="7-turn-reports-failed-then-finished-p"),
+    pytest.param(PROCESSES, "delete_near_cancel", 2179419893, 30, id="new-sql-acquire-asserts-a-deleted-row"),
+    # found by the soaks ("all": every mix in) and the suite's random programs: a redelivery absorbed by
+    # Runner.turn told its listener the refused attempt's StepStarted, and then nothing
     pytest.param(IN_PROCESS, "all", 3323551233, 20, id="soak-a-listener-heard-an-absorbed-attempt"),
     pytest.param(PROCESSES, "all", 1794979959, 20, id="soak-a-listener-heard-an-absorbed-attempt-p"),
-    # found by the hour's soak after the fixes: a redelivery of a turn a later turn had taken up went on with
-    # that turn's work (a request, a tool) under its own budget, after the later turn stopped at max_steps
     pytest.param(PROCESSES, "all", 3494613216, 20, id="soak-a-redelivery-goes-on-with-a-later-turn-p"),
-    # found by the suite's random programs (2026-12-07, SQLite): a run that took a turn's cancel with the lease,
-    # to close that turn before its new input, failed first (TranscriptConflict) and the cancel went with it;
-    # the turn's redelivery then went on with it and paid
+    # a run that took a turn's cancel with the lease, to close that turn before its new input, failed first
+    # and the cancel went with it; the turn's redelivery then went on with it and paid
     pytest.param(PROCESSES, "all", 1956223834, 14, id="model-a-run-failing-before-it-closed-a-turn-lost-its-cancel-p"),
-    # Issue 42's stage: programs of every operation (mix "every": the machine's whole drawing, KNOWN left out),
-    # each failing before its fix. The sweep, beside a message queued behind a plain run stopped at max_steps,
-    # went on with that run's turn on a fresh budget:
+    # programs of every operation (mix "every": the machine's whole drawing, KNOWN left out), each failing
+    # before its fix
     pytest.param(IN_PROCESS, "every", 1284742981, 20, id="42-the-sweep-goes-on-with-a-run-stopped-at-max-steps"),
-    # a queued turn finished a plain run's waiting reply, and went on with it on a fresh budget:
     pytest.param(IN_PROCESS, "every", 2124873841, 20, id="42-a-queued-turn-passes-a-plain-runs-budget"),
-    # a steered turn beside a turn waiting for decisions ran the session again and again:
     pytest.param(IN_PROCESS, "every", 1656296274, 20, id="42-a-steer-beside-a-waiting-decision-runs-again"),
-    # a steered turn whose own run stopped at max_steps said StillQueued, promising an answer:
     pytest.param(IN_PROCESS, "every", 29128304, 20, id="42-a-steer-whose-run-stopped-says-still-queued"),
-    # KNOWN's, fixed since. A steered turn whose own run went on with the session's turn first and was cancelled
-    # (or stopped at its decisions) before it took the steer told its listener that run's Finished, then ran
-    # again (a second Finished) or raised StillQueued; its runs without the steer are not its listener's now, and
-    # a cancelled one is followed by a run of the steer:
     pytest.param(IN_PROCESS, "every", 2097562654, 20, id="known-a-steer-whose-run-was-cancelled-before-it-took-it"),
     pytest.param(IN_PROCESS, "every", 3858565773, 20, id="known-a-steer-whose-run-stopped-at-a-decision-first"),
-    # a cancel() beside an interrupt: the model's own error (an op's lease held over the cancel, and its tool
-    # started under a later lease of the op, the interrupt's new turn), fixed in the model; kept as a replay:
+    # the model's own error (an op's lease held over the cancel, its tool started under a later lease of the
+    # op, the interrupt's new turn), fixed in the model; kept as a replay
     pytest.param(IN_PROCESS, "every", 18343348, 20, id="known-a-cancel-beside-an-interrupt"),
-    # found by the soaks of that fix: a steer its caller ran after a turn stopped at max_steps was counted in
-    # that turn (the sweep of a fork marked it finished, unanswered; a repeat said max_steps while it ran)
     pytest.param(IN_PROCESS, "every", 258149844, 20, id="soak-a-steer-after-max-steps-counted-in-the-ended-turn"),
     pytest.param(IN_PROCESS, "every", 1702236041, 20, id="soak-a-steer-after-max-steps-repeat-says-max-steps"),
 ]
@@ -89,12 +66,7 @@ wins inside a round, so before the fixes a replay failed most times, not always:
 ``model_replays`` times (issue 42's failed every time)."""
 
 
-class ModelContract:
-    """Mixed into StoreContract; ``make_store``, ``requires``, ``capabilities`` and ``process_factory``
-    come from there."""
-
-    capabilities: frozenset[Capability]
-
+class ModelContract(ContractMixin):
     model_programs: int = 3
     """Programs per run of the suite (each of fresh random seeds, printed)."""
     model_ops: int = 12
@@ -105,22 +77,13 @@ class ModelContract:
     """Operation mixes left out (names of ``storetest.model_ops.KNOWN``, each saying the open bug it meets, or
     the check it relaxes); a store with a known bug of its own may leave its mix out, saying why."""
 
-    def make_store(self) -> Store:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def process_factory(self) -> Any:
-        raise NotImplementedError
-
     def _model(self, seeds: list[int], ops: int, skip: frozenset[str], workdir: Path, first: bool = False,
-               replay: bool = False) -> Report:
+               replay: bool = False) -> None:
         """Run a program per seed (``first``: stop at the first that fails) and fail saying how to replay."""
         self.requires(Capability.RUN_STORE)
         if not isinstance(self.make_store(), RunStore):
             pytest.fail(f"the store declares Capability.RUN_STORE, but {type(self).__name__}'s store is no RunStore")
-        factory = self.process_factory() if Capability.PROCESSES in self.capabilities else None
+        factory = self.factory() if Capability.PROCESSES in self.capabilities else None
         total = Report()
         logs: dict[int, list[str]] = {}
         for seed in seeds:
@@ -142,7 +105,6 @@ class ModelContract:
             pytest.fail(f"{len(total.violations)} invariant violations; replay one with AGENT_SESSIONS_MODEL_SEED="
                         f"{next(iter(logs))}{skipping} AGENT_SESSIONS_MODEL_OPS={ops} pytest -k model_random_programs\n"
                         + "\n".join(lines), pytrace=False)
-        return total
 
     def test_model_random_programs(self, tmp_path: Path) -> None:
         seed = os.environ.get("AGENT_SESSIONS_MODEL_SEED")
@@ -156,9 +118,8 @@ class ModelContract:
     def test_model_regression_seed(self, stores: str, mix: str, seed: int, ops: int, tmp_path: Path) -> None:
         if (Capability.PROCESSES in self.capabilities) != (stores == PROCESSES):
             pytest.skip(f"seed {seed} replays its program on {stores} stores")
-        # threads decide who wins inside a round: a replay meets its interleaving most times, so it gets three
         if mix == "every":
-            self._model([seed] * self.model_replays, ops, frozenset(KNOWN), tmp_path, first=True)
-            return
-        left_out = frozenset() if mix == "all" else frozenset(FILTERS) - {mix}
-        self._model([seed] * self.model_replays, ops, left_out, tmp_path, first=True, replay=True)
+            left_out = frozenset(KNOWN)
+        else:
+            left_out = frozenset() if mix == "all" else frozenset(FILTERS) - {mix}
+        self._model([seed] * self.model_replays, ops, left_out, tmp_path, first=True, replay=mix != "every")

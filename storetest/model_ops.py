@@ -1,22 +1,7 @@
 """The model-based concurrency machine's parts: the operations it issues (all public API), the reference
 model of what may have happened, and the invariants checked against it (``storetest.model`` runs it per
-store; ``tests/soak.py`` loops it for hours).
-
-A *program* is drawn from ``random.Random(seed)`` one *round* at a time: 1 to 3 operations on 2 to 5
-sessions, each on its own worker thread with its own store object (for a durable store), started
-together. The first operation of a round may be *held* at a chosen point (inside the model request, or
-inside its first tool), so the others land "while the run waits for the model" or "inside the tool";
-it is let go once each other operation has ended or is waiting for the lease. A round ends when all its
-operations have ended (every wait is bounded); then every invariant is checked against the store, so a
-round is one step. Rounds are drawn from the seed and what the store showed at the round's start, so a
-seed replays the same program as long as the store answers the same (threads make the interleaving
-within a round likely, not certain: a held operation makes the interesting one near certain).
-
-What a run did is seen from outside the library: the scripted model and the tools append to a *ledger*
-file (one ``os.write`` per line, so threads and child processes can share it), a thin proxy around the
-store notes on each thread when the run last asked whether it was cancelled, and each operation's events
-are collected from its ``events`` callable. Texts are unique per operation, so a text showing up where it
-must not (a deleted session's message coming back, a steer twice) is seen.
+store; ``tests/soak.py`` loops it for hours). docs/reliability.md, "The model-based concurrency test", says
+how a program is drawn, what is watched and each invariant.
 """
 
 from __future__ import annotations
@@ -43,6 +28,7 @@ from agent_sessions.journal import Journal
 
 from . import processes
 from .capabilities import Capability
+from .mixin import Crash
 
 HOLD = 20.0
 """Seconds a held operation waits to be let go, and the scheduler waits for it to reach its point."""
@@ -68,31 +54,18 @@ KNOWN: dict[str, str] = {}
 """The operation mixes that meet a bug still open on this branch, by name, each saying what it meets: what
 ``ModelContract.model_skip`` and ``scripts/soak --skip known`` leave out (or the check they relax)."""
 
-FILTERS: dict[str, str] = {
-    "delete_near_run": "issue 29 #1: a delete (forced or not) or a prune in a round with a run of the same session "
-                       "(any session, for prune): a run that read or waited for the lease before it saves the "
-                       "pre-delete transcript back. The same rounds meet two NEW bugs: the SQL stores' acquire "
-                       "AssertionError (see delete_near_cancel), and MongoDB's delete(force=True) raising "
-                       "SessionBusy when a run takes the lease of a session that did not exist a moment before",
-    "redeliver_after_cancel": "issue 29 #2: a redelivery (Runner.turn, same key) of a turn that was cancelled, "
-                              "stopped at max_steps, or shares a round with a cancel: it continues that turn",
-    "cancel_near_approval": "issue 29 #3: a cancel in a round with a run of a session whose turn waits for approval "
-                            "(or that asks for one): cancel() returns True and is lost with the lease",
+FILTERS: dict[str, str] = {  # the operations of each mix: docs/reliability.md, "Mixes left out"
+    "delete_near_run": "issue 29 #1: a delete or a prune in a round with a run of the session (any, for prune)",
+    "redeliver_after_cancel": "issue 29 #2: a redelivery of a turn a cancel or max_steps stopped",
+    "cancel_near_approval": "issue 29 #3: a cancel beside a run of a session whose turn waits for approval",
     "duplicate_call_ids": "issue 29 #4: a reply with two tool calls of one id: the second never runs",
     "surrogate_events": "issue 29 #5: a lone surrogate in a message of a run with publish_events",
-    "absorbed_conflict": "issue 29 #7: a Runner.turn that meets another run's save reports `failed` and then "
-                         "`finished`: the check accepts failed(TranscriptConflict) events before the last one",
-    "delete_near_cancel": "NEW (found by this machine): a delete or prune in a round with a cancel() of the same "
-                          "session (any, for prune): on the SQL stores, acquire makes the session's row in one "
-                          "transaction and asserts it in the next; a delete between them is an AssertionError "
-                          "(stores/_sql/store.py, acquire), not a typed error. cancel() takes the lease to close a "
-                          "turn waiting for approval (a run does too: those rounds are delete_near_run's)",
-    "concurrent_first_save": "issue 29 #11: two operations writing a session that does not exist yet, in one "
-                             "round (PostgreSQL: duplicate-key StoreError)",
+    "absorbed_conflict": "issue 29 #7: a Runner.turn meeting another run's save reports failed, then finished",
+    "delete_near_cancel": "NEW: a delete or a prune beside a cancel(): the SQL stores' acquire asserted the row",
+    "concurrent_first_save": "issue 29 #11: two writers of a session that does not exist yet, in one round",
 }
-"""The mixes the machine left out while the bugs they met were open (each with its issue's bug number), all
-fixed now. Kept so that a regression seed (``storetest.model.REGRESSION_SEEDS``) replays the very program it
-failed: a program is drawn round by round, and a mix left out makes the round drawn again."""
+"""The mixes the machine left out while the bugs they met were open, all fixed now: kept so that a regression
+seed replays the very program it failed (a mix left out makes its round drawn again)."""
 
 ENDS = ("answered", "max_steps", "cancelled", "superseded")
 """The stop reasons that end a turn (``awaiting_approval`` does not: the turn goes on once decided)."""
@@ -100,10 +73,6 @@ ENDS = ("answered", "max_steps", "cancelled", "superseded")
 INVARIANTS = ("pay_at_most_once", "approved_before_paid", "one_result_per_call", "steer_once",
               "no_reappearance", "cancel_stops_turn", "events_end_once", "typed_errors", "usable", "bounded",
               "turn_ends_once", "own_answer", "answered_or_waits", "within_budget", "compaction_in_range")
-
-
-class Crash(BaseException):
-    """Stands in for a worker dying inside the model request or a tool: nothing in the loop catches it."""
 
 
 # -- the ledger: what the model and the tools did, from any thread or process ------------------------------
@@ -146,10 +115,8 @@ _METHODS = sorted({n for p in _PROTOCOLS for n, v in vars(p).items() if callable
 
 class _Watched:
     """Every call goes to the store under test. Noted on the calling thread: when the run last asked the
-    store whether it was cancelled (``check``, ``put_journal`` and the fenced saves, which return the flag:
-    a tool starts after one of them; where the store pushes cancels, ``CancelWatcher``, after the last one
-    with nothing pushed since), and whether the current operation was refused the lease (it waits for it,
-    or fails with SessionBusy)."""
+    store whether it was cancelled (``_CHECKING``; where the store pushes cancels, ``_Heeded``), and whether
+    the current operation was refused the lease (it waits for it, or fails with SessionBusy)."""
 
     def __init__(self, store: Store, holds: list[Hold] | None = None) -> None:
         self._store = store
@@ -181,24 +148,6 @@ class _Watched:
                 hold.released = now()
         self._store.release(session, holder)  # type: ignore[attr-defined]
 
-    def check(self, session: str, holder: agent.Holder) -> bool:
-        self._local.checked = now()
-        return bool(self._store.check(session, holder))  # type: ignore[attr-defined]
-
-    def put_journal(self, session: str, holder: agent.Holder, journal: str, *, unless_cancelled: bool = False
-                    ) -> bool:
-        self._local.checked = now()
-        return bool(self._store.put_journal(session, holder, journal,  # type: ignore[attr-defined]
-                                            unless_cancelled=unless_cancelled))
-
-    def save_fenced(self, session: str, holder: agent.Holder, msgs: Any, **options: Any) -> Any:
-        self._local.checked = now()
-        return self._store.save_fenced(session, holder, msgs, **options)  # type: ignore[attr-defined]
-
-    def save_fenced_events(self, session: str, holder: agent.Holder, msgs: Any, **options: Any) -> Any:
-        self._local.checked = now()
-        return self._store.save_fenced_events(session, holder, msgs, **options)  # type: ignore[attr-defined]
-
     def watch_cancel(self, session: str, holder: agent.Holder) -> Any:
         return _Heeded(self, self._store.watch_cancel(session, holder))  # type: ignore[attr-defined]
 
@@ -207,10 +156,9 @@ class _Watched:
 
 
 class _Heeded:
-    """A run's cancel watch, through ``_Watched``: where the watch's ``False`` is exact (``exact``: nothing
-    at all was committed since the run's last read, SQLite), it counts as a check made as it was asked, so
-    a cancel that returned before then must stop the tool. A pushed ``False`` (PostgreSQL) only says no
-    notification was heard: the last read stays the check (the documented bound)."""
+    """A run's cancel watch, through ``_Watched``: an exact ``False`` (nothing was committed since the run's
+    last read, SQLite) counts as a check made as it was asked; a pushed one (PostgreSQL) only says no
+    notification was heard, so the last read stays the check (the documented bound)."""
 
     def __init__(self, proxy: _Watched, watch: Any) -> None:
         self._proxy = proxy
@@ -232,8 +180,14 @@ class _Heeded:
         self._watch.close()
 
 
+_CHECKING = {"check", "put_journal", "save_fenced", "save_fenced_events"}
+"""The calls that answer whether the run was cancelled: each notes when it was made."""
+
+
 def _passing(name: str) -> Callable[..., Any]:
     def method(self: _Watched, *args: Any, **kwargs: Any) -> Any:
+        if name in _CHECKING:
+            self._local.checked = now()
         return getattr(self._store, name)(*args, **kwargs)
 
     method.__name__ = name
@@ -243,7 +197,7 @@ def _passing(name: str) -> Callable[..., Any]:
 def watched(store: Store, holds: list[Hold] | None = None) -> _Watched:
     """``store`` behind a ``_Watched`` offering exactly the protocol methods ``store`` has (so the library's
     isinstance checks answer as they would for the store itself)."""
-    own = {"acquire", "check", "put_journal", "release", "save_fenced", "save_fenced_events", "watch_cancel"}
+    own = {"acquire", "release", "watch_cancel"}
     names = [n for n in _METHODS if callable(getattr(store, n, None))]
     cls = type("Watched", (_Watched,), {n: _passing(n) for n in names if n not in own})
     for name in own - set(names):
@@ -435,31 +389,27 @@ def tools_of(store: _Watched, ledger: Ledger, op: Op | None, n: int, kind: str, 
     """``pay`` (not idempotent; needs approval when its call says ``ask``) and ``lookup`` (idempotent):
     each start goes to the ledger with the time the run last checked for a cancel before it."""
 
-    def started(tool: str, sid: str, turn: str, order: str, ask: bool) -> None:
-        ledger.write(t="start", tool=tool, sid=sid, call=order, turn=turn, ask=ask, op=n, kind=kind,
-                     checked=store.checked(), at=now())
-        if op is not None:
-            op.pause("tool")
-        if crash == "tool":
-            raise Crash("killed inside a tool")
-        if hang == "kill":
-            time.sleep(CHILD)  # SIGKILLed in here
-        elif hang == "freeze":
-            go = Path(workdir) / f"go-{n}"
-            deadline = time.monotonic() + CHILD
-            while not go.exists() and time.monotonic() < deadline:  # SIGSTOPped in here, then let go
-                time.sleep(0.01)
+    def effect(tool: str, done: str) -> Callable[..., str]:
+        def run(sid: str, turn: str, order: str, ask: bool = False) -> str:
+            ledger.write(t="start", tool=tool, sid=sid, call=order, turn=turn, ask=ask, op=n, kind=kind,
+                         checked=store.checked(), at=now())
+            if op is not None:
+                op.pause("tool")
+            if crash == "tool":
+                raise Crash("killed inside a tool")
+            if hang == "kill":
+                time.sleep(CHILD)  # SIGKILLed in here
+            elif hang == "freeze":
+                go = Path(workdir) / f"go-{n}"
+                deadline = time.monotonic() + CHILD
+                while not go.exists() and time.monotonic() < deadline:  # SIGSTOPped in here, then let go
+                    time.sleep(0.01)
+            return f"{done} {order}"
 
-    def pay(sid: str, turn: str, order: str, ask: bool = False) -> str:
-        started("pay", sid, turn, order, ask)
-        return f"paid {order}"
+        return run
 
-    def lookup(sid: str, turn: str, order: str, ask: bool = False) -> str:
-        started("lookup", sid, turn, order, ask)
-        return f"found {order}"
-
-    return [agent.tool(name="pay", idempotent=False, needs_approval=lambda a: bool(a.get("ask")))(pay),
-            agent.tool(name="lookup")(lookup)]
+    pay = agent.tool(name="pay", idempotent=False, needs_approval=lambda a: bool(a.get("ask")))
+    return [pay(effect("pay", "paid")), agent.tool(name="lookup")(effect("lookup", "found"))]
 
 
 def _summary(event: object) -> tuple[str, str]:
@@ -496,12 +446,6 @@ def child_run(factory: Callable[[], Store], sid: str, workdir: str, n: int, kind
 
 
 @dataclass
-class Violation:
-    invariant: str
-    detail: str
-
-
-@dataclass
 class Report:
     """What programs tried and checked; ``merge`` adds another's."""
 
@@ -529,15 +473,9 @@ _EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     # Conflict: SessionBusy, LeaseLost, TranscriptConflict, AwaitingApproval: each says why the run did not go on.
     **{k: (agent.Conflict,) for k in ("run", "turn", "redeliver", "resume", "kill", "freeze")},
     "crash": (agent.Conflict, Crash),
-    "steer": (),
-    "steer_again": (),
-    "recover": (),
-    "cancel": (),
-    "approve": (agent.AlreadyDecided, agent.UnknownApproval),
-    "deny": (agent.AlreadyDecided, agent.UnknownApproval),
+    **{k: () for k in ("steer", "steer_again", "recover", "cancel", "delete_force", "prune")},
+    **{k: (agent.AlreadyDecided, agent.UnknownApproval) for k in ("approve", "deny")},
     "delete": (agent.SessionBusy,),
-    "delete_force": (),
-    "prune": (),
     "fork": (agent.ArgumentError, agent.SessionExists),  # the source was deleted meanwhile
 }
 
@@ -557,7 +495,6 @@ class Machine:
         failed, with the same draws: the same seed is then the same program."""
         self.seed = seed
         self.rng = random.Random(seed)
-        self.caps = capabilities
         self.factory = process_factory if Capability.PROCESSES in capabilities else None
         self.workdir = workdir
         self.ops = ops
@@ -573,16 +510,16 @@ class Machine:
         self.lifecycle = Capability.LIFECYCLE in capabilities and isinstance(first, LifecycleStore)
         self.approvals = Capability.APPROVALS in capabilities and isinstance(first, ApprovalStore)
         self.events = Capability.EVENTS in capabilities and isinstance(first, EventStore)
-        tag = uuid.uuid4().hex[:8]
-        self.tag = tag
-        self.sessions = [f"model-{tag}-{i}" for i in range(self.rng.choice([2, 2, 3]))]
+        self.tag = uuid.uuid4().hex[:8]
+        self.sessions = [f"model-{self.tag}-{i}" for i in range(self.rng.choice([2, 2, 3]))]
         self.budget: dict[str, int] = {}
         """Per session, the ``max_steps`` of every spec that runs it (a run's, a turn's, the sweep's): the
         application's one spec for the conversation, so a turn's budget is the same whoever runs it."""
         self.compact: dict[str, bool] = {}
         """Per session: its specs compact (``Compaction`` with a summary model of its own)."""
-        for sid in self.sessions:
-            self._configure(sid)
+        for sid in self.sessions if self.new else ():
+            self.budget[sid] = self.rng.choice([1, 2, 3, 4, 4])
+            self.compact[sid] = self.rng.random() < 0.35
         self.report = Report(programs=1)
         self.log: list[str] = []
         self.count = 0
@@ -590,7 +527,6 @@ class Machine:
         self.steers: dict[str, list[tuple[str, int]]] = {}
         self.steers_gone: dict[str, int] = {}
         """When each session was last deleted (or may have been pruned): steers posted before may be gone."""
-        self.turn_began: dict[tuple[str, str], int] = {}
         self.keys: dict[str, list[Op]] = {}
         self.cancels: list[tuple[str, int, int, frozenset[str]]] = []
         """cancel() calls that returned True: session, called, returned, the calls of a turn waiting for
@@ -616,16 +552,10 @@ class Machine:
         self.began_of: dict[int, int] = {}
         self.interrupts: dict[str, int] = {}
         """Per session: how many cancels (a cancel() that said True, an "interrupt") it has had."""
-        self.done: list[Op] = []
         self.stopped = False
         self.seen: set[tuple[str, object]] = set()
 
     # -- drawing ---------------------------------------------------------------------------------------
-
-    def _configure(self, sid: str) -> None:
-        if self.new:
-            self.budget[sid] = self.rng.choice([1, 2, 3, 4, 4])
-            self.compact[sid] = self.rng.random() < 0.35
 
     def _kinds(self) -> list[tuple[str, float]]:
         if self.new:
@@ -689,7 +619,7 @@ class Machine:
                 self.compact[op.target] = self.compact.get(sid, False)
         return op
 
-    def _pick_redelivery(self, op: Op, round_ops: list[Op], index: int) -> bool:
+    def _pick_redelivery(self, op: Op, round_ops: list[Op]) -> bool:
         """Point a redelivery at an earlier turn of its session (drawn at the round's start); False when
         there is none it may use."""
         turns = self.keys.get(op.sid, [])
@@ -718,19 +648,14 @@ class Machine:
     def _mix(self, ops: list[Op], journals: dict[str, bool], empty: dict[str, bool]) -> str | None:
         """The known mix (in ``self.skip``) this round would meet, or None."""
         runs = [o for o in ops if o.kind in RUNS]
-        if "delete_near_run" in self.skip:
-            if any(o.kind == "prune" for o in ops) and runs:
-                return "delete_near_run"
-            if any(o.kind in ("delete", "delete_force") and any(r.sid == o.sid for r in runs) for o in ops):
-                return "delete_near_run"
-        if "delete_near_cancel" in self.skip:
-            cancels = [o for o in ops if o.kind == "cancel"]
-            if any(o.kind == "prune" for o in ops) and cancels:
-                return "delete_near_cancel"
-            if any(o.kind in ("delete", "delete_force") and any(c.sid == o.sid for c in cancels) for o in ops):
-                return "delete_near_cancel"
+        cancels = [o for o in ops if o.kind == "cancel"]
+        pruned = any(o.kind == "prune" for o in ops)
+        deleted = {o.sid for o in ops if o.kind in ("delete", "delete_force")}
+        for mix, near in (("delete_near_run", runs), ("delete_near_cancel", cancels)):
+            if mix in self.skip and near and (pruned or any(o.sid in deleted for o in near)):
+                return mix
         if "cancel_near_approval" in self.skip:
-            for c in (o for o in ops if o.kind == "cancel"):
+            for c in cancels:
                 near = [r for r in runs if r.sid == c.sid]
                 if near and (journals.get(c.sid) or any(r.script == "approve_pay" for r in near)):
                     return "cancel_near_approval"
@@ -749,7 +674,7 @@ class Machine:
             for _ in range(20):
                 op = self._draw_op(worker, ops[0].sid if ops else None)
                 candidate = [*ops, op]
-                if op.kind == "redeliver" and not self._pick_redelivery(op, candidate, worker):
+                if op.kind == "redeliver" and not self._pick_redelivery(op, candidate):
                     self.report.left_out["redeliver: no turn to redeliver"] += 1
                     continue
                 if op.kind == "steer_again" and not self._pick_steer(op):
@@ -769,8 +694,7 @@ class Machine:
             # sweeps from several workers at once, as every replica of a deployment runs one
             self.count += 1
             ops.append(Op(self.count, "recover", ops[0].sid, len(ops)))
-        holdable = ("run", "turn", "redeliver", "resume", "recover") if self.new else ("run", "turn", "redeliver",
-                                                                                        "resume")
+        holdable = ("run", "turn", "redeliver", "resume", *(("recover",) if self.new else ()))
         if len(ops) > 1 and ops[0].kind in holdable and self.rng.random() < 0.7:
             ops[0].hold = self.rng.choice(["acquire", "model", "tool"])
         return ops
@@ -839,9 +763,7 @@ class Machine:
         elif not op.max_steps:
             # a turn stopped at max_steps, which its redelivery (the same task: the same spec) must not go on with
             op.max_steps = 1 if op.kind == "turn" and op.script != "answer" and op.n % 4 == 1 else 4
-        context = None
-        if self.compact.get(sid):
-            context = Compaction(COMPACT_AT, endpoint=Summariser(self.ledger, sid, op.n))
+        context = Compaction(COMPACT_AT, endpoint=Summariser(self.ledger, sid, op.n)) if self.compact.get(sid) else None
         return agent.Spec(session=agent.open(sid, store),  # type: ignore[arg-type]
                           tools=tools_of(store, self.ledger, op, op.n, op.kind, op.crash),
                           max_steps=op.max_steps, lease_ttl=5.0, lease_wait=op.lease_wait, publish_events=op.publish,
@@ -867,8 +789,7 @@ class Machine:
 
     def _perform(self, op: Op, store: _Watched, session: agent.StoreSession) -> str:
         events: Callable[[object], None] = lambda e: op.events.append(_summary(e))  # noqa: E731
-        endpoint = Scripted(op, self.ledger, op.sid, op.n, op.script, op.crash)
-        endpoint.kind = op.kind
+        endpoint = Scripted(op, self.ledger, op.sid, op.n, op.script, op.crash, op.kind)
         if op.kind == "run":
             result = agent.Runner().run(self._spec(op, store), [*session.messages(), Message.user(op.text)],
                                         endpoint, events)
@@ -945,9 +866,8 @@ class Machine:
         return f"{result.stop_reason} after {result.steps} steps"
 
     def _sweep(self, op: Op, store: _Watched) -> str:
-        """``agent.recover``, as a replica's sweep does (``grace=0``): it lists every stranded session of the
-        store, and finishes this program's (``resolve`` leaves the others: a store the suite shares holds other
-        tests' sessions; a program deletes its own when it ends, so the soak's stores do not fill up)."""
+        """``agent.recover``, as a replica's sweep does (``grace=0``), finishing this program's sessions only (a
+        store the suite shares holds other tests' sessions)."""
         def resolve(info: agent.SessionInfo) -> tuple[agent.Spec, Scripted] | None:
             if info.id not in self.sessions:
                 return None
@@ -1028,14 +948,11 @@ class Machine:
     def _absorb(self, op: Op) -> None:
         """Fold what the finished op did into the reference model, and judge its own outcome."""
         self.began_of[op.n] = op.began
-        if op.kind in ("run", "turn", "redeliver", "crash", "kill", "freeze") and op.text:
-            tag = op.text.split()[0]
-            self.turn_began.setdefault((op.sid, tag), op.began)
+        # a steer sent again after a delete is stored again: new input, as a delivery's message is
+        if op.kind in ("run", "turn", "redeliver", "crash", "kill", "freeze", "steer_again") and op.text:
             self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind in ("turn", "crash"):
             self.keys.setdefault(op.sid, []).append(op)
-        if op.kind == "steer_again":  # a keyed steer sent again after a delete is stored again: it is new input
-            self.given.setdefault((op.sid, op.text), []).append(op.ended)
         if op.kind == "redeliver":
             for t in self.keys.get(op.sid, []):
                 if t.key == op.key and op.stop_reason:
@@ -1056,17 +973,15 @@ class Machine:
             self._accept(op)
         if op.answer is not None:
             self._check_own_answer(op)
-        if op.kind == "fork" and op.error is None:
-            self.turn_began.update({(op.target, tag): t for (s, tag), t in list(self.turn_began.items())
-                                    if s == op.sid})
-            if op.at is None:  # the whole transcript: the turns that had ended before it ended there too
-                for (s, on), ends in list(self.ended.items()):
-                    if s == op.sid and any(at < op.began for at, _, _, _ in ends):
-                        # a cancel is the source's: the fork's copy of that turn is open, to go on with
-                        # and not one whose source was erased since it began (a delivery began anew)
-                        self.ended.setdefault((op.target, on), []).extend(
-                            e for e in ends if e[0] < op.began and e[2] != "cancelled"
-                            and not self._erased(op.sid, e[3], op.began))
+        if op.kind == "fork" and op.error is None and op.at is None:
+            # the whole transcript: the turns that had ended before it ended there too
+            for (s, on), ends in list(self.ended.items()):
+                if s == op.sid and any(at < op.began for at, _, _, _ in ends):
+                    # a cancel is the source's: the fork's copy of that turn is open, to go on with
+                    # and not one whose source was erased since it began (a delivery began anew)
+                    self.ended.setdefault((op.target, on), []).extend(
+                        e for e in ends if e[0] < op.began and e[2] != "cancelled"
+                        and not self._erased(op.sid, e[3], op.began))
         self.report.checks["typed_errors"] += 1
         if op.error is not None and not isinstance(op.error, _EXPECTED[op.kind]):
             self.violate("typed_errors", f"{op.describe()}")
@@ -1099,20 +1014,16 @@ class Machine:
             self.violate("answered_or_waits", f"{op.describe()}: refused, and its message was stored")
 
     def _check_own_answer(self, op: Op) -> None:
-        """A caller's answer is the one that answers its own message: the first reply without tool calls after
-        it in the stored transcript (for a steer, the answer that covers it)."""
-        if op.kind not in ("run", "turn", "redeliver", "crash") or not op.text or "\ud800" in op.text:
-            return
-        if self._erased(op.sid, op.began):
+        """``own_answer`` (docs/reliability.md, "The invariants")."""
+        if (op.kind not in ("run", "turn", "redeliver", "crash") or not op.text or "\ud800" in op.text
+                or self._erased(op.sid, op.began)):
             return
         self.report.checks["own_answer"] += 1
         msgs = self.checker.messages(op.sid)
         mine = [i for i, m in enumerate(msgs)
                 if m.role is Role.USER and ((op.key and m.key == op.key) or m.text == op.text)]
-        answer = None
-        if mine:
-            answer = next((m.text for m in msgs[mine[0] + 1:] if m.role is Role.ASSISTANT and not m.tool_calls),
-                          None)
+        after = msgs[mine[0] + 1:] if mine else []
+        answer = next((m.text for m in after if m.role is Role.ASSISTANT and not m.tool_calls), None)
         if answer != op.answer:
             self.violate("own_answer", f"{op.describe()}: returned the answer {op.answer!r}; its message "
                          f"{'is not in the transcript' if not mine else f'(at {mine[0]}) is answered by {answer!r}'}",
@@ -1154,11 +1065,7 @@ class Machine:
             self._check_waiting(transcripts)
 
     def _check_turns(self, ledger: list[dict[str, Any]]) -> None:
-        """``turn_ends_once``: no model request and no tool start for an input after a run returned having
-        ended on it (by any path but a resume: a sweep, a redelivery, a queue's holder, a steer's caller).
-        ``within_budget``: the model requests for one input, by all the runs that went on with it (a resume
-        aside), and by any one run, are at most the session's ``max_steps`` (and one more per request a
-        crash lost)."""
+        """``turn_ends_once`` and ``within_budget`` (docs/reliability.md, "The invariants")."""
         # a tool start is of the input its reply answered; a reply a resume made is the resume's to go on with
         inputs = {(r["sid"], r["call"]): None if r.get("kind") in EXEMPT else r.get("input")
                   for r in ledger if r["t"] == "reply"}
@@ -1198,10 +1105,7 @@ class Machine:
                              (sid, tag, n))
 
     def _check_waiting(self, transcripts: dict[str, list[Message]]) -> None:
-        """``answered_or_waits``: every message the store took is in the session exactly once (its transcript,
-        its queue, its steers waiting), and a session whose last turn is neither answered nor ended, or whose
-        queue holds messages, shows it (``open_since``: the sweep lists it) unless a run holds it or the turn
-        waits for a person."""
+        """``answered_or_waits`` (docs/reliability.md, "The invariants")."""
         queues = {s: self.checker.queued(s) for s in transcripts}
         pendings = {s: self.checker.pending_steers(s) for s in transcripts}
         for (sid, key), (text, began) in self.accepted.items():
@@ -1295,9 +1199,7 @@ class Machine:
             self.violate("one_result_per_call", f"session {sid}: calls {calls}, results {results}, "
                          f"orphans {[c.id for c in orphans]}", (sid, twice, tuple(c.id for c in orphans)))
         have = Counter(m.text for m in msgs if m.role is Role.USER)
-        pending: list[str] | None = None
-        if self.lifecycle:
-            pending = self.checker.pending_steers(sid)
+        pending: list[str] | None = self.checker.pending_steers(sid) if self.lifecycle else None
         self.report.checks["steer_once"] += 1
         gone = self.steers_gone.get(sid, -1)
         for text, posted in self.steers.get(sid, []):
@@ -1314,8 +1216,7 @@ class Machine:
                              "came back", (sid, at))
 
     def check_usable(self) -> None:
-        """Every session takes a new run: at once, or after what its typed error asks for (decide the
-        waiting calls, then resume the waiting turn)."""
+        """``usable`` (docs/reliability.md, "The invariants")."""
         for sid in list(self.sessions):
             self.count += 1
             op = Op(self.count, "run", sid, 0, lease_wait=10.0, text=f"u-{self.tag}-{self.count} last")
@@ -1364,8 +1265,7 @@ def run_program(seed: int, make_store: Callable[[], Store], capabilities: frozen
                 process_factory: Callable[[], Store] | None, workdir: Path, ops: int,
                 skip: frozenset[str], replay: bool = False) -> tuple[Report, list[str]]:
     """Run one program; its Report and its op log (what to read when it failed). ``replay``: draw it as the
-    machine did before it knew the busy policies, the sweep, budgets, keyed steers and compaction (a
-    regression seed's program)."""
+    machine drew a regression seed's program (``Machine.new``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     machine = Machine(seed, make_store, capabilities, process_factory, workdir, ops, skip, replay)
     report = machine.run()

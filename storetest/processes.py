@@ -1,11 +1,8 @@
 """Where storetest's other processes come from.
 
-Each process a test starts is a separate interpreter that shares no connection with the test: it is forked
-from multiprocessing's *fork server*, a fresh interpreter that imports modules and never opens anything,
-so a child inherits no socket, lock or thread of the test's (what a plain fork would). The fork server
-imports the library, storetest and the module the store's factory comes from once; a child then starts
-in milliseconds instead of importing its driver again, as a spawned interpreter does (half a second or more
-on a loaded machine, for each of the hundreds of processes the suite starts).
+Each is forked from multiprocessing's *fork server*, a fresh interpreter that imports modules and never
+opens anything, so a child inherits no socket, lock or thread of the test's (what a plain fork would), and
+starts in milliseconds instead of importing its driver again, as a spawned interpreter does.
 
 Two things a spawned child would see that a forked one does not: environment variables and ``sys.path``
 entries set after the first process was started (the fork server keeps those of the moment it started).
@@ -37,9 +34,8 @@ def factory_module(factory: Callable[..., Any]) -> str | None:
 
 def context(factory: Callable[..., Any] | None = None, preload: Sequence[str] = ()) -> Context:
     """The multiprocessing context to start a test's processes with. The first call decides what the fork
-    server preloads: the library, ``factory``'s module and the modules named in ``preload`` (a module it
-    did not preload, each child imports, as a spawned one would). A test suite that starts processes for
-    several stores names all their modules in one call before its first test (tests/conftest.py does)."""
+    server preloads: the library, ``factory``'s module and ``preload`` (a suite of several stores names all
+    their modules in one call before its first test, as tests/conftest.py does)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     global _preloaded

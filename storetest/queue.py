@@ -1,14 +1,11 @@
 """The QueueStore contract: messages queued for a busy session (``Runner.turn(if_busy="queue")``), each key
-accepted once per session however often it is sent and by however many threads or processes at once, kept
-in the order accepted, and taken into the transcript one at a time by the lease's holder, fenced. A queued
-message is not a steer. ``delete`` and ``prune`` remove the queue with the session (checked with the
-lifecycle's).
+accepted once per session, kept in the order accepted, taken into the transcript one at a time by the
+lease's holder, fenced. ``delete`` and ``prune`` remove the queue with the session (lifecycle's tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -25,7 +22,8 @@ from agent_sessions import (
 from . import strategies
 from .capabilities import Capability
 from .crossprocess import in_processes
-from .mixin import ContractMixin, Crash, new_holder, new_id, together
+from .meeting import Landing
+from .mixin import ContractMixin, Crash, new_holder, new_id, noting, together
 from .scripted import Held
 from .steer_keys import KEYS
 
@@ -39,12 +37,6 @@ class _Counting:
     def complete(self, system: str, messages: Sequence[Message], tools: object) -> Message:
         self.requests += 1
         return Message.assistant(f"answer {self.requests}")
-
-
-@agent.tool(name="lookup")
-def _lookup() -> str:
-    """Look something up (idempotent)."""
-    return "found"
 
 
 def _enqueuer(store: QueueStore, i: int, barrier: object, sid: str, n: int) -> list[int]:
@@ -64,9 +56,8 @@ class QueueContract(ContractMixin):
         return store
 
     def test_an_interrupt_delivered_again_cancels_nothing_more(self) -> None:
-        """``Runner.turn(if_busy="interrupt")`` cancels the run in progress, then queues its message. Its first
-        delivery dies between the two; another caller's turn takes the session; the interrupt is delivered
-        again. That second delivery must not stop the other caller's turn: the interrupt was sent once."""
+        """An interrupt cancels the run in progress, then queues its message; its first delivery dies between
+        the two. Delivered again, it must not stop another caller's turn: the interrupt was sent once."""
         self.requires(Capability.RUN_STORE)
         store = self.queue_store()
         sid = new_id("interrupt")
@@ -74,21 +65,16 @@ class QueueContract(ContractMixin):
         running = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), [Message.user("first")], first)
         assert first.entered.wait(20)
 
-        class DiesBeforeQueueing:
-            def __getattr__(self, name: str) -> Any:
-                if name == "enqueue":
-                    def dies(*args: object, **kwargs: object) -> int:
-                        raise Crash()
-                    return dies
-                return getattr(store, name)
+        def dies() -> None:
+            raise Crash()
 
-        with pytest.raises(Crash):
-            agent.Runner().turn(agent.Spec(session=agent.open(sid, DiesBeforeQueueing()), lease_wait=0.0),
-                                "stop that", "k-interrupt", Held("never"), if_busy="interrupt")
+        dying = agent.Spec(session=agent.open(sid, Landing(store, before={"enqueue": dies})), lease_wait=0.0)
+        with pytest.raises(Crash):  # before it queues its message
+            agent.Runner().turn(dying, "stop that", "k-interrupt", Held("never"), if_busy="interrupt")
         first.go.set()
         running.wait(20)  # answered: the cancel came while it waited on its model, which answered
         other = Held("the other answer", calls=True)
-        theirs = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[_lookup]),
+        theirs = agent.Runner().start(agent.Spec(session=agent.open(sid, store), tools=[noting([], "lookup", "found")]),
                                       [*store.messages(sid), Message.user("another caller's question")], other)
         assert other.entered.wait(20)
         try:
@@ -142,8 +128,7 @@ class QueueContract(ContractMixin):
 
     def test_a_message_sent_again_after_its_turn_is_answered_once_and_leaves_no_key(self) -> None:
         """A key's row goes with its message into the transcript, so what a session keeps of its queue is
-        bounded by what waits; a message sent again after its turn (a redelivered task) is dropped by whoever
-        meets it, never answered twice."""
+        bounded by what waits."""
         store = self.queue_store()
         self.requires(Capability.LIFECYCLE)
         sid = new_id("again")

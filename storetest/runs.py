@@ -1,8 +1,4 @@
-"""The optional RunStore part of the contract: fork, the tool journal, the run lease and cancel.
-
-Every test skips for a store that does not implement ``agent_sessions.RunStore``; a store that does
-must pass them all. The loop is driven by ``storetest.scripted`` (no HTTP: the store is under test).
-"""
+"""The RunStore part of the contract: fork, the tool journal, the run lease and cancel."""
 
 from __future__ import annotations
 
@@ -26,7 +22,7 @@ from agent_sessions.run.react import CANCELLED
 from . import crossprocess
 from .capabilities import Capability
 from .crossprocess import wait_for
-from .mixin import ContractMixin, Crash, call, join, new_holder, new_id, no_orphans, together
+from .mixin import ContractMixin, Crash, add_and_take, call, new_holder, new_id, no_orphans, noting, stand_in, together
 from .scripted import ToolsThenAnswer
 
 assert_no_orphans = no_orphans
@@ -35,10 +31,8 @@ assert_no_orphans = no_orphans
 
 @contextmanager
 def _hearing(store: RunStore, sid: str) -> Iterator[None]:
-    """Around a cancel of ``sid``'s run made from elsewhere: where ``store`` pushes cancels to this process
-    (``CancelWatcher``) and listens, wait (bounded) until the cancel has been heard here, which is when the
-    check before an idempotent tool is promised to see it (docs/runs/leases.md). A store that does not
-    listen yet leaves the run to read its flag: nothing to wait for."""
+    """Around a cancel of ``sid``'s run made from elsewhere: where ``store`` pushes cancels (``CancelWatcher``),
+    wait until it was heard here, when the check before an idempotent tool is promised to see it."""
     holder = store.holder(sid) if isinstance(store, CancelWatcher) else None
     if holder is None:
         yield
@@ -86,42 +80,16 @@ class RunStoreContract(ContractMixin):
         sid = new_id()
         held = store.acquire(sid, new_holder(), 60)
         adders, per_adder = 4, 25
-        done = threading.Event()
         saved: list[Message] = [Message.user("start")]
-        by_saver: list[str] = []
-        by_taker: list[str] = []
-        errors: list[BaseException] = []
 
-        def add(i: int) -> None:
-            own = self.another(store)
-            for j in range(per_adder):
-                own.add_steer(sid, f"s{i}-{j:04d}")
+        def save(sid: str) -> list[str]:
+            """The holder's fenced save, taking the steers."""
+            got = store.save_fenced(sid, held, saved, take_steers=True).steers
+            saved.extend(Message.user(t) for t in got)
+            return got
 
-        def save() -> None:
-            try:
-                while True:
-                    finished = done.is_set()
-                    taken = store.save_fenced(sid, held, saved, take_steers=True).steers
-                    saved.extend(Message.user(t) for t in taken)
-                    by_saver.extend(taken)
-                    if finished and not taken:
-                        return
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-
-        def take() -> None:
-            own = self.another(store)
-            while not done.is_set():
-                by_taker.extend(own.take_steers(sid))
-
-        threads = [threading.Thread(target=add, args=(i,)) for i in range(adders)]
-        others = [threading.Thread(target=save), threading.Thread(target=take)]
-        for t in threads + others:
-            t.start()
-        join(threads)
-        done.set()
-        join(others)
-        assert not errors, errors
+        by_saver, by_taker = add_and_take(sid, [self.another(store).add_steer for _ in range(adders)],
+                                          [save, self.another(store).take_steers], per_adder)
         assert sorted(by_saver + by_taker) == sorted(f"s{i}-{j:04d}" for i in range(adders) for j in range(per_adder))
         stored = store.messages(sid)
         assert stored == saved
@@ -133,8 +101,6 @@ class RunStoreContract(ContractMixin):
     # -- fork ----------------------------------------------------------------------------------------
 
     def test_a_fork_copies_the_transcript_or_its_head_and_then_each_goes_its_own_way(self) -> None:
-        """A fork copies the whole transcript or up to an index, never cutting tool calls from their results
-        unless asked to; the waiting steers stay with the original, and the two diverge."""
         store = self.run_store()
         src, whole, head, empty, cut = (new_id(tag) for tag in ("src", "whole", "head", "empty", "cut"))
         msgs = [Message.user("q"), call("c1"), Message(Role.USER, [Content.tool_result("c1", "r")]),
@@ -231,10 +197,8 @@ class RunStoreContract(ContractMixin):
         assert epochs == sorted(set(epochs)), f"the epoch must grow with every new holder: {epochs}"
 
     def test_a_save_whose_refusal_went_unanswered_still_takes_the_waiting_steer(self) -> None:
-        """The first save of a resume is refused (a steer waits, so it must take it), and the answer of that
-        refusal is lost (``OutcomeUnknown`` below the store). Read back, the save did not land: the run saves
-        again, takes the steer, and its model's first request holds it; nothing is taken for landed that did
-        not land."""
+        """The first save of a resume is refused (a steer waits) and the answer of that refusal is lost: read
+        back, the save did not land, so the run saves again and takes the steer."""
         store: Any = self.run_store()
         if getattr(store, "backend", None) is None:
             pytest.skip("a store without a backend to lose an answer below")
@@ -255,26 +219,22 @@ class RunStoreContract(ContractMixin):
                     raise agent.OutcomeUnknown("the answer of a refused write was lost (test)")
                 return written
 
-        store.backend = LosesARefusal()
-        try:
-            seen: list[list[str]] = []
+        seen: list[list[str]] = []
 
-            class Notes:
-                def complete(self, system: str, messages: Any, tools: Any) -> Message:
-                    seen.append([m.text for m in messages])
-                    return Message.assistant("noted")
+        class Notes:
+            def complete(self, system: str, messages: Any, tools: Any) -> Message:
+                seen.append([m.text for m in messages])
+                return Message.assistant("noted")
 
+        with stand_in(store, LosesARefusal()):
             agent.Runner().run(agent.Spec(session=agent.open(sid, store)), store.messages(sid), Notes())
-        finally:
-            store.backend = backend
         assert lost == [True]
         assert seen == [["the question", "and mind the expiry"]]
         assert store.pending_steers(sid) == []
 
     def test_a_failed_run_gives_no_steer_back_to_a_session_deleted_meanwhile(self) -> None:
-        """A run fails with a steer given to it (``Run.steer``) in no stored transcript: it is left as the
-        session's waiting steer, fenced by the run's lease, so never under a session a forced delete erased
-        meanwhile (a new conversation under the id would take it); it is handed back on the exception."""
+        """A steer given to the run (``Run.steer``) is given back fenced by its lease (a new conversation under
+        the id would take it): it is handed back on the exception instead."""
         self.requires(Capability.LIFECYCLE)
         store = self.run_store()
         sid = new_id()
@@ -415,12 +375,9 @@ class RunStoreContract(ContractMixin):
         assert results["call_0_1"].is_error and results["call_0_1"].text == CANCELLED
 
     def test_a_store_that_watches_for_cancels_never_vouches_for_a_lease_cancelled_since(self) -> None:
-        """``contract.CancelWatcher``: a watch answers ``False`` while it listens and nothing was committed,
-        ``None`` with nothing to go by, and once a cancel of its lease (from another store object) was
-        committed, never ``False`` again: ``True`` where the cancel is pushed (PostgreSQL), else ``None``,
-        and the read the run then makes finds it (SQLite, which knows only that something was committed).
-        A cancel of another session's lease never answers ``True``; where cancels are pushed it leaves the
-        watch as it was."""
+        """``contract.CancelWatcher``: once a cancel of its lease was committed, ``True`` where the cancel is
+        pushed (PostgreSQL), else ``None`` and the run's read finds it (SQLite knows only that something was
+        committed). Another session's cancel never answers ``True``."""
         store = self.run_store()
         if not isinstance(store, CancelWatcher):
             pytest.skip("the store does not watch for cancels (agent_sessions.contract.CancelWatcher)")
@@ -477,11 +434,8 @@ class RunStoreContract(ContractMixin):
         assert store.journal(b) == "a result, kept"
 
     def test_the_step_after_a_journal_drops_it_and_keeps_every_guard_of_the_step(self) -> None:
-        """A run's usual step (a session the store knows, new messages appended) right after its journal
-        write (a non-idempotent tool's start): the step drops the journal with the messages it writes, and a
-        steer, a cancel or a takeover landed in between is met as without a journal: the steer taken, the
-        cancel reported (the step saved), the old holder refused with the journal left as the new one found
-        it."""
+        """A run's usual step right after its journal write (a non-idempotent tool's start) meets a steer, a
+        cancel or a takeover landed in between as it would without a journal."""
         store = self.run_store()
         other = self.another(store)
         sid = new_id()
@@ -536,18 +490,8 @@ class RunStoreContract(ContractMixin):
         sid = new_id()
         ran: list[str] = []
 
-        def tool(name: str, text: str, idempotent: bool = True) -> agent.Tool:
-            def run(n: int) -> str:
-                """A tool that may take its worker with it."""
-                ran.append(name)
-                if name in dies:
-                    dies.discard(name)
-                    raise Crash
-                return text
-
-            return agent.tool(name=name, idempotent=idempotent)(run)
-
-        tools = [tool("lookup", "looked up"), tool("refresh", "refreshed"), tool("charge", "charged", False)]
+        tools = [noting(ran, "lookup", "looked up", dies=dies), noting(ran, "refresh", "refreshed", dies=dies),
+                 noting(ran, "charge", "charged", False, dies)]
         for i, expected in enumerate(runs):
             worker = store if i == 0 else self.another(store)
             spec, before = agent.Spec(session=agent.open(sid, worker), tools=tools), len(ran)

@@ -1,6 +1,4 @@
-"""A stand-in model for the conformance suite. storetest checks stores, not endpoints, so it needs no
-HTTP server: a script maps the transcript to the next reply. (The library's own tests drive the loop
-over real HTTP; this only decides what the loop does next.)"""
+"""Stand-in models: storetest checks stores, not endpoints, so a script maps the transcript to the next reply."""
 
 from __future__ import annotations
 
@@ -17,9 +15,11 @@ class ToolsThenAnswer:
     been made, then answers with what the last results said. Picklable, for child processes."""
 
     def __init__(self, calls: Sequence[str], rounds: int = 1, log: str | None = None,
-                 before: Callable[[Sequence[Message]], object] | None = None) -> None:
+                 before: Callable[[Sequence[Message]], object] | None = None, arguments: str | None = None) -> None:
         self.calls = list(calls)
         self.rounds = rounds
+        self.arguments = arguments
+        """Every call's arguments (by default ``{"n": <its place in the reply>}``)."""
         self.log = log
         """A file to which every request appends a line: how a parent process counts requests."""
         self.before = before
@@ -40,7 +40,8 @@ class ToolsThenAnswer:
             return Message.assistant("done: " + json.dumps(results))
         return Message(
             Role.ASSISTANT,
-            [Content.tool_call(f"call_{made}_{i}", name, json.dumps({"n": i})) for i, name in enumerate(self.calls)],
+            [Content.tool_call(f"call_{made}_{i}", name, self.arguments or json.dumps({"n": i}))
+             for i, name in enumerate(self.calls)],
         )
 
 
@@ -61,9 +62,8 @@ class Answer:
 
 
 class Replies:
-    """Replies with ``replies`` in turn, then answers with what the last results said. Which reply comes
-    next is read off the transcript (the tool-calling replies it holds), so a resumed run gets the one its
-    transcript is at. ``requests`` keeps each request's transcript: what the loop would send a provider."""
+    """Replies with ``replies`` in turn (read off the transcript, so a resumed run gets the one it is at), then
+    answers with what the last results said. ``requests`` keeps each request's transcript."""
 
     def __init__(self, *replies: Message) -> None:
         self.replies = list(replies)
@@ -78,9 +78,8 @@ class Replies:
 
 
 class Held:
-    """Answers ``text`` once let go (``go``), saying when it was asked (``entered``): a run that holds its
-    session while the test does something beside it. With ``calls``, its first reply calls ``lookup``
-    (so a cancel that came meanwhile stops the run before the tool)."""
+    """Answers ``text`` once let go (``go``), saying when it was asked (``entered``); with ``calls``, its first
+    reply calls ``lookup`` (so a cancel that came meanwhile stops the run before the tool)."""
 
     def __init__(self, text: str, calls: bool = False) -> None:
         self.text, self.calls, self.entered, self.go = text, calls, threading.Event(), threading.Event()

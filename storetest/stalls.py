@@ -1,9 +1,6 @@
-"""A run that stalls, in one process: its lease renewals held back, as a stopped process's would be.
-
-``Stalled`` wraps the store under test and passes every call through; only ``renew`` can be made to wait
-(the heartbeat thread then stops renewing, while the test decides what the run's own thread does), and
-``on_acquire`` runs right after a lease is taken. The store does all the work; the cross-process tests
-(``crossprocess``) stop a real process with SIGSTOP instead.
+"""A run that stalls, in one process: ``Stalled`` passes every call to the store under test, but ``renew``
+can be made to wait (the heartbeat stops renewing, as a stopped process's would), and ``on_acquire`` runs
+right after a lease is taken.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The SteerKeyStore contract: a steer sent with a key is stored once per session, however often it is sent
-and by however many threads or processes at once, and the key is remembered for as long as the session
-exists (its steer delivered too); ``delete`` and ``prune`` forget it with the session.
-
-It is what makes a steer safe to send again after ``OutcomeUnknown`` (issue #25, item 5): the fault proxy
-test (tests/faults/test_steer_keys.py) loses the answer of a keyed steer's commit and sends it again.
+"""The SteerKeyStore contract: a steer sent with a key is stored once per session, and the key is remembered
+for as long as the session exists: what makes a steer safe to send again after ``OutcomeUnknown``.
 """
 
 from __future__ import annotations
@@ -99,12 +95,9 @@ class SteerKeyContract(ContractMixin):
 
         check()
 
-
     def test_a_keyed_steer_joins_the_turn_it_lands_in_and_its_redelivery_is_answered(self) -> None:
-        """A keyed steer waits; a turn's run takes it with the turn's own message in its first save, and fails
-        (its model is down). The steer joined that turn: delivered again, the turn goes on and is answered
-        (its answer covers the steer), where taking the keyed steer for a later turn would leave it
-        ``superseded`` and unanswered."""
+        """The run that took the steer with the turn's own message fails: taking the steer for a later turn
+        would leave it ``superseded`` and unanswered."""
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
         sid = new_id("joins")
@@ -124,10 +117,8 @@ class SteerKeyContract(ContractMixin):
         assert (again.stop_reason, again.text) == ("answered", "both answered")
 
     def test_a_steered_turn_retried_gets_its_own_answer_never_an_earlier_one_of_the_same_text(self) -> None:
-        """A turn with ``if_busy="steer"`` left its "yes" as a keyed steer while a run held the session, and
-        the caller's retry (the one ``StillQueued`` asks for) comes while it still waits. The session holds an
-        earlier "yes" already, answered. The retry must wait for its own message's answer, not return that
-        one: identity, not text, says which message is the caller's."""
+        """The session holds an earlier "yes", answered, while the retried turn's "yes" waits as a keyed steer:
+        identity, not text, says which message is the caller's."""
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
         assert isinstance(store, RunStore)

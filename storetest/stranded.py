@@ -1,9 +1,6 @@
-"""The stranded-runs contract (issue 26): every write keeps the session's ``open_since``, and
+"""The stranded-runs contract: every write keeps the session's ``open_since``, and
 ``list_sessions(stranded=True)`` lists the sessions whose turn is open, whose lease is free or lapsed and
-not cancelled, oldest first; ``acquire`` records the run's ``Spec.name``; ``mark_finished`` clears the mark
-only under the caller's lease and only while nothing reopened the turn.
-
-Other tests share the database, so these look only at their own sessions in the whole listing.
+not cancelled, oldest first. Other tests share the database: these look only at their own sessions.
 """
 
 from __future__ import annotations
@@ -137,9 +134,8 @@ class StrandedContract(ContractMixin):
                 store.list_sessions(stranded=True, **bad)
 
     def test_a_closing_save_keeps_the_turn_open_while_input_waits(self) -> None:
-        """A message queued, or a steer posted, while a run works keeps the turn open when that run's last
-        save ends it: nobody else would answer it if the run's worker died before taking it. So does a plain
-        ``save`` (an application's own) that ends the turn while input waits."""
+        """A fenced or a plain save that ends the turn while a message or a steer waits: nobody else would
+        answer it if the run's worker died before taking it."""
         store = self.run_lifecycle_store()
         for kind in ("queue", "steer"):
             if kind == "queue" and not isinstance(store, QueueStore):
@@ -182,8 +178,7 @@ class StrandedContract(ContractMixin):
         assert sid not in stranded_ids(store)
 
     def test_taking_a_queued_message_keeps_the_mark_its_enqueue_set(self) -> None:
-        """The turn has been open since the message was accepted, not since a holder took it: the sweep's
-        ``grace`` and its order count from then."""
+        """The sweep's ``grace`` and its order count from when the message was accepted."""
         store = self.run_lifecycle_store()
         if not isinstance(store, QueueStore):
             pytest.skip("the store keeps no queue")

@@ -1,8 +1,6 @@
-"""A turn ends once: a run that returned, however it ended, is no stranded run, and the sweep
-(``agent.recover``) gives a turn a worker left open only what is left of its budget. Run through the real
-loop on the store under test, so a store whose marks or fences differ from the contract fails here.
-
-Other tests share the database, so the sweep's ``resolve`` takes only this test's session and skips the rest.
+"""A turn ends once: a run that returned is no stranded run, and the sweep (``agent.recover``) gives a turn
+a worker left open only what is left of its budget. Other tests share the database, so the sweep's
+``resolve`` takes only this test's session.
 """
 
 from __future__ import annotations
@@ -19,15 +17,14 @@ from agent_sessions import Content, Message, Role, Tool
 from agent_sessions.journal import UNKNOWN_OUTCOME
 
 from .capabilities import Capability
-from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans
+from .mixin import ContractMixin, Crash, new_holder, new_id, no_orphans, refund
 from .scripted import Answer
 from .stranded import stranded_ids
 
 
 class Charges:
-    """A model that calls the non-idempotent ``charge`` on every request (a run only ends by its budget), and
-    the tool itself: counts the requests and the charges; ``die_at`` (a charge's number) raises ``Crash``
-    inside that charge, after it was made."""
+    """A model calling the non-idempotent ``charge`` on every request (a run only ends by its budget), and the
+    tool, which dies (after its effect) in its charge number ``die_at``."""
 
     def __init__(self, die_at: int = 0) -> None:
         self.requests = 0
@@ -49,21 +46,12 @@ class Charges:
         return agent.tool(name="charge", idempotent=False)(charge)
 
 
-def _refund(refunds: list[str]) -> Tool:
-    def refund() -> str:
-        """Refund (a person approves it first)."""
-        refunds.append("refund")
-        return "refunded"
-
-    return agent.tool(name="refund", idempotent=False, needs_approval=True)(refund)
-
-
 class _RefundThenAnswer:
     """Calls ``refund`` for "refund order 7", and answers anything else."""
 
     def complete(self, system: str, messages: Sequence[Message], tools: Sequence[Tool]) -> Message:
         if messages[-1].role is Role.USER and messages[-1].text == "refund order 7":
-            return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", "{}")])
+            return Message(Role.ASSISTANT, [Content.tool_call("r1", "refund", '{"order": "7"}')])
         return Message.assistant(f"re: {messages[-1].text}")
 
 
@@ -76,11 +64,17 @@ class SweepContract(ContractMixin):
 
         return [r for r in agent.recover(store, resolve, grace=0) if r.session == sid]
 
-    def test_a_run_stopped_at_max_steps_is_not_stranded_and_no_sweep_runs_it_again(self) -> None:
+    def _charging(self, tag: str, max_steps: int, die_at: int = 0, **options: Any
+                  ) -> tuple[Any, str, Charges, agent.Spec]:
+        """The store, a new session, a ``Charges`` model and the spec of its runs."""
         store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-spent-{uuid.uuid4().hex}"
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
+        sid = new_id(tag)
+        model = Charges(die_at)
+        return store, sid, model, agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=max_steps,
+                                             **options)
+
+    def test_a_run_stopped_at_max_steps_is_not_stranded_and_no_sweep_runs_it_again(self) -> None:
+        store, sid, model, spec = self._charging("sweep-spent", 2)
         result = agent.Runner().run(spec, [Message.user("charge me")], model)
         assert (result.stop_reason, model.requests, model.charges) == ("max_steps", 2, 2)
         no_orphans(store.messages(sid))  # its last reply's calls answered
@@ -89,16 +83,10 @@ class SweepContract(ContractMixin):
         assert (model.requests, model.charges) == (2, 2), "the sweep ran a turn that had ended at max_steps"
 
     def test_the_sweep_gives_a_plain_turn_only_what_is_left_of_its_budget(self) -> None:
-        store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-left-{uuid.uuid4().hex}"
-        model = Charges(die_at=1)  # the worker dies inside the first request's charge
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
-        try:
+        # the worker dies inside the first request's charge
+        store, sid, model, spec = self._charging("sweep-left", 2, die_at=1, lease_ttl=5.0)
+        with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge me")], model)
-        except Crash:
-            pass
-        else:  # pragma: no cover
-            raise AssertionError("the run did not die in its tool")
         assert sid in stranded_ids(store)
         (swept,) = self._sweep(store, sid, spec, model)
         assert swept.outcome == "recovered" and swept.result is not None
@@ -108,16 +96,10 @@ class SweepContract(ContractMixin):
         assert sid not in stranded_ids(store)
 
     def test_the_sweep_runs_nothing_of_a_plain_turn_that_spent_its_budget_before_it_died(self) -> None:
-        store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-died-{uuid.uuid4().hex}"
-        model = Charges(die_at=2)  # dies inside the charge of its last allowed request
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2, lease_ttl=5.0)
-        try:
+        # dies inside the charge of its last allowed request
+        store, sid, model, spec = self._charging("sweep-died", 2, die_at=2, lease_ttl=5.0)
+        with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge me")], model)
-        except Crash:
-            pass
-        else:  # pragma: no cover
-            raise AssertionError("the run did not die in its tool")
         (swept,) = self._sweep(store, sid, spec, model)
         assert swept.outcome == "recovered" and swept.result is not None
         assert (model.requests, model.charges) == (2, 2), "the sweep asked again past the turn's budget"
@@ -128,15 +110,10 @@ class SweepContract(ContractMixin):
     @pytest.mark.parametrize("comes", ["queued", "plain", "keyed steer"])
     def test_input_behind_a_turn_that_stopped_at_max_steps_is_answered_by_the_sweep_and_that_turn_not_run_again(
             self, comes: str) -> None:
-        """A turn stops at its ``max_steps`` (its turn ends there): a plain run's, behind which a message is
-        ``queued`` (its caller gone); or a keyed turn, after which a ``plain`` run's worker saves its message
-        and dies before its first request, or a ``keyed steer`` comes with nobody running the session. That
-        input is a turn of its own, open: the sweep answers it, once, and runs nothing more of the ended
-        turn (no request, no charge)."""
-        store = self.run_lifecycle_store()
-        sid = new_id("sweep-" + comes.replace(" ", "-"))
-        model, answering = Charges(), Answer("the refund is on its way")
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=2)
+        """The input that ``comes`` behind the stopped turn (its caller or worker gone) is a turn of its own,
+        open: the sweep answers it, once, and runs nothing more of the ended turn."""
+        store, sid, model, spec = self._charging("sweep-" + comes.replace(" ", "-"), 2)
+        answering = Answer("the refund is on its way")
         if comes == "queued":
             assert agent.Runner().run(spec, [Message.user("charge me")], model).stop_reason == "max_steps"
             agent.open(sid, store).enqueue("and the refund?", "q-1")
@@ -166,23 +143,14 @@ class SweepContract(ContractMixin):
         assert comes != "queued" or agent.open(sid, store).answer("q-1") is not None
 
     def test_a_turn_sent_again_after_it_stopped_leaves_a_later_plain_runs_turn_to_the_sweep(self) -> None:
-        """Turn k stops at its ``max_steps``; a plain run then asks the model about a new message and dies inside
-        the tool its reply called (the reply waits in the journal). k sent again has ended: it says
-        ``max_steps`` and touches nothing of the later turn (it finished that turn's reply under k's name and
-        cleared the session's mark, so no sweep ever answered the new message)."""
-        store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-later-plain-{uuid.uuid4().hex}"
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1, lease_ttl=5.0)
+        """A plain run dies inside the tool its reply called after turn k stopped: k sent again must not finish
+        that reply under its name and clear the session's mark (no sweep would answer the new message)."""
+        store, sid, model, spec = self._charging("sweep-later-plain", 1, lease_ttl=5.0)
         assert agent.Runner().turn(spec, "charge me", "k-1", model).stop_reason == "max_steps"
         dying = Charges(die_at=1)
-        try:
+        with pytest.raises(Crash):
             agent.Runner().run(replace(spec, tools=[dying.tool()]), [*store.messages(sid), Message.user("again")],
                                dying)
-        except Crash:
-            pass
-        else:  # pragma: no cover
-            raise AssertionError("the run did not die in its tool")
         assert sid in stranded_ids(store)
         again = agent.Runner().turn(spec, "charge me", "k-1", model)
         assert (again.stop_reason, again.steps, model.requests, model.charges) == ("max_steps", 0, 1, 1), again
@@ -191,9 +159,9 @@ class SweepContract(ContractMixin):
     def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
         store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
-        sid = f"storetest-sweep-asks-{uuid.uuid4().hex}"
+        sid = new_id("sweep-asks")
         refunds: list[str] = []
-        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
+        spec = agent.Spec(session=agent.open(sid, store), tools=[refund(refunds, needs_approval=True)])
         result = agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer())
         assert result.stop_reason == "awaiting_approval"
         assert sid not in stranded_ids(store), "a run waiting for a person left its turn listed as stranded"
@@ -201,16 +169,11 @@ class SweepContract(ContractMixin):
         assert sid in stranded_ids(store), "a decision must open the turn for the sweep"
 
         (swept,) = self._sweep(store, sid, spec, _RefundThenAnswer())
-        assert swept.outcome == "recovered" and swept.result is not None and refunds == ["refund"]
+        assert swept.outcome == "recovered" and swept.result is not None and refunds == ["7"]
         assert sid not in stranded_ids(store)
 
     def test_a_redelivered_turn_that_stopped_at_max_steps_never_takes_a_later_answer(self) -> None:
-        """Turn k stops at its ``max_steps``; a later run answers newer input; k delivered again must say how
-        k ended (``max_steps``), not return that later answer as its own."""
-        store = self.run_lifecycle_store()
-        sid = f"storetest-sweep-later-{uuid.uuid4().hex}"
-        model = Charges()
-        spec = agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=1)
+        store, sid, model, spec = self._charging("sweep-later", 1)
         first = agent.Runner().turn(spec, "charge me", "k-1", model)
         assert first.stop_reason == "max_steps"
         later = agent.Runner().run(spec, [*store.messages(sid), Message.user("and now?")], Answer("the later answer"))
@@ -220,18 +183,16 @@ class SweepContract(ContractMixin):
         assert model.charges == 1
 
     def test_a_cancelled_turn_whose_calls_were_decided_lets_the_queue_behind_it_be_answered(self) -> None:
-        """A turn waits for a decision on a refund; it is approved; a run holding the session is cancelled
-        (``cancel()`` is True) and lets go; a message is queued behind. The sweep closes the cancelled turn
-        (the approved refund does not run: the turn was cancelled) and answers the queued message."""
+        """The sweep closes the cancelled turn (its approved refund does not run) and answers the message."""
         store = self.run_lifecycle_store()
         self.requires(Capability.APPROVALS)
-        sid = f"storetest-sweep-decided-{uuid.uuid4().hex}"
+        sid = new_id("sweep-decided")
         refunds: list[str] = []
-        spec = agent.Spec(session=agent.open(sid, store), tools=[_refund(refunds)])
+        spec = agent.Spec(session=agent.open(sid, store), tools=[refund(refunds, needs_approval=True)])
         assert agent.Runner().run(spec, [Message.user("refund order 7")], _RefundThenAnswer()).stop_reason == (
             "awaiting_approval")
         agent.open(sid, store).approve("r1")
-        holder = store.acquire(sid, agent.Holder("storetest", 1, uuid.uuid4().hex, 0.0), 30)
+        holder = store.acquire(sid, new_holder(), 30)
         assert agent.open(sid, store).cancel() is True  # a run held it: that run was to stop
         store.release(sid, holder)
         assert store.enqueue(sid, "q-1", "what next?") == 1

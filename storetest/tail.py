@@ -1,7 +1,6 @@
 """The TailStore contract: a transcript read from its end a page at a time (``read_back``), and a leased
-run's save of the transcript from an index on (``save_fenced(start=)``), which appends after the stored
-messages it was not given and checks only those from its start. It is how a run resumes a long compacted
-session reading about what its requests send (``context.read_recent``, docs/runs/context.md)."""
+run's save from an index on (``save_fenced(start=)``): how a run resumes a long compacted session reading
+about what its requests send (docs/runs/context.md)."""
 
 from __future__ import annotations
 
