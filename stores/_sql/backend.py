@@ -268,11 +268,7 @@ class SQLBackend:
             queued = [Queued(*r) for r in conn.execute(
                 select(queue.c.id, queue.c.queue_key, queue.c.body).where(queue.c.session_id == session)
                 .order_by(queue.c.id))]
-        accepted: frozenset[str] = frozenset()
-        if want.keys:
-            accepted = frozenset(conn.execute(select(keys.c.accepted_key).where(
-                keys.c.session_id == session, keys.c.accepted_key.in_(want.keys))).scalars())
-        return Snapshot(row, start, texts, waiting, queued, accepted)
+        return Snapshot(row, start, texts, waiting, queued)
 
     def events(self, session: str, after: int, limit: int) -> list[tuple[int, str]]:
         e = events.c

@@ -47,7 +47,7 @@ from agent_sessions.backend import (
 from agent_sessions.errors import OutcomeUnknown, StoreError
 
 from . import layout, pipeline
-from .pipeline import NOW, ROW, lit
+from .pipeline import NOW, ROW
 from .schema import PARTS, SESSIONS, schema_of
 
 log = logging.getLogger("stores.mongodb")
@@ -178,8 +178,6 @@ class Backend:
             if whole:  # the items whole, not only their ids
                 del fields[f"{kind}.id"]
                 fields[kind] = 1
-        if want.keys:
-            fields["keys"] = {"$setIntersection": [{"$ifNull": ["$keys", []]}, lit(list(want.keys))]}
         for _ in range(ATTEMPTS):
             found = self._aggregate(session, [{"$match": {"_id": session}}, {"$project": fields}])
             if not found:
@@ -210,8 +208,7 @@ class Backend:
                             [Steer(x["id"], _text(x, parts), x.get("key")) for x in doc.get("steers") or []]
                             if want.steers else [],
                             [Queued(x["id"], x["key"], _text(x, parts)) for x in doc.get("queue") or []]
-                            if want.queue else [],
-                            frozenset(doc.get("keys") or ()) if want.keys else frozenset())
+                            if want.queue else [])
         raise StoreError(f"MongoDB store: a read of session {session!r} kept racing with writes that dropped parts")
 
     def _parts(self, session: str, ids: list[str]) -> dict[str, list[str]] | None:

@@ -4,7 +4,7 @@
 The write's procedure is its own transaction (START TRANSACTION ... COMMIT inside it): it locks the
 session's row, evaluates the guard and applies the change in the server, and answers the row. A read is
 one CALL too (read.sql): a read-only transaction of one snapshot whose SELECTs answer the row and the
-messages, steers, queue and keys it asks for, then COMMIT (the pool's connections are not in autocommit: a
+messages, steers and queue it asks for, then COMMIT (the pool's connections are not in autocommit: a
 bare SELECT would leave its transaction open).
 
 Both run on the pooled DBAPI connection itself. Checked in through SQLAlchemy's pool, a PyMySQL connection
@@ -62,7 +62,7 @@ READ_PROCEDURE: str = resources.files(__package__).joinpath("read.sql").read_tex
 _DEADLOCK, _LOCK_WAIT_TIMEOUT, _NO_PROCEDURE = 1213, 1205, 1305
 _WRITE = "CALL agent_sessions_write(%s, %s, %s, %s, %s)"
 _PACKET = text("SELECT @@max_allowed_packet")
-_READ = "CALL agent_sessions_read(%s, %s, %s, %s, %s, %s, %s)"
+_READ = "CALL agent_sessions_read(%s, %s, %s, %s, %s, %s)"
 
 
 class Backend(SQLBackend):
@@ -103,16 +103,14 @@ class Backend(SQLBackend):
     # -- one statement a call ----------------------------------------------------------------------------
 
     def read(self, session: str, want: Want) -> Snapshot | None:
-        keys = json.dumps(list(want.keys), ensure_ascii=False) if want.keys else None
-        params = (session.encode(), want.start, want.stop, want.last, bool(want.steers), bool(want.queue), keys)
-        head, texts, waiting, queued, accepted = self._once("read", session, lambda cur: _sets(cur, _READ, params))
+        params = (session.encode(), want.start, want.stop, want.last, bool(want.steers), bool(want.queue))
+        head, texts, waiting, queued = self._once("read", session, lambda cur: _sets(cur, _READ, params))
         if not head:
             return None
         got = head[0]
         return Snapshot(_row(got, got["now_"]), int(got["start_"] or 0), [r["body"] for r in texts],
                         [Steer(int(r["id"]), r["body"], _text(r["steer_key"])) for r in waiting],
-                        [Queued(int(r["id"]), _text(r["queue_key"]) or "", r["body"]) for r in queued],
-                        frozenset(_text(r["accepted_key"]) or "" for r in accepted))
+                        [Queued(int(r["id"]), _text(r["queue_key"]) or "", r["body"]) for r in queued])
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         params = (session.encode(), json.dumps(guard_json(guard), ensure_ascii=False),

@@ -2,8 +2,8 @@
 each a single statement in autocommit, so one round trip to the server.
 
 The write's function locks the session's row, evaluates the guard and applies the change in the server,
-as the Lua script does for Redis; a read is one statement, so one snapshot, with the messages, steers,
-queue and keys it asks for as JSON arrays beside the row.
+as the Lua script does for Redis; a read is one statement, so one snapshot, with the messages, steers
+and queue it asks for as JSON arrays beside the row.
 """
 
 from __future__ import annotations
@@ -47,9 +47,7 @@ _READ = text(
     "CASE WHEN :steers THEN (SELECT json_agg(json_build_array(id, body, steer_key) ORDER BY id) "
     "  FROM agent_steers WHERE session_id = s.session_id) END AS steers_, "
     "CASE WHEN :queue THEN (SELECT json_agg(json_build_array(id, queue_key, body) ORDER BY id) "
-    "  FROM agent_queue WHERE session_id = s.session_id) END AS queue_, "
-    "CASE WHEN cardinality(CAST(:keys AS text[])) > 0 THEN (SELECT json_agg(accepted_key) FROM agent_keys "
-    "  WHERE session_id = s.session_id AND accepted_key = ANY(CAST(:keys AS text[]))) END AS keys_ "
+    "  FROM agent_queue WHERE session_id = s.session_id) END AS queue_ "
     "FROM agent_sessions AS s, LATERAL (SELECT CASE WHEN CAST(:start AS integer) IS NOT NULL "
     "  OR CAST(:last AS integer) IS NOT NULL THEN coalesce(CAST(:start AS integer), greatest(least("
     "  coalesce(CAST(:stop AS integer), s.length), s.length) - CAST(:last AS integer), 0)) END AS start, "
@@ -117,13 +115,12 @@ class Backend(SQLBackend):
 
     def read(self, session: str, want: Want) -> Snapshot | None:
         params = {"sid": session, "start": want.start, "stop": want.stop, "last": want.last,
-                  "steers": want.steers, "queue": want.queue, "keys": list(want.keys)}
+                  "steers": want.steers, "queue": want.queue}
         got = self._once("read", session, lambda conn: self._first(conn, _READ, params))
         if got is None:
             return None
         return Snapshot(_row(got, got["now_"]), got["start_"] or 0, got["messages_"] or [],
-                        [Steer(*s) for s in got["steers_"] or ()], [Queued(*q) for q in got["queue_"] or ()],
-                        frozenset(got["keys_"] or ()))
+                        [Steer(*s) for s in got["steers_"] or ()], [Queued(*q) for q in got["queue_"] or ()])
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         params = {"sid": session, "guard": json.dumps(guard_json(guard)), "change": json.dumps(change_json(change)),
