@@ -5,13 +5,10 @@ alone: the command finds the document whether or not the guard holds, and answer
 refused write costs the one round trip too, and says why in the same answer (``write``: this write's
 token, its ``spill`` mark, or neither). Nothing here needs a transaction: a standalone mongod has none.
 
-What does not fit the document (``layout``) is a part, inserted before the update that names it: a part
-no document names is never read. A write that needs parts reads the document's layout first (making a
-document with nothing but a ``generation`` for a session that has none), and its update commits only
-while the document is as it read it; refused, it deletes its parts. What the writers that died between
-their parts and their update left, or a refused one could not delete, is deleted by the session's next
-planned write (the parts planned at its seal or before that the document does not name), or with the
-session.
+What does not fit the document is a part (``layout``), inserted before the update that names it: a part
+no document names is never read. A refused write deletes its parts; what writers that died between their
+parts and their update left, or a refused one could not delete, goes with the session's next planned write
+(the parts planned at its seal or before that the document does not name), or with the session.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The MySQL/MariaDB backend: every write one ``CALL agent_sessions_write(...)`` (write.sql), every read one
-``CALL agent_sessions_read(...)`` (read.sql), so one round trip apiece.
-
-The write's procedure is its own transaction (START TRANSACTION ... COMMIT inside it): it locks the
-session's row, evaluates the guard and applies the change in the server, and answers the row. A read is
-one CALL too (read.sql): a read-only transaction of one snapshot whose SELECTs answer the row and the
-messages, steers and queue it asks for, then COMMIT (the pool's connections are not in autocommit: a
-bare SELECT would leave its transaction open).
+``CALL agent_sessions_read(...)`` (read.sql), each its own transaction inside the procedure (the pool's
+connections are not in autocommit: a bare SELECT would leave its transaction open).
 
 Both run on the pooled DBAPI connection itself. Checked in through SQLAlchemy's pool, a PyMySQL connection
 is sent a ROLLBACK (the pool's reset on return: PyMySQL sends it even with no transaction open, where
@@ -59,9 +54,7 @@ _READ = "CALL agent_sessions_read(%s, %s, %s, %s, %s, %s)"
 
 
 class Backend(SQLBackend):
-    """Sessions in MySQL or MariaDB through the caller's SQLAlchemy ``Engine`` (PyMySQL): ``SQLBackend``,
-    whose listings, events and identity are every SQL store's, with its reads and writes one statement
-    each (``lock_wait``: seconds a write waits for the row's lock, whole seconds up)."""
+    """``lock_wait``: seconds a write waits for the row's lock, whole seconds up."""
 
     hint = "create the tables by running each statement of stores.mysql.SCHEMA in your migration"
 

@@ -1,9 +1,5 @@
-"""The PostgreSQL backend: every write one call of ``agent_sessions_write`` (write.sql), every read one SELECT,
-each a single statement in autocommit, so one round trip to the server.
-
-The write's function locks the session's row, evaluates the guard and applies the change in the server,
-as the Lua script does for Redis; a read is one statement, so one snapshot, with the messages, steers
-and queue it asks for as JSON arrays beside the row.
+"""The PostgreSQL backend: every write one call of ``agent_sessions_write`` (write.sql), every read one SELECT
+(one snapshot, the messages, steers and queue it asks for as JSON arrays beside the row), each in autocommit.
 """
 
 from __future__ import annotations
@@ -60,15 +56,11 @@ _EARLIER = text("SELECT to_regclass('agent_sessions') IS NOT NULL AND to_regclas
 def _earlier(conn: Connection) -> bool:
     return bool(conn.execute(_EARLIER).scalar())
 
-MISSING_HINT = "create the tables by running stores.postgres.SCHEMA in your migration"
-
 
 class Backend(SQLBackend):
-    """Sessions in PostgreSQL through the caller's SQLAlchemy ``Engine`` (psycopg 3): ``SQLBackend``, whose
-    listings, events and identity are every SQL store's, with its reads and writes one statement each, on
-    a pooled connection in autocommit (``lock_wait``: seconds a write waits for the row's lock)."""
+    """``lock_wait``: seconds a write waits for the row's lock."""
 
-    hint = MISSING_HINT
+    hint = "create the tables by running stores.postgres.SCHEMA in your migration"
     listeners: tuple[Listener, ...] = ()
     """The store's listeners, whose threads and connections a forked child drops (``after_fork``)."""
 

@@ -118,13 +118,11 @@ class Listener:
                 live = self._cond.wait_for(lambda: self.live is not None, min(timeout, OUTAGE_POLL))
             if arrived():
                 return True
+            # No connection yet (or the server is down): wait a little, the follower reads.
+            end = deadline if live else min(deadline, time.monotonic() + OUTAGE_POLL)
             with self._cond:
-                if not live:  # no connection yet (or the server is down): wait a little, the follower reads
-                    left = min(deadline, time.monotonic() + OUTAGE_POLL) - time.monotonic()
-                else:
-                    left = deadline - time.monotonic()
                 return self._cond.wait_for(lambda: (self._woken.get(session, 0), self._outages) != seen,
-                                           max(0.0, left))
+                                           max(0.0, end - time.monotonic()))
         finally:
             with self._cond:
                 left_waiting = self._waiting[session] - 1
