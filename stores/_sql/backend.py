@@ -183,20 +183,15 @@ class SQLBackend:
         attempt = 0
         while True:
             try:
-                try:
-                    with self._statement() as handle:
-                        return call(handle)
-                except DBAPIError as exc:
-                    if writes or not exc.connection_invalidated:
-                        raise
                 with self._statement() as handle:
                     return call(handle)
             except DBAPIError as exc:
-                if writes and self.retry(exc) and attempt < RETRIES:
-                    attempt += 1
+                again = self.retry(exc) if writes else exc.connection_invalidated and not attempt
+                if not again or attempt == RETRIES:
+                    raise self._error(what, session, exc, writes) from exc
+                attempt += 1
+                if writes:
                     self._pause(what, session, exc, attempt)
-                    continue
-                raise self._error(what, session, exc, writes) from exc
             except SQLAlchemyError as exc:
                 raise self._error(what, session, exc, False) from exc
 
