@@ -1,10 +1,8 @@
 """The MongoDB backend: a session's document is its row, and every write is one ``find_one_and_update`` of it.
 
 The guard is evaluated by the server inside the update's pipeline (``pipeline``), so the filter is the id
-alone: the command finds the document whether or not the guard holds, and answers with it either way. So a
-refused write costs the one round trip too, and says why in the same answer (``write``: this write's
-token, its ``spill`` mark, or neither). Nothing here needs a transaction: a standalone mongod has none.
-
+alone and a refused write costs the one round trip too, answered with the document and why (``write``:
+this write's token, its ``spill`` mark, or neither). No transaction: a standalone mongod has none.
 What does not fit the document is a part (``layout``), inserted before the update that names it: a part
 no document names is never read. A refused write deletes its parts; what writers that died between their
 parts and their update left, or a refused one could not delete, goes with the session's next planned write

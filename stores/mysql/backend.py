@@ -2,13 +2,9 @@
 ``CALL agent_sessions_read(...)`` (read.sql), each its own transaction inside the procedure (the pool's
 connections are not in autocommit: a bare SELECT would leave its transaction open).
 
-Both run on the pooled DBAPI connection itself. Checked in through SQLAlchemy's pool, a PyMySQL connection
-is sent a ROLLBACK (the pool's reset on return: PyMySQL sends it even with no transaction open, where
-psycopg does not), a round trip of its own per call. The store checks its connection in without that reset
-only when the server's last answer (the CALL's closing OK packet, which carries the server's status) said
-no transaction is open (``SERVER_STATUS_IN_TRANS`` clear): there is then nothing to roll back, as the
-pool's own "transaction already reset" path assumes. Anything else (an error, a transaction left open) is
-checked in the usual way, reset and all.
+Both run on the pooled DBAPI connection itself, checked in without the pool's ROLLBACK (a round trip
+PyMySQL sends even with no transaction open) only when the CALL's closing OK packet said no transaction is
+open (``SERVER_STATUS_IN_TRANS`` clear): docs/stores/mysql.md, "No ROLLBACK at check-in".
 """
 
 from __future__ import annotations
@@ -108,11 +104,9 @@ class Backend(SQLBackend):
 
     @contextmanager
     def _statement(self) -> Iterator[Any]:
-        """A cursor of a pooled connection, for one CALL (whose closing OK packet tells the server's status);
-        the connection checked in without the pool's ROLLBACK when the
-        server's last answer said no transaction is open (see the module's docstring). Through SQLAlchemy's
-        ``Connection`` while anything listens for its cursor events (a tracer), so it sees every statement
-        (the pool's ROLLBACK is then sent, as for any connection of the engine)."""
+        """A cursor of a pooled connection, for one CALL, checked in as the module's docstring says. Through
+        SQLAlchemy's ``Connection`` while anything listens for its cursor events (a tracer), so it sees every
+        statement (the pool's ROLLBACK is then sent, as for any connection of the engine)."""
         dispatch = self.engine.dispatch
         if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
             with self.engine.connect() as conn:

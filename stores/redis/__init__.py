@@ -2,13 +2,8 @@
 
 Give it your client (``redis.Redis``; the store never makes or closes connections) and a key prefix:
 ``redis.Store(client, prefix="myapp:agent:")``. A session's keys share a hash tag (``{session}``), so one
-script touches one slot; the listing indexes are three sorted sets under the prefix.
-
-**Durability** is the server's: with ``appendonly yes`` and ``appendfsync always`` a write is on disk
-when the call returns; with ``appendfsync everysec`` (Redis's usual production setting) a power loss
-may lose the last second of writes; without the append-only file, a restart loses everything since the
-last snapshot. The store's guarantees between processes (fencing, each steer taken once, a tool run at
-most once) hold whatever the setting, as long as the server keeps what it acknowledged.
+script touches one slot; the listing indexes are three sorted sets under the prefix. Durability is the
+server's (``appendfsync``: docs/stores/redis.md).
 """
 
 from __future__ import annotations
