@@ -319,7 +319,7 @@ class SQLBackend:
             q = q.add_columns(_oldest)
         if guard.reads_children:
             q = q.add_columns(*_children(guard))
-        found = conn.execute(q.with_for_update()).first()
+        found = conn.execute(q.with_for_update()).first()  # SQLite has none: BEGIN IMMEDIATE locked the file
         if found is None:
             now = float(conn.execute(select(self.clock())).scalar_one())
             row, oldest, extra = None, None, (0, None, 0)

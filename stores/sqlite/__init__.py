@@ -44,9 +44,6 @@ class Backend(SQLBackend):
     def clock(self) -> ColumnElement[float]:
         return literal(time.time())
 
-    def lock(self, query: Any) -> Any:
-        return query  # BEGIN IMMEDIATE holds the file's write lock already
-
     def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
         """SQLite's LIKE ignores ASCII case, so: the first characters equal the prefix (exact, by the
         BINARY collation), and a lower bound the index can start from."""
