@@ -78,10 +78,9 @@ def hide_credentials(url: str) -> tuple[str, list[str]]:
     everything up to the *last* ``@`` after ``://``, and the password what follows its first ``:``;
     when a query holds an ``@`` too, more is hidden than the password, never less. Then each query
     parameter naming a secret (``_SECRET_PARAMETER``) has its value hidden."""
+    secrets: list[str] = []
     scheme, sep, rest = url.partition("://")
-    head, secrets = (f"{scheme}://", []) if sep else ("", [])
-    if not sep:
-        rest = url
+    head, rest = (f"{scheme}://", rest) if sep else ("", url)
     at = rest.rfind("@") if sep else -1
     if at != -1:
         user, colon, password = rest[:at].partition(":")

@@ -58,6 +58,7 @@ from agent_sessions.backend import (
 )
 from agent_sessions.errors import AgentError, OutcomeUnknown, SchemaMismatch, StoreError
 
+from .clock import db_now
 from .tables import (
     CHILDREN,
     SCHEMA_VERSION,
@@ -115,8 +116,8 @@ class SQLBackend:
         """Begin ``conn``'s transaction: a write's of ``write``, or (``None``) a read's that sees one moment."""
 
     def clock(self) -> ColumnElement[float]:
-        """The store's clock as a SQL expression."""
-        raise NotImplementedError
+        """The store's clock as a SQL expression: the database server's (``db_now``)."""
+        return db_now()
 
     def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
         return column.startswith(prefix, autoescape=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pymysql  # type: ignore[import-untyped]
 from pymysql.constants import SERVER_STATUS  # type: ignore[import-untyped]
-from sqlalchemy import ColumnElement, Connection, Engine, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from agent_sessions.backend import (
@@ -37,7 +37,6 @@ from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
 from .._sql import SQLBackend
 from .._sql.backend import decoded, row_of
-from .._sql.clock import db_now
 
 WRITE_PROCEDURE: str = resources.files(__package__).joinpath("write.sql").read_text()
 """The procedure every write calls (``agent_sessions_write``), its CREATE statement: part of ``SCHEMA``."""
@@ -58,9 +57,6 @@ class Backend(SQLBackend):
         super().__init__(engine, "MySQL store")
         self.lock_wait = lock_wait
         self._packet: int | None = None
-
-    def clock(self) -> ColumnElement[float]:
-        return db_now()
 
     def retry(self, exc: DBAPIError) -> bool:
         return _code(exc) == _DEADLOCK

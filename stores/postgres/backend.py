@@ -53,10 +53,6 @@ _LAST_SEQ = text("SELECT last_seq FROM agent_sessions WHERE session_id = :sid")
 _EARLIER = text("SELECT to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL")
 
 
-def _earlier(conn: Connection) -> bool:
-    return bool(conn.execute(_EARLIER).scalar())
-
-
 class Backend(SQLBackend):
     """``lock_wait``: seconds a write waits for the row's lock."""
 
@@ -105,7 +101,9 @@ class Backend(SQLBackend):
         try:
             return super().identity
         except StoreError as exc:
-            if isinstance(exc, SchemaMismatch) or not self._once("identity", "", _earlier):
+            if isinstance(exc, SchemaMismatch):
+                raise
+            if not self._once("identity", "", lambda conn: conn.execute(_EARLIER).scalar()):
                 raise
             raise SchemaMismatch(f"{self.name}: the database holds the tables of an earlier version of "
                                  f"agent-sessions (agent_sessions, and no agent_store); this version reads and "
