@@ -121,8 +121,6 @@ class Want:
     last: int | None = None
     steers: bool = False
     queue: bool = False
-    keys: tuple[str, ...] = ()
-    """Which of these keys were accepted (``Snapshot.keys``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +133,6 @@ class Snapshot:
     messages: list[str] = field(default_factory=list)
     steers: list[Steer] = field(default_factory=list)
     queue: list[Queued] = field(default_factory=list)
-    keys: frozenset[str] = frozenset()
 
 
 _UNSET: object = object()

@@ -78,10 +78,9 @@ def hide_credentials(url: str) -> tuple[str, list[str]]:
     everything up to the *last* ``@`` after ``://``, and the password what follows its first ``:``;
     when a query holds an ``@`` too, more is hidden than the password, never less. Then each query
     parameter naming a secret (``_SECRET_PARAMETER``) has its value hidden."""
+    secrets: list[str] = []
     scheme, sep, rest = url.partition("://")
-    head, secrets = (f"{scheme}://", []) if sep else ("", [])
-    if not sep:
-        rest = url
+    head, rest = (f"{scheme}://", rest) if sep else ("", url)
     at = rest.rfind("@") if sep else -1
     if at != -1:
         user, colon, password = rest[:at].partition(":")
@@ -154,21 +153,14 @@ def open_url(url: str, options: Options | None = None) -> Opened:
 # -- the stores of this package ---------------------------------------------------------------------------
 
 
-def _sqlite_path(url: str) -> str:
-    if "://" not in url:
-        return url
-    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
-    if not path:
-        raise BadStoreURL(f"bad SQLite URL {shown(url)!r}: write sqlite:///relative/path.db or sqlite:////abs/path.db")
-    return path
-
-
 def _open_sqlite(url: str, options: Options) -> Opened:
     from sqlalchemy.exc import SQLAlchemyError
 
     from stores import sqlite
 
-    path = _sqlite_path(url)
+    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") or "://" not in url else ""
+    if not path:
+        raise BadStoreURL(f"bad SQLite URL {shown(url)!r}: write sqlite:///relative/path.db or sqlite:////abs/path.db")
     if not options.create and not os.path.isfile(path):
         raise StoreError(f"no SQLite store at {shown(path)!r}: no such file (the application's "
                          "stores.sqlite.open(path) makes it)")
@@ -182,9 +174,11 @@ def _open_sqlite(url: str, options: Options) -> Opened:
 _SQL_DRIVERS = {"postgresql": "psycopg", "mysql": "pymysql"}
 
 
-def _engine(url: str, backend: str, options: Options) -> Any:
+def _open_sql(url: str, backend: str, options: Options, make: Callable[[Any], Store]) -> Opened:
+    """``make`` (the store's class) over an engine of its own for ``url``."""
     from sqlalchemy import create_engine, make_url
     from sqlalchemy.exc import ArgumentError as BadURL
+    from sqlalchemy.exc import SQLAlchemyError
 
     driver = url.split("://", 1)[0].lower().partition("+")[2]
     wanted = _SQL_DRIVERS[backend]
@@ -206,25 +200,20 @@ def _engine(url: str, backend: str, options: Options) -> Any:
         parsed = parsed.update_query_dict({"charset": "utf8mb4"})  # the store keeps any Unicode text
     if backend == "postgresql" and "application_name" not in parsed.query:
         connect.setdefault("application_name", options.application_name)
-    return create_engine(parsed, connect_args=connect, pool_size=options.pool_size)
+    engine = create_engine(parsed, connect_args=connect, pool_size=options.pool_size)
+    return Opened(make(engine), engine.dispose, (SQLAlchemyError,))
 
 
 def _open_postgres(url: str, options: Options) -> Opened:
-    from sqlalchemy.exc import SQLAlchemyError
-
     from stores import postgres
 
-    engine = _engine(url, "postgresql", options)
-    return Opened(postgres.Store(engine), engine.dispose, (SQLAlchemyError,))
+    return _open_sql(url, "postgresql", options, postgres.Store)
 
 
 def _open_mysql(url: str, options: Options) -> Opened:
-    from sqlalchemy.exc import SQLAlchemyError
-
     from stores import mysql
 
-    engine = _engine(url, "mysql", options)
-    return Opened(mysql.Store(engine), engine.dispose, (SQLAlchemyError,))
+    return _open_sql(url, "mysql", options, mysql.Store)
 
 
 def _open_mongodb(url: str, options: Options) -> Opened:

@@ -1,10 +1,11 @@
 """The backend of every SQL store (``agent_sessions.backend``) over a SQLAlchemy Engine, in Core statements.
 
-A write is one transaction: lock the session's row (``lock``: ``SELECT ... FOR UPDATE``, or SQLite's
-``BEGIN IMMEDIATE``), evaluate the guard in Python (``Guard.holds``, shared with the memory store), change
-the child tables, and write the row the shared arithmetic computed (``next_row``). A read is one
-transaction too, so all its parts are of one moment. The dialects differ only in the hooks of ``SQLBackend``
-(how a transaction begins, the store's clock, a prefix match, which errors to retry).
+A write is one transaction: lock the session's row (``SELECT ... FOR UPDATE``, or SQLite's ``BEGIN
+IMMEDIATE``), evaluate the guard in Python (``Guard.holds``, shared with the memory store), change the child
+tables, and write the row the shared arithmetic computed (``next_row``). A read is one transaction too, so
+all its parts are of one moment. The dialects differ only in the hooks of ``SQLBackend`` (how a transaction
+begins, the store's clock, a prefix match, which errors to retry). PostgreSQL and MySQL replace reads and
+writes with one statement each (``_once``), and keep the listings, events and identity.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -24,14 +25,12 @@ from typing import Any, TypeVar
 from sqlalchemy import (
     ColumnElement,
     Connection,
-    Delete,
     Engine,
     Select,
     and_,
     delete,
     func,
     insert,
-    literal,
     or_,
     select,
     true,
@@ -59,11 +58,11 @@ from agent_sessions.backend import (
 )
 from agent_sessions.errors import AgentError, OutcomeUnknown, SchemaMismatch, StoreError
 
+from .clock import db_now
 from .tables import (
     CHILDREN,
     SCHEMA_VERSION,
     TABLES,
-    SessionId,
     events,
     keys,
     messages,
@@ -84,21 +83,14 @@ _ROW = [c for c in sessions.c]
 _FIELDS = [c.name for c in _ROW]
 
 
-def _children(guard: Guard, sid: ColumnElement[str]) -> list[ColumnElement[Any]]:
+def _children(guard: Guard) -> list[ColumnElement[Any]]:
     """What the guard asks of the child tables: how many of its steers wait, the queue's head, whether its
-    key was accepted; scalar subqueries of the session ``sid`` names."""
-    t, qu, k = steers.c, queue.c, keys.c
+    key was accepted; scalar subqueries of the locked row's session, read in the statement that locks it."""
+    t, qu, k, sid = steers.c, queue.c, keys.c, S.session_id
     return [select(func.count()).where(t.session_id == sid, t.id.in_(set(guard.steers) or {-1})).scalar_subquery(),
             select(func.min(qu.id)).where(qu.session_id == sid).scalar_subquery(),
             select(func.count()).where(k.session_id == sid, k.accepted_key == (guard.key_absent or ""))
             .scalar_subquery()]
-
-
-def _bounded(statement: Delete, count: int) -> Delete:
-    """``statement``, deleting the session's ``count`` rows from its first (a key that is there), stopped by
-    MySQL's ``LIMIT`` at the last: InnoDB would otherwise lock the gap before the first and read on to the
-    next row of the index, another session's, and wait for the lock a writer of that session holds on it."""
-    return statement.with_dialect_options(mysql_limit=count)
 
 
 _TABLE = re.compile(r"\b(?:" + "|".join(t.name for t in TABLES) + r")\b")
@@ -110,10 +102,6 @@ class SQLBackend:
     """A backend over ``engine``; ``name`` says which database in errors ("SQLite store")."""
 
     hint = "create the tables first"
-    inline_children = True
-    """Read what a guard asks of the child tables in the statement that locks the row (subqueries naming
-    the locked row, evaluated once its lock is granted); ``False`` where a statement's subqueries read as of
-    its start, before it waited for the lock (PostgreSQL): then in a statement after it."""
     """What a ``StoreError`` for a missing table tells the caller to do."""
 
     def __init__(self, engine: Engine, name: str) -> None:
@@ -127,24 +115,9 @@ class SQLBackend:
     def begin(self, conn: Connection, write: Change | None) -> None:
         """Begin ``conn``'s transaction: a write's of ``write``, or (``None``) a read's that sees one moment."""
 
-    def relock(self, conn: Connection, change: Change) -> bool:
-        """The write's lock found no row: ``True`` if the dialect began the transaction again (then the row
-        is locked again), since locking a missing row locked more (MySQL's gap lock)."""
-        return False
-
     def clock(self) -> ColumnElement[float]:
-        """The store's clock as a SQL expression."""
-        raise NotImplementedError
-
-    def lock(self, query: Select[Any]) -> Select[Any]:
-        """``query`` of the session's row, locking it for the write's transaction."""
-        return query.with_for_update()
-
-    def lock_shared(self, query: Select[Any]) -> Select[Any]:
-        """``query`` of the session's row for a read: where a read would otherwise see the row as it was
-        before a write in flight (MVCC), wait for that write, so a reader that acts on what it read (a taker
-        of steers) does not act on what is already gone."""
-        return query
+        """The store's clock as a SQL expression: the database server's (``db_now``)."""
+        return db_now()
 
     def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
         return column.startswith(prefix, autoescape=True)
@@ -189,13 +162,44 @@ class SQLBackend:
                 again = self.retry(exc) or fresh or (isinstance(exc, IntegrityError) and write is not None)
                 if again and attempt < RETRIES:
                     attempt += 1
-                    log.warning("%s: %s of %r: %s; running it again (attempt %d of %d)", self.name, what, session,
-                                exc.orig, attempt, RETRIES)
-                    time.sleep(0.002 * 2**attempt * random.random())
+                    self._pause(what, session, exc, attempt)
                     continue
                 raise self._error(what, session, exc, changed) from exc
             except SQLAlchemyError as exc:
                 raise self._error(what, session, exc, False) from exc
+
+    @contextmanager
+    def _statement(self) -> Iterator[Any]:
+        """What ``_once`` runs its statement on: a pooled connection (MySQL's: a cursor of one)."""
+        with self._connection() as conn:
+            yield conn
+
+    def _once(self, what: str, session: str, call: Callable[[Any], T], *, writes: bool = False) -> T:
+        """``call``, one statement, never run again when a write may have happened (``OutcomeUnknown``): a
+        read on a pooled connection found dead (the server restarted since) is run once more, on a new one,
+        and a write rolled back whole (``retry``: a deadlock) runs again. The first asks the database's
+        identity first (``SchemaMismatch`` before anything is read or written)."""
+        if self._identity is None and what != "identity":
+            _ = self.identity
+        attempt = 0
+        while True:
+            try:
+                with self._statement() as handle:
+                    return call(handle)
+            except DBAPIError as exc:
+                again = self.retry(exc) if writes else exc.connection_invalidated and not attempt
+                if not again or attempt == RETRIES:
+                    raise self._error(what, session, exc, writes) from exc
+                attempt += 1
+                if writes:
+                    self._pause(what, session, exc, attempt)
+            except SQLAlchemyError as exc:
+                raise self._error(what, session, exc, False) from exc
+
+    def _pause(self, what: str, session: str, exc: DBAPIError, attempt: int) -> None:
+        log.warning("%s: %s of %r: %s; running it again (attempt %d of %d)", self.name, what, session, exc.orig,
+                    attempt, RETRIES)
+        time.sleep(0.002 * 2**attempt * random.random())
 
     def _error(self, what: str, session: str, exc: SQLAlchemyError, unknown: bool) -> AgentError:
         cause = str(getattr(exc, "orig", None) or exc).strip()
@@ -246,7 +250,7 @@ class SQLBackend:
         return self._run("read", session, lambda conn: self._read(conn, session, want))
 
     def _read(self, conn: Connection, session: str, want: Want) -> Snapshot | None:
-        found = self._rows(conn, self.lock_shared(self._select().where(S.session_id == session)))
+        found = self._rows(conn, self._select().where(S.session_id == session))
         if not found:
             return None
         row = found[0]
@@ -268,11 +272,7 @@ class SQLBackend:
             queued = [Queued(*r) for r in conn.execute(
                 select(queue.c.id, queue.c.queue_key, queue.c.body).where(queue.c.session_id == session)
                 .order_by(queue.c.id))]
-        accepted: frozenset[str] = frozenset()
-        if want.keys:
-            accepted = frozenset(conn.execute(select(keys.c.accepted_key).where(
-                keys.c.session_id == session, keys.c.accepted_key.in_(want.keys))).scalars())
-        return Snapshot(row, start, texts, waiting, queued, accepted)
+        return Snapshot(row, start, texts, waiting, queued)
 
     def events(self, session: str, after: int, limit: int) -> list[tuple[int, str]]:
         e = events.c
@@ -316,14 +316,11 @@ class SQLBackend:
     def _write(self, conn: Connection, session: str, guard: Guard, change: Change) -> Written:
         q = self._select().where(S.session_id == session)
         trims = bool(change.events and change.keep)
-        inline = guard.reads_children and self.inline_children
         if trims:
             q = q.add_columns(_oldest)
-        if inline:
-            q = q.add_columns(*_children(guard, S.session_id))
-        found = conn.execute(self.lock(q)).first()
-        if found is None and self.relock(conn, change):
-            found = conn.execute(self.lock(q)).first()
+        if guard.reads_children:
+            q = q.add_columns(*_children(guard))
+        found = conn.execute(q.with_for_update()).first()  # SQLite has none: BEGIN IMMEDIATE locked the file
         if found is None:
             now = float(conn.execute(select(self.clock())).scalar_one())
             row, oldest, extra = None, None, (0, None, 0)
@@ -332,9 +329,7 @@ class SQLBackend:
             n = len(_ROW) + 1
             row = base = Row(*found[:n])
             oldest = found[n] if trims else None
-            extra = tuple(found[n + trims:]) if inline else (0, None, 0)
-            if guard.reads_children and not inline:
-                extra = tuple(conn.execute(select(*_children(guard, literal(session, SessionId)))).one())
+            extra = tuple(found[n + trims:]) if guard.reads_children else (0, None, 0)
         present, head, key = extra
         waiting = guard.steers if present == len(set(guard.steers)) else ()
         if not guard.holds(base, base.now, waiting, head, bool(key)):
@@ -343,15 +338,8 @@ class SQLBackend:
             return Written(True, base)
         if change.delete:
             if row is not None:
-                known = {messages: row.length, steers: row.steers, queue: row.queued,
-                          meta: len(indexed(row.metadata))}
-                for table in CHILDREN:
-                    gone = delete(table).where(table.c.session_id == session)
-                    if table not in known:
-                        conn.execute(gone)
-                    elif known[table]:
-                        conn.execute(_bounded(gone, known[table]))
-                conn.execute(delete(sessions).where(S.session_id == session))
+                for table in (*CHILDREN, sessions):
+                    conn.execute(delete(table).where(table.c.session_id == session))
             return Written(True, row)
         counts = self._children_change(conn, session, base, change, oldest)
         new = next_row(base, change, base.now, *counts)
@@ -374,8 +362,7 @@ class SQLBackend:
         if change.splice is not None:
             at, texts = change.splice
             if at < row.length:
-                conn.execute(_bounded(delete(messages).where(messages.c.session_id == session,
-                                                             messages.c.idx >= at), row.length - at))
+                conn.execute(delete(messages).where(messages.c.session_id == session, messages.c.idx >= at))
             if texts:
                 conn.execute(insert(messages), [{"session_id": session, "idx": at + i, "body": body}
                                                 for i, body in enumerate(texts)])
@@ -412,8 +399,7 @@ class SQLBackend:
             start = oldest if oldest is not None else first
             if change.keep and start < cut:
                 e = events.c
-                conn.execute(_bounded(delete(events).where(e.session_id == session, e.seq >= start, e.seq < cut),
-                                      cut - start))
+                conn.execute(delete(events).where(e.session_id == session, e.seq >= start, e.seq < cut))
         return waiting, queued
 
     def close(self) -> None:
@@ -421,6 +407,20 @@ class SQLBackend:
 
     def __repr__(self) -> str:
         return f"{self.engine.url!r}"
+
+
+def decoded(value: str | bytes | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def row_of(m: Mapping[str, Any], now: Any) -> Row:
+    """The row a one-statement read or write answers, by the table's column names (MySQL's texts as bytes)."""
+    return Row(decoded(m["session_id"]) or "", bool(m["exists_"]), decoded(m["incarnation"]) or "",
+               float(m["created"]), float(m["updated"]), int(m["version"]), int(m["length"]), int(m["edits"]),
+               decoded(m["token"]), int(m["epoch"]), float(m["expires"]), decoded(m["host"]) or "", int(m["pid"]),
+               decoded(m["spec"]), decoded(m["turn"]), bool(m["cancelled"]), decoded(m["cancelled_turn"]),
+               bool(m["handed"]), decoded(m["journal"]), None if m["open_since"] is None else float(m["open_since"]),
+               decoded(m["metadata"]) or "{}", int(m["last_seq"]), int(m["steers"]), int(m["queued"]), float(now))
 
 
 _LIVE: weakref.WeakSet[SQLBackend] = weakref.WeakSet()

@@ -167,12 +167,12 @@ CHILDREN = (messages, steers, queue, keys, events, tags)
 """The tables keyed by session_id beside the row: a session's delete empties them of it."""
 
 
-def ddl(dialect: Dialect, tables: tuple[Table, ...] = TABLES) -> list[str]:
+def ddl(dialect: Dialect) -> list[str]:
     """CREATE statements for ``dialect``, one per element: what the caller's migration runs. Each may be
     run again (IF NOT EXISTS). MySQL 8 has no CREATE INDEX IF NOT EXISTS (MariaDB has), so there the
     indexes are declared inside their CREATE TABLE. The store writes its ``agent_store`` row itself."""
     out: list[str] = []
-    for table in tables:
+    for table in TABLES:
         create = str(CreateTable(table, if_not_exists=True).compile(dialect=dialect)).strip()
         if dialect.name in ("mysql", "mariadb"):
             out.append(_inline_indexes(create, table, dialect))

@@ -65,7 +65,7 @@ class Backend:
                 start = want.start if want.start is not None else max(stop - (want.last or 0), 0)
                 texts = s.messages[start:stop]
             return Snapshot(replace(s.row, now=time.time()), start, texts, list(s.steers) if want.steers else [],
-                            list(s.queue) if want.queue else [], frozenset(k for k in want.keys if k in s.keys))
+                            list(s.queue) if want.queue else [])
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         with self._lock:

@@ -1,10 +1,6 @@
-"""A store in MongoDB, over the caller's pymongo ``Database``: ``mongodb.Store(db)``.
-
-It needs only what a standalone mongod gives: single-document atomicity, no transactions. A session's
-document in ``agent_sessions`` is its row and its commit point; every write is one ``find_one_and_update``
-of it whose pipeline evaluates the guard (``backend``, ``pipeline``). Messages, events and long steers that
-do not fit the document are parts in ``agent_parts``, written before the update that names them
-(``layout``). The collections, indexes and schema: ``schema`` (``create_indexes``, ``upgrade``).
+"""A store in MongoDB, over the caller's pymongo ``Database``: ``mongodb.Store(db)``. It needs only what a
+standalone mongod gives: single-document atomicity, no transactions (``backend``, ``pipeline``, ``layout``).
+The collections, indexes and schema: ``schema`` (``create_indexes``, ``upgrade``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The MongoDB backend: a session's document is its row, and every write is one ``find_one_and_update`` of it.
 
 The guard is evaluated by the server inside the update's pipeline (``pipeline``), so the filter is the id
-alone: the command finds the document whether or not the guard holds, and answers with it either way. So a
-refused write costs the one round trip too, and says why in the same answer (``write``: this write's
-token, its ``spill`` mark, or neither). Nothing here needs a transaction: a standalone mongod has none.
-
-What does not fit the document (``layout``) is a part, inserted before the update that names it: a part
-no document names is never read. A write that needs parts reads the document's layout first (making a
-document with nothing but a ``generation`` for a session that has none), and its update commits only
-while the document is as it read it; refused, it deletes its parts. What the writers that died between
-their parts and their update left, or a refused one could not delete, is deleted by the session's next
-planned write (the parts planned at its seal or before that the document does not name), or with the
-session.
+alone and a refused write costs the one round trip too, answered with the document and why (``write``:
+this write's token, its ``spill`` mark, or neither). No transaction: a standalone mongod has none.
+What does not fit the document is a part (``layout``), inserted before the update that names it: a part
+no document names is never read. A refused write deletes its parts; what writers that died between their
+parts and their update left, or a refused one could not delete, goes with the session's next planned write
+(the parts planned at its seal or before that the document does not name), or with the session.
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ from agent_sessions.backend import (
 from agent_sessions.errors import OutcomeUnknown, StoreError
 
 from . import layout, pipeline
-from .pipeline import NOW, ROW, lit
+from .pipeline import NOW, ROW
 from .schema import PARTS, SESSIONS, schema_of
 
 log = logging.getLogger("stores.mongodb")
@@ -178,8 +173,6 @@ class Backend:
             if whole:  # the items whole, not only their ids
                 del fields[f"{kind}.id"]
                 fields[kind] = 1
-        if want.keys:
-            fields["keys"] = {"$setIntersection": [{"$ifNull": ["$keys", []]}, lit(list(want.keys))]}
         for _ in range(ATTEMPTS):
             found = self._aggregate(session, [{"$match": {"_id": session}}, {"$project": fields}])
             if not found:
@@ -210,8 +203,7 @@ class Backend:
                             [Steer(x["id"], _text(x, parts), x.get("key")) for x in doc.get("steers") or []]
                             if want.steers else [],
                             [Queued(x["id"], x["key"], _text(x, parts)) for x in doc.get("queue") or []]
-                            if want.queue else [],
-                            frozenset(doc.get("keys") or ()) if want.keys else frozenset())
+                            if want.queue else [])
         raise StoreError(f"MongoDB store: a read of session {session!r} kept racing with writes that dropped parts")
 
     def _parts(self, session: str, ids: list[str]) -> dict[str, list[str]] | None:

@@ -1,19 +1,11 @@
-"""What lies where, and the plan of a write that needs parts.
+"""What lies where, and the plan of a write that needs parts (docs/stores/mongodb.md tells why).
 
 A session's document holds the newest messages (``tail``: fewer than ``PAGE``, at most ``TAIL_BYTES``) and
 the list of the pages before them (``pages``: ``{p: part id, f: index of its first message, n: how many of
 its messages count}``); likewise the newest events (``events``: fewer than ``EVENT_PAGE``, at most
 ``EVENT_TAIL_BYTES``) and ``event_pages`` (``f`` counted from ``events_start``, the log's first number). A
-steer or queued message longer than ``ITEM_BYTES`` is a part too (``ref`` in place of its ``text``).
-
-A write whose messages, events and items fit the document's room is made by the server alone
-(``pipeline``). One that needs parts is planned here from the document's layout as read (``LAYOUT``): the
-parts it inserts first, and the fields its update sets. That update commits only while the document is as
-the plan read it: the same ``generation`` (drawn when the document is made), the same ``seal`` (raised by
-every planned write, by no other), and, for a plan of messages, the same ``edits`` (raised by every write
-of messages), for one of events the same ``last_seq``. Each part is tagged with the generation and seal it
-was planned at: once the seal has moved past it, a part no document names never will be. Parts are written
-once and never changed: a page no longer wholly used is named with a smaller ``n``.
+steer or queued message longer than ``ITEM_BYTES`` is a part too (``ref`` in place of its ``text``). Parts
+are written once and never changed: a page no longer wholly used is named with a smaller ``n``.
 """
 
 from __future__ import annotations

@@ -2,13 +2,10 @@
 
 The stages: the guard (``_ok``) and whether the change fits the document as it stands (``_fit``: the
 messages' and events' room, or, for a planned write, the document as it was planned on: ``layout``); then
-the document replaced by itself merged with every field the change sets, only when both hold (``$cond``
-evaluates only the branch it takes), so a refused write changes nothing and costs little; a field the
-change removes is merged as null and then removed. The update also sets ``write``, the mark a client reads
-its outcome by: its own token when the change was made; the token's ``spill`` when the guard held but the
-change did not fit (the one field a refused write sets: the client then plans it with parts, ``layout``);
-otherwise left as it was. ``$$NOW`` is one time through the whole command.
-
+the document merged with every field the change sets and ``write`` (the token the client reads its outcome
+by), only when both hold (``$cond`` evaluates only the branch it takes), a removed field merged as null and
+then removed; when only the fit fails, ``write`` alone, the token's ``spill`` (docs/stores/mongodb.md).
+``$$NOW`` is one time through the whole command.
 Every value from the caller is a ``$literal``: a text starting with ``$`` stays a text.
 """
 

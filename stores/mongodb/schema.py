@@ -34,11 +34,8 @@ INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     (SESSIONS, [("open_since", 1), ("_id", 1)], {"name": "open_since_id", "sparse": True}),
     (PARTS, [("session", 1), ("generation", 1), ("seal", 1)], {"name": "session_generation_seal"}),
 ]
-"""(collection, keys, options) of each index beyond ``_id``: ``updated_id`` for the newest-first listing
-(keyset pages on ``(updated, _id)``) and for prune (oldest first); ``tags_updated_id``, multikey, for a
-listing filtered by metadata; ``open_since_id``, sparse, for the sweep of stranded turns: only the open
-sessions have the field, so the sweep never reads a finished one; ``session_generation_seal`` for
-deleting a session's parts, and the parts a writer left behind."""
+"""(collection, keys, options) of each index beyond ``_id`` (docs/stores/mongodb.md says which query reads
+which); ``open_since_id`` is sparse: only the open sessions have the field."""
 
 UPGRADES: dict[int, Callable[[Database[Any]], None]] = {}
 """``UPGRADES[n]`` brings a database of schema ``n`` to ``n + 1`` (none yet: schema 1 is the first)."""

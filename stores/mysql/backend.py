@@ -1,43 +1,30 @@
 """The MySQL/MariaDB backend: every write one ``CALL agent_sessions_write(...)`` (write.sql), every read one
-``CALL agent_sessions_read(...)`` (read.sql), so one round trip apiece.
+``CALL agent_sessions_read(...)`` (read.sql), each its own transaction inside the procedure (the pool's
+connections are not in autocommit: a bare SELECT would leave its transaction open).
 
-The write's procedure is its own transaction (START TRANSACTION ... COMMIT inside it): it locks the
-session's row, evaluates the guard and applies the change in the server, and answers the row. A read is
-one CALL too (read.sql): a read-only transaction of one snapshot whose SELECTs answer the row and the
-messages, steers, queue and keys it asks for, then COMMIT (the pool's connections are not in autocommit: a
-bare SELECT would leave its transaction open).
-
-Both run on the pooled DBAPI connection itself. Checked in through SQLAlchemy's pool, a PyMySQL connection
-is sent a ROLLBACK (the pool's reset on return: PyMySQL sends it even with no transaction open, where
-psycopg does not), a round trip of its own per call. The store checks its connection in without that reset
-only when the server's last answer (the CALL's closing OK packet, which carries the server's status) said
-no transaction is open (``SERVER_STATUS_IN_TRANS`` clear): there is then nothing to roll back, as the
-pool's own "transaction already reset" path assumes. Anything else (an error, a transaction left open) is
-checked in the usual way, reset and all.
+Both run on the pooled DBAPI connection itself, checked in without the pool's ROLLBACK (a round trip
+PyMySQL sends even with no transaction open) only when the CALL's closing OK packet said no transaction is
+open (``SERVER_STATUS_IN_TRANS`` clear): docs/stores/mysql.md, "No ROLLBACK at check-in".
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-import random
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any
 
 import pymysql  # type: ignore[import-untyped]
 from pymysql.constants import SERVER_STATUS  # type: ignore[import-untyped]
-from sqlalchemy import ColumnElement, Connection, Engine, text
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from agent_sessions.backend import (
     Change,
     Guard,
     Queued,
-    Row,
     Snapshot,
     Steer,
     Want,
@@ -49,11 +36,7 @@ from agent_sessions.backend import (
 from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
 from .._sql import SQLBackend
-from .._sql.backend import RETRIES
-from .._sql.clock import db_now
-
-_T = TypeVar("_T")
-log = logging.getLogger(__name__)
+from .._sql.backend import decoded, row_of
 
 WRITE_PROCEDURE: str = resources.files(__package__).joinpath("write.sql").read_text()
 """The procedure every write calls (``agent_sessions_write``), its CREATE statement: part of ``SCHEMA``."""
@@ -62,13 +45,11 @@ READ_PROCEDURE: str = resources.files(__package__).joinpath("read.sql").read_tex
 _DEADLOCK, _LOCK_WAIT_TIMEOUT, _NO_PROCEDURE = 1213, 1205, 1305
 _WRITE = "CALL agent_sessions_write(%s, %s, %s, %s, %s)"
 _PACKET = text("SELECT @@max_allowed_packet")
-_READ = "CALL agent_sessions_read(%s, %s, %s, %s, %s, %s, %s)"
+_READ = "CALL agent_sessions_read(%s, %s, %s, %s, %s, %s)"
 
 
 class Backend(SQLBackend):
-    """Sessions in MySQL or MariaDB through the caller's SQLAlchemy ``Engine`` (PyMySQL): ``SQLBackend``,
-    whose listings, events and identity are every SQL store's, with its reads and writes one statement
-    each (``lock_wait``: seconds a write waits for the row's lock, whole seconds up)."""
+    """``lock_wait``: seconds a write waits for the row's lock, whole seconds up."""
 
     hint = "create the tables by running each statement of stores.mysql.SCHEMA in your migration"
 
@@ -76,9 +57,6 @@ class Backend(SQLBackend):
         super().__init__(engine, "MySQL store")
         self.lock_wait = lock_wait
         self._packet: int | None = None
-
-    def clock(self) -> ColumnElement[float]:
-        return db_now()
 
     def retry(self, exc: DBAPIError) -> bool:
         return _code(exc) == _DEADLOCK
@@ -103,45 +81,28 @@ class Backend(SQLBackend):
     # -- one statement a call ----------------------------------------------------------------------------
 
     def read(self, session: str, want: Want) -> Snapshot | None:
-        keys = json.dumps(list(want.keys), ensure_ascii=False) if want.keys else None
-        params = (session.encode(), want.start, want.stop, want.last, bool(want.steers), bool(want.queue), keys)
-        head, texts, waiting, queued, accepted = self._once("read", session, lambda cur: _sets(cur, _READ, params))
+        params = (session.encode(), want.start, want.stop, want.last, bool(want.steers), bool(want.queue))
+        head, texts, waiting, queued = self._once("read", session, lambda cur: _sets(cur, _READ, params))
         if not head:
             return None
         got = head[0]
-        return Snapshot(_row(got, got["now_"]), int(got["start_"] or 0), [r["body"] for r in texts],
-                        [Steer(int(r["id"]), r["body"], _text(r["steer_key"])) for r in waiting],
-                        [Queued(int(r["id"]), _text(r["queue_key"]) or "", r["body"]) for r in queued],
-                        frozenset(_text(r["accepted_key"]) or "" for r in accepted))
+        return Snapshot(row_of(got, got["now_"]), int(got["start_"] or 0), [r["body"] for r in texts],
+                        [Steer(int(r["id"]), r["body"], decoded(r["steer_key"])) for r in waiting],
+                        [Queued(int(r["id"]), decoded(r["queue_key"]) or "", r["body"]) for r in queued])
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         params = (session.encode(), json.dumps(guard_json(guard), ensure_ascii=False),
                   json.dumps(change_json(change), ensure_ascii=False), new_incarnation() if change.exist else "",
                   max(1, math.ceil(self.lock_wait)))
-        attempt = 0
-        while True:
-            try:
-                got = self._once("write", session, lambda cur: _first(cur, _WRITE, params), writes=True, raw=True)
-                break
-            except DBAPIError as exc:
-                if self.retry(exc) and attempt < RETRIES:  # rolled back whole: nothing was written
-                    attempt += 1
-                    log.warning("%s: write of %r: %s; running it again (attempt %d of %d)", self.name, session,
-                                exc.orig, attempt, RETRIES)
-                    time.sleep(0.002 * 2**attempt * random.random())
-                    continue
-                raise self._error("write", session, exc, True) from exc
-        assert got is not None
-        head = _written(session, got)
-        return Written(head["done_"], _row(head, head["now_"]) if head["present_"] else None)
+        got = self._once("write", session, lambda cur: _sets(cur, _WRITE, params), writes=True)
+        head = _written(session, got[0][0])  # the first result's one row
+        return Written(head["done_"], row_of(head, head["now_"]) if head["present_"] else None)
 
     @contextmanager
-    def _cursor(self) -> Iterator[Any]:
-        """A cursor of a pooled connection, for one CALL (whose closing OK packet tells the server's status);
-        the connection checked in without the pool's ROLLBACK when the
-        server's last answer said no transaction is open (see the module's docstring). Through SQLAlchemy's
-        ``Connection`` while anything listens for its cursor events (a tracer), so it sees every statement
-        (the pool's ROLLBACK is then sent, as for any connection of the engine)."""
+    def _statement(self) -> Iterator[Any]:
+        """A cursor of a pooled connection, for one CALL, checked in as the module's docstring says. Through
+        SQLAlchemy's ``Connection`` while anything listens for its cursor events (a tracer), so it sees every
+        statement (the pool's ROLLBACK is then sent, as for any connection of the engine)."""
         dispatch = self.engine.dispatch
         if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
             with self.engine.connect() as conn:
@@ -173,30 +134,6 @@ class Backend(SQLBackend):
             else:
                 pooled.close()
 
-    def _once(self, what: str, session: str, call: Callable[[Any], _T], *, writes: bool = False,
-              raw: bool = False) -> _T:
-        """``call``, one statement, never run again here when it writes: a write whose connection failed
-        after it was sent may have happened (``OutcomeUnknown``). A read on a pooled connection found dead
-        (the server restarted since) is run once more, on a new one. ``raw``: a ``DBAPIError`` is the
-        caller's to judge (a deadlock to run again)."""
-        if self._identity is None and what != "identity":
-            _ = self.identity
-        try:
-            try:
-                with self._cursor() as cursor:
-                    return call(cursor)
-            except DBAPIError as exc:
-                if writes or not exc.connection_invalidated:
-                    raise
-            with self._cursor() as cursor:
-                return call(cursor)
-        except DBAPIError as exc:
-            if raw:
-                raise
-            raise self._error(what, session, exc, writes) from exc
-        except SQLAlchemyError as exc:
-            raise self._error(what, session, exc, False) from exc
-
 
 class _Traced:
     """A PyMySQL cursor's ``execute`` through a SQLAlchemy ``Connection``, whose events a tracer hears; the
@@ -216,12 +153,6 @@ class _Traced:
 def _code(exc: DBAPIError) -> object:
     args: tuple[object, ...] = getattr(exc.orig, "args", ())
     return args[0] if args else None
-
-
-def _first(cursor: Any, sql: str, params: Any) -> dict[str, Any] | None:
-    """The first row of ``sql``'s first result, by column name."""
-    first = _sets(cursor, sql, params)[0]
-    return first[0] if first else None
 
 
 def _sets(cursor: Any, sql: str, params: Any) -> list[list[dict[str, Any]]]:
@@ -255,16 +186,3 @@ def _written(session: str, got: Mapping[str, Any]) -> dict[str, Any]:
     out.update(session_id=session, spec=got["spec"], turn=got["turn"], cancelled_turn=got["cancelled_turn"],
                journal=got["journal"], metadata=got["metadata"])
     return out
-
-
-def _text(value: str | bytes | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _row(m: Mapping[str, Any], now: Any) -> Row:
-    return Row(_text(m["session_id"]) or "", bool(m["exists_"]), _text(m["incarnation"]) or "", float(m["created"]),
-               float(m["updated"]), int(m["version"]), int(m["length"]), int(m["edits"]), _text(m["token"]),
-               int(m["epoch"]), float(m["expires"]), _text(m["host"]) or "", int(m["pid"]), _text(m["spec"]),
-               _text(m["turn"]), bool(m["cancelled"]), _text(m["cancelled_turn"]), bool(m["handed"]),
-               _text(m["journal"]), None if m["open_since"] is None else float(m["open_since"]),
-               _text(m["metadata"]) or "{}", int(m["last_seq"]), int(m["steers"]), int(m["queued"]), float(now))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import weakref
 from importlib import resources
 from typing import Any
@@ -109,7 +108,7 @@ class Store(BackedStore):
         self._followers = Listener(functools.partial(_listening_connection, engine), CHANNEL)
         weakref.finalize(self, self._listener.close, 0)
         weakref.finalize(self, self._followers.close, 0)
-        _LIVE.add(self)
+        self._pg.listeners = (self._listener, self._followers)
 
     def watch_cancel(self, session: str, holder: Holder) -> Watch | NotWatching:
         """Keep whether a cancel of ``holder``'s lease is heard here (``contract.CancelWatcher``): a cancel's
@@ -133,30 +132,8 @@ class Store(BackedStore):
         self._listener.close()
         self._followers.close()
 
-    def after_fork(self) -> None:
-        """In a forked child: the parent's listening connections and threads are not this process's (its
-        pool is dropped by ``SQLBackend``'s own at-fork handler)."""
-        self._listener.forget()
-        self._followers.forget()
-
     def __repr__(self) -> str:
         return f"postgres.Store({self._pg!r})"
-
-
-_LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
-"""Every store object alive in this process, for the one at-fork handler below."""
-
-
-def _forked() -> None:
-    """A forked child (a Celery or gunicorn prefork worker) must not talk over its parent's sockets: two
-    processes on one connection interleave their bytes. One handler for all stores, registered once: a
-    handler per store could never be removed."""
-    for store in list(_LIVE):
-        store.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
 
 
 __all__ = ["LOCK_WAIT", "SCHEMA", "SCHEMA_VERSION", "WRITE_FUNCTION", "Backend", "SchemaMismatch", "Store", "metadata"]

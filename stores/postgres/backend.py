@@ -1,28 +1,23 @@
-"""The PostgreSQL backend: every write one call of ``agent_sessions_write`` (write.sql), every read one SELECT,
-each a single statement in autocommit, so one round trip to the server.
-
-The write's function locks the session's row, evaluates the guard and applies the change in the server,
-as the Lua script does for Redis; a read is one statement, so one snapshot, with the messages, steers,
-queue and keys it asks for as JSON arrays beside the row.
+"""The PostgreSQL backend: every write one call of ``agent_sessions_write`` (write.sql), every read one SELECT
+(one snapshot, the messages, steers and queue it asks for as JSON arrays beside the row), each in autocommit.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from sqlalchemy import ColumnElement, Connection, Dialect, Engine, TextClause, select, text
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError
 
 from agent_sessions.backend import (
     Change,
     Guard,
     Queued,
-    Row,
     Snapshot,
     Steer,
     Want,
@@ -34,9 +29,9 @@ from agent_sessions.backend import (
 from agent_sessions.errors import AgentError, SessionLocked, StoreError
 
 from .._sql import SCHEMA_VERSION, SchemaMismatch, SQLBackend
+from .._sql.backend import row_of
 from .._sql.clock import db_now
-
-_T = TypeVar("_T")
+from .listener import Listener
 
 _WRITE = text("SELECT agent_sessions_write(:sid, CAST(:guard AS jsonb), CAST(:change AS jsonb), :inc, :lock_wait)")
 _NOW = "extract(epoch FROM clock_timestamp())::double precision"
@@ -47,9 +42,7 @@ _READ = text(
     "CASE WHEN :steers THEN (SELECT json_agg(json_build_array(id, body, steer_key) ORDER BY id) "
     "  FROM agent_steers WHERE session_id = s.session_id) END AS steers_, "
     "CASE WHEN :queue THEN (SELECT json_agg(json_build_array(id, queue_key, body) ORDER BY id) "
-    "  FROM agent_queue WHERE session_id = s.session_id) END AS queue_, "
-    "CASE WHEN cardinality(CAST(:keys AS text[])) > 0 THEN (SELECT json_agg(accepted_key) FROM agent_keys "
-    "  WHERE session_id = s.session_id AND accepted_key = ANY(CAST(:keys AS text[]))) END AS keys_ "
+    "  FROM agent_queue WHERE session_id = s.session_id) END AS queue_ "
     "FROM agent_sessions AS s, LATERAL (SELECT CASE WHEN CAST(:start AS integer) IS NOT NULL "
     "  OR CAST(:last AS integer) IS NOT NULL THEN coalesce(CAST(:start AS integer), greatest(least("
     "  coalesce(CAST(:stop AS integer), s.length), s.length) - CAST(:last AS integer), 0)) END AS start, "
@@ -60,23 +53,22 @@ _LAST_SEQ = text("SELECT last_seq FROM agent_sessions WHERE session_id = :sid")
 _EARLIER = text("SELECT to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL")
 
 
-def _earlier(conn: Connection) -> bool:
-    return bool(conn.execute(_EARLIER).scalar())
-
-MISSING_HINT = "create the tables by running stores.postgres.SCHEMA in your migration"
-
-
 class Backend(SQLBackend):
-    """Sessions in PostgreSQL through the caller's SQLAlchemy ``Engine`` (psycopg 3): ``SQLBackend``, whose
-    listings, events and identity are every SQL store's, with its reads and writes one statement each, on
-    a pooled connection in autocommit (``lock_wait``: seconds a write waits for the row's lock)."""
+    """``lock_wait``: seconds a write waits for the row's lock."""
 
-    hint = MISSING_HINT
+    hint = "create the tables by running stores.postgres.SCHEMA in your migration"
+    listeners: tuple[Listener, ...] = ()
+    """The store's listeners, whose threads and connections a forked child drops (``after_fork``)."""
 
     def __init__(self, engine: Engine, lock_wait: float | None = None) -> None:
         super().__init__(engine, "PostgreSQL store")
         self.lock_wait = lock_wait
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def after_fork(self) -> None:
+        super().after_fork()
+        for listener in self.listeners:
+            listener.forget()
 
     def clock(self) -> ColumnElement[float]:
         """The server's clock, read once per statement (an InitPlan): ``clock_timestamp()`` is volatile, so in
@@ -109,7 +101,9 @@ class Backend(SQLBackend):
         try:
             return super().identity
         except StoreError as exc:
-            if isinstance(exc, SchemaMismatch) or not self._once("identity", "", _earlier):
+            if isinstance(exc, SchemaMismatch):
+                raise
+            if not self._once("identity", "", lambda conn: conn.execute(_EARLIER).scalar()):
                 raise
             raise SchemaMismatch(f"{self.name}: the database holds the tables of an earlier version of "
                                  f"agent-sessions (agent_sessions, and no agent_store); this version reads and "
@@ -117,13 +111,12 @@ class Backend(SQLBackend):
 
     def read(self, session: str, want: Want) -> Snapshot | None:
         params = {"sid": session, "start": want.start, "stop": want.stop, "last": want.last,
-                  "steers": want.steers, "queue": want.queue, "keys": list(want.keys)}
+                  "steers": want.steers, "queue": want.queue}
         got = self._once("read", session, lambda conn: self._first(conn, _READ, params))
         if got is None:
             return None
-        return Snapshot(_row(got, got["now_"]), got["start_"] or 0, got["messages_"] or [],
-                        [Steer(*s) for s in got["steers_"] or ()], [Queued(*q) for q in got["queue_"] or ()],
-                        frozenset(got["keys_"] or ()))
+        return Snapshot(row_of(got, got["now_"]), got["start_"] or 0, got["messages_"] or [],
+                        [Steer(*s) for s in got["steers_"] or ()], [Queued(*q) for q in got["queue_"] or ()])
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         params = {"sid": session, "guard": json.dumps(guard_json(guard)), "change": json.dumps(change_json(change)),
@@ -132,7 +125,7 @@ class Backend(SQLBackend):
         assert found is not None
         got = found["agent_sessions_write"]
         row = got["row"]
-        return Written(got["done"], None if row is None else _row(row, got["now"]))
+        return Written(got["done"], None if row is None else row_of(row, got["now"]))
 
     def last_seq(self, session: str) -> int:
         """The session's last event number (0: none): what a follower's wait asks."""
@@ -166,27 +159,6 @@ class Backend(SQLBackend):
         finally:
             cursor.close()
 
-    def _once(self, what: str, session: str, call: Callable[[Connection], _T], *, writes: bool = False) -> _T:
-        """``call``, one statement, on a pooled connection in autocommit, never run again here: a write
-        whose connection failed after it was sent may have happened (``OutcomeUnknown``). A read on a
-        pooled connection found dead (the server restarted since) is run once more, on a new one. The first
-        asks the database's identity first (``SchemaMismatch`` before anything is read or written)."""
-        if self._identity is None and what != "identity":
-            _ = self.identity
-        try:
-            try:
-                with self._connection() as conn:
-                    return call(conn)
-            except DBAPIError as exc:
-                if writes or not exc.connection_invalidated:
-                    raise
-            with self._connection() as conn:
-                return call(conn)
-        except DBAPIError as exc:
-            raise self._error(what, session, exc, writes) from exc
-        except SQLAlchemyError as exc:
-            raise self._error(what, session, exc, False) from exc
-
     def __repr__(self) -> str:
         return f"postgres {self.engine.url.render_as_string(hide_password=True)!r}"
 
@@ -195,12 +167,3 @@ class Backend(SQLBackend):
 def _compiled(statement: TextClause, dialect: Dialect) -> str:
     """``statement`` in the driver's own parameter style (one of this module's few, so cached for good)."""
     return str(statement.compile(dialect=dialect))
-
-
-def _row(m: Mapping[Any, Any], now: Any) -> Row:
-    return Row(m["session_id"], bool(m["exists_"]), m["incarnation"], float(m["created"]), float(m["updated"]),
-               int(m["version"]), int(m["length"]), int(m["edits"]), m["token"], int(m["epoch"]),
-               float(m["expires"]), m["host"], int(m["pid"]), m["spec"], m["turn"], bool(m["cancelled"]),
-               m["cancelled_turn"], bool(m["handed"]), m["journal"],
-               None if m["open_since"] is None else float(m["open_since"]), m["metadata"], int(m["last_seq"]),
-               int(m["steers"]), int(m["queued"]), float(now))

@@ -1,17 +1,11 @@
-"""Waking followers of PostgreSQL event logs, and hearing cancels: a LISTEN connection per store and channel,
+"""Waking followers of PostgreSQL event logs, and hearing cancels: a LISTEN connection per store and channel
+(``CHANNEL``, ``CANCEL_CHANNEL``; docs/stores/postgres.md), in a thread of its own started by its first use,
 fanned out to its waiters (events) or its runs' watches (cancels).
 
-A write with events (``agent_sessions_write``, write.sql) runs ``pg_notify('agent_events', <session id>)``
-while anything listens (``FOLLOWED``), and a cancel ``pg_notify('agent_cancels', '<epoch> <session id>')``;
-PostgreSQL delivers each when the write commits, to every connection listening on the channel. A store
-keeps one such connection per channel, in a thread of its own, started by its first use: a process that
-runs agents and follows no log does not listen for events (each of its runs' event writes would wake its
-listening thread, on the run's path).
-
-Waits are bounded, and a waiter reads the session's last event number once it knows the listener is live,
-so a notification sent before it began waiting is not missed. What a run may conclude from hearing no
-cancel depends on the connection having listened, unbroken, since before its last read of the flag: each
-connection that LISTENs gets a new number (``Watch.listening``), withdrawn as soon as it is known lost.
+A waiter reads the session's last event number once it knows the listener is live, so a notification sent
+before it began waiting is not missed. What a run may conclude from hearing no cancel depends on the
+connection having listened, unbroken, since before its last read of the flag: each connection that LISTENs
+gets a new number (``Watch.listening``), withdrawn as soon as it is known lost.
 """
 
 from __future__ import annotations
@@ -118,13 +112,11 @@ class Listener:
                 live = self._cond.wait_for(lambda: self.live is not None, min(timeout, OUTAGE_POLL))
             if arrived():
                 return True
+            # No connection yet (or the server is down): wait a little, the follower reads.
+            end = deadline if live else min(deadline, time.monotonic() + OUTAGE_POLL)
             with self._cond:
-                if not live:  # no connection yet (or the server is down): wait a little, the follower reads
-                    left = min(deadline, time.monotonic() + OUTAGE_POLL) - time.monotonic()
-                else:
-                    left = deadline - time.monotonic()
                 return self._cond.wait_for(lambda: (self._woken.get(session, 0), self._outages) != seen,
-                                           max(0.0, left))
+                                           max(0.0, end - time.monotonic()))
         finally:
             with self._cond:
                 left_waiting = self._waiting[session] - 1

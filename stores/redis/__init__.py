@@ -2,13 +2,8 @@
 
 Give it your client (``redis.Redis``; the store never makes or closes connections) and a key prefix:
 ``redis.Store(client, prefix="myapp:agent:")``. A session's keys share a hash tag (``{session}``), so one
-script touches one slot; the listing indexes are three sorted sets under the prefix.
-
-**Durability** is the server's: with ``appendonly yes`` and ``appendfsync always`` a write is on disk
-when the call returns; with ``appendfsync everysec`` (Redis's usual production setting) a power loss
-may lose the last second of writes; without the append-only file, a restart loses everything since the
-last snapshot. The store's guarantees between processes (fencing, each steer taken once, a tool run at
-most once) hold whatever the setting, as long as the server keeps what it acknowledged.
+script touches one slot; the listing indexes are three sorted sets under the prefix. Durability is the
+server's (``appendfsync``: docs/stores/redis.md).
 """
 
 from __future__ import annotations
@@ -87,15 +82,14 @@ class Backend:
 
     def read(self, session: str, want: Want) -> Snapshot | None:
         asked = {k: v for k, v in (("start", want.start), ("stop", want.stop), ("last", want.last),
-                                    ("steers", want.steers), ("queue", want.queue), ("keys", list(want.keys)))
+                                    ("steers", want.steers), ("queue", want.queue))
                  if v is not None}
-        got = self._call("read", session, lambda: self._read(self._keys(session)[:5], [json.dumps(asked)]))
+        got = self._call("read", session, lambda: self._read(self._keys(session)[:4], [json.dumps(asked)]))
         if not got:
             return None
-        flat, now, steers, queued, start, texts, waiting, queue, keys = got
+        flat, now, steers, queued, start, texts, waiting, queue = got
         return Snapshot(_row(session, flat, now, steers, queued), int(start), [_text(t) for t in texts],
-                        [Steer(*json.loads(item)) for item in waiting], [Queued(*json.loads(item)) for item in queue],
-                        frozenset(_text(k) for k in keys))
+                        [Steer(*json.loads(item)) for item in waiting], [Queued(*json.loads(item)) for item in queue])
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
         keys = [*self._keys(session), self._updated, self._open]
@@ -148,7 +142,7 @@ class Backend:
     def _rows(self, sessions: Sequence[str]) -> list[Row]:
         pipe = self.client.pipeline(transaction=False)
         for session in sessions:
-            self._read(self._keys(session)[:5], ["{}"], client=pipe)
+            self._read(self._keys(session)[:4], ["{}"], client=pipe)
         return [_row(s, *got[:4]) for s, got in zip(sessions, pipe.execute(), strict=True) if got]
 
     def _now(self) -> float:

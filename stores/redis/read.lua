@@ -1,8 +1,8 @@
 -- One read of a session (agent_sessions.backend: Want), from one moment.
--- KEYS: row, messages, steers, queue, keys. ARGV: want JSON.
+-- KEYS: row, messages, steers, queue. ARGV: want JSON.
 -- Returns {} when there is no row, else {row (flat HGETALL), now, steers waiting, queue items waiting,
--- the first message's index, messages, steers, queue items, the keys asked about that were accepted}.
-local rowkey, msgs, steers, queue, keys = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- the first message's index, messages, steers, queue items}.
+local rowkey, msgs, steers, queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local want = cjson.decode(ARGV[1])
 local flat = redis.call('HGETALL', rowkey)
 if #flat == 0 then return {} end
@@ -16,11 +16,8 @@ if want.start ~= nil or want.last ~= nil then
   if want.start ~= nil then start = want.start else start = math.max(stop - want.last, 0) end
   if stop > start then texts = redis.call('LRANGE', msgs, start, stop - 1) end
 end
-local waiting, queued, accepted = {}, {}, {}
+local waiting, queued = {}, {}
 if want.steers then waiting = redis.call('LRANGE', steers, 0, -1) end
 if want.queue then queued = redis.call('LRANGE', queue, 0, -1) end
-for _, key in ipairs(want.keys or {}) do
-  if redis.call('SISMEMBER', keys, key) == 1 then accepted[#accepted + 1] = key end
-end
 return {flat, string.format('%.6f', now), redis.call('LLEN', steers), redis.call('LLEN', queue), start, texts,
-        waiting, queued, accepted}
+        waiting, queued}

@@ -1,10 +1,7 @@
 """A store in one SQLite file: the embedded default. Unlike the server stores it creates its tables on
-open, since a file has no one else to coordinate a migration with.
-
-Many threads and many processes share a file: WAL journal, ``busy_timeout`` 30 s; every write is one
-``BEGIN IMMEDIATE`` transaction (SQLite's write lock is the session's lock, and everyone's), every read a
-deferred ``BEGIN`` beside the writer. The store's clock is this process's (``time.time``): a file lives
-on one machine.
+open, since a file has no one else to coordinate a migration with. Every write is one ``BEGIN IMMEDIATE``
+transaction (SQLite's write lock is the session's lock, and everyone's), every read a deferred ``BEGIN``
+beside the writer; the store's clock is this process's (a file lives on one machine).
 """
 
 from __future__ import annotations
@@ -46,9 +43,6 @@ class Backend(SQLBackend):
 
     def clock(self) -> ColumnElement[float]:
         return literal(time.time())
-
-    def lock(self, query: Any) -> Any:
-        return query  # BEGIN IMMEDIATE holds the file's write lock already
 
     def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
         """SQLite's LIKE ignores ASCII case, so: the first characters equal the prefix (exact, by the
