@@ -45,7 +45,8 @@ READ_PROCEDURE: str = resources.files(__package__).joinpath("read.sql").read_tex
 _DEADLOCK, _LOCK_WAIT_TIMEOUT, _NO_PROCEDURE = 1213, 1205, 1305
 _WRITE = "CALL agent_sessions_write(%s, %s, %s, %s, %s)"
 _PACKET = text("SELECT @@max_allowed_packet")
-_READ = "CALL agent_sessions_read(%s, %s, %s, %s, %s, %s)"
+_READ = "CALL agent_sessions_read(%s, %s, %s, %s, %s, %s, NULL)"
+"""Schema 1's procedure: its last argument asks which keys were accepted (NULL: none asked, none answered)."""
 
 
 class Backend(SQLBackend):
@@ -82,7 +83,7 @@ class Backend(SQLBackend):
 
     def read(self, session: str, want: Want) -> Snapshot | None:
         params = (session.encode(), want.start, want.stop, want.last, bool(want.steers), bool(want.queue))
-        head, texts, waiting, queued = self._once("read", session, lambda cur: _sets(cur, _READ, params))
+        head, texts, waiting, queued, _ = self._once("read", session, lambda cur: _sets(cur, _READ, params))
         if not head:
             return None
         got = head[0]
