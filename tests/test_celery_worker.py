@@ -91,6 +91,13 @@ class Workers:
 def workers(request: pytest.FixtureRequest, tmp_path: Path, model: ModelServer) -> Iterator[Workers]:
     if request.param == "sqla+sqlite":
         w = Workers(tmp_path, model, f"sqla+sqlite:///{tmp_path}/broker.db")
+        # The queue's row made before any process looks for it: kombu's SQLAlchemy transport makes it when
+        # missing, by a SELECT then an INSERT, so a worker and the producer starting together both insert it
+        # and one fails (UNIQUE constraint failed: kombu_queue.name).
+        from kombu import Connection
+
+        with Connection(w.broker) as connection:
+            connection.SimpleQueue("celery").close()
     else:
         w = Workers(tmp_path, model, "redis://127.0.0.1:6379/9", f"{servers.REDIS_KEY_PREFIX}{uuid.uuid4().hex[:8]}:")
     yield w
