@@ -839,6 +839,15 @@ def test_where_turns_begin_in_a_long_turn_of_steers_is_read_in_one_pass() -> Non
     assert turns.turn_start(msgs, 2) == last and turns.begins(msgs, last, 2) and not turns.begins(msgs, last - 3, 2)
 
 
+def _answered_then(then: str, spec: agent.Spec, store: memory.Store, model: agent.Endpoint) -> agent.Result:
+    """The steered turn once its refund is approved: by its caller's repeat, or by the sweep."""
+    if then == "repeat":
+        return agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    done = agent.recover(store, lambda info: (spec, model), grace=0, session="chat")
+    assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
+    return done[0].result
+
+
 class RefundsOrderEight:
     """Asks for a refund of order 8 when the last user message asks for it, else answers."""
 
@@ -881,12 +890,7 @@ def test_a_steer_its_caller_ran_after_a_cancelled_turn_begins_a_turn_of_its_own(
     steer = store.messages("chat")[5]
     assert (steer.text, steer.key, steer.steer) == ("and refund order 8", "k-8", False)
     session.approve("r-8")
-    if then == "repeat":
-        result = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
-    else:
-        done = agent.recover(store, lambda info: (spec, model), grace=0, session="chat")
-        assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
-        result = done[0].result
+    result = _answered_then(then, spec, store, model)
     assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
 
 
@@ -908,11 +912,6 @@ def test_a_steer_its_caller_ran_after_a_turn_stopped_at_max_steps_begins_a_turn_
     first = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
     assert first.stop_reason == "awaiting_approval" and model.requests == 1
     session.approve("r-8")
-    if then == "repeat":
-        result = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
-    else:
-        done = agent.recover(store, lambda info: (spec, model), grace=0, session="chat")
-        assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
-        result = done[0].result
+    result = _answered_then(then, spec, store, model)
     assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
     assert [m.text for m in store.messages("chat")][-1] == "refunded order 8"
