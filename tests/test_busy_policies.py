@@ -809,19 +809,6 @@ def lookup(n: int) -> str:
     return "found"
 
 
-class RefundsTheSteer:
-    """Asks for a refund of order 8 when the transcript ends with a steer, else answers."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-
-    def complete(self, system: str, messages: Sequence[agent.Message], tools: object) -> agent.Message:
-        self.requests += 1
-        if messages[-1].steer:
-            return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r-8", "refund", '{"order": 8}')])
-        return agent.Message.assistant("refunded order 8")
-
-
 def test_where_turns_begin_in_a_long_turn_of_steers_is_read_in_one_pass() -> None:
     """A turn of 300 tool steps with a steer after each. Whether a steer began a turn depends on where the
     turn before it began and the replies made since; worked out again for each earlier steer (as it once was),
@@ -839,15 +826,6 @@ def test_where_turns_begin_in_a_long_turn_of_steers_is_read_in_one_pass() -> Non
     assert turns.turn_start(msgs, 2) == last and turns.begins(msgs, last, 2) and not turns.begins(msgs, last - 3, 2)
 
 
-def _answered_then(then: str, spec: agent.Spec, store: memory.Store, model: agent.Endpoint) -> agent.Result:
-    """The steered turn once its refund is approved: by its caller's repeat, or by the sweep."""
-    if then == "repeat":
-        return agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
-    done = agent.recover(store, lambda info: (spec, model), grace=0, session="chat")
-    assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
-    return done[0].result
-
-
 class RefundsOrderEight:
     """Asks for a refund of order 8 when the last user message asks for it, else answers."""
 
@@ -859,6 +837,24 @@ class RefundsOrderEight:
         if messages[-1].text == "and refund order 8":
             return agent.Message(agent.Role.ASSISTANT, [agent.Content.tool_call("r-8", "refund", '{"order": 8}')])
         return agent.Message.assistant("refunded order 8")
+
+
+def _steer_answered_in_a_turn_of_its_own(then: str, spec: agent.Spec, store: memory.Store,
+                                        session: agent.StoreSession) -> None:
+    """A ``"steer"`` caller's refund of order 8, nobody holding the session: its own run asks the model once and
+    waits for the refund's approval; approved, its repeat (or the sweep) answers within the steer's own budget
+    (a second request)."""
+    model = RefundsOrderEight()
+    first = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    assert first.stop_reason == "awaiting_approval" and model.requests == 1
+    session.approve("r-8")
+    if then == "repeat":
+        result = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    else:
+        done = agent.recover(store, lambda info: (spec, model), grace=0, session="chat")
+        assert [r.outcome for r in done] == ["recovered"] and done[0].result is not None
+        result = done[0].result
+    assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
 
 
 @pytest.mark.parametrize("then", ["repeat", "sweep"])
@@ -884,14 +880,9 @@ def test_a_steer_its_caller_ran_after_a_cancelled_turn_begins_a_turn_of_its_own(
     spec = agent.Spec(session=session, tools=[cancelled_meanwhile, refund], max_steps=3)
     plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
     assert plain.stop_reason == "cancelled"
-    model = RefundsOrderEight()
-    first = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
-    assert first.stop_reason == "awaiting_approval" and model.requests == 1
+    _steer_answered_in_a_turn_of_its_own(then, spec, store, session)
     steer = store.messages("chat")[5]
     assert (steer.text, steer.key, steer.steer) == ("and refund order 8", "k-8", False)
-    session.approve("r-8")
-    result = _answered_then(then, spec, store, model)
-    assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
 
 
 @pytest.mark.parametrize("then", ["repeat", "sweep"])
@@ -908,10 +899,5 @@ def test_a_steer_its_caller_ran_after_a_turn_stopped_at_max_steps_begins_a_turn_
     spec = agent.Spec(session=session, tools=[lookup, refund], max_steps=2)
     plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
     assert plain.stop_reason == "max_steps"
-    model = RefundsTheSteer()
-    first = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
-    assert first.stop_reason == "awaiting_approval" and model.requests == 1
-    session.approve("r-8")
-    result = _answered_then(then, spec, store, model)
-    assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
+    _steer_answered_in_a_turn_of_its_own(then, spec, store, session)
     assert [m.text for m in store.messages("chat")][-1] == "refunded order 8"
