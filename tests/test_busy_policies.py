@@ -10,6 +10,7 @@ import pickle
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ import agent_sessions as agent
 from agent_sessions.run import turns
 from agent_sessions.run.react import CANCELLED
 from stores import memory
+from storetest.mixin import stand_in
 from storetest.scripted import Answer, ToolsThenAnswer
 from tests.four_method_store import FourMethodStore
 from tests.test_lease import holding
@@ -881,6 +883,53 @@ def test_a_steer_its_caller_ran_after_a_cancelled_turn_begins_a_turn_of_its_own(
     plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
     assert plain.stop_reason == "cancelled"
     _steer_answered_in_a_turn_of_its_own(then, spec, store, session)
+    steer = store.messages("chat")[5]
+    assert (steer.text, steer.key, steer.steer) == ("and refund order 8", "k-8", False)
+
+
+class CancelsBeforeTheSteersAreRead:
+    """A memory backend that, when a save first asks for the waiting steers (its write was refused: steers
+    wait), lets the user cancel first: between the read that decides whether the steer begins a turn and the
+    write that takes it."""
+
+    def __init__(self, backend: Any, session: agent.StoreSession) -> None:
+        self.backend, self.session, self.cancelled = backend, session, False
+
+    def read(self, sid: str, want: Any) -> Any:
+        if want.steers and not self.cancelled:
+            self.cancelled = self.session.cancel()
+        return self.backend.read(sid, want)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+
+def test_a_cancel_landing_before_the_steers_are_read_stops_the_turn_the_steer_began() -> None:
+    """After a cancelled turn, a ``"steer"`` caller's run is cancelled itself between its refused first save
+    and its read of the waiting steers. What that read decided (no turn in progress: the steer begins one)
+    still holds, since the cancel moves neither the open mark nor the handed cancel; the write takes the steer
+    as that turn's message and answers that it was cancelled: the run stops before any request, and the
+    caller hears that its own turn was cancelled."""
+    store = memory.Store()
+    session = agent.open("chat", store)
+    looked: list[int] = []
+
+    @agent.tool(name="lookup")
+    def cancelled_meanwhile(n: int) -> str:
+        """Look an order up (the user cancels during the second)."""
+        looked.append(n)
+        if len(looked) == 2:
+            assert session.cancel()
+        return "found"
+
+    spec = agent.Spec(session=session, tools=[cancelled_meanwhile, refund], max_steps=3)
+    plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
+    assert plain.stop_reason == "cancelled"
+    model = RefundsOrderEight()
+    racing = CancelsBeforeTheSteersAreRead(store.backend, session)
+    with stand_in(store, racing):
+        first = agent.Runner().turn(spec, "and refund order 8", "k-8", model, if_busy="steer")
+    assert racing.cancelled and (first.stop_reason, model.requests) == ("cancelled", 0)
     steer = store.messages("chat")[5]
     assert (steer.text, steer.key, steer.steer) == ("and refund order 8", "k-8", False)
 
