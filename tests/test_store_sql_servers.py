@@ -215,6 +215,32 @@ def test_a_steer_mysql_could_never_deliver_is_refused_and_one_it_can_is_delivere
         assert mysql.Store(engine).messages("steered") == big
 
 
+def test_the_store_gives_each_pooled_connection_back_as_it_took_it(backend: Backend, engine: Engine) -> None:
+    """The store runs its statements on the engine's pooled connections (PostgreSQL's in autocommit for the
+    statement) and gives each back as it took it, after a write that waited out a held row lock too: a
+    caller's transaction on the same connection is still a transaction (its rollback undoes it)."""
+    one = create_engine(backend.url, pool_size=1, max_overflow=0)  # the store and the caller share it
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS given_back (n INTEGER)"))
+    try:
+        store = backend.store(one, lock_wait=0.2)
+        store.save("given-back", [agent.Message.user("hi")])
+        with engine.connect() as holder:
+            holder.execute(text("SELECT 1 FROM agent_sessions WHERE session_id = 'given-back' FOR UPDATE"))
+            with pytest.raises(agent.SessionLocked):
+                store.save("given-back", [agent.Message.user("hi"), agent.Message.user("again")])
+            holder.rollback()
+        for _ in range(2):  # after the refused write, then after one that went through
+            with one.connect() as conn:
+                conn.execute(text("INSERT INTO given_back (n) VALUES (1)"))
+                conn.rollback()
+                assert conn.execute(text("SELECT count(*) FROM given_back")).scalar() == 0
+            store.save("given-back", [agent.Message.user("hi"), agent.Message.user("again")])
+        assert [m.text for m in store.messages("given-back")] == ["hi", "again"]
+    finally:
+        one.dispose()
+
+
 def test_a_tracer_listening_for_cursor_events_sees_every_statement_and_changes_no_result(
     backend: Backend, engine: Engine,
 ) -> None:

@@ -50,7 +50,7 @@ _READ = text(
     "WHERE s.session_id = :sid"
 )
 _LAST_SEQ = text("SELECT last_seq FROM agent_sessions WHERE session_id = :sid")
-_EARLIER = text("SELECT to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL")
+_EARLIER = text("SELECT to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL AS earlier")
 
 
 class Backend(SQLBackend):
@@ -103,7 +103,8 @@ class Backend(SQLBackend):
         except StoreError as exc:
             if isinstance(exc, SchemaMismatch):
                 raise
-            if not self._once("identity", "", lambda conn: conn.execute(_EARLIER).scalar()):
+            earlier = self._once("identity", "", lambda conn: self._first(conn, _EARLIER, {}))
+            if not (earlier and earlier["earlier"]):
                 raise
             raise SchemaMismatch(f"{self.name}: the database holds the tables of an earlier version of "
                                  f"agent-sessions (agent_sessions, and no agent_store); this version reads and "
@@ -132,20 +133,42 @@ class Backend(SQLBackend):
         got = self._once("wait_for_events", session, lambda conn: self._first(conn, _LAST_SEQ, {"sid": session}))
         return 0 if got is None else int(got["last_seq"])
 
-    def _first(self, conn: Connection, statement: TextClause, params: dict[str, Any]) -> dict[str, Any] | None:
+    @contextmanager
+    def _statement(self) -> Iterator[Any]:
+        """A pooled psycopg connection in autocommit for one statement, then as it was: no ``Connection``, whose
+        checkout and isolation-level switch cost a write about 40 µs of client CPU. Through SQLAlchemy while
+        anything listens for its cursor events (a tracer), so it sees every statement."""
+        dispatch = self.engine.dispatch
+        if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+            with self._connection() as conn:
+                yield conn
+            return
+        pooled: Any = None
+        try:
+            pooled = self.engine.raw_connection()
+            driver = pooled.driver_connection
+            before, driver.autocommit = driver.autocommit, True
+        except psycopg.Error as exc:  # nothing was sent
+            if pooled is not None:
+                pooled.invalidate(exc)
+            raise DBAPIError.instance("", None, exc, psycopg.Error, connection_invalidated=pooled is not None) from exc
+        try:
+            yield pooled
+        finally:
+            if not driver.closed and driver.autocommit != before:
+                driver.autocommit = before
+            pooled.close()
+
+    def _first(self, handle: Any, statement: TextClause, params: dict[str, Any]) -> dict[str, Any] | None:
         """The first row of one of this module's statements, by column name. Run on psycopg's cursor, prepared
         on the server at its first use (``prepare_threshold=None`` on the connection, for PgBouncer in
         transaction mode: never): SQLAlchemy's execution path cost a write about 0.6 ms more here, a round
-        trip's worth. Through SQLAlchemy while anything listens for its cursor events (a tracer), so it sees
-        every statement; a driver's error is SQLAlchemy's either way (the pooled connection invalidated when
-        it broke)."""
-        dispatch = self.engine.dispatch
-        if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
-            found = conn.execute(statement, params).mappings().first()
+        trip's worth. A driver's error is SQLAlchemy's (the pooled connection invalidated when it broke)."""
+        if isinstance(handle, Connection):  # traced
+            found = handle.execute(statement, params).mappings().first()
             return None if found is None else dict(found)
         sql = _compiled(statement, self.engine.dialect)
-        driver = conn.connection.driver_connection
-        assert driver is not None  # a live pooled connection
+        driver: Any = handle.driver_connection
         cursor = driver.cursor()
         try:
             cursor.execute(sql, params, prepare=None if driver.prepare_threshold is None else True)
@@ -154,7 +177,7 @@ class Backend(SQLBackend):
         except psycopg.Error as exc:
             broken = driver.broken or driver.closed
             if broken:
-                conn.invalidate(exc)
+                handle.invalidate(exc)
             raise DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=broken) from exc
         finally:
             cursor.close()
