@@ -382,6 +382,9 @@ def test_bad_agent_sessions_settings_are_improperly_configured(django_state: Pat
     for conf, says in (({"DATABSE": "default"}, "unknown keys ['DATABSE']"),
                        ({"DATABASE": "other"}, "'other', which is not in DATABASES"),
                        ({"STORE": "tests.test_django_app.not_a_store"}, "returned str, not an agent_sessions Store"),
+                       ({"STORE": "tests.no_such_module.store"}, "['STORE'] (tests.no_such_module.store) cannot be "
+                                                                  "imported"),
+                       ({"STORE": "tests.test_django_app.NOT_CALLABLE"}, "is not callable"),
                        ({"SSE_SECONDS": 0}, "['SSE_SECONDS'] must be a number of seconds > 0, got 0"),
                        ({"SSE_SECONDS": "30"}, "['SSE_SECONDS'] must be a number of seconds > 0, got '30'"),
                        ({"SSE_SECONDS": float("nan")}, "got nan"),
@@ -393,6 +396,9 @@ def test_bad_agent_sessions_settings_are_improperly_configured(django_state: Pat
 
 def not_a_store() -> str:
     return "sessions.db"
+
+
+NOT_CALLABLE = "sessions.db"
 
 
 # -- the management commands, in-process on the memory store (the reference LifecycleStore) -----------------------

@@ -125,8 +125,9 @@ def resolve() -> Resolve | None:
 
 def _build() -> tuple[agent.Store, Callable[[], None] | None]:
     conf = options()
-    if conf["STORE"] is not None:
-        made = import_string(conf["STORE"])()
+    factory = function("STORE")
+    if factory is not None:
+        made = factory()
         if not isinstance(made, agent.Store):
             raise ImproperlyConfigured(f"settings.AGENT_SESSIONS['STORE'] ({conf['STORE']}) returned "
                                        f"{type(made).__name__}, not an agent_sessions Store")
