@@ -30,7 +30,7 @@ from . import lifecycle
 from .contract import Holder, RunStore, Scalar, SessionInfo, Store, when
 from .endpoints import Endpoint
 from .errors import ArgumentError, Conflict, SessionBusy, SessionExists, StoreError, UnknownApproval, Unsupported
-from .journal import Journal
+from .journal import EXPIRED, Journal
 from .messages import ContentType, Message
 from .session import StoreSession
 from .session import open as open_session
@@ -673,9 +673,8 @@ def approval_line(pending: PendingApproval) -> str:
 
 
 _STATES = {"running": "started, no result yet (if its run died: outcome unknown, not run again unless idempotent)",
-           "waiting": "waits for a decision", "expired": "waits for a decision", "not started": "not started"}
-"""How ``show`` and ``info`` say where a call stands (``Journal.stages``); one past its approval deadline
-still waits, for the next run to deny it."""
+           "waiting": "waits for a decision", "expired": EXPIRED, "not started": "not started"}
+"""How ``show`` and ``info`` say where a call stands (``Journal.stages``), as the console does."""
 
 
 @dataclass

@@ -63,6 +63,10 @@ class Approval:
                    None if decision is None else Decision.from_dict(decision))
 
 
+EXPIRED = "past its approval deadline, undecided: the next run denies it"
+"""How the CLI and the console say an ``expired`` stage."""
+
+
 @dataclass(frozen=True)
 class Stage:
     """Where a call of the journal's reply stands (``Journal.stages``): ``done`` (with its ``result``),

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -682,6 +683,38 @@ def test_info_and_show_list_everything_that_waits_on_a_session(mem: InProcess) -
     session.approve("call_9")
     assert "call_9  refund: approved (person), not run yet" in mem("info", "waits").out
     assert mem("show", "waits", "--json").doc["queued"] == ["msg-2", "msg-3"]
+
+
+def test_a_call_past_its_approval_deadline_is_said_expired_by_the_cli_and_the_console(mem: InProcess) -> None:
+    """Undecided past its deadline, a call can no longer be decided (the next run denies it): ``info`` and the
+    console's reading say so alike, never "waits for a decision"."""
+    from agent_sessions.cli import waits_on
+    from agent_sessions.contrib.django.console.reading import in_flight
+    from agent_sessions.journal import EXPIRED
+
+    class Asks:
+        def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
+            return agent.Message(agent.Role.ASSISTANT, [Content.tool_call("call_5", "refund", '{"order": "5"}')])
+
+    @agent.tool(idempotent=False, needs_approval=True)
+    def refund(order: str) -> str:
+        """Refund an order.
+
+        Args:
+            order: the order
+        """
+        return "refunded"
+
+    session = agent.open("expires", mem.store)
+    spec = agent.Spec(session=session, tools=[refund], approval_deadline=0.05)
+    assert agent.Runner().turn(spec, "refund 5", "msg-5", Asks()).stop_reason == "awaiting_approval"
+    time.sleep(0.1)
+    info = mem("info", "expires").out
+    assert f"\n  call_5  refund: {EXPIRED}\n" in info and "waits for a decision" not in info, info
+    journal = waits_on(session).journal
+    assert journal is not None
+    [call] = in_flight(journal)
+    assert (call.status, call.detail) == ("expired", EXPIRED)
 
 
 def test_steer_says_who_takes_it(mem: InProcess) -> None:

@@ -16,7 +16,7 @@ import agent_sessions as agent
 from agent_sessions import lifecycle
 from agent_sessions.cli import value, waits_on
 from agent_sessions.contract import EventStore, LifecycleStore, RunStore, TailStore
-from agent_sessions.journal import Journal
+from agent_sessions.journal import EXPIRED, Journal
 from agent_sessions.messages import ContentType
 
 PAGE = 50  # sessions a list page shows
@@ -51,7 +51,8 @@ class Call:
     tool: str
     arguments: str
     status: str
-    """``waiting``, ``approved``, ``denied``, ``running`` (started, no result yet), ``done``, ``not started``."""
+    """``waiting``, ``expired`` (undecided past its deadline), ``approved``, ``denied``, ``running`` (started, no
+    result yet), ``done``, ``not started``."""
     detail: str = ""
     """The decision's reason and who took it, or the result's text."""
     is_error: bool = False
@@ -137,7 +138,7 @@ class Stranded:
 
 def in_flight(journal: Journal) -> list[Call]:
     """The journal's reply, call by call (``Journal.stages``); a call past its approval deadline can no
-    longer be decided, and is shown as not started."""
+    longer be decided: the next run denies it."""
     calls = []
     for stage in journal.stages(time.time()):
         call, decision = stage.call, stage.decision
@@ -147,8 +148,8 @@ def in_flight(journal: Journal) -> list[Call]:
             why = f"by {decision.by}" + (f": {decision.reason}" if decision.reason else "")
             calls.append(Call(call.id, call.name, call.arguments, stage.name, why))
         else:
-            calls.append(Call(call.id, call.name, call.arguments,
-                              "not started" if stage.name == "expired" else stage.name))
+            calls.append(Call(call.id, call.name, call.arguments, stage.name,
+                              EXPIRED if stage.name == "expired" else ""))
     return calls
 
 
