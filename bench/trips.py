@@ -132,8 +132,13 @@ class Measured:
     """Exchanges from ``Runner.run`` to the first model request."""
     step: float
     """Exchanges per loop step (median over the run's steps)."""
-    step_ms: float
-    """Median time of a step, milliseconds."""
+    durations: list[float]
+    """Each step's time, milliseconds."""
+
+    @property
+    def step_ms(self) -> float:
+        """Median time of a step, milliseconds."""
+        return statistics.median(self.durations)
 
 
 def run_once(store: Any, hop: Hop, tool: Callable[..., str], publish: bool = False) -> Measured:
@@ -148,31 +153,42 @@ def run_once(store: Any, hop: Hop, tool: Callable[..., str], publish: bool = Fal
     times = [t for _, t in model.seen]
     steps = [b - a for a, b in itertools.pairwise(counts[1:])]
     durations = [(b - a) * 1000 for a, b in itertools.pairwise(times[1:])]
-    return Measured(counts[0] - before, statistics.median(steps), statistics.median(durations))
+    return Measured(counts[0] - before, statistics.median(steps), durations)
 
 
-def measure(store: Any, hop: Hop) -> dict[str, Any]:
-    """The store's exchanges (and step times at the hop's RTT): a warm-up run first, so connections are open
-    and statements prepared, as in a worker that has served a turn."""
+ROUNDS = 5
+"""Runs of the idempotent step at the added RTT, each followed by as many rounds of the floor: the two are
+measured interleaved, so a busy stretch of the machine weighs on both alike."""
+
+
+def measure(store: Any, hop: Hop, floor: Callable[[], object] | None = None) -> dict[str, Any]:
+    """The store's exchanges, and with ``floor`` the step times at the hop's RTT beside the floor's (``ROUNDS``
+    runs of the idempotent step interleaved with the floor's rounds): a warm-up run first, so connections are
+    open and statements prepared, as in a worker that has served a turn."""
     run_once(store, hop, lookup)
     idempotent = run_once(store, hop, lookup)
+    floors: list[float] = []
+    for _ in range(ROUNDS if floor is not None else 0):
+        floors += floor_samples(floor, STEPS)  # type: ignore[arg-type]
+        idempotent.durations += run_once(store, hop, lookup).durations
     non_idempotent = run_once(store, hop, charge)
     events = run_once(store, hop, lookup, publish=True)
     return {"start": idempotent.start, "idempotent": idempotent.step, "non_idempotent": non_idempotent.step,
             "events": events.step, "events_extra": events.step - idempotent.step,
             "step_ms": idempotent.step_ms, "non_idempotent_ms": non_idempotent.step_ms,
-            "events_ms": events.step_ms}
+            "events_ms": events.step_ms, "floor_ms": statistics.median(floors) if floors else None}
 
 
-def floor_ms(append: Callable[[], object], rounds: int = 30) -> float:
-    """The median time of ``append`` (the one-statement floor through the hop)."""
+def floor_samples(append: Callable[[], object], rounds: int) -> list[float]:
+    """The times of ``rounds`` calls of ``append`` (the one-statement floor through the hop), milliseconds,
+    after one not timed."""
     append()
     samples = []
     for _ in range(rounds):
         began = time.perf_counter()
         append()
         samples.append((time.perf_counter() - began) * 1000)
-    return statistics.median(samples)
+    return samples
 
 
 # -- the stores, through a hop each ------------------------------------------------------------------------
@@ -342,10 +358,9 @@ def run(names: Sequence[str], rtt: float = 0.001) -> dict[str, Any]:
             hop = Hop(_upstream(name), delay)
             store, floor, close = store_through(name, hop)
             try:
-                measured = measure(store, hop)
+                measured = measure(store, hop, floor if delay else None)
                 if delay:
-                    row.update(step_ms=measured["step_ms"], non_idempotent_ms=measured["non_idempotent_ms"],
-                               events_ms=measured["events_ms"], floor_ms=floor_ms(floor))
+                    row.update({k: measured[k] for k in ("step_ms", "non_idempotent_ms", "events_ms", "floor_ms")})
                 else:
                     row.update({k: measured[k] for k in ("start", "idempotent", "non_idempotent", "events")})
             finally:
