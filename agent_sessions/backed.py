@@ -254,7 +254,7 @@ class BackedStore:
         validate.session_id(session)
         if once is None:
             return self.backend.write(session, Guard(lease_held=True), Change(exist=True, lease=CANCEL)).done
-        kept = _key("i", validate.turn_key(once))
+        kept = _key("i", validate.steer_key(once, "turn key"))
         written = self.backend.write(session, Guard(lease_held=True, key_absent=kept),
                                      Change(exist=True, lease=CANCEL, add_key=kept))
         if not written.done and (written.row is None or written.row.token is None):
@@ -507,7 +507,7 @@ class BackedStore:
 
     def enqueue(self, session: str, key: str, text: str) -> int:
         validate.session_id(session)
-        validate.turn_key(key)
+        validate.steer_key(key, "turn key")
         validate.steer_text(text, "queued message")
         kept = _key("q", key)
         written = self.backend.write(session, Guard(key_absent=kept),

@@ -63,7 +63,7 @@ class StoreSession:
         session next runs (a ``Runner.turn``, or the sweep); nothing runs here. A key is queued once, so sending
         again after a failure is safe. Returns the message's place among those waiting (1: next);
         ``answer(key)`` reads its answer."""
-        validate.turn_key(key, "Session.enqueue(key=)")
+        validate.steer_key(key, "Session.enqueue(key=)")
         validate.steer_text(text, "Session.enqueue(text)")
         return self._run_store("enqueue", "QueueStore").enqueue(self.id, key, text)
 
@@ -75,7 +75,7 @@ class StoreSession:
         """The reply that answered the turn whose message has ``key`` (``Runner.turn``, ``enqueue``), whichever
         process made it; ``None`` while there is none. With ``timeout`` (seconds), it waits that long at most,
         reading again after 0.02 s, then twice as long each time, up to 0.5 s."""
-        validate.turn_key(key, "Session.answer(key)")
+        validate.steer_key(key, "Session.answer(key)")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
             raise ArgumentError(f"Session.answer(timeout=) must be a finite number of seconds >= 0, got {timeout!r}")
         deadline = time.monotonic() + timeout

@@ -51,9 +51,10 @@ MAX_STEER_KEY_LENGTH = 255
 
 
 def steer_key(value: object, where: str = "steer key") -> str:
-    """A steer's idempotency key (``SteerKeyStore``): a non-empty str of at most 255 printable characters,
-    an id the caller made (a request id, a UUID), never text: a key with a newline or a control character
-    in it is most likely a mistake (a line read with its end), refused before it names a steer."""
+    """A steer's idempotency key (``SteerKeyStore``), or a turn's (``QueueStore.enqueue``, stored the same
+    way): a non-empty str of at most 255 printable characters, an id the caller made (a request id, a UUID),
+    never text: a key with a newline or a control character in it is most likely a mistake (a line read with
+    its end), refused before it names a steer."""
     if not isinstance(value, str):
         raise ArgumentError(f"{where} must be a str, got {type(value).__name__}")
     if not value:
@@ -64,12 +65,6 @@ def steer_key(value: object, where: str = "steer key") -> str:
         raise ArgumentError(f"{where} {value!r} contains a control character or a lone surrogate; a key must be "
                             "printable")
     return value
-
-
-def turn_key(value: object, where: str = "turn key") -> str:
-    """A queued message's turn key (``QueueStore.enqueue``): what a steer's key is (``steer_key``), since it
-    is stored beside the session the same way."""
-    return steer_key(value, where)
 
 
 def messages(value: object, where: str = "messages", trusted: Sequence[Message] = ()) -> tuple[Message, ...]:
