@@ -233,7 +233,7 @@ class BackedStore:
         if written.done or row.token == holder.token:
             # Taken now, or by an earlier try of this very acquire whose answer was lost: this claimant's,
             # with the cancel it was handed.
-            self._left((session, holder.token, row.epoch), row)
+            self._remember(self._journals, (session, holder.token, row.epoch), row.journal)
             return Holder(holder.host, holder.pid, holder.token, row.expires, row.handed, row.epoch,
                           turn=row.cancelled_turn if row.handed else holder.turn)
         return _holder(row)
@@ -273,10 +273,6 @@ class BackedStore:
                 return self._journals[lease]
         return self.journal(session)
 
-    def _left(self, lease: tuple[str, str, int], row: Row) -> None:
-        """What a write under ``lease`` left of the journal (``journal_as_taken``)."""
-        self._remember(self._journals, lease, row.journal)
-
     def put_journal(self, session: str, holder: Holder, journal: str, *, unless_cancelled: bool = False) -> bool:
         validate.session_id(session)
         if not isinstance(journal, str):
@@ -287,7 +283,7 @@ class BackedStore:
             _owned(session, holder, written.row)  # else it was refused for the cancel: nothing written
             return True
         assert written.row is not None
-        self._left((session, holder.token, holder.epoch), written.row)
+        self._remember(self._journals, (session, holder.token, holder.epoch), written.row.journal)
         return written.row.cancelled
 
     def swap_journal(self, session: str, expected: str, journal: str) -> bool:
@@ -388,7 +384,7 @@ class BackedStore:
             if written.done:
                 assert row is not None
                 self._remember(self._wrote, lease, _Wrote(row.edits, row.length, start, (*items, *taking)))
-                self._left(lease, row)
+                self._remember(self._journals, lease, row.journal)
                 return Saved([m.text for m in taking], row.cancelled, [m.key for m in taking],
                              bool(taking) and not taking[0].steer)
             row = _owned(session, holder, row)
@@ -564,7 +560,7 @@ class BackedStore:
             written = self.backend.write(session, guard, change)
             if written.done:
                 assert written.row is not None
-                self._left((session, holder.token, holder.epoch), written.row)
+                self._remember(self._journals, (session, holder.token, holder.epoch), written.row.journal)
                 return message
             _owned(session, holder, written.row)
         raise self._busy("take_queued", session)
