@@ -18,6 +18,8 @@ scheme, its value a ``Kind``. Only the store a URL names is imported, so its dri
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import re
@@ -171,17 +173,19 @@ def _open_sqlite(url: str, options: Options) -> Opened:
     return Opened(store, store.close, (SQLAlchemyError,))
 
 
-_SQL_DRIVERS = {"postgresql": "psycopg", "mysql": "pymysql"}
+_SQL_STORES = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql")}
+"""Per SQLAlchemy backend: the module of ``stores`` with its store, and the driver it runs on."""
 
 
-def _open_sql(url: str, backend: str, options: Options, make: Callable[[Any], Store]) -> Opened:
-    """``make`` (the store's class) over an engine of its own for ``url``."""
+def _open_sql(url: str, options: Options, backend: str) -> Opened:
+    """The store of ``backend`` (``_SQL_STORES``) over an engine of its own for ``url``."""
     from sqlalchemy import create_engine, make_url
     from sqlalchemy.exc import ArgumentError as BadURL
     from sqlalchemy.exc import SQLAlchemyError
 
+    module, wanted = _SQL_STORES[backend]
+    made = importlib.import_module(f"stores.{module}").Store
     driver = url.split("://", 1)[0].lower().partition("+")[2]
-    wanted = _SQL_DRIVERS[backend]
     if driver not in ("", wanted):
         raise BadStoreURL(f"store URL {shown(url)!r}: this store runs on {wanted}; write {backend}+{wanted}://...")
     try:
@@ -201,19 +205,7 @@ def _open_sql(url: str, backend: str, options: Options, make: Callable[[Any], St
     if backend == "postgresql" and "application_name" not in parsed.query:
         connect.setdefault("application_name", options.application_name)
     engine = create_engine(parsed, connect_args=connect, pool_size=options.pool_size)
-    return Opened(make(engine), engine.dispose, (SQLAlchemyError,))
-
-
-def _open_postgres(url: str, options: Options) -> Opened:
-    from stores import postgres
-
-    return _open_sql(url, "postgresql", options, postgres.Store)
-
-
-def _open_mysql(url: str, options: Options) -> Opened:
-    from stores import mysql
-
-    return _open_sql(url, "mysql", options, mysql.Store)
+    return Opened(made(engine), engine.dispose, (SQLAlchemyError,))
 
 
 def _open_mongodb(url: str, options: Options) -> Opened:
@@ -279,8 +271,8 @@ def _nothing() -> str:
 
 
 _SQLITE = Kind("sqlite", "sqlite", _open_sqlite, _nothing)
-_POSTGRES = Kind("postgres", "postgres", _open_postgres, _postgres_schema)
-_MYSQL = Kind("mysql", "mysql", _open_mysql, _mysql_schema)
+_POSTGRES = Kind("postgres", "postgres", functools.partial(_open_sql, backend="postgresql"), _postgres_schema)
+_MYSQL = Kind("mysql", "mysql", functools.partial(_open_sql, backend="mysql"), _mysql_schema)
 _MONGODB = Kind("mongodb", "mongodb", _open_mongodb, _mongodb_schema)
 _REDIS = Kind("redis", "redis", _open_redis, _nothing)
 _BUILT_IN = {"sqlite": _SQLITE, "postgresql": _POSTGRES, "postgres": _POSTGRES, "mysql": _MYSQL,
