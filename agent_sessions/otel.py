@@ -25,6 +25,7 @@ except ImportError as exc:
     ) from exc
 
 from . import __version__
+from .context import prompt_tokens
 from .endpoints import AnthropicMessages, OpenAIChat
 from .errors import EndpointError
 from .events import (
@@ -276,17 +277,14 @@ def noted(event: Reported, prefix: str) -> dict[str, Any]:
 
 
 def usage_attributes(usage: Mapping[str, int]) -> dict[str, int]:
-    """The provider's token counts, by its own field names, as the conventions' attributes. OpenAI's
-    ``prompt_tokens`` already counts cached tokens; Anthropic's ``input_tokens`` does not, so its
-    ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` are added to make the input total the
-    conventions ask for (and kept apart as well)."""
+    """The provider's token counts, by its own field names, as the conventions' attributes: the input total
+    they ask for as ``context.prompt_tokens`` counts it (Anthropic's cached tokens added), and the cached
+    ones kept apart as well."""
     out: dict[str, int] = {}
     cache_read = usage.get("cache_read_input_tokens")
     cache_creation = usage.get("cache_creation_input_tokens")
-    if "prompt_tokens" in usage:
-        out[INPUT_TOKENS] = usage["prompt_tokens"]
-    elif "input_tokens" in usage:
-        out[INPUT_TOKENS] = usage["input_tokens"] + (cache_read or 0) + (cache_creation or 0)
+    if "prompt_tokens" in usage or "input_tokens" in usage:
+        out[INPUT_TOKENS] = prompt_tokens(usage)
     if "completion_tokens" in usage:
         out[OUTPUT_TOKENS] = usage["completion_tokens"]
     elif "output_tokens" in usage:
