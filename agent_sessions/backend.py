@@ -460,20 +460,14 @@ def change_json(change: Change) -> dict[str, Any]:
     """``change`` as the JSON object a server-side write reads, in the form of ``guard_json``. Its metadata
     comes with ``meta_index``, its (name, value) pairs as ``indexed`` gives them, so the server never
     rewrites JSON."""
-    out: dict[str, Any] = {}
-    if change.exist:
-        out["exist"] = True
-    if change.delete:
-        out["delete"] = True
+    out: dict[str, Any] = {name: True for name in ("exist", "delete") if getattr(change, name)}
     if change.splice is not None:
         out["splice"] = [change.splice[0], list(change.splice[1])]
-    if change.take_steers:
-        out["take_steers"] = list(change.take_steers)
-    for name in ("add_steer", "push"):
+    for name in ("take_steers", "add_steer", "push"):  # () or None: not asked
         value = getattr(change, name)
-        if value is not None:
+        if value:
             out[name] = list(value)
-    for name in ("pop", "add_key", "drop_key", "open"):
+    for name in ("pop", "add_key", "drop_key", "open", "handed"):
         value = getattr(change, name)
         if value is not None:
             out[name] = value
@@ -484,8 +478,6 @@ def change_json(change: Change) -> dict[str, Any]:
         out["journal"] = [change.journal]
     if change.sets_turn:
         out["turn"] = [change.turn]
-    if change.handed is not None:
-        out["handed"] = change.handed
     lease = change.lease
     if isinstance(lease, Acquire):
         out["lease"] = {"acquire": {"host": lease.host, "pid": lease.pid, "token": lease.token, "spec": lease.spec,
