@@ -82,29 +82,21 @@ class SweepContract(ContractMixin):
         assert self._sweep(store, sid, spec, model) == []
         assert (model.requests, model.charges) == (2, 2), "the sweep ran a turn that had ended at max_steps"
 
-    def test_the_sweep_gives_a_plain_turn_only_what_is_left_of_its_budget(self) -> None:
-        # the worker dies inside the first request's charge
-        store, sid, model, spec = self._charging("sweep-left", 2, die_at=1, lease_ttl=5.0)
+    @pytest.mark.parametrize(("die_at", "last"), [(1, "charged 2"), (2, UNKNOWN_OUTCOME)],
+                             ids=["one-request-left", "budget-spent"])
+    def test_the_sweep_gives_a_plain_turn_only_what_is_left_of_its_budget(self, die_at: int, last: str) -> None:
+        """The worker dies inside the charge of its first request (one left: its charge runs, the first is not
+        run again) or of its last allowed one (the sweep runs nothing, and asks nothing more)."""
+        store, sid, model, spec = self._charging(f"sweep-left-{die_at}", 2, die_at=die_at, lease_ttl=5.0)
         with pytest.raises(Crash):
             agent.Runner().run(spec, [Message.user("charge me")], model)
         assert sid in stranded_ids(store)
         (swept,) = self._sweep(store, sid, spec, model)
         assert swept.outcome == "recovered" and swept.result is not None
         assert swept.result.stop_reason == "max_steps"
-        # one request made before the crash, one left: its charge runs; the first is not run again
-        assert (model.requests, model.charges) == (2, 2)
-        assert sid not in stranded_ids(store)
-
-    def test_the_sweep_runs_nothing_of_a_plain_turn_that_spent_its_budget_before_it_died(self) -> None:
-        # dies inside the charge of its last allowed request
-        store, sid, model, spec = self._charging("sweep-died", 2, die_at=2, lease_ttl=5.0)
-        with pytest.raises(Crash):
-            agent.Runner().run(spec, [Message.user("charge me")], model)
-        (swept,) = self._sweep(store, sid, spec, model)
-        assert swept.outcome == "recovered" and swept.result is not None
         assert (model.requests, model.charges) == (2, 2), "the sweep asked again past the turn's budget"
         outcome = [c.text for m in store.messages(sid) for c in m.content if c.type is agent.ContentType.TOOL_RESULT]
-        assert outcome[-1] == UNKNOWN_OUTCOME, outcome
+        assert outcome[-1] == last, outcome
         assert sid not in stranded_ids(store)
 
     @pytest.mark.parametrize("comes", ["queued", "plain", "keyed steer"])
