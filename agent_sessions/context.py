@@ -161,7 +161,7 @@ SUMMARY_ASK = ("Summarise the conversation above (and any earlier summary in it)
                "from. Answer with the summary only; call no tool.")
 
 
-class Compaction:
+class Compaction(Window):
     """Sends what fits, as ``Window`` does, and keeps what it leaves out: past ``threshold`` of ``max_tokens``,
     the run first asks the model (``endpoint``, or the run's own) for a summary of the oldest messages, up to
     ``keep`` of the threshold from the end, and appends it as a compaction record; a request is then the
@@ -175,8 +175,7 @@ class Compaction:
                 raise ArgumentError(f"Compaction.{name} must be a fraction in (0, 1], got {value!r}")
         if endpoint is not None and not callable(getattr(endpoint, "complete", None)):
             raise ArgumentError(f"Compaction.endpoint must be an Endpoint, got {type(endpoint).__name__}")
-        self.window = Window(max_tokens, estimate=estimate)
-        self.max_tokens = max_tokens
+        super().__init__(max_tokens, estimate=estimate)
         self.threshold = float(threshold)
         self.keep = float(keep)
         self.summary = float(summary)
@@ -186,41 +185,31 @@ class Compaction:
         return (f"Compaction(max_tokens={self.max_tokens}, threshold={self.threshold}, keep={self.keep}, "
                 f"summary={self.summary})")
 
-    def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool]) -> Selection:
+    def select(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool], reserve: int = 0) -> Selection:
         view, where = _view(transcript)
         if view is transcript:
-            return self.window.select(system, transcript, tools)
+            return super().select(system, transcript, tools, reserve)
         record = view[0]
-        rest = view[1:]
-        reserve = self.window.estimate(record.to_json())
-        chosen = self.window.select(system, rest, tools, reserve)  # the summary is always sent
+        reserve += self.estimate(record.to_json())
+        chosen = super().select(system, view[1:], tools, reserve)  # the summary is always sent
         return Selection([record, *chosen.messages], start_of(transcript) + where[0], chosen.tokens)
-
-    def observe(self, sent: Selection, usage: Mapping[str, int] | None) -> None:
-        self.window.observe(sent, usage)
-
-    def overflowed(self, error: ContextOverflow, sent: Selection, system: str, transcript: Sequence[Message],
-                   tools: Sequence[Tool]) -> Selection | None:
-        self.window.learn(error, sent)
-        again = self.select(system, transcript, tools)
-        return again if len(again.messages) < len(sent.messages) else None
 
     def compact(self, system: str, transcript: Sequence[Message], tools: Sequence[Tool],
                 endpoint: Completes) -> Message | None:
         """The compaction record to append before the next request, or None when what would be sent is
         within the threshold (or nothing can be summarised). Asks ``self.endpoint`` (else ``endpoint``,
         the run's) for the summary; what that request raises is the caller's."""
-        estimate, window = self.window.estimate, self.window
+        estimate = self.estimate
         view, where = _view(transcript)
         fixed = (estimate(system) if system else 0) + (estimate(_tools_json(tools)) if tools else 0)
         costs = [estimate(m.to_json()) for m in view]
-        allowed = self.threshold * window.limit
-        if window.scaled(fixed + sum(costs)) <= allowed:
+        allowed = self.threshold * self.limit
+        if self.scaled(fixed + sum(costs)) <= allowed:
             return None
         summarised = 1 if view is not transcript else 0  # the view starts with the newest record
         base = where[summarised] if summarised < len(where) else len(transcript)
         # the range ends at a request start: the earliest whose rest fits in keep of the threshold...
-        target = self.keep * allowed / window.scale - fixed
+        target = self.keep * allowed / self.scale - fixed
         end, rest = None, 0
         for i in range(len(view) - 1, summarised, -1):
             rest += costs[i]
@@ -232,9 +221,9 @@ class Compaction:
         if end is None:
             return None  # no start after the last summary: nothing to summarise yet
         # ...and at most what one summary request can carry
-        cap = self.summary * window.limit  # the summary's tokens, as the provider counts them
-        ask = f"{SUMMARY_ASK} Keep it under {max(1, int(cap / window.scale * 0.75))} words."
-        budget = allowed / window.scale - estimate(SUMMARY_SYSTEM) - estimate(ask) - fixed
+        cap = self.summary * self.limit  # the summary's tokens, as the provider counts them
+        ask = f"{SUMMARY_ASK} Keep it under {max(1, int(cap / self.scale * 0.75))} words."
+        budget = allowed / self.scale - estimate(SUMMARY_SYSTEM) - estimate(ask) - fixed
         total, fits = 0, None
         for i in range(0, end + 1):
             if i > summarised and _starts(view[i]) and total <= budget:
@@ -245,10 +234,10 @@ class Compaction:
         reply = (self.endpoint or endpoint).complete(SUMMARY_SYSTEM, asked, tools)
         if not reply.text.strip():
             raise EndpointError("the summary request was answered with no text (a tool call, or nothing)")
-        size = window.scaled(estimate(reply.text))
+        size = self.scaled(estimate(reply.text))
         if size > cap:
             raise EndpointError(f"the summary came back {size:.0f} tokens long, over its cap of {cap:.0f} "
-                                f"(Compaction(summary={self.summary}) of {window.limit} tokens)")
+                                f"(Compaction(summary={self.summary}) of {self.limit} tokens)")
         offset = start_of(transcript)  # a Tail's indexes are the stored transcript's from its start on
         base, stop = offset + base, offset + where[end]
         log.info("compaction: messages [%d, %d) summarised in %d characters", base, stop, len(reply.text))
