@@ -143,8 +143,7 @@ class BetweenContract(ContractMixin):
     def test_a_queue_pop_whose_lease_was_taken_over_after_its_read_writes_nothing(self) -> None:
         """``take_queued`` reads the queue's head, then pops it in a write fenced by the lease: another run's
         takeover in between refuses the pop, and the message waits for the new holder."""
-        self.requires(Capability.RUN_STORE)
-        store = self._backed(Capability.QUEUE)
+        store = self._backed(Capability.RUN_STORE, Capability.QUEUE)
         backend = store.backend
         assert isinstance(store, QueueStore) and isinstance(store, RunStore)
         for append in (True, False):
@@ -171,8 +170,7 @@ class BetweenContract(ContractMixin):
     def test_a_withdrawal_removes_only_the_message_it_found_whatever_lands_after_its_read(self, between: str) -> None:
         """A run takes the item in between: the withdrawal removes nothing (the transcript answers it, once).
         Another message queued in between: the withdrawal still removes its own."""
-        self.requires(Capability.RUN_STORE)
-        store = self._backed(Capability.QUEUE)
+        store = self._backed(Capability.RUN_STORE, Capability.QUEUE)
         backend = store.backend
         assert isinstance(store, QueueStore) and isinstance(store, RunStore)
         sid = new_id(f"between-withdraw-{between}")
@@ -201,8 +199,7 @@ class BetweenContract(ContractMixin):
     @pytest.mark.parametrize("between", ["saved", "leased", "steered"])
     def test_prune_spares_a_session_that_came_alive_between_its_listing_and_its_delete(self, between: str) -> None:
         """The listing's version, and a free lease, guard each delete."""
-        self.requires(Capability.RUN_STORE)
-        store = self._backed(Capability.LIFECYCLE)
+        store = self._backed(Capability.RUN_STORE, Capability.LIFECYCLE)
         backend = store.backend
         assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
         sid = new_id(f"between-prune-{between}")
@@ -229,12 +226,7 @@ class BetweenContract(ContractMixin):
             self) -> None:
         """The new session has the read's length and edit count: only the incarnation tells the erased
         conversation from the new one."""
-        self.requires(Capability.RUN_STORE)
-        self.requires(Capability.LIFECYCLE)
-        store = self.make_store()
-        assert isinstance(store, RunStore) and isinstance(store, LifecycleStore), \
-            f"the store declares Capability.RUN_STORE and LIFECYCLE, but {type(store).__name__} is no RunStore and " \
-            "LifecycleStore"
+        store = self.run_lifecycle_store()
         sid = new_id("between-anew")
         store.save(sid, [Message.user("the erased question")])
         stale = store.messages(sid)

@@ -223,8 +223,8 @@ class LifecycleContract(ContractMixin):
 
     def _keyed_and_queued(self, store: Any, sid: str, queue: bool = True) -> tuple[bool, bool]:
         """Give ``sid`` a keyed steer and a queued message, where the store keeps those: whether it did."""
-        keyed = Capability.STEER_KEYS in self.capabilities and isinstance(store, agent.SteerKeyStore)
-        queues = queue and Capability.QUEUE in self.capabilities and isinstance(store, agent.QueueStore)
+        keyed = Capability.STEER_KEYS in self.capabilities
+        queues = queue and Capability.QUEUE in self.capabilities
         if keyed:
             assert store.add_steer_once(sid, "keyed", "k") is True
         if queues:
@@ -244,14 +244,12 @@ class LifecycleContract(ContractMixin):
         store.set_metadata(sid, {"user": "u"})
         store.add_steer(sid, "waiting")
         kept = self._keyed_and_queued(store, sid)
-        if isinstance(store, agent.RunStore):
-            holder = store.acquire(sid, new_holder(), 30)
-            store.put_journal(sid, holder, '{"journal": 1}')
-            store.release(sid, holder)
+        holder = store.acquire(sid, new_holder(), 30)
+        store.put_journal(sid, holder, '{"journal": 1}')
+        store.release(sid, holder)
         assert store.delete(sid) is True
         _gone(store, sid)
-        if isinstance(store, agent.RunStore):
-            assert store.journal(sid) is None and store.holder(sid) is None
+        assert store.journal(sid) is None and store.holder(sid) is None
         assert store.delete(sid) is False
         store.save(sid, transcript(2))  # the id can be used again, from nothing
         info = store.info(sid)
@@ -265,9 +263,7 @@ class LifecycleContract(ContractMixin):
         self._forgotten(store, alone, keyed, False)
 
     def test_delete_refuses_a_session_a_live_run_holds_and_force_fences_the_run_out(self) -> None:
-        store = self.lifecycle_store()
-        if not isinstance(store, agent.RunStore):
-            pytest.skip("leases need a RunStore")
+        store = self.run_lifecycle_store()
         sid = _prefix() + "busy"
         holder = store.acquire(sid, new_holder(), 30)
         store.save_fenced(sid, holder, transcript(3), take_steers=False)
@@ -301,10 +297,8 @@ class LifecycleContract(ContractMixin):
             store.add_steer(sid, "stale")
         kept = self._keyed_and_queued(store, old[0])
         held = f"{prefix}held"
-        holder = None
-        if isinstance(store, agent.RunStore):
-            holder = store.acquire(held, new_holder(), 60)
-            store.save_fenced(held, holder, transcript(2), take_steers=False)
+        holder = store.acquire(held, new_holder(), 60)
+        store.save_fenced(held, holder, transcript(2), take_steers=False)
         time.sleep(1.2)
         fresh = f"{prefix}fresh"
         store.save(fresh, transcript(1))
@@ -315,10 +309,8 @@ class LifecycleContract(ContractMixin):
             _gone(store, sid)
         self._forgotten(store, old[0], *kept)
         assert store.messages(fresh) == transcript(1)
-        if holder is not None:
-            assert store.messages(held) == transcript(2)
-            assert isinstance(store, agent.RunStore)
-            store.release(held, holder)
+        assert store.messages(held) == transcript(2)
+        store.release(held, holder)
         for bad in (-1, float("nan"), "1", None):
             with pytest.raises(ArgumentError):
                 store.prune(idle_for=bad)  # type: ignore[arg-type]
@@ -326,9 +318,7 @@ class LifecycleContract(ContractMixin):
     # -- turns safe to repeat ----------------------------------------------------------------------------
 
     def test_a_repeated_turn_returns_the_answer_without_asking_again(self) -> None:
-        store = self.lifecycle_store()
-        if not isinstance(store, agent.RunStore):
-            pytest.skip("turns need a RunStore")
+        store = self.run_lifecycle_store()
         sid = _prefix() + "turn"
         spec = agent.Spec(session=agent.open(sid, store))
         model = Answer("the answer")

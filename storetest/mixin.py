@@ -193,11 +193,10 @@ class ContractMixin:
         store: RunStore = self.capable_store(Capability.RUN_STORE, RunStore, "check its methods and their names")
         return store
 
-    def run_lifecycle_store(self) -> Any:
-        """A RunStore that is also a LifecycleStore: one whose sessions can be listed, deleted and pruned."""
-        store = self.run_store(Capability.LIFECYCLE)
-        assert isinstance(store, agent.LifecycleStore)
-        return store
+    def run_lifecycle_store(self) -> RunStore:
+        """A RunStore (every ``LifecycleStore`` is one) declaring ``LIFECYCLE``: its sessions can be listed,
+        deleted and pruned."""
+        return self.run_store(Capability.LIFECYCLE)
 
     def another(self, store: Any) -> Any:
         """A second store object on the same data, as another worker would have; ``store`` itself for a
