@@ -287,7 +287,6 @@ class EventContract(ContractMixin):
         (a clock read to the millisecond did not: within one, the new log began at the old one's first)."""
         self.requires(Capability.LIFECYCLE)
         store = self.event_store()
-        assert isinstance(store, agent.LifecycleStore)
         sid = new_id("at-once")
         reused = []
         for _ in range(30):
@@ -527,9 +526,7 @@ class EventContract(ContractMixin):
                 ToolsThenAnswer(["grep"]))
         raw = store.events(session.id, 0, 100)
         if erase == "prune":
-            assert isinstance(store, agent.LifecycleStore)
-            life = store
-            wait_for(lambda: life.prune(0) >= 1 or life.info(session.id) is None, "prune to take the session", 10)
+            wait_for(lambda: store.prune(0) >= 1 or store.info(session.id) is None, "prune to take the session", 10)
         else:
             assert session.delete()
         assert session.events() == []

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import agent_sessions as agent
-from agent_sessions import Content, EventStore, Holder, Message, RunStore, Saved, Store
+from agent_sessions import Content, Holder, Message, RunStore, Saved, Store
 from agent_sessions.eventlog import encode
 from agent_sessions.journal import UNKNOWN_OUTCOME
 from agent_sessions.run.react import CANCELLED
@@ -92,20 +92,16 @@ class FencingContract(ContractMixin):
         a = store.acquire(sid, new_holder(), 0.2)
         store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True)
         store.put_journal(sid, a, "a's journal")
-        logs = isinstance(store, agent.EventStore)
-        if logs:
-            store.append_events(sid, a, [encode("note", {"by": "a"})], keep=100)
+        store.append_events(sid, a, [encode("note", {"by": "a"})], keep=100)
         self._expire(store, sid)
         b = self.another(store).acquire(sid, new_holder(), 30)
         assert b.epoch > a.epoch
         store.add_steer(sid, "for b")
         before = _state(store, sid)
-        late: list[Any] = [  # an event log's writes, where the store keeps one
+        for write in (
             lambda: store.append_events(sid, a, [encode("note", {"by": "late a"})], keep=100),
             lambda: store.save_fenced_events(sid, a, [Message.user("a's question"), Message.assistant("late")],
                                              take_steers=False, events=[encode("note", {"by": "late a"})], keep=100),
-        ] if logs else []
-        for write in (*late,
             lambda: store.save_fenced(sid, a, [Message.user("a's question"), Message.assistant("late")],
                                       take_steers=True),
             lambda: store.save_fenced(sid, a, [Message.user("a's question")], take_steers=True),
@@ -125,10 +121,9 @@ class FencingContract(ContractMixin):
         store.release(sid, a)
         assert _state(store, sid) == before
         assert store.take_steers(sid) == ["for b"]  # the stale saves took no steer
-        if logs:  # nor an event, nor a number: b's event follows a's
-            store.append_events(sid, b, [encode("note", {"by": "b"})], keep=100)
-            log = store.events(sid, 0, 100)
-            assert [e.data["by"] for e in log] == ["a", "b"] and log[1].seq == log[0].seq + 1
+        store.append_events(sid, b, [encode("note", {"by": "b"})], keep=100)  # nor an event, nor a number
+        log = store.events(sid, 0, 100)
+        assert [e.data["by"] for e in log] == ["a", "b"] and log[1].seq == log[0].seq + 1  # b's follows a's
 
     def test_a_save_whose_flags_are_not_bools_is_an_argument_error_and_writes_nothing(self) -> None:
         """Each decides what a save does: a value that is no bool is refused before anything is read or
@@ -140,18 +135,15 @@ class FencingContract(ContractMixin):
         store.save_fenced(sid, held, history, take_steers=False)
         store.add_steer(sid, "waiting")
         step = [*history, Message.assistant("a")]
-        saves: list[Any] = [store.save_fenced]
-        if isinstance(store, agent.EventStore):
-            saves.append(functools.partial(store.save_fenced_events, events=[encode("note", {})], keep=10))
+        saves: list[Any] = [store.save_fenced,
+                            functools.partial(store.save_fenced_events, events=[encode("note", {})], keep=10)]
         for save in saves:
             for bad in ("yes", "", None, 1, 0):
                 with pytest.raises(agent.ArgumentError, match="take_steers"):
                     save(sid, held, step, take_steers=bad)
                 with pytest.raises(agent.ArgumentError, match="replace"):
                     save(sid, held, step, take_steers=True, replace=bad)
-        assert self.another(store).messages(sid) == history
-        if isinstance(store, agent.EventStore):
-            assert store.events(sid, 0, 10) == []
+        assert self.another(store).messages(sid) == history and store.events(sid, 0, 10) == []
         assert store.save_fenced(sid, held, step, take_steers=True).steers == ["waiting"]
 
     def test_the_first_fenced_save_must_extend_the_stored_transcript(self) -> None:
@@ -421,7 +413,7 @@ class FencingContract(ContractMixin):
     def test_every_fenced_save_reports_a_cancel_and_a_takeover_starts_without(self) -> None:
         store = self.run_store()
         saves: list[tuple[str, dict[str, Any]]] = [("save_fenced", {})]
-        if Capability.EVENTS in self.capabilities and isinstance(store, EventStore):
+        if Capability.EVENTS in self.capabilities:
             saves.append(("save_fenced_events", {"events": [encode("note", {})], "keep": 100}))
         for name, extra in saves:
 

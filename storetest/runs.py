@@ -107,9 +107,9 @@ class RunStoreContract(ContractMixin):
                 Message.assistant("a")]
         store.save(src, msgs)
         store.add_steer(src, "for the original")
-        keyed = isinstance(store, agent.SteerKeyStore) and Capability.STEER_KEYS in self.capabilities
+        keyed = Capability.STEER_KEYS in self.capabilities
         if keyed:  # and the keys of its steers
-            assert cast(Any, store).add_steer_once(src, "for the original", "k") is True
+            assert store.add_steer_once(src, "for the original", "k") is True
         store.fork(src, whole, None)
         store.fork(src, empty, 0)
         store.fork(src, new_id("end"), len(msgs))
@@ -125,7 +125,7 @@ class RunStoreContract(ContractMixin):
         session.fork(cut, at=2, allow_unanswered=True)
         assert store.messages(cut) == msgs[:2]
         assert fork.take_steers() == []
-        assert not keyed or cast(Any, store).add_steer_once(head, "for the fork", "k") is True
+        assert not keyed or store.add_steer_once(head, "for the fork", "k") is True
         fork.save([*msgs[:3], Message.user("fork only")])
         session.save([*msgs, Message.user("original only")])
         assert store.messages(head) == [*msgs[:3], Message.user("fork only")]

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import agent_sessions as agent
-from agent_sessions import ArgumentError, Message, RunStore, SteerKeyStore
+from agent_sessions import ArgumentError, Message, SteerKeyStore
 
 from . import strategies
 from .capabilities import Capability
@@ -121,7 +121,6 @@ class SteerKeyContract(ContractMixin):
         identity, not text, says which message is the caller's."""
         self.requires(Capability.RUN_STORE)
         store = self.steer_key_store()
-        assert isinstance(store, RunStore)
         sid = new_id("yes")
         session = agent.open(sid, store)
         first = agent.Runner().run(agent.Spec(session=session), [Message.user("yes")], Answer("the first answer"))

@@ -6,7 +6,6 @@ not cancelled, oldest first. Other tests share the database: these look only at 
 from __future__ import annotations
 
 import time
-from typing import cast
 
 import pytest
 
@@ -16,7 +15,6 @@ from agent_sessions import (
     LeaseLost,
     LifecycleStore,
     Message,
-    QueueStore,
     Role,
 )
 
@@ -138,14 +136,12 @@ class StrandedContract(ContractMixin):
         answer it if the run's worker died before taking it."""
         store = self.run_lifecycle_store()
         for kind in ("queue", "steer"):
-            if kind == "queue" and not isinstance(store, QueueStore):
-                continue
             for how in ("fenced", "plain"):
                 sid = new_id(f"close-{kind}-{how}")
                 store.save(sid, [QUESTION])
                 holder = store.acquire(sid, new_holder(), 30) if how == "fenced" else None
                 if kind == "queue":
-                    assert cast(QueueStore, store).enqueue(sid, "turn-2", "and the renewal?") == 1
+                    assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
                 else:
                     store.add_steer(sid, "and the renewal?")
                 if holder is None:
@@ -166,8 +162,6 @@ class StrandedContract(ContractMixin):
         assert store.cancel(sid) is True
         store.release(sid, holder)
         assert sid not in stranded_ids(store)
-        if not isinstance(store, QueueStore):
-            return
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
         assert sid in stranded_ids(store)
         taker = store.acquire(sid, new_holder(), 30)
@@ -180,8 +174,6 @@ class StrandedContract(ContractMixin):
     def test_taking_a_queued_message_keeps_the_mark_its_enqueue_set(self) -> None:
         """The sweep's ``grace`` and its order count from when the message was accepted."""
         store = self.run_lifecycle_store()
-        if not isinstance(store, QueueStore):
-            pytest.skip("the store keeps no queue")
         sid = new_id("keep")
         store.save(sid, [QUESTION, ANSWER])
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1

@@ -4,14 +4,11 @@ about what its requests send (docs/runs/context.md)."""
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_sessions import ArgumentError, Holder, Message, TailStore, TranscriptConflict
-from agent_sessions.contract import EventStore
 
 from .capabilities import Capability
 from .mixin import ContractMixin, new_holder, new_id
@@ -78,10 +75,9 @@ class TailContract(ContractMixin):
         saved = store.save_fenced(sid, holder, [*stored[30:], Message.user("new")], take_steers=True, start=30)
         assert saved.steers == ["meanwhile"]
         assert store.messages(sid) == [*stored, Message.user("new"), Message.user("meanwhile")]
-        if isinstance(store, EventStore):
-            later = [*stored[30:], Message.user("new"), Message.user("meanwhile"), Message.assistant("ok")]
-            cast(Any, store).save_fenced_events(sid, holder, later, take_steers=False, start=30, events=[], keep=10)
-            assert store.messages(sid)[-1] == Message.assistant("ok") and len(store.messages(sid)) == 43
+        later = [*stored[30:], Message.user("new"), Message.user("meanwhile"), Message.assistant("ok")]
+        store.save_fenced_events(sid, holder, later, take_steers=False, start=30, events=[], keep=10)
+        assert store.messages(sid)[-1] == Message.assistant("ok") and len(store.messages(sid)) == 43
 
     def test_a_save_from_an_index_is_refused_when_the_stored_messages_differ(self) -> None:
         store, sid, stored, holder = self.stored("conflict", 20)
