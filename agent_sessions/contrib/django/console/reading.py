@@ -15,7 +15,7 @@ from typing import Any
 import agent_sessions as agent
 from agent_sessions import lifecycle
 from agent_sessions.cli import value, waits_on
-from agent_sessions.contract import EventStore, LifecycleStore, RunStore, TailStore
+from agent_sessions.contract import LifecycleStore
 from agent_sessions.journal import EXPIRED, Journal
 from agent_sessions.messages import ContentType
 
@@ -89,8 +89,8 @@ class Look:
         return [(k, json.dumps(v, ensure_ascii=False)) for k, v in sorted(self.info.metadata.items())]
 
 
-def look(store: agent.Store, info: agent.SessionInfo, stranded: Stranded | None = None) -> Look:
-    holder = store.holder(info.id) if isinstance(store, RunStore) else None
+def look(store: LifecycleStore, info: agent.SessionInfo, stranded: Stranded | None = None) -> Look:
+    holder = store.holder(info.id)
     waits = waits_on(agent.open(info.id, store))
     state = state_of(info, holder, waits.queued, waits.journal, waits.approvals, stranded or Stranded.of(store, info))
     calls = [] if waits.journal is None else in_flight(waits.journal)
@@ -126,11 +126,10 @@ class Stranded:
     complete: bool
 
     @classmethod
-    def of(cls, store: agent.Store, *infos: agent.SessionInfo) -> Stranded:
+    def of(cls, store: LifecycleStore, *infos: agent.SessionInfo) -> Stranded:
         """One indexed query of the open sessions, made only when one of ``infos`` could be stranded."""
         now = time.time()
-        if not isinstance(store, LifecycleStore) or not any(
-                i.open_since is not None and now - i.open_since.timestamp() >= GRACE for i in infos):
+        if not any(i.open_since is not None and now - i.open_since.timestamp() >= GRACE for i in infos):
             return cls(frozenset(), False)
         page = store.list_sessions(limit=lifecycle.MAX_PAGE, stranded=True, grace=GRACE)
         return cls(frozenset(i.id for i in page), page.next is None)
@@ -279,24 +278,19 @@ class Transcript:
         return self.first + 1, self.first + len(self.messages)
 
 
-def transcript(store: agent.Store, session: str, before: int | None, total: int) -> Transcript:
+def transcript(store: LifecycleStore, session: str, before: int | None, total: int) -> Transcript:
     """The ``MESSAGES`` messages before index ``before`` (``None``: the newest), read with one more on each
     side (whether the first is a steer; the results of the last's calls) in one ``read_back``. ``total``:
     the length ``info`` gave."""
     if before is not None and (isinstance(before, bool) or not isinstance(before, int) or before < 0):
         raise agent.ArgumentError(f"before= must be an int >= 0, got {before!r}")
-    if isinstance(store, TailStore):
-        if before is None:
-            start, msgs = store.read_back(session, None, MESSAGES + 1)
-            end = start + len(msgs)
-        else:
-            start, msgs = store.read_back(session, before + 1, MESSAGES + 2)
-            end = min(before, start + len(msgs))
-        window = {start + i: m for i, m in enumerate(msgs)}
+    if before is None:
+        start, msgs = store.read_back(session, None, MESSAGES + 1)
+        end = start + len(msgs)
     else:
-        every = store.messages(session)
-        end = len(every) if before is None else min(before, len(every))
-        window = {i: every[i] for i in range(max(0, end - MESSAGES - 1), min(end + 1, len(every)))}
+        start, msgs = store.read_back(session, before + 1, MESSAGES + 2)
+        end = min(before, start + len(msgs))
+    window = {start + i: m for i, m in enumerate(msgs)}
     first = max(0, end - MESSAGES)
     shown = [_shown(window, i) for i in range(first, end)]
     _fold(shown)
@@ -359,11 +353,9 @@ def pretty(arguments: str) -> str:
 # -- the event log -----------------------------------------------------------------------------------------------
 
 
-def newest_events(store: agent.Store, session: str, count: int = EVENTS) -> tuple[list[agent.StoredEvent], int]:
+def newest_events(store: LifecycleStore, session: str, count: int = EVENTS) -> tuple[list[agent.StoredEvent], int]:
     """The session's ``count`` newest events and the seq of the newest (0: none), without reading the log
     from its start: its seqs are consecutive, so the newest is found by about 2 log2(length) one-row reads."""
-    if not isinstance(store, EventStore):
-        return [], 0
     oldest = store.events(session, 0, 1)
     if not oldest:
         return [], 0
@@ -469,9 +461,7 @@ def inbox(store: LifecycleStore, after: str | None) -> Inbox:
     return Inbox(found, scanned, cursor)
 
 
-def _asked(store: agent.Store, session: str) -> Iterator[Asked]:
-    if not isinstance(store, RunStore):
-        return
+def _asked(store: LifecycleStore, session: str) -> Iterator[Asked]:
     text = store.journal(session)
     if text is None:
         return
@@ -481,10 +471,8 @@ def _asked(store: agent.Store, session: str) -> Iterator[Asked]:
     waiting = agent.open(session, store).pending_approvals()
     if not waiting:
         return
-    window: dict[int, agent.Message] = {}
-    if isinstance(store, TailStore):
-        start, msgs = store.read_back(session, journal.at, CONTEXT + 1)
-        window = {start + i: m for i, m in enumerate(msgs)}
+    start, msgs = store.read_back(session, journal.at, CONTEXT + 1)
+    window = {start + i: m for i, m in enumerate(msgs)}
     indexes = sorted(window)
     context = [_shown(window, i) for i in (indexes[1:] if len(indexes) > CONTEXT else indexes)]
     reply = " ".join(c.text for c in journal.reply.content if c.type is ContentType.TEXT)
