@@ -1002,16 +1002,12 @@ class Machine:
         return stored + list(queued).count(key) + list(pending).count(text)
 
     def _accept(self, op: Op) -> None:
-        """Note a message the store took (the op said so, or it is there); a message refused (``"reject"``)
-        must not be."""
+        """Note a message the store took: the op said so, or it is there."""
         if (op.sid, op.key) in self.accepted:
             return
         said = op.error is None or isinstance(op.error, agent.StillQueued)
-        there = self._count(op.sid, op.key, op.text)
-        if said or there:
+        if said or self._count(op.sid, op.key, op.text):
             self.accepted[(op.sid, op.key)] = (op.text, op.began)
-        elif op.policy == "reject" and isinstance(op.error, agent.SessionBusy) and there:  # pragma: no cover
-            self.violate("answered_or_waits", f"{op.describe()}: refused, and its message was stored")
 
     def _check_own_answer(self, op: Op) -> None:
         """``own_answer`` (docs/reliability.md, "The invariants")."""
