@@ -100,10 +100,9 @@ class Ledger:
         return [json.loads(line) for line in text.split("\n")[:-1] if line]
 
 
-def now() -> int:
-    """The machine's clock: CLOCK_MONOTONIC, one for every process of the host, so child processes' ledger
-    lines compare with the parent's."""
-    return time.monotonic_ns()
+now = time.monotonic_ns
+"""The machine's clock: CLOCK_MONOTONIC, one for every process of the host, so child processes' ledger lines
+compare with the parent's."""
 
 
 # -- the store, watched ------------------------------------------------------------------------------------
