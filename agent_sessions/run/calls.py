@@ -28,7 +28,34 @@ log = logging.getLogger(__name__)
 NO_APPROVALS: tuple[list[Content], bool] = ([], False)
 
 
-class Calls:
+class NoCalls:
+    """How a run that keeps no journal (``NOT_KEPT``, a plain Session) runs a reply's calls: each runs as it
+    comes, none waits for a decision. ``Calls`` is a leased run's."""
+
+    def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
+        """Before any call of the reply runs: the calls still waiting for a person's decision, and whether
+        the run was asked to stop meanwhile."""
+        return NO_APPROVALS
+
+    def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
+        return []
+
+    def replay(self, call: Content, tool: Tool | None) -> Content | None:
+        """The result a call gets without running (a resumed call's, a denied one's), or ``None`` to run it."""
+        return None
+
+    def may_run(self, call: Content, tool: Tool | None) -> bool:
+        """Immediately before a tool runs: ``False`` when the run was asked to stop."""
+        return True
+
+    def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
+        pass
+
+
+NO_CALLS = NoCalls()
+
+
+class Calls(NoCalls):
     """The run's journal of the reply it is running, written through ``writes``."""
 
     def __init__(self, writes: Writes) -> None:
@@ -68,7 +95,6 @@ class Calls:
     # -- a call ------------------------------------------------------------------------------------------------
 
     def replay(self, call: Content, tool: Tool | None) -> Content | None:
-        """The result a call gets without running (a resumed call's, a denied one's), or ``None`` to run it."""
         assert self.journal is not None
         if self.closing:  # the resumed reply of a cancelled turn: nothing of it runs
             return closing(self.journal, call)
@@ -85,7 +111,6 @@ class Calls:
         return None
 
     def may_run(self, call: Content, tool: Tool | None) -> bool:
-        """Immediately before a tool runs: ``False`` when the run was asked to stop."""
         assert self.journal is not None
         if tool is not None and not tool.idempotent:
             self.journal.started.append(call.id)
@@ -128,7 +153,7 @@ class Calls:
     # -- decisions ---------------------------------------------------------------------------------------------
 
     def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        """``Keeping.approvals``: asking for the calls not asked yet, and counting those past their deadline as
+        """``NoCalls.approvals``, asking for the calls not asked yet, and counting those past their deadline as
         denied."""
         for _ in range(approvals.ATTEMPTS):  # each look again follows a change by someone else: bounded
             outcome = self._approvals_once(spec, step, emit)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from .. import approvals
-from ..contract import PendingApproval, RunSession, Session, is_run_session
+from ..contract import RunSession, Session, is_run_session
 from ..errors import AgentError, ArgumentError, AwaitingApproval, LeaseLost, TranscriptConflict
 from ..events import Sink
 from ..journal import NOT_RUN_SUPERSEDED, Journal
@@ -24,8 +24,7 @@ from ..lease import Lease
 from ..messages import Content, Message, Role, turn_open, unanswered
 from ..result import Result
 from ..spec import Spec
-from ..tools import Tool
-from .calls import NO_APPROVALS, Calls, closing
+from .calls import NO_CALLS, Calls, NoCalls, closing
 from .publisher import Publisher
 from .writes import Writes, holds
 
@@ -40,6 +39,8 @@ class Keeping:
     stopped = False
     """Set by ``resume``: the turn this run goes on with was cancelled before it, so it starts nothing (not
     even the save before its first request, which would take the steers waiting for the next turn)."""
+    calls: NoCalls = NO_CALLS
+    """How the reply's tool calls run: journalled (``Calls``), for a leased run."""
 
     @property
     def epoch(self) -> int | None:
@@ -67,25 +68,6 @@ class Keeping:
 
     def begin_tools(self, transcript: Sequence[Message]) -> None:
         """The last message of ``transcript`` is a reply whose tool calls are about to run."""
-
-    def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        """Before any call of the reply runs: the calls still waiting for a person's decision, and whether
-        the run was asked to stop meanwhile (``Calls.approvals``)."""
-        return NO_APPROVALS
-
-    def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
-        return []
-
-    def replay(self, call: Content, tool: Tool | None) -> Content | None:
-        """The result a call gets without running (a resumed call's, a denied one's), or ``None`` to run it."""
-        return None
-
-    def may_run(self, call: Content, tool: Tool | None) -> bool:
-        """Immediately before a tool runs: ``False`` when the run was asked to stop."""
-        return True
-
-    def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
-        pass
 
     def store_steers(self, steers: Sequence[str]) -> list[str]:
         """Store ``steers`` (given to this run, in no stored transcript) as the session's waiting steers, so
@@ -162,7 +144,7 @@ class Leased(Keeping):
         self.replace = spec.replace_transcript
         self.writes = Writes(self.store, self.session, self.lease, start, spec.replace_transcript,
                              spec.events_kept)
-        self.calls = Calls(self.writes)
+        self.calls: Calls = Calls(self.writes)
         self.publish = spec.publish_events
         self.checked = False
         """The save before this step's request read the cancel flag and found none (``Calls.begin``)."""
@@ -353,21 +335,6 @@ class Leased(Keeping):
     def begin_tools(self, transcript: Sequence[Message]) -> None:
         self.calls.begin(transcript, self.checked)
         self.checked = False
-
-    def approvals(self, spec: Spec, step: int, emit: Sink) -> tuple[list[Content], bool]:
-        return self.calls.approvals(spec, step, emit)
-
-    def pending(self, calls: Sequence[Content]) -> list[PendingApproval]:
-        return self.calls.pending(calls)
-
-    def replay(self, call: Content, tool: Tool | None) -> Content | None:
-        return self.calls.replay(call, tool)
-
-    def may_run(self, call: Content, tool: Tool | None) -> bool:
-        return self.calls.may_run(call, tool)
-
-    def ran(self, call: Content, tool: Tool | None, result: Content) -> None:
-        self.calls.ran(call, tool, result)
 
     # -- the end ---------------------------------------------------------------------------------------------
 

@@ -132,7 +132,7 @@ def _loop(spec: Spec, transcript: list[Message], endpoint: Endpoint, emit: Sink,
         stop = "awaiting_approval"
     result = Result(messages=transcript, text=reply.text if stop == "answered" and reply is not None else "",
                     steps=steps, stop_reason=stop, unapplied_steers=box.close(), usage=usage,
-                    pending_approvals=keep.pending(waiting))
+                    pending_approvals=keep.calls.pending(waiting))
     keep.finish(transcript, result)
     if keep.saves:
         emit.saved(steps, start_of(transcript) + len(transcript))
@@ -204,7 +204,7 @@ def _run_tools(spec: Spec, step: int, transcript: list[Message], emit: Sink, can
     reply leaves the transcript (it waits in the journal) and the calls waiting are returned."""
     keep.begin_tools(transcript)
     if not cancelled.is_set():
-        waiting, stop_asked = keep.approvals(spec, step, emit)
+        waiting, stop_asked = keep.calls.approvals(spec, step, emit)
         if stop_asked:
             cancelled.set()
         elif waiting:
@@ -213,9 +213,9 @@ def _run_tools(spec: Spec, step: int, transcript: list[Message], emit: Sink, can
     results: list[Content] = []
     for call in transcript[-1].tool_calls:
         tool = spec.tool(call.name)
-        result = keep.replay(call, tool)
+        result = keep.calls.replay(call, tool)
         if result is None:
-            if not cancelled.is_set() and not keep.may_run(call, tool):
+            if not cancelled.is_set() and not keep.calls.may_run(call, tool):
                 cancelled.set()
             if cancelled.is_set():
                 result = Content.tool_result(call.id, CANCELLED, is_error=True)
@@ -227,7 +227,7 @@ def _run_tools(spec: Spec, step: int, transcript: list[Message], emit: Sink, can
                 seconds = emit.tool_returned(started)
                 log.debug("session %r step %d: tool %s [%s] returned %d chars%s", keep_id(spec), step,
                           call.name, call.id, len(result.text), " (an error)" if result.is_error else "")
-                keep.ran(call, tool, result)  # kept before a callback hears of it: one that raises loses nothing
+                keep.calls.ran(call, tool, result)  # kept before a callback hears of it: one that raises loses nothing
                 emit.tool_finished(step, call, result, seconds)
         results.append(result)
     transcript.append(Message(Role.USER, results))
