@@ -55,8 +55,7 @@ class RefundThenAnswer:
 
 class ApprovalContract(ContractMixin):
     def approval_store(self) -> ApprovalStore:
-        store: ApprovalStore = self.capable_store(Capability.APPROVALS, ApprovalStore, "swap_journal")
-        return store
+        return self.capable_store(Capability.APPROVALS, "swap_journal")
 
     def _stopped(self, store: ApprovalStore, workdir: Path, deadline: float | None = None,
                  **refund: Any) -> tuple[str, agent.Result, agent.Spec]:

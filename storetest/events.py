@@ -139,9 +139,7 @@ def _publisher_process(store: Any, worker: int, barrier: Any, sid: str, holder: 
 
 class EventContract(ContractMixin):
     def event_store(self) -> EventStore:
-        store: EventStore = self.capable_store(Capability.EVENTS, EventStore,
-                                               "append_events, save_fenced_events, events")
-        return store
+        return self.capable_store(Capability.EVENTS, "append_events, save_fenced_events, events")
 
     # -- the log ---------------------------------------------------------------------------------------
 

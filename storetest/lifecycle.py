@@ -79,9 +79,7 @@ def _gone(store: LifecycleStore, sid: str) -> None:
 
 class LifecycleContract(ContractMixin):
     def lifecycle_store(self) -> LifecycleStore:
-        store: LifecycleStore = self.capable_store(Capability.LIFECYCLE, LifecycleStore,
-                                                   "check its methods and their names")
-        return store
+        return self.capable_store(Capability.LIFECYCLE, "check its methods and their names")
 
     # -- info and metadata ---------------------------------------------------------------------------
 

@@ -176,22 +176,22 @@ class ContractMixin:
     def hypothesis(self, **overrides: Any) -> settings:
         raise NotImplementedError
 
-    def capable_store(self, capability: Capability, protocol: type, methods: str) -> Any:
-        """A store that declares ``capability``, checked to implement ``protocol`` (whose ``methods`` the
-        failure names): a declared capability the store does not deliver fails, never skips."""
+    def capable_store(self, capability: Capability, methods: str) -> RunStore:
+        """A store that declares ``capability``, checked to implement ``RunStore`` (of which every capability's
+        protocol is another name; ``methods``: those of the capability, which the failure names): a declared
+        capability the store does not deliver fails, never skips."""
         self.requires(capability)
         store = self.make_store()
-        if not isinstance(store, protocol):
+        if not isinstance(store, RunStore):
             pytest.fail(f"the store declares Capability.{capability.name}, but {type(store).__name__} does not "
-                        f"implement agent_sessions.{protocol.__name__} ({methods})")
+                        f"implement agent_sessions.RunStore ({methods})")
         return store
 
     def run_store(self, *needs: Capability) -> RunStore:
         """A ``RunStore``, and every capability of ``needs`` declared (else the test skips)."""
         for capability in needs:
             self.requires(capability)
-        store: RunStore = self.capable_store(Capability.RUN_STORE, RunStore, "check its methods and their names")
-        return store
+        return self.capable_store(Capability.RUN_STORE, "check its methods and their names")
 
     def run_lifecycle_store(self) -> RunStore:
         """A RunStore (every ``LifecycleStore`` is one) declaring ``LIFECYCLE``: its sessions can be listed,

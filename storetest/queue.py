@@ -52,8 +52,7 @@ class QueueContract(ContractMixin):
     """What a ``QueueStore`` keeps (the module's docstring), checked through the store's own methods."""
 
     def queue_store(self) -> QueueStore:
-        store: QueueStore = self.capable_store(Capability.QUEUE, QueueStore, "enqueue, queued, take_queued")
-        return store
+        return self.capable_store(Capability.QUEUE, "enqueue, queued, take_queued")
 
     def test_an_interrupt_delivered_again_cancels_nothing_more(self) -> None:
         """An interrupt cancels the run in progress, then queues its message; its first delivery dies between

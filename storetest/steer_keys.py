@@ -29,8 +29,7 @@ class SteerKeyContract(ContractMixin):
     """Mixed into StoreContract; ``make_store``, ``requires``, ``factory`` and ``hypothesis`` come from there."""
 
     def steer_key_store(self) -> SteerKeyStore:
-        store: SteerKeyStore = self.capable_store(Capability.STEER_KEYS, SteerKeyStore, "add_steer_once")
-        return store
+        return self.capable_store(Capability.STEER_KEYS, "add_steer_once")
 
     def test_a_keyed_steer_is_stored_once_per_session_and_its_key_outlives_its_delivery(self) -> None:
         store = self.steer_key_store()

@@ -21,8 +21,7 @@ def _said(n: int, tag: str = "") -> list[Message]:
 
 class TailContract(ContractMixin):
     def tail_store(self) -> TailStore:
-        store: TailStore = self.capable_store(Capability.TAIL, TailStore, "read_back, save_fenced(start=)")
-        return store
+        return self.capable_store(Capability.TAIL, "read_back, save_fenced(start=)")
 
     def stored(self, tag: str, length: int) -> tuple[TailStore, str, list[Message], Holder]:
         """A TailStore holding a new session of ``length`` messages, its id, them, and its lease."""
