@@ -25,9 +25,6 @@ from .crossprocess import wait_for
 from .mixin import ContractMixin, Crash, add_and_take, call, new_holder, new_id, no_orphans, noting, stand_in, together
 from .scripted import ToolsThenAnswer
 
-assert_no_orphans = no_orphans
-"""Kept under its old name: the library's own tests import it from here."""
-
 
 @contextmanager
 def _hearing(store: RunStore, sid: str) -> Iterator[None]:
@@ -369,7 +366,7 @@ class RunStoreContract(ContractMixin):
         assert ran == ["first"]
         stored = store.messages(sid)
         assert stored == result.messages and agent.open(sid, store).holder() is None
-        assert_no_orphans(stored)
+        no_orphans(stored)
         results = {c.tool_call_id: c for c in stored[-1].content}
         assert results["call_0_0"].text == "first done" and not results["call_0_0"].is_error
         assert results["call_0_1"].is_error and results["call_0_1"].text == CANCELLED
@@ -504,7 +501,7 @@ class RunStoreContract(ContractMixin):
                 result = agent.Runner().run(spec, msgs, ToolsThenAnswer(reply))
             assert ran[before:] == expected, f"run {i}"
         assert result.stop_reason == "answered" and result.steps == 1
-        stored = assert_no_orphans(store.messages(sid))
+        stored = no_orphans(store.messages(sid))
         got = {c.tool_call_id: c for c in stored[2].content}
         assert [got[f"call_0_{i}"].text for i in range(3)] == results
         assert all(got[f"call_0_{i}"].is_error == (results[i] == UNKNOWN_OUTCOME) for i in range(3))

@@ -318,7 +318,7 @@ def test_a_queued_message_waits_for_the_unfinished_turn_of_a_holder_that_died(
     from agent_sessions.journal import UNKNOWN_OUTCOME
     from agent_sessions.testing.model_server import ModelServer, Reply, Request, openai
     from stores import sqlite
-    from storetest.runs import assert_no_orphans
+    from storetest.mixin import no_orphans as assert_no_orphans
 
     caplog.set_level(logging.INFO, logger="agent_sessions")
 
@@ -407,7 +407,7 @@ def test_a_queued_message_waits_for_tool_calls_the_transcript_holds_without_resu
     there). The queue's head is taken only once the turn has gone on and answered them: appended after them,
     it would leave the calls unanswered for good, and every later request would send them so (a 400)."""
     from stores import sqlite
-    from storetest.runs import assert_no_orphans
+    from storetest.mixin import no_orphans as assert_no_orphans
 
     looked: list[int] = []
 
@@ -446,7 +446,7 @@ def test_new_input_after_a_stopped_run_closes_its_reply_and_runs_nothing_again(
     from agent_sessions.journal import NOT_RUN_SUPERSEDED, UNKNOWN_OUTCOME
     from agent_sessions.testing.model_server import ModelServer, Reply, Request, openai
     from stores import sqlite
-    from storetest.runs import assert_no_orphans
+    from storetest.mixin import no_orphans as assert_no_orphans
 
     caplog.set_level(logging.INFO, logger="agent_sessions")
 
@@ -554,7 +554,7 @@ def test_new_input_after_a_worker_killed_in_a_tool_runs_nothing_of_its_reply_aga
 
     from agent_sessions.journal import UNKNOWN_OUTCOME
     from stores import sqlite
-    from storetest.runs import assert_no_orphans
+    from storetest.mixin import no_orphans as assert_no_orphans
     from storetest.scripted import ToolsThenAnswer
 
     root = pathlib.Path(__file__).resolve().parent.parent

@@ -352,7 +352,7 @@ def test_a_stranded_turn_with_a_journal_is_closed_before_the_queue_is_answered(
 
     from agent_sessions.journal import UNKNOWN_OUTCOME, Journal, fingerprint
     from stores import sqlite
-    from storetest.runs import assert_no_orphans
+    from storetest.mixin import no_orphans as assert_no_orphans
 
     ran: list[str] = []
 

@@ -12,7 +12,7 @@ import pytest
 import agent_sessions as agent
 from agent_sessions.journal import NOT_RUN_SUPERSEDED, UNKNOWN_OUTCOME
 from stores import memory, sqlite
-from storetest.runs import assert_no_orphans
+from storetest.mixin import no_orphans as assert_no_orphans
 from storetest.scripted import Answer, ToolsThenAnswer
 
 
