@@ -42,11 +42,13 @@ def raw_arguments(draw: st.DrawFn) -> str:
 
 
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=1, max_size=24)
+texts = st.builds(Content.from_text, any_text)
+calls = st.builds(Content.tool_call, ids, st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,20}", fullmatch=True),
+                  raw_arguments())
 
 contents = st.one_of(
-    st.builds(Content.from_text, any_text),
-    st.builds(Content.tool_call, ids, st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,20}", fullmatch=True),
-              raw_arguments()),
+    texts,
+    calls,
     st.builds(Content.tool_result, ids, any_text, st.booleans()),
     st.builds(lambda text, start, span: Content.compaction(text, start, start + span), any_text,
               st.integers(0, 10**6), st.integers(1, 10**6)),
@@ -54,11 +56,6 @@ contents = st.one_of(
 
 messages = st.builds(Message, st.sampled_from(list(Role)), st.lists(contents, max_size=4))
 """Any message on its own (its JSON form round-trips); in a transcript, see ``transcripts``."""
-
-texts = st.builds(Content.from_text, any_text)
-calls = st.builds(Content.tool_call, ids, st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,20}", fullmatch=True),
-                  raw_arguments())
-
 
 keys = st.one_of(st.just(""), st.text(alphabet=st.characters(exclude_characters="\x00"), min_size=1, max_size=20))
 """A user message's turn key (``Runner.turn``): mostly none."""
