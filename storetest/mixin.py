@@ -1,5 +1,5 @@
-"""What every contract mixed into ``StoreContract`` shares: the stubs the type checker needs (``StoreContract``
-comes first in the class's order and gives the real ones), the store getters, and small helpers."""
+"""What every contract mixed into ``StoreContract`` shares: what the type checker needs to know of it
+(``StoreContract`` gives it), the store getters, and small helpers."""
 
 from __future__ import annotations
 
@@ -163,18 +163,10 @@ class ContractMixin:
     capabilities: frozenset[Capability]
     examples: int
     concurrency: int
-
-    def make_store(self) -> Any:
-        raise NotImplementedError
-
-    def requires(self, capability: Capability) -> None:
-        raise NotImplementedError
-
-    def factory(self) -> Any:
-        raise NotImplementedError
-
-    def hypothesis(self, **overrides: Any) -> settings:
-        raise NotImplementedError
+    make_store: Callable[[], Any]
+    requires: Callable[[Capability], None]
+    factory: Callable[[], Any]
+    hypothesis: Callable[..., settings]
 
     def capable_store(self, capability: Capability, methods: str) -> RunStore:
         """A store that declares ``capability``, checked to implement ``RunStore`` (of which every capability's
