@@ -54,8 +54,8 @@ class RefundThenAnswer:
 
 
 class ApprovalContract(ContractMixin):
-    def approval_store(self) -> ApprovalStore:
-        return self.capable_store(Capability.APPROVALS, "swap_journal")
+    def approval_store(self, *needs: Capability) -> ApprovalStore:
+        return self.capable_store(Capability.APPROVALS, "swap_journal", *needs)
 
     def _stopped(self, store: ApprovalStore, workdir: Path, deadline: float | None = None,
                  **refund: Any) -> tuple[str, agent.Result, agent.Spec]:

@@ -138,8 +138,8 @@ def _publisher_process(store: Any, worker: int, barrier: Any, sid: str, holder: 
 
 
 class EventContract(ContractMixin):
-    def event_store(self) -> EventStore:
-        return self.capable_store(Capability.EVENTS, "append_events, save_fenced_events, events")
+    def event_store(self, *needs: Capability) -> EventStore:
+        return self.capable_store(Capability.EVENTS, "append_events, save_fenced_events, events", *needs)
 
     # -- the log ---------------------------------------------------------------------------------------
 
@@ -247,8 +247,7 @@ class EventContract(ContractMixin):
     def test_no_number_is_given_again_after_the_cap_dropped_it_or_the_session_was_deleted(self) -> None:
         """A follower resumes from the last number it saw (``Last-Event-ID``): a number given again would hand it
         another event under a number it already passed."""
-        self.requires(Capability.LIFECYCLE)
-        store = self.event_store()
+        store = self.event_store(Capability.LIFECYCLE)
         sid = new_id("again")
         holder = store.acquire(sid, new_holder(), 30)
         given: list[int] = []
@@ -283,8 +282,7 @@ class EventContract(ContractMixin):
     def test_a_session_deleted_and_made_again_at_once_numbers_above_its_old_log(self) -> None:
         """A new log starts from the store's clock, which must have moved past every number the old log gave
         (a clock read to the millisecond did not: within one, the new log began at the old one's first)."""
-        self.requires(Capability.LIFECYCLE)
-        store = self.event_store()
+        store = self.event_store(Capability.LIFECYCLE)
         sid = new_id("at-once")
         reused = []
         for _ in range(30):
@@ -517,8 +515,7 @@ class EventContract(ContractMixin):
     def test_pointers_read_after_their_session_was_erased_say_gone(self, erase: str) -> None:
         """A reader that had read the events just before the erasure finds no messages: it says so, never
         an error."""
-        self.requires(Capability.LIFECYCLE)
-        store = self.event_store()
+        store = self.event_store(Capability.LIFECYCLE)
         session = agent.open(new_id(erase + "-"), store)
         _riding(agent.Spec(session=session, tools=[GREP], publish_events=True), [Message.user("q")],
                 ToolsThenAnswer(["grep"]))
@@ -576,8 +573,7 @@ class EventContract(ContractMixin):
 
     def test_a_reply_waiting_for_approval_is_published_whole(self) -> None:
         """Its reply waits in the journal, not the transcript: no save writes it, so its event carries it."""
-        self.requires(Capability.APPROVALS)
-        store = self.event_store()
+        store = self.event_store(Capability.APPROVALS)
         session = agent.open(new_id("approve"), store)
         ask = agent.tool(name="grep", needs_approval=True)(_grep)
         spec = agent.Spec(session=session, tools=[ask], publish_events=True)

@@ -78,8 +78,8 @@ def _gone(store: LifecycleStore, sid: str) -> None:
 
 
 class LifecycleContract(ContractMixin):
-    def lifecycle_store(self) -> LifecycleStore:
-        return self.capable_store(Capability.LIFECYCLE, "check its methods and their names")
+    def lifecycle_store(self, *needs: Capability) -> LifecycleStore:
+        return self.capable_store(Capability.LIFECYCLE, "check its methods and their names", *needs)
 
     # -- info and metadata ---------------------------------------------------------------------------
 

@@ -193,8 +193,7 @@ class MeetingContract(ContractMixin):
     def _waiting_refund(self, tag: str, **options: Any) -> tuple[RunStore, str, list[str], agent.Spec, Any]:
         """A turn whose refund of order B waits for a person (``options`` go to the tool): the store, the
         session, the orders refunded, the turn's spec and its model."""
-        self.requires(Capability.APPROVALS)
-        store = self.run_store()
+        store = self.run_store(Capability.APPROVALS)
         sid = new_id(tag)
         ran: list[str] = []
         endpoint = ToolsThenAnswer(["refund"], arguments='{"order": "B"}')

@@ -168,11 +168,13 @@ class ContractMixin:
     factory: Callable[[], Any]
     hypothesis: Callable[..., settings]
 
-    def capable_store(self, capability: Capability, methods: str) -> RunStore:
+    def capable_store(self, capability: Capability, methods: str, *needs: Capability) -> RunStore:
         """A store that declares ``capability``, checked to implement ``RunStore`` (of which every capability's
         protocol is another name; ``methods``: those of the capability, which the failure names): a declared
-        capability the store does not deliver fails, never skips."""
-        self.requires(capability)
+        capability the store does not deliver fails, never skips. Every capability of ``needs`` is declared too
+        (else the test skips)."""
+        for need in (*needs, capability):
+            self.requires(need)
         store = self.make_store()
         if not isinstance(store, RunStore):
             pytest.fail(f"the store declares Capability.{capability.name}, but {type(store).__name__} does not "
@@ -180,10 +182,7 @@ class ContractMixin:
         return store
 
     def run_store(self, *needs: Capability) -> RunStore:
-        """A ``RunStore``, and every capability of ``needs`` declared (else the test skips)."""
-        for capability in needs:
-            self.requires(capability)
-        return self.capable_store(Capability.RUN_STORE, "check its methods and their names")
+        return self.capable_store(Capability.RUN_STORE, "check its methods and their names", *needs)
 
     def run_lifecycle_store(self) -> RunStore:
         """A RunStore (every ``LifecycleStore`` is one) declaring ``LIFECYCLE``: its sessions can be listed,

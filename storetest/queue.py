@@ -51,14 +51,13 @@ def _enqueuer(store: QueueStore, i: int, barrier: object, sid: str, n: int) -> l
 class QueueContract(ContractMixin):
     """What a ``QueueStore`` keeps (the module's docstring), checked through the store's own methods."""
 
-    def queue_store(self) -> QueueStore:
-        return self.capable_store(Capability.QUEUE, "enqueue, queued, take_queued")
+    def queue_store(self, *needs: Capability) -> QueueStore:
+        return self.capable_store(Capability.QUEUE, "enqueue, queued, take_queued", *needs)
 
     def test_an_interrupt_delivered_again_cancels_nothing_more(self) -> None:
         """An interrupt cancels the run in progress, then queues its message; its first delivery dies between
         the two. Delivered again, it must not stop another caller's turn: the interrupt was sent once."""
-        self.requires(Capability.RUN_STORE)
-        store = self.queue_store()
+        store = self.queue_store(Capability.RUN_STORE)
         sid = new_id("interrupt")
         first = Held("the first answer")
         running = agent.Runner().start(agent.Spec(session=agent.open(sid, store)), [Message.user("first")], first)
@@ -128,8 +127,7 @@ class QueueContract(ContractMixin):
     def test_a_message_sent_again_after_its_turn_is_answered_once_and_leaves_no_key(self) -> None:
         """A key's row goes with its message into the transcript, so what a session keeps of its queue is
         bounded by what waits."""
-        store = self.queue_store()
-        self.requires(Capability.LIFECYCLE)
+        store = self.queue_store(Capability.LIFECYCLE)
         sid = new_id("again")
         model = _Counting()
         spec = agent.Spec(session=agent.open(sid, store))

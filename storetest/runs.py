@@ -232,8 +232,7 @@ class RunStoreContract(ContractMixin):
     def test_a_failed_run_gives_no_steer_back_to_a_session_deleted_meanwhile(self) -> None:
         """A steer given to the run (``Run.steer``) is given back fenced by its lease (a new conversation under
         the id would take it): it is handed back on the exception instead."""
-        self.requires(Capability.LIFECYCLE)
-        store = self.run_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id()
         held: list[agent.Run] = []
         started = threading.Event()

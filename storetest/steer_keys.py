@@ -28,8 +28,8 @@ def _keyed_sender(store: SteerKeyStore, i: int, barrier: object, sid: str, key: 
 class SteerKeyContract(ContractMixin):
     """Mixed into StoreContract; ``make_store``, ``requires``, ``factory`` and ``hypothesis`` come from there."""
 
-    def steer_key_store(self) -> SteerKeyStore:
-        return self.capable_store(Capability.STEER_KEYS, "add_steer_once")
+    def steer_key_store(self, *needs: Capability) -> SteerKeyStore:
+        return self.capable_store(Capability.STEER_KEYS, "add_steer_once", *needs)
 
     def test_a_keyed_steer_is_stored_once_per_session_and_its_key_outlives_its_delivery(self) -> None:
         store = self.steer_key_store()
@@ -97,8 +97,7 @@ class SteerKeyContract(ContractMixin):
     def test_a_keyed_steer_joins_the_turn_it_lands_in_and_its_redelivery_is_answered(self) -> None:
         """The run that took the steer with the turn's own message fails: taking the steer for a later turn
         would leave it ``superseded`` and unanswered."""
-        self.requires(Capability.RUN_STORE)
-        store = self.steer_key_store()
+        store = self.steer_key_store(Capability.RUN_STORE)
         sid = new_id("joins")
         assert store.add_steer_once(sid, "and mind the expiry", "steer-key") is True
         spec = agent.Spec(session=agent.open(sid, store))
@@ -118,8 +117,7 @@ class SteerKeyContract(ContractMixin):
     def test_a_steered_turn_retried_gets_its_own_answer_never_an_earlier_one_of_the_same_text(self) -> None:
         """The session holds an earlier "yes", answered, while the retried turn's "yes" waits as a keyed steer:
         identity, not text, says which message is the caller's."""
-        self.requires(Capability.RUN_STORE)
-        store = self.steer_key_store()
+        store = self.steer_key_store(Capability.RUN_STORE)
         sid = new_id("yes")
         session = agent.open(sid, store)
         first = agent.Runner().run(agent.Spec(session=session), [Message.user("yes")], Answer("the first answer"))

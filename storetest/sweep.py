@@ -149,8 +149,7 @@ class SweepContract(ContractMixin):
         assert sid in stranded_ids(store), "a turn sent again hid a later turn from the sweep"
 
     def test_a_run_waiting_for_a_decision_is_not_stranded_until_one_is_made(self) -> None:
-        store = self.run_lifecycle_store()
-        self.requires(Capability.APPROVALS)
+        store = self.run_store(Capability.LIFECYCLE, Capability.APPROVALS)
         sid = new_id("sweep-asks")
         refunds: list[str] = []
         spec = agent.Spec(session=agent.open(sid, store), tools=[refund(refunds, needs_approval=True)])
@@ -176,8 +175,7 @@ class SweepContract(ContractMixin):
 
     def test_a_cancelled_turn_whose_calls_were_decided_lets_the_queue_behind_it_be_answered(self) -> None:
         """The sweep closes the cancelled turn (its approved refund does not run) and answers the message."""
-        store = self.run_lifecycle_store()
-        self.requires(Capability.APPROVALS)
+        store = self.run_store(Capability.LIFECYCLE, Capability.APPROVALS)
         sid = new_id("sweep-decided")
         refunds: list[str] = []
         spec = agent.Spec(session=agent.open(sid, store), tools=[refund(refunds, needs_approval=True)])

@@ -20,8 +20,8 @@ def _said(n: int, tag: str = "") -> list[Message]:
 
 
 class TailContract(ContractMixin):
-    def tail_store(self) -> TailStore:
-        return self.capable_store(Capability.TAIL, "read_back, save_fenced(start=)")
+    def tail_store(self, *needs: Capability) -> TailStore:
+        return self.capable_store(Capability.TAIL, "read_back, save_fenced(start=)", *needs)
 
     def stored(self, tag: str, length: int) -> tuple[TailStore, str, list[Message], Holder]:
         """A TailStore holding a new session of ``length`` messages, its id, them, and its lease."""
