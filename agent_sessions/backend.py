@@ -439,18 +439,16 @@ def guard_json(guard: Guard) -> dict[str, Any]:
     """``guard`` as the JSON object a server-side write reads (PostgreSQL's function, MySQL's procedure,
     Redis's script): a field is there when it asks something; a nullable value it compares is a one-element
     array ([null]: none)."""
-    out: dict[str, Any] = {}
+    flags = ("lease_free", "lease_held", "not_cancelled", "no_steers", "no_queue")
+    out: dict[str, Any] = {name: True for name in flags if getattr(guard, name)}
     for name in ("exists", "incarnation", "version", "length", "edits", "queue_head", "key_absent"):
         value = getattr(guard, name)
         if value is not None:
             out[name] = value
-    if guard.lease is not None:
-        out["lease"] = list(guard.lease)
-    for name in ("lease_free", "lease_held", "not_cancelled", "no_steers", "no_queue"):
-        if getattr(guard, name):
-            out[name] = True
-    if guard.steers:
-        out["steers"] = list(guard.steers)
+    for name in ("lease", "steers"):  # None or (): not asked
+        value = getattr(guard, name)
+        if value:
+            out[name] = list(value)
     if guard.checks_journal:
         out["journal"] = [guard.journal]
     return out
