@@ -82,10 +82,9 @@ class Spec:
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
                                      or not 0 < deadline < math.inf):
             raise ArgumentError(f"Spec.approval_deadline must be None or seconds > 0, got {deadline!r}")
-        if not isinstance(self.replace_transcript, bool):
-            raise ArgumentError(f"Spec.replace_transcript must be a bool, got {self.replace_transcript!r}")
-        if not isinstance(self.publish_events, bool):
-            raise ArgumentError(f"Spec.publish_events must be a bool, got {self.publish_events!r}")
+        for name in ("replace_transcript", "publish_events"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentError(f"Spec.{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.events_kept, bool) or not isinstance(self.events_kept, int) or self.events_kept < 1:
             raise ArgumentError(f"Spec.events_kept must be an int >= 1, got {self.events_kept!r}")
         if self.name is not None and (not isinstance(self.name, str) or not 1 <= len(self.name) <= 255
