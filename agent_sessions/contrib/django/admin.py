@@ -15,7 +15,17 @@ from .console import views
 from .models import Approval, Session
 
 
-class SessionAdmin(admin.ModelAdmin):  # type: ignore[misc]
+class _Console(admin.ModelAdmin):  # type: ignore[misc]
+    """A model of the console's: its rows are the store's, never added or changed through the admin."""
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+class SessionAdmin(_Console):
     """URL names follow the admin's (``admin:agent_sessions_session_change`` is a session's page), so the
     admin's "Recent actions" link to the session each entry is about."""
 
@@ -37,14 +47,8 @@ class SessionAdmin(admin.ModelAdmin):  # type: ignore[misc]
             path("<str:object_id>/", wrap(views.to_session)),
         ]
 
-    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
 
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-
-class ApprovalAdmin(admin.ModelAdmin):  # type: ignore[misc]
+class ApprovalAdmin(_Console):
     """The approvals inbox, under ``admin/agent_sessions/approval/``: seen with ``view_session``."""
 
     def get_urls(self) -> list[Any]:
@@ -56,12 +60,6 @@ class ApprovalAdmin(admin.ModelAdmin):  # type: ignore[misc]
 
     def has_view_permission(self, request: Any, obj: Any = None) -> bool:
         return bool(request.user.has_perm("agent_sessions.view_session"))
-
-    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         return False
