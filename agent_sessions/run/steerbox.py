@@ -32,5 +32,4 @@ class SteerBox:
         """Stop taking steers and return those that never reached a request."""
         with self._lock:
             self._closed = True
-            items, self._items = self._items, []
-        return items
+        return self.drain()
