@@ -23,7 +23,7 @@ from . import crossprocess
 from .capabilities import Capability
 from .crossprocess import wait_for
 from .mixin import ContractMixin, Crash, add_and_take, call, new_holder, new_id, no_orphans, noting, stand_in, together
-from .scripted import ToolsThenAnswer
+from .scripted import Replies, ToolsThenAnswer
 
 
 @contextmanager
@@ -216,17 +216,11 @@ class RunStoreContract(ContractMixin):
                     raise agent.OutcomeUnknown("the answer of a refused write was lost (test)")
                 return written
 
-        seen: list[list[str]] = []
-
-        class Notes:
-            def complete(self, system: str, messages: Any, tools: Any) -> Message:
-                seen.append([m.text for m in messages])
-                return Message.assistant("noted")
-
+        model = Replies()
         with stand_in(store, LosesARefusal()):
-            agent.Runner().run(agent.Spec(session=agent.open(sid, store)), store.messages(sid), Notes())
+            agent.Runner().run(agent.Spec(session=agent.open(sid, store)), store.messages(sid), model)
         assert lost == [True]
-        assert seen == [["the question", "and mind the expiry"]]
+        assert [[m.text for m in asked] for asked in model.requests] == [["the question", "and mind the expiry"]]
         assert store.pending_steers(sid) == []
 
     def test_a_failed_run_gives_no_steer_back_to_a_session_deleted_meanwhile(self) -> None:
