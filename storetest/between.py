@@ -226,7 +226,7 @@ class BetweenContract(ContractMixin):
             self) -> None:
         """The new session has the read's length and edit count: only the incarnation tells the erased
         conversation from the new one."""
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("between-anew")
         store.save(sid, [Message.user("the erased question")])
         stale = store.messages(sid)

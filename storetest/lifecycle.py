@@ -261,7 +261,7 @@ class LifecycleContract(ContractMixin):
         self._forgotten(store, alone, keyed, False)
 
     def test_delete_refuses_a_session_a_live_run_holds_and_force_fences_the_run_out(self) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = _prefix() + "busy"
         holder = store.acquire(sid, new_holder(), 30)
         store.save_fenced(sid, holder, transcript(3), take_steers=False)
@@ -316,7 +316,7 @@ class LifecycleContract(ContractMixin):
     # -- turns safe to repeat ----------------------------------------------------------------------------
 
     def test_a_repeated_turn_returns_the_answer_without_asking_again(self) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = _prefix() + "turn"
         spec = agent.Spec(session=agent.open(sid, store))
         model = Answer("the answer")

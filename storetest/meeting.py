@@ -83,7 +83,7 @@ class MeetingContract(ContractMixin):
     def test_29_1_a_run_waiting_for_the_lease_through_a_delete_never_writes_the_erased_transcript(self) -> None:
         """When the waiting run gets the lease the store is empty, a prefix of anything: the run must see that
         its messages were read before the (forced) delete and write nothing."""
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("waiting")
         self._conversation(store, sid)
         msgs = [*store.messages(sid), Message.user("and the next question")]
@@ -113,7 +113,7 @@ class MeetingContract(ContractMixin):
     @pytest.mark.parametrize("erase", ["delete", "force", "prune"])
     @pytest.mark.parametrize("read", ["messages", "tail", "another"])
     def test_29_1_messages_read_before_an_erasure_never_recreate_the_session(self, erase: str, read: str) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id(erase)
         self._conversation(store, sid)
         reader: Any = self.another(store) if read == "another" else store
@@ -140,7 +140,7 @@ class MeetingContract(ContractMixin):
     def test_29_1_a_redelivered_turn_whose_read_preceded_a_delete_writes_nothing(self) -> None:
         """``Runner.turn`` reads the session itself; after a delete between that read and its run's first write
         it does not read again and answer the erased conversation anew."""
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("turn")
         self._conversation(store, sid)
         erasing: Any = self.another(store)  # a LifecycleStore too (_erasable)
@@ -155,7 +155,7 @@ class MeetingContract(ContractMixin):
         once (within one tick of any clock) has another incarnation."""
         from agent_sessions.messages import incarnations_read
 
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("mark")
         self._conversation(store, sid)
         first = incarnations_read(store.messages(sid), sid)

@@ -184,11 +184,6 @@ class ContractMixin:
     def run_store(self, *needs: Capability) -> RunStore:
         return self.capable_store(Capability.RUN_STORE, "check its methods and their names", *needs)
 
-    def run_lifecycle_store(self) -> RunStore:
-        """A RunStore (every ``LifecycleStore`` is one) declaring ``LIFECYCLE``: its sessions can be listed,
-        deleted and pruned."""
-        return self.run_store(Capability.LIFECYCLE)
-
     def another(self, store: Any) -> Any:
         """A second store object on the same data, as another worker would have; ``store`` itself for a
         store that does not declare ``Capability.DURABLE`` (its objects share nothing)."""

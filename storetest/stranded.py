@@ -18,6 +18,7 @@ from agent_sessions import (
     Role,
 )
 
+from .capabilities import Capability
 from .mixin import ContractMixin, new_holder, new_id
 
 QUESTION = Message.user("what expires?", key="turn-1")
@@ -42,7 +43,7 @@ def stranded_ids(store: LifecycleStore, grace: float = 0.0) -> list[str]:
 class StrandedContract(ContractMixin):
 
     def test_a_plain_save_marks_an_open_turn_an_answer_clears_it_and_a_fork_keeps_its_own(self) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("plain")
         store.save(sid, [QUESTION])
         info = store.info(sid)
@@ -67,7 +68,7 @@ class StrandedContract(ContractMixin):
         assert sid not in ids and open_fork in ids and closed_fork not in ids
 
     def test_info_says_who_holds_the_session_what_waits_and_whether_it_is_stranded(self) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("info")
         store.save(sid, [QUESTION])
         info = store.info(sid)
@@ -84,7 +85,7 @@ class StrandedContract(ContractMixin):
         assert cancelled is not None and cancelled.cancelled and cancelled.holder is None and not cancelled.stranded
 
     def test_every_fenced_save_keeps_the_mark_and_a_live_lease_hides_the_session(self) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("fenced")
         holder = store.acquire(sid, new_holder(spec="support-agent"), 30)
         for step in ([QUESTION], [QUESTION, CALL], [QUESTION, CALL, RESULT]):  # appends, as a run's steps are
@@ -102,7 +103,7 @@ class StrandedContract(ContractMixin):
         assert sid not in stranded_ids(store)
 
     def test_a_lapsed_lease_is_stranded_and_a_cancelled_one_is_not(self) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         lapsed, cancelled = new_id("lapsed"), new_id("cancelled")
         for sid in (lapsed, cancelled):
             holder = store.acquire(sid, new_holder(), 0.5)
@@ -113,7 +114,7 @@ class StrandedContract(ContractMixin):
         assert lapsed in found and cancelled not in found
 
     def test_oldest_first_with_grace_and_pages(self) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         ids = [new_id(f"order-{i}") for i in range(3)]
         for sid in ids:
             store.save(sid, [QUESTION])
@@ -134,7 +135,7 @@ class StrandedContract(ContractMixin):
     def test_a_closing_save_keeps_the_turn_open_while_input_waits(self) -> None:
         """A fenced or a plain save that ends the turn while a message or a steer waits: nobody else would
         answer it if the run's worker died before taking it."""
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         for kind in ("queue", "steer"):
             for how in ("fenced", "plain"):
                 sid = new_id(f"close-{kind}-{how}")
@@ -155,7 +156,7 @@ class StrandedContract(ContractMixin):
 
     def test_a_cancelled_session_is_listed_only_while_a_message_is_queued(self) -> None:
         """A cancel stops the turn in progress, not the messages queued behind it."""
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("cancelled")
         store.save(sid, [QUESTION])
         holder = store.acquire(sid, new_holder(), 30)
@@ -173,7 +174,7 @@ class StrandedContract(ContractMixin):
 
     def test_taking_a_queued_message_keeps_the_mark_its_enqueue_set(self) -> None:
         """The sweep's ``grace`` and its order count from when the message was accepted."""
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("keep")
         store.save(sid, [QUESTION, ANSWER])
         assert store.enqueue(sid, "turn-2", "and the renewal?") == 1
@@ -187,7 +188,7 @@ class StrandedContract(ContractMixin):
         assert after is not None and after.open_since == before.open_since
 
     def test_mark_finished_is_fenced_and_refused_while_input_waits(self) -> None:
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id("mark")
         store.save(sid, [QUESTION, ANSWER])
         holder = store.acquire(sid, new_holder(), 30)

@@ -67,7 +67,7 @@ class SweepContract(ContractMixin):
     def _charging(self, tag: str, max_steps: int, die_at: int = 0, **options: Any
                   ) -> tuple[Any, str, Charges, agent.Spec]:
         """The store, a new session, a ``Charges`` model and the spec of its runs."""
-        store = self.run_lifecycle_store()
+        store = self.run_store(Capability.LIFECYCLE)
         sid = new_id(tag)
         model = Charges(die_at)
         return store, sid, model, agent.Spec(session=agent.open(sid, store), tools=[model.tool()], max_steps=max_steps,
