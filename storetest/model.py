@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-from agent_sessions import RunStore
-
 from .capabilities import Capability
 from .mixin import ContractMixin
 from .model_ops import FILTERS, KNOWN, Report, run_program
@@ -80,9 +78,7 @@ class ModelContract(ContractMixin):
     def _model(self, seeds: list[int], ops: int, skip: frozenset[str], workdir: Path, first: bool = False,
                replay: bool = False) -> None:
         """Run a program per seed (``first``: stop at the first that fails) and fail saying how to replay."""
-        self.requires(Capability.RUN_STORE)
-        if not isinstance(self.make_store(), RunStore):
-            pytest.fail(f"the store declares Capability.RUN_STORE, but {type(self).__name__}'s store is no RunStore")
+        self.run_store()  # declared, and delivered
         factory = self.factory() if Capability.PROCESSES in self.capabilities else None
         total = Report()
         logs: dict[int, list[str]] = {}
