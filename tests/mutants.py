@@ -204,10 +204,10 @@ MUTANTS: tuple[Mutant, ...] = (
     # "mongo" when no MongoDB server answers, and tests/test_mutants.py needs none. ``--suites storetest:mongodb``.
     _m("pipeline-ignores-queue-head", True,
        "the MongoDB backend's pipeline does not evaluate Guard.queue_head",
-       (MONGO, "    if guard.queue_head is not None:\n        terms.append(", "    if False:\n        terms.append(")),
+       (MONGO, "    if guard.queue_head is not None:\n        pairs.append(", "    if False:\n        pairs.append(")),
     _m("pipeline-ignores-incarnation", True,
        "the MongoDB backend's pipeline does not evaluate Guard.incarnation",
-       (MONGO, "    if guard.incarnation is not None:\n        terms.append(", "    if False:\n        terms.append(")),
+       (MONGO, "    if guard.incarnation is not None:\n        pairs.append(", "    if False:\n        pairs.append(")),
     _m("pipeline-takeover-drops-cancel", True,
        "as takeover-drops-cancel, in the MongoDB backend's pipeline",
        (MONGO, '"turn": None if lease.turn is None else lit(lease.turn),\n                "handed": {"$or": '

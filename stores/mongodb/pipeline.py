@@ -1,12 +1,16 @@
 """A guarded write as one pipeline update of the session's document, which the server evaluates whole.
 
-The stages: the guard (``_ok``) and whether the change fits the document as it stands (``_fit``: the
-messages' and events' room, or, for a planned write, the document as it was planned on: ``layout``); then
-the document merged with every field the change sets and ``write`` (the token the client reads its outcome
-by), only when both hold (``$cond`` evaluates only the branch it takes), a removed field merged as null and
-then removed; when only the fit fails, ``write`` alone, the token's ``spill`` (docs/stores/mongodb.md).
-``$$NOW`` is one time through the whole command.
-Every value from the caller is a ``$literal``: a text starting with ``$`` stays a text.
+One ``$replaceWith``: the guard, then whether the change fits the document as it stands (the messages' and
+events' room, or, for a planned write, the document as it was planned on: ``layout``); then the document
+merged with every field the change sets and ``write`` (the token the client reads its outcome by), only
+when both hold (``$cond`` evaluates only the branch it takes); when only the fit fails, ``write`` alone, the
+token's ``spill`` (docs/stores/mongodb.md). A removed field is merged as null, then removed by a second
+stage. ``$$NOW`` is one time through the whole command (``$$now``: it in seconds).
+The server's cost grows with the pipeline's size and depth (mongoeco, the test server, re-encodes and
+evaluates every node in Python), so it is kept small: a field the change sets only where the document has
+none is a default merged under the document, and the guard's equalities are one comparison of arrays (in
+which a missing field is null). Every text from the caller is a ``$literal``: one starting with ``$``
+stays a text.
 """
 
 from __future__ import annotations
@@ -47,37 +51,47 @@ def bytes_of(texts: Any) -> dict[str, Any]:
 
 
 def holds(guard: Guard) -> Any:
-    """The guard as an expression over the document as it stands (``true`` when it asks nothing)."""
-    terms: list[Any] = []
+    """The guard as an expression over the document as it stands (``true`` when it asks nothing): its
+    equalities as ``[expression, ...] == [value, ...]`` (a field that may be missing compared as its
+    default where the value is that default), the rest as terms beside it."""
+    pairs: list[tuple[Any, Any]] = []
     if guard.exists is not None:
-        terms.append({"$eq": [{"$ifNull": ["$exists", False]}, guard.exists]})
+        pairs.append((field("exists", False, guard.exists), guard.exists))
     if guard.incarnation is not None:
-        terms.append({"$eq": [{"$ifNull": ["$incarnation", ""]}, lit(guard.incarnation)]})
+        pairs.append((field("incarnation", "", guard.incarnation), guard.incarnation))
     for name in ("version", "length", "edits"):
         if getattr(guard, name) is not None:
-            terms.append({"$eq": [num(name), getattr(guard, name)]})
+            pairs.append((field(name, 0, getattr(guard, name)), getattr(guard, name)))
     if guard.lease is not None:
-        token, epoch = guard.lease
-        terms += [{"$eq": [{"$ifNull": ["$token", None]}, lit(token)]}, {"$eq": [num("epoch"), epoch]}]
+        pairs += [("$token", guard.lease[0]), (field("epoch", 0, guard.lease[1]), guard.lease[1])]
+    if guard.not_cancelled:
+        pairs.append((field("cancelled", False, False), False))
+    if guard.no_steers:
+        pairs.append((array("steers"), []))
+    if guard.checks_journal:
+        pairs.append(("$journal", guard.journal))
+    if guard.no_queue:
+        pairs.append((array("queue"), []))
+    if guard.queue_head is not None:
+        pairs.append(({"$arrayElemAt": ["$queue.id", 0]}, guard.queue_head))
+    if guard.key_absent is not None:
+        pairs.append(({"$in": [lit(guard.key_absent), array("keys")]}, False))
+    terms: list[Any] = []
+    if pairs:
+        terms.append({"$eq": [[e for e, _ in pairs], lit([v for _, v in pairs])]})
     if guard.lease_free:
         terms.append({"$or": [{"$eq": [{"$ifNull": ["$token", None]}, None]}, {"$lte": ["$expires", NOW]}]})
     if guard.lease_held:
         terms.append({"$ne": [{"$ifNull": ["$token", None]}, None]})
-    if guard.not_cancelled:
-        terms.append({"$ne": ["$cancelled", True]})
-    if guard.no_steers:
-        terms.append({"$eq": [{"$size": array("steers")}, 0]})
     if guard.steers:
         terms.append({"$setIsSubset": [lit(list(guard.steers)), array("steers.id")]})
-    if guard.checks_journal:
-        terms.append({"$eq": [{"$ifNull": ["$journal", None]}, lit(guard.journal)]})
-    if guard.no_queue:
-        terms.append({"$eq": [{"$size": array("queue")}, 0]})
-    if guard.queue_head is not None:
-        terms.append({"$eq": [{"$arrayElemAt": [array("queue.id"), 0]}, guard.queue_head]})
-    if guard.key_absent is not None:
-        terms.append({"$eq": [{"$in": [lit(guard.key_absent), array("keys")]}, False]})
-    return {"$and": terms} if terms else lit(True)
+    return {"$and": terms} if len(terms) > 1 else terms[0] if terms else lit(True)
+
+
+def field(name: str, default: Any, value: Any) -> Any:
+    """``name`` as compared with ``value`` in an array: a missing field is null there, which equals no value
+    but ``None``; so it is read as ``default`` only where ``value`` is that default."""
+    return {"$ifNull": ["$" + name, default]} if value == default else "$" + name
 
 
 def holds_on_nothing(guard: Guard) -> bool:
@@ -95,45 +109,48 @@ def update(guard: Guard, change: Change, token: str, spill: str, fresh: tuple[st
     that has none."""
     fits: list[Any] = []
     if plan is not None:
-        fits = [{"$eq": ["$generation", lit(plan.generation)]}, {"$eq": [num("seal"), plan.seal]}]
-        fits += [{"$eq": [num(name), value]} for name, value in (("edits", plan.edits), ("last_seq", plan.last_seq))
-                 if value is not None]
+        planned = [("generation", plan.generation), ("seal", plan.seal), ("edits", plan.edits),
+                   ("last_seq", plan.last_seq)]
+        fits = [{"$eq": [[field(name, 0, v) for name, v in planned if v is not None],
+                         lit([v for _, v in planned if v is not None])]}]
     else:
         if change.splice is not None:
-            fits.append(_room(*change.splice))
+            fits += _room(*change.splice, pinned=guard.length == change.splice[0])
         if change.events:
             fits.append(_event_room(change.events, change.keep))
-    fields = {**_fields(change, fresh, plan), "write": token}
+    defaults, fields = _fields(change, fresh, plan)
+    fields["write"] = token
     removed = [name for name, value in fields.items() if value is None or name == "taken_from"]
-    done = {"$mergeObjects": ["$$ROOT", fields]}
-    spilled = {"$mergeObjects": ["$$ROOT", {"write": spill}]}
-    first = {"_now": NOW, **({"_start": START} if change.events else {}), "_ok": holds(guard),
-             "_fit": {"$and": fits} if fits else True}
-    stages: list[Any] = [
-        {"$set": first},
-        {"$replaceWith": {"$cond": [{"$and": ["$_ok", "$_fit"]}, done, {"$cond": ["$_ok", spilled, "$$ROOT"]}]}},
-        {"$unset": list(first)}]
+    done: Any = {"$mergeObjects": [defaults, "$$ROOT", fields] if defaults else ["$$ROOT", fields]}
+    if fits:
+        done = {"$cond": [{"$and": fits} if len(fits) > 1 else fits[0], done,
+                          {"$mergeObjects": ["$$ROOT", {"write": spill}]}]}
+    ok = holds(guard)
+    now = {"now": NOW, **({"start": START} if change.events else {})}
+    stages: list[Any] = [{"$replaceWith": {"$let": {"vars": now, "in": done if ok == lit(True)
+                                                      else {"$cond": [ok, done, "$$ROOT"]}}}}]
     if removed:  # null: the field goes (a document stores no null at its top)
         stages.append({"$set": {name: {"$cond": [{"$eq": ["$" + name, None]}, "$$REMOVE", "$" + name]}
                                 for name in removed}})
     return stages
 
 
-def _room(at: int, texts: tuple[str, ...]) -> Any:
+def _room(at: int, texts: tuple[str, ...], pinned: bool) -> list[Any]:
     """The two splices the server makes alone: all messages replaced in a document with no pages, or an
-    append that leaves the tail fewer than ``PAGE`` messages and at most ``TAIL_BYTES``. Any other is
-    planned (``layout``)."""
-    bytes_ = sum(map(size, texts))
+    append (at the length, unless the guard ``pinned`` it) that leaves the tail fewer than ``PAGE`` messages
+    and at most ``TAIL_BYTES``. Any other is planned (``layout``), as is one these texts alone overfill
+    (``layout.needs_parts``)."""
     if at == 0:
-        return {"$and": [{"$eq": [{"$size": array("pages")}, 0]}, len(texts) < PAGE, bytes_ <= TAIL_BYTES]}
-    return {"$and": [{"$eq": [num("length"), at]}, {"$lt": [{"$size": array("tail")}, PAGE - len(texts)]},
-                     {"$lte": [num("tail_bytes"), TAIL_BYTES - bytes_]}]}
+        return [{"$eq": [array("pages"), []]}]
+    return [*([] if pinned else [{"$eq": [num("length"), at]}]),
+            {"$lt": [{"$size": array("tail")}, PAGE - len(texts)]},
+            {"$lte": [num("tail_bytes"), TAIL_BYTES - sum(map(size, texts))]}]
 
 
 def _event_room(texts: tuple[str, ...], keep: int) -> Any:
     """The events fit the tail, and the cap drops no page (a page is dropped by a planned write)."""
     head = {"$arrayElemAt": [array("event_pages"), 0]}
-    past_head = {"$let": {"vars": {"h": head}, "in": {"$add": [START, "$$h.f", "$$h.n"]}}}
+    past_head = {"$let": {"vars": {"h": head}, "in": {"$add": ["$$start", "$$h.f", "$$h.n"]}}}
     return {"$and": [{"$lt": [{"$add": [{"$size": array("events")}, len(texts)]}, EVENT_PAGE]},
                      {"$lte": [{"$add": [num("events_bytes"), sum(map(size, texts))]}, EVENT_TAIL_BYTES]},
                      {"$or": [{"$eq": [{"$size": array("event_pages")}, 0]},
@@ -142,20 +159,21 @@ def _event_room(texts: tuple[str, ...], keep: int) -> Any:
 
 def _last(texts: tuple[str, ...]) -> Any:
     """The number of the write's last event."""
-    before = {"$cond": [{"$gt": [num("last_seq"), 0]}, "$last_seq", {"$subtract": [START, 1]}]}
+    before = {"$cond": [{"$gt": [num("last_seq"), 0]}, "$last_seq", {"$subtract": ["$$start", 1]}]}
     return {"$add": [before, len(texts)]}
 
 
-def _fields(change: Change, fresh: tuple[str, str], plan: Plan | None) -> dict[str, Any]:
-    """Each field the change sets, as its new value (over the document before it); ``None``: removed."""
-    out: dict[str, Any] = {"generation": {"$ifNull": ["$generation", fresh[0]]},
-                           "version": {"$add": [num("version"), 1]}, "at": "$_now"}
+def _fields(change: Change, fresh: tuple[str, str], plan: Plan | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The fields the change sets where the document has none (defaults), and each field it sets, as its
+    new value (over the document before it; ``None``: removed)."""
+    defaults: dict[str, Any] = {"generation": fresh[0]}
+    out: dict[str, Any] = {"version": {"$add": [num("version"), 1]}, "at": "$$now"}
     version = out["version"]
     if plan is not None:
         out["seal"] = {"$add": [num("seal"), 1]}
     if change.exist:
-        out.update(exists=True, incarnation={"$ifNull": ["$incarnation", lit(fresh[1])]},
-                   created={"$ifNull": ["$created", "$_now"]}, updated={"$max": [num("updated"), "$_now"]})
+        defaults.update(incarnation=fresh[1], created="$$now")
+        out.update(exists=True, updated={"$max": ["$updated", "$$now"]})
     if change.splice is not None:
         at, texts = change.splice
         out.update(length=at + len(texts), edits={"$add": [num("edits"), 1]})
@@ -202,14 +220,14 @@ def _fields(change: Change, fresh: tuple[str, str], plan: Plan | None) -> dict[s
     if change.handed is not None:
         out["handed"] = change.handed
     if change.open == "set":
-        out["open_since"] = {"$ifNull": ["$open_since", "$_now"]}
+        defaults["open_since"] = "$$now"
     elif change.open == "clear":
         out["open_since"] = None
     if change.metadata is not None:
         out.update(metadata=lit(change.metadata), tags=lit(_tags(change.metadata)))
     if change.events:
         out.update(_events(change.events, change.keep, plan))
-    return out
+    return defaults, out
 
 
 def _text(text: str, ref: str | None) -> dict[str, Any]:
@@ -223,12 +241,12 @@ def _lease(change: Change) -> dict[str, Any]:
         held = {"$ne": [{"$ifNull": ["$token", None]}, None]}  # lapsed: what is taken over, for the log
         return {"taken_from": {"$cond": [held, {"token": "$token", "host": "$host", "pid": "$pid"}, None]},
                 "token": lit(lease.token), "epoch": {"$add": [num("epoch"), 1]},
-                "expires": {"$add": ["$_now", lease.ttl]}, "host": lit(lease.host), "pid": lease.pid,
+                "expires": {"$add": ["$$now", lease.ttl]}, "host": lit(lease.host), "pid": lease.pid,
                 "spec": None if lease.spec is None else lit(lease.spec),
                 "turn": None if lease.turn is None else lit(lease.turn),
                 "handed": {"$or": [{"$eq": ["$handed", True]}, {"$eq": ["$cancelled", True]}]}, "cancelled": False}
     if isinstance(lease, Renew):
-        return {"expires": {"$add": ["$_now", lease.ttl]}}
+        return {"expires": {"$add": ["$$now", lease.ttl]}}
     if isinstance(lease, Release):
         return {"token": None, "handed": {"$or": [{"$eq": ["$handed", True]}, {"$eq": ["$cancelled", True]}]},
                 "cancelled": False}
@@ -239,18 +257,18 @@ def _lease(change: Change) -> dict[str, Any]:
 
 def _events(texts: tuple[str, ...], keep: int, plan: Plan | None) -> dict[str, Any]:
     """The events numbered on from ``last_seq`` (a new log from the server's clock), and the cap."""
-    out: dict[str, Any] = {"events_start": "$_start", "last_seq": _last(texts)}
+    out: dict[str, Any] = {"events_start": "$$start", "last_seq": _last(texts)}
     if plan is not None:
         fields = plan.fields
         out.update({name: lit(fields[name]) for name in ("events", "events_bytes", "event_pages")})
-        out["events_from"] = {"$add": ["$_start", fields["events_floor"]]}
+        out["events_from"] = {"$add": ["$$start", fields["events_floor"]]}
         return out
     grown = {"$concatArrays": [array("events"), lit(list(texts))]}
     out.update(events={"$slice": [grown, -keep]},
                events_bytes={"$cond": [{"$lte": [{"$size": grown}, keep]},
                                        {"$add": [num("events_bytes"), sum(map(size, texts))]},
                                        bytes_of({"$slice": [grown, -keep]})]},
-               events_from={"$max": [{"$ifNull": ["$events_from", "$_start"]},
+               events_from={"$max": [{"$ifNull": ["$events_from", "$$start"]},
                                      {"$subtract": [{"$add": [_last(texts), 1]}, keep]}]})
     return out
 
