@@ -4,8 +4,9 @@ One ``$replaceWith``: the guard, then whether the change fits the document as it
 events' room, or, for a planned write, the document as it was planned on: ``layout``); then the document
 merged with every field the change sets and ``write`` (the token the client reads its outcome by), only
 when both hold (``$cond`` evaluates only the branch it takes); when only the fit fails, ``write`` alone, the
-token's ``spill`` (docs/stores/mongodb.md). A removed field is merged as null, then removed by a second
-stage. ``$$NOW`` is one time through the whole command (``$$now``: it in seconds).
+token's ``spill`` (docs/stores/mongodb.md). A field set to nothing is null (read as nothing), but for
+``open_since``, which the sparse index of open sessions must not hold, and ``taken_from``: those a second
+stage removes. ``$$NOW`` is one time through the whole command (``$$now``: it in seconds).
 The server's cost grows with the pipeline's size and depth (mongoeco, the test server, re-encodes and
 evaluates every node in Python), so it is kept small: a field the change sets only where the document has
 none is a default merged under the document, and the guard's equalities are one comparison of arrays (in
@@ -120,7 +121,7 @@ def update(guard: Guard, change: Change, token: str, spill: str, fresh: tuple[st
             fits.append(_event_room(change.events, change.keep))
     defaults, fields = _fields(change, fresh, plan)
     fields["write"] = token
-    removed = [name for name, value in fields.items() if value is None or name == "taken_from"]
+    removed = [name for name in ("open_since", "taken_from") if name in fields]
     done: Any = {"$mergeObjects": [defaults, "$$ROOT", fields] if defaults else ["$$ROOT", fields]}
     if fits:
         done = {"$cond": [{"$and": fits} if len(fits) > 1 else fits[0], done,
@@ -129,7 +130,7 @@ def update(guard: Guard, change: Change, token: str, spill: str, fresh: tuple[st
     now = {"now": NOW, **({"start": START} if change.events else {})}
     stages: list[Any] = [{"$replaceWith": {"$let": {"vars": now, "in": done if ok == lit(True)
                                                       else {"$cond": [ok, done, "$$ROOT"]}}}}]
-    if removed:  # null: the field goes (a document stores no null at its top)
+    if removed:  # null: the field goes
         stages.append({"$set": {name: {"$cond": [{"$eq": ["$" + name, None]}, "$$REMOVE", "$" + name]}
                                 for name in removed}})
     return stages
@@ -165,7 +166,7 @@ def _last(texts: tuple[str, ...]) -> Any:
 
 def _fields(change: Change, fresh: tuple[str, str], plan: Plan | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The fields the change sets where the document has none (defaults), and each field it sets, as its
-    new value (over the document before it; ``None``: removed)."""
+    new value (over the document before it; ``None``: none)."""
     defaults: dict[str, Any] = {"generation": fresh[0]}
     out: dict[str, Any] = {"version": {"$add": [num("version"), 1]}, "at": "$$now"}
     version = out["version"]
