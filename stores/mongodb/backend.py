@@ -42,7 +42,7 @@ from agent_sessions.backend import (
 from agent_sessions.errors import OutcomeUnknown, StoreError
 
 from . import layout, pipeline
-from .pipeline import NOW, ROW
+from .pipeline import ANSWER, NOW, ROW
 from .schema import PARTS, SESSIONS, schema_of
 
 log = logging.getLogger("stores.mongodb")
@@ -108,7 +108,7 @@ class Backend:
         with self._failing("write", session, writes=True):
             for _ in range(ATTEMPTS):
                 try:
-                    return self.documents.find_one_and_update({"_id": session}, update, projection=ROW, upsert=upsert,
+                    return self.documents.find_one_and_update({"_id": session}, update, ANSWER, upsert=upsert,
                                                              return_document=ReturnDocument.AFTER)
                 except DuplicateKeyError:
                     continue  # two upserts made the document at once: the other's is there now
@@ -151,7 +151,7 @@ class Backend:
         for _ in range(ATTEMPTS):
             with self._failing("delete", session, writes=True):
                 doc = self.documents.find_one_and_delete({"_id": session, "$expr": pipeline.holds(guard)},
-                                                        projection={**ROW, "generation": 1})
+                                                        projection=ANSWER)
             if doc is not None:
                 if "generation" in doc:
                     with self._failing("delete", session):  # the session is gone: its parts are unreadable

@@ -28,9 +28,12 @@ FIRST_SEQ = {"$multiply": [{"$toLong": "$$NOW"}, 1000]}
 """``backend.first_seq`` of the server's clock."""
 ROW = {name: 1 for name in ("exists", "incarnation", "created", "updated", "version", "length", "edits", "token",
                             "epoch", "expires", "host", "pid", "spec", "turn", "cancelled", "cancelled_turn", "handed",
-                            "journal", "open_since", "metadata", "last_seq", "write", "at", "taken_from")
-       } | {"steers.id": 1, "queue.id": 1}
-"""What a write answers with, and a listing reads: the row (steers and queue items by id alone, to count)."""
+                            "journal", "open_since", "metadata", "last_seq")} | {"steers.id": 1, "queue.id": 1}
+"""What a read and a listing read: the row (steers and queue items by id alone, to count)."""
+ANSWER = {name: 0 for name in ("tail", "pages", "events", "event_pages", "keys", "tags", "steers.text", "steers.ref",
+                               "queue.text", "queue.ref")}
+"""What a write answers with: the document less what may be long (the row, and a few small fields more:
+mongoeco projects this in less time than it does ``ROW``)."""
 START = {"$ifNull": ["$events_start", FIRST_SEQ]}
 """The number of the log's first event (a log the write begins starts at the server's clock)."""
 
