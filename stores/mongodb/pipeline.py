@@ -121,7 +121,7 @@ def update(guard: Guard, change: Change, token: str, spill: str, fresh: tuple[st
         if change.splice is not None:
             fits += _room(*change.splice, pinned=guard.length == change.splice[0])
         if change.events:
-            fits.append(_event_room(change.events, change.keep))
+            fits += _event_room(change.events, change.keep)
     defaults, fields = _fields(change, fresh, plan)
     fields["write"] = token
     removed = [name for name in ("open_since", "taken_from") if name in fields]
@@ -130,7 +130,7 @@ def update(guard: Guard, change: Change, token: str, spill: str, fresh: tuple[st
         done = {"$cond": [{"$and": fits} if len(fits) > 1 else fits[0], done,
                           {"$mergeObjects": ["$$ROOT", {"write": spill}]}]}
     ok = holds(guard)
-    now = {"now": NOW, **({"start": START} if change.events else {})}
+    now = {"now": NOW, **(_numbers(change, plan) if change.events else {})}
     stages: list[Any] = [{"$replaceWith": {"$let": {"vars": now, "in": done if ok == lit(True)
                                                       else {"$cond": [ok, done, "$$ROOT"]}}}}]
     if removed:  # null: the field goes
@@ -151,20 +151,23 @@ def _room(at: int, texts: tuple[str, ...], pinned: bool) -> list[Any]:
             {"$lte": [num("tail_bytes"), TAIL_BYTES - sum(map(size, texts))]}]
 
 
-def _event_room(texts: tuple[str, ...], keep: int) -> Any:
+def _event_room(texts: tuple[str, ...], keep: int) -> list[Any]:
     """The events fit the tail, and the cap drops no page (a page is dropped by a planned write)."""
     head = {"$arrayElemAt": [array("event_pages"), 0]}
     past_head = {"$let": {"vars": {"h": head}, "in": {"$add": ["$$start", "$$h.f", "$$h.n"]}}}
-    return {"$and": [{"$lt": [{"$add": [{"$size": array("events")}, len(texts)]}, EVENT_PAGE]},
-                     {"$lte": [{"$add": [num("events_bytes"), sum(map(size, texts))]}, EVENT_TAIL_BYTES]},
-                     {"$or": [{"$eq": [{"$size": array("event_pages")}, 0]},
-                              {"$gt": [past_head, {"$subtract": [{"$add": [_last(texts), 1]}, keep]}]}]}]}
+    return [{"$lt": [{"$size": array("events")}, EVENT_PAGE - len(texts)]},
+            {"$lte": [num("events_bytes"), EVENT_TAIL_BYTES - sum(map(size, texts))]},
+            {"$or": [{"$eq": [array("event_pages"), []]}, {"$gt": [past_head, {"$subtract": ["$$last", keep - 1]}]}]}]
 
 
-def _last(texts: tuple[str, ...]) -> Any:
-    """The number of the write's last event."""
-    before = {"$cond": [{"$gt": [num("last_seq"), 0]}, "$last_seq", {"$subtract": ["$$start", 1]}]}
-    return {"$add": [before, len(texts)]}
+def _numbers(change: Change, plan: Plan | None) -> dict[str, Any]:
+    """What the events' fields share: the number of the log's first event (``start``), of the write's last
+    (``last``), and the log's tail with them (``grown``, unless planned)."""
+    before = {"$cond": [{"$gt": [num("last_seq"), 0]}, "$last_seq", {"$subtract": [START, 1]}]}
+    out = {"start": START, "last": {"$add": [before, len(change.events)]}}
+    if plan is None:
+        out["grown"] = {"$concatArrays": [array("events"), lit(list(change.events))]}
+    return out
 
 
 def _fields(change: Change, fresh: tuple[str, str], plan: Plan | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -261,19 +264,17 @@ def _lease(change: Change) -> dict[str, Any]:
 
 def _events(texts: tuple[str, ...], keep: int, plan: Plan | None) -> dict[str, Any]:
     """The events numbered on from ``last_seq`` (a new log from the server's clock), and the cap."""
-    out: dict[str, Any] = {"events_start": "$$start", "last_seq": _last(texts)}
+    out: dict[str, Any] = {"events_start": "$$start", "last_seq": "$$last"}
     if plan is not None:
         fields = plan.fields
         out.update({name: lit(fields[name]) for name in ("events", "events_bytes", "event_pages")})
         out["events_from"] = {"$add": ["$$start", fields["events_floor"]]}
         return out
-    grown = {"$concatArrays": [array("events"), lit(list(texts))]}
-    out.update(events={"$slice": [grown, -keep]},
-               events_bytes={"$cond": [{"$lte": [{"$size": grown}, keep]},
+    out.update(events={"$slice": ["$$grown", -keep]},
+               events_bytes={"$cond": [{"$lte": [{"$size": "$$grown"}, keep]},
                                        {"$add": [num("events_bytes"), sum(map(size, texts))]},
-                                       bytes_of({"$slice": [grown, -keep]})]},
-               events_from={"$max": [{"$ifNull": ["$events_from", "$$start"]},
-                                     {"$subtract": [{"$add": [_last(texts), 1]}, keep]}]})
+                                       bytes_of({"$slice": ["$$grown", -keep]})]},
+               events_from={"$max": [{"$ifNull": ["$events_from", "$$start"]}, {"$subtract": ["$$last", keep - 1]}]})
     return out
 
 

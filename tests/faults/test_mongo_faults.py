@@ -48,7 +48,7 @@ SAVE = r'^findAndModify agent_sessions .*"edits":\{"\$add"'
 ACQUIRE = r'^findAndModify agent_sessions .*"epoch":\{"\$add"'
 """An acquisition: the update that raises the epoch."""
 RELEASE = r'^findAndModify agent_sessions .*"token":null'
-EVENTS = r'^findAndModify agent_sessions .*"last_seq":\{"\$add"'
+EVENTS = r'^findAndModify agent_sessions .*"last_seq":"\$\$last"'
 READ = r'^aggregate agent_sessions '
 """A read of a session (what a write whose answer was lost is settled by)."""
 """A write of events (a save's, or events alone)."""
