@@ -207,7 +207,7 @@ MUTANTS: tuple[Mutant, ...] = (
        (MONGO, "    if guard.queue_head is not None:\n        pairs.append(", "    if False:\n        pairs.append(")),
     _m("pipeline-ignores-incarnation", True,
        "the MongoDB backend's pipeline does not evaluate Guard.incarnation",
-       (MONGO, "    if guard.incarnation is not None:\n        pairs.append(", "    if False:\n        pairs.append(")),
+       (MONGO, '("incarnation", "", guard.incarnation)', '("incarnation", "", None)')),
     _m("pipeline-takeover-drops-cancel", True,
        "as takeover-drops-cancel, in the MongoDB backend's pipeline",
        (MONGO, '"turn": None if lease.turn is None else lit(lease.turn),\n                "handed": {"$or": '

@@ -4,14 +4,10 @@ One ``$replaceWith``: the guard, then whether the change fits the document as it
 events' room, or, for a planned write, the document as it was planned on: ``layout``); then the document
 merged with every field the change sets and ``write`` (the token the client reads its outcome by), only
 when both hold (``$cond`` evaluates only the branch it takes); when only the fit fails, ``write`` alone, the
-token's ``spill`` (docs/stores/mongodb.md). A field set to nothing is null (read as nothing), but for
-``open_since``, which the sparse index of open sessions must not hold, and ``taken_from``: those a second
-stage removes. ``$$NOW`` is one time through the whole command (``$$now``: it in seconds).
-The server's cost grows with the pipeline's size and depth (mongoeco, the test server, re-encodes and
-evaluates every node in Python), so it is kept small: a field the change sets only where the document has
-none is a default merged under the document, and the guard's equalities are one comparison of arrays (in
-which a missing field is null). Every text from the caller is a ``$literal``: one starting with ``$``
-stays a text.
+token's ``spill`` (docs/stores/mongodb.md). A field set to nothing is null, but ``open_since`` (the sparse
+index holds the open sessions) and ``taken_from``, which a second stage removes. ``$$now``: ``$$NOW``, one
+time through the whole command, in seconds. Small and shallow, as mongoeco evaluates it at a cost per node.
+Every text from the caller is a ``$literal``: a text starting with ``$`` stays a text.
 """
 
 from __future__ import annotations
@@ -32,10 +28,7 @@ ROW = {name: 1 for name in ("exists", "incarnation", "created", "updated", "vers
 """What a read and a listing read: the row (steers and queue items by id alone, to count)."""
 ANSWER = {name: 0 for name in ("tail", "pages", "events", "event_pages", "keys", "tags", "steers.text", "steers.ref",
                                "queue.text", "queue.ref")}
-"""What a write answers with: the document less what may be long (the row, and a few small fields more:
-mongoeco projects this in less time than it does ``ROW``)."""
-START = {"$ifNull": ["$events_start", FIRST_SEQ]}
-"""The number of the log's first event (a log the write begins starts at the server's clock)."""
+"""What a write answers with: the document less what may be long (mongoeco projects it faster than ``ROW``)."""
 
 
 def lit(value: Any) -> dict[str, Any]:
@@ -56,33 +49,20 @@ def bytes_of(texts: Any) -> dict[str, Any]:
 
 def holds(guard: Guard) -> Any:
     """The guard as an expression over the document as it stands (``true`` when it asks nothing): its
-    equalities as ``[expression, ...] == [value, ...]`` (a field that may be missing compared as its
-    default where the value is that default), the rest as terms beside it."""
-    pairs: list[tuple[Any, Any]] = []
-    if guard.exists is not None:
-        pairs.append((field("exists", False, guard.exists), guard.exists))
-    if guard.incarnation is not None:
-        pairs.append((field("incarnation", "", guard.incarnation), guard.incarnation))
-    for name in ("version", "length", "edits"):
-        if getattr(guard, name) is not None:
-            pairs.append((field(name, 0, getattr(guard, name)), getattr(guard, name)))
-    if guard.lease is not None:
-        pairs += [("$token", guard.lease[0]), (field("epoch", 0, guard.lease[1]), guard.lease[1])]
-    if guard.not_cancelled:
-        pairs.append((field("cancelled", False, False), False))
-    if guard.no_steers:
-        pairs.append((array("steers"), []))
+    equalities as one ``[expression, ...] == [value, ...]``, the rest beside it."""
+    named = (("exists", False, guard.exists), ("incarnation", "", guard.incarnation), ("version", 0, guard.version),
+             ("length", 0, guard.length), ("edits", 0, guard.edits), ("token", None, guard.lease and guard.lease[0]),
+             ("epoch", 0, guard.lease and guard.lease[1]), ("cancelled", False, False if guard.not_cancelled else None))
+    pairs: list[tuple[Any, Any]] = [(field(name, default, value), value) for name, default, value in named
+                                    if value is not None]
+    pairs += [(array(kind), []) for kind, asked in (("steers", guard.no_steers), ("queue", guard.no_queue)) if asked]
     if guard.checks_journal:
         pairs.append(("$journal", guard.journal))
-    if guard.no_queue:
-        pairs.append((array("queue"), []))
     if guard.queue_head is not None:
         pairs.append(({"$arrayElemAt": ["$queue.id", 0]}, guard.queue_head))
     if guard.key_absent is not None:
         pairs.append(({"$in": [lit(guard.key_absent), array("keys")]}, False))
-    terms: list[Any] = []
-    if pairs:
-        terms.append({"$eq": [[e for e, _ in pairs], lit([v for _, v in pairs])]})
+    terms: list[Any] = [{"$eq": [[e for e, _ in pairs], lit([v for _, v in pairs])]}] if pairs else []
     if guard.lease_free:
         terms.append({"$or": [{"$eq": [{"$ifNull": ["$token", None]}, None]}, {"$lte": ["$expires", NOW]}]})
     if guard.lease_held:
@@ -93,8 +73,8 @@ def holds(guard: Guard) -> Any:
 
 
 def field(name: str, default: Any, value: Any) -> Any:
-    """``name`` as compared with ``value`` in an array: a missing field is null there, which equals no value
-    but ``None``; so it is read as ``default`` only where ``value`` is that default."""
+    """``name`` to compare with ``value`` in an array (where a missing field is null): as ``default`` if that
+    is ``value``."""
     return {"$ifNull": ["$" + name, default]} if value == default else "$" + name
 
 
@@ -163,8 +143,9 @@ def _event_room(texts: tuple[str, ...], keep: int) -> list[Any]:
 def _numbers(change: Change, plan: Plan | None) -> dict[str, Any]:
     """What the events' fields share: the number of the log's first event (``start``), of the write's last
     (``last``), and the log's tail with them (``grown``, unless planned)."""
-    before = {"$cond": [{"$gt": [num("last_seq"), 0]}, "$last_seq", {"$subtract": [START, 1]}]}
-    out = {"start": START, "last": {"$add": [before, len(change.events)]}}
+    start = {"$ifNull": ["$events_start", FIRST_SEQ]}  # a log the write begins starts at the server's clock
+    before = {"$cond": [{"$gt": [num("last_seq"), 0]}, "$last_seq", {"$subtract": [start, 1]}]}
+    out = {"start": start, "last": {"$add": [before, len(change.events)]}}
     if plan is None:
         out["grown"] = {"$concatArrays": [array("events"), lit(list(change.events))]}
     return out
