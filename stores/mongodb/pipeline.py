@@ -251,11 +251,13 @@ def _events(texts: tuple[str, ...], keep: int, plan: Plan | None) -> dict[str, A
         out.update({name: lit(fields[name]) for name in ("events", "events_bytes", "event_pages")})
         out["events_from"] = {"$add": ["$$start", fields["events_floor"]]}
         return out
-    out.update(events={"$slice": ["$$grown", -keep]},
-               events_bytes={"$cond": [{"$lte": [{"$size": "$$grown"}, keep]},
-                                       {"$add": [num("events_bytes"), sum(map(size, texts))]},
-                                       bytes_of({"$slice": ["$$grown", -keep]})]},
-               events_from={"$max": [{"$ifNull": ["$events_from", "$$start"]}, {"$subtract": ["$$last", keep - 1]}]})
+    added = {"$add": [num("events_bytes"), sum(map(size, texts))]}
+    if keep >= EVENT_PAGE:  # the cap is past the tail (which holds fewer: ``_event_room``): it drops none of it
+        out.update(events="$$grown", events_bytes=added)
+    else:
+        kept = {"$slice": ["$$grown", -keep]}
+        out.update(events=kept, events_bytes={"$cond": [{"$lte": [{"$size": "$$grown"}, keep]}, added, bytes_of(kept)]})
+    out["events_from"] = {"$max": [{"$ifNull": ["$events_from", "$$start"]}, {"$subtract": ["$$last", keep - 1]}]}
     return out
 
 
