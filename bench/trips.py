@@ -226,8 +226,9 @@ def store_through(name: str, hop: Hop) -> tuple[Any, Callable[[], object], Calla
         from stores import mysql, postgres
 
         direct = backends.engine(name)  # fresh tables, made without the hop
-        with direct.begin() as conn:
+        with direct.begin() as conn:  # emptied: a run's floor is not slowed by earlier runs' rows
             conn.execute(text("CREATE TABLE IF NOT EXISTS trips_floor (session_id VARCHAR(64), body TEXT)"))
+            conn.execute(text("DELETE FROM trips_floor"))
         direct.dispose()
         engine = create_engine(_through(hop, backends.sql_url(name)))
         store = postgres.Store(engine) if name == "postgres" else mysql.Store(engine)
@@ -256,6 +257,7 @@ def store_through(name: str, hop: Hop) -> tuple[Any, Callable[[], object], Calla
         backends.mongo_database()  # fresh collections
         client: Any = pymongo.MongoClient(f"mongodb://127.0.0.1:{hop.port}/?directConnection=true")
         db = client[backends.bench_db()]
+        db.trips_floor.drop()  # as the store's collections: a run's floor is not slowed by earlier runs' documents
         return (mongodb.Store(db), lambda: db.trips_floor.insert_many([{"a": "a" * 200}, {"b": "b" * 1000}]),
                 client.close)
     import redis as redis_py
