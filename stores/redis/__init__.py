@@ -87,8 +87,8 @@ class Backend:
         got = self._call("read", session, lambda: self._read(self._keys(session)[:4], [json.dumps(asked)]))
         if not got:
             return None
-        flat, now, steers, queued, start, texts, waiting, queue = got
-        return Snapshot(_row(session, flat, now, steers, queued), int(start), [_text(t) for t in texts],
+        row, now, steers, queued, start, texts, waiting, queue = got
+        return Snapshot(_row(session, row, now, steers, queued), int(start), [_text(t) for t in texts],
                         [Steer(*json.loads(item)) for item in waiting], [Queued(*json.loads(item)) for item in queue])
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
@@ -156,8 +156,8 @@ class Backend:
         return f"redis prefix {self.prefix!r}"
 
 
-def _row(session: str, flat: Sequence[Any], now: Any, steers: Any, queued: Any) -> Row:
-    f = {_text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+def _row(session: str, text: Any, now: Any, steers: Any, queued: Any) -> Row:
+    f: dict[str, str] = json.loads(text)
     open_since = f.get("open")
     return Row(session, f.get("exists") == "1", f.get("inc", ""), float(f.get("created", 0)),
                float(f.get("updated", 0)), int(f.get("version", 0)), int(f.get("length", 0)), int(f.get("edits", 0)),
