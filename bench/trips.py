@@ -16,6 +16,7 @@ The model answers at once and the tools do nothing: what is left is the store's.
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import socket
 import statistics
 import threading
@@ -33,36 +34,40 @@ STEPS = 12
 
 
 class Hop:
-    """A TCP proxy to ``upstream``, adding ``rtt`` seconds to each exchange and counting them."""
+    """A TCP proxy to ``upstream``, adding ``rtt`` seconds to each exchange and counting them. It runs in a
+    process of its own, as a network does: its threads, in the measured client's process, would take that
+    client's GIL at every packet they forward."""
 
     def __init__(self, upstream: tuple[str, int], rtt: float = 0.0) -> None:
         self.upstream = upstream
         self.rtt = rtt
-        self.exchanges = 0
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True, name="hop-accept").start()
+        context = multiprocessing.get_context("spawn")
+        self._exchanges = context.Value("q", 0)
+        ours, theirs = context.Pipe()
+        self._process = context.Process(target=_proxy, args=(upstream, rtt, self._exchanges, theirs), daemon=True,
+                                        name="hop")
+        self._process.start()
+        if not ours.poll(30):
+            self._process.kill()
+            raise RuntimeError("the hop's process did not start within 30 s")
+        self.port: int = ours.recv()
 
     def count(self) -> int:
-        with self._lock:
-            return self.exchanges
+        with self._exchanges.get_lock():
+            return int(self._exchanges.value)
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            for sock in (client, server):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            state = _Conn()
-            threading.Thread(target=self._pump, args=(client, server, state, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, state, False), daemon=True).start()
+    def close(self) -> None:
+        self._process.kill()
+        self._process.join(10)
 
-    def _pump(self, source: socket.socket, sink: socket.socket, state: _Conn, outbound: bool) -> None:
+
+def _proxy(upstream: tuple[str, int], rtt: float, exchanges: Any, started: Any) -> None:
+    """The hop's process: accept on a port of its own (sent through ``started``), and for each connection
+    pump both ways, counting a turn from server bytes to client bytes as an exchange."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    started.send(listener.getsockname()[1])
+
+    def pump(source: socket.socket, sink: socket.socket, state: _Conn, outbound: bool) -> None:
         try:
             while True:
                 data = source.recv(65536)
@@ -73,10 +78,10 @@ class Hop:
                     state.last = outbound
                 if turned:
                     if outbound:
-                        with self._lock:
-                            self.exchanges += 1
-                    if self.rtt:
-                        time.sleep(self.rtt / 2)  # half the round trip each way
+                        with exchanges.get_lock():
+                            exchanges.value += 1
+                    if rtt:
+                        time.sleep(rtt / 2)  # half the round trip each way
                 sink.sendall(data)
         except OSError:
             pass
@@ -87,9 +92,14 @@ class Hop:
                 except OSError:
                     pass
 
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
+    while True:
+        client, _ = listener.accept()
+        server = socket.create_connection(upstream)
+        for sock in (client, server):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        state = _Conn()
+        threading.Thread(target=pump, args=(client, server, state, True), daemon=True).start()
+        threading.Thread(target=pump, args=(server, client, state, False), daemon=True).start()
 
 
 @dataclass
@@ -156,7 +166,7 @@ def run_once(store: Any, hop: Hop, tool: Callable[..., str], publish: bool = Fal
     return Measured(counts[0] - before, statistics.median(steps), durations)
 
 
-ROUNDS = 5
+ROUNDS = 30
 """Runs of the idempotent step at the added RTT, each followed by as many rounds of the floor: the two are
 measured interleaved, so a busy stretch of the machine weighs on both alike."""
 
