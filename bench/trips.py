@@ -166,7 +166,7 @@ def run_once(store: Any, hop: Hop, tool: Callable[..., str], publish: bool = Fal
     return Measured(counts[0] - before, statistics.median(steps), durations)
 
 
-ROUNDS = 30
+ROUNDS = 10
 """Runs of the idempotent step at the added RTT, each followed by as many rounds of the floor: the two are
 measured interleaved, so a busy stretch of the machine weighs on both alike."""
 
