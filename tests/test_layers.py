@@ -1,10 +1,11 @@
 """The library reads in layers: no module imports one that imports it back, however indirectly.
 
 Counted are all imports, at module level, inside functions and under ``TYPE_CHECKING`` alike (grimp reads
-every import statement): a cycle hidden in a function is still a cycle for a reader. The one kind of lazy
-import the library keeps is of an optional extra (a database driver in ``agent_sessions.cli``, OpenTelemetry
-in ``agent_sessions.otel``, Django in ``agent_sessions.contrib.django``), which is outside these packages
-and so never part of a cycle here. Which layer may import which is the ``layers`` contract in setup.cfg,
+every import statement): a cycle hidden in a function is still a cycle for a reader. The lazy imports the
+library keeps are of an optional extra (a database driver in ``agent_sessions.cli``, OpenTelemetry in
+``agent_sessions.otel``, Django in ``agent_sessions.contrib.django``), which is outside these packages and so
+never part of a cycle here, and of the two HTTP endpoints (``agent_sessions.endpoints``: ``requests`` is
+loaded when one is first named). Which layer may import which is the ``layers`` contract in setup.cfg,
 checked by ``lint-imports`` (scripts/test).
 """
 

@@ -149,12 +149,16 @@ def test_the_sdist_is_the_library_with_license_and_changelog_and_no_tests(sdist:
 
 
 def test_the_core_imports_without_any_extra_and_loads_no_driver(venv: Path) -> None:
-    out = in_venv(venv, "import sys, agent_sessions, agent_sessions.endpoints\n"
+    """Nor ``requests`` until an HTTP endpoint is first named (the CLI and a store's process never do)."""
+    out = in_venv(venv, "import sys, agent_sessions, agent_sessions.endpoints, agent_sessions.cli\n"
                         "print(agent_sessions.__file__)\n"
-                        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
-    where, modules = out.splitlines()
+                        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
+                        "from agent_sessions.endpoints import OpenAIChat\n"
+                        "print(OpenAIChat.__module__, 'requests' in sys.modules)")
+    where, modules, endpoint = out.splitlines()
     assert Path(where).is_relative_to(venv.parent.parent)
-    assert [m for m in DRIVERS if m in modules.split()] == []
+    assert [m for m in DRIVERS if m in modules.split()] == [] and "requests" not in modules.split()
+    assert endpoint == "agent_sessions.endpoints.openai True"
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres", "mysql", "mongodb"])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from ..messages import Message
 from ..tools import Tool
-from .anthropic import AnthropicMessages
-from .openai import OpenAIChat
+
+if TYPE_CHECKING:
+    from .anthropic import AnthropicMessages
+    from .openai import OpenAIChat
 
 
 @runtime_checkable
@@ -39,6 +41,20 @@ class StreamingEndpoint(Endpoint, Protocol):
 def streaming(endpoint: Endpoint) -> StreamingEndpoint | None:
     """``endpoint`` if it streams (its ``streams`` is True), else None."""
     return cast(StreamingEndpoint, endpoint) if getattr(endpoint, "streams", False) is True else None
+
+
+def __getattr__(name: str) -> Any:
+    """The two HTTP endpoints, imported when first named: they load ``requests``, a tenth of a second that the
+    CLI, a store's process and a worker with an endpoint of its own never need."""
+    if name == "AnthropicMessages":
+        from .anthropic import AnthropicMessages
+
+        return AnthropicMessages
+    if name == "OpenAIChat":
+        from .openai import OpenAIChat
+
+        return OpenAIChat
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["AnthropicMessages", "Endpoint", "OpenAIChat", "StreamingEndpoint", "streaming"]
