@@ -47,7 +47,7 @@ COST: dict[str, float] = {
     "tests/test_store_sql_servers.py::TestMySQLStoreKeepsTheContract": 50,
     "tests/test_packaging.py": 44,
     "tests/test_console.py": 38,
-    "tests/reliability/test_load.py::test_sixteen_processes_steer_one_running_session[mongodb]": 107,
+    "tests/reliability/test_load.py::test_sixteen_processes_steer_one_running_session[mongodb]": 77,
     "tests/reliability/test_load.py::test_sixteen_processes_steer_one_running_session": 34,
     "tests/test_store_redis.py::TestRedisStoreKeepsTheContract": 31,
     "tests/reliability/test_crash_resume.py::"
