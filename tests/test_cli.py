@@ -645,22 +645,26 @@ def test_stranded_lists_open_turns_and_recover_finishes_those_resolve_knows(back
 # -- what waits on a session, and the worker that answers it (issue 44) ----------------------------------------
 
 
+class Asks:
+    """The model: one call of ``refund``, of order 7."""
+
+    def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
+        return agent.Message(agent.Role.ASSISTANT, [Content.tool_call("call_9", "refund", '{"order": "7"}')])
+
+
+@agent.tool(idempotent=False, needs_approval=True)
+def refund(order: str) -> str:
+    """Refund an order.
+
+    Args:
+        order: the order
+    """
+    return "refunded"
+
+
 def test_info_and_show_list_everything_that_waits_on_a_session(mem: InProcess) -> None:
     """A turn waiting for a decision on one call (its reply in the tool journal), a steer, two messages
     queued behind it: info and show print each, and --json has each."""
-    class Asks:  # the model: one call of refund
-        def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
-            return agent.Message(agent.Role.ASSISTANT, [Content.tool_call("call_9", "refund", '{"order": "7"}')])
-
-    @agent.tool(idempotent=False, needs_approval=True)
-    def refund(order: str) -> str:
-        """Refund an order.
-
-        Args:
-            order: the order
-        """
-        return "refunded"
-
     session = agent.open("waits", mem.store)
     result = agent.Runner().turn(agent.Spec(session=session, tools=[refund]), "refund 7", "msg-1", Asks())
     assert result.stop_reason == "awaiting_approval"
@@ -692,25 +696,12 @@ def test_a_call_past_its_approval_deadline_is_said_expired_by_the_cli_and_the_co
     from agent_sessions.contrib.django.console.reading import in_flight
     from agent_sessions.journal import EXPIRED
 
-    class Asks:
-        def complete(self, system: str, messages: Any, tools: Any) -> agent.Message:
-            return agent.Message(agent.Role.ASSISTANT, [Content.tool_call("call_5", "refund", '{"order": "5"}')])
-
-    @agent.tool(idempotent=False, needs_approval=True)
-    def refund(order: str) -> str:
-        """Refund an order.
-
-        Args:
-            order: the order
-        """
-        return "refunded"
-
     session = agent.open("expires", mem.store)
     spec = agent.Spec(session=session, tools=[refund], approval_deadline=0.05)
-    assert agent.Runner().turn(spec, "refund 5", "msg-5", Asks()).stop_reason == "awaiting_approval"
+    assert agent.Runner().turn(spec, "refund 7", "msg-7", Asks()).stop_reason == "awaiting_approval"
     time.sleep(0.1)
     info = mem("info", "expires").out
-    assert f"\n  call_5  refund: {EXPIRED}\n" in info and "waits for a decision" not in info, info
+    assert f"\n  call_9  refund: {EXPIRED}\n" in info and "waits for a decision" not in info, info
     journal = waits_on(session).journal
     assert journal is not None
     [call] = in_flight(journal)
