@@ -87,8 +87,8 @@ class Backend:
         got = self._call("read", session, lambda: self._read(self._keys(session)[:4], [json.dumps(asked)]))
         if not got:
             return None
-        row, now, steers, queued, start, texts, waiting, queue = got
-        return Snapshot(_row(session, row, now, steers, queued), int(start), [_text(t) for t in texts],
+        row, journal, now, steers, queued, start, texts, waiting, queue = got
+        return Snapshot(_row(session, row, journal, now, steers, queued), int(start), [_text(t) for t in texts],
                         [Steer(*json.loads(item)) for item in waiting], [Queued(*json.loads(item)) for item in queue])
 
     def write(self, session: str, guard: Guard, change: Change) -> Written:
@@ -143,7 +143,7 @@ class Backend:
         pipe = self.client.pipeline(transaction=False)
         for session in sessions:
             self._read(self._keys(session)[:4], ["{}"], client=pipe)
-        return [_row(s, *got[:4]) for s, got in zip(sessions, pipe.execute(), strict=True) if got]
+        return [_row(s, *got[:5]) for s, got in zip(sessions, pipe.execute(), strict=True) if got]
 
     def _now(self) -> float:
         seconds, micros = self.client.time()
@@ -156,7 +156,7 @@ class Backend:
         return f"redis prefix {self.prefix!r}"
 
 
-def _row(session: str, text: Any, now: Any, steers: Any, queued: Any) -> Row:
+def _row(session: str, text: Any, journal: Any, now: Any, steers: Any, queued: Any) -> Row:
     f: dict[str, str] = json.loads(text)
     open_since = f.get("open")
     return Row(session, f.get("exists") == "1", f.get("inc", ""), float(f.get("created", 0)),
@@ -164,7 +164,8 @@ def _row(session: str, text: Any, now: Any, steers: Any, queued: Any) -> Row:
                f.get("token"), int(f.get("epoch", 0)), float(f.get("expires", 0)), f.get("host", ""),
                int(f.get("pid", 0)), f.get("spec"), f.get("turn"), f.get("cancelled") == "1", f.get("cturn"),
                f.get("handed") == "1",
-               f.get("journal"), None if open_since is None else float(open_since), f.get("meta", "{}"),
+               None if journal is None else _text(journal), None if open_since is None else float(open_since),
+               f.get("meta", "{}"),
                int(f.get("last_seq", 0)), int(steers), int(queued), float(_text(now)))
 
 

@@ -3,9 +3,10 @@
 -- ARGV: session, guard JSON, change JSON, the metadata index keys of the change's metadata (JSON), a new
 -- incarnation. Metadata values are indexed by their JSON form as Python writes it, so those keys come
 -- from the caller (the row keeps them as "mkeys"), never from Lua's JSON.
--- Returns {done, row, now, steers waiting, queue items waiting}: row is the row's hash after (done) or as it
--- stands, as one JSON object (one reply to parse, not a pair of replies per field); {done} alone when there
--- is no row.
+-- Returns {done, row, journal, now, steers waiting, queue items waiting}: row is the row's hash after (done) or
+-- as it stands, as one JSON object (one reply to parse, not a pair of replies per field) but its journal, which
+-- may be long and is JSON already (escaped again it would grow by a byte per quote): a reply of its own, or nil;
+-- {done} alone when there is no row.
 local rowkey, msgs, steers, queue, keys, events, updated_idx, open_idx =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local session, guard, change = ARGV[1], cjson.decode(ARGV[2]), cjson.decode(ARGV[3])
@@ -23,7 +24,9 @@ local function num(name) return tonumber(row[name] or '0') end
 local function answer(done)
   local after, present = load()
   if not present then return {done} end
-  return {done, cjson.encode(after), string.format('%.6f', now), redis.call('LLEN', steers),
+  local journal = after.journal
+  after.journal = nil
+  return {done, cjson.encode(after), journal or false, string.format('%.6f', now), redis.call('LLEN', steers),
           redis.call('LLEN', queue)}
 end
 local function steer_ids()
