@@ -859,16 +859,10 @@ def _steer_answered_in_a_turn_of_its_own(then: str, spec: agent.Spec, store: mem
     assert (result.stop_reason, result.text, model.requests) == ("answered", "refunded order 8", 2)
 
 
-@pytest.mark.parametrize("then", ["repeat", "sweep"])
-def test_a_steer_its_caller_ran_after_a_cancelled_turn_begins_a_turn_of_its_own(then: str) -> None:
-    """A plain run is cancelled in its second tool (two requests made of its ``max_steps`` of 3; tool results
-    last, its cancel handed on with the lease). A ``"steer"`` caller runs the session itself: its run takes the
-    steer, which begins a turn (stored as that turn's message, no steer: the cancelled turn had ended), asks
-    the model, and waits for the refund's approval. Approved, its repeat (or the sweep) answers within the
-    steer's own budget. Counted in the cancelled turn, it had one request left: the refund ran and the turn
-    stopped at ``max_steps``, unanswered."""
-    store = memory.Store()
-    session = agent.open("chat", store)
+def _cancelled_in_its_second_lookup(session: agent.StoreSession) -> agent.Spec:
+    """A plain run of ``session`` cancelled by the user during its second tool (two requests made of its
+    ``max_steps`` of 3, tool results last, its cancel handed on with the lease); the spec it ran, which has the
+    refund tool too."""
     looked: list[int] = []
 
     @agent.tool(name="lookup")
@@ -882,6 +876,20 @@ def test_a_steer_its_caller_ran_after_a_cancelled_turn_begins_a_turn_of_its_own(
     spec = agent.Spec(session=session, tools=[cancelled_meanwhile, refund], max_steps=3)
     plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
     assert plain.stop_reason == "cancelled"
+    return spec
+
+
+@pytest.mark.parametrize("then", ["repeat", "sweep"])
+def test_a_steer_its_caller_ran_after_a_cancelled_turn_begins_a_turn_of_its_own(then: str) -> None:
+    """A plain run is cancelled in its second tool (two requests made of its ``max_steps`` of 3; tool results
+    last, its cancel handed on with the lease). A ``"steer"`` caller runs the session itself: its run takes the
+    steer, which begins a turn (stored as that turn's message, no steer: the cancelled turn had ended), asks
+    the model, and waits for the refund's approval. Approved, its repeat (or the sweep) answers within the
+    steer's own budget. Counted in the cancelled turn, it had one request left: the refund ran and the turn
+    stopped at ``max_steps``, unanswered."""
+    store = memory.Store()
+    session = agent.open("chat", store)
+    spec = _cancelled_in_its_second_lookup(session)
     _steer_answered_in_a_turn_of_its_own(then, spec, store, session)
     steer = store.messages("chat")[5]
     assert (steer.text, steer.key, steer.steer) == ("and refund order 8", "k-8", False)
@@ -912,19 +920,7 @@ def test_a_cancel_landing_before_the_steers_are_read_stops_the_turn_the_steer_be
     caller hears that its own turn was cancelled."""
     store = memory.Store()
     session = agent.open("chat", store)
-    looked: list[int] = []
-
-    @agent.tool(name="lookup")
-    def cancelled_meanwhile(n: int) -> str:
-        """Look an order up (the user cancels during the second)."""
-        looked.append(n)
-        if len(looked) == 2:
-            assert session.cancel()
-        return "found"
-
-    spec = agent.Spec(session=session, tools=[cancelled_meanwhile, refund], max_steps=3)
-    plain = agent.Runner().run(spec, [agent.Message.user("look order 7 up")], ToolsThenAnswer(["lookup"], rounds=5))
-    assert plain.stop_reason == "cancelled"
+    spec = _cancelled_in_its_second_lookup(session)
     model = RefundsOrderEight()
     racing = CancelsBeforeTheSteersAreRead(store.backend, session)
     with stand_in(store, racing):
