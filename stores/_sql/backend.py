@@ -37,6 +37,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.pool import PoolProxiedConnection
 
 from agent_sessions.backend import (
     Acquire,
@@ -173,6 +174,20 @@ class SQLBackend:
         """What ``_once`` runs its statement on: a pooled connection (MySQL's: a cursor of one)."""
         with self._connection() as conn:
             yield conn
+
+    def _pooled(self) -> PoolProxiedConnection | None:
+        """The pooled DBAPI connection a server store's one statement runs on, with no ``Connection`` around
+        it; ``None`` while anything listens for the engine's cursor events (a tracer: the statement then goes
+        through SQLAlchemy's ``Connection``, so it sees every one). A driver's error checking it out is
+        SQLAlchemy's (nothing was sent)."""
+        dispatch = self.engine.dispatch
+        if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+            return None
+        error = self.engine.dialect.loaded_dbapi.Error
+        try:
+            return self.engine.raw_connection()
+        except error as exc:
+            raise DBAPIError.instance("", None, exc, error) from exc
 
     def _once(self, what: str, session: str, call: Callable[[Any], T], *, writes: bool = False) -> T:
         """``call``, one statement, never run again when a write may have happened (``OutcomeUnknown``): a

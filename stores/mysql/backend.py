@@ -104,15 +104,11 @@ class Backend(SQLBackend):
         """A cursor of a pooled connection, for one CALL, checked in as the module's docstring says. Through
         SQLAlchemy's ``Connection`` while anything listens for its cursor events (a tracer), so it sees every
         statement (the pool's ROLLBACK is then sent, as for any connection of the engine)."""
-        dispatch = self.engine.dispatch
-        if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+        pooled = self._pooled()
+        if pooled is None:
             with self.engine.connect() as conn:
                 yield _Traced(conn)
             return
-        try:
-            pooled = self.engine.raw_connection()
-        except pymysql.Error as exc:  # no connection: nothing was sent
-            raise DBAPIError.instance("", None, exc, pymysql.Error) from exc
         clean = False
         try:
             driver = pooled.driver_connection

@@ -136,20 +136,17 @@ class Backend(SQLBackend):
         """A pooled psycopg connection in autocommit for one statement, then as it was: no ``Connection``, whose
         checkout and isolation-level switch cost a write about 40 µs of client CPU. Through SQLAlchemy while
         anything listens for its cursor events (a tracer), so it sees every statement."""
-        dispatch = self.engine.dispatch
-        if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+        pooled = self._pooled()
+        if pooled is None:
             with self._connection() as conn:
                 yield conn
             return
-        pooled: Any = None
+        driver: Any = pooled.driver_connection
         try:
-            pooled = self.engine.raw_connection()
-            driver = pooled.driver_connection
             before, driver.autocommit = driver.autocommit, True
-        except psycopg.Error as exc:  # nothing was sent
-            if pooled is not None:
-                pooled.invalidate(exc)
-            raise DBAPIError.instance("", None, exc, psycopg.Error, connection_invalidated=pooled is not None) from exc
+        except psycopg.Error as exc:  # a connection psycopg knows is closed; nothing was sent
+            pooled.invalidate(exc)
+            raise DBAPIError.instance("", None, exc, psycopg.Error, connection_invalidated=True) from exc
         try:
             yield pooled
         finally:
