@@ -51,7 +51,7 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "sqlite": __import__("sqlite3").sqlite_version}
 
 
-STORES = "memory,sqlite,postgres,mysql,mysql-noreset,mysql-pooled,mongodb"
+STORES = "memory,sqlite,postgres,mysql,mysql-noreset,mongodb"
 """The stores measured unless --stores says (``--only trips``: every server store, Redis too)."""
 
 
@@ -180,6 +180,13 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="default: bench/results/latest.json (reading.json with "
                         "--only reading)")
     args = parser.parse_args()
+    try:
+        _run(args)
+    finally:
+        backends.drop_databases()
+
+
+def _run(args: argparse.Namespace) -> None:
     results = Path(__file__).parent / "results"
     if args.only == "reading":
         with tempfile.TemporaryDirectory() as tmp:

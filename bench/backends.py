@@ -10,7 +10,7 @@ from typing import Any
 
 import agent_sessions as agent
 
-VARIANTS = ("mysql-noreset", "mysql-pooled")
+VARIANTS = ("mysql-noreset",)
 """Rows of the MySQL store over other settings: only the persistence and loop rows measure them."""
 
 
@@ -22,10 +22,26 @@ def bench_db() -> str:
     return servers.database_name("bench")
 
 
+_MADE: set[str] = set()
+"""The SQL servers (their test URLs) this run made its database on."""
+
+
 def sql_url(name: str) -> str:
     from tests import servers  # the URLs, CREATE DATABASE and SCHEMA step the tests use
 
-    return servers.database_url(servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL, bench_db())
+    base = servers.POSTGRES_URL if name == "postgres" else servers.MYSQL_URL
+    url = servers.database_url(base, bench_db())
+    _MADE.add(base)
+    return url
+
+
+def drop_databases() -> None:
+    """Drop the databases this run made on the SQL servers: a benchmark leaves nothing behind on a server it
+    did not start (each run makes its tables fresh anyway)."""
+    from tests import servers
+
+    while _MADE:
+        servers.drop_databases(_MADE.pop(), [bench_db()])
 
 
 def mongo_url() -> str:
@@ -79,12 +95,6 @@ def open_store(name: str, tmp: str) -> agent.Store:
         from stores import mysql
 
         return mysql.Store(engine("mysql", pool_reset_on_return=None))
-    if name == "mysql-pooled":
-        # The step through the pool, as before the store kept connections (keep=0): a statement, its COMMIT
-        # and the pool's ROLLBACK on return (docs/stores/mysql.md).
-        from stores import mysql
-
-        return mysql.Store(engine("mysql"), keep=0)
     if name == "mongodb":
         from stores import mongodb
 

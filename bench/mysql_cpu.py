@@ -141,9 +141,9 @@ def run(files: list[str], calls: int) -> list[tuple[str, float, float]]:
             floor_client.append(time.thread_time() - client)
             floor_server.append(_ns(floor_thread) - server)
     finally:
-        with setup.cursor() as cur:
-            for i in range(len(procedures)):
-                cur.execute(f"DROP PROCEDURE IF EXISTS agent_sessions_write_{i}")
+        for conn in (*(v.conn for v in variants), floor, setup):
+            conn.close()
+        servers.drop_databases(servers.MYSQL_URL, [str(url.database)])  # its procedures and tables with it
     rows = [("floor: INSERT of the two rows, autocommit", statistics.median(floor_server) / 1000,
              statistics.median(floor_client) * 1e6)]
     for variant, name in zip(variants, files or ["agent_sessions_write (the store's)"], strict=True):

@@ -2,8 +2,8 @@
 benchmark is (samples interleaved with their floor, medians and p99 in ms).
 
 - ``transcript``: ``messages()`` of a 1,000-message transcript beside the raw driver's select of the same
-  rows plus ``json.loads`` of each (the floor), by the store that wrote it (warm: it remembers the
-  transcript) and by a store that remembers nothing (``remember=0``: a process that never saw it).
+  rows plus ``json.loads`` of each (the floor), by the store that wrote it (warm) and by another store object
+  on the same data (cold: a process that never saw it). A store keeps no transcript, so the two agree.
 - ``tail``: ``messages(last=20)`` of a 10,000-message transcript beside ``messages()`` of a 20-message one.
 - ``listing``: with 1,000 and with 100,000 sessions, a ``list_sessions`` page of 50 filtered by a metadata
   key (``user``: 100 sessions each; ``tenant``: a tenth of all sessions each, spread evenly; ``archived``:
@@ -90,14 +90,14 @@ class RawReader:
 
 
 def reading_stores(name: str, tmp: str) -> tuple[agent.Store, agent.Store, RawReader] | None:
-    """The store, a second one on the same data that remembers nothing, and the raw reader."""
+    """The store, a second one on the same data (a process that never saw it), and the raw reader."""
     from . import backends
 
     if name == "sqlite":
         from stores import sqlite
 
         path = Path(tmp) / f"reading-{uuid.uuid4().hex[:8]}.db"
-        return sqlite.open(path), sqlite.open(path, remember=0), RawReader(name, path)
+        return sqlite.open(path), sqlite.open(path), RawReader(name, path)
     if name in ("postgres", "mysql"):
         from sqlalchemy import create_engine
 
@@ -105,12 +105,12 @@ def reading_stores(name: str, tmp: str) -> tuple[agent.Store, agent.Store, RawRe
 
         engine = backends.engine(name)
         cls: Any = postgres.Store if name == "postgres" else mysql.Store
-        return cls(engine), cls(engine, remember=0), RawReader(name, create_engine(backends.sql_url(name)))
+        return cls(engine), cls(engine), RawReader(name, create_engine(backends.sql_url(name)))
     if name == "mongodb":
         from stores import mongodb
 
         db = backends.mongo_database()
-        return mongodb.Store(db), mongodb.Store(db), RawReader(name, db)  # a store remembers no transcript
+        return mongodb.Store(db), mongodb.Store(db), RawReader(name, db)
     return None
 
 
@@ -310,16 +310,14 @@ def listing_rows(name: str, tmp: str, rounds: int) -> dict[str, Any]:
 
 class TransactionClock:
     """Times every transaction of a SQL store in this thread from inside, without touching the store: SQLAlchemy's
-    begin/commit/rollback events (PostgreSQL, where the transaction is SQLAlchemy's), or sqlite3's trace
-    callback on the store's connection of this thread (SQLite begins and commits on the driver): from
-    the BEGIN statement starting to the COMMIT statement starting, which is when the lock is held."""
+    begin/commit/rollback events on the store's engine (SQLite's BEGIN IMMEDIATE follows the begin at once),
+    from the transaction's start to its COMMIT, which is when the lock is held."""
 
     def __init__(self, store: Any) -> None:
         self.spans: list[float] = []
         self._began: float | None = None
         self._store = store
         self._thread = threading.get_ident()  # prune's: the engine's events also fire for other threads
-        self._detach: Callable[[], None] = lambda: None
 
     def _begin(self, *_: Any) -> None:
         if threading.get_ident() == self._thread:
@@ -330,36 +328,19 @@ class TransactionClock:
             self.spans.append((time.perf_counter() - self._began) * 1000)
             self._began = None
 
-    def _trace(self, statement: str) -> None:
-        head = statement.lstrip()[:8].upper()
-        if head.startswith("BEGIN"):
-            self._begin()
-        elif head.startswith(("COMMIT", "ROLLBACK")):
-            self._end()
-
     @contextlib.contextmanager
     def watching(self) -> Iterator[TransactionClock]:
         from sqlalchemy import event
 
         engine = getattr(self._store, "engine", None)
-        if engine is not None and engine.dialect.name == "sqlite":
-            driver = self._store._held()[1]  # this thread's sqlite3 connection (prune runs in this thread)
-            driver.set_trace_callback(self._trace)
-            self._detach = lambda: driver.set_trace_callback(None)
-        elif engine is not None:
-            hooks = (("begin", self._begin), ("commit", self._end), ("rollback", self._end))
-            for name, fn in hooks:
-                event.listen(engine, name, fn)
-
-            def detach() -> None:
-                for name, fn in hooks:
-                    event.remove(engine, name, fn)
-
-            self._detach = detach
+        hooks = (("begin", self._begin), ("commit", self._end), ("rollback", self._end)) if engine else ()
+        for name, fn in hooks:
+            event.listen(engine, name, fn)
         try:
             yield self
         finally:
-            self._detach()
+            for name, fn in hooks:
+                event.remove(engine, name, fn)
 
 
 class WriterProbe:
@@ -461,8 +442,8 @@ def _cell(s: dict[str, float]) -> str:
 
 def tables(report: dict[str, Any]) -> str:
     lines = [f"Reading a transcript, median (p99) ms. Floor: the driver's select of the {READ_N:,} bodies and "
-             "json.loads of each, interleaved. Warm: the store that wrote it (it remembers the transcript); "
-             "cold: a store that remembers nothing (remember=0).", "",
+             "json.loads of each, interleaved. Warm: the store that wrote it; cold: another store object on the "
+             "same data (a process that never saw it).", "",
              f"| | floor | messages(), warm | x floor | messages(), cold | x floor | messages(last={TAIL_LAST}) "
              f"of {TAIL_N:,} | messages() of {TAIL_LAST} | x |",
              "|---|---|---|---|---|---|---|---|---|"]
