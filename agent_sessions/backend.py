@@ -359,6 +359,17 @@ class Backend(Protocol):
         """Give back what the backend holds (connections, threads). Safe to call twice."""
 
 
+@runtime_checkable
+class BatchDeletes(Backend, Protocol):
+    """A backend that deletes many sessions in one transaction: a prune of thousands is then a few commits,
+    not one per session (and, on SQLite, not a run of short transactions that keeps a writer beside it waiting
+    for the file's lock). Optional: without it, each session is one ``write``."""
+
+    def delete_many(self, guarded: Sequence[tuple[str, Guard]]) -> list[bool]:
+        """Each session deleted if its guard holds, as ``write(session, guard, Change(delete=True))`` would,
+        all in one transaction: whether each was."""
+
+
 def empty_row(session: str) -> Row:
     """The row of a session nothing was written for: what a write's guard is evaluated on, and changes."""
     return Row(session, False, "", 0.0, 0.0, 0, 0, 0, None, 0, 0.0, "", 0, None, None, False, None, False, None,

@@ -464,6 +464,32 @@ def test_delete_and_prune_drop_the_events_rows(backend: Backend, engine: Engine)
     assert _stored(engine, pruned) == (0, 0) and store.info(pruned) is None
 
 
+def test_prune_deletes_a_page_of_the_listing_in_one_transaction(backend: Backend, engine: Engine) -> None:
+    """A prune of thousands is a few commits, not one a session: PostgreSQL calls the write function for each
+    session of the page in one statement; MySQL deletes them in one transaction, a statement per table."""
+    store = backend.store(engine)
+    sids = sorted(f"page-{i}-{uuid.uuid4().hex[:8]}" for i in range(5))
+    for sid in sids:
+        store.save(sid, [agent.Message.user("q")])
+        store.set_metadata(sid, {"page": "p"})
+    with engine.begin() as conn:  # the oldest idle sessions of the database, so prune's first page
+        for sid in sids:
+            conn.execute(text("UPDATE agent_sessions SET updated = updated - 864000000 WHERE session_id = :sid"),
+                         {"sid": sid.encode() if backend is MYSQL else sid})
+    kept = f"kept-{uuid.uuid4().hex[:8]}"
+    store.save(kept, [agent.Message.user("fresh")])
+    with statements_of(store) as seen:
+        assert store.prune(idle_for=3600, limit=5) == 5
+    assert all(store.info(sid) is None for sid in sids) and store.info(kept) is not None
+    assert not list(store.list_sessions(where={"page": "p"}))
+    writes = [q for q, _ in seen if "agent_sessions_write" in q]
+    if backend is POSTGRES:
+        assert len(writes) == 1 and "unnest" in writes[0], seen
+    else:
+        assert not writes and len([q for q, _ in seen if q.startswith("DELETE FROM agent_sessions")]) == 1, seen
+    assert len([q for q, _ in seen if q == "COMMIT"]) <= 2, seen  # the listing's read, then the page's delete
+
+
 WRITER = """
 import sys
 import agent_sessions as agent
