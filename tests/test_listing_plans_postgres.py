@@ -52,8 +52,8 @@ def _load(engine: Engine) -> None:
         conn.exec_driver_sql("ANALYZE agent_metadata")
 
 
-def _plan(backend: postgres.Backend, query: Recent | Open | Idle) -> str:
-    statement = backend._listing(query).compile(dialect=backend.engine.dialect)
+def _plan(backend: postgres.Backend, query: Recent | Open | Idle, **walk: object) -> str:
+    statement = backend._listing(query, **walk).compile(dialect=backend.engine.dialect)  # type: ignore[arg-type]
     with backend.engine.connect() as conn:
         lines = conn.exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + str(statement),
                                      statement.params).scalars().all()
@@ -94,6 +94,19 @@ def test_a_common_value_stops_soon_after_its_page(backend: postgres.Backend) -> 
     assert "Seq Scan" not in plan, plan
     read = [int(n) * int(loops) for n, loops in re.findall(r"Index[^\n]*\(actual rows=(\d+) loops=(\d+)\)", plan)]
     assert read and max(read) <= 20 * PAGE, plan
+
+
+def test_a_common_values_walk_reads_the_updated_index_down_to_its_window(backend: postgres.Backend) -> None:
+    """The walk a common value's page takes (``SQLBackend._page``): the newest sessions, each one's tag looked
+    up by its key, never more than the window (1,020 sessions for a page of 50), whether the planner stops
+    at the page's end or reads the window's range of the index and sorts what matched."""
+    query = Recent(where=(("tenant", meta_index("t-0")),), limit=PAGE)
+    window = backend.sessions(Recent(limit=20 * (PAGE + 1)))
+    plan = _plan(backend, query, walk=True, end=(window[-1].updated, window[-1].session))
+    assert "Seq Scan" not in plan and "agent_metadata_lookup" not in plan, plan
+    assert _rows_of(plan, "agent_sessions_updated") <= 20 * (PAGE + 1), plan
+    assert _rows_of(plan, "agent_metadata_pkey") <= 20 * (PAGE + 1), plan
+    assert [r.session for r in backend.sessions(query)] == [f"s-{i:06d}" for i in range(19_990, 19_490, -10)]
 
 
 def test_idle_and_open_are_bounded_by_the_clock_in_the_index(backend: postgres.Backend) -> None:
