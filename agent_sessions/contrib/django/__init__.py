@@ -107,7 +107,11 @@ def options() -> dict[str, Any]:
 
 def function(key: str) -> Callable[..., Any] | None:
     """The function ``AGENT_SESSIONS[key]`` (``STORE``, ``RESOLVE``) names, imported; ``None`` when not set."""
-    path = options()[key]
+    return _imported(key, options()[key])
+
+
+def _imported(key: str, path: str | None) -> Callable[..., Any] | None:
+    """The function at ``path``, the value of ``AGENT_SESSIONS[key]`` as ``options()`` checked it."""
     if path is None:
         return None
     try:
@@ -125,7 +129,7 @@ def resolve() -> Resolve | None:
 
 def _build() -> tuple[agent.Store, Callable[[], None] | None]:
     conf = options()
-    factory = function("STORE")
+    factory = _imported("STORE", conf["STORE"])
     if factory is not None:
         made = factory()
         if not isinstance(made, agent.Store):

@@ -110,7 +110,7 @@ def session(model_admin: Any, request: Any, object_id: str) -> Any:
     return TemplateResponse(request, "agent_sessions/console/session.html", _context(
         model_admin, request, f"Session {sid}", session=seen, transcript=page, url=url,
         events=[(e, reading.event_line(e.kind, e.data)) for e in events], newest=newest,
-        following=isinstance(made, agent.EventStore), history=history,
+        history=history,
         resolve=options()["RESOLVE"] is not None,
         events_url=_url(model_admin, "events", quote(sid)),
         action_urls={name: _url(model_admin, name, quote(sid)) for name in ACTIONS}))

@@ -16,7 +16,7 @@
   });
 
   const live = document.getElementById("console-live");
-  if (!live || live.dataset.following !== "1" || typeof EventSource === "undefined") {
+  if (!live || typeof EventSource === "undefined") {
     return;
   }
   const KINDS = ["step_started", "steer_applied", "text", "model_response", "tool_called", "tool_finished",
