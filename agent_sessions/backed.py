@@ -636,9 +636,9 @@ class BackedStore:
                           f"delete(force=True) deletes it anyway and the run fails with LeaseLost", _holder(row))
 
     def prune(self, idle_for: float | timedelta, limit: int | None = None) -> int:
-        """Each idle session deleted by a write guarded by the version the listing saw and a free lease:
-        one saved, leased or steered since is left. A page of the listing is one transaction where the
-        backend can (``BatchDeletes``)."""
+        """Each idle session deleted by a write guarded by the version and incarnation the listing saw and a
+        free lease: one saved, leased or steered since (or deleted and begun anew) is left. A page of the
+        listing is one transaction where the backend can (``BatchDeletes``)."""
         idle = lifecycle.idle_seconds(idle_for)
         limit = lifecycle.prune_limit(limit)
         deleted = 0
@@ -649,7 +649,7 @@ class BackedStore:
                 break
             before = deleted
             # In the sessions' order, so two prunes at once lock the rows they share in one order.
-            guarded = [(row.session, Guard(version=row.version, lease_free=True))
+            guarded = [(row.session, Guard(version=row.version, incarnation=row.incarnation, lease_free=True))
                        for row in sorted(rows, key=lambda r: r.session)]
             if isinstance(self.backend, BatchDeletes):
                 deleted += sum(self.backend.delete_many(guarded))

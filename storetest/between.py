@@ -196,9 +196,10 @@ class BetweenContract(ContractMixin):
                 "a withdrawal refused by a message queued after its read did not try again, or removed the other"
             assert store.messages(sid) == [QUESTION, ANSWER]
 
-    @pytest.mark.parametrize("between", ["saved", "leased", "steered"])
+    @pytest.mark.parametrize("between", ["saved", "leased", "steered", "saved anew", "steered anew"])
     def test_prune_spares_a_session_that_came_alive_between_its_listing_and_its_delete(self, between: str) -> None:
-        """The listing's version, and a free lease, guard each delete."""
+        """The listing's version and incarnation, and a free lease, guard each delete ("anew": deleted, then
+        begun again with the version the listing saw)."""
         store = self._backed(Capability.RUN_STORE, Capability.LIFECYCLE)
         backend = store.backend
         assert isinstance(store, LifecycleStore) and isinstance(store, RunStore)
@@ -207,8 +208,10 @@ class BetweenContract(ContractMixin):
         held: list[Holder] = []
 
         def comes_alive() -> None:
-            if between == "saved":
-                store.save(sid, [QUESTION, ANSWER])
+            if between.endswith("anew"):
+                store.delete(sid)
+            if between.startswith("saved"):
+                store.save(sid, [QUESTION] if between.endswith("anew") else [QUESTION, ANSWER])
             elif between == "leased":
                 held.append(store.acquire(sid, new_holder(), 60))
             else:
@@ -217,8 +220,11 @@ class BetweenContract(ContractMixin):
         wait_for(lambda: sid in [r.session for r in backend.sessions(Idle(0.0, 1000))], "the session to be idle")
         with stand_in(store, _Between(backend, "sessions", lambda query: isinstance(query, Idle), comes_alive)):
             store.prune(idle_for=0)
-        assert store.info(sid) is not None, f"prune deleted a session {between} after its listing"
-        assert store.messages(sid) == ([QUESTION, ANSWER] if between == "saved" else [QUESTION])
+        if between == "steered anew":
+            assert store.pending_steers(sid) == ["one more thing"], "prune deleted a steer posted after its listing"
+        else:
+            assert store.info(sid) is not None, f"prune deleted a session {between} after its listing"
+            assert store.messages(sid) == ([QUESTION, ANSWER] if between == "saved" else [QUESTION])
         if held:
             store.release(sid, held[0])
 

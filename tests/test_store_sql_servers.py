@@ -466,7 +466,7 @@ def test_delete_and_prune_drop_the_events_rows(backend: Backend, engine: Engine)
 
 def test_prune_deletes_a_page_of_the_listing_in_one_transaction(backend: Backend, engine: Engine) -> None:
     """A prune of thousands is a few commits, not one a session: PostgreSQL calls the write function for each
-    session of the page in one statement; MySQL deletes them in one transaction, a statement per table."""
+    session of the page in one statement. MySQL calls its procedure a session (stores/mysql/backend.py)."""
     store = backend.store(engine)
     sids = sorted(f"page-{i}-{uuid.uuid4().hex[:8]}" for i in range(5))
     for sid in sids:
@@ -485,9 +485,28 @@ def test_prune_deletes_a_page_of_the_listing_in_one_transaction(backend: Backend
     writes = [q for q, _ in seen if "agent_sessions_write" in q]
     if backend is POSTGRES:
         assert len(writes) == 1 and "unnest" in writes[0], seen
+        assert len([q for q, _ in seen if q == "COMMIT"]) <= 2, seen  # the listing's read, the page's delete
     else:
-        assert not writes and len([q for q, _ in seen if q.startswith("DELETE FROM agent_sessions")]) == 1, seen
-    assert len([q for q, _ in seen if q == "COMMIT"]) <= 2, seen  # the listing's read, then the page's delete
+        assert len(writes) == 5, seen
+
+
+def test_prune_waits_lock_wait_for_a_row_another_transaction_holds(backend: Backend, engine: Engine) -> None:
+    """As a write does, then ``SessionLocked``, not the server's own lock timeout (MySQL's: 50 s)."""
+    store = backend.store(engine, lock_wait=1)
+    sid = f"held-{uuid.uuid4().hex[:8]}"
+    store.save(sid, [agent.Message.user("q")])
+    key = sid.encode() if backend is MYSQL else sid
+    with engine.begin() as conn:  # the oldest idle session of the database, so prune's first pick
+        conn.execute(text("UPDATE agent_sessions SET updated = updated - 864000000 WHERE session_id = :sid"),
+                     {"sid": key})
+    with engine.connect() as holder:
+        holder.execute(text("SELECT 1 FROM agent_sessions WHERE session_id = :sid FOR UPDATE"), {"sid": key})
+        began = time.monotonic()
+        with pytest.raises(agent.SessionLocked):
+            store.prune(idle_for=3600, limit=1)
+        assert time.monotonic() - began < 10
+        holder.rollback()
+    assert store.prune(idle_for=3600, limit=1) == 1 and store.info(sid) is None
 
 
 WRITER = """

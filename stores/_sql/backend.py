@@ -401,10 +401,10 @@ class SQLBackend:
             conn.execute(update(sessions).where(S.session_id == session).values(values))
         return Written(True, new)
 
-    def delete_many(self, guarded: Sequence[tuple[str, Guard]]) -> list[bool]:
-        """``BatchDeletes``: in one transaction, the sessions' rows read and locked, each guard checked as
-        ``write`` checks it, and those that hold deleted a table at a time (a statement per table, not per
-        session: on SQLite the file's lock is held a few milliseconds a page)."""
+    def delete_page(self, guarded: Sequence[tuple[str, Guard]]) -> list[bool]:
+        """``BatchDeletes.delete_many`` for a backend whose ``_run`` transactions lock as its writes do: in one
+        transaction, the sessions' rows read and locked, each guard checked as ``write`` checks it, and those
+        that hold deleted a table at a time (on SQLite the file's lock is held a few milliseconds a page)."""
         gone = Change(delete=True)
 
         def work(conn: Connection) -> list[Written]:

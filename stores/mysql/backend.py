@@ -5,6 +5,10 @@ connections are not in autocommit: a bare SELECT would leave its transaction ope
 Both run on the pooled DBAPI connection itself, checked in without the pool's ROLLBACK (a round trip
 PyMySQL sends even with no transaction open) only when the CALL's closing OK packet said no transaction is
 open (``SERVER_STATUS_IN_TRANS`` clear): docs/stores/mysql.md, "No ROLLBACK at check-in".
+
+Prune deletes a session a write (no ``delete_many``): each in the procedure's READ COMMITTED, waiting
+``lock_wait``; a page in one transaction would run at the engine's REPEATABLE READ, whose gap locks hold up
+writes of the sessions beside the deleted ones, and wait the server's lock timeout.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ POOL_SIZE = 8
 
 class Backend(SQLBackend):
     hint = "open the file with stores.sqlite.open, which creates them"
+    delete_many = SQLBackend.delete_page  # BatchDeletes: a page of prune is one BEGIN IMMEDIATE
 
     def begin(self, conn: Connection, write: Change | None) -> None:
         conn.exec_driver_sql("BEGIN" if write is None else "BEGIN IMMEDIATE")
