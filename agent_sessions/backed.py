@@ -210,17 +210,30 @@ class BackedStore:
     # -- a plain save -----------------------------------------------------------------------------------------
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
+        """``msgs`` become the transcript: when they extend the whole of a read of it (or of this store's last
+        save of it), only the rest is written, guarded by what that read saw; else all of them."""
         validate.session_id(session)
         items = validate.messages(msgs)
         validate.stored_size(items, self.max_message_bytes, self.name)
-        texts = tuple(m.to_json() for m in items)
         opened = turn_open(items)
+        plan = self._planned(session, items, 0, False, None)
         for _ in _attempts():
-            guard = Guard() if opened else Guard(no_steers=True, no_queue=True)
-            change = Change(exist=True, splice=(0, texts), journal=None, open="set" if opened else "clear")
-            if self.backend.write(session, guard, change).done:
+            plan = plan if plan is not None and plan.at else _Plan(0, items)
+            guard = Guard(length=plan.length, edits=plan.edits, incarnation=plan.incarnation, no_steers=not opened,
+                          no_queue=not opened)
+            change = Change(exist=True, splice=(plan.at, tuple(m.to_json() for m in plan.new)), journal=None,
+                            open="set" if opened else "clear")
+            written = self.backend.write(session, guard, change)
+            row = written.row
+            if written.done:
+                assert row is not None
+                read_from(items, session, Read(self.backend.identity, row.incarnation, row.edits, row.length), 0)
                 return
-            opened = True  # input came: the turn stays open
+            if plan.at and (row is None or (row.incarnation, row.edits, row.length) != (
+                    plan.incarnation, plan.edits, plan.length)):
+                plan = None  # the transcript moved since that read: write it whole
+            else:
+                opened = True  # input came: the turn stays open
         raise self._busy("save", session)
 
     # -- runs ------------------------------------------------------------------------------------------------

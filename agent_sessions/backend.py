@@ -361,13 +361,11 @@ class Backend(Protocol):
 
 @runtime_checkable
 class BatchDeletes(Backend, Protocol):
-    """A backend that deletes many sessions in one transaction: a prune of thousands is then a few commits,
-    not one per session (and, on SQLite, not a run of short transactions that keeps a writer beside it waiting
-    for the file's lock). Optional: without it, each session is one ``write``."""
+    """Optional: a prune of thousands is a few commits, not one a session (``write``)."""
 
     def delete_many(self, guarded: Sequence[tuple[str, Guard]]) -> list[bool]:
-        """Each session deleted if its guard holds, as ``write(session, guard, Change(delete=True))`` would,
-        all in one transaction: whether each was."""
+        """Each session deleted if its guard (of the row alone) holds, as ``write(session, guard,
+        Change(delete=True))`` would, all in one transaction: whether each was."""
 
 
 def empty_row(session: str) -> Row:

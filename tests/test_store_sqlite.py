@@ -42,18 +42,24 @@ def _verbs(seen: list[tuple[str, int]]) -> list[str]:
             for q, _ in seen]
 
 
-def test_a_plain_save_is_one_transaction_of_one_insert(tmp_path: Path) -> None:
-    """A plain save replaces the transcript (``BackedStore.save``): the old messages' DELETE and the new ones'
-    one multi-row INSERT, with the row, in one BEGIN IMMEDIATE transaction. (A leased run's step writes only
-    its new messages: the next test.)"""
+def test_a_plain_save_is_one_transaction_writing_only_what_is_new(tmp_path: Path) -> None:
+    """A plain save (``BackedStore.save``) of the messages it last saved and one more inserts that one, with the
+    row, in one BEGIN IMMEDIATE transaction; one of other messages replaces the transcript: the old messages'
+    DELETE and the new ones' one multi-row INSERT. (A leased run's step: the next test.)"""
     store = sqlite.open(tmp_path / "s.db")
     msgs = [agent.Message.user(f"m{i}") for i in range(100)]
     store.save("s", msgs)
     with statements_of(store) as seen:
         store.save("s", [*msgs, agent.Message.user("new")])
+    assert _verbs(seen) == ["BEGIN IMMEDIATE", "SELECT agent_sessions.session_id,", "INSERT INTO agent_messages",
+                            "UPDATE agent_sessions", "COMMIT"]
+    assert [rows for q, rows in seen if q.startswith("INSERT")] == [1]
+    with statements_of(store) as seen:
+        store.save("s", [agent.Message.user(f"m{i}") for i in range(100)])  # equal, but not what it saved
     assert _verbs(seen) == ["BEGIN IMMEDIATE", "SELECT agent_sessions.session_id,", "DELETE FROM agent_messages",
                             "INSERT INTO agent_messages", "UPDATE agent_sessions", "COMMIT"]
-    assert [rows for q, rows in seen if q.startswith("INSERT")] == [101]
+    assert [rows for q, rows in seen if q.startswith("INSERT")] == [100]
+    store.save("s", [*msgs, agent.Message.user("new")])
     assert store.messages("s")[-1].text == "new"
     store.save("s", [*msgs, agent.Message.user("new"), agent.Message.assistant("done")])
     assert store.info("s").open_since is None  # type: ignore[union-attr]

@@ -77,10 +77,6 @@ from .tables import tags as meta
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-COMMON_PER_ROW = 10
-"""A listing's wanted value is common with this many sessions per row of the page (510 for a page of 50)."""
-WALK_PER_ROW = 20
-"""A walk for common values reads at most this many sessions per row of the page (1,020 for a page of 50)."""
 RETRIES = 4
 """Times a transaction is run again after a deadlock, or a new session's row another writer made first."""
 S = sessions.c
@@ -159,7 +155,8 @@ class SQLBackend:
                 with self._connection() as conn:
                     self.begin(conn, write)
                     result = work(conn)
-                    changed = write is not None and not write.empty and _wrote(result)
+                    changed = write is not None and not write.empty and any(  # a Written, or delete_page's
+                        getattr(w, "done", False) for w in (result if isinstance(result, list) else [result]))
                     conn.commit()
                 return result
             except DBAPIError as exc:
@@ -302,21 +299,18 @@ class SQLBackend:
         return self._run("sessions", "", lambda conn: self._page(conn, query))
 
     def _page(self, conn: Connection, query: Recent | Open | Idle) -> list[Row]:
-        """The rows of ``query``. A page filtered by values many sessions share (each has ``COMMON_PER_ROW``
-        entries per row of the page, counted up to that) walks the newest sessions past the cursor instead,
-        each one's tags looked up by their key, down to a window of ``WALK_PER_ROW`` sessions per row: the
-        index lookup by value would read and sort every session of the value (a tenth of 100,000: 10,000).
-        The walk's rows are the page when they fill it, or when fewer sessions than a window are left; else
-        (a common value only old sessions have) the lookup by value gives it."""
+        """The rows of ``query``. A page filtered by values many sessions share walks the newest sessions past
+        the cursor, each one's tags looked up by key, down to a window (the lookup by value would sort them
+        all); its rows are the page when they fill it or no window is left, else the lookup gives it."""
         if isinstance(query, Recent) and query.where:
-            cap = COMMON_PER_ROW * (query.limit + 1)
+            cap = 10 * (query.limit + 1)  # common: 10 sessions per row of the page (510 for a page of 50)
             counts = conn.execute(select(*(select(func.count()).select_from(
                 select(meta.c.session_id).where(meta.c.name == n, meta.c.value == v).limit(cap).subquery())
                 .scalar_subquery() for n, v in query.where))).one()
             if min(counts) >= cap:
                 ends = self._listing(Recent(query.prefix, (), 1, query.after))
-                end = conn.execute(ends.with_only_columns(S.updated, S.session_id)
-                                   .offset(WALK_PER_ROW * (query.limit + 1) - 1)).first()
+                end = conn.execute(ends.with_only_columns(S.updated, S.session_id)  # a window of 20 per row
+                                   .offset(20 * (query.limit + 1) - 1)).first()
                 rows = self._rows(conn, self._listing(query, walk=True, end=None if end is None else tuple(end)))
                 if len(rows) == query.limit or end is None:
                     return rows
@@ -402,14 +396,11 @@ class SQLBackend:
         return Written(True, new)
 
     def delete_page(self, guarded: Sequence[tuple[str, Guard]]) -> list[bool]:
-        """``BatchDeletes.delete_many`` for a backend whose ``_run`` transactions lock as its writes do: in one
-        transaction, the sessions' rows read and locked, each guard checked as ``write`` checks it, and those
-        that hold deleted a table at a time (on SQLite the file's lock is held a few milliseconds a page)."""
+        """``BatchDeletes.delete_many`` where ``_run`` locks as a write does: the rows read and locked, each guard
+        checked as ``write`` checks it, the doomed sessions deleted a table at a time, in one transaction."""
         gone = Change(delete=True)
 
         def work(conn: Connection) -> list[Written]:
-            if any(g.reads_children for _, g in guarded):
-                return [self._write(conn, s, g, gone) for s, g in guarded]
             query = self._select().where(S.session_id.in_([s for s, _ in guarded])).with_for_update()
             rows = {row.session: row for row in self._rows(conn, query)}
             done = [s in rows and g.holds(rows[s], rows[s].now) for s, g in guarded]
@@ -473,11 +464,6 @@ class SQLBackend:
 
     def __repr__(self) -> str:
         return f"{self.engine.url!r}"
-
-
-def _wrote(result: object) -> bool:
-    """Whether ``result`` (a ``Written``, or a list of them: ``delete_many``'s) changed anything."""
-    return any(w.done for w in (result if isinstance(result, list) else [result]) if isinstance(w, Written))
 
 
 def decoded(value: str | bytes | None) -> str | None:

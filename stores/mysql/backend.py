@@ -6,9 +6,8 @@ Both run on the pooled DBAPI connection itself, checked in without the pool's RO
 PyMySQL sends even with no transaction open) only when the CALL's closing OK packet said no transaction is
 open (``SERVER_STATUS_IN_TRANS`` clear): docs/stores/mysql.md, "No ROLLBACK at check-in".
 
-Prune deletes a session a write (no ``delete_many``): each in the procedure's READ COMMITTED, waiting
-``lock_wait``; a page in one transaction would run at the engine's REPEATABLE READ, whose gap locks hold up
-writes of the sessions beside the deleted ones, and wait the server's lock timeout.
+Prune deletes a session a write, in the procedure's READ COMMITTED and ``lock_wait``: a page's transaction
+(``delete_many``) at the engine's REPEATABLE READ would hold up writes of other sessions by its gap locks.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,9 +50,9 @@ _READ = text(
     "WHERE s.session_id = :sid"
 )
 _DELETE_MANY = text(
-    "SELECT (agent_sessions_write(x.sid, CAST(x.guard AS jsonb), CAST('{\"delete\": true}' AS jsonb), '', "
-    ":lock_wait)->>'done')::boolean FROM unnest(CAST(:sids AS text[]), CAST(:guards AS text[])) "
-    "WITH ORDINALITY AS x(sid, guard, n) ORDER BY x.n"
+    "SELECT json_agg((agent_sessions_write(x.sid, CAST(x.guard AS jsonb), CAST('{\"delete\": true}' AS jsonb), "
+    "'', :lock_wait)->>'done')::boolean ORDER BY x.n) FROM unnest(CAST(:sids AS text[]), CAST(:guards AS text[])) "
+    "WITH ORDINALITY AS x(sid, guard, n)"
 )
 _LAST_SEQ = text("SELECT last_seq FROM agent_sessions WHERE session_id = :sid")
 _EARLIER = text("SELECT to_regclass('agent_sessions') IS NOT NULL AND to_regclass('agent_store') IS NULL AS earlier")
@@ -136,7 +136,8 @@ class Backend(SQLBackend):
         transaction and one round trip."""
         params = {"sids": [s for s, _ in guarded], "guards": [json.dumps(guard_json(g)) for _, g in guarded],
                   "lock_wait": self.lock_wait}
-        return self._once("prune", "", lambda conn: self._all(conn, _DELETE_MANY, params), writes=True)
+        got = self._once("prune", "", lambda conn: self._first(conn, _DELETE_MANY, params, value=True), writes=True)
+        return [bool(done) for done in got or ()]
 
     def last_seq(self, session: str) -> int:
         """The session's last event number (0: none): what a follower's wait asks."""
@@ -168,32 +169,25 @@ class Backend(SQLBackend):
 
     def _first(self, handle: Any, statement: TextClause, params: dict[str, Any], value: bool = False) -> Any:
         """The first row of one of this module's statements, by column name (``value``: its first column's
-        value, with no description made, a sixteenth of a write's client CPU)."""
-        if value:
-            return self._fetch(handle, statement, params, lambda rows, _: rows[0][0] if rows else None)
-        return self._fetch(handle, statement, params, lambda rows, names: dict(zip(names(), rows[0], strict=True))
-                           if rows else None)
-
-    def _all(self, handle: Any, statement: TextClause, params: dict[str, Any]) -> list[Any]:
-        """The first column of every row of one of this module's statements."""
-        return self._fetch(handle, statement, params, lambda rows, _: [r[0] for r in rows])  # type: ignore[no-any-return]
-
-    def _fetch(self, handle: Any, statement: TextClause, params: dict[str, Any],
-               answer: Callable[[Sequence[Any], Callable[[], list[str]]], Any]) -> Any:
-        """``answer(rows, column names)`` of one of this module's statements.
-        Run on psycopg's cursor, prepared on the server at its first use (``prepare_threshold=None`` on the
-        connection, for PgBouncer in transaction mode: never): SQLAlchemy's execution path cost a write about
-        0.6 ms more here, a round trip's worth. A driver's error is SQLAlchemy's (the pooled connection
-        invalidated when it broke)."""
+        value, with no description made, a sixteenth of a write's client CPU). Run on psycopg's cursor, prepared
+        on the server at its first use (``prepare_threshold=None`` on the connection, for PgBouncer in
+        transaction mode: never): SQLAlchemy's execution path cost a write about 0.6 ms more here, a round
+        trip's worth. A driver's error is SQLAlchemy's (the pooled connection invalidated when it broke)."""
         if isinstance(handle, Connection):  # traced
             result = handle.execute(statement, params)
-            return answer(result.fetchall(), lambda: list(result.keys()))
+            if value:
+                return result.scalar()
+            found = result.mappings().first()
+            return None if found is None else dict(found)
         sql = _compiled(statement, self.engine.dialect)
         driver: Any = handle.driver_connection
         cursor = driver.cursor()
         try:
             cursor.execute(sql, params, prepare=None if driver.prepare_threshold is None else True)
-            return answer(cursor.fetchall(), lambda: [c.name for c in cursor.description])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            return row[0] if value else dict(zip([c.name for c in cursor.description], row, strict=True))
         except psycopg.Error as exc:
             broken = driver.broken or driver.closed
             if broken:
