@@ -145,7 +145,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("prune-beside-save", True,
        "prune deletes the idle sessions its listing found without checking again that each is still idle and "
        "unheld: a session saved or leased in between is deleted",
-       (BACKED, "Guard(version=row.version, lease_free=True)", "Guard(lease_free=True)")),
+       (BACKED, "Guard(version=row.version, incarnation=row.incarnation, lease_free=True)", "Guard(lease_free=True)")),
     _m("stranded-skips-journal", True,
        "the stranded listing leaves out sessions with a journal (taken for turns that wait for a person): a run "
        "that died inside a tool, its call started in the journal, is never recovered",
@@ -176,7 +176,8 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("plain-save-beside-steer", True,
        "a plain save that answers the turn clears the open mark even when a steer or queued message came "
        "meanwhile: the sweep never answers it",
-       (BACKED, "guard = Guard() if opened else Guard(no_steers=True, no_queue=True)", "guard = Guard()")),
+       (BACKED, "no_steers=not opened,\n                          no_queue=not opened)",
+        "no_steers=False,\n                          no_queue=False)")),
     _m("give-back-unfenced", True,
        "a failed run gives its steers back without its lease's fence: they land under a session deleted or "
        "taken over meanwhile",

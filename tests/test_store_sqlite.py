@@ -174,7 +174,7 @@ def test_64_concurrent_runs_on_one_store_all_finish_and_close_closes_every_conne
     results = [run.wait(120) for run in runs]
     assert [r.stop_reason for r in results] == ["answered"] * 64
     assert all(store.messages(f"t{i}") == results[i].messages for i in range(64))
-    assert _open_files(path) >= 64  # each run's thread opened its own
+    assert _open_files(path) >= 1  # the pool's, as many as were in use at once (not one a thread)
     store.close()
     assert _open_files(path) == 0
 
