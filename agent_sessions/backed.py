@@ -54,6 +54,7 @@ from .messages import Message, origin, read_from, turn_open
 from .values import Holder, Saved, Scalar, SessionInfo, SessionPage, StoredEvent, when
 
 log = logging.getLogger(__name__)
+_K = TypeVar("_K")
 _T = TypeVar("_T")
 
 ATTEMPTS = 20
@@ -76,12 +77,14 @@ class Read:
 
 @dataclass(frozen=True, slots=True)
 class _Wrote:
-    """What a lease's last write left: the stored transcript from ``start`` on is ``msgs``."""
+    """What a lease's last write left (or a plain save's, or a whole read's, in ``incarnation``): the stored
+    transcript from ``start`` on is ``msgs``."""
 
     edits: int
     length: int
     start: int
     msgs: tuple[Message, ...]
+    incarnation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,8 @@ class BackedStore:
         self.name = name
         self._lock = threading.Lock()
         self._wrote: OrderedDict[tuple[str, str, int], _Wrote] = OrderedDict()
+        self._saved: OrderedDict[str, _Wrote] = OrderedDict()
+        """Per session, the whole transcript as this store last saved or read it: what a plain save extends."""
         self._journals: OrderedDict[tuple[str, str, int], str | None] = OrderedDict()
         """Per lease, the journal as its acquire found it or its last write left it (``journal_as_taken``)."""
 
@@ -129,7 +134,11 @@ class BackedStore:
     def messages(self, session: str) -> list[Message]:
         validate.session_id(session)
         snap = self.backend.read(session, Want(start=0))
-        return [] if snap is None else self._decode(session, snap)
+        if snap is None:
+            return []
+        msgs, row = self._decode(session, snap), snap.row
+        self._remember(self._saved, session, _Wrote(row.edits, row.length, 0, tuple(msgs), row.incarnation))
+        return msgs
 
     def tail(self, session: str, last: int) -> list[Message]:
         validate.session_id(session)
@@ -210,13 +219,16 @@ class BackedStore:
     # -- a plain save -----------------------------------------------------------------------------------------
 
     def save(self, session: str, msgs: Sequence[Message]) -> None:
-        """``msgs`` become the transcript: when they extend the whole of a read of it (or of this store's last
-        save of it), only the rest is written, guarded by what that read saw; else all of them."""
+        """``msgs`` become the transcript: when they extend what this store last saved or read of it whole,
+        only the rest is written, guarded by the incarnation, edits and length it had then; else all of them."""
         validate.session_id(session)
         items = validate.messages(msgs)
         validate.stored_size(items, self.max_message_bytes, self.name)
         opened = turn_open(items)
-        plan = self._planned(session, items, 0, False, None)
+        with self._lock:
+            known = self._saved.get(session)
+        plan = None if known is None or not validate.is_extension(known.msgs, items) else _Plan(
+            known.length, items[len(known.msgs):], known.length, known.edits, known.incarnation)
         for _ in _attempts():
             plan = plan if plan is not None and plan.at else _Plan(0, items)
             guard = Guard(length=plan.length, edits=plan.edits, incarnation=plan.incarnation, no_steers=not opened,
@@ -227,11 +239,11 @@ class BackedStore:
             row = written.row
             if written.done:
                 assert row is not None
-                read_from(items, session, Read(self.backend.identity, row.incarnation, row.edits, row.length), 0)
+                self._remember(self._saved, session, _Wrote(row.edits, row.length, 0, items, row.incarnation))
                 return
             if plan.at and (row is None or (row.incarnation, row.edits, row.length) != (
                     plan.incarnation, plan.edits, plan.length)):
-                plan = None  # the transcript moved since that read: write it whole
+                plan = None  # the transcript moved since: write it whole
             else:
                 opened = True  # input came: the turn stays open
         raise self._busy("save", session)
@@ -506,10 +518,10 @@ class BackedStore:
             return None
         return read.pop() if len(read) == 1 else ""
 
-    def _remember(self, table: OrderedDict[tuple[str, str, int], _T], lease: tuple[str, str, int], value: _T) -> None:
+    def _remember(self, table: OrderedDict[_K, _T], key: _K, value: _T) -> None:
         with self._lock:
-            table[lease] = value
-            table.move_to_end(lease)
+            table[key] = value
+            table.move_to_end(key)
             while len(table) > REMEMBER:
                 table.popitem(last=False)
 
