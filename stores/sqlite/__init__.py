@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 try:
-    from sqlalchemy import ColumnElement, Connection, and_, create_engine, event, func, literal
+    from sqlalchemy import ColumnElement, Connection, Float, and_, bindparam, create_engine, event, func
     from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import DBAPIError
@@ -43,7 +43,8 @@ class Backend(SQLBackend):
         conn.exec_driver_sql("BEGIN" if write is None else "BEGIN IMMEDIATE")
 
     def clock(self) -> ColumnElement[float]:
-        return literal(time.time())
+        """This machine's clock, read as each statement runs (so a statement built once reads it anew)."""
+        return bindparam("clock", callable_=time.time, type_=Float)
 
     def starts_with(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
         """SQLite's LIKE ignores ASCII case, so: the first characters equal the prefix (exact, by the
