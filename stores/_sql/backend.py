@@ -382,8 +382,7 @@ class SQLBackend:
             return Written(True, base)
         if change.delete:
             if row is not None:
-                for table in (*CHILDREN, sessions):
-                    conn.execute(delete(table).where(table.c.session_id == session))
+                _erase(conn, [session])
             return Written(True, row)
         counts = self._children_change(conn, session, base, change, oldest)
         new = next_row(base, change, base.now, *counts)
@@ -406,8 +405,7 @@ class SQLBackend:
             rows = {row.session: row for row in self._rows(conn, query)}
             done = [s in rows and g.holds(rows[s], rows[s].now) for s, g in guarded]
             doomed = [s for (s, _), d in zip(guarded, done, strict=True) if d]
-            for table in (*CHILDREN, sessions) if doomed else ():
-                conn.execute(delete(table).where(table.c.session_id.in_(doomed)))
+            _erase(conn, doomed)  # none doomed (every guard refused, rare): deletes of nothing
             return [Written(d, rows.get(s)) for (s, _), d in zip(guarded, done, strict=True)]
 
         return [w.done for w in self._run("prune", "", work, write=gone)]
@@ -465,6 +463,12 @@ class SQLBackend:
 
     def __repr__(self) -> str:
         return f"{self.engine.url!r}"
+
+
+def _erase(conn: Connection, ids: Sequence[str]) -> None:
+    """The sessions ``ids`` gone from every table, a statement a table (a write's delete, a page of prune's)."""
+    for table in (*CHILDREN, sessions):
+        conn.execute(delete(table).where(table.c.session_id.in_(ids)))
 
 
 def decoded(value: str | bytes | None) -> str | None:
