@@ -17,12 +17,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
 
 import agent_sessions as agent
 import storetest
+from agent_sessions import lifecycle
 from agent_sessions.backed import BackedStore as SQLStore
 from agent_sessions.eventlog import encode
 from stores import mysql, postgres, sqlite
@@ -488,6 +490,43 @@ def test_prune_deletes_a_page_of_the_listing_in_one_transaction(backend: Backend
         assert len([q for q, _ in seen if q == "COMMIT"]) <= 2, seen  # the listing's read, the page's delete
     else:
         assert len(writes) == 5, seen
+
+
+@pytest.mark.parametrize("lands", ["the newest tagged one deleted", "a tagged one saved anew", "a new one tagged"])
+def test_a_common_values_page_is_the_filter_whatever_lands_between_its_window_and_its_walk(
+        backend: Backend, engine: Engine, monkeypatch: pytest.MonkeyPatch, lands: str) -> None:
+    """The listing's walk for a common value reads the window's end, then walks (on PostgreSQL each in a snapshot
+    of its own): a write landing between them still leaves a page that is the filter, as before it or after."""
+    store = backend.store(engine)
+    tag = {"walk": uuid.uuid4().hex[:8]}
+    sids = [f"walk-{i:03d}-{uuid.uuid4().hex[:6]}" for i in range(70)]  # common for a page of 2: 30 counted
+    for sid in sids:
+        store.set_metadata(sid, tag)
+
+    def page() -> list[str]:
+        return [i.id for i in store.list_sessions(where=tag, limit=2)]
+
+    def everything() -> list[str]:
+        return [i.id for i in store.list_sessions(where=tag, limit=lifecycle.MAX_PAGE)][:2]
+
+    before, real, walked = everything(), type(store.backend)._listing, []
+
+    def listing(self: Any, query: Any, walk: bool = False, end: Any = None) -> Any:
+        if walk and not walked:
+            walked.append(end)
+            if lands == "the newest tagged one deleted":
+                store.delete(before[0])
+            elif lands == "a tagged one saved anew":
+                store.set_metadata(sids[0], {"touched": True})
+            else:
+                store.set_metadata(f"walk-new-{uuid.uuid4().hex[:6]}", tag)
+        return real(self, query, walk, end)
+
+    monkeypatch.setattr(type(store.backend), "_listing", listing)
+    got = page()
+    monkeypatch.undo()
+    assert walked, "the page did not walk"
+    assert got in (before, everything()), (lands, got, before, everything())
 
 
 def test_prune_waits_lock_wait_for_a_row_another_transaction_holds(backend: Backend, engine: Engine) -> None:
